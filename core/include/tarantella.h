@@ -1,0 +1,114 @@
+/*
+ * tarantella.h - the public C API of the Tarantella communication core.
+ *
+ * One context per process. tnt_init() reads the placement from the environment
+ * (TNT_RANK/TNT_SIZE/..., else Slurm, OpenMPI or PMI variables, else rank 0 of 1)
+ * and starts one background thread that negotiates and executes collectives.
+ *
+ * Every entry point returns a tnt_result_t. Collectives are non-blocking: they
+ * enqueue a named request and return a handle; tnt_wait() blocks (never spins
+ * for long) until the request completed on this rank, failed, or timed out.
+ * tnt_last_error() gives the message of the last failure seen by this thread.
+ *
+ * The block between TNT_CDEF_BEGIN and TNT_CDEF_END is read verbatim by the cffi
+ * builder (tarantella/common/_build_core.py): keep it free of preprocessor
+ * directives and macros.
+ */
+#ifndef TARANTELLA_H
+#define TARANTELLA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* TNT_CDEF_BEGIN */
+typedef enum {
+  TNT_SUCCESS = 0,
+  TNT_ERR_INVALID_ARGUMENT = 1, /* bad dtype, count, root, name...: fix the call */
+  TNT_ERR_INVALID_USAGE = 2,    /* call before init / after finalize, duplicate name */
+  TNT_ERR_MISMATCH = 3,         /* ranks submitted the same name with different dtype/count/op */
+  TNT_ERR_PEER_LOST = 4,        /* a peer process died or aborted */
+  TNT_ERR_TIMEOUT = 5,          /* a wait or a stalled negotiation exceeded its bound */
+  TNT_ERR_SYSTEM = 6,           /* an OS call failed (shm_open, mmap, ...) */
+  TNT_ERR_INTERNAL = 7,         /* a bug: please report it with TNT_LOG_LEVEL=DEBUG output */
+  TNT_IN_PROGRESS = 8           /* tnt_test(): not complete yet */
+} tnt_result_t;
+
+typedef enum {
+  TNT_FLOAT16 = 0,
+  TNT_BFLOAT16 = 1,
+  TNT_FLOAT32 = 2,
+  TNT_FLOAT64 = 3,
+  TNT_INT32 = 4,
+  TNT_INT64 = 5
+} tnt_dtype_t;
+
+typedef enum {
+  TNT_SUM = 0,
+  TNT_AVERAGE = 1
+} tnt_reduce_op_t;
+
+typedef int64_t tnt_handle_t;
+
+/* Context. tnt_init is idempotent while initialized; after tnt_finalize it may be
+ * called again. tnt_abort marks this rank failed so peers fail fast with `reason`. */
+tnt_result_t tnt_init(void);
+tnt_result_t tnt_finalize(void);
+tnt_result_t tnt_abort(const char *reason);
+int tnt_initialized(void);
+int tnt_rank(void);
+int tnt_size(void);
+int tnt_local_rank(void);
+int tnt_local_size(void);
+const char *tnt_transport_name(void);
+
+/* Collectives. `name` identifies the request across ranks (at most 255 bytes);
+ * ranks may submit names in any order. Buffers must stay valid until completion.
+ *
+ * allreduce: out[i] = sum over ranks of (prescale_r * in_r[i]), divided by the
+ * number of ranks for TNT_AVERAGE. in == out is allowed. */
+tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, int64_t count,
+                                 tnt_dtype_t dtype, tnt_reduce_op_t op, double prescale,
+                                 tnt_handle_t *handle);
+/* broadcast: every rank's out receives root's in (in is read on the root only). */
+tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count,
+                                 tnt_dtype_t dtype, int root, tnt_handle_t *handle);
+/* allgather: concatenation of every rank's `count` elements in rank order. Counts
+ * may differ between ranks but must be multiples of the same `row_elems` (the
+ * element count of one first-dimension row, which every rank must agree on).
+ * The result is owned by the handle: query with tnt_result_count, copy with
+ * tnt_result_copy, then tnt_release. */
+tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count, int64_t row_elems,
+                                 tnt_dtype_t dtype, tnt_handle_t *handle);
+tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle);
+
+/* Completion. timeout_s < 0 waits until the request completes or the core fails it
+ * (it always does, within TNT_TIMEOUT_S of a stall). The handle stays valid after
+ * completion until tnt_release. */
+tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s);
+tnt_result_t tnt_test(tnt_handle_t handle);
+tnt_result_t tnt_result_count(tnt_handle_t handle, int64_t *count);
+tnt_result_t tnt_result_rank_counts(tnt_handle_t handle, int64_t *counts);
+tnt_result_t tnt_result_copy(tnt_handle_t handle, void *dst);
+tnt_result_t tnt_release(tnt_handle_t handle);
+
+/* Errors. tnt_strerror: a fixed text that says what to do. tnt_last_error: the
+ * message of the last failure returned to this thread (or of the handle's
+ * failure after tnt_wait/tnt_test returned it). */
+const char *tnt_strerror(tnt_result_t result);
+const char *tnt_last_error(void);
+/* Rank named by the last TNT_ERR_PEER_LOST returned to this thread, else -1. */
+int tnt_last_error_rank(void);
+
+/* Sizes and versions, for the bindings. */
+size_t tnt_dtype_size(tnt_dtype_t dtype);
+const char *tnt_version(void);
+/* TNT_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TARANTELLA_H */

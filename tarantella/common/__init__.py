@@ -1,0 +1,20 @@
+"""Framework-neutral Tarantella: the rank API and NumPy collectives over the C core.
+
+Nothing here imports TensorFlow (a PyTorch or JAX frontend can sit beside
+tarantella/tensorflow/ later).
+"""
+from tarantella.common.collectives import (Handle, allgather, allgather_async, allreduce,
+                                           allreduce_async, barrier, barrier_async, broadcast,
+                                           broadcast_async)
+from tarantella.common.core import (get_local_rank, get_local_size, get_master_rank, get_rank,
+                                    get_size, init, is_initialized, is_master_rank, shutdown)
+from tarantella.common.errors import (InternalError, InvalidArgumentError, InvalidUsageError,
+                                      MismatchError, PeerLostError, TarantellaError, TimeoutError)
+
+__all__ = [
+    "Handle", "allgather", "allgather_async", "allreduce", "allreduce_async", "barrier",
+    "barrier_async", "broadcast", "broadcast_async", "get_local_rank", "get_local_size",
+    "get_master_rank", "get_rank", "get_size", "init", "is_initialized", "is_master_rank",
+    "shutdown", "InternalError", "InvalidArgumentError", "InvalidUsageError", "MismatchError",
+    "PeerLostError", "TarantellaError", "TimeoutError",
+]

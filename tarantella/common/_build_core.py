@@ -1,0 +1,43 @@
+"""cffi builder (API mode): compiles every C file of core/src into tarantella._core.
+
+The cdef is the block of core/include/tarantella.h between TNT_CDEF_BEGIN and
+TNT_CDEF_END, so the header stays the single description of the C API.
+"""
+import glob
+import os
+
+import cffi
+
+_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_CORE = os.path.join(_ROOT, "core")
+_HEADER = os.path.join(_CORE, "include", "tarantella.h")
+
+
+def _cdef_from_header(path):
+    with open(path) as f:
+        text = f.read()
+    begin = text.index("/* TNT_CDEF_BEGIN */") + len("/* TNT_CDEF_BEGIN */")
+    end = text.index("/* TNT_CDEF_END */")
+    return text[begin:end]
+
+
+def _core_sources():
+    sources = sorted(glob.glob(os.path.join(_CORE, "src", "**", "*.c"), recursive=True))
+    # setuptools wants paths relative to setup.py
+    return [os.path.relpath(s, _ROOT) for s in sources]
+
+
+ffibuilder = cffi.FFI()
+ffibuilder.cdef(_cdef_from_header(_HEADER))
+ffibuilder.set_source(
+    "tarantella._core",
+    '#include "tarantella.h"',
+    sources=_core_sources(),
+    include_dirs=[os.path.relpath(os.path.join(_CORE, "include"), _ROOT),
+                  os.path.relpath(os.path.join(_CORE, "src"), _ROOT)],
+    extra_compile_args=["-std=gnu11", "-O3", "-Wall", "-fvisibility=default"],
+    libraries=["rt", "pthread", "m"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

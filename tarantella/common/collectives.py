@@ -1,0 +1,193 @@
+"""NumPy collectives over the core, mpi4py-style but PEP 8: arrays in, new arrays out.
+
+Each blocking call is its `*_async` twin followed by `wait()`. Names identify a
+request across ranks; without a name, each kind of collective numbers its calls
+("allreduce.0", "allreduce.1", ...), which matches across ranks when every rank
+makes the same calls in the same order.
+"""
+import itertools
+import threading
+
+import numpy as np
+
+from tarantella.common import core, dtypes
+from tarantella.common.errors import InvalidArgumentError
+
+_OPS = {"sum": 0, "average": 1}
+_ALIGN = 64  # TensorFlow aliases (does not copy) a returned array only if it is 64-byte aligned
+_counters = {}
+_counter_lock = threading.Lock()
+
+
+def _auto_name(kind, name):
+    if name is not None:
+        if not isinstance(name, str) or not name or len(name.encode()) > 255:
+            raise InvalidArgumentError(
+                f"name must be a non-empty string of at most 255 bytes. Received: name={name!r}")
+        return name
+    with _counter_lock:
+        counter = _counters.setdefault(kind, itertools.count())
+        return f"{kind}.{next(counter)}"
+
+
+def aligned_empty(shape, dtype):
+    """An uninitialized array whose data is 64-byte aligned."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dtype.itemsize + _ALIGN, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGN
+    return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _as_input(array, what):
+    if not isinstance(array, np.ndarray):
+        if np.isscalar(array) or isinstance(array, (list, tuple)):
+            array = np.asarray(array)
+        else:
+            try:
+                array = np.asarray(array)
+            except Exception:
+                raise InvalidArgumentError(
+                    f"{what} expects a NumPy array. Received: {type(array).__name__}") from None
+    if not array.flags.c_contiguous:
+        raise InvalidArgumentError(
+            f"{what} needs a C-contiguous array; pass np.ascontiguousarray(array). "
+            f"Received: an array with strides {array.strides} and shape {array.shape}")
+    return array, dtypes.core_dtype(array.dtype)
+
+
+class Handle:
+    """A request in flight. `wait()` returns the result array; `test()` says
+    whether it is complete. The input array must not change until then."""
+
+    def __init__(self, handle, finish, keepalive):
+        self._handle = handle
+        self._finish = finish
+        self._keepalive = keepalive  # buffers the core reads/writes until completion
+        self._result = None
+        self._done = False
+
+    def test(self):
+        if self._done:
+            return True
+        result = core.lib().tnt_test(self._handle)
+        if result == 8:  # TNT_IN_PROGRESS
+            return False
+        self._complete(result)
+        return True
+
+    def wait(self, timeout=None):
+        """Block (without the GIL) until completion; `timeout` in seconds, None
+        for the core's own bound (TNT_TIMEOUT_S after a stall)."""
+        if not self._done:
+            result = core.lib().tnt_wait(self._handle, -1.0 if timeout is None else float(timeout))
+            if result == 5 and timeout is not None:
+                core.check(result)  # the request stays pending: wait() may be called again
+            self._complete(result)
+        return self._result
+
+    def _complete(self, result):
+        lib = core.lib()
+        try:
+            core.check(result)
+            self._result = self._finish(self._handle)
+        finally:
+            self._done = True
+            lib.tnt_release(self._handle)
+            self._keepalive = None
+
+    def __del__(self):
+        if not self._done and core.is_initialized():
+            # Dropping a handle must not lose the core's reference to live buffers:
+            # finish the request (errors are ignored, nobody can see them any more).
+            try:
+                self.wait()
+            except Exception:
+                pass
+
+
+def _submit(fn, *args):
+    ffi = core.ffi()
+    handle = ffi.new("tnt_handle_t *")
+    core.check(fn(*args, handle))
+    return handle[0]
+
+
+def allreduce_async(array, op="sum", name=None, prescale=1.0):
+    """Start an allreduce; see allreduce()."""
+    lib = core.ensure_initialized()
+    if op not in _OPS:
+        raise InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
+    array, dt = _as_input(array, "allreduce")
+    out = aligned_empty(array.shape, array.dtype)
+    ffi = core.ffi()
+    handle = _submit(lib.tnt_allreduce_async, _auto_name("allreduce", name).encode(),
+                     ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, _OPS[op],
+                     float(prescale))
+    return Handle(handle, lambda h: out, (array, out))
+
+
+def allreduce(array, op="sum", name=None, prescale=1.0):
+    """Element-wise sum (or average) of `array` over all ranks, as a new array of
+    the same dtype and shape. `prescale` multiplies this rank's contribution
+    before the sum, so a weighted average needs one pass."""
+    return allreduce_async(array, op, name, prescale).wait()
+
+
+def broadcast_async(array, root=0, name=None):
+    lib = core.ensure_initialized()
+    size = lib.tnt_size()
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        raise InvalidArgumentError(
+            f"root must be a rank between 0 and {size - 1}. Received: root={root!r} (ranks={size})")
+    array, dt = _as_input(array, "broadcast")
+    out = aligned_empty(array.shape, array.dtype)
+    ffi = core.ffi()
+    handle = _submit(lib.tnt_broadcast_async, _auto_name("broadcast", name).encode(),
+                     ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
+    return Handle(handle, lambda h: out, (array, out))
+
+
+def broadcast(array, root=0, name=None):
+    """`root`'s array on every rank (every rank passes an array of the same dtype and shape)."""
+    return broadcast_async(array, root, name).wait()
+
+
+def allgather_async(array, name=None):
+    lib = core.ensure_initialized()
+    array, dt = _as_input(array, "allgather")
+    if array.ndim == 0:
+        array = array.reshape(1)
+    row_shape = array.shape[1:]
+    row_elems = int(np.prod(row_shape, dtype=np.int64)) if row_shape else 1
+    ffi = core.ffi()
+    handle = _submit(lib.tnt_allgather_async, _auto_name("allgather", name).encode(),
+                     ffi.from_buffer(array), array.size, row_elems, dt)
+
+    def finish(h):
+        count = ffi.new("int64_t *")
+        core.check(lib.tnt_result_count(h, count))
+        rows = count[0] // row_elems if row_elems else 0
+        out = aligned_empty((rows,) + row_shape, array.dtype)
+        if out.size:
+            core.check(lib.tnt_result_copy(h, ffi.from_buffer(out)))
+        return out
+
+    return Handle(handle, finish, (array,))
+
+
+def allgather(array, name=None):
+    """Every rank's array concatenated along the first axis, in rank order. The
+    first dimension may differ between ranks; the other dimensions must agree."""
+    return allgather_async(array, name).wait()
+
+
+def barrier_async(name=None):
+    lib = core.ensure_initialized()
+    handle = _submit(lib.tnt_barrier_async, _auto_name("barrier", name).encode())
+    return Handle(handle, lambda h: None, ())
+
+
+def barrier(name=None):
+    """Return once every rank has entered the barrier."""
+    barrier_async(name).wait()

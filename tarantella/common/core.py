@@ -1,0 +1,138 @@
+"""The process's connection to the C core: init/shutdown, rank API, result checks.
+
+The extension tarantella._core is loaded on first use, so `import tarantella`
+stays cheap. Collectives initialize the core on first use (the seed's
+"one line change" contract); after an explicit shutdown() they raise
+InvalidUsageError until init() is called again.
+"""
+import atexit
+import sys
+import threading
+
+from tarantella.common import errors
+
+_lock = threading.Lock()
+_lib = None
+_ffi = None
+_state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
+MASTER_RANK = 0
+
+
+def _load():
+    global _lib, _ffi
+    if _lib is None:
+        try:
+            from tarantella import _core
+        except ImportError as exc:  # pragma: no cover - only on a broken install
+            raise errors.InternalError(
+                "the compiled core tarantella._core is missing: reinstall with `pip install .` "
+                f"from the source tree ({exc})"
+            ) from exc
+        _lib, _ffi = _core.lib, _core.ffi
+    return _lib, _ffi
+
+
+def lib():
+    """The cffi lib object, loaded but not necessarily initialized."""
+    return _load()[0]
+
+
+def ffi():
+    return _load()[1]
+
+
+def check(result):
+    """Raise the TarantellaError subclass for a core result code (no-op on success)."""
+    if result == 0:
+        return
+    lib_, ffi_ = _load()
+    message = ffi_.string(lib_.tnt_last_error()).decode("utf-8", "replace")
+    hint = ffi_.string(lib_.tnt_strerror(result)).decode()
+    text = f"{message} ({hint})" if message else hint
+    raise errors.error_for_code(result, text, rank=lib_.tnt_last_error_rank() if result == 4 else None)
+
+
+def init():
+    """Start the core: read the placement from the environment, connect to the
+    other ranks, start the background thread. Idempotent."""
+    global _state
+    with _lock:
+        if _state == "up":
+            return
+        lib_, _ = _load()
+        check(lib_.tnt_init())
+        _state = "up"
+    from tarantella.common import logging as tnt_logging
+    from tarantella.common import error_file
+
+    tnt_logging.configure(lib_.tnt_rank(), MASTER_RANK)
+    error_file.install()
+
+
+def shutdown():
+    """Stop the background thread and release the transport. Other ranks are not
+    waited for; pending requests of this rank fail."""
+    global _state
+    with _lock:
+        if _state != "up":
+            return
+        _state = "down"
+        check(_lib.tnt_finalize())
+
+
+def is_initialized():
+    return _state == "up"
+
+
+def ensure_initialized():
+    """The lib object of a running core: starts it on first use, refuses after shutdown()."""
+    if _state == "up":
+        return _lib
+    if _state == "down":
+        raise errors.InvalidUsageError(
+            "Tarantella was shut down (tnt.shutdown() was called): call tnt.init() again before "
+            "using collectives or the rank API"
+        )
+    init()
+    return _lib
+
+
+def abort(reason):
+    """Mark this rank failed so that every peer fails fast with `reason`."""
+    if _state == "up":
+        _lib.tnt_abort(reason.encode("utf-8", "replace")[:1000])
+
+
+def get_rank():
+    return ensure_initialized().tnt_rank()
+
+
+def get_size():
+    return ensure_initialized().tnt_size()
+
+
+def get_local_rank():
+    return ensure_initialized().tnt_local_rank()
+
+
+def get_local_size():
+    return ensure_initialized().tnt_local_size()
+
+
+def get_master_rank():
+    return MASTER_RANK
+
+
+def is_master_rank():
+    return get_rank() == MASTER_RANK
+
+
+@atexit.register
+def _shutdown_at_exit():
+    # An unhandled exception has already aborted the core through the excepthook;
+    # a normal exit finalizes so that the thread is joined and shm released.
+    if _state == "up":
+        try:
+            shutdown()
+        except errors.TarantellaError as exc:  # pragma: no cover
+            print(f"tarantella: shutdown at exit failed: {exc}", file=sys.stderr)

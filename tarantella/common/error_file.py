@@ -1,0 +1,50 @@
+"""Uncaught exceptions: abort the core (peers fail fast instead of waiting for
+TNT_TIMEOUT_S) and, when tntrun set TNT_ERROR_FILE, write the exception as JSON
+so the launcher can show the root cause of a failed job."""
+import json
+import os
+import sys
+import time
+import traceback
+
+from tarantella.common import config
+
+_installed = False
+
+
+def write(exc_type, exc, tb, path=None):
+    path = path or config.get("TNT_ERROR_FILE")
+    if not path:
+        return
+    record = {
+        "message": f"{exc_type.__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
+        "timestamp": time.time(),
+        "pid": os.getpid(),
+        "rank": config.get("TNT_RANK"),
+    }
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def install():
+    """Chain our hook in front of the current sys.excepthook (once)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        from tarantella.common import core
+
+        try:
+            core.abort(f"uncaught {exc_type.__name__}: {exc}")
+            write(exc_type, exc, tb)
+        except Exception:  # never hide the user's exception behind ours
+            pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
