@@ -1,0 +1,298 @@
+"""tntrun (alias tarantella): run a Python program data-parallel on many processes.
+
+    tntrun -n 4 -- train.py --epochs 3            4 ranks on this host
+    tntrun --hostfile hosts --n-per-node 2 -- train.py
+
+Everything after `--` (or from the first argument that is not an option) is the user's
+command, passed on untouched. Usage errors exit with 2, like argparse.
+"""
+import argparse
+import os
+import platform
+import secrets
+import shlex
+import sys
+
+from tarantella.runner import command as cmd
+from tarantella.runner import environment, gpus, local
+from tarantella.runner.environment import UsageError
+from tarantella.runner.supervise import LaunchError
+
+LOG_LEVELS = {"DEBUG": "DEBUG", "TRACE": "DEBUG", "INFO": "INFO", "WARNING": "WARNING",
+              "WARN": "WARNING", "ERROR": "ERROR", "FATAL": "ERROR"}
+
+EXAMPLES = """\
+examples:
+  tntrun -n 4 -- train.py --batch_size=64      4 ranks on this host
+  tntrun -- train.py                            one rank per GPU (one CPU rank without GPUs)
+  tntrun -n 2 --no-gpu -x TF_CPP_MIN_LOG_LEVEL=2 -- train.py
+  tntrun -n 2 --output-on-all-devices -- train.py   show every rank's output, "[rank]" prefixed
+  tntrun --hostfile hosts --n-per-node 2 -- train.py  2 ranks on each host (mpirun/gaspi_run/srun)
+  tntrun --dry-run -n 2 -- train.py             print each rank's command and environment
+  tntrun --cleanup -- train.py                  stop leftovers of a killed job of train.py
+  tntrun -n 2 --python-interpreter "" -- ./run.sh   run an executable, not a Python script
+
+docs: docs/cli.md; environment variables: TNT_* (see `tntrun --help` of each flag)
+"""
+
+
+def _version():
+    try:
+        from importlib.metadata import version
+        v = version("tarantella")
+    except Exception:
+        v = "unknown (not installed)"
+    return f"Tarantella {v} (tntrun, {os.path.dirname(os.path.abspath(__file__))})"
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number. Received: {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1. Received: {text}")
+    return value
+
+
+def _nonneg_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number. Received: {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more. Received: {text}")
+    return value
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds. Received: {text!r}")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0. Received: {text}")
+    return value
+
+
+def _log_level(text):
+    level = LOG_LEVELS.get(text.upper())
+    if level is None:
+        raise argparse.ArgumentTypeError(
+            f"choose from DEBUG, INFO, WARNING, ERROR (also TRACE, WARN, FATAL). Received: {text!r}")
+    return level
+
+
+def build_parser(prog="tntrun"):
+    p = argparse.ArgumentParser(
+        prog=prog, usage=f"{prog} [options] -- PROGRAM [ARGS...]",
+        description="Run a Python program on many processes with Tarantella (data parallel).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the command and environment of every rank (or the engine command "
+                        "for several hosts) and start nothing")
+
+    single = p.add_argument_group("Single-node execution")
+    single.add_argument("-n", "-np", "--np", "--num-proc", "--ntasks", dest="n", type=_positive_int,
+                        metavar="N", help="number of ranks on this host (with --hostfile: the total)")
+    single.add_argument("--no-gpu", "--no-gpus", dest="no_gpu", action="store_true",
+                        help="run on CPUs only and hide the GPUs from the ranks")
+    single.add_argument("--python-interpreter", metavar="CMD", default=None,
+                        help='interpreter that runs PROGRAM (default: the Python running tntrun); '
+                             '"" runs PROGRAM as an executable; may have arguments, e.g. '
+                             '"valgrind --leak-check=yes python"')
+    single.add_argument("--no-python", action="store_true",
+                        help='run PROGRAM as an executable (same as --python-interpreter "")')
+    single.add_argument("-m", "--module", action="store_true",
+                        help="PROGRAM is a module, run as `python -m PROGRAM`")
+
+    multi = p.add_argument_group("Multi-node execution")
+    multi.add_argument("--hostfile", "--machinefile", metavar="FILE",
+                       help="hosts to run on: one per line, `host`, `host slots=N` or `host:N`")
+    multi.add_argument("-H", "--hosts", metavar="H1[:N],H2[:N]",
+                       help="hosts to run on, comma separated (instead of --hostfile)")
+    multi.add_argument("--n-per-node", "--devices-per-node", "--npernode", "--nproc-per-node",
+                       "-ppn", "--ntasks-per-node", dest="n_per_node", metavar="N",
+                       help="ranks on each host (N, or gpu/cpu/auto)")
+    multi.add_argument("--transport", choices=("auto", "shm", "mpi", "gpi2"),
+                       help="transport between ranks (TNT_TRANSPORT; default auto: shm on one "
+                            "host, else mpi, else gpi2); gpi2 launches through gaspi_run")
+
+    out = p.add_argument_group("Logging and output")
+    out.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                     help="DEBUG, INFO, WARNING or ERROR (TNT_LOG_LEVEL; default WARNING)")
+    out.add_argument("--verbose", action="store_true", help="same as --log-level INFO")
+    out.add_argument("--log-on-all-devices", action="store_true",
+                     help="Tarantella logs on every rank, not only the master (TNT_LOG_ON_ALL_DEVICES)")
+    out.add_argument("--output-on-all-devices", "-l", "--label", dest="output_on_all_devices",
+                     action="store_true",
+                     help='show the output of every rank, each line prefixed "[rank]" '
+                          "(default: only rank 0's output; a failing rank's errors are always shown)")
+    out.add_argument("-x", dest="exports", action="extend", nargs="+", metavar="NAME=VALUE",
+                     help="export a variable to every rank (repeatable; -x NAME forwards its "
+                          "current value); later ones win. End a list with --")
+
+    perf = p.add_argument_group("Performance tuning")
+    perf.add_argument("--fusion-threshold", type=_nonneg_int, metavar="KB",
+                      help="pack allreduces into buffers up to KB kibibytes; 0 disables fusion "
+                           "(TNT_FUSION_THRESHOLD_KB; default 32)")
+    perf.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+                      help="the same in MiB (as horovodrun's flag)")
+    perf.add_argument("--timeout", type=_positive_float, metavar="S",
+                      help="a rank waiting longer than S seconds for a peer fails (TNT_TIMEOUT_S)")
+    perf.add_argument("--timeline", "--timeline-filename", metavar="FILE",
+                      help="write a Chrome-trace timeline of the collectives to FILE (TNT_TIMELINE)")
+    perf.add_argument("--pin-to-socket", action="store_true",
+                      help="bind each rank's CPUs to one socket (NUMA node), round robin; uses numactl")
+    perf.add_argument("--bind-to", "--numa-binding", dest="bind_to", choices=("socket",),
+                      help="same as --pin-to-socket (mpirun and torchrun spelling)")
+    perf.add_argument("--pin-memory-to-socket", action="store_true",
+                      help="also allocate each rank's memory on its socket only (needs numactl)")
+
+    clean = p.add_argument_group("Cleanup")
+    clean.add_argument("--cleanup", action="store_true",
+                       help="stop the ranks of earlier jobs of PROGRAM that are still running "
+                            "(SIGTERM) and remove their shared memory; without PROGRAM: every "
+                            "job whose tntrun is gone")
+    clean.add_argument("--force", action="store_true", help="with --cleanup: SIGKILL instead of SIGTERM")
+
+    compat = p.add_argument_group("Compatibility")
+    compat.add_argument("--max-restarts", type=int, default=0, metavar="0",
+                        help="accepted for torchrun users; only 0 (restarts are not supported: "
+                             "checkpoint and relaunch)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+def parse(argv, prog="tntrun"):
+    """(args, command): options before `--`, the user's command after it (or from the
+    first positional argument on, as torchrun and horovodrun accept)."""
+    parser = build_parser(prog)
+    if "--" in argv:
+        cut = argv.index("--")
+        args = parser.parse_args(argv[:cut])
+        if args.command:
+            parser.error(f"unexpected argument(s) before --: {' '.join(args.command)}")
+        command = argv[cut + 1:]
+    else:
+        args = parser.parse_args(argv)
+        command = list(args.command)
+    if args.force and not args.cleanup:
+        parser.error("--force only goes with --cleanup")
+    if args.max_restarts != 0:
+        parser.error("--max-restarts: restarts are not supported (checkpoint and relaunch). "
+                     f"Received: --max-restarts {args.max_restarts}")
+    if args.verbose and not args.log_level:
+        args.log_level = "INFO"
+    if args.fusion_threshold_mb is not None:
+        if args.fusion_threshold is not None:
+            parser.error("give --fusion-threshold (KB) or --fusion-threshold-mb, not both")
+        if args.fusion_threshold_mb < 0:
+            parser.error(f"--fusion-threshold-mb must be 0 or more. Received: {args.fusion_threshold_mb}")
+        args.fusion_threshold = int(round(args.fusion_threshold_mb * 1024))
+    if args.bind_to:
+        args.pin_to_socket = True
+    if args.no_python:
+        if args.python_interpreter not in (None, ""):
+            parser.error("--no-python and --python-interpreter contradict each other")
+        args.python_interpreter = ""
+    return parser, args, command
+
+
+def _warn(message):
+    print(f"tntrun: WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def _local_plan(args, command, job_id, private_dir):
+    """(specs, warnings-already-printed) for a job on this host."""
+    env = environment.job_env(args, environment.parse_exports(args.exports), job_id)
+    gpu_ids = [] if args.no_gpu else gpus.detect()
+    size = args.n
+    gpu_of = None
+    if args.no_gpu:
+        gpu_of = lambda r: ""  # noqa: E731 - hide every GPU from every rank
+    elif size is None:
+        if gpu_ids:
+            size = len(gpu_ids)
+        else:
+            size = 1
+            _warn("no GPU found: running 1 rank on the CPU (use -n N for N ranks, --no-gpu to "
+                  "silence this)")
+    if gpu_ids and not args.no_gpu:
+        if size <= len(gpu_ids):
+            gpu_of = lambda r: gpu_ids[r]  # noqa: E731 - one GPU per rank
+        else:
+            _warn(f"-n {size} is more than the {len(gpu_ids)} GPU(s) of this host: running "
+                  f"all {size} ranks on CPUs (use -n {len(gpu_ids)} for one rank per GPU, "
+                  "--no-gpu to silence this)")
+            gpu_of = lambda r: ""  # noqa: E731
+    cores = os.cpu_count() or 1
+    if size > cores and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = "1"
+        _warn(f"{size} ranks on {cores} cores: setting OMP_NUM_THREADS=1 for every rank (set "
+              "it yourself, or -x OMP_NUM_THREADS=N, to choose)")
+    base_argv = cmd.rank_argv(args.python_interpreter, command, module=args.module)
+    argv_of = lambda r: list(base_argv)  # noqa: E731
+    if args.pin_to_socket or args.pin_memory_to_socket:
+        from tarantella.runner import pinning
+        argv_of = pinning.pinned_argv_of(base_argv, args.pin_to_socket, args.pin_memory_to_socket,
+                                         size)
+    return local.rank_specs(argv_of, env, size, private_dir, args.output_on_all_devices,
+                            gpu_of=gpu_of)
+
+
+def _print_dry_run(specs, base_env):
+    print(f"# tntrun --dry-run: {len(specs)} rank(s) on {platform.node()}, nothing started")
+    for spec in specs:
+        changed = {k: v for k, v in spec.env.items() if base_env.get(k) != v}
+        print(f"# rank {spec.rank}")
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in changed.items()) + " "
+              + shlex.join(spec.argv))
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "tntrun"
+    if prog not in ("tntrun", "tarantella"):
+        prog = "tntrun"
+    parser, args, command = parse(argv, prog)
+    if args.version:
+        print(_version())
+        return 0
+    try:
+        if args.cleanup:
+            from tarantella.runner import cleanup
+            return cleanup.run(command, force=args.force)
+        if not command:
+            parser.error("missing PROGRAM: write `tntrun [options] -- PROGRAM [ARGS...]`, "
+                         "e.g. tntrun -n 2 -- train.py")
+        job_id = secrets.token_hex(16)
+        if args.hostfile or args.hosts:
+            from tarantella.runner import multi
+            return multi.run(args, command, job_id)
+        if args.n_per_node is not None:
+            parser.error("--n-per-node is for several hosts: give --hostfile or --hosts too, "
+                         "or use -n N for N ranks on this host")
+        if args.dry_run:
+            specs = _local_plan(args, command, job_id, private_dir=None)
+            _print_dry_run(specs, os.environ)
+            return 0
+        private_dir = local.private_tempdir(job_id)
+        try:
+            specs = _local_plan(args, command, job_id, private_dir)
+        except BaseException:
+            import shutil
+            shutil.rmtree(private_dir, ignore_errors=True)
+            raise
+        return local.run(specs, job_id, program=command[0], command=command,
+                         one_line=(args.log_level == "ERROR"), private_dir=private_dir)
+    except UsageError as exc:
+        parser.error(str(exc))
+    except LaunchError as exc:
+        print(f"tntrun: error: {exc}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

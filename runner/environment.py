@@ -1,0 +1,69 @@
+"""The environment every rank gets: tntrun's own environment, then the TNT_* variables its
+flags set, then the user's -x exports in the order given (so -x has the last word), and
+finally the placement (TNT_RANK, ...) that only tntrun may set."""
+import os
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported with exit code 2, like argparse does."""
+
+
+def parse_exports(items, environ=None):
+    """-x NAME=VALUE (value may contain '=' and spaces) or -x NAME (forward the current
+    value, like mpirun). Returns a list of (name, value) in the order given."""
+    environ = os.environ if environ is None else environ
+    out = []
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not name or not (name[0].isalpha() or name[0] == "_") or not all(
+                c.isalnum() or c == "_" for c in name):
+            raise UsageError(f"-x expects NAME=VALUE with NAME a variable name. Received: -x {item!r}")
+        if not sep:
+            if name not in environ:
+                raise UsageError(
+                    f"-x {name}: {name} is not set in this environment, so there is nothing to "
+                    f"forward; write -x {name}=VALUE")
+            value = environ[name]
+        out.append((name, value))
+    return out
+
+
+def tnt_settings(args):
+    """The TNT_* variables set by flags (only for flags that were given: otherwise what is
+    in the environment already, if anything, passes through unchanged)."""
+    env = {}
+    if args.log_level:
+        env["TNT_LOG_LEVEL"] = args.log_level
+    if args.log_on_all_devices:
+        env["TNT_LOG_ON_ALL_DEVICES"] = "true"
+    if args.output_on_all_devices:
+        env["TNT_OUTPUT_ON_ALL_DEVICES"] = "true"
+    if args.fusion_threshold is not None:
+        env["TNT_FUSION_THRESHOLD_KB"] = str(args.fusion_threshold)
+    if args.timeout is not None:
+        env["TNT_TIMEOUT_S"] = f"{args.timeout:g}"
+    if args.transport:
+        env["TNT_TRANSPORT"] = args.transport
+    if args.timeline:
+        env["TNT_TIMELINE"] = os.path.abspath(args.timeline)
+    return env
+
+
+def job_env(args, exports, job_id, base=None):
+    """The part of the environment that is the same on every rank, in order."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONUNBUFFERED"] = "1"  # the last lines before a crash must reach us
+    env.update(tnt_settings(args))
+    env["TNT_JOB_ID"] = job_id
+    for name, value in exports:
+        env[name] = value
+    return env
+
+
+def exported_names(args, exports):
+    """Names an engine must forward to remote ranks (everything tntrun sets)."""
+    names = ["PYTHONUNBUFFERED", "TNT_JOB_ID"] + list(tnt_settings(args))
+    for name, _ in exports:
+        if name not in names:
+            names.append(name)
+    return names

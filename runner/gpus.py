@@ -1,0 +1,51 @@
+"""Count this host's GPUs without importing TensorFlow and without needing a driver.
+
+Sources, first that answers wins:
+1. TNT_GPU_LISTING (for tests and unusual systems): a file in the format of `nvidia-smi -L`
+   (one "GPU N: ..." line per device) or a directory shaped like /proc/driver/nvidia/gpus
+   (one entry per device);
+2. /proc/driver/nvidia/gpus (present whenever the NVIDIA kernel driver is loaded);
+3. `nvidia-smi -L`, when that program is installed.
+No listing at all means no GPU. CUDA_VISIBLE_DEVICES already set by the user restricts the
+devices to those it names.
+"""
+import os
+import re
+import shutil
+import subprocess
+
+PROC_GPUS = "/proc/driver/nvidia/gpus"
+_GPU_LINE = re.compile(r"^GPU \d+:", re.M)
+
+
+def _count_listing(path):
+    if os.path.isdir(path):
+        return len(os.listdir(path))
+    with open(path) as f:
+        return len(_GPU_LINE.findall(f.read()))
+
+
+def detect(environ=None):
+    """The list of GPU ids a rank may be given (strings for CUDA_VISIBLE_DEVICES)."""
+    environ = os.environ if environ is None else environ
+    listing = environ.get("TNT_GPU_LISTING")
+    count = 0
+    if listing:
+        count = _count_listing(listing) if os.path.exists(listing) else 0
+    elif os.path.isdir(PROC_GPUS):
+        count = len(os.listdir(PROC_GPUS))
+    elif shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+            count = len(_GPU_LINE.findall(out.stdout)) if out.returncode == 0 else 0
+        except (OSError, subprocess.SubprocessError):
+            count = 0
+    ids = [str(i) for i in range(count)]
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        # the user restricted the devices already: hand those out, in their order
+        named = [v.strip() for v in visible.split(",") if v.strip()]
+        if "-1" in named:  # CUDA stops at the first invalid id
+            named = named[:named.index("-1")]
+        ids = named[:count]
+    return ids

@@ -1,0 +1,100 @@
+"""A per-user record of running jobs, so that `tntrun --cleanup` can find the ranks and
+shared-memory objects of a job whose runner was killed, by job id and verified pid,
+never by matching process names.
+
+Records live in $XDG_RUNTIME_DIR/tarantella/jobs (or /tmp/tnt-<uid>/jobs), a directory
+only the user can enter, one JSON file per job, removed when the job ends normally.
+"""
+import json
+import os
+import stat
+import tempfile
+
+
+class StateDirError(Exception):
+    pass
+
+
+def state_dir(environ=None):
+    environ = os.environ if environ is None else environ
+    override = environ.get("TNT_STATE_DIR")
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if override:
+        base = override
+    elif runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK):
+        base = os.path.join(runtime, "tarantella")
+    else:
+        base = os.path.join(tempfile.gettempdir(), f"tnt-{os.getuid()}")
+    path = os.path.join(base, "jobs")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    # /tmp is shared: refuse a directory (or symlink) planted by another user
+    for p in (base, path):
+        st = os.lstat(p)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise StateDirError(f"{p} is not a directory owned by you: remove it or set TNT_STATE_DIR")
+    return path
+
+
+def process_start_time(pid):
+    """Start time of a process in clock ticks since boot (from /proc/<pid>/stat), or None
+    if it does not exist: a pid plus its start time names one process, even after pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
+    fields = data[data.rindex(b")") + 2:].split()
+    return int(fields[19])  # field 22 of stat(5)
+
+
+def same_process(pid, start):
+    return pid is not None and start is not None and process_start_time(pid) == start
+
+
+def program_key(command, cwd):
+    """What identifies "the same PROGRAM": the absolute path of the script (after an
+    interpreter the user may have written), or its name when it is not a file."""
+    from tarantella.runner.command import is_python
+
+    tokens = list(command)
+    while tokens and (is_python(tokens[0]) or tokens[0].startswith("-")) and len(tokens) > 1:
+        if tokens[0] == "-m":
+            return "module:" + tokens[1]
+        tokens = tokens[1:]
+    if not tokens:
+        return ""
+    path = os.path.join(cwd, tokens[0])
+    return os.path.realpath(path) if os.path.exists(path) else tokens[0]
+
+
+def write(record, directory=None):
+    directory = directory or state_dir()
+    path = os.path.join(directory, f"{record['job_id']}.json")
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+    return path
+
+
+def remove(job_id, directory=None):
+    try:
+        os.unlink(os.path.join(directory or state_dir(), f"{job_id}.json"))
+    except FileNotFoundError:
+        pass
+
+
+def load_all(directory=None):
+    directory = directory or state_dir()
+    records = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                records.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return records

@@ -1,0 +1,88 @@
+"""A job on this host: tntrun starts one process per rank itself and supervises them."""
+import os
+import platform
+import shutil
+import sys
+import tempfile
+
+from tarantella.runner import jobs, report, shm
+from tarantella.runner.supervise import ProcSpec, Supervisor
+
+
+def rank_specs(argv_of, env, size, private_dir, output_on_all, gpu_of=None, pin_of=None,
+               cwd=None):
+    """One ProcSpec per rank. `argv_of(local_rank)` gives a rank's argv (after pinning),
+    `gpu_of(local_rank)` its CUDA_VISIBLE_DEVICES (None: leave as is)."""
+    host = platform.node()
+    specs = []
+    for rank in range(size):
+        rank_env = dict(env)
+        rank_env.update(TNT_RANK=str(rank), TNT_SIZE=str(size), TNT_LOCAL_RANK=str(rank),
+                        TNT_LOCAL_SIZE=str(size))
+        error_file = os.path.join(private_dir, f"error-rank{rank}.json") if private_dir else None
+        if error_file:
+            rank_env["TNT_ERROR_FILE"] = error_file
+        gpu = gpu_of(rank) if gpu_of else None
+        if gpu is not None:
+            rank_env["CUDA_VISIBLE_DEVICES"] = gpu
+        shown = output_on_all or rank == 0
+        specs.append(ProcSpec(
+            argv=argv_of(rank), env=rank_env, label=str(rank), rank=rank, local_rank=rank,
+            host=host, show_stdout=shown, show_stderr=shown, prefix=output_on_all,
+            stdin=(rank == 0), error_file=error_file, cwd=cwd,
+        ))
+    return specs
+
+
+def private_tempdir(job_id):
+    """A directory only this user can read (mkdtemp: 0700) for the ranks' error files."""
+    return tempfile.mkdtemp(prefix=f"tnt-run-{job_id[:8]}-")
+
+
+def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_dir=None):
+    """Run the ranks until the job ends, print the failure report (before the error files
+    go away with `private_dir`), clean up, and return tntrun's exit code."""
+    cwd = os.getcwd()
+    record = {
+        "job_id": job_id, "runner_pid": os.getpid(),
+        "runner_start": jobs.process_start_time(os.getpid()),
+        "program": jobs.program_key(command, cwd), "command": list(command), "cwd": cwd,
+        "host": platform.node(), "ranks": [],
+    }
+    try:
+        state = jobs.state_dir()
+    except (OSError, jobs.StateDirError) as exc:
+        print(f"tntrun: WARNING: cannot record the job for --cleanup ({exc})", file=sys.stderr)
+        state = None
+
+    def on_started(procs):
+        # recorded before anything can go wrong, so that --cleanup can find the ranks even
+        # if tntrun itself is SIGKILLed from here on
+        record["ranks"] = [{"label": s.label, "pid": p.pid, "start": jobs.process_start_time(p.pid)}
+                           for s, p in zip(specs, procs)]
+        if state:
+            jobs.write(record, state)
+
+    def on_stopping(reason):
+        print(f"tntrun: {reason}: stopping the other processes", file=sys.stderr, flush=True)
+
+    supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping)
+    try:
+        job = supervisor.run()
+        return report_and_code(job, program, one_line)
+    finally:
+        shm.remove(job_id)
+        if state:
+            jobs.remove(job_id, state)
+        if private_dir:
+            shutil.rmtree(private_dir, ignore_errors=True)
+
+
+def report_and_code(job, program, one_line=False):
+    """Print how the job ended; return tntrun's exit code."""
+    if job.root_cause is not None:
+        text = report.format_one_line(job) if one_line else report.format_failure(job, program)
+        print(text, file=sys.stderr, flush=True)
+    elif job.interrupted_by is not None:
+        print("tntrun: interrupted: all processes were stopped", file=sys.stderr, flush=True)
+    return job.exit_code

@@ -1,0 +1,292 @@
+"""Start a job's processes and supervise them until the job ends.
+
+Used for local ranks (one process per rank) and for an engine's launcher
+(mpirun/srun/gaspi_run: one process that owns the remote ranks) alike.
+
+How the job ends:
+- every process exits 0: exit 0;
+- the first process to exit non-zero (or by a signal) is the root cause: every other
+  process group gets SIGTERM, then SIGKILL after a grace period, and the job's exit code is
+  that process's code (128 + signal for a signal, as srun and shells report it);
+- SIGINT/SIGTERM/SIGHUP to tntrun stops every process the same way (a second one kills at
+  once) and the exit code is 128 + that signal.
+
+Each process runs in its own session (so its process group holds everything it starts,
+and Ctrl+C in a terminal reaches only tntrun, which then stops the ranks in order). One
+thread per process blocks in waitpid and posts the exit to a queue.SimpleQueue, whose
+put() is reentrant and therefore safe from a signal handler; the main thread blocks on
+that queue. Nothing polls.
+"""
+import dataclasses
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+TAIL_BYTES = 64 * 1024  # what is kept of each process's stderr for the failure report
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclasses.dataclass
+class ProcSpec:
+    """One process to start: a rank, or an engine launcher owning many ranks."""
+    argv: list
+    env: dict
+    label: str                    # "0", "1", ... or "mpirun"
+    rank: object = None           # int for a rank, None for an engine launcher
+    local_rank: object = None
+    host: str = ""
+    show_stdout: bool = True
+    show_stderr: bool = True
+    prefix: bool = False          # prefix every forwarded line with "[label] "
+    stdin: bool = False           # inherit tntrun's stdin (rank 0 only), else /dev/null
+    error_file: object = None     # TNT_ERROR_FILE of this process, read for the report
+    cwd: object = None
+
+
+@dataclasses.dataclass
+class ProcResult:
+    spec: ProcSpec
+    pid: int
+    returncode: object = None     # Popen convention: -N for signal N
+    ended_at: float = 0.0
+    stopped: bool = False         # ended by a signal that tntrun sent
+    stderr_tail: bytes = b""
+
+
+@dataclasses.dataclass
+class JobResult:
+    results: list
+    root_cause: object = None     # the ProcResult that failed first, if any
+    interrupted_by: object = None  # signal number that stopped tntrun, if any
+    started_at: float = 0.0
+
+    @property
+    def exit_code(self):
+        if self.root_cause is not None:
+            return exit_code_of(self.root_cause.returncode)
+        if self.interrupted_by is not None:
+            return 128 + self.interrupted_by
+        return 0
+
+
+class LaunchError(Exception):
+    """A process could not be started (program or interpreter not found, not executable)."""
+
+
+def exit_code_of(returncode):
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Writer:
+    """Serialises whole writes of forwarded output onto tntrun's own stdout/stderr."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.broken = set()
+
+    def write(self, fd, data):
+        with self._lock:
+            if fd in self.broken:
+                return
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError:  # our reader went away (e.g. `| head`): keep draining, stop writing
+                self.broken.add(fd)
+
+
+class _Forwarder(threading.Thread):
+    """Drains one pipe of one process (blocking reads): forwards it when shown, with a
+    "[label] " prefix per line when asked, and keeps its tail for the failure report.
+    A hidden process's pipe is drained all the same, or it would block when the pipe fills."""
+
+    def __init__(self, pipe, out_fd, show, prefix, writer, keep_tail):
+        super().__init__(daemon=True)
+        self.pipe, self.out_fd, self.show, self.writer = pipe, out_fd, show, writer
+        self.prefix = prefix
+        self.keep_tail = keep_tail
+        self.tail = bytearray()
+
+    def run(self):
+        fd = self.pipe.fileno()
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if self.keep_tail:
+                self.tail += chunk
+                del self.tail[:-TAIL_BYTES]
+            if not self.show:
+                continue
+            if self.prefix:
+                # whole lines only, so that lines of different ranks never mix
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                if lines:
+                    self.writer.write(self.out_fd, b"".join(self.prefix + ln + b"\n" for ln in lines))
+            else:
+                self.writer.write(self.out_fd, chunk)
+        if self.show and pending:
+            self.writer.write(self.out_fd, self.prefix + pending + b"\n")
+        self.pipe.close()
+
+
+class Supervisor:
+    def __init__(self, specs, grace_s=3.0, on_started=None, on_stopping=None):
+        self.specs = specs
+        self.grace_s = grace_s
+        self.on_started = on_started      # called with the list of Popen objects
+        self.on_stopping = on_stopping    # called with a reason string when the job is ended early
+        self._events = queue.SimpleQueue()
+        self._procs = []
+        self._forwarders = []
+        self._writer = _Writer()
+
+    # -- starting ---------------------------------------------------------------------------
+    def _start_one(self, index, spec):
+        stdout = None
+        if spec.prefix or not spec.show_stdout:
+            stdout = subprocess.PIPE if spec.show_stdout else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                spec.argv, env=spec.env, cwd=spec.cwd,
+                stdin=None if spec.stdin else subprocess.DEVNULL,
+                stdout=stdout, stderr=subprocess.PIPE,
+                start_new_session=True, close_fds=True,
+            )
+        except FileNotFoundError as exc:
+            raise LaunchError(
+                f"cannot start {spec.argv[0]!r}: no such file or command. Check the program name, "
+                "or --python-interpreter (use --python-interpreter \"\" to run PROGRAM as an executable)"
+            ) from exc
+        except PermissionError as exc:
+            raise LaunchError(
+                f"cannot start {spec.argv[0]!r}: permission denied. Make it executable "
+                f"(chmod +x {spec.argv[0]}) or run it through an interpreter with --python-interpreter"
+            ) from exc
+        label = spec.label.encode()
+        prefix = b"[" + label + b"] " if spec.prefix else b""
+        if proc.stdout is not None:
+            self._forwarders.append(_Forwarder(proc.stdout, 1, True, prefix, self._writer, False))
+        err = _Forwarder(proc.stderr, 2, spec.show_stderr, prefix, self._writer, True)
+        self._forwarders.append(err)
+        proc._tnt_stderr = err
+        waiter = threading.Thread(target=self._wait, args=(index, proc), daemon=True)
+        self._procs.append(proc)
+        for thread in self._forwarders[-2 if proc.stdout is not None else -1:]:
+            thread.start()
+        waiter.start()
+        return proc
+
+    def _wait(self, index, proc):
+        proc.wait()  # blocking waitpid, no polling
+        self._events.put(("exit", index, time.time()))
+
+    def _on_signal(self, signum, frame):
+        self._events.put(("signal", signum, time.time()))
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self):
+        started_at = time.time()
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                previous[sig] = signal.signal(sig, self._on_signal)
+        results = []
+        job = JobResult(results=results, started_at=started_at)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            for index, spec in enumerate(self.specs):
+                try:
+                    self._start_one(index, spec)
+                except LaunchError:
+                    self._stop(set(range(len(self._procs))), results_by_index={})
+                    raise
+            results.extend(ProcResult(spec, p.pid) for spec, p in zip(self.specs, self._procs))
+            if self.on_started:
+                self.on_started(self._procs)
+            running = set(range(len(self._procs)))
+            while running:
+                kind, value, when = self._events.get()
+                if kind == "signal":
+                    job.interrupted_by = value
+                    break
+                running.discard(value)
+                res = results[value]
+                res.returncode, res.ended_at = self._procs[value].returncode, when
+                if res.returncode != 0:
+                    job.root_cause = res
+                    break
+            if running:
+                reason = (f"signal {signal.Signals(job.interrupted_by).name}" if job.interrupted_by
+                          else f"{_who(job.root_cause.spec)} failed")
+                if self.on_stopping:
+                    self.on_stopping(reason)
+                self._stop(running, {i: results[i] for i in running})
+        finally:
+            self._kill_leftovers()
+            for thread in self._forwarders:
+                thread.join(timeout=2.0)  # a grandchild that escaped its group may hold a pipe
+            for proc, res in zip(self._procs, results):
+                res.stderr_tail = bytes(proc._tnt_stderr.tail)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return job
+
+    def _signal_group(self, index, sig):
+        try:
+            os.killpg(self._procs[index].pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _stop(self, running, results_by_index):
+        """SIGTERM every running process group, SIGKILL what is left after the grace period
+        (at once on a second interrupt), and record how each one ended."""
+        for i in running:
+            self._signal_group(i, signal.SIGTERM)
+            if i in results_by_index:
+                results_by_index[i].stopped = True
+        deadline = time.monotonic() + self.grace_s
+        killed = False
+        while running:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0 and not killed:
+                for i in running:
+                    self._signal_group(i, signal.SIGKILL)
+                killed = True
+                deadline = time.monotonic() + 10.0  # SIGKILL cannot be ignored: this is a backstop
+                continue
+            try:
+                kind, value, when = self._events.get(timeout=max(timeout, 0.01))
+            except queue.Empty:
+                if killed:
+                    break  # uninterruptible sleep (D state): give up waiting, do not hang
+                continue
+            if kind == "signal":
+                deadline = time.monotonic()  # second Ctrl+C: kill now
+                continue
+            running.discard(value)
+            if value in results_by_index:
+                res = results_by_index[value]
+                res.returncode, res.ended_at = self._procs[value].returncode, when
+
+    def _kill_leftovers(self):
+        """Anything still alive in a rank's process group (a child the rank started and left
+        behind) is killed: a job leaves no process behind. Groups that are empty are skipped
+        by the kernel (ESRCH)."""
+        for i in range(len(self._procs)):
+            self._signal_group(i, signal.SIGKILL)
+
+
+def _who(spec):
+    return f"rank {spec.rank}" if spec.rank is not None else spec.label
