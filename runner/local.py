@@ -64,7 +64,7 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
             jobs.write(record, state)
 
     def on_stopping(reason):
-        print(f"tntrun: {reason}: stopping the other processes", file=sys.stderr, flush=True)
+        print(f"tntrun: {reason}", file=sys.stderr, flush=True)
 
     supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping)
     try:

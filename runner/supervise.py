@@ -228,8 +228,9 @@ class Supervisor:
                     job.root_cause = res
                     break
             if running:
-                reason = (f"signal {signal.Signals(job.interrupted_by).name}" if job.interrupted_by
-                          else f"{_who(job.root_cause.spec)} failed")
+                reason = (f"received {signal.Signals(job.interrupted_by).name}: stopping every process"
+                          if job.interrupted_by else
+                          f"{_who(job.root_cause.spec)} failed: stopping the other processes")
                 if self.on_stopping:
                     self.on_stopping(reason)
                 self._stop(running, {i: results[i] for i in running})

@@ -1,75 +1,11 @@
-"""Helpers for the runner tests: run `tntrun` as a user would.
-
-The installed console script is used when there is one (CI installs the package);
-otherwise (a source tree whose core is not built) a shim maps the package
-tarantella.runner to the folder runner/, as setup.py's package_dir does.
-"""
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import textwrap
-
+"""Fixtures of the runner tests (helpers live in tntrun_helpers.py, a unique module name,
+so that this suite sits beside other suites' conftest.py files)."""
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _shim_dir():
-    d = tempfile.mkdtemp(prefix="tnt-runner-shim-")
-    os.symlink(os.path.join(REPO, "runner"), os.path.join(d, "runner"))
-    return d
-
-
-def tntrun_argv():
-    exe = shutil.which("tntrun")
-    if exe and not os.environ.get("TNT_TEST_RUNNER_FROM_SOURCE"):
-        return [exe]
-    shim = _shim_dir()
-    boot = ("import sys; sys.argv[0] = 'tntrun'; import tarantella; "
-            f"tarantella.__path__.append({shim!r}); "
-            "from tarantella.runner.cli import main; sys.exit(main())")
-    return [sys.executable, "-c", boot]
-
-
-TNTRUN = tntrun_argv()
-
-
-def runner_env(**extra):
-    env = dict(os.environ)
-    if TNTRUN[0] == sys.executable:
-        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    # a private job registry per test run, so tests never see a user's real jobs
-    env.setdefault("TNT_STATE_DIR", _STATE_DIR)
-    env.pop("TNT_GPU_LISTING", None)
-    env.update(extra)
-    return env
-
-
-_STATE_DIR = tempfile.mkdtemp(prefix="tnt-runner-state-")
-
-
-def run_tntrun(args, timeout=60, env=None, **kwargs):
-    """Run tntrun to completion; returns the CompletedProcess (text mode)."""
-    return subprocess.run(TNTRUN + list(args), capture_output=True, text=True, timeout=timeout,
-                          env=env or runner_env(), **kwargs)
-
-
-def start_tntrun(args, env=None, **kwargs):
-    return subprocess.Popen(TNTRUN + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env or runner_env(), **kwargs)
+from tntrun_helpers import make_script_factory
 
 
 @pytest.fixture
 def script(tmp_path):
     """script(body) -> path of a Python file that the ranks run (plain Python: no core)."""
-    counter = [0]
-
-    def make(body, name=None):
-        counter[0] += 1
-        path = tmp_path / (name or f"rank_script_{counter[0]}.py")
-        path.write_text("import os, sys, time\n" + textwrap.dedent(body))
-        return str(path)
-
-    return make
+    return make_script_factory(tmp_path)

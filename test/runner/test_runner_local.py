@@ -3,7 +3,7 @@ import glob
 import os
 import re
 
-from conftest import run_tntrun
+from tntrun_helpers import run_tntrun
 
 
 def test_ranks_get_the_environment_contract(script):
