@@ -1,0 +1,108 @@
+"""tntrun --cleanup [--force] [-- PROGRAM]: end what an aborted job left behind.
+
+Jobs are found in the per-user job records (jobs.py), never by matching process names:
+a process is signalled only if its pid still has the start time recorded for it, so a
+recycled pid is never hit. With PROGRAM, the jobs of that program (same script path) are
+ended, whether or not their tntrun still runs; without it, every job whose tntrun is gone.
+Ranks get SIGTERM (SIGKILL with --force) on their whole process group; then the job's
+/dev/shm/tnt-<jobid>* objects and its record are removed.
+"""
+import os
+import select
+import signal
+import sys
+import time
+
+from tarantella.runner import jobs, shm
+
+WAIT_S = 5.0
+
+
+def _wait_gone(procs, timeout):
+    """Block until the (pid, start) processes are gone or the timeout passes. pidfds make
+    this a real wait; without them (old kernels) check a few times a second."""
+    deadline = time.monotonic() + timeout
+    fds = {}
+    if hasattr(os, "pidfd_open"):
+        for pid, _ in procs:
+            try:
+                fds[os.pidfd_open(pid)] = pid
+            except OSError:
+                pass
+    try:
+        while True:
+            alive = [(pid, st) for pid, st in procs if jobs.same_process(pid, st)]
+            left = deadline - time.monotonic()
+            if not alive or left <= 0:
+                return alive
+            if fds:
+                ready, _, _ = select.select(list(fds), [], [], left)
+                for fd in ready:
+                    fds.pop(fd)
+                    os.close(fd)
+            else:
+                time.sleep(min(0.2, left))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _signal(pid, start, sig):
+    if not jobs.same_process(pid, start):
+        return False
+    try:
+        if os.getpgid(pid) == pid:  # a rank leads its own group: reach what it started, too
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def run(command, force=False, out=None):
+    out = out or sys.stdout
+    say = lambda text: print(f"tntrun --cleanup: {text}", file=out, flush=True)  # noqa: E731
+    key = jobs.program_key(command, os.getcwd()) if command else None
+    try:
+        records = jobs.load_all()
+    except (OSError, jobs.StateDirError) as exc:
+        say(f"cannot read the job records: {exc}")
+        return 1
+    sig = signal.SIGKILL if force else signal.SIGTERM
+    found = 0
+    for rec in records:
+        job_id = rec.get("job_id", "")
+        runner_alive = jobs.same_process(rec.get("runner_pid"), rec.get("runner_start"))
+        if key is not None and rec.get("program") != key:
+            continue
+        if key is None and runner_alive:
+            continue  # a healthy job: only named programs are ended while tntrun runs
+        found += 1
+        ranks = [(r["pid"], r.get("start")) for r in rec.get("ranks", [])]
+        alive = [(pid, st) for pid, st in ranks if jobs.same_process(pid, st)]
+        say(f"job {job_id} ({' '.join(rec.get('command', []))}, started by tntrun pid "
+            f"{rec.get('runner_pid')}, {'still running' if runner_alive else 'gone'}): "
+            f"{len(alive)} of {len(ranks)} process(es) still running"
+            + (f" (pids {', '.join(str(p) for p, _ in alive)})" if alive else ""))
+        targets = list(alive)
+        if runner_alive:
+            targets.append((rec["runner_pid"], rec.get("runner_start")))
+        if targets:
+            for pid, st in targets:
+                _signal(pid, st, sig)
+            say(f"sent {sig.name} to {len(targets)} process(es)")
+            left = _wait_gone(targets, WAIT_S)
+            if left:
+                say(f"{len(left)} process(es) still running after {WAIT_S:g} s (pids "
+                    f"{', '.join(str(p) for p, _ in left)}): run again with --force to SIGKILL them")
+        removed = shm.remove(job_id)
+        if removed:
+            say(f"removed {len(removed)} shared-memory object(s): {', '.join(removed)}")
+        if not [p for p in ranks + [(rec.get("runner_pid"), rec.get("runner_start"))]
+                if jobs.same_process(*p)]:
+            jobs.remove(job_id)
+    if not found:
+        what = f"of {command[0]}" if command else "whose tntrun is gone"
+        say(f"no job {what} found; nothing to do")
+    return 0
