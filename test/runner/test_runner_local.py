@@ -3,7 +3,9 @@ import glob
 import os
 import re
 
-from tntrun_helpers import run_tntrun
+import sys
+
+from tntrun_helpers import run_tntrun, runner_env
 
 
 def test_ranks_get_the_environment_contract(script):
@@ -51,3 +53,187 @@ def test_shm_of_the_job_is_removed(script):
     assert res.returncode == 0, res.stderr
     job = re.search(r"JOB (\w+)", res.stdout).group(1)
     assert glob.glob(f"/dev/shm/tnt-{job}*") == []
+
+
+def test_error_file_message_in_the_report(script):
+    # a rank that raises writes TNT_ERROR_FILE (tarantella.common does it on import; the
+    # test rank writes the same JSON by hand so that it needs no built core)
+    path = script("""
+        import json
+        if os.environ["TNT_RANK"] == "0":
+            with open(os.environ["TNT_ERROR_FILE"], "w") as f:
+                json.dump({"message": "ValueError: the root cause", "traceback": "Traceback...",
+                           "timestamp": time.time(), "pid": os.getpid(), "rank": 0}, f)
+            raise SystemExit(1)
+        time.sleep(60)
+    """)
+    res = run_tntrun(["-n", "2", "--", path], timeout=30)
+    assert res.returncode == 1
+    assert "error: ValueError: the root cause" in res.stderr
+    assert "Stopped by tntrun after the failure: 1" in res.stderr
+
+
+def test_rank_killed_by_a_signal(script):
+    path = script("""
+        import signal
+        if os.environ["TNT_RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    """)
+    res = run_tntrun(["-n", "2", "--", path], timeout=30)
+    assert res.returncode == 128 + 9
+    assert "signal 9 (SIGKILL)" in res.stderr
+
+
+def test_all_ranks_succeed_gives_zero(script):
+    path = script("sys.exit(0)\n")
+    res = run_tntrun(["-n", "2", "--", path])
+    assert res.returncode == 0, res.stderr
+    assert "FAILED" not in res.stderr
+
+
+def test_log_level_error_gives_one_line(script):
+    path = script("sys.exit(int(os.environ['TNT_RANK']) * 5)\n")
+    res = run_tntrun(["-n", "2", "--log-level", "ERROR", "--", path], timeout=30)
+    assert res.returncode == 5
+    assert "tntrun: error:" in res.stderr and "rank 1: Exit code 5" in res.stderr
+    assert "Root cause" not in res.stderr
+
+
+def test_output_only_from_rank_zero_by_default(script):
+    path = script("""
+        print(f"out of {os.environ['TNT_RANK']}")
+        print(f"err of {os.environ['TNT_RANK']}", file=sys.stderr)
+    """)
+    res = run_tntrun(["-n", "3", "--", path])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["out of 0"]
+    assert "err of 0" in res.stderr and "err of 1" not in res.stderr and "err of 2" not in res.stderr
+
+
+def test_output_on_all_devices_prefixes_every_line(script):
+    path = script("""
+        print(f"out of {os.environ['TNT_RANK']}")
+        print(f"err of {os.environ['TNT_RANK']}", file=sys.stderr)
+        print("TNT_OUTPUT_ON_ALL_DEVICES=" + os.environ.get("TNT_OUTPUT_ON_ALL_DEVICES", ""))
+    """)
+    res = run_tntrun(["-n", "3", "--output-on-all-devices", "--", path])
+    assert res.returncode == 0, res.stderr
+    out = set(res.stdout.splitlines())
+    for r in range(3):
+        assert f"[{r}] out of {r}" in out and f"[{r}] err of {r}" in res.stderr
+        assert f"[{r}] TNT_OUTPUT_ON_ALL_DEVICES=true" in out
+
+
+def test_eight_ranks_on_two_cores_set_omp_num_threads_once(script):
+    path = script("print(os.environ['TNT_RANK'], os.environ.get('OMP_NUM_THREADS'))\n")
+    env_cores = os.cpu_count()
+    res = run_tntrun(["-n", "8", "--output-on-all-devices", "--", path], timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = sorted(res.stdout.splitlines())
+    assert len(lines) == 8
+    if env_cores < 8:
+        assert all(ln.endswith(" 1") for ln in lines)
+        assert res.stderr.count("OMP_NUM_THREADS=1") == 1
+
+
+def test_omp_num_threads_of_the_user_is_kept(script):
+    path = script("print(os.environ.get('OMP_NUM_THREADS'))\n")
+    res = run_tntrun(["-n", "8", "-x", "OMP_NUM_THREADS=3", "--", path], timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "3" and "OMP_NUM_THREADS" not in res.stderr
+
+
+def test_exports_in_order_later_wins(script):
+    path = script("print(os.environ['A'], os.environ['B'], os.environ['C'], os.environ['HOME_COPY'])\n")
+    res = run_tntrun(["-n", "1", "-x", "A=1", "B=x=y z", "-x", "A=2", "C=", "-x", "HOME_COPY=$HOME",
+                      "--", path])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "2 x=y z  $HOME"
+
+
+def test_export_without_value_forwards_the_current_one(script):
+    path = script("print(os.environ['MY_FORWARDED'])\n")
+    env = runner_env(MY_FORWARDED="from-runner")
+    res = run_tntrun(["-n", "1", "-x", "MY_FORWARDED", "--", path], env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "from-runner"
+
+
+def test_flags_set_the_tnt_variables(script, tmp_path):
+    names = ["TNT_LOG_LEVEL", "TNT_LOG_ON_ALL_DEVICES", "TNT_FUSION_THRESHOLD_KB", "TNT_TIMEOUT_S",
+             "TNT_TRANSPORT", "TNT_TIMELINE"]
+    path = script(f"print(' '.join(f'{{k}}={{os.environ.get(k)}}' for k in {names!r}))\n")
+    res = run_tntrun(["-n", "1", "--log-level", "warn", "--log-on-all-devices", "--fusion-threshold",
+                      "0", "--timeout", "12.5", "--transport", "shm", "--timeline", "tl.json", "--",
+                      path], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [
+        "TNT_LOG_LEVEL=WARNING", "TNT_LOG_ON_ALL_DEVICES=true", "TNT_FUSION_THRESHOLD_KB=0",
+        "TNT_TIMEOUT_S=12.5", "TNT_TRANSPORT=shm", f"TNT_TIMELINE={tmp_path / 'tl.json'}"]
+
+
+def test_fusion_threshold_mb_and_verbose(script):
+    path = script("print(os.environ['TNT_FUSION_THRESHOLD_KB'], os.environ['TNT_LOG_LEVEL'])\n")
+    res = run_tntrun(["-n", "1", "--fusion-threshold-mb", "2", "--verbose", "--", path])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["2048", "INFO"]
+
+
+def test_python_interpreter_empty_runs_an_executable(tmp_path):
+    sh = tmp_path / "job.sh"
+    sh.write_text('#!/bin/sh\necho "shell rank $TNT_RANK of $TNT_SIZE: $1"\n')
+    sh.chmod(0o755)
+    res = run_tntrun(["-n", "2", "--output-on-all-devices", "--python-interpreter", "", "--",
+                      str(sh), "arg"])
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[0] shell rank 0 of 2: arg", "[1] shell rank 1 of 2: arg"]
+    res = run_tntrun(["-n", "1", "--no-python", "--", str(sh), "x"])
+    assert res.stdout.strip() == "shell rank 0 of 1: x"
+
+
+def test_python_interpreter_with_arguments(script):
+    path = script("print('flag', sys.flags.optimize, os.environ.get('WRAPPED'))\n")
+    res = run_tntrun(["-n", "1", "--python-interpreter", f"env WRAPPED=yes {sys.executable} -O",
+                      "--", path])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "flag 1 yes"
+
+
+def test_explicit_python_is_not_doubled(script):
+    path = script("print('ran', sys.argv[1:])\n")
+    res = run_tntrun(["-n", "1", "--", sys.executable, path, "z"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ran ['z']"
+    res = run_tntrun(["--dry-run", "-n", "1", "--", "python3", path])
+    assert f"python3 {path}" in res.stdout and "python python3" not in res.stdout
+
+
+def test_module_flag(tmp_path):
+    (tmp_path / "tnt_demo_mod.py").write_text("import os\nprint('module rank', os.environ['TNT_RANK'])\n")
+    res = run_tntrun(["-n", "1", "-m", "--", "tnt_demo_mod"], cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "module rank 0"
+
+
+def test_first_positional_starts_the_command(script):
+    path = script("print('args', sys.argv[1:])\n")
+    res = run_tntrun(["-n", "1", path, "--epochs", "3", "-n", "9"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "args ['--epochs', '3', '-n', '9']"
+
+
+def test_dry_run_prints_every_rank_and_starts_nothing(script, tmp_path):
+    marker = tmp_path / "ran"
+    path = script(f"open({str(marker)!r}, 'w').close()\n")
+    res = run_tntrun(["--dry-run", "-n", "2", "-x", "FOO=bar", "--", path])
+    assert res.returncode == 0, res.stderr
+    assert not marker.exists()
+    assert "# rank 0" in res.stdout and "# rank 1" in res.stdout
+    assert "TNT_RANK=1" in res.stdout and "FOO=bar" in res.stdout and path in res.stdout
+
+
+def test_program_not_found(tmp_path):
+    res = run_tntrun(["-n", "2", "--python-interpreter", "", "--", str(tmp_path / "nope")])
+    assert res.returncode == 127
+    assert "no such file" in res.stderr

@@ -40,12 +40,41 @@ def runner_env(**extra):
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     # a private job registry per test run, so tests never see a user's real jobs
     env.setdefault("TNT_STATE_DIR", _STATE_DIR)
-    env.pop("TNT_GPU_LISTING", None)
+    # no GPU unless a test hands out a fake listing: the same results on any machine
+    env["TNT_GPU_LISTING"] = _NO_GPUS
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    for name in [k for k in env if k.startswith(("TNT_", "SLURM_", "OMPI_", "PMI_"))]:
+        if name not in ("TNT_STATE_DIR", "TNT_GPU_LISTING", "TNT_TEST_RUNNER_FROM_SOURCE"):
+            del env[name]
     env.update(extra)
     return env
 
 
 _STATE_DIR = tempfile.mkdtemp(prefix="tnt-runner-state-")
+_NO_GPUS = os.path.join(_STATE_DIR, "no-gpus.txt")
+open(_NO_GPUS, "w").close()
+
+
+def import_runner():
+    """Make `tarantella.runner` importable in the test process (for unit tests)."""
+    import tarantella
+
+    try:
+        import tarantella.runner  # noqa: F401 - installed
+    except ImportError:
+        tarantella.__path__.append(_shim_dir())
+        import tarantella.runner  # noqa: F401
+
+
+def fake_bin(tmp_path, **programs):
+    """A directory with tiny executables (name -> shell body), for PATH."""
+    d = tmp_path / "fakebin"
+    d.mkdir(exist_ok=True)
+    for name, body in programs.items():
+        path = d / name
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(0o755)
+    return str(d)
 
 
 def run_tntrun(args, timeout=60, env=None, **kwargs):
