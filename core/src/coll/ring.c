@@ -1,0 +1,43 @@
+/* ring.c - piece transfer on the ring link (see ring.h for the protocol). */
+#include "ring.h"
+
+#include "common.h"
+
+void tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
+                    int slots, double timeout_s) {
+  ring->t = t;
+  ring->ts = ts;
+  ring->rank = rank;
+  ring->size = size;
+  ring->next = (rank + 1) % size;
+  ring->prev = (rank + size - 1) % size;
+  ring->slot_bytes = slot_bytes;
+  ring->slots = slots;
+  ring->tx_seq = 0;
+  ring->rx_seq = 0;
+  ring->timeout_s = timeout_s;
+  ring->window = t->window(ts);
+}
+
+tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline) {
+  uint64_t seq = ring->tx_seq;
+  if (seq >= (uint64_t)ring->slots) /* slot reuse: piece seq - slots must have been consumed */
+    TNT_CHECK(ring->t->wait(ring->ts, TNT_NOTIFY_CREDIT, ring->next, (uint32_t)(seq - (uint64_t)ring->slots + 1), deadline));
+  size_t offset = (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
+  if (len) TNT_CHECK(ring->t->put(ring->ts, ring->next, offset, src, len));
+  TNT_CHECK(ring->t->notify(ring->ts, ring->next, TNT_NOTIFY_DATA));
+  ring->tx_seq = seq + 1;
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_ring_recv(tnt_ring_t *ring, const void **piece, double deadline) {
+  uint64_t seq = ring->rx_seq;
+  TNT_CHECK(ring->t->wait(ring->ts, TNT_NOTIFY_DATA, ring->prev, (uint32_t)(seq + 1), deadline));
+  *piece = ring->window + (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_ring_release(tnt_ring_t *ring) {
+  ring->rx_seq++;
+  return ring->t->notify(ring->ts, ring->prev, TNT_NOTIFY_CREDIT);
+}

@@ -1,0 +1,55 @@
+/* ring.h - a rank's link to its ring neighbours, over the transport interface.
+ *
+ * Every collective here moves data around one ring: rank r puts pieces into the
+ * window of next = r+1 and receives pieces from prev = r-1. The window is cut
+ * into `slots` slots of `slot_bytes`; piece number i of the link goes to slot
+ * i % slots. Flow control is one counter each way: DATA (pieces delivered,
+ * bumped by the sender) and CREDIT (pieces consumed, bumped by the receiver).
+ * The sender of piece i waits until piece i - slots has been consumed, so up to
+ * `slots` pieces are in flight and a slow rank never has its slot overwritten.
+ * The counters persist across collectives, so no reset handshake is needed. */
+#ifndef TNT_RING_H
+#define TNT_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+typedef struct {
+  const tnt_transport_t *t;
+  void *ts;
+  int rank, size, next, prev;
+  size_t slot_bytes;
+  int slots;
+  uint64_t tx_seq; /* pieces put to next */
+  uint64_t rx_seq; /* pieces consumed from prev */
+  double timeout_s;
+  uint8_t *window;
+} tnt_ring_t;
+
+void tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
+                    int slots, double timeout_s);
+
+/* Put one piece (len <= slot_bytes) into next's window, waiting for a free slot. */
+tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline);
+/* Wait for the next piece from prev; *piece points into this rank's window. */
+tnt_result_t tnt_ring_recv(tnt_ring_t *ring, const void **piece, double deadline);
+/* Give the slot of the last received piece back to prev. */
+tnt_result_t tnt_ring_release(tnt_ring_t *ring);
+
+/* Start and end of piece k of P of the element range [begin, begin + len). */
+static inline void tnt_piece(int64_t begin, int64_t len, int64_t k, int64_t P, int64_t *pb, int64_t *pl) {
+  int64_t a = begin + len * k / P, b = begin + len * (k + 1) / P;
+  *pb = a;
+  *pl = b - a;
+}
+
+/* The collectives (one file each). `deadline` bounds the whole operation. */
+tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                double deadline);
+tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, size_t bytes, int root, double deadline);
+tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, const int64_t *bytes_per_rank,
+                                double deadline);
+
+#endif

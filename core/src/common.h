@@ -1,0 +1,59 @@
+/* common.h - internal helpers shared by every core file: result propagation,
+ * error recording and logging. */
+#ifndef TNT_COMMON_H
+#define TNT_COMMON_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "tarantella.h"
+
+#define TNT_MAX_NAME 256 /* names are at most 255 bytes + NUL */
+
+/* Log levels, as TNT_LOG_LEVEL spells them. */
+enum { TNT_LOG_DEBUG = 0, TNT_LOG_INFO = 1, TNT_LOG_WARNING = 2, TNT_LOG_ERROR = 3 };
+
+void tnt_log_init(int rank);
+void tnt_log(int level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int tnt_log_enabled(int level);
+#define TNT_DEBUG(...) do { if (tnt_log_enabled(TNT_LOG_DEBUG)) tnt_log(TNT_LOG_DEBUG, __FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define TNT_INFO(...) do { if (tnt_log_enabled(TNT_LOG_INFO)) tnt_log(TNT_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define TNT_WARN(...) tnt_log(TNT_LOG_WARNING, __FILE__, __LINE__, __VA_ARGS__)
+#define TNT_ERROR(...) tnt_log(TNT_LOG_ERROR, __FILE__, __LINE__, __VA_ARGS__)
+
+/* Record `fmt` as this thread's last error and return `code`. */
+tnt_result_t tnt_fail(tnt_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Same, naming the peer rank a TNT_ERR_PEER_LOST is about. */
+tnt_result_t tnt_fail_peer(int peer, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Copy a message recorded elsewhere (e.g. by the background thread) into this thread's slot. */
+void tnt_set_last_error(const char *message, int peer);
+
+/* Propagate a failure upward; with TNT_LOG_LEVEL=DEBUG each level logs, so the
+ * log reads as a back-trace (NCCL's NCCLCHECK). */
+#define TNT_CHECK(call)                                                      \
+  do {                                                                       \
+    tnt_result_t tnt_check_res_ = (call);                                    \
+    if (tnt_check_res_ != TNT_SUCCESS) {                                     \
+      TNT_DEBUG("%s -> %d", #call, (int)tnt_check_res_);                     \
+      return tnt_check_res_;                                                 \
+    }                                                                        \
+  } while (0)
+
+/* Monotonic clock in seconds. */
+static inline double tnt_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Microseconds since the epoch of the process (for timelines). */
+static inline int64_t tnt_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+#endif

@@ -1,0 +1,440 @@
+/* context.c - the public API: init/finalize, request submission, handles.
+ *
+ * Application threads only touch the queue and the handle table, under one
+ * mutex; the background thread (engine.c) does everything that talks to other
+ * ranks. Waiting on a handle is a condition-variable wait (the Python binding
+ * releases the GIL around it). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "context.h"
+#include "dtype.h"
+
+tnt_ctx_t tnt_ctx;
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int was_finalized;
+
+const char *tnt_version(void) { return "0.1.0"; }
+
+int tnt_initialized(void) { return tnt_ctx.initialized; }
+int tnt_rank(void) { return tnt_ctx.initialized ? tnt_ctx.pl.rank : -1; }
+int tnt_size(void) { return tnt_ctx.initialized ? tnt_ctx.pl.size : -1; }
+int tnt_local_rank(void) { return tnt_ctx.initialized ? tnt_ctx.pl.local_rank : -1; }
+int tnt_local_size(void) { return tnt_ctx.initialized ? tnt_ctx.pl.local_size : -1; }
+const char *tnt_transport_name(void) {
+  if (!tnt_ctx.initialized) return "none";
+  return tnt_ctx.transport ? tnt_ctx.transport->name : "self";
+}
+
+static tnt_result_t not_initialized(void) {
+  return tnt_fail(TNT_ERR_INVALID_USAGE, was_finalized
+                                             ? "Tarantella was finalized on this rank: call tnt_init (Python: tnt.init()) again first"
+                                             : "Tarantella is not initialized: call tnt_init (Python: tnt.init()) first");
+}
+
+tnt_result_t tnt_init(void) {
+  pthread_mutex_lock(&init_mu);
+  tnt_ctx_t *c = &tnt_ctx;
+  tnt_result_t res = TNT_SUCCESS;
+  if (c->initialized) goto out;
+  memset(c, 0, sizeof *c);
+  c->free_handle = -1;
+  tnt_log_init(0);
+  if ((res = tnt_placement_read(&c->pl)) != TNT_SUCCESS) goto out;
+  tnt_log_init(c->pl.rank);
+  if ((res = tnt_params_read(&c->params)) != TNT_SUCCESS) goto out;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->done_cond, &ca);
+  pthread_condattr_destroy(&ca);
+  tnt_namemap_init(&c->active);
+  if ((res = tnt_timeline_open(&c->timeline, c->params.timeline, c->pl.rank, c->pl.size)) != TNT_SUCCESS) goto out;
+  if (c->pl.size > 1) {
+    if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS) goto out;
+    size_t window = (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots;
+    if ((res = c->transport->init(&c->pl, &c->params, window, &c->ts)) != TNT_SUCCESS) goto out;
+    tnt_ring_setup(&c->ring, c->transport, c->ts, c->pl.rank, c->pl.size, (size_t)c->params.shm_slot_bytes,
+                   c->params.shm_slots, c->params.timeout_s);
+    if ((res = tnt_engine_setup(c)) != TNT_SUCCESS) {
+      c->transport->finalize(c->ts);
+      goto out;
+    }
+    if (pthread_create(&c->thread, NULL, tnt_engine_main, c) != 0) {
+      tnt_engine_teardown(c);
+      c->transport->finalize(c->ts);
+      res = tnt_fail(TNT_ERR_SYSTEM, "cannot start the background thread: %s", strerror(errno));
+      goto out;
+    }
+    c->thread_started = 1;
+  }
+  c->initialized = 1;
+  TNT_INFO("initialized: rank %d of %d, transport %s", c->pl.rank, c->pl.size, tnt_transport_name());
+out:
+  if (res != TNT_SUCCESS && c->timeline) {
+    tnt_timeline_close(c->timeline);
+    c->timeline = NULL;
+  }
+  pthread_mutex_unlock(&init_mu);
+  return res;
+}
+
+static void free_slot(tnt_handle_slot_t *h) {
+  free(h->message);
+  free(h->result_buf);
+  free(h->rank_counts);
+  free(h->req);
+  h->message = NULL;
+  h->result_buf = NULL;
+  h->rank_counts = NULL;
+  h->req = NULL;
+}
+
+tnt_result_t tnt_finalize(void) {
+  pthread_mutex_lock(&init_mu);
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) {
+    pthread_mutex_unlock(&init_mu);
+    return TNT_SUCCESS;
+  }
+  pthread_mutex_lock(&c->mu);
+  c->stop = 1;
+  pthread_mutex_unlock(&c->mu);
+  if (c->thread_started) {
+    c->transport->wake_local(c->ts);
+    pthread_join(c->thread, NULL);
+    tnt_engine_teardown(c);
+  }
+  if (c->transport) c->transport->finalize(c->ts);
+  tnt_timeline_close(c->timeline);
+  /* requests nobody waited for: their slots go with the context */
+  for (int i = 0; i < c->nhandles; i++) free_slot(&c->handles[i]);
+  free(c->handles);
+  tnt_namemap_free(&c->active);
+  pthread_cond_destroy(&c->done_cond);
+  pthread_mutex_destroy(&c->mu);
+  memset(c, 0, sizeof *c);
+  was_finalized = 1;
+  pthread_mutex_unlock(&init_mu);
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_abort(const char *reason) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) return TNT_SUCCESS;
+  if (c->transport) c->transport->abort(c->ts, reason);
+  char msg[1024];
+  snprintf(msg, sizeof msg, "rank %d aborted: %s", c->pl.rank, reason ? reason : "");
+  tnt_set_fatal(c, TNT_ERR_PEER_LOST, msg, c->pl.rank);
+  return TNT_SUCCESS;
+}
+
+/* ---- handles (callers hold c->mu) ---- */
+
+static tnt_handle_t handle_alloc(tnt_ctx_t *c, tnt_request_t *req) {
+  int i = c->free_handle;
+  if (i >= 0) {
+    c->free_handle = (int)c->handles[i].result_count; /* the free list is threaded through result_count */
+  } else {
+    if (c->nhandles == c->caphandles) {
+      int cap = c->caphandles ? c->caphandles * 2 : 256;
+      tnt_handle_slot_t *h = realloc(c->handles, (size_t)cap * sizeof *h);
+      if (!h) return -1;
+      c->handles = h;
+      c->caphandles = cap;
+    }
+    i = c->nhandles++;
+    c->handles[i].generation = 0;
+  }
+  tnt_handle_slot_t *h = &c->handles[i];
+  uint32_t gen = h->generation + 1;
+  memset(h, 0, sizeof *h);
+  h->generation = gen;
+  h->used = 1;
+  h->req = req;
+  h->peer = -1;
+  return ((tnt_handle_t)gen << 32) | (tnt_handle_t)i;
+}
+
+static tnt_handle_slot_t *handle_get(tnt_ctx_t *c, tnt_handle_t handle) {
+  int64_t i = handle & 0xffffffff;
+  uint32_t gen = (uint32_t)((uint64_t)handle >> 32);
+  if (handle < 0 || i >= c->nhandles || !c->handles[i].used || c->handles[i].generation != gen) return NULL;
+  return &c->handles[i];
+}
+
+void tnt_complete(tnt_ctx_t *c, tnt_request_t *req, tnt_result_t result, const char *message, int peer,
+                  void *result_buf, int64_t result_count, const int64_t *rank_counts) {
+  pthread_mutex_lock(&c->mu);
+  tnt_handle_slot_t *h = handle_get(c, req->handle);
+  tnt_namemap_del(&c->active, req->name);
+  if (h) {
+    h->done = 1;
+    h->result = result;
+    h->peer = peer;
+    h->message = message ? strdup(message) : NULL;
+    h->result_buf = result_buf;
+    h->result_count = result_count;
+    if (rank_counts) {
+      h->rank_counts = malloc(sizeof(int64_t) * (size_t)c->pl.size);
+      if (h->rank_counts) memcpy(h->rank_counts, rank_counts, sizeof(int64_t) * (size_t)c->pl.size);
+    }
+  } else {
+    free(result_buf);
+  }
+  pthread_cond_broadcast(&c->done_cond);
+  pthread_mutex_unlock(&c->mu);
+}
+
+void tnt_set_fatal(tnt_ctx_t *c, tnt_result_t result, const char *message, int peer) {
+  pthread_mutex_lock(&c->mu);
+  if (c->fatal == TNT_SUCCESS) {
+    c->fatal = result;
+    snprintf(c->fatal_msg, sizeof c->fatal_msg, "%s", message);
+    c->fatal_peer = peer;
+    TNT_ERROR("%s", message);
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (c->transport) c->transport->wake_local(c->ts);
+}
+
+/* ---- submission ---- */
+
+static tnt_result_t submit(tnt_request_t *req, tnt_handle_t *handle) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) {
+    free(req);
+    return not_initialized();
+  }
+  if (!handle) {
+    free(req);
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "handle pointer is NULL");
+  }
+  req->submit_time = tnt_now();
+  req->submit_us = tnt_now_us();
+  pthread_mutex_lock(&c->mu);
+  if (c->fatal != TNT_SUCCESS) {
+    tnt_result_t r = c->fatal;
+    int peer = c->fatal_peer;
+    char msg[sizeof c->fatal_msg];
+    snprintf(msg, sizeof msg, "%s", c->fatal_msg);
+    pthread_mutex_unlock(&c->mu);
+    free(req);
+    tnt_set_last_error(msg, peer);
+    return r;
+  }
+  if (c->stop) {
+    pthread_mutex_unlock(&c->mu);
+    free(req);
+    return not_initialized();
+  }
+  if (tnt_namemap_get(&c->active, req->name) >= 0) {
+    pthread_mutex_unlock(&c->mu);
+    tnt_result_t r = tnt_fail(TNT_ERR_INVALID_USAGE,
+                              "a collective named '%s' is already in flight on rank %d: wait for it before submitting the "
+                              "name again, or use another name",
+                              req->name, c->pl.rank);
+    free(req);
+    return r;
+  }
+  tnt_handle_t h = handle_alloc(c, req);
+  if (h < 0 || tnt_namemap_put(&c->active, req->name, 1)) {
+    pthread_mutex_unlock(&c->mu);
+    free(req);
+    return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  }
+  req->handle = h;
+  *handle = h;
+  if (c->pl.size == 1) {
+    pthread_mutex_unlock(&c->mu);
+    return tnt_execute_local(c, req);
+  }
+  req->next = NULL;
+  if (c->queue_tail) c->queue_tail->next = req;
+  else c->queue_head = req;
+  c->queue_tail = req;
+  pthread_mutex_unlock(&c->mu);
+  c->transport->wake_local(c->ts);
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t new_request(const char *name, tnt_coll_t coll, int dtype, int64_t count, tnt_request_t **out) {
+  if (!name || !*name) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "a collective needs a non-empty name");
+  if (strlen(name) >= TNT_MAX_NAME)
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "name '%.40s...' is %zu bytes long; at most %d are allowed", name, strlen(name),
+                    TNT_MAX_NAME - 1);
+  if (!tnt_dtype_valid(dtype))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unsupported dtype code %d for '%s': use float16, bfloat16, float32, float64, int32 or int64",
+                    dtype, name);
+  if (count < 0) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "negative element count %lld for '%s'", (long long)count, name);
+  tnt_request_t *req = calloc(1, sizeof *req);
+  if (!req) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  snprintf(req->name, sizeof req->name, "%s", name);
+  req->meta.coll = (uint8_t)coll;
+  req->meta.dtype = (uint8_t)dtype;
+  req->meta.count = count;
+  req->prescale = 1.0;
+  req->cache_slot = -1;
+  *out = req;
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                 tnt_reduce_op_t op, double prescale, tnt_handle_t *handle) {
+  tnt_request_t *req;
+  if (op != TNT_SUM && op != TNT_AVERAGE)
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unsupported reduce op %d: use TNT_SUM or TNT_AVERAGE", (int)op);
+  if (count > 0 && (!in || !out)) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allreduce '%s': NULL buffer", name ? name : "");
+  TNT_CHECK(new_request(name, COLL_ALLREDUCE, dtype, count, &req));
+  req->meta.op = (uint8_t)op;
+  req->prescale = prescale;
+  req->in = in;
+  req->out = out;
+  return submit(req, handle);
+}
+
+tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
+                                 tnt_handle_t *handle) {
+  tnt_request_t *req;
+  if (!tnt_ctx.initialized) return not_initialized();
+  if (root < 0 || root >= tnt_ctx.pl.size)
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "broadcast '%s': root must be a rank between 0 and %d. Received: root=%d",
+                    name ? name : "", tnt_ctx.pl.size - 1, root);
+  if (count > 0 && (!out || (root == tnt_ctx.pl.rank && !in)))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "broadcast '%s': NULL buffer", name ? name : "");
+  TNT_CHECK(new_request(name, COLL_BROADCAST, dtype, count, &req));
+  req->meta.root = root;
+  req->in = in;
+  req->out = out;
+  return submit(req, handle);
+}
+
+tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
+                                 tnt_handle_t *handle) {
+  tnt_request_t *req;
+  if (row_elems < 0 || (row_elems > 0 && count % row_elems) || (row_elems == 0 && count))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allgather '%s': count %lld is not a multiple of the row size %lld",
+                    name ? name : "", (long long)count, (long long)row_elems);
+  if (count > 0 && !in) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allgather '%s': NULL buffer", name ? name : "");
+  TNT_CHECK(new_request(name, COLL_ALLGATHER, dtype, count, &req));
+  req->meta.row_elems = row_elems;
+  req->in = in;
+  return submit(req, handle);
+}
+
+tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle) {
+  tnt_request_t *req;
+  TNT_CHECK(new_request(name, COLL_BARRIER, TNT_INT32, 0, &req));
+  return submit(req, handle);
+}
+
+/* ---- completion ---- */
+
+static tnt_result_t bad_handle(tnt_handle_t handle) {
+  return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unknown or released handle %lld", (long long)handle);
+}
+
+static tnt_result_t finish_locked(tnt_handle_slot_t *h) {
+  if (h->result != TNT_SUCCESS) tnt_set_last_error(h->message, h->peer);
+  return h->result;
+}
+
+tnt_result_t tnt_test(tnt_handle_t handle) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) return not_initialized();
+  pthread_mutex_lock(&c->mu);
+  tnt_handle_slot_t *h = handle_get(c, handle);
+  tnt_result_t r = !h ? bad_handle(handle) : !h->done ? TNT_IN_PROGRESS : finish_locked(h);
+  pthread_mutex_unlock(&c->mu);
+  return r;
+}
+
+tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) return not_initialized();
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  if (timeout_s >= 0) {
+    double t = (double)until.tv_sec + until.tv_nsec * 1e-9 + timeout_s;
+    until.tv_sec = (time_t)t;
+    until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+  }
+  pthread_mutex_lock(&c->mu);
+  tnt_handle_slot_t *h = handle_get(c, handle);
+  if (!h) {
+    pthread_mutex_unlock(&c->mu);
+    return bad_handle(handle);
+  }
+  while (!h->done) {
+    int err = timeout_s >= 0 ? pthread_cond_timedwait(&c->done_cond, &c->mu, &until)
+                             : pthread_cond_wait(&c->done_cond, &c->mu);
+    h = handle_get(c, handle); /* the table may have been reallocated */
+    if (err == ETIMEDOUT && !h->done) {
+      pthread_mutex_unlock(&c->mu);
+      return tnt_fail(TNT_ERR_TIMEOUT, "tnt_wait gave up after %.3g s; the request '%s' is still pending", timeout_s,
+                      h->req ? h->req->name : "?");
+    }
+  }
+  tnt_result_t r = finish_locked(h);
+  pthread_mutex_unlock(&c->mu);
+  return r;
+}
+
+tnt_result_t tnt_result_count(tnt_handle_t handle, int64_t *count) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) return not_initialized();
+  pthread_mutex_lock(&c->mu);
+  tnt_handle_slot_t *h = handle_get(c, handle);
+  tnt_result_t r = !h ? bad_handle(handle) : !h->done ? tnt_fail(TNT_ERR_INVALID_USAGE, "request not complete: wait for it first") : TNT_SUCCESS;
+  if (r == TNT_SUCCESS) *count = h->result_count;
+  pthread_mutex_unlock(&c->mu);
+  return r;
+}
+
+tnt_result_t tnt_result_rank_counts(tnt_handle_t handle, int64_t *counts) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) return not_initialized();
+  pthread_mutex_lock(&c->mu);
+  tnt_handle_slot_t *h = handle_get(c, handle);
+  tnt_result_t r = !h ? bad_handle(handle) : !h->done || !h->rank_counts ? tnt_fail(TNT_ERR_INVALID_USAGE, "no per-rank counts: not a completed allgather") : TNT_SUCCESS;
+  if (r == TNT_SUCCESS) memcpy(counts, h->rank_counts, sizeof(int64_t) * (size_t)c->pl.size);
+  pthread_mutex_unlock(&c->mu);
+  return r;
+}
+
+tnt_result_t tnt_result_copy(tnt_handle_t handle, void *dst) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) return not_initialized();
+  pthread_mutex_lock(&c->mu);
+  tnt_handle_slot_t *h = handle_get(c, handle);
+  tnt_result_t r = !h ? bad_handle(handle) : !h->done ? tnt_fail(TNT_ERR_INVALID_USAGE, "request not complete: wait for it first") : TNT_SUCCESS;
+  if (r == TNT_SUCCESS && h->result_buf && h->req)
+    memcpy(dst, h->result_buf, (size_t)h->result_count * tnt_dtype_size((tnt_dtype_t)h->req->meta.dtype));
+  pthread_mutex_unlock(&c->mu);
+  return r;
+}
+
+tnt_result_t tnt_release(tnt_handle_t handle) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!c->initialized) return TNT_SUCCESS; /* finalize freed every slot already */
+  pthread_mutex_lock(&c->mu);
+  tnt_handle_slot_t *h = handle_get(c, handle);
+  if (!h) {
+    pthread_mutex_unlock(&c->mu);
+    return bad_handle(handle);
+  }
+  if (!h->done) {
+    pthread_mutex_unlock(&c->mu);
+    return tnt_fail(TNT_ERR_INVALID_USAGE, "cannot release a request that is still in flight: wait for it first");
+  }
+  free_slot(h);
+  h->used = 0;
+  int i = (int)(h - c->handles);
+  h->result_count = c->free_handle;
+  c->free_handle = i;
+  pthread_mutex_unlock(&c->mu);
+  return TNT_SUCCESS;
+}

@@ -1,0 +1,198 @@
+/* dtype.c - reduction kernels. Written as plain loops over restrict pointers so
+ * that -O3 vectorizes them; float16/bfloat16 convert in software (portable, and
+ * the memory traffic dominates anyway). Integer sums wrap (two's complement). */
+#include "dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+int tnt_dtype_valid(int d) { return d >= TNT_FLOAT16 && d <= TNT_INT64; }
+
+size_t tnt_dtype_size(tnt_dtype_t d) {
+  switch (d) {
+    case TNT_FLOAT16:
+    case TNT_BFLOAT16: return 2;
+    case TNT_FLOAT32:
+    case TNT_INT32: return 4;
+    case TNT_FLOAT64:
+    case TNT_INT64: return 8;
+  }
+  return 0;
+}
+
+const char *tnt_dtype_name(tnt_dtype_t d) {
+  static const char *names[] = {"float16", "bfloat16", "float32", "float64", "int32", "int64"};
+  return tnt_dtype_valid(d) ? names[d] : "invalid";
+}
+
+static inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else { /* subnormal: normalize */
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) { man <<= 1; exp--; }
+      bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  int32_t exp = (int32_t)((x >> 23) & 0xff);
+  uint32_t man = x & 0x7fffff;
+  if (exp == 255) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0)); /* inf / nan */
+  int32_t e = exp - 127 + 15;
+  if (e >= 31) return (uint16_t)(sign | 0x7c00);                         /* overflow -> inf */
+  if (e <= 0) {                                                          /* subnormal or zero */
+    if (e < -10) return (uint16_t)sign;
+    man |= 0x800000;
+    uint32_t shift = (uint32_t)(14 - e);
+    uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = (uint32_t)(e << 10) | (man >> 13), rem = man & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* may carry into the exponent: correct */
+  return (uint16_t)(sign | half);
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
+  x += 0x7fff + ((x >> 16) & 1);
+  return (uint16_t)(x >> 16);
+}
+
+#define SUM_LOOP(T, UT)                                                              \
+  do {                                                                               \
+    T *restrict d_ = (T *)dst;                                                       \
+    const T *a_ = (const T *)a, *b_ = (const T *)b;                                  \
+    for (size_t i = 0; i < n; i++) d_[i] = (T)((UT)a_[i] + (UT)b_[i]);               \
+  } while (0)
+
+void tnt_reduce_sum(tnt_dtype_t dtype, void *dst, const void *a, const void *b, size_t n) {
+  switch (dtype) {
+    case TNT_FLOAT32: SUM_LOOP(float, float); break;
+    case TNT_FLOAT64: SUM_LOOP(double, double); break;
+    case TNT_INT32: SUM_LOOP(int32_t, uint32_t); break;
+    case TNT_INT64: SUM_LOOP(int64_t, uint64_t); break;
+    case TNT_FLOAT16: {
+      uint16_t *d = dst;
+      const uint16_t *x = a, *y = b;
+      for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(f16_to_f32(x[i]) + f16_to_f32(y[i]));
+      break;
+    }
+    case TNT_BFLOAT16: {
+      uint16_t *d = dst;
+      const uint16_t *x = a, *y = b;
+      for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
+      break;
+    }
+  }
+}
+
+void tnt_scale(tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n) {
+  switch (dtype) {
+    case TNT_FLOAT32: {
+      float *d = dst, f = (float)factor;
+      const float *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = s[i] * f;
+      break;
+    }
+    case TNT_FLOAT64: {
+      double *d = dst;
+      const double *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = s[i] * factor;
+      break;
+    }
+    case TNT_INT32: {
+      int32_t *d = dst;
+      const int32_t *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = (int32_t)trunc((double)s[i] * factor);
+      break;
+    }
+    case TNT_INT64: {
+      int64_t *d = dst;
+      const int64_t *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = (int64_t)trunc((double)s[i] * factor);
+      break;
+    }
+    case TNT_FLOAT16: {
+      uint16_t *d = dst;
+      const uint16_t *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = f32_to_f16((float)(f16_to_f32(s[i]) * factor));
+      break;
+    }
+    case TNT_BFLOAT16: {
+      uint16_t *d = dst;
+      const uint16_t *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16((float)(bf16_to_f32(s[i]) * factor));
+      break;
+    }
+  }
+}
+
+static int64_t floor_div(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+void tnt_divide(tnt_dtype_t dtype, void *dst, const void *src, int divisor, size_t n) {
+  switch (dtype) {
+    case TNT_INT32: {
+      int32_t *d = dst;
+      const int32_t *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = (int32_t)floor_div(s[i], divisor);
+      break;
+    }
+    case TNT_INT64: {
+      int64_t *d = dst;
+      const int64_t *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = floor_div(s[i], divisor);
+      break;
+    }
+    case TNT_FLOAT32: { /* a true division, like NumPy's mean, not a multiply by 1/N */
+      float *d = dst, f = (float)divisor;
+      const float *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = s[i] / f;
+      break;
+    }
+    case TNT_FLOAT64: {
+      double *d = dst, f = (double)divisor;
+      const double *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = s[i] / f;
+      break;
+    }
+    case TNT_FLOAT16: {
+      uint16_t *d = dst;
+      const uint16_t *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(f16_to_f32(s[i]) / (float)divisor);
+      break;
+    }
+    case TNT_BFLOAT16: {
+      uint16_t *d = dst;
+      const uint16_t *s = src;
+      for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(bf16_to_f32(s[i]) / (float)divisor);
+      break;
+    }
+  }
+}

@@ -1,0 +1,21 @@
+/* dtype.h - element sizes and the arithmetic of reductions. */
+#ifndef TNT_DTYPE_H
+#define TNT_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tarantella.h"
+
+int tnt_dtype_valid(int dtype);
+const char *tnt_dtype_name(tnt_dtype_t dtype);
+
+/* dst[i] = a[i] + b[i] for n elements (dst may alias a or b). float16/bfloat16
+ * are added in float32 and rounded to nearest even, as NCCL does. */
+void tnt_reduce_sum(tnt_dtype_t dtype, void *dst, const void *a, const void *b, size_t n);
+/* dst[i] = src[i] * factor (integers: rounded toward zero after a double product). */
+void tnt_scale(tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n);
+/* dst[i] = src[i] / divisor, the average's final step (integers: floor division). */
+void tnt_divide(tnt_dtype_t dtype, void *dst, const void *src, int divisor, size_t n);
+
+#endif

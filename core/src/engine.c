@@ -1,0 +1,342 @@
+/* engine.c - the background thread: take requests, negotiate, execute.
+ *
+ * Loop: take what the application queued; if this rank has news (new requests)
+ * or another rank asked for a cycle, run one negotiation cycle and execute its
+ * responses in order; otherwise sleep on the transport's doorbell. No cycle
+ * runs unless some rank has news, so idle ranks and ranks waiting for a slow
+ * peer sleep instead of spinning.
+ *
+ * Execution packs consecutive allreduces of one dtype into the fusion buffer
+ * (up to TNT_FUSION_THRESHOLD_KB): each tensor is copied in with its rank's
+ * prescale, the buffer is reduced once, and each tensor is copied out (divided
+ * by N for "average"). A single allreduce runs straight from input to output.
+ *
+ * Errors: a mismatch fails one request on every rank. A transport error (peer
+ * lost, timeout) is fatal: every pending and later request fails with it, and
+ * a timeout marks this rank aborted so that its peers fail fast too. A request
+ * pending longer than TNT_TIMEOUT_S (some rank never submitted it) is fatal as
+ * well, with the missing ranks named. The thread never exits the process. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "context.h"
+#include "dtype.h"
+#include "negotiate.h"
+
+tnt_result_t tnt_engine_setup(tnt_ctx_t *c) { return tnt_negotiate_setup(c); }
+
+void tnt_engine_teardown(tnt_ctx_t *c) {
+  tnt_negotiate_teardown(c);
+  free(c->pending);
+  c->pending = NULL;
+  c->npending = c->cappending = 0;
+  free(c->fusion_buf);
+  c->fusion_buf = NULL;
+  c->fusion_cap = 0;
+}
+
+static void pending_remove(tnt_ctx_t *c, tnt_request_t *req) {
+  int i = tnt_namemap_get(&c->pending_by_name, req->name);
+  if (i < 0) return;
+  tnt_namemap_del(&c->pending_by_name, req->name);
+  int last = --c->npending;
+  if (i != last) {
+    c->pending[i] = c->pending[last];
+    tnt_namemap_put(&c->pending_by_name, c->pending[i]->name, i);
+  }
+}
+
+/* Complete and forget a request; the engine must not touch it afterwards. */
+static void finish(tnt_ctx_t *c, tnt_request_t *req, tnt_result_t res, const char *msg, int peer, void *buf,
+                   int64_t count, const int64_t *rank_counts) {
+  pending_remove(c, req);
+  tnt_complete(c, req, res, msg, peer, buf, count, rank_counts);
+}
+
+static void fail_all_pending(tnt_ctx_t *c, tnt_result_t res, const char *msg, int peer) {
+  while (c->npending > 0) finish(c, c->pending[c->npending - 1], res, msg, peer, NULL, 0, NULL);
+}
+
+/* Move the queue into the pending table; 1 if the engine should stop. */
+static int take_queue(tnt_ctx_t *c) {
+  pthread_mutex_lock(&c->mu);
+  tnt_request_t *req = c->queue_head;
+  c->queue_head = c->queue_tail = NULL;
+  int stop = c->stop;
+  pthread_mutex_unlock(&c->mu);
+  while (req) {
+    tnt_request_t *next = req->next;
+    if (c->npending == c->cappending) {
+      int cap = c->cappending ? 2 * c->cappending : 64;
+      tnt_request_t **p = realloc(c->pending, (size_t)cap * sizeof *p);
+      if (!p) {
+        tnt_complete(c, req, TNT_ERR_SYSTEM, "out of memory", -1, NULL, 0, NULL);
+        req = next;
+        continue;
+      }
+      c->pending = p;
+      c->cappending = cap;
+    }
+    req->state = REQ_NEW;
+    c->pending[c->npending] = req;
+    tnt_namemap_put(&c->pending_by_name, req->name, c->npending);
+    c->npending++;
+    req = next;
+  }
+  return stop;
+}
+
+static tnt_result_t grow_fusion(tnt_ctx_t *c, size_t bytes) {
+  if (bytes <= c->fusion_cap) return TNT_SUCCESS;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, bytes)) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate a %zu-byte fusion buffer", bytes);
+  free(c->fusion_buf);
+  c->fusion_buf = p;
+  c->fusion_cap = bytes;
+  return TNT_SUCCESS;
+}
+
+static void copy_in(const tnt_request_t *req, void *dst, size_t esz) {
+  if (req->prescale != 1.0) tnt_scale((tnt_dtype_t)req->meta.dtype, dst, req->in, req->prescale, (size_t)req->meta.count);
+  else if (dst != req->in) memcpy(dst, req->in, (size_t)req->meta.count * esz);
+}
+
+static void copy_out(tnt_ctx_t *c, const tnt_request_t *req, const void *src, size_t esz) {
+  if (req->meta.op == TNT_AVERAGE) tnt_divide((tnt_dtype_t)req->meta.dtype, req->out, src, c->pl.size, (size_t)req->meta.count);
+  else if (src != req->out) memcpy(req->out, src, (size_t)req->meta.count * esz);
+}
+
+static double op_deadline(const tnt_ctx_t *c) { return tnt_now() + c->params.timeout_s; }
+
+/* Allreduce of reqs[0..n) (n > 1: through the fusion buffer). */
+static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
+  tnt_dtype_t dt = (tnt_dtype_t)reqs[0]->meta.dtype;
+  size_t esz = tnt_dtype_size(dt);
+  int64_t t0 = tnt_now_us();
+  if (n == 1) {
+    tnt_request_t *req = reqs[0];
+    const void *src = req->in;
+    if (req->prescale != 1.0) { /* scale into the output, then reduce in place */
+      copy_in(req, req->out, esz);
+      src = req->out;
+    }
+    TNT_CHECK(tnt_allreduce_ring(&c->ring, src, req->out, req->meta.count, dt, op_deadline(c)));
+    if (req->meta.op == TNT_AVERAGE) tnt_divide(dt, req->out, req->out, c->pl.size, (size_t)req->meta.count);
+    tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), NULL);
+    return TNT_SUCCESS;
+  }
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += reqs[i]->meta.count;
+  TNT_CHECK(grow_fusion(c, (size_t)total * esz));
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    copy_in(reqs[i], c->fusion_buf + off, esz);
+    off += (size_t)reqs[i]->meta.count * esz;
+  }
+  int64_t t1 = tnt_now_us();
+  TNT_CHECK(tnt_allreduce_ring(&c->ring, c->fusion_buf, c->fusion_buf, total, dt, op_deadline(c)));
+  int64_t t2 = tnt_now_us();
+  off = 0;
+  for (int i = 0; i < n; i++) {
+    copy_out(c, reqs[i], c->fusion_buf + off, esz);
+    off += (size_t)reqs[i]->meta.count * esz;
+  }
+  int64_t t3 = tnt_now_us();
+  if (c->timeline) {
+    char detail[64];
+    snprintf(detail, sizeof detail, "%d tensors, %lld bytes fused", n, (long long)(total * (int64_t)esz));
+    for (int i = 0; i < n; i++) {
+      tnt_timeline_event(c->timeline, reqs[i]->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1, NULL);
+      tnt_timeline_event(c->timeline, reqs[i]->name, "ALLREDUCE", t1, t2, detail);
+      tnt_timeline_event(c->timeline, reqs[i]->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, NULL);
+    }
+  }
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t run_one(tnt_ctx_t *c, tnt_request_t *req, const tnt_response_t *resp, void **result_buf,
+                            int64_t *result_count) {
+  int64_t t0 = tnt_now_us();
+  size_t esz = tnt_dtype_size((tnt_dtype_t)req->meta.dtype);
+  switch (req->meta.coll) {
+    case COLL_BROADCAST:
+      TNT_CHECK(tnt_broadcast_ring(&c->ring, req->in, req->out, (size_t)req->meta.count * esz, req->meta.root, op_deadline(c)));
+      tnt_timeline_event(c->timeline, req->name, "BROADCAST", t0, tnt_now_us(), NULL);
+      break;
+    case COLL_ALLGATHER: {
+      int N = c->pl.size;
+      int64_t bytes[N], total = 0;
+      for (int q = 0; q < N; q++) {
+        bytes[q] = resp->rank_counts[q] * (int64_t)esz;
+        total += resp->rank_counts[q];
+      }
+      void *out = malloc(total ? (size_t)total * esz : 1);
+      if (!out) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate %lld bytes for allgather '%s'", (long long)(total * (int64_t)esz), req->name);
+      tnt_result_t r = tnt_allgather_ring(&c->ring, req->in, out, bytes, op_deadline(c));
+      if (r != TNT_SUCCESS) {
+        free(out);
+        return r;
+      }
+      *result_buf = out;
+      *result_count = total;
+      tnt_timeline_event(c->timeline, req->name, "ALLGATHER", t0, tnt_now_us(), NULL);
+      break;
+    }
+    case COLL_BARRIER: break; /* the negotiation itself synchronized every rank */
+    default: return tnt_fail(TNT_ERR_INTERNAL, "unknown collective %d", req->meta.coll);
+  }
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t execute(tnt_ctx_t *c, tnt_response_t *resp, int n) {
+  int64_t now = tnt_now_us();
+  tnt_request_t *group[256];
+  for (int i = 0; i < n;) {
+    tnt_request_t *req = tnt_namemap_get(&c->pending_by_name, resp[i].name) >= 0
+                             ? c->pending[tnt_namemap_get(&c->pending_by_name, resp[i].name)]
+                             : NULL;
+    if (!req) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request on rank %d", resp[i].name, c->pl.rank);
+    tnt_timeline_event(c->timeline, req->name, "NEGOTIATE", req->submit_us, now, tnt_coll_name(req->meta.coll));
+    if (resp[i].error != TNT_SUCCESS) {
+      finish(c, req, resp[i].error, resp[i].error_msg ? resp[i].error_msg : "mismatch", -1, NULL, 0, NULL);
+      i++;
+      continue;
+    }
+    if (req->meta.coll != COLL_ALLREDUCE) {
+      void *buf = NULL;
+      int64_t count = 0;
+      TNT_CHECK(run_one(c, req, &resp[i], &buf, &count));
+      finish(c, req, TNT_SUCCESS, NULL, -1, buf, count, resp[i].rank_counts);
+      i++;
+      continue;
+    }
+    /* fuse the run of allreduces of the same dtype that fits the threshold */
+    size_t esz = tnt_dtype_size((tnt_dtype_t)req->meta.dtype);
+    int64_t bytes = req->meta.count * (int64_t)esz;
+    int ng = 1, j = i + 1;
+    group[0] = req;
+    while (j < n && ng < 256 && resp[j].error == TNT_SUCCESS && resp[j].meta.coll == COLL_ALLREDUCE &&
+           resp[j].meta.dtype == req->meta.dtype &&
+           bytes + resp[j].meta.count * (int64_t)esz <= c->params.fusion_threshold_bytes) {
+      int k = tnt_namemap_get(&c->pending_by_name, resp[j].name);
+      if (k < 0) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request", resp[j].name);
+      tnt_timeline_event(c->timeline, resp[j].name, "NEGOTIATE", c->pending[k]->submit_us, now, "allreduce");
+      group[ng++] = c->pending[k];
+      bytes += resp[j].meta.count * (int64_t)esz;
+      j++;
+    }
+    TNT_CHECK(run_allreduce(c, group, ng));
+    for (int k = 0; k < ng; k++) finish(c, group[k], TNT_SUCCESS, NULL, -1, NULL, 0, NULL);
+    i = j;
+  }
+  return TNT_SUCCESS;
+}
+
+/* Fatal if a request waited longer than TNT_TIMEOUT_S; warn once at half of it. */
+static tnt_result_t check_stalls(tnt_ctx_t *c) {
+  double now = tnt_now();
+  for (int i = 0; i < c->npending; i++) {
+    tnt_request_t *req = c->pending[i];
+    double age = now - req->submit_time;
+    if (age < c->params.timeout_s / 2) continue;
+    char missing[512];
+    tnt_negotiate_missing(c, req, missing, sizeof missing);
+    if (age >= c->params.timeout_s)
+      return tnt_fail(TNT_ERR_TIMEOUT,
+                      "%s '%s' was submitted on rank %d %.0f s ago but ranks [%s] never submitted it (TNT_TIMEOUT_S=%g): "
+                      "every rank must make the same collective calls",
+                      tnt_coll_name(req->meta.coll), req->name, c->pl.rank, age, missing, c->params.timeout_s);
+    if (!req->stall_warned) {
+      req->stall_warned = 1;
+      TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]; it fails at TNT_TIMEOUT_S=%g s", tnt_coll_name(req->meta.coll),
+               req->name, age, missing, c->params.timeout_s);
+    }
+  }
+  return TNT_SUCCESS;
+}
+
+static void go_fatal(tnt_ctx_t *c, tnt_result_t res) {
+  const char *msg = tnt_last_error();
+  int peer = tnt_last_error_rank();
+  /* a timeout here means a peer may be alive but stuck: tell it and the others */
+  if (res != TNT_ERR_PEER_LOST) c->transport->abort(c->ts, msg);
+  tnt_set_fatal(c, res, msg, peer);
+  fail_all_pending(c, res, msg, peer);
+}
+
+void *tnt_engine_main(void *arg) {
+  tnt_ctx_t *c = arg;
+  for (;;) {
+    int stop = take_queue(c);
+    pthread_mutex_lock(&c->mu);
+    tnt_result_t fatal = c->fatal;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", c->fatal_msg);
+    int peer = c->fatal_peer;
+    pthread_mutex_unlock(&c->mu);
+    if (fatal != TNT_SUCCESS) {
+      fail_all_pending(c, fatal, msg, peer);
+      if (stop) break;
+      c->transport->wait_doorbell(c->ts, UINT64_MAX, tnt_now() + 1.0);
+      continue;
+    }
+    if (stop) {
+      char why[160];
+      snprintf(why, sizeof why, "Tarantella was shut down on rank %d before this request completed", c->pl.rank);
+      fail_all_pending(c, TNT_ERR_INVALID_USAGE, why, -1);
+      break;
+    }
+    tnt_result_t res = check_stalls(c);
+    if (res != TNT_SUCCESS) {
+      go_fatal(c, res);
+      continue;
+    }
+    if (tnt_negotiate_has_news(c)) {
+      c->transport->ring_doorbell(c->ts, c->cycles + 1);
+    } else if (!c->transport->cycle_wanted(c->ts, c->cycles)) {
+      /* nobody has news: sleep until a local request, a peer's cycle, or the next stall check */
+      c->transport->wait_doorbell(c->ts, c->cycles, tnt_now() + (c->npending ? c->params.timeout_s / 4 : 5.0));
+      continue;
+    }
+    tnt_response_t *resp = NULL;
+    int nresp = 0;
+    res = tnt_negotiate_cycle(c, &resp, &nresp);
+    if (res == TNT_SUCCESS) res = execute(c, resp, nresp);
+    tnt_responses_free(resp, nresp);
+    if (res != TNT_SUCCESS) go_fatal(c, res);
+  }
+  return NULL;
+}
+
+/* Size-1 jobs: every collective is a local copy (no thread, no transport). */
+tnt_result_t tnt_execute_local(tnt_ctx_t *c, tnt_request_t *req) {
+  size_t esz = tnt_dtype_size((tnt_dtype_t)req->meta.dtype);
+  void *buf = NULL;
+  int64_t count = 0, t0 = tnt_now_us();
+  switch (req->meta.coll) {
+    case COLL_ALLREDUCE:
+      copy_in(req, req->out, esz);
+      /* average over one rank: the value itself (integers too) */
+      break;
+    case COLL_BROADCAST:
+      if (req->out != req->in) memcpy(req->out, req->in, (size_t)req->meta.count * esz);
+      break;
+    case COLL_ALLGATHER:
+      buf = malloc(req->meta.count ? (size_t)req->meta.count * esz : 1);
+      if (!buf) {
+        tnt_complete(c, req, TNT_ERR_SYSTEM, "out of memory", -1, NULL, 0, NULL);
+        return TNT_SUCCESS;
+      }
+      if (req->meta.count) memcpy(buf, req->in, (size_t)req->meta.count * esz);
+      count = req->meta.count;
+      break;
+    default: break;
+  }
+  if (c->timeline) {
+    pthread_mutex_lock(&c->mu); /* several application threads may submit */
+    tnt_timeline_event(c->timeline, req->name, tnt_coll_name(req->meta.coll), t0, tnt_now_us(), "local");
+    pthread_mutex_unlock(&c->mu);
+  }
+  tnt_complete(c, req, TNT_SUCCESS, NULL, -1, buf, count, req->meta.coll == COLL_ALLGATHER ? &count : NULL);
+  return TNT_SUCCESS;
+}

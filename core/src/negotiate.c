@@ -1,0 +1,390 @@
+/* negotiate.c - the decentralized negotiation of one cycle.
+ *
+ * Every rank sends the same kind of message and receives everyone's (one
+ * transport exchange), then runs the same deterministic merge, so every rank
+ * computes the same response list with no coordinator:
+ *
+ *   message = header | cache bit vector | announcements (name + meta)
+ *
+ * A name seen for the first time is *announced* with its meta (collective,
+ * dtype, count, op, root). The table of announced names is identical on every
+ * rank; when all ranks have announced a name, the metas are compared: equal ->
+ * a response (and a cache slot), different -> an error response naming the
+ * tensor and what each rank submitted. Either way no rank waits forever and no
+ * sum mixes different tensors.
+ *
+ * Steady state (training: the same names every step) costs one bit per request:
+ * a request that matches its cache slot sets that bit, and readiness is sticky
+ * (a rank reports a slot once; the merge remembers which ranks are ready), so a
+ * rank that is waiting for a slow peer sends nothing and sleeps instead of
+ * cycling. A changed meta under a cached name is announced, which evicts the
+ * slot everywhere and renegotiates it. */
+#include "negotiate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+
+typedef struct {
+  uint32_t n_ann;
+  uint32_t nwords;
+} msg_hdr_t;
+
+typedef struct {
+  tnt_meta_t meta;
+  uint16_t name_len;
+} __attribute__((packed)) ann_hdr_t;
+
+const char *tnt_coll_name(int coll) {
+  static const char *names[] = {"allreduce", "broadcast", "allgather", "barrier"};
+  return coll >= 0 && coll <= COLL_BARRIER ? names[coll] : "?";
+}
+
+static int cache_words(const tnt_ctx_t *c) { return (c->cache_cap + 63) / 64; }
+
+tnt_result_t tnt_negotiate_setup(tnt_ctx_t *c) {
+  c->cache_cap = c->params.cache_capacity;
+  c->cache = calloc((size_t)(c->cache_cap ? c->cache_cap : 1), sizeof *c->cache);
+  if (!c->cache) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  for (int i = 0; i < c->cache_cap; i++) {
+    c->cache[i].ready = calloc((size_t)c->pl.size, 1);
+    c->cache[i].rank_counts = calloc((size_t)c->pl.size, sizeof(int64_t));
+    if (!c->cache[i].ready || !c->cache[i].rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  }
+  tnt_namemap_init(&c->cache_by_name);
+  tnt_namemap_init(&c->gtable_by_name);
+  tnt_namemap_init(&c->pending_by_name);
+  c->msg_out = malloc(TNT_EXCHANGE_MAX);
+  c->msg_all = malloc((size_t)TNT_EXCHANGE_MAX * (size_t)c->pl.size);
+  c->msg_lens = calloc((size_t)c->pl.size, sizeof(size_t));
+  if (!c->msg_out || !c->msg_all || !c->msg_lens) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  return TNT_SUCCESS;
+}
+
+void tnt_negotiate_teardown(tnt_ctx_t *c) {
+  for (int i = 0; i < c->cache_cap && c->cache; i++) {
+    free(c->cache[i].ready);
+    free(c->cache[i].rank_counts);
+  }
+  free(c->cache);
+  c->cache = NULL;
+  for (int i = 0; i < c->ngtable; i++) {
+    free(c->gtable[i].metas);
+    free(c->gtable[i].announced);
+  }
+  free(c->gtable);
+  c->gtable = NULL;
+  c->ngtable = c->capgtable = 0;
+  tnt_namemap_free(&c->cache_by_name);
+  tnt_namemap_free(&c->gtable_by_name);
+  tnt_namemap_free(&c->pending_by_name);
+  free(c->msg_out);
+  free(c->msg_all);
+  free(c->msg_lens);
+  c->msg_out = c->msg_all = NULL;
+  c->msg_lens = NULL;
+}
+
+int tnt_negotiate_has_news(tnt_ctx_t *c) {
+  for (int i = 0; i < c->npending; i++) {
+    int s = c->pending[i]->state;
+    if (s == REQ_NEW || s == REQ_TO_ANNOUNCE || s == REQ_CACHED) return 1;
+  }
+  return 0;
+}
+
+static int meta_agree(const tnt_meta_t *a, const tnt_meta_t *b) {
+  if (a->coll != b->coll || a->dtype != b->dtype) return 0;
+  switch (a->coll) {
+    case COLL_ALLREDUCE: return a->count == b->count && a->op == b->op;
+    case COLL_BROADCAST: return a->count == b->count && a->root == b->root;
+    case COLL_ALLGATHER: return a->row_elems == b->row_elems;
+    default: return 1;
+  }
+}
+
+static void describe(const tnt_meta_t *m, char *out, size_t len) {
+  const char *dt = tnt_dtype_name((tnt_dtype_t)m->dtype);
+  switch (m->coll) {
+    case COLL_ALLREDUCE:
+      snprintf(out, len, "allreduce(%s) %s[%lld]", m->op == TNT_AVERAGE ? "average" : "sum", dt, (long long)m->count);
+      break;
+    case COLL_BROADCAST: snprintf(out, len, "broadcast(root %d) %s[%lld]", m->root, dt, (long long)m->count); break;
+    case COLL_ALLGATHER:
+      snprintf(out, len, "allgather %s rows of %lld elements", dt, (long long)m->row_elems);
+      break;
+    default: snprintf(out, len, "%s", tnt_coll_name(m->coll)); break;
+  }
+}
+
+/* "tensor 'x': ranks submitted different collectives: ranks 0, 2: allreduce(sum) float32[10]; rank 1: ..." */
+static char *mismatch_message(const tnt_ctx_t *c, const tnt_gentry_t *g) {
+  size_t cap = 4096, used = 0;
+  char *msg = malloc(cap);
+  if (!msg) return NULL;
+  used += (size_t)snprintf(msg, cap, "collective '%s' was submitted differently by the ranks:", g->name);
+  uint8_t *done = calloc((size_t)c->pl.size, 1);
+  for (int r = 0; r < c->pl.size && done && used < cap - 200; r++) {
+    if (done[r]) continue;
+    char desc[160], ranks[512];
+    size_t rl = 0;
+    int n = 0;
+    describe(&g->metas[r], desc, sizeof desc);
+    for (int q = r; q < c->pl.size; q++) {
+      if (done[q] || !meta_agree(&g->metas[q], &g->metas[r]) || g->metas[q].coll != g->metas[r].coll) continue;
+      done[q] = 1;
+      if (rl < sizeof ranks - 16) rl += (size_t)snprintf(ranks + rl, sizeof ranks - rl, "%s%d", n ? ", " : "", q);
+      n++;
+    }
+    used += (size_t)snprintf(msg + used, cap - used, " %s %s: %s;", n > 1 ? "ranks" : "rank", ranks, desc);
+  }
+  free(done);
+  if (used < cap - 2) snprintf(msg + used, cap - used, " every rank must submit it with the same dtype, size and op");
+  return msg;
+}
+
+static tnt_request_t *pending_find(tnt_ctx_t *c, const char *name) {
+  int i = tnt_namemap_get(&c->pending_by_name, name);
+  return i >= 0 ? c->pending[i] : NULL;
+}
+
+static void cache_invalidate(tnt_ctx_t *c, int slot) {
+  tnt_cache_entry_t *e = &c->cache[slot];
+  if (!e->valid) return;
+  tnt_request_t *req = pending_find(c, e->name);
+  if (req && (req->state == REQ_CACHED || req->state == REQ_CACHED_SENT) && req->cache_slot == slot) {
+    req->state = REQ_TO_ANNOUNCE; /* renegotiate it in full next cycle */
+    req->cache_slot = -1;
+  }
+  tnt_namemap_del(&c->cache_by_name, e->name);
+  e->valid = 0;
+  memset(e->ready, 0, (size_t)c->pl.size);
+  e->nready = 0;
+}
+
+/* A slot for a newly agreed name: a free one, else the least recently used one
+ * not used in this cycle. Every rank computes the same choice. */
+static int cache_insert(tnt_ctx_t *c, const tnt_response_t *resp) {
+  int victim = -1;
+  for (int i = 0; i < c->cache_cap; i++) {
+    if (!c->cache[i].valid) {
+      victim = i;
+      break;
+    }
+    if (c->cache[i].last_used < c->cycles && (victim < 0 || c->cache[i].last_used < c->cache[victim].last_used)) victim = i;
+  }
+  if (victim < 0) return -1;
+  cache_invalidate(c, victim);
+  tnt_cache_entry_t *e = &c->cache[victim];
+  if (tnt_namemap_put(&c->cache_by_name, resp->name, victim)) return -1;
+  e->valid = 1;
+  snprintf(e->name, sizeof e->name, "%s", resp->name);
+  tnt_request_t *mine = pending_find(c, resp->name);
+  e->meta = mine ? mine->meta : resp->meta;
+  if (resp->rank_counts) memcpy(e->rank_counts, resp->rank_counts, sizeof(int64_t) * (size_t)c->pl.size);
+  e->last_used = c->cycles;
+  return victim;
+}
+
+/* Classify requests taken from the queue since the last cycle. */
+static void classify_new(tnt_ctx_t *c) {
+  for (int i = 0; i < c->npending; i++) {
+    tnt_request_t *req = c->pending[i];
+    if (req->state != REQ_NEW) continue;
+    int slot = tnt_namemap_get(&c->cache_by_name, req->name);
+    tnt_cache_entry_t *e = slot >= 0 ? &c->cache[slot] : NULL;
+    if (e && !memcmp(&e->meta, &req->meta, sizeof req->meta)) {
+      req->state = REQ_CACHED;
+      req->cache_slot = slot;
+    } else {
+      req->state = REQ_TO_ANNOUNCE;
+    }
+  }
+}
+
+static size_t build_message(tnt_ctx_t *c) {
+  uint8_t *msg = c->msg_out;
+  msg_hdr_t *hdr = (msg_hdr_t *)msg;
+  int nwords = cache_words(c);
+  uint64_t *bits = (uint64_t *)(msg + sizeof *hdr);
+  memset(msg, 0, sizeof *hdr + sizeof(uint64_t) * (size_t)nwords);
+  hdr->nwords = (uint32_t)nwords;
+  size_t used = sizeof *hdr + sizeof(uint64_t) * (size_t)nwords;
+  for (int i = 0; i < c->npending; i++) {
+    tnt_request_t *req = c->pending[i];
+    if (req->state == REQ_CACHED || req->state == REQ_CACHED_SENT) {
+      bits[req->cache_slot / 64] |= 1ull << (req->cache_slot % 64);
+      req->state = REQ_CACHED_SENT;
+    } else if (req->state == REQ_TO_ANNOUNCE) {
+      size_t nlen = strlen(req->name);
+      if (used + sizeof(ann_hdr_t) + nlen > TNT_EXCHANGE_MAX) continue; /* the rest goes next cycle */
+      ann_hdr_t ah = {req->meta, (uint16_t)nlen};
+      memcpy(msg + used, &ah, sizeof ah);
+      memcpy(msg + used + sizeof ah, req->name, nlen);
+      used += sizeof ah + nlen;
+      hdr->n_ann++;
+      req->state = REQ_ANNOUNCED;
+    }
+  }
+  return used;
+}
+
+static tnt_gentry_t *gtable_get(tnt_ctx_t *c, const char *name) {
+  int i = tnt_namemap_get(&c->gtable_by_name, name);
+  if (i >= 0) return &c->gtable[i];
+  for (i = 0; i < c->ngtable; i++)
+    if (!c->gtable[i].live) break;
+  if (i == c->ngtable) {
+    if (c->ngtable == c->capgtable) {
+      int cap = c->capgtable ? 2 * c->capgtable : 64;
+      tnt_gentry_t *t = realloc(c->gtable, (size_t)cap * sizeof *t);
+      if (!t) return NULL;
+      c->gtable = t;
+      c->capgtable = cap;
+    }
+    tnt_gentry_t *g = &c->gtable[c->ngtable++];
+    memset(g, 0, sizeof *g);
+    g->metas = calloc((size_t)c->pl.size, sizeof *g->metas);
+    g->announced = calloc((size_t)c->pl.size, 1);
+    if (!g->metas || !g->announced) return NULL;
+  }
+  tnt_gentry_t *g = &c->gtable[i];
+  snprintf(g->name, sizeof g->name, "%s", name);
+  memset(g->announced, 0, (size_t)c->pl.size);
+  g->n_announced = 0;
+  g->live = 1;
+  g->first_us = tnt_now_us();
+  if (tnt_namemap_put(&c->gtable_by_name, name, i)) return NULL;
+  return g;
+}
+
+static int push_response(tnt_response_t **list, int *n, int *cap, const tnt_response_t *r) {
+  if (*n == *cap) {
+    int nc = *cap ? 2 * *cap : 16;
+    tnt_response_t *l = realloc(*list, (size_t)nc * sizeof *l);
+    if (!l) return -1;
+    *list = l;
+    *cap = nc;
+  }
+  (*list)[(*n)++] = *r;
+  return 0;
+}
+
+tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *nresponses) {
+  const int N = c->pl.size;
+  classify_new(c);
+  size_t len = build_message(c);
+  TNT_CHECK(c->transport->exchange(c->ts, c->msg_out, len, c->msg_all, TNT_EXCHANGE_MAX, c->msg_lens,
+                                   tnt_now() + c->params.timeout_s));
+  tnt_response_t *list = NULL;
+  int n = 0, cap = 0;
+
+  /* 1. cache bits: sticky readiness per slot */
+  for (int q = 0; q < N; q++) {
+    const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
+    const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
+    const uint64_t *bits = (const uint64_t *)(msg + sizeof *hdr);
+    for (uint32_t w = 0; w < hdr->nwords && (int)w < cache_words(c); w++) {
+      for (uint64_t b = bits[w]; b; b &= b - 1) {
+        int slot = (int)w * 64 + __builtin_ctzll(b);
+        tnt_cache_entry_t *e = &c->cache[slot];
+        if (slot < c->cache_cap && e->valid && !e->ready[q]) {
+          e->ready[q] = 1;
+          e->nready++;
+        }
+      }
+    }
+  }
+  /* 2. slots every rank is ready for, in slot order */
+  for (int slot = 0; slot < c->cache_cap; slot++) {
+    tnt_cache_entry_t *e = &c->cache[slot];
+    if (!e->valid || e->nready < N) continue;
+    tnt_response_t r = {0};
+    snprintf(r.name, sizeof r.name, "%s", e->name);
+    r.meta = e->meta;
+    r.cache_slot = slot;
+    if (e->meta.coll == COLL_ALLGATHER) {
+      r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
+      if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+      memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
+    }
+    memset(e->ready, 0, (size_t)N);
+    e->nready = 0;
+    e->last_used = c->cycles;
+    if (push_response(&list, &n, &cap, &r)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  }
+  /* 3. announcements, in rank order */
+  int first_new = n;
+  for (int q = 0; q < N; q++) {
+    const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
+    const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
+    size_t off = sizeof *hdr + sizeof(uint64_t) * hdr->nwords;
+    for (uint32_t a = 0; a < hdr->n_ann; a++) {
+      ann_hdr_t ah;
+      memcpy(&ah, msg + off, sizeof ah);
+      char name[TNT_MAX_NAME];
+      memcpy(name, msg + off + sizeof ah, ah.name_len);
+      name[ah.name_len] = 0;
+      off += sizeof ah + ah.name_len;
+      int slot = tnt_namemap_get(&c->cache_by_name, name);
+      if (slot >= 0) cache_invalidate(c, slot);
+      tnt_gentry_t *g = gtable_get(c, name);
+      if (!g) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+      if (g->announced[q]) continue; /* cannot happen: names are unique per rank while in flight */
+      g->announced[q] = 1;
+      g->metas[q] = ah.meta;
+      if (++g->n_announced < N) continue;
+      tnt_response_t r = {0};
+      snprintf(r.name, sizeof r.name, "%s", name);
+      r.meta = g->metas[0];
+      r.cache_slot = -1;
+      int agree = 1;
+      for (int k = 1; k < N; k++) agree &= meta_agree(&g->metas[k], &g->metas[0]);
+      if (!agree) {
+        r.error = TNT_ERR_MISMATCH;
+        r.error_msg = mismatch_message(c, g);
+      } else if (r.meta.coll == COLL_ALLGATHER) {
+        r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
+        if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+        for (int k = 0; k < N; k++) r.rank_counts[k] = g->metas[k].count;
+      }
+      g->live = 0;
+      tnt_namemap_del(&c->gtable_by_name, name);
+      if (push_response(&list, &n, &cap, &r)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+    }
+  }
+  /* 4. remember what was newly agreed */
+  for (int i = first_new; i < n; i++)
+    if (list[i].error == TNT_SUCCESS && list[i].meta.coll != COLL_BARRIER) list[i].cache_slot = cache_insert(c, &list[i]);
+  c->cycles++;
+  *responses = list;
+  *nresponses = n;
+  return TNT_SUCCESS;
+}
+
+void tnt_responses_free(tnt_response_t *responses, int n) {
+  for (int i = 0; i < n; i++) {
+    free(responses[i].rank_counts);
+    free(responses[i].error_msg);
+  }
+  free(responses);
+}
+
+void tnt_negotiate_missing(tnt_ctx_t *c, const tnt_request_t *req, char *out, size_t len) {
+  size_t used = 0;
+  const uint8_t *have = NULL;
+  if (req->state == REQ_ANNOUNCED) {
+    int i = tnt_namemap_get(&c->gtable_by_name, req->name);
+    if (i >= 0) have = c->gtable[i].announced;
+  } else if (req->state == REQ_CACHED_SENT && req->cache_slot >= 0) {
+    have = c->cache[req->cache_slot].ready;
+  }
+  out[0] = 0;
+  if (!have) {
+    snprintf(out, len, "unknown");
+    return;
+  }
+  for (int r = 0; r < c->pl.size && used < len - 8; r++)
+    if (!have[r]) used += (size_t)snprintf(out + used, len - used, "%s%d", used ? ", " : "", r);
+}

@@ -1,0 +1,23 @@
+/* negotiate.h - one negotiation cycle: which named requests are ready on every
+ * rank, do they agree, and in which order to run them (identical everywhere). */
+#ifndef TNT_NEGOTIATE_H
+#define TNT_NEGOTIATE_H
+
+#include "context.h"
+
+/* 1 when this rank has something the others have not heard of yet. */
+int tnt_negotiate_has_news(tnt_ctx_t *c);
+/* Run one cycle: exchange, merge, and fill *responses (caller frees with
+ * tnt_responses_free). Fails only on transport errors. */
+tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *nresponses);
+void tnt_responses_free(tnt_response_t *responses, int n);
+/* Cache slot bookkeeping after a response ran (LRU order). */
+void tnt_negotiate_executed(tnt_ctx_t *c, const tnt_response_t *resp);
+tnt_result_t tnt_negotiate_setup(tnt_ctx_t *c);
+void tnt_negotiate_teardown(tnt_ctx_t *c);
+/* The ranks (as text, e.g. "1, 3") that have not submitted `req` yet, as far as
+ * this rank knows; for stall reports. */
+void tnt_negotiate_missing(tnt_ctx_t *c, const tnt_request_t *req, char *out, size_t len);
+const char *tnt_coll_name(int coll);
+
+#endif

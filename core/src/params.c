@@ -1,0 +1,146 @@
+/* params.c - reads the environment contract (DESIGN.md): placement and tuning.
+ *
+ * Every variable is one row of a table: name, default, bounds. A bad value is an
+ * error naming the variable and the accepted range (never a silent default), and
+ * each value set by the environment is logged once at INFO. */
+#define _GNU_SOURCE
+#include "params.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+typedef struct {
+  const char *name;
+  double def, min, max;
+  const char *doc;
+} num_param_t;
+
+enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_COUNT };
+
+static const num_param_t num_params[P_COUNT] = {
+    [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 32768, 0, 4194304, "fusion buffer size in KiB, 0 disables fusion"},
+    [P_TIMEOUT_S] = {"TNT_TIMEOUT_S", 300, 0.01, 1e9, "seconds a wait for a peer may last"},
+    [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, "shared-memory pipeline piece size in KiB"},
+    [P_SLOTS] = {"TNT_SHM_SLOTS", 8, 2, 64, "shared-memory pieces in flight per link"},
+    [P_CACHE] = {"TNT_CACHE_CAPACITY", 1024, 0, 65536, "negotiated tensor names cached"},
+};
+
+static tnt_result_t read_num(int which, double *out) {
+  const num_param_t *p = &num_params[which];
+  const char *raw = getenv(p->name);
+  *out = p->def;
+  if (!raw || !*raw) return TNT_SUCCESS;
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(raw, &end);
+  while (end && (*end == ' ' || *end == '\n')) end++;
+  if (errno || end == raw || (end && *end) || v < p->min || v > p->max)
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "environment variable %s must be a number between %g and %g (%s). Received: %s=%s",
+                    p->name, p->min, p->max, p->doc, p->name, raw);
+  TNT_INFO("%s set by environment to %s", p->name, raw);
+  *out = v;
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_params_read(tnt_params_t *p) {
+  double v;
+  memset(p, 0, sizeof *p);
+  TNT_CHECK(read_num(P_FUSION_KB, &v));
+  p->fusion_threshold_bytes = (int64_t)v * 1024;
+  TNT_CHECK(read_num(P_TIMEOUT_S, &v));
+  p->timeout_s = v;
+  TNT_CHECK(read_num(P_SLOT_KB, &v));
+  p->shm_slot_bytes = (int64_t)v * 1024;
+  TNT_CHECK(read_num(P_SLOTS, &v));
+  p->shm_slots = (int)v;
+  TNT_CHECK(read_num(P_CACHE, &v));
+  p->cache_capacity = (int)v;
+
+  const char *t = getenv("TNT_TRANSPORT");
+  snprintf(p->transport, sizeof p->transport, "%s", (t && *t) ? t : "auto");
+  if (strcmp(p->transport, "auto") && strcmp(p->transport, "shm") && strcmp(p->transport, "mpi") &&
+      strcmp(p->transport, "gpi2"))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "environment variable TNT_TRANSPORT must be one of auto, shm, mpi, gpi2. Received: TNT_TRANSPORT=%s", t);
+  const char *tl = getenv("TNT_TIMELINE");
+  snprintf(p->timeline, sizeof p->timeline, "%s", tl ? tl : "");
+  return TNT_SUCCESS;
+}
+
+/* An integer variable, or -1 when unset; -2 when set but not a non-negative integer. */
+static long env_int(const char *name) {
+  const char *raw = getenv(name);
+  if (!raw || !*raw) return -1;
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(raw, &end, 10);
+  if (errno || *end || v < 0) return -2;
+  return v;
+}
+
+typedef struct {
+  const char *rank, *size, *local_rank, *local_size, *engine;
+} placement_source_t;
+
+/* The launcher's variables first, then the engines' (DESIGN.md "Environment contract"). */
+static const placement_source_t sources[] = {
+    {"TNT_RANK", "TNT_SIZE", "TNT_LOCAL_RANK", "TNT_LOCAL_SIZE", "tntrun"},
+    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm"},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OpenMPI"},
+    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI"},
+};
+
+/* A job id every rank of an engine-launched job derives alike. It is guessable,
+ * but the objects it names are owner-only; tntrun always passes a random one. */
+static void engine_job_id(char *out, size_t len) {
+  const char *keys[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_orte_ess_jobid", "OMPI_MCA_ess_base_jobid",
+                        "PMIX_NAMESPACE", "PMI_JOBID", NULL};
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; keys[i]; i++) {
+    const char *v = getenv(keys[i]);
+    for (const char *c = v ? v : ""; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+    h = (h ^ (uint64_t)i) * 1099511628211ull;
+  }
+  snprintf(out, len, "engine-%u-%016llx", (unsigned)getuid(), (unsigned long long)h);
+}
+
+tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
+  memset(pl, 0, sizeof *pl);
+  pl->size = 1;
+  pl->local_size = 1;
+  for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
+    const placement_source_t *s = &sources[i];
+    long rank = env_int(s->rank), size = env_int(s->size);
+    if (rank == -1 && size == -1) continue;
+    if (rank < 0 || size < 1 || rank >= size)
+      return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
+                      "bad placement from %s: %s=%s and %s=%s must satisfy 0 <= rank < size; start the job with tntrun "
+                      "or unset them to run serially",
+                      s->engine, s->rank, getenv(s->rank) ? getenv(s->rank) : "(unset)", s->size,
+                      getenv(s->size) ? getenv(s->size) : "(unset)");
+    long lrank = env_int(s->local_rank), lsize = env_int(s->local_size);
+    pl->rank = (int)rank;
+    pl->size = (int)size;
+    pl->local_rank = lrank >= 0 ? (int)lrank : (int)rank;
+    pl->local_size = lsize >= 1 ? (int)lsize : (int)size;
+    pl->from_launcher = (i == 0);
+    const char *job = getenv("TNT_JOB_ID");
+    if (job && *job) {
+      for (const char *c = job; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '-' || *c == '_'))
+          return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_JOB_ID may contain only letters, digits, '-' and '_'. Received: TNT_JOB_ID=%s", job);
+      snprintf(pl->job_id, sizeof pl->job_id, "%.100s", job);
+    } else if (size > 1) {
+      if (i == 0)
+        return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_SIZE=%ld but TNT_JOB_ID is unset: start the job with tntrun, "
+                        "or give every rank the same random TNT_JOB_ID", size);
+      engine_job_id(pl->job_id, sizeof pl->job_id);
+    }
+    TNT_INFO("placement from %s: rank %d of %d (local %d of %d)", s->engine, pl->rank, pl->size, pl->local_rank, pl->local_size);
+    return TNT_SUCCESS;
+  }
+  return TNT_SUCCESS;
+}

@@ -1,0 +1,29 @@
+/* params.h - the TNT_* environment variables the core reads, one table row each. */
+#ifndef TNT_PARAMS_H
+#define TNT_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tarantella.h"
+
+typedef struct {
+  int rank, size, local_rank, local_size;
+  char job_id[128];     /* names the job's shared-memory objects */
+  int from_launcher;    /* placement came from TNT_* (not an engine's variables) */
+} tnt_placement_t;
+
+typedef struct {
+  int64_t fusion_threshold_bytes; /* TNT_FUSION_THRESHOLD_KB */
+  double timeout_s;               /* TNT_TIMEOUT_S */
+  char transport[16];             /* TNT_TRANSPORT: auto, shm, mpi, gpi2 */
+  char timeline[1024];            /* TNT_TIMELINE: trace file path, "" = off */
+  int64_t shm_slot_bytes;         /* TNT_SHM_SLOT_KB: pipeline piece size */
+  int shm_slots;                  /* TNT_SHM_SLOTS: pieces in flight per link */
+  int cache_capacity;             /* TNT_CACHE_CAPACITY: negotiated names remembered */
+} tnt_params_t;
+
+tnt_result_t tnt_params_read(tnt_params_t *p);
+tnt_result_t tnt_placement_read(tnt_placement_t *pl);
+
+#endif

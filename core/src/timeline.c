@@ -1,0 +1,107 @@
+/* timeline.c - streams events as they happen (buffered stdio), in the JSON array
+ * format, which Chrome's about:tracing and Perfetto read even when a crash left
+ * the closing bracket out. Only the background thread writes, so no lock. */
+#include "timeline.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+typedef struct {
+  char *name;
+  int tid;
+} row_t;
+
+struct tnt_timeline {
+  FILE *f;
+  int rank;
+  int64_t t0;
+  row_t *rows;
+  int nrows, caprows;
+};
+
+tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank, int size) {
+  *out = NULL;
+  if (!path || !*path) return TNT_SUCCESS;
+  char file[1100];
+  const char *dot = strrchr(path, '.');
+  const char *slash = strrchr(path, '/');
+  if (size > 1) {
+    if (dot && (!slash || dot > slash))
+      snprintf(file, sizeof file, "%.*s.rank%d%s", (int)(dot - path), path, rank, dot);
+    else
+      snprintf(file, sizeof file, "%s.rank%d", path, rank);
+  } else {
+    snprintf(file, sizeof file, "%s", path);
+  }
+  tnt_timeline_t *tl = calloc(1, sizeof *tl);
+  if (!tl) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  tl->f = fopen(file, "w");
+  if (!tl->f) {
+    free(tl);
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_TIMELINE: cannot write %s; give a path in a writable folder", file);
+  }
+  tl->rank = rank;
+  tl->t0 = tnt_now_us();
+  fprintf(tl->f, "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}", rank,
+          rank);
+  TNT_INFO("timeline: writing %s", file);
+  *out = tl;
+  return TNT_SUCCESS;
+}
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') fputc('\\', f);
+    if ((unsigned char)*s < 0x20) continue;
+    fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
+static int row_of(tnt_timeline_t *tl, const char *tensor) {
+  for (int i = 0; i < tl->nrows; i++)
+    if (!strcmp(tl->rows[i].name, tensor)) return tl->rows[i].tid;
+  if (tl->nrows == tl->caprows) {
+    int cap = tl->caprows ? 2 * tl->caprows : 64;
+    row_t *rows = realloc(tl->rows, (size_t)cap * sizeof *rows);
+    if (!rows) return 0;
+    tl->rows = rows;
+    tl->caprows = cap;
+  }
+  int tid = tl->nrows + 1;
+  tl->rows[tl->nrows].name = strdup(tensor);
+  tl->rows[tl->nrows++].tid = tid;
+  fprintf(tl->f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": ", tl->rank,
+          tid);
+  json_string(tl->f, tensor);
+  fputs("}}", tl->f);
+  return tid;
+}
+
+void tnt_timeline_event(tnt_timeline_t *tl, const char *tensor, const char *phase, int64_t start_us, int64_t end_us,
+                        const char *detail) {
+  if (!tl) return;
+  int tid = row_of(tl, tensor);
+  fprintf(tl->f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld, \"dur\": %lld", phase,
+          tl->rank, tid, (long long)(start_us - tl->t0), (long long)(end_us - start_us));
+  if (detail) {
+    fputs(", \"args\": {\"detail\": ", tl->f);
+    json_string(tl->f, detail);
+    fputc('}', tl->f);
+  }
+  fputc('}', tl->f);
+}
+
+void tnt_timeline_close(tnt_timeline_t *tl) {
+  if (!tl) return;
+  fputs("\n]\n", tl->f);
+  fclose(tl->f);
+  for (int i = 0; i < tl->nrows; i++) free(tl->rows[i].name);
+  free(tl->rows);
+  free(tl);
+}

@@ -1,0 +1,65 @@
+/* transport.h - the one interface between the collective algorithms and whatever
+ * carries the bytes (docs/transport.md explains it).
+ *
+ * Model: every rank exposes a receive *window* of window_bytes. A rank `put`s a
+ * block into a peer's window at an offset, then `notify`s the peer, which
+ * increments one of the peer's counters (kind, source rank); the peer `wait`s
+ * until that counter reaches a target value. Counters only grow, so a wait never
+ * misses a notification. This is GPI-2's write + notify + waitsome one to one,
+ * MPI's Put + flush + a counter (or Isend/Irecv), and plain memcpy + futex over
+ * shared memory. `exchange` is a small allgather of a few bytes that the
+ * negotiation uses once per cycle; the doorbell lets an idle background thread
+ * sleep until a local request or another rank needs a cycle.
+ *
+ * Every wait has a deadline; peer death (detected directly where possible) fails
+ * the wait with TNT_ERR_PEER_LOST naming the rank. Transports never throw,
+ * never exit, never block without a deadline. */
+#ifndef TNT_TRANSPORT_H
+#define TNT_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "params.h"
+
+enum { TNT_NOTIFY_DATA = 0, TNT_NOTIFY_CREDIT = 1, TNT_NOTIFY_KINDS = 2 };
+#define TNT_EXCHANGE_MAX (64 * 1024) /* bytes per rank per exchange */
+
+typedef struct tnt_transport tnt_transport_t;
+
+struct tnt_transport {
+  const char *name;
+  /* 1 if this transport can serve the placement (e.g. shm: every rank on this host). */
+  int (*can_serve)(const tnt_placement_t *pl);
+  tnt_result_t (*init)(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state);
+  /* Copy len bytes from src into `peer`'s window at `offset`. */
+  tnt_result_t (*put)(void *state, int peer, size_t offset, const void *src, size_t len);
+  /* Pointer to this rank's own window (what peers put into). */
+  void *(*window)(void *state);
+  /* Increment counter (kind, my rank) at `peer`; ordered after earlier puts to that peer. */
+  tnt_result_t (*notify)(void *state, int peer, int kind);
+  /* Wait until my counter (kind, from) has reached `target` (wrapping compare). */
+  tnt_result_t (*wait)(void *state, int kind, int from, uint32_t target, double deadline);
+  /* Allgather of len <= TNT_EXCHANGE_MAX bytes: all[r*stride...] receives rank r's
+   * bytes and lens[r] their length. Collective: every rank calls it in the same order. */
+  tnt_result_t (*exchange)(void *state, const void *mine, size_t len, void *all, size_t stride, size_t *lens,
+                           double deadline);
+  /* Ask every rank to run cycle `cycle` (and wake this rank's own thread). */
+  void (*ring_doorbell)(void *state, uint64_t cycle);
+  /* 1 if some rank asked for a cycle after `done`. */
+  int (*cycle_wanted)(void *state, uint64_t done);
+  /* Sleep until a cycle > done is wanted, or wake_local was called, or `deadline`. */
+  void (*wait_doorbell)(void *state, uint64_t done, double deadline);
+  /* Wake this rank's own sleeping background thread (a local request arrived). */
+  void (*wake_local)(void *state);
+  /* Mark this rank failed (peers fail fast with `reason`), or cleanly gone. */
+  void (*abort)(void *state, const char *reason);
+  void (*finalize)(void *state);
+};
+
+extern const tnt_transport_t tnt_transport_shm;
+
+/* Pick the transport named by params->transport ("auto": the first that can serve). */
+tnt_result_t tnt_transport_select(const tnt_placement_t *pl, const tnt_params_t *params, const tnt_transport_t **out);
+
+#endif

@@ -1,0 +1,398 @@
+/* shm.c - the shared-memory transport: every rank of one host maps one POSIX
+ * shared-memory segment, /dev/shm/tnt-<job id>.
+ *
+ * Segment layout (offsets computed at init, identical on every rank):
+ *   header | rank block 0 | rank block 1 | ...
+ *   rank block = control (pid, state, abort reason, doorbell, exchange sequence,
+ *                notification counters [kind][source], one cache line each)
+ *              | exchange buffers [2][TNT_EXCHANGE_MAX] | receive window
+ *
+ * Waiting: a futex on the counter word, after a short spin only when there are
+ * at least as many cores as local ranks (8 ranks on 2 cores must not spin).
+ * Sleeps are cut into slices of 100 ms; after each slice the waiter checks its
+ * peers, so a dead peer is seen within ~0.1 s, a hang within the deadline.
+ *
+ * Security and cleanup: rank 0 creates the segment O_EXCL with mode 0600 under
+ * the launcher's random job id; the last rank to attach unlinks the name, so
+ * nothing is left in /dev/shm even if ranks are SIGKILLed later (the mapping
+ * lives until the last process unmaps it). A job killed during set-up leaves the
+ * name behind: `tntrun` removes tnt-<job id>* when the job ends. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "transport.h"
+
+#define SHM_MAGIC 0x544e5431u /* "TNT1" */
+#define CACHE_LINE 64
+#define SLICE_S 0.1
+
+enum { RANK_EMPTY = 0, RANK_ALIVE = 1, RANK_EXITED = 2, RANK_FAILED = 3 };
+
+typedef struct {
+  _Atomic uint32_t value;
+  _Atomic uint32_t waiters;
+  char pad[CACHE_LINE - 8];
+} shm_word_t;
+
+typedef struct {
+  _Atomic uint32_t magic;
+  uint32_t size;
+  uint64_t total_bytes, window_bytes, block_bytes;
+  shm_word_t attached;
+  _Atomic uint64_t cycle_wanted;
+  char pad[CACHE_LINE];
+} shm_header_t;
+
+typedef struct {
+  _Atomic int32_t pid;
+  _Atomic uint32_t state;
+  char reason[512];
+  uint32_t exch_len[2];
+  char pad[CACHE_LINE - 8];
+  shm_word_t bell;      /* doorbell: bumped by peers wanting a cycle and by local requests */
+  shm_word_t exch_seq;  /* rounds of exchange this rank has published */
+  shm_word_t counters[]; /* [kind * size + source] */
+} shm_rank_t;
+
+typedef struct {
+  tnt_placement_t pl;
+  char name[160];
+  int fd;
+  uint8_t *base;
+  size_t total;
+  shm_header_t *hdr;
+  shm_rank_t **ranks;  /* [size] */
+  uint8_t **exch;      /* [size] base of the two exchange buffers */
+  uint8_t **windows;   /* [size] */
+  uint32_t exch_round;
+  uint32_t bell_seen;
+  double spin_s;
+} shm_t;
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
+  return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+static void bump(shm_word_t *w) {
+  atomic_fetch_add(&w->value, 1);
+  if (atomic_load(&w->waiters)) futex(&w->value, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
+
+/* 1 when the process is gone (or a zombie nobody reaped yet). */
+static int process_dead(pid_t pid) {
+  if (pid <= 0) return 0;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char *paren = strrchr(buf, ')');
+  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+/* TNT_SUCCESS while every peer is alive; else PEER_LOST naming the first lost one. */
+static tnt_result_t check_peers(shm_t *s, const char *what) {
+  /* dead processes first, so that the error names the lost rank rather than a
+   * rank that aborted because it lost it */
+  for (int r = 0; r < s->pl.size; r++) {
+    shm_rank_t *p = s->ranks[r];
+    if (r != s->pl.rank && atomic_load(&p->state) == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
+      return tnt_fail_peer(r, "rank %d (pid %d) died while rank %d was %s", r, (int)atomic_load(&p->pid), s->pl.rank, what);
+  }
+  for (int r = 0; r < s->pl.size; r++) {
+    if (r == s->pl.rank) continue;
+    shm_rank_t *p = s->ranks[r];
+    uint32_t state = atomic_load(&p->state);
+    if (state == RANK_FAILED)
+      return tnt_fail_peer(r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->pl.rank, what);
+    if (state == RANK_EXITED)
+      return tnt_fail_peer(r, "rank %d has shut down while rank %d was %s: every rank must make the same collective calls before shutdown",
+                           r, s->pl.rank, what);
+  }
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, double deadline, const char *what) {
+  if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target)) return TNT_SUCCESS;
+  if (s->spin_s > 0) {
+    double until = tnt_now() + s->spin_s;
+    for (int i = 0;; i++) {
+      if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target)) return TNT_SUCCESS;
+      if ((i & 63) == 63 && tnt_now() > until) break;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+  for (;;) {
+    uint32_t v = atomic_load(&w->value);
+    if (reached(v, target)) return TNT_SUCCESS;
+    double now = tnt_now();
+    TNT_CHECK(check_peers(s, what));
+    if (now >= deadline)
+      return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->pl.rank, what);
+    double slice = deadline - now < SLICE_S ? deadline - now : SLICE_S;
+    struct timespec ts = {(time_t)slice, (long)((slice - (double)(time_t)slice) * 1e9)};
+    atomic_fetch_add(&w->waiters, 1);
+    v = atomic_load(&w->value);
+    if (!reached(v, target)) futex(&w->value, FUTEX_WAIT, v, &ts);
+    atomic_fetch_sub(&w->waiters, 1);
+  }
+}
+
+static int shm_can_serve(const tnt_placement_t *pl) { return pl->local_size == pl->size; }
+
+static size_t block_bytes_for(int size, size_t window_bytes) {
+  size_t control = align_up(sizeof(shm_rank_t) + sizeof(shm_word_t) * TNT_NOTIFY_KINDS * (size_t)size, 4096);
+  return control + 2 * TNT_EXCHANGE_MAX + align_up(window_bytes, 4096);
+}
+
+static void layout(shm_t *s, size_t window_bytes) {
+  size_t block = block_bytes_for(s->pl.size, window_bytes);
+  size_t control = block - 2 * TNT_EXCHANGE_MAX - align_up(window_bytes, 4096);
+  for (int r = 0; r < s->pl.size; r++) {
+    uint8_t *b = s->base + align_up(sizeof(shm_header_t), 4096) + (size_t)r * block;
+    s->ranks[r] = (shm_rank_t *)b;
+    s->exch[r] = b + control;
+    s->windows[r] = b + control + 2 * TNT_EXCHANGE_MAX;
+  }
+}
+
+static void shm_free(shm_t *s) {
+  if (s->base && s->base != MAP_FAILED) munmap(s->base, s->total);
+  if (s->fd >= 0) close(s->fd);
+  free(s->ranks);
+  free(s->exch);
+  free(s->windows);
+  free(s);
+}
+
+static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state) {
+  shm_t *s = calloc(1, sizeof *s);
+  if (!s) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  s->pl = *pl;
+  s->fd = -1;
+  s->ranks = calloc((size_t)pl->size, sizeof *s->ranks);
+  s->exch = calloc((size_t)pl->size, sizeof *s->exch);
+  s->windows = calloc((size_t)pl->size, sizeof *s->windows);
+  if (!s->ranks || !s->exch || !s->windows) {
+    shm_free(s);
+    return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  }
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  /* a short spin only pays when every rank has a core of its own */
+  s->spin_s = (ncpu > 0 && pl->local_size <= ncpu) ? 20e-6 : 0.0;
+  snprintf(s->name, sizeof s->name, "/tnt-%s", pl->job_id);
+  s->total = align_up(sizeof(shm_header_t), 4096) + (size_t)pl->size * block_bytes_for(pl->size, window_bytes);
+  double deadline = tnt_now() + params->timeout_s;
+  tnt_result_t res = TNT_SUCCESS;
+
+  if (pl->rank == 0) {
+    s->fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (s->fd < 0) {
+      res = tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s%s", s->name, strerror(errno),
+                     errno == EEXIST ? " (a job with this TNT_JOB_ID exists: use a fresh id, or `tntrun --cleanup`)" : "");
+      goto fail;
+    }
+    int err = posix_fallocate(s->fd, 0, (off_t)s->total); /* fail now, not with SIGBUS later */
+    if (err) {
+      res = tnt_fail(TNT_ERR_SYSTEM, "cannot reserve %zu bytes of shared memory in /dev/shm: %s", s->total, strerror(err));
+      shm_unlink(s->name);
+      goto fail;
+    }
+  } else {
+    for (;;) {
+      s->fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0600);
+      if (s->fd >= 0) {
+        struct stat st;
+        if (fstat(s->fd, &st) == 0 && (size_t)st.st_size >= s->total) break;
+        close(s->fd);
+        s->fd = -1;
+      } else if (errno != ENOENT) {
+        res = tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s", s->name, strerror(errno));
+        goto fail;
+      }
+      if (tnt_now() > deadline) {
+        res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d waited %.0f s for rank 0 to create %s: is rank 0 running with the same TNT_JOB_ID?",
+                       pl->rank, params->timeout_s, s->name);
+        goto fail;
+      }
+      usleep(1000); /* set-up only */
+    }
+  }
+  s->base = mmap(NULL, s->total, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+  if (s->base == MAP_FAILED) {
+    res = tnt_fail(TNT_ERR_SYSTEM, "mmap of %zu bytes failed: %s", s->total, strerror(errno));
+    goto fail;
+  }
+  s->hdr = (shm_header_t *)s->base;
+  layout(s, window_bytes);
+  if (pl->rank == 0) {
+    s->hdr->size = (uint32_t)pl->size;
+    s->hdr->total_bytes = s->total;
+    s->hdr->window_bytes = window_bytes;
+    atomic_store(&s->hdr->magic, SHM_MAGIC);
+  } else {
+    while (atomic_load(&s->hdr->magic) != SHM_MAGIC) {
+      if (tnt_now() > deadline) {
+        res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d: shared segment %s was never initialized by rank 0", pl->rank, s->name);
+        goto fail;
+      }
+      usleep(1000);
+    }
+    if (s->hdr->size != (uint32_t)pl->size || s->hdr->total_bytes != s->total) {
+      res = tnt_fail(TNT_ERR_INVALID_ARGUMENT, "rank %d disagrees with rank 0 on the job: TNT_SIZE %d vs %u, or different TNT_SHM_* settings; give every rank the same environment",
+                     pl->rank, pl->size, s->hdr->size);
+      goto fail;
+    }
+  }
+  shm_rank_t *me = s->ranks[pl->rank];
+  atomic_store(&me->pid, (int32_t)getpid());
+  atomic_store(&me->state, RANK_ALIVE);
+  uint32_t attached = atomic_fetch_add(&s->hdr->attached.value, 1) + 1;
+  if (atomic_load(&s->hdr->attached.waiters)) futex(&s->hdr->attached.value, FUTEX_WAKE, INT_MAX, NULL);
+  if (attached == (uint32_t)pl->size) shm_unlink(s->name); /* everyone is in: nothing can leak from now on */
+  res = wait_word(s, &s->hdr->attached, (uint32_t)pl->size, deadline, "waiting for every rank to attach");
+  if (res != TNT_SUCCESS) goto fail;
+  *state = s;
+  TNT_INFO("shm: %s, %zu bytes, %d ranks", s->name, s->total, pl->size);
+  return TNT_SUCCESS;
+fail:
+  if (s->base && s->base != MAP_FAILED && pl->rank < pl->size && s->ranks[pl->rank])
+    atomic_store(&s->ranks[pl->rank]->state, RANK_FAILED);
+  shm_free(s);
+  return res;
+}
+
+static tnt_result_t shm_put(void *st, int peer, size_t offset, const void *src, size_t len) {
+  shm_t *s = st;
+  memcpy(s->windows[peer] + offset, src, len);
+  return TNT_SUCCESS;
+}
+
+static void *shm_window(void *st) {
+  shm_t *s = st;
+  return s->windows[s->pl.rank];
+}
+
+static tnt_result_t shm_notify(void *st, int peer, int kind) {
+  shm_t *s = st;
+  bump(&s->ranks[peer]->counters[kind * s->pl.size + s->pl.rank]);
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t shm_wait(void *st, int kind, int from, uint32_t target, double deadline) {
+  shm_t *s = st;
+  char what[96];
+  snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
+  return wait_word(s, &s->ranks[s->pl.rank]->counters[kind * s->pl.size + from], target, deadline, what);
+}
+
+static tnt_result_t shm_exchange(void *st, const void *mine, size_t len, void *all, size_t stride, size_t *lens,
+                                 double deadline) {
+  shm_t *s = st;
+  if (len > TNT_EXCHANGE_MAX || len > stride) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
+  uint32_t round = ++s->exch_round, buf = round & 1;
+  shm_rank_t *me = s->ranks[s->pl.rank];
+  memcpy(s->exch[s->pl.rank] + buf * TNT_EXCHANGE_MAX, mine, len);
+  me->exch_len[buf] = (uint32_t)len;
+  bump(&me->exch_seq); /* exch_seq == round now: the release publishes the bytes above */
+  for (int r = 0; r < s->pl.size; r++) {
+    shm_rank_t *p = s->ranks[r];
+    if (r != s->pl.rank) TNT_CHECK(wait_word(s, &p->exch_seq, round, deadline, "negotiating with the other ranks"));
+    lens[r] = p->exch_len[buf];
+    memcpy((uint8_t *)all + (size_t)r * stride, s->exch[r] + buf * TNT_EXCHANGE_MAX, lens[r]);
+  }
+  return TNT_SUCCESS;
+}
+
+static void shm_ring_doorbell(void *st, uint64_t cycle) {
+  shm_t *s = st;
+  uint64_t cur = atomic_load(&s->hdr->cycle_wanted);
+  while (cur < cycle && !atomic_compare_exchange_weak(&s->hdr->cycle_wanted, &cur, cycle)) {
+  }
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank) bump(&s->ranks[r]->bell);
+}
+
+static void shm_wait_doorbell(void *st, uint64_t done, double deadline) {
+  shm_t *s = st;
+  shm_word_t *bell = &s->ranks[s->pl.rank]->bell;
+  for (;;) {
+    uint32_t b = atomic_load(&bell->value);
+    if (b != s->bell_seen || atomic_load(&s->hdr->cycle_wanted) > done) {
+      s->bell_seen = b;
+      return;
+    }
+    double now = tnt_now();
+    if (now >= deadline) return;
+    double slice = deadline - now < 1.0 ? deadline - now : 1.0;
+    struct timespec ts = {(time_t)slice, (long)((slice - (double)(time_t)slice) * 1e9)};
+    atomic_fetch_add(&bell->waiters, 1);
+    if (atomic_load(&bell->value) == b && atomic_load(&s->hdr->cycle_wanted) <= done) futex(&bell->value, FUTEX_WAIT, b, &ts);
+    atomic_fetch_sub(&bell->waiters, 1);
+  }
+}
+
+static int shm_cycle_wanted(void *st, uint64_t done) {
+  shm_t *s = st;
+  return atomic_load(&s->hdr->cycle_wanted) > done;
+}
+
+static void shm_wake_local(void *st) {
+  shm_t *s = st;
+  bump(&s->ranks[s->pl.rank]->bell);
+}
+
+static void shm_abort(void *st, const char *reason) {
+  shm_t *s = st;
+  shm_rank_t *me = s->ranks[s->pl.rank];
+  snprintf(me->reason, sizeof me->reason, "%s", reason ? reason : "aborted");
+  atomic_store(&me->state, RANK_FAILED);
+}
+
+static void shm_finalize(void *st) {
+  shm_t *s = st;
+  shm_rank_t *me = s->ranks[s->pl.rank];
+  uint32_t expected = RANK_ALIVE;
+  atomic_compare_exchange_strong(&me->state, &expected, RANK_EXITED);
+  shm_free(s);
+}
+
+const tnt_transport_t tnt_transport_shm = {
+    .name = "shm",
+    .can_serve = shm_can_serve,
+    .init = shm_init,
+    .put = shm_put,
+    .window = shm_window,
+    .notify = shm_notify,
+    .wait = shm_wait,
+    .exchange = shm_exchange,
+    .ring_doorbell = shm_ring_doorbell,
+    .cycle_wanted = shm_cycle_wanted,
+    .wait_doorbell = shm_wait_doorbell,
+    .wake_local = shm_wake_local,
+    .abort = shm_abort,
+    .finalize = shm_finalize,
+};
