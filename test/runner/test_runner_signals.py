@@ -1,0 +1,103 @@
+"""Ctrl+C / SIGTERM to tntrun, and --cleanup after tntrun itself was SIGKILLed."""
+import glob
+import os
+import re
+import signal
+import time
+
+import psutil
+import pytest
+from tntrun_helpers import run_tntrun, runner_env, start_tntrun
+
+RANK = """
+job = os.environ["TNT_JOB_ID"]
+open(f"/dev/shm/tnt-{job}-test-rank{os.environ['TNT_RANK']}", "w").close()
+print("UP", job, os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+
+def _wait_up(proc, ranks):
+    """Read "[r] UP job pid" lines until every rank is up; returns (job, pids)."""
+    pids, job = [], None
+    deadline = time.monotonic() + 30
+    while len(pids) < ranks and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break  # tntrun ended
+        match = re.search(r"UP (\w+) (\d+)", line)
+        if match:
+            job, pid = match.group(1), int(match.group(2))
+            pids.append(pid)
+    assert len(pids) == ranks, "ranks did not start"
+    return job, pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_runner_stops_every_rank(script, sig):
+    path = script(RANK + "\n")
+    proc = start_tntrun(["-n", "3", "--output-on-all-devices", "--", path])
+    try:
+        job, pids = _wait_up(proc, 3)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert {c.pid for c in children} >= set(pids)
+        proc.send_signal(sig)
+        proc.wait(timeout=15)
+        assert proc.returncode == 128 + sig
+        gone, alive = psutil.wait_procs(children, timeout=5)
+        assert alive == []
+        assert glob.glob(f"/dev/shm/tnt-{job}*") == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(script):
+    path = script("""
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if os.environ["TNT_RANK"] == "0":
+            time.sleep(0.5)
+            sys.exit(4)
+        time.sleep(120)
+    """)
+    start = time.monotonic()
+    res = run_tntrun(["-n", "2", "--", path], timeout=30)
+    assert res.returncode == 4
+    assert time.monotonic() - start < 15
+
+
+def test_cleanup_after_runner_was_killed(script, tmp_path):
+    path = script(RANK + "\n", name="leftover_job.py")
+    env = runner_env()
+    proc = start_tntrun(["-n", "2", "--output-on-all-devices", "--", path], env=env)
+    job, pids = _wait_up(proc, 2)
+    proc.kill()  # SIGKILL: tntrun cannot clean up
+    proc.communicate()
+    assert all(psutil.pid_exists(p) for p in pids)
+    assert len(glob.glob(f"/dev/shm/tnt-{job}*")) == 2
+    other = run_tntrun(["--cleanup", "--", str(tmp_path / "another.py")], env=env)
+    assert "no job of" in other.stdout and all(psutil.pid_exists(p) for p in pids)
+    res = run_tntrun(["--cleanup", "--", path], env=env, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert job in res.stdout and "2 of 2 process(es) still running" in res.stdout
+    assert "sent SIGTERM" in res.stdout and "removed 2 shared-memory" in res.stdout
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=5)
+    assert alive == []
+    assert glob.glob(f"/dev/shm/tnt-{job}*") == []
+    again = run_tntrun(["--cleanup", "--", path], env=env)
+    assert "nothing to do" in again.stdout
+
+
+def test_cleanup_force_kills(script):
+    path = script("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + RANK,
+                  name="stubborn_job.py")
+    env = runner_env()
+    proc = start_tntrun(["-n", "1", "--output-on-all-devices", "--", path], env=env)
+    job, pids = _wait_up(proc, 1)
+    proc.kill()
+    proc.communicate()
+    res = run_tntrun(["--cleanup", "--force", "--", path], env=env, timeout=30)
+    assert "sent SIGKILL" in res.stdout
+    assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
