@@ -1,0 +1,78 @@
+"""Usage errors (exit code 2 with a message saying what to do), --help and --version."""
+import pytest
+from tntrun_helpers import run_tntrun
+
+
+def test_help_is_grouped_and_has_examples():
+    res = run_tntrun(["--help"])
+    assert res.returncode == 0
+    for group in ("Single-node execution", "Multi-node execution", "Performance tuning", "Cleanup",
+                  "Logging and output", "examples:"):
+        assert group in res.stdout
+    for flag in ("--no-gpus", "--devices-per-node", "--npernode", "--pin-memory-to-socket",
+                 "--python-interpreter", "--dry-run", "--fusion-threshold", "--timeline"):
+        assert flag in res.stdout
+
+
+def test_version():
+    res = run_tntrun(["--version"])
+    assert res.returncode == 0 and res.stdout.startswith("Tarantella ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bogus", "--", "x.py"], "unrecognized arguments: --bogus"),
+    (["-n", "2"], "missing PROGRAM"),
+    (["-n", "2", "--"], "missing PROGRAM"),
+    (["-n", "0", "--", "x.py"], "must be at least 1. Received: 0"),
+    (["-n", "two", "--", "x.py"], "expected a whole number"),
+    (["--force", "--", "x.py"], "--force only goes with --cleanup"),
+    (["--log-level", "LOUD", "--", "x.py"], "choose from DEBUG, INFO, WARNING, ERROR"),
+    (["--transport", "tcp", "--", "x.py"], "invalid choice: 'tcp'"),
+    (["--fusion-threshold", "-1", "--", "x.py"], "must be 0 or more"),
+    (["--timeout", "0", "--", "x.py"], "must be more than 0"),
+    (["-x", "1BAD=v", "--", "x.py"], "-x expects NAME=VALUE"),
+    (["-x", "TNT_SURELY_UNSET_VAR", "--", "x.py"], "is not set in this environment"),
+    (["--max-restarts", "3", "--", "x.py"], "restarts are not supported"),
+    (["--n-per-node", "2", "--", "x.py"], "--n-per-node is for several hosts"),
+    (["--no-python", "--python-interpreter", "python", "--", "x.py"], "contradict"),
+])
+def test_usage_errors(args, message):
+    res = run_tntrun(args)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr
+    assert "usage: tntrun" in res.stderr
+
+
+def test_bad_hostfile_names_the_line(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# cluster\nnode1\n\nnode2 slots=2\nnode1:4\n")
+    res = run_tntrun(["--hostfile", str(hosts), "--dry-run", "--", "x.py"])
+    assert res.returncode == 2
+    assert f"{hosts}:5: host 'node1' is listed twice (first at {hosts}:2)" in res.stderr
+
+
+def test_empty_hostfile(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# nothing here\n\n")
+    res = run_tntrun(["--hostfile", str(hosts), "--", "x.py"])
+    assert res.returncode == 2 and "no host listed" in res.stderr
+
+
+def test_unreadable_hostfile_line(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1\nnode2 slots=two\n")
+    res = run_tntrun(["--hostfile", str(hosts), "--", "x.py"])
+    assert res.returncode == 2 and f"{hosts}:2: cannot read 'node2 slots=two'" in res.stderr
+
+
+def test_missing_hostfile(tmp_path):
+    res = run_tntrun(["--hostfile", str(tmp_path / "none"), "--", "x.py"])
+    assert res.returncode == 2 and "cannot read it" in res.stderr
+
+
+def test_n_must_match_the_hostfile(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\nb\n")
+    res = run_tntrun(["--hostfile", str(hosts), "--n-per-node", "2", "-n", "2", "--dry-run", "--", "x.py"])
+    assert res.returncode == 2
+    assert "2 host(s) with 2 rank(s) each make 4 ranks in total" in res.stderr

@@ -1,0 +1,66 @@
+"""GPU detection from a fake device listing (never real hardware), and what ranks get."""
+from tntrun_helpers import import_runner, run_tntrun, runner_env
+
+import_runner()
+from tarantella.runner import gpus  # noqa: E402
+
+LISTING = "GPU 0: NVIDIA H100 (UUID: GPU-a)\nGPU 1: NVIDIA H100 (UUID: GPU-b)\n"
+
+
+def _listing(tmp_path, text=LISTING):
+    path = tmp_path / "nvidia-smi-L.txt"
+    path.write_text(text)
+    return str(path)
+
+
+def test_detect_from_nvidia_smi_listing(tmp_path):
+    assert gpus.detect({"TNT_GPU_LISTING": _listing(tmp_path)}) == ["0", "1"]
+
+
+def test_detect_from_proc_directory(tmp_path):
+    d = tmp_path / "gpus"
+    for bus in ("0000:17:00.0", "0000:65:00.0", "0000:ca:00.0"):
+        (d / bus).mkdir(parents=True)
+    assert gpus.detect({"TNT_GPU_LISTING": str(d)}) == ["0", "1", "2"]
+
+
+def test_detect_respects_cuda_visible_devices(tmp_path):
+    listing = _listing(tmp_path)
+    assert gpus.detect({"TNT_GPU_LISTING": listing, "CUDA_VISIBLE_DEVICES": "1"}) == ["1"]
+    assert gpus.detect({"TNT_GPU_LISTING": listing, "CUDA_VISIBLE_DEVICES": ""}) == []
+    assert gpus.detect({"TNT_GPU_LISTING": str(tmp_path / "absent")}) == []
+
+
+RANK = "print(os.environ['TNT_RANK'], repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n"
+
+
+def test_one_rank_per_gpu_by_default(script, tmp_path):
+    env = runner_env(TNT_GPU_LISTING=_listing(tmp_path))
+    res = run_tntrun(["--output-on-all-devices", "--", script(RANK)], env=env)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[0] 0 '0'", "[1] 1 '1'"]
+    assert "WARNING" not in res.stderr
+
+
+def test_more_ranks_than_gpus_warns_and_runs_on_cpus(script, tmp_path):
+    env = runner_env(TNT_GPU_LISTING=_listing(tmp_path))
+    res = run_tntrun(["-n", "3", "--output-on-all-devices", "--", script(RANK)], env=env)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[0] 0 ''", "[1] 1 ''", "[2] 2 ''"]
+    assert "WARNING: -n 3 is more than the 2 GPU(s)" in res.stderr
+
+
+def test_no_gpu_hides_gpus_without_warning(script, tmp_path):
+    env = runner_env(TNT_GPU_LISTING=_listing(tmp_path))
+    for flag in ("--no-gpu", "--no-gpus"):
+        res = run_tntrun(["-n", "3", flag, "--", script(RANK)], env=env)
+        assert res.returncode == 0 and res.stdout.strip() == "0 ''"
+        assert "GPU" not in res.stderr
+
+
+def test_no_gpu_present(script):
+    res = run_tntrun(["--", script(RANK)])  # the helpers' environment has no GPU
+    assert res.returncode == 0 and res.stdout.strip() == "0 None"
+    assert "WARNING: no GPU found: running 1 rank on the CPU" in res.stderr
+    res = run_tntrun(["-n", "2", "--", script(RANK)])
+    assert res.returncode == 0 and "WARNING" not in res.stderr
