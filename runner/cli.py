@@ -268,7 +268,9 @@ def main(argv=None):
             parser.error("missing PROGRAM: write `tntrun [options] -- PROGRAM [ARGS...]`, "
                          "e.g. tntrun -n 2 -- train.py")
         job_id = secrets.token_hex(16)
-        if args.hostfile or args.hosts:
+        in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
+        if args.hostfile or args.hosts or (in_slurm and args.n_per_node is not None):
+            # several hosts (inside a Slurm allocation --n-per-node alone means its nodes)
             from tarantella.runner import multi
             return multi.run(args, command, job_id)
         if args.n_per_node is not None:

@@ -1,0 +1,136 @@
+"""Several hosts: the engine command (--dry-run) for Open MPI, MPICH/Hydra, gaspi_run and
+Slurm, with fake engines on PATH (tiny scripts), and what happens when the engine is missing."""
+import os
+import shlex
+
+import pytest
+from tntrun_helpers import fake_bin, import_runner, run_tntrun, runner_env
+
+import_runner()
+from tarantella.runner import rank as rank_wrapper  # noqa: E402
+
+OPENMPI = 'echo "mpirun (Open MPI) 4.1.4"'
+MPICH = 'echo "HYDRA build details:"; echo "    Version:  4.0.2"'
+
+
+def _hosts(tmp_path, text="# two nodes\nnode1\nnode2\n"):
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    return str(path)
+
+
+def _command_line(stdout):
+    """The last line of a dry run: VAR=value ... engine args."""
+    return shlex.split(stdout.strip().splitlines()[-1])
+
+
+def test_openmpi(tmp_path):
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
+    res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "2",
+                      "-x", "A=1", "-x", "B=2", "--fusion-threshold", "64", "--", "train.py", "--e", "1"],
+                     env=env)
+    assert res.returncode == 0, res.stderr
+    words = _command_line(res.stdout)
+    assert "A=1" in words and "TNT_FUSION_THRESHOLD_KB=64" in words
+    start = next(i for i, w in enumerate(words) if w.endswith("/mpirun"))
+    argv = words[start:]
+    assert argv[1:7] == ["-np", "4", "--host", "node1:2,node2:2", "-npernode", "2"]
+    joined = " ".join(argv)
+    assert "-x TNT_JOB_ID" in joined and "-x TNT_FUSION_THRESHOLD_KB" in joined
+    assert joined.index("-x A") < joined.index("-x B")
+    tail = argv[argv.index("-m"):]
+    assert tail[:5] == ["-m", "tarantella.runner.rank", "--size=4", "--per-node=2", "--"]
+    assert "python" in os.path.basename(tail[5]) and tail[6:] == ["train.py", "--e", "1"]
+    assert "through mpirun (Open MPI)" in res.stdout
+
+
+def test_openmpi_hosts_flag_and_slots(tmp_path):
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
+    res = run_tntrun(["--dry-run", "-H", "a:1,b:3", "--output-on-all-devices", "--", "t.py"], env=env)
+    assert res.returncode == 0, res.stderr
+    argv = " ".join(_command_line(res.stdout))
+    assert "-np 4 --host a:1,b:3 --bind-to none --tag-output" in argv
+    assert "-npernode" not in argv and "--output-all" in argv
+
+
+def test_mpich_style(tmp_path):
+    bin_dir = fake_bin(tmp_path, mpiexec=MPICH)
+    env = runner_env(PATH=bin_dir + os.pathsep + "/usr/bin:/bin")
+    if any(os.path.exists(os.path.join(d, "mpirun")) for d in ("/usr/bin", "/bin")):
+        # a real mpirun would be found first: hide it behind a fake Hydra mpirun
+        bin_dir = fake_bin(tmp_path, mpiexec=MPICH, mpirun=MPICH)
+    res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path, "node1 slots=2\nnode2 slots=2\n"),
+                      "-x", "A=x y", "--", "t.py"], env=env)
+    assert res.returncode == 0, res.stderr
+    argv = _command_line(res.stdout)
+    start = next(i for i, w in enumerate(argv) if w.endswith(("/mpiexec", "/mpirun")))
+    argv = argv[start:]
+    assert argv[1:3] == ["-n", "4"] and argv[3] == "-f" and argv[5:7] == ["-ppn", "2"]
+    assert "-genv" in argv and argv[argv.index("A") - 1] == "-genv" and argv[argv.index("A") + 1] == "x y"
+    assert "node1:2" in res.stdout and "node2:2" in res.stdout  # the machinefile is shown
+    assert "MPICH/Hydra" in res.stdout
+
+
+def test_gaspi_run(tmp_path):
+    env = runner_env(PATH=fake_bin(tmp_path, gaspi_run="exit 0") + os.pathsep + os.environ["PATH"])
+    res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "2",
+                      "--transport", "gpi2", "-x", "K=v", "--", "t.py"], env=env, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    argv = _command_line(res.stdout)
+    start = next(i for i, w in enumerate(argv) if w.endswith("/gaspi_run"))
+    assert argv[start + 1:start + 4] == ["-n", "4", "-m"]
+    out = res.stdout
+    # machinefile: each host once per rank, in order; the script exports the environment
+    assert "#   node1\n#   node1\n#   node2\n#   node2\n" in out
+    assert "#   export K=v" in out and "#   export TNT_TRANSPORT=gpi2" in out
+    assert "tarantella.runner.rank" in out
+    assert not list(tmp_path.glob(".tnt-*"))  # a dry run writes nothing
+
+
+def test_slurm(tmp_path):
+    env = runner_env(PATH=fake_bin(tmp_path, srun="exit 0") + os.pathsep + os.environ["PATH"],
+                     SLURM_JOB_ID="1234", SLURM_JOB_NUM_NODES="3")
+    res = run_tntrun(["--dry-run", "--n-per-node", "4", "--output-on-all-devices", "--", "t.py"], env=env)
+    assert res.returncode == 0, res.stderr
+    argv = " ".join(_command_line(res.stdout))
+    assert "/srun --ntasks=12 --ntasks-per-node=4 --export=ALL --kill-on-bad-exit=1 --label" in argv
+    res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "1", "--", "t.py"],
+                     env=env)
+    argv = " ".join(_command_line(res.stdout))
+    assert "--ntasks=2 --ntasks-per-node=1 --nodes=2 --nodelist=node1,node2" in argv
+
+
+@pytest.mark.parametrize("transport, missing, package", [
+    ("mpi", "mpirun", "apt-get install openmpi-bin"),
+    ("gpi2", "gaspi_run", "GPI-2"),
+])
+def test_engine_missing(tmp_path, transport, missing, package):
+    env = runner_env(PATH=str(tmp_path / "empty"))
+    res = run_tntrun(["--hostfile", _hosts(tmp_path), "--transport", transport, "--", "t.py"], env=env)
+    assert res.returncode == 127
+    assert f"{missing} not found" in res.stderr and package in res.stderr
+
+
+def test_shm_refused_across_hosts(tmp_path):
+    res = run_tntrun(["--hostfile", _hosts(tmp_path), "--transport", "shm", "--", "t.py"])
+    assert res.returncode == 2 and "shm works on one host only" in res.stderr
+
+
+def test_engine_failure_is_reported(tmp_path):
+    fake = 'echo "rank 3 on node2 died" >&2; exit 9'
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=fake) + os.pathsep + os.environ["PATH"])
+    res = run_tntrun(["--hostfile", _hosts(tmp_path), "--transport", "mpi", "--", "t.py"], env=env)
+    assert res.returncode == 9
+    assert "Root cause" in res.stderr and "rank 3 on node2 died" in res.stderr
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (5, 8, 1, 4)),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}, (2, 4, 0, 2)),
+    ({"SLURM_PROCID": "7", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3"}, (7, 8, 3, 4)),
+    ({"GASPI_RANK": "6"}, (6, 8, 2, 4)),
+    ({}, (0, 8, 0, 4)),
+])
+def test_rank_wrapper_reads_engine_placement(environ, expected):
+    assert rank_wrapper.placement(environ, per_node=4, size=8) == expected
