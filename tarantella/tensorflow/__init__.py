@@ -1,0 +1,27 @@
+"""The TensorFlow / Keras 3 frontend of Tarantella.
+
+    import tarantella as tnt            # or: import tarantella.tensorflow as tnt
+    model = tnt.Model(keras_model)
+
+Gradients reach the C core through `tf.numpy_function` ops over the NumPy
+collectives of tarantella.common (the path that works with any installed
+TensorFlow, with nothing compiled against it).
+"""
+from tarantella.tensorflow import _version_check  # noqa: F401 - fails early on an old TF
+
+from tarantella.common import (allgather, allreduce, barrier, broadcast, get_local_rank,  # noqa: E402
+                               get_master_rank, get_rank, get_size, init, is_master_rank,
+                               shutdown)
+from tarantella.tensorflow import data, keras, models, optimizers  # noqa: E402
+from tarantella.tensorflow.collective_ops import broadcast_variables  # noqa: E402
+from tarantella.tensorflow.distributed_gradient_tape import DistributedGradientTape  # noqa: E402
+from tarantella.tensorflow.distributed_optimizer import DistributedOptimizer  # noqa: E402
+from tarantella.tensorflow.model import Model  # noqa: E402
+from tarantella.tensorflow.parallel_strategy import ParallelStrategy  # noqa: E402
+
+__all__ = [
+    "Model", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape",
+    "broadcast_variables", "data", "keras", "models", "optimizers", "allgather", "allreduce",
+    "barrier", "broadcast", "get_local_rank", "get_master_rank", "get_rank", "get_size", "init",
+    "is_master_rank", "shutdown",
+]

@@ -1,0 +1,31 @@
+"""Which part of a global batch a rank gets.
+
+Rank r of N gets the contiguous slice [offset_r, offset_r + size_r) of every
+global batch of b samples, with size_r = b // N + (r < b % N): sizes differ by
+at most one, concatenating the slices in rank order gives the global batch
+back, and a batch smaller than N leaves some ranks an empty slice (they
+contribute zero weight to the gradient). This is the only split measured to be
+exact for every batch size, including the last, partial batch of an epoch
+(notes/keras3-integration.md, section 5).
+"""
+import tensorflow as tf
+
+
+def micro_batch_size(global_batch_size, rank, size):
+    return global_batch_size // size + (1 if rank < global_batch_size % size else 0)
+
+
+def micro_batch_offset(global_batch_size, rank, size):
+    return rank * (global_batch_size // size) + min(rank, global_batch_size % size)
+
+
+def slice_element(element, rank, size):
+    """This rank's slice of a batched dataset element (any nest of tensors
+    whose first dimension is the batch); computed from the element's actual
+    batch size at run time, so partial batches are split the same way."""
+    leaves = tf.nest.flatten(element)
+    batch = tf.shape(leaves[0], out_type=tf.int64)[0]
+    base, extra = batch // size, batch % size
+    begin = rank * base + tf.minimum(tf.constant(rank, tf.int64), extra)
+    end = begin + base + tf.cast(rank < extra, tf.int64)
+    return tf.nest.map_structure(lambda t: t[begin:end], element)

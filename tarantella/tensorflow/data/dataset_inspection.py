@@ -1,0 +1,67 @@
+"""Read what a tf.data pipeline does, to distribute it correctly.
+
+tf.data keeps no public description of a pipeline, so this walks the private
+`_input_dataset` chain (read only; every attribute access has a fall-back).
+"""
+import dataclasses
+
+import tensorflow as tf
+
+_BATCH_OPS = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset",
+              "_DenseToRaggedDataset", "_RebatchDataset")
+_UNBATCH_OPS = ("_UnbatchDataset",)
+
+
+@dataclasses.dataclass
+class Batching:
+    batched: object  # True, False, or None when it cannot be told
+    batch_size: object = None  # the last batch op's static size, if known
+    drop_remainder: bool = False
+
+
+def chain(dataset):
+    """The datasets from `dataset` back to its source, newest first."""
+    out = []
+    while dataset is not None and len(out) < 10000:
+        out.append(dataset)
+        dataset = getattr(dataset, "_input_dataset", None)
+    return out
+
+
+def _static(value):
+    try:
+        value = tf.get_static_value(value)
+    except (TypeError, ValueError):
+        return None
+    return None if value is None else value.item() if hasattr(value, "item") else value
+
+
+def batching(dataset):
+    """Whether `dataset` yields batches, and of which global size."""
+    for ds in chain(dataset):
+        name = type(ds).__name__
+        if name in _UNBATCH_OPS:
+            break
+        if name in _BATCH_OPS:
+            size = _static(getattr(ds, "_batch_size", None))
+            drop = bool(_static(getattr(ds, "_drop_remainder", False)) or False)
+            return Batching(True, size if size and size > 0 else None, drop)
+    # No batch op found (or an unbatch after it): decide from the element shapes.
+    shapes = [getattr(s, "shape", None) for s in tf.nest.flatten(dataset.element_spec)]
+    ranks = [s.rank for s in shapes if s is not None]
+    if ranks and all(r == 0 or r is None for r in ranks):
+        return Batching(False)
+    if shapes and all(s is not None and s.rank and s[0] is None for s in shapes):
+        return Batching(None)  # e.g. a generator yielding batches: treated as batched
+    return Batching(False)
+
+
+def unseeded_shuffles(dataset):
+    """The shuffle ops of the chain that got no seed (they shuffle differently
+    in every process)."""
+    return [ds for ds in chain(dataset) if type(ds).__name__ == "_ShuffleDataset"
+            and _static(getattr(ds, "_seed", 1)) == 0 and _static(getattr(ds, "_seed2", 1)) == 0]
+
+
+def is_infinite(dataset):
+    return dataset.cardinality() == tf.data.INFINITE_CARDINALITY

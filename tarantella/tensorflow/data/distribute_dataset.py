@@ -1,0 +1,73 @@
+"""Turn what a user passes to fit/evaluate/predict into this rank's dataset."""
+import dataclasses
+
+import tensorflow as tf
+
+from tarantella.common import core
+from tarantella.tensorflow.data import batch_slicing, dataset_inspection, shuffle_seeding
+
+
+@dataclasses.dataclass
+class Distributed:
+    dataset: tf.data.Dataset
+    global_batch_size: object  # int, or None when it cannot be known before running
+    micro_batch_size: object  # this rank's (largest) micro-batch size, or None
+
+
+def _check_micro_batch_size(micro_batch_size, global_batch_size, size, what):
+    lo, hi = global_batch_size // size, -(-global_batch_size // size)
+    if not lo <= micro_batch_size <= hi:
+        raise ValueError(
+            f"{what} must be the global batch size divided by the number of ranks ("
+            f"{lo if lo == hi else f'{lo} or {hi}'}), since the dataset is batched with the global "
+            f"batch size. Received: {what}={micro_batch_size}, batch_size={global_batch_size} "
+            f"(ranks={size})")
+
+
+def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
+                       shuffle_seed=shuffle_seeding.DEFAULT_SEED, what="tnt_micro_batch_size"):
+    """This rank's part of `dataset`.
+
+    Args:
+        dataset: A `tf.data.Dataset` batched with the global batch size, or
+            unbatched (then `micro_batch_size` is required and the global
+            batch is `micro_batch_size * size`).
+        micro_batch_size: Integer or None; for a batched dataset only checked
+            against the global batch size.
+        rank, size: Default to this process's rank and the number of ranks.
+        shuffle_seed: Seed given to `shuffle()` ops that have none.
+
+    Returns:
+        A `Distributed` record: the rank's dataset, whose i-th element is this
+        rank's contiguous slice of the i-th global batch, and the batch sizes.
+    """
+    rank = core.get_rank() if rank is None else rank
+    size = core.get_size() if size is None else size
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"Expected a tf.data.Dataset. Received: {type(dataset).__name__}")
+    if micro_batch_size is not None and (not isinstance(micro_batch_size, int)
+                                         or micro_batch_size <= 0):
+        raise ValueError(f"{what} must be a positive integer. Received: {what}={micro_batch_size!r}")
+    dataset = shuffle_seeding.seed_unseeded_shuffles(dataset, shuffle_seed)
+    info = dataset_inspection.batching(dataset)
+    if info.batched is False:
+        if micro_batch_size is None:
+            raise ValueError(
+                f"The dataset is not batched: batch it with the global batch size "
+                f"(`dataset.batch(global_batch_size)`), or pass {what} (the per-rank batch size; "
+                f"the global batch is then {what} * {size} ranks). Received: an unbatched dataset "
+                f"with element_spec={dataset.element_spec}")
+        global_batch = micro_batch_size * size
+        dataset = dataset.batch(global_batch)
+        info = dataset_inspection.Batching(True, global_batch)
+    elif micro_batch_size is not None and info.batch_size is not None:
+        _check_micro_batch_size(micro_batch_size, info.batch_size, size, what)
+    if size > 1:
+        dataset = dataset.map(lambda *e: batch_slicing.slice_element(e[0] if len(e) == 1 else e,
+                                                                     rank, size),
+                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    micro = None
+    if info.batch_size is not None:
+        micro = batch_slicing.micro_batch_size(info.batch_size, 0, size)
+    return Distributed(dataset, info.batch_size, micro)

@@ -1,0 +1,82 @@
+"""Give unseeded `shuffle`s a fixed seed, so that every rank shuffles alike.
+
+A `shuffle()` without a seed draws a fresh random seed in every process, so
+the ranks would slice different permutations: some samples would be seen
+twice per epoch, others never. The pipeline is rebuilt from the first
+unseeded shuffle on, re-applying each later op with its recorded arguments.
+This reads private tf.data attributes; an op it does not know stops the
+rebuild with an error that says how to avoid it (pass `seed=` to shuffle).
+"""
+import tensorflow as tf
+
+from tarantella.tensorflow.data import dataset_inspection
+
+DEFAULT_SEED = 42
+
+
+def _arg(ds, name, default=None):
+    value = getattr(ds, name, default)
+    static = dataset_inspection._static(value)
+    return value if static is None else static
+
+
+def _deterministic(ds):
+    value = getattr(ds, "_deterministic", "default")
+    return None if value == "default" else value == "true" or value is True
+
+
+def _replay(op, upstream, seed):
+    """`op` re-applied on top of `upstream`."""
+    name = type(op).__name__
+    if name == "_ShuffleDataset":
+        seeded = dataset_inspection._static(op._seed) != 0 or dataset_inspection._static(op._seed2) != 0
+        if seeded:  # keep the user's seed pair exactly
+            return upstream.shuffle(_arg(op, "_buffer_size"), seed=_arg(op, "_seed2"),
+                                    reshuffle_each_iteration=bool(_arg(op, "_reshuffle_each_iteration")))
+        return upstream.shuffle(_arg(op, "_buffer_size"), seed=seed,
+                                reshuffle_each_iteration=bool(_arg(op, "_reshuffle_each_iteration")))
+    if name == "_MapDataset":
+        return upstream.map(op._map_func._func)
+    if name == "_ParallelMapDataset":
+        return upstream.map(op._map_func._func, num_parallel_calls=_arg(op, "_num_parallel_calls"),
+                            deterministic=_deterministic(op))
+    if name == "_FilterDataset":
+        return upstream.filter(op._predicate._func)
+    if name == "_BatchDataset":
+        return upstream.batch(_arg(op, "_batch_size"), drop_remainder=bool(_arg(op, "_drop_remainder")))
+    if name == "_ParallelBatchDataset":
+        return upstream.batch(_arg(op, "_batch_size"), drop_remainder=bool(_arg(op, "_drop_remainder")),
+                              num_parallel_calls=_arg(op, "_num_parallel_calls"),
+                              deterministic=_deterministic(op))
+    if name == "_UnbatchDataset":
+        return upstream.unbatch()
+    if name == "_PrefetchDataset":
+        return upstream.prefetch(_arg(op, "_buffer_size"))
+    if name == "_RepeatDataset":
+        return upstream.repeat(_arg(op, "_count"))
+    if name == "_TakeDataset":
+        return upstream.take(_arg(op, "_count"))
+    if name == "_SkipDataset":
+        return upstream.skip(_arg(op, "_count"))
+    if name == "_CacheDataset" and _arg(op, "_filename", "") in ("", b""):
+        return upstream.cache()
+    if name == "_OptionsDataset":
+        return upstream.with_options(op._options_attr)
+    raise ValueError(
+        f"Tarantella cannot add a seed to this dataset's shuffle() because a later `{name}` op "
+        "cannot be rebuilt. Every rank must shuffle alike: pass a seed, e.g. "
+        f"`dataset.shuffle(buffer_size, seed=42)`. Received: a pipeline with {name}")
+
+
+def seed_unseeded_shuffles(dataset, seed=DEFAULT_SEED):
+    """`dataset` with every unseeded shuffle seeded by `seed` (the dataset
+    itself when there is none)."""
+    ops = dataset_inspection.chain(dataset)
+    unseeded = dataset_inspection.unseeded_shuffles(dataset)
+    if not unseeded:
+        return dataset
+    first = max(ops.index(s) for s in unseeded)  # the oldest one: rebuild from there
+    rebuilt = ops[first]._input_dataset
+    for op in reversed(ops[:first + 1]):
+        rebuilt = _replay(op, rebuilt, seed)
+    return rebuilt

@@ -1,0 +1,56 @@
+"""DistributedGradientTape: a tf.GradientTape whose gradients are averaged across ranks."""
+import tensorflow as tf
+
+from tarantella.tensorflow import collective_ops
+
+
+class DistributedGradientTape:
+    """Wrap a `tf.GradientTape` so that `gradient()` returns gradients
+    averaged over all ranks (as Horovod's DistributedGradientTape).
+
+    Use it in a custom training loop with a plain optimizer; or keep the tape
+    plain and wrap the optimizer with `tnt.DistributedOptimizer` instead
+    (never both: gradients would be averaged twice, which is harmless but
+    wasteful).
+
+    Args:
+        tape: A `tf.GradientTape`, used as a context manager as usual.
+        name: Optional string naming the requests across ranks.
+
+    Example:
+
+    ```python
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    tape = tnt.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)
+    ```
+    """
+
+    def __init__(self, tape, name="tnt.tape"):
+        if not isinstance(tape, tf.GradientTape):
+            raise TypeError(
+                "DistributedGradientTape expects a tf.GradientTape. Received: "
+                f"tape={tape!r} (of type {type(tape).__name__})")
+        self._tape = tape
+        self._name = name
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+    def gradient(self, target, sources, output_gradients=None, weight=None, **kwargs):
+        """`tf.GradientTape.gradient`, averaged over ranks; `weight` (this
+        rank's micro-batch size, say) weights this rank's gradients, so that
+        uneven micro-batches still give the serial mean gradient."""
+        grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
+        flat = tf.nest.flatten(grads)
+        averaged = collective_ops.weighted_average(flat, weight=weight, name=self._name)
+        return tf.nest.pack_sequence_as(grads, averaged)

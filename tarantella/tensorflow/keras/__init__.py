@@ -1,0 +1,4 @@
+"""Keras-facing helpers of tarantella.tensorflow (`tnt.keras.callbacks`)."""
+from tarantella.tensorflow.keras import callbacks
+
+__all__ = ["callbacks"]

@@ -1,0 +1,137 @@
+"""tnt.keras.callbacks.Callback: choose where a Keras callback runs and which logs it sees."""
+import threading
+
+import keras
+
+from tarantella.common import core
+
+# Callbacks whose decisions change training (the learning rate, stopping):
+# they must decide the same on every rank, or ranks would diverge or deadlock.
+_DECIDING = (keras.callbacks.EarlyStopping, keras.callbacks.ReduceLROnPlateau,
+             keras.callbacks.LearningRateScheduler, keras.callbacks.TerminateOnNaN)
+
+_HOOKS = ("on_train_begin", "on_train_end", "on_test_begin", "on_test_end", "on_predict_begin",
+          "on_predict_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
+          "on_train_batch_end", "on_test_batch_begin", "on_test_batch_end",
+          "on_predict_batch_begin", "on_predict_batch_end")
+_classes = {}
+_lock = threading.Lock()
+
+
+class Callback(keras.callbacks.Callback):
+    """Wrap a Keras callback to choose where it runs and which logs it sees.
+
+    The callback object is returned itself, with its class swapped in place
+    for a subclass of its own class (so `isinstance` checks, and Keras' search
+    for a History or ProgbarLogger, still see what it is).
+
+    Callbacks passed to `tnt.Model.fit/evaluate/predict` are wrapped
+    automatically: ProgbarLogger, CSVLogger and TensorBoard run on the master
+    rank only (TensorBoard on every rank, each in `log_dir/rank_<r>`, when
+    TNT_TENSORBOARD_ON_ALL_DEVICES is true); every other callback runs on
+    every rank with global logs. ModelCheckpoint runs on every rank, so that
+    its decisions match, and `tnt.Model.save` writes on the master only.
+
+    Args:
+        callback: A `keras.callbacks.Callback` instance.
+        aggregate_logs: Boolean, default True. True: the callback sees the
+            global logs (every metric computed over all ranks' samples, equal
+            to serial training). False: it sees this rank's local metrics.
+        run_on_all_ranks: Boolean, default True. False: the callback runs on
+            the master rank only. Callbacks that decide (EarlyStopping,
+            ReduceLROnPlateau, LearningRateScheduler, TerminateOnNaN) must run
+            on every rank.
+
+    Example:
+
+    ```python
+    printer = keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: print(logs))
+    model.fit(ds, callbacks=[tnt.keras.callbacks.Callback(printer, run_on_all_ranks=False)])
+    ```
+    """
+
+    def __new__(cls, callback, aggregate_logs=True, run_on_all_ranks=True):
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError(
+                "tnt.keras.callbacks.Callback expects a keras.callbacks.Callback instance. "
+                f"Received: callback={callback!r} (of type {type(callback).__name__})")
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            raise ValueError(
+                "BackupAndRestore is not supported by Tarantella yet: use ModelCheckpoint, and "
+                "tnt.models.load_model to resume. Received: callback=BackupAndRestore")
+        if not run_on_all_ranks and isinstance(callback, _DECIDING):
+            raise ValueError(
+                f"{type(callback).__name__} must run on every rank: it changes training, so ranks "
+                f"running it differently would diverge. Received: run_on_all_ranks=False")
+        if isinstance(callback, Callback):
+            callback._tnt_aggregate_logs = bool(aggregate_logs)
+            callback._tnt_run_on_all_ranks = bool(run_on_all_ranks)
+            return callback
+        base = type(callback)
+        with _lock:
+            if base not in _classes:
+                _classes[base] = type(base.__name__, (Callback, base), {
+                    "__module__": base.__module__, "__qualname__": base.__qualname__})
+        callback.__class__ = _classes[base]
+        callback._tnt_aggregate_logs = bool(aggregate_logs)
+        callback._tnt_run_on_all_ranks = bool(run_on_all_ranks)
+        callback._tnt_local = {}
+        return callback
+
+    def __init__(self, *args, **kwargs):
+        # __new__ returned the (already initialized) user callback: nothing to do.
+        pass
+
+    @property
+    def aggregate_logs(self):
+        return self._tnt_aggregate_logs
+
+    @property
+    def run_on_all_ranks(self):
+        return self._tnt_run_on_all_ranks
+
+
+def _local_logs(callback, hook, logs):
+    """Replace global metric values in `logs` by this rank's."""
+    local_result = getattr(callback.model, "_tnt_local_metrics_result", None)
+    if local_result is None or logs is None:
+        return logs
+    state = callback._tnt_local
+    if hook in ("on_train_batch_end", "on_test_batch_end", "on_test_end"):
+        local = local_result()
+        state["val" if hook == "on_test_end" else "train"] = local
+        return {k: local.get(k, v) for k, v in logs.items()}
+    if hook == "on_epoch_end":
+        train, val = state.get("train", {}), state.get("val", {})
+        return {k: val.get(k[4:], v) if k.startswith("val_") else train.get(k, v)
+                for k, v in logs.items()}
+    return logs
+
+
+def _make_hook(hook):
+    def method(self, *args):
+        if not self._tnt_run_on_all_ranks and not core.is_master_rank():
+            return None
+        args = list(args)
+        if not self._tnt_aggregate_logs and hook.endswith("end"):
+            logs_at = 1 if "batch" in hook or hook == "on_epoch_end" else 0
+            if len(args) > logs_at:
+                args[logs_at] = _local_logs(self, hook, args[logs_at])
+        model = getattr(self, "_model", None)
+        master_only = not self._tnt_run_on_all_ranks and model is not None
+        if master_only:
+            # tnt.Model.save skips its barrier here: the other ranks are not saving.
+            previous = getattr(model, "_tnt_master_only", False)
+            model._tnt_master_only = True
+        try:
+            return getattr(super(Callback, self), hook)(*args)
+        finally:
+            if master_only:
+                model._tnt_master_only = previous
+
+    method.__name__ = hook
+    return method
+
+
+for _hook in _HOOKS:
+    setattr(Callback, _hook, _make_hook(_hook))

@@ -1,0 +1,77 @@
+"""tnt.models: Keras' model functions, returning tnt.Model objects.
+
+Files are written by `tnt.Model.save`: on the master rank only (every rank
+with `tnt_save_all_devices=True`), atomically. A `.keras` file saved from a
+tnt.Model records the wrapper (`tarantella>Model`) around the user's model;
+the optimizer inside is recorded as the plain Keras class. Loading needs
+`import tarantella` (which registers the wrapper); to write a file that plain
+Keras loads, save the wrapped model: `model.model.save(path)`.
+"""
+import keras
+
+from tarantella.common import collectives, core
+from tarantella.tensorflow import collective_ops
+from tarantella.tensorflow.model import Model
+
+
+def _wrap(model):
+    return model if isinstance(model, Model) else Model(model)
+
+
+def save_model(model, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
+    """Save a tnt.Model (or a plain keras.Model, on the master rank only)."""
+    if isinstance(model, Model):
+        return model.save(filepath, overwrite=overwrite, tnt_save_all_devices=tnt_save_all_devices,
+                          **kwargs)
+    return _wrap_plain_save(model, filepath, overwrite, tnt_save_all_devices, **kwargs)
+
+
+def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
+    from tarantella.tensorflow.atomic_save import atomic_save
+
+    if save_all_devices or core.is_master_rank():
+        atomic_save(filepath, lambda path: model.save(path, overwrite=overwrite, **kwargs))
+    if core.get_size() > 1:
+        collectives.barrier(name="tnt.save")
+
+
+def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # noqa: A002
+    """Load a model saved by `tnt.Model.save` or by plain Keras, as a tnt.Model.
+
+    Every rank reads the file (a shared filesystem is assumed); the weights are
+    then broadcast from the master rank. The model is compiled if it was saved
+    compiled and `compile=True`; its optimizer state is restored.
+    """
+    loaded = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile,
+                                     safe_mode=safe_mode)
+    if isinstance(loaded, Model):
+        model = loaded
+    else:
+        model = Model(loaded)
+        if compile and getattr(loaded, "compiled", False):
+            # a plain Keras file: carry its compile state over to the wrapper
+            model.compile(**keras.saving.deserialize_keras_object(loaded.get_compile_config()))
+            model.optimizer.build(model.trainable_variables)
+            for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables):
+                mine.assign(theirs)
+    collective_ops.broadcast_variables(model.model.weights, root_rank=core.get_master_rank())
+    model._tnt_synced = True
+    return model
+
+
+def model_from_config(config, custom_objects=None):
+    """A tnt.Model from a Keras model config (a tnt.Model's or a plain model's)."""
+    return _wrap(keras.saving.deserialize_keras_object(config, custom_objects=custom_objects))
+
+
+def model_from_json(json_string, custom_objects=None):
+    return _wrap(keras.models.model_from_json(json_string, custom_objects=custom_objects))
+
+
+def clone_model(model, **kwargs):
+    """A tnt.Model with the same structure and fresh weights (Keras semantics)."""
+    inner = model.model if isinstance(model, Model) else model
+    return Model(keras.models.clone_model(inner, **kwargs))
+
+
+__all__ = ["save_model", "load_model", "model_from_config", "model_from_json", "clone_model"]

@@ -1,0 +1,149 @@
+"""Training scenarios run once per rank count; results go to an .npz per rank.
+
+    python scenarios.py --out DIR --reference   # plain serial Keras, the reference
+    tntrun -n N -- python scenarios.py --out DIR  # tnt.Model on N ranks
+
+Every scenario uses the same data, seed and global batch in both modes, so the
+test (test_serial_equivalence.py) can compare weights, History, evaluate() and
+predict() key by key. One launch runs them all: TensorFlow costs seconds per
+process to import, and the test machine has two cores.
+"""
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+N_TRAIN, N_VAL = 103, 37  # with B=25: 4 full batches and a last batch of 3 (< 4 ranks)
+
+
+def data(n, shape, classes=10, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n,) + shape).astype("float32")
+    y = rng.integers(0, classes, size=n).astype("int32")
+    return x, y
+
+
+def mlp():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((20,))
+    h = keras.layers.Dense(32, activation="relu")(inputs)
+    h = keras.layers.Dense(16, activation="tanh")(h)
+    return keras.Model(inputs, keras.layers.Dense(10)(h))
+
+
+def cnn():
+    keras.utils.set_random_seed(2)
+    return keras.Sequential([
+        keras.Input((12, 12, 1)),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(10),
+    ])
+
+
+def compile_(model, optimizer):
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3)])
+
+
+def scenarios(size):
+    """name -> (model builder, optimizer, how to fit). `size` only matters for
+    the unbatched case, whose global batch is micro * ranks."""
+    xm, ym = data(N_TRAIN, (20,))
+    xmv, ymv = data(N_VAL, (20,), seed=1)
+    xc, yc = data(N_TRAIN, (12, 12, 1), seed=2)
+    xcv, ycv = data(N_VAL, (12, 12, 1), seed=3)
+    sgd = lambda: keras.optimizers.SGD(0.05, momentum=0.9)  # noqa: E731
+    return {
+        # global batch 25: not divisible by 2, 3 or 4; last batch 3 leaves rank 3 of 4 empty
+        "mlp_dataset": dict(build=mlp, opt=sgd, B=25, kind="dataset", x=xm, y=ym, val=(xmv, ymv)),
+        "cnn_dataset": dict(build=cnn, opt=sgd, B=25, kind="dataset", x=xc, y=yc, val=(xcv, ycv)),
+        "mlp_numpy": dict(build=mlp, opt=lambda: keras.optimizers.Adam(1e-2), B=25, kind="numpy",
+                          x=xm, y=ym, val=(xmv, ymv)),
+        # an unseeded shuffle: tnt seeds it (42); the reference uses seed=42 explicitly
+        "mlp_shuffled": dict(build=mlp, opt=sgd, B=16, kind="shuffled", x=xm, y=ym, val=None),
+        "mlp_unbatched": dict(build=mlp, opt=sgd, B=7 * size, micro=7, kind="unbatched", x=xm,
+                              y=ym, val=None),
+    }
+
+
+def run(name, s, reference, out):
+    import tarantella as tnt
+
+    model = s["build"]()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model, s["opt"]())
+    B, x, y, kw = s["B"], s["x"], s["y"], {}
+    val = s["val"]
+    if s["kind"] == "numpy":
+        fit_x, fit_y = x, y
+        kw = dict(batch_size=B, shuffle=False)
+        val_data = val
+        eval_args = dict(x=val[0], y=val[1], batch_size=B)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        if s["kind"] == "shuffled":
+            tf.random.set_seed(None)  # no global seed: an unseeded shuffle is random per process
+            ds = ds.shuffle(50, seed=42 if reference else None)
+        if s["kind"] == "unbatched" and not reference:
+            kw = dict(tnt_micro_batch_size=s["micro"])
+        else:
+            ds = ds.batch(B)
+        fit_x, fit_y = ds, None
+        val_data = tf.data.Dataset.from_tensor_slices(val).batch(B) if val else None
+        eval_args = dict(x=val_data) if val else dict(x=tf.data.Dataset.from_tensor_slices(
+            (x, y)).batch(B))
+    history = model.fit(fit_x, fit_y, epochs=2, verbose=0, validation_data=val_data, **kw)
+    results = model.evaluate(**eval_args, verbose=0, return_dict=True)
+    pred_x = eval_args["x"]
+    predictions = model.predict(pred_x, batch_size=B if s["kind"] == "numpy" else None, verbose=0)
+    arrays = {f"{name}/w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+    arrays[f"{name}/predict"] = predictions
+    return arrays, {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+                    "evaluate": {k: float(v) for k, v in results.items()}}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--reference", action="store_true")
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    rank, size = 0, 1
+    if not args.reference:
+        import tarantella as tnt
+
+        rank, size = tnt.get_rank(), tnt.get_size()
+    arrays, logs = {}, {}
+    for name, s in scenarios(size).items():
+        if args.only and name not in args.only.split(","):
+            continue
+        if args.reference and s["kind"] == "unbatched":
+            for n in (1, 2, 3, 4):  # one reference per rank count: the global batch is 7n
+                s2 = dict(s, B=7 * n)
+                a, l = run(name, s2, True, args.out)
+                arrays.update({k.replace(name, f"{name}@{n}"): v for k, v in a.items()})
+                logs[f"{name}@{n}"] = l
+            continue
+        a, l = run(name, s, args.reference, args.out)
+        if s["kind"] == "unbatched":
+            a = {k.replace(name, f"{name}@{size}"): v for k, v in a.items()}
+            name = f"{name}@{size}"
+        arrays.update(a)
+        logs[name] = l
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **arrays)
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"size": size, "logs": logs}, f)
+
+
+if __name__ == "__main__":
+    main()

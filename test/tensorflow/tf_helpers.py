@@ -1,0 +1,40 @@
+"""Helpers of the TensorFlow frontend tests: run a script on N real ranks
+through `tntrun`, or serially with plain `python`, with a clean environment."""
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TNT_", "SLURM_", "OMPI_", "PMI_", "PMIX_"))}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_serial(script, *args, env=None, timeout=300):
+    """`python script args` (no launcher: rank 0 of 1)."""
+    result = subprocess.run([sys.executable, os.path.join(HERE, script), *map(str, args)],
+                            env=clean_env(**(env or {})), capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def run_ranks(n, script, *args, env=None, timeout=400, runner_args=(), check=True):
+    """`tntrun -n N -- script args`; the CompletedProcess."""
+    exe = shutil.which("tntrun")
+    assert exe, "tntrun is not installed: pip install -e . --no-build-isolation"
+    cmd = [exe, "-n", str(n), "--no-gpu", *runner_args, "--", sys.executable,
+           os.path.join(HERE, script), *map(str, args)]
+    result = subprocess.run(cmd, env=clean_env(**(env or {})), capture_output=True, text=True,
+                            timeout=timeout)
+    if check:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
