@@ -23,6 +23,8 @@
 #include "dtype.h"
 #include "negotiate.h"
 
+#define LIVENESS_S 0.2 /* how often a thread with pending requests checks its peers */
+
 tnt_result_t tnt_engine_setup(tnt_ctx_t *c) { return tnt_negotiate_setup(c); }
 
 void tnt_engine_teardown(tnt_ctx_t *c) {
@@ -294,8 +296,12 @@ void *tnt_engine_main(void *arg) {
     if (tnt_negotiate_has_news(c)) {
       c->transport->ring_doorbell(c->ts, c->cycles + 1);
     } else if (!c->transport->cycle_wanted(c->ts, c->cycles)) {
-      /* nobody has news: sleep until a local request, a peer's cycle, or the next stall check */
-      c->transport->wait_doorbell(c->ts, c->cycles, tnt_now() + (c->npending ? c->params.timeout_s / 4 : 5.0));
+      /* nobody has news: sleep until a local request or a peer's cycle. With
+       * requests pending, wake every LIVENESS_S to see whether the peers we wait
+       * for are still there (a sleeping peer costs nothing; a dead one must not
+       * leave us waiting for TNT_TIMEOUT_S). */
+      c->transport->wait_doorbell(c->ts, c->cycles, tnt_now() + (c->npending ? LIVENESS_S : 5.0));
+      if (c->npending && (res = c->transport->check_peers(c->ts)) != TNT_SUCCESS) go_fatal(c, res);
       continue;
     }
     tnt_response_t *resp = NULL;

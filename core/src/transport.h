@@ -50,6 +50,9 @@ struct tnt_transport {
   int (*cycle_wanted)(void *state, uint64_t done);
   /* Sleep until a cycle > done is wanted, or wake_local was called, or `deadline`. */
   void (*wait_doorbell)(void *state, uint64_t done, double deadline);
+  /* TNT_SUCCESS while every peer is alive; else PEER_LOST naming the lost one.
+   * Called by the engine while it sleeps with requests pending. */
+  tnt_result_t (*check_peers)(void *state);
   /* Wake this rank's own sleeping background thread (a local request arrived). */
   void (*wake_local)(void *state);
   /* Mark this rank failed (peers fail fast with `reason`), or cleanly gone. */

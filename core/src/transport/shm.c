@@ -360,6 +360,10 @@ static int shm_cycle_wanted(void *st, uint64_t done) {
   return atomic_load(&s->hdr->cycle_wanted) > done;
 }
 
+static tnt_result_t shm_check_peers(void *st) {
+  return check_peers((shm_t *)st, "waiting for the other ranks to submit the same collectives");
+}
+
 static void shm_wake_local(void *st) {
   shm_t *s = st;
   bump(&s->ranks[s->pl.rank]->bell);
@@ -392,6 +396,7 @@ const tnt_transport_t tnt_transport_shm = {
     .ring_doorbell = shm_ring_doorbell,
     .cycle_wanted = shm_cycle_wanted,
     .wait_doorbell = shm_wait_doorbell,
+    .check_peers = shm_check_peers,
     .wake_local = shm_wake_local,
     .abort = shm_abort,
     .finalize = shm_finalize,

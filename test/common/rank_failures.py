@@ -1,0 +1,53 @@
+"""Run inside every rank (started by hand, see test_failures.py). MODE says
+which rank misbehaves and how; every other rank reports, as one JSON line on
+stdout, which error it got, the rank the error names, and how long it took."""
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import tarantella as tnt
+
+mode = sys.argv[1]
+rank, size = tnt.get_rank(), tnt.get_size()
+victim = size - 1
+x = np.ones(4 << 20, np.float32)  # 16 MB: a rank dies in the middle of moving it
+
+
+def report(exc, since):
+    print(json.dumps({"rank": rank, "error": type(exc).__name__, "peer": getattr(exc, "rank", None),
+                      "message": str(exc), "seconds": time.monotonic() - since}), flush=True)
+
+
+tnt.allreduce(x, name="warm-up")
+start = time.monotonic()
+try:
+    for i in range(10_000):
+        if rank == victim and i == 3:
+            if mode == "kill":
+                h = tnt.allreduce_async(x, name=f"step{i}")
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif mode == "stop":
+                h = tnt.allreduce_async(x, name=f"step{i}")
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif mode == "exception":
+                raise ValueError("a bug in the user's script")
+            elif mode == "stall":
+                # late beyond the bound: rank 0 gives up on "step3" and aborts, and
+                # our own submission then fails at once
+                time.sleep(float(os.environ["TNT_TIMEOUT_S"]) + 2)
+        start = time.monotonic()
+        tnt.allreduce(x, name=f"step{i}")
+    print(json.dumps({"rank": rank, "error": None}), flush=True)
+except tnt.TarantellaError as exc:
+    report(exc, start)
+    # later operations fail at once with the same cause
+    t = time.monotonic()
+    try:
+        tnt.allreduce(x, name="after")
+    except tnt.TarantellaError as exc2:
+        print(json.dumps({"rank": rank, "later": type(exc2).__name__, "seconds": time.monotonic() - t}), flush=True)
+    sys.exit(3)

@@ -1,0 +1,88 @@
+"""A lost rank never leaves the others hanging: they raise within the bound,
+with an error that names the lost rank; tntrun names the failed rank and exits
+non-zero; nothing is left in /dev/shm."""
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from core_helpers import shm_objects, spawn_ranks, tntrun
+
+TIMEOUT_S = 6
+
+
+def collect(procs, skip, timeout=60):
+    reports = {}
+    for r, p in enumerate(procs):
+        if r == skip:
+            continue
+        out, err = p.communicate(timeout=timeout)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        reports[r] = (p.returncode, lines, err)
+    return reports
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_killed_rank_makes_every_other_rank_raise_naming_it(n):
+    job, procs = spawn_ranks(n, "rank_failures.py", "kill", env={"TNT_TIMEOUT_S": TIMEOUT_S})
+    victim = n - 1
+    reports = collect(procs, skip=victim)
+    procs[victim].wait(timeout=30)
+    assert procs[victim].returncode == -signal.SIGKILL
+    for r, (code, lines, err) in reports.items():
+        assert code == 3, err[-2000:]
+        first, later = lines
+        assert first["error"] == "PeerLostError", first
+        assert first["peer"] == victim and f"rank {victim}" in first["message"], first
+        # a dead process is detected directly: far faster than the timeout
+        assert first["seconds"] < TIMEOUT_S, first
+        assert later["later"] == "PeerLostError" and later["seconds"] < 1.0, later
+    assert shm_objects(job) == []
+
+
+def test_uncaught_exception_in_one_rank_fails_the_others_fast():
+    job, procs = spawn_ranks(3, "rank_failures.py", "exception", env={"TNT_TIMEOUT_S": 60})
+    reports = collect(procs, skip=2)
+    procs[2].wait(timeout=30)
+    assert procs[2].returncode == 1 and "a bug in the user's script" in procs[2].stderr.read()
+    for r, (code, lines, err) in reports.items():
+        first = lines[0]
+        assert first["error"] == "PeerLostError" and first["peer"] == 2, first
+        assert "ValueError: a bug in the user's script" in first["message"], first
+        assert first["seconds"] < 10, first  # well inside TNT_TIMEOUT_S=60
+    assert shm_objects(job) == []
+
+
+def test_hung_rank_times_out_on_every_other_rank():
+    job, procs = spawn_ranks(2, "rank_failures.py", "stop", env={"TNT_TIMEOUT_S": TIMEOUT_S})
+    try:
+        reports = collect(procs, skip=1, timeout=TIMEOUT_S * 5)
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+    code, lines, err = reports[0]
+    assert lines[0]["error"] == "TimeoutError", lines
+    assert TIMEOUT_S * 0.5 <= lines[0]["seconds"] <= TIMEOUT_S * 2, lines
+    assert shm_objects(job) == []
+
+
+def test_rank_that_never_submits_is_named_after_the_timeout():
+    job, procs = spawn_ranks(2, "rank_failures.py", "stall", env={"TNT_TIMEOUT_S": 3})
+    reports = collect(procs, skip=None, timeout=60)
+    first0 = reports[0][1][0]
+    assert first0["error"] == "TimeoutError", first0
+    assert "'step3'" in first0["message"] and "ranks [1] never submitted it" in first0["message"], first0
+    # the silent rank learns it from rank 0's abort as soon as it submits
+    first1 = reports[1][1][0]
+    assert first1["error"] == "PeerLostError" and first1["peer"] == 0, first1
+
+
+def test_tntrun_names_the_killed_rank_and_exits_non_zero(tmp_path):
+    start = time.monotonic()
+    res = tntrun(3, "rank_failures.py", "kill", env={"TNT_TIMEOUT_S": 30}, timeout=120)
+    assert res.returncode != 0
+    text = res.stdout + res.stderr
+    assert "rank:  2" in text or "rank 2" in text, text[-3000:]
+    assert time.monotonic() - start < 60
