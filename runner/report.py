@@ -52,15 +52,15 @@ def _entry(res):
     who = (f"{spec.rank} (local_rank {spec.local_rank})" if spec.rank is not None
            else spec.label)
     lines = [
-        f"  {'process' if spec.rank is None else 'rank'}:  {who}",
-        f"  host:  {spec.host or '?'}",
-        f"  pid:   {res.pid}",
-        f"  exit:  {describe_exit(res.returncode)}",
-        f"  time:  {_when(res.ended_at)}",
+        f"  {'process:' if spec.rank is None else 'rank:':<9}{who}",
+        f"  {'host:':<9}{spec.host or '?'}",
+        f"  {'pid:':<9}{res.pid}",
+        f"  {'exit:':<9}{describe_exit(res.returncode)}",
+        f"  {'time:':<9}{_when(res.ended_at)}",
     ]
     record = read_error_file(spec.error_file)
     if record and record.get("message"):
-        lines.append(f"  error: {record['message']}")
+        lines.append(f"  {'error:':<9}{record['message']}")
     tail = tail_lines(res.stderr_tail)
     if tail:
         lines.append(f"  stderr (last {len(tail)} lines):")

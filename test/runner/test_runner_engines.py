@@ -134,3 +134,33 @@ def test_engine_failure_is_reported(tmp_path):
 ])
 def test_rank_wrapper_reads_engine_placement(environ, expected):
     assert rank_wrapper.placement(environ, per_node=4, size=8) == expected
+
+
+def _real_openmpi():
+    import shutil
+    import subprocess
+
+    mpirun = shutil.which("mpirun")
+    if not mpirun or not shutil.which("tntrun"):  # the rank wrapper needs the installed package
+        return False
+    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True)
+    return "Open MPI" in out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not _real_openmpi(), reason="needs Open MPI's mpirun and an installed tntrun")
+def test_real_openmpi_on_localhost(script):
+    # root in containers: Open MPI refuses to run as root without these
+    env = runner_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                     OMPI_MCA_plm_rsh_agent="false")
+    path = script("""
+        print("rank", os.environ["TNT_RANK"], os.environ["TNT_SIZE"], os.environ["TNT_LOCAL_RANK"],
+              os.environ.get("A"), flush=True)
+        if os.environ["TNT_RANK"] == "1" and "fail" in sys.argv:
+            sys.exit(3)
+    """)
+    res = run_tntrun(["-H", "localhost:2", "--transport", "mpi", "-x", "A=5", "--", path], env=env,
+                     timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["rank 0 2 0 5"]  # rank 1's stdout hidden by the wrapper
+    res = run_tntrun(["-H", "localhost:2", "--transport", "mpi", "--", path, "fail"], env=env, timeout=60)
+    assert res.returncode == 3 and "FAILED" in res.stderr

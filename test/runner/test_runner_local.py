@@ -69,7 +69,7 @@ def test_error_file_message_in_the_report(script):
     """)
     res = run_tntrun(["-n", "2", "--", path], timeout=30)
     assert res.returncode == 1
-    assert "error: ValueError: the root cause" in res.stderr
+    assert "error:   ValueError: the root cause" in res.stderr
     assert "Stopped by tntrun after the failure: 1" in res.stderr
 
 
