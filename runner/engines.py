@@ -12,7 +12,6 @@ per-host choices (GPU, pinning, output) on the host where the rank runs.
 - GPI-2: gaspi_run -n T -m MACHINEFILE SCRIPT (gaspi_run forwards no environment, so SCRIPT
   exports it, as the original tarantella command did)
 """
-import os
 import shlex
 import shutil
 import subprocess

@@ -8,7 +8,7 @@ import sys
 from tarantella.runner import command as cmd
 from tarantella.runner import engines, environment, gpus, hostfile, local, shm
 from tarantella.runner.environment import UsageError
-from tarantella.runner.supervise import ProcSpec, Supervisor
+from tarantella.runner.supervise import ProcSpec
 
 
 def _per_node(args):

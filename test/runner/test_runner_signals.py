@@ -1,6 +1,5 @@
 """Ctrl+C / SIGTERM to tntrun, and --cleanup after tntrun itself was SIGKILLed."""
 import glob
-import os
 import re
 import signal
 import time
