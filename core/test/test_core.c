@@ -1,0 +1,86 @@
+/* test_core.c - the C core without Python: API misuse, a size-1 job, and the
+ * float16/bfloat16 arithmetic of the reduction kernels. Built and run by
+ * test/common/test_c_core.py (or `make -C core test`). Prints "N passed, N failed". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "tarantella.h"
+
+static int passed, failed;
+#define EXPECT(cond)                                                   \
+  do {                                                                 \
+    if (cond) passed++;                                                \
+    else {                                                             \
+      failed++;                                                        \
+      fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                  \
+  } while (0)
+
+static uint16_t f16_bits(float f) {
+  uint16_t out;
+  tnt_scale(TNT_FLOAT16, &out, &(uint16_t){0x3c00} /* 1.0 */, f, 1);
+  return out;
+}
+
+static void test_half_precision(void) {
+  /* 1.0 * f rounds f to the nearest float16 */
+  EXPECT(f16_bits(1.0f) == 0x3c00);
+  EXPECT(f16_bits(-2.0f) == 0xc000);
+  EXPECT(f16_bits(65504.0f) == 0x7bff);       /* largest finite */
+  EXPECT(f16_bits(70000.0f) == 0x7c00);       /* overflow -> inf */
+  EXPECT(f16_bits(5.9604645e-8f) == 0x0001);  /* smallest subnormal */
+  EXPECT(f16_bits(1.0009765625f) == 0x3c01);  /* 1 + 2^-10 */
+  EXPECT(f16_bits(1.00048828125f) == 0x3c00); /* halfway, ties to even */
+  uint16_t a[3] = {0x3c00, 0x4000, 0x0001}, b[3] = {0x3c00, 0xc000, 0x0001}, d[3];
+  tnt_reduce_sum(TNT_FLOAT16, d, a, b, 3); /* 1+1, 2-2, tiny+tiny */
+  EXPECT(d[0] == 0x4000 && d[1] == 0x0000 && d[2] == 0x0002);
+  uint16_t x[2] = {0x3f80, 0x4000}, y[2] = {0x3f80, 0x3f80}, z[2]; /* bfloat16 1, 2 */
+  tnt_reduce_sum(TNT_BFLOAT16, z, x, y, 2);
+  EXPECT(z[0] == 0x4000 && z[1] == 0x4040); /* 2, 3 */
+  int32_t i[2] = {-7, 7}, o[2];
+  tnt_divide(TNT_INT32, o, i, 2, 2); /* floor division, like NumPy's // */
+  EXPECT(o[0] == -4 && o[1] == 3);
+}
+
+static void test_misuse_before_init(void) {
+  float buf[4] = {0};
+  tnt_handle_t h;
+  EXPECT(tnt_allreduce_async("x", buf, buf, 4, TNT_FLOAT32, TNT_SUM, 1.0, &h) == TNT_ERR_INVALID_USAGE);
+  EXPECT(strstr(tnt_last_error(), "not initialized") != NULL);
+  EXPECT(tnt_wait(0, 1.0) == TNT_ERR_INVALID_USAGE);
+  EXPECT(tnt_rank() == -1 && tnt_initialized() == 0);
+}
+
+static void test_serial_job(void) {
+  EXPECT(tnt_init() == TNT_SUCCESS);
+  EXPECT(tnt_rank() == 0 && tnt_size() == 1 && !strcmp(tnt_transport_name(), "self"));
+  double in[3] = {1, 2, 3}, out[3];
+  tnt_handle_t h;
+  EXPECT(tnt_allreduce_async("w", in, out, 3, TNT_FLOAT64, TNT_AVERAGE, 0.5, &h) == TNT_SUCCESS);
+  EXPECT(tnt_wait(h, -1) == TNT_SUCCESS && out[2] == 1.5);
+  EXPECT(tnt_release(h) == TNT_SUCCESS);
+  EXPECT(tnt_release(h) == TNT_ERR_INVALID_ARGUMENT); /* released twice */
+  EXPECT(tnt_wait(h, 0) == TNT_ERR_INVALID_ARGUMENT);
+  EXPECT(tnt_allreduce_async("bad", in, out, 3, (tnt_dtype_t)42, TNT_SUM, 1.0, &h) == TNT_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(tnt_last_error(), "unsupported dtype") != NULL);
+  EXPECT(tnt_broadcast_async("b", in, out, 3, TNT_FLOAT64, 1, &h) == TNT_ERR_INVALID_ARGUMENT);
+  int64_t rows[4] = {1, 2, 3, 4}, count = 0;
+  EXPECT(tnt_allgather_async("g", rows, 4, 2, TNT_INT64, &h) == TNT_SUCCESS);
+  EXPECT(tnt_wait(h, -1) == TNT_SUCCESS && tnt_result_count(h, &count) == TNT_SUCCESS && count == 4);
+  EXPECT(tnt_release(h) == TNT_SUCCESS);
+  EXPECT(tnt_allgather_async("g2", rows, 3, 2, TNT_INT64, &h) == TNT_ERR_INVALID_ARGUMENT); /* 3 is not rows of 2 */
+  EXPECT(tnt_finalize() == TNT_SUCCESS);
+  EXPECT(tnt_allreduce_async("x", in, out, 3, TNT_FLOAT64, TNT_SUM, 1.0, &h) == TNT_ERR_INVALID_USAGE);
+  EXPECT(strstr(tnt_last_error(), "finalized") != NULL);
+}
+
+int main(void) {
+  test_half_precision();
+  test_misuse_before_init();
+  test_serial_job();
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,114 @@
+"""Bad input gets a clear error that says what was wrong and what to do.
+
+Each check runs in a fresh interpreter (the core's state is per process)."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from core_helpers import clean_env
+
+
+def run(code, **env):
+    prog = "import numpy as np\nimport tarantella as tnt\n" + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", prog], env=clean_env(**env), capture_output=True, text=True,
+                          timeout=60)
+
+
+def raises(code, exc, words, **env):
+    res = run(f"""
+        try:
+{textwrap.indent(textwrap.dedent(code), "            ")}
+            print("NO ERROR")
+        except tnt.{exc} as e:
+            print("MESSAGE:", e)
+        """, **env)
+    assert "MESSAGE:" in res.stdout, res.stdout + res.stderr
+    for w in words:
+        assert w in res.stdout, (w, res.stdout)
+
+
+@pytest.mark.parametrize("dtype", ["np.complex64", "np.bool_", "np.uint8", "np.int16", "object"])
+def test_unsupported_dtype(dtype):
+    raises(f"tnt.allreduce(np.zeros(3, dtype={dtype}))", "InvalidArgumentError",
+           ["is not supported", "float32", "astype"])
+
+
+def test_non_contiguous_array():
+    raises("tnt.allreduce(np.zeros((4, 4), np.float32)[:, 1])", "InvalidArgumentError",
+           ["C-contiguous", "np.ascontiguousarray"])
+
+
+@pytest.mark.parametrize("root", ["1", "-1", "'0'"])
+def test_wrong_root(root):
+    raises(f"tnt.broadcast(np.zeros(3, np.float32), root={root})", "InvalidArgumentError",
+           ["root must be a rank between 0 and 0", f"root={root}"])
+
+
+def test_bad_op_and_name():
+    raises("tnt.allreduce(np.zeros(3, np.float32), op='max')", "InvalidArgumentError", ['"sum" or "average"'])
+    raises("tnt.allreduce(np.zeros(3, np.float32), name='x' * 300)", "InvalidArgumentError", ["at most 255 bytes"])
+
+
+def test_calls_after_shutdown():
+    raises("tnt.init(); tnt.shutdown(); tnt.allreduce(np.zeros(3, np.float32))", "InvalidUsageError",
+           ["shut down", "tnt.init()"])
+    raises("tnt.init(); tnt.shutdown(); tnt.get_rank()", "InvalidUsageError", ["shut down"])
+
+
+def test_init_again_after_shutdown_works():
+    res = run("tnt.init(); tnt.shutdown(); tnt.init(); print(tnt.allreduce(np.ones(2, np.int32)).tolist())")
+    assert "[1, 1]" in res.stdout, res.stderr
+
+
+def test_core_calls_before_init():
+    # the C API itself refuses; the Python API initializes on first use instead
+    raises("""
+        from tarantella.common import core
+        lib, ffi = core.lib(), core.ffi()
+        h = ffi.new("tnt_handle_t *")
+        buf = np.zeros(3, np.float32)
+        core.check(lib.tnt_allreduce_async(b"x", ffi.from_buffer(buf), ffi.from_buffer(buf), 3, 2, 0, 1.0, h))
+        """, "InvalidUsageError", ["not initialized", "tnt_init"])
+
+
+def test_python_api_initializes_on_first_use():
+    res = run("print(tnt.is_initialized()); tnt.get_size(); print(tnt.is_initialized())")
+    assert res.stdout.split() == ["False", "True"], res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("TNT_TIMEOUT_S", "soon", ["TNT_TIMEOUT_S must be a number", "TNT_TIMEOUT_S=soon"]),
+    ("TNT_FUSION_THRESHOLD_KB", "-5", ["TNT_FUSION_THRESHOLD_KB must be a number between 0"]),
+    ("TNT_TRANSPORT", "carrier-pigeon", ["TNT_TRANSPORT must be one of auto, shm, mpi, gpi2"]),
+])
+def test_bad_environment_values(var, value, words):
+    raises("tnt.init()", "InvalidArgumentError", words, **{var: value})
+
+
+def test_bad_placement():
+    raises("tnt.init()", "InvalidArgumentError", ["TNT_RANK=5", "0 <= rank < size"], TNT_RANK=5, TNT_SIZE=2)
+    raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID is unset", "tntrun"], TNT_RANK=0, TNT_SIZE=2)
+
+
+def test_transport_not_available_yet():
+    raises("tnt.init()", "InvalidArgumentError", ["transport mpi is not available"],
+           TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID="x", TNT_TRANSPORT="mpi")
+
+
+def test_plain_python_is_rank_0_of_1():
+    res = run("""
+        print(tnt.get_rank(), tnt.get_size(), tnt.get_local_rank(), tnt.get_master_rank(), tnt.is_master_rank())
+        x = np.arange(6, dtype=np.float64).reshape(2, 3)
+        assert (tnt.allreduce(x, op="average") == x).all() and (tnt.broadcast(x) == x).all()
+        assert (tnt.allgather(x) == x).all(); tnt.barrier(); print("local ok")
+        """)
+    assert res.stdout.split("\n")[:2] == ["0 1 0 0 True", "local ok"], res.stdout + res.stderr
+
+
+def test_import_is_cheap():
+    res = subprocess.run([sys.executable, "-c", "import sys, tarantella; "
+                          "print('tensorflow' in sys.modules, 'tarantella._core' in sys.modules)"],
+                         env=clean_env(), capture_output=True, text=True)
+    assert res.stdout.split() == ["False", "False"], res.stdout + res.stderr

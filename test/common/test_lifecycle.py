@@ -1,0 +1,61 @@
+"""The job's lifecycle seen from outside: Ctrl+C leaves no process and nothing
+in /dev/shm; TNT_TIMELINE writes one valid Chrome trace per rank."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from core_helpers import HERE, clean_env, shm_objects, tntrun
+
+
+def test_ctrl_c_leaves_no_process_and_no_shared_memory():
+    import shutil
+
+    proc = subprocess.Popen([shutil.which("tntrun"), "-n", "4", "--no-gpu", "--output-on-all-devices", "--",
+                             os.path.join(HERE, "rank_loop.py")], env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    ready = []
+    while len(ready) < 4:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        if "READY" in line:
+            ready.append(line.split("READY", 1)[1].split())
+    pids = [int(p) for _, p, _ in ready]
+    job = ready[0][2]
+    time.sleep(1.0)  # well inside the allreduce loop
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert time.monotonic() - start < 15
+    assert proc.returncode != 0
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    assert shm_objects(job) == []
+
+
+def test_timeline_has_one_trace_per_rank(tmp_path):
+    script = tmp_path / "timeline_rank.py"
+    script.write_text(
+        "import numpy as np, tarantella as tnt\n"
+        "for step in range(3):\n"
+        "    hs = [tnt.allreduce_async(np.ones(100 * (i + 1), np.float32), name=f'grad{i}') for i in range(5)]\n"
+        "    [h.wait() for h in hs]\n"
+        "tnt.broadcast(np.ones(10, np.float32), name='weights')\n")
+    trace = tmp_path / "trace.json"
+    res = subprocess.run([sys.executable, "-c", "import sys; from tarantella.runner.cli import main; sys.exit(main())",
+                          "-n", "2", "--no-gpu", "--timeline", str(trace), "--", str(script)],
+                         env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for r in range(2):
+        events = json.load(open(tmp_path / f"trace.rank{r}.json"))
+        rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+        assert {f"grad{i}" for i in range(5)} | {"weights"} <= rows
+        phases = {e["name"] for e in events if e.get("ph") == "X"}
+        assert {"NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER", "BROADCAST"} <= phases
+        fused = [e for e in events if e.get("name") == "ALLREDUCE" and "fused" in e.get("args", {}).get("detail", "")]
+        assert fused, "the five small gradients should have been fused"
+        assert all(e["dur"] >= 0 for e in events if e.get("ph") == "X")
