@@ -393,6 +393,9 @@ class Model(keras.Model):
 
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
         """Load weights on every rank, then broadcast the master's (collective)."""
+        optimizer = getattr(self, "optimizer", None)
+        if self.built and optimizer is not None and not optimizer.built:
+            optimizer.build(self.trainable_variables)  # so that its saved state loads too
         super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
         self._tnt_synced = True

@@ -99,7 +99,7 @@ def _local_logs(callback, hook, logs):
     state = callback._tnt_local
     if hook in ("on_train_batch_end", "on_test_batch_end", "on_test_end"):
         local = local_result()
-        state["val" if hook == "on_test_end" else "train"] = local
+        state["train" if hook == "on_train_batch_end" else "val"] = local
         return {k: local.get(k, v) for k, v in logs.items()}
     if hook == "on_epoch_end":
         train, val = state.get("train", {}), state.get("val", {})
@@ -109,14 +109,17 @@ def _local_logs(callback, hook, logs):
 
 
 def _make_hook(hook):
-    def method(self, *args):
+    takes_step = "batch" in hook or "epoch" in hook  # (batch or epoch, logs) vs (logs)
+
+    def method(self, *args, **kwargs):
         if not self._tnt_run_on_all_ranks and not core.is_master_rank():
             return None
         args = list(args)
         if not self._tnt_aggregate_logs and hook.endswith("end"):
-            logs_at = 1 if "batch" in hook or hook == "on_epoch_end" else 0
-            if len(args) > logs_at:
-                args[logs_at] = _local_logs(self, hook, args[logs_at])
+            if "logs" in kwargs:
+                kwargs["logs"] = _local_logs(self, hook, kwargs["logs"])
+            elif len(args) > int(takes_step):
+                args[int(takes_step)] = _local_logs(self, hook, args[int(takes_step)])
         model = getattr(self, "_model", None)
         master_only = not self._tnt_run_on_all_ranks and model is not None
         if master_only:
@@ -124,7 +127,7 @@ def _make_hook(hook):
             previous = getattr(model, "_tnt_master_only", False)
             model._tnt_master_only = True
         try:
-            return getattr(super(Callback, self), hook)(*args)
+            return getattr(super(Callback, self), hook)(*args, **kwargs)
         finally:
             if master_only:
                 model._tnt_master_only = previous

@@ -1,0 +1,231 @@
+"""Callbacks, save/load, custom loops and warnings, checked on real ranks in one launch.
+
+    python features.py --out DIR --reference       # plain Keras, for the parts compared with serial
+    tntrun -n 2 -- python features.py --out DIR    # tnt on every rank
+
+Each rank writes DIR/rank<r>.json (results), its stdout to DIR/stdout<r>.txt and
+the files a check saves under DIR/files; test_features.py asserts on them.
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+B, N = 20, 90
+
+
+def data(n=N, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, 8)).astype("float32"), rng.integers(0, 3, size=n).astype("int32"))
+
+
+def build(batch_norm=False):
+    keras.utils.set_random_seed(3)
+    layers = [keras.Input((8,)), keras.layers.Dense(16, activation="relu")]
+    if batch_norm:
+        layers.append(keras.layers.BatchNormalization())
+    layers.append(keras.layers.Dense(3))
+    return keras.Sequential(layers)
+
+
+def compile_(model, lr=0.1):
+    model.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+
+
+def datasets():
+    x, y = data()
+    xv, yv = data(33, seed=1)
+    return (tf.data.Dataset.from_tensor_slices((x, y)).batch(B),
+            tf.data.Dataset.from_tensor_slices((xv, yv)).batch(B))
+
+
+def weights(model):
+    return [np.asarray(w).tolist() for w in model.get_weights()]
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs, self.batches = [], 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append({k: float(v) for k, v in (logs or {}).items()})
+
+
+def check_callbacks(tnt, files, reference):
+    """Deciding callbacks decide as in serial training; writing ones write on the master."""
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model, lr=0.5)
+    train, val = datasets()
+    rank = tnt.get_rank() if tnt else 0
+    csv = keras.callbacks.CSVLogger(os.path.join(files, "log.csv"))
+    ckpt = keras.callbacks.ModelCheckpoint(os.path.join(files, "ckpt.keras"), monitor="val_loss")
+    everywhere, master_only, local = Recorder(), Recorder(), Recorder()
+    callbacks = [
+        keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.02),
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=0.05),
+        keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.9),
+        keras.callbacks.TerminateOnNaN(), csv, ckpt, everywhere,
+    ]
+    if not reference:
+        callbacks += [tnt.keras.callbacks.Callback(master_only, run_on_all_ranks=False),
+                      tnt.keras.callbacks.Callback(local, aggregate_logs=False)]
+    history = model.fit(train, validation_data=val, epochs=8, verbose=2, callbacks=callbacks)
+    result = {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+              "epochs_run": len(history.epoch), "everywhere": everywhere.epochs,
+              "csv_opened": getattr(csv, "csv_file", None) is not None,
+              "weights": weights(model)}
+    if not reference:
+        result.update(master_only_batches=master_only.batches, local_epochs=local.epochs,
+                      csv_is_wrapped=isinstance(csv, tnt.keras.callbacks.Callback),
+                      is_early_stopping=isinstance(callbacks[0], keras.callbacks.EarlyStopping))
+    return result
+
+
+def check_save_load(tnt, files):
+    rank = tnt.get_rank()
+    model = tnt.Model(build())
+    out = {}
+    model.save(os.path.join(files, "uncompiled.keras"))
+    compile_(model)
+    train, _ = datasets()
+    model.fit(train, epochs=1, verbose=0)
+    path = os.path.join(files, "model.keras")
+    model.save(path)
+    # master only by default: a rank-specific name shows who wrote
+    model.save(os.path.join(files, f"by_rank{rank}.keras"))
+    model.save(os.path.join(files, f"all_rank{rank}.keras"), tnt_save_all_devices=True)
+    loaded = tnt.models.load_model(path)
+    out["loaded_is_tnt"] = isinstance(loaded, tnt.Model)
+    out["loaded_optimizer"] = type(loaded.optimizer).__name__
+    out["same_weights"] = all(np.array_equal(a, b) for a, b in zip(model.get_weights(),
+                                                                    loaded.get_weights()))
+    out["same_iterations"] = int(loaded.optimizer.iterations) == int(model.optimizer.iterations)
+    model.fit(train, epochs=1, verbose=0)
+    loaded.fit(train, epochs=1, verbose=0)
+    out["resumed_max_diff"] = max(float(np.max(np.abs(a - b))) for a, b in
+                                  zip(model.get_weights(), loaded.get_weights()))
+    uncompiled = tnt.models.load_model(path, compile=False)
+    out["uncompiled_compiled"] = bool(uncompiled.compiled)
+    empty = tnt.models.load_model(os.path.join(files, "uncompiled.keras"))
+    out["uncompiled_file_layers"] = len(empty.layers)
+    wpath = os.path.join(files, "model.weights.h5")
+    model.save_weights(wpath)
+    other = tnt.Model(build())
+    compile_(other)
+    other.load_weights(wpath)
+    out["weights_roundtrip"] = all(np.array_equal(a, b) for a, b in zip(model.get_weights(),
+                                                                        other.get_weights()))
+    config = model.get_config()
+    out["from_config_layers"] = len(tnt.Model.from_config(config).layers)
+    out["from_json_is_tnt"] = isinstance(tnt.models.model_from_json(model.to_json()), tnt.Model)
+    out["model_from_config_is_tnt"] = isinstance(
+        tnt.models.model_from_config(keras.saving.serialize_keras_object(build())), tnt.Model)
+    clone = tnt.models.clone_model(model)
+    out["clone"] = [isinstance(clone, tnt.Model), len(clone.layers) == len(model.layers)]
+    # set_weights: every rank passes its own values, the master's win
+    model.set_weights([np.full_like(w, rank + 1.0) for w in model.get_weights()])
+    out["set_weights_value"] = float(model.get_weights()[0].flat[0])
+    return out
+
+
+def custom_loop(tnt, reference, tape_mode):
+    """SGD on a global batch of 20 (equal micro-batches) or 25 (uneven, with
+    the tape weighted by the micro-batch size), 2 epochs."""
+    model = build()
+    optimizer = keras.optimizers.SGD(0.1)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = data()
+    batch = 25 if tape_mode else 20
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    if not reference:
+        ds = tnt.data.distribute_dataset(ds).dataset
+        tnt.broadcast_variables(model.variables)
+        if not tape_mode:
+            optimizer = tnt.DistributedOptimizer(optimizer)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        if reference or not tape_mode:
+            grads = tape.gradient(loss, model.trainable_variables)
+        else:
+            grads = tnt.DistributedGradientTape(tape).gradient(
+                loss, model.trainable_variables, weight=tf.shape(xb)[0])
+        optimizer.apply(grads, model.trainable_variables)
+
+    for _ in range(2):
+        for xb, yb in ds:
+            step(xb, yb)
+    return weights(model)
+
+
+def check_misc(tnt):
+    out = {}
+    records = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("tarantella").addHandler(Catch())
+    model = tnt.Model(build(batch_norm=True))
+    compile_(model)
+    train, _ = datasets()
+    model.fit(train, epochs=1, verbose=0)  # micro-batch 10 < 16
+    out["batch_norm_warning"] = any("BatchNormalization" in m for m in records)
+    model = tnt.Model(build())
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    out["jit_compile"] = bool(model.jit_compile)
+    out["xla_info"] = any("XLA" in m for m in records)
+    # TensorBoard on every rank, each in its own directory
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--reference", action="store_true")
+    args = parser.parse_args()
+    tnt = None
+    rank = 0
+    if not args.reference:
+        import tarantella as tnt
+
+        rank = tnt.get_rank()
+    os.makedirs(args.out, exist_ok=True)
+    files = os.path.join(args.out, "files")
+    os.makedirs(files, exist_ok=True)
+    stdout = open(os.path.join(args.out, f"stdout{rank}.txt"), "w")
+    real_stdout, sys.stdout = sys.stdout, stdout
+    results = {"callbacks": check_callbacks(tnt, files, args.reference)}
+    sys.stdout = real_stdout
+    results["loop_optimizer"] = custom_loop(tnt, args.reference, tape_mode=False)
+    results["loop_tape"] = custom_loop(tnt, args.reference, tape_mode=True)
+    if not args.reference:
+        results["save_load"] = check_save_load(tnt, files)
+        results["misc"] = check_misc(tnt)
+        from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
+
+        tb = prepare_callbacks([keras.callbacks.TensorBoard(os.path.join(files, "tb"))])[0]
+        results["tensorboard"] = [tb.run_on_all_ranks, os.path.relpath(tb.log_dir, files)]
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Callbacks, save/load, custom loops, warnings: one 2-rank launch of features.py,
+compared with a serial plain-Keras run of the same script."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tf_helpers import run_ranks, run_serial
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    ref = tmp_path_factory.mktemp("serial")
+    run_serial("features.py", "--out", ref, "--reference")
+    out = tmp_path_factory.mktemp("ranks")
+    run_ranks(2, "features.py", "--out", out, env={"TNT_LOG_LEVEL": "INFO"})
+    load = lambda d, r: json.load(open(os.path.join(d, f"rank{r}.json")))  # noqa: E731
+    return {"ref": load(ref, 0), "ranks": [load(out, 0), load(out, 1)], "out": str(out)}
+
+
+def test_deciding_callbacks_decide_as_in_serial_training(runs):
+    ref = runs["ref"]["callbacks"]
+    for rank in runs["ranks"]:
+        got = rank["callbacks"]
+        assert got["epochs_run"] == ref["epochs_run"]  # EarlyStopping
+        assert got["history"].keys() == ref["history"].keys()
+        for key, values in ref["history"].items():  # includes learning_rate (ReduceLROnPlateau,
+            np.testing.assert_allclose(got["history"][key], values, atol=1e-6, err_msg=key)  # scheduler)
+        assert got["everywhere"] == runs["ranks"][0]["callbacks"]["everywhere"]
+        assert got["is_early_stopping"]  # wrapping keeps the type
+
+
+def test_writing_callbacks_run_on_the_master_only(runs):
+    r0, r1 = (r["callbacks"] for r in runs["ranks"])
+    assert r0["csv_opened"] and not r1["csv_opened"] and r0["csv_is_wrapped"]
+    files = os.listdir(os.path.join(runs["out"], "files"))
+    assert "log.csv" in files and "ckpt.keras" in files
+    with open(os.path.join(runs["out"], "stdout1.txt")) as f:
+        assert f.read() == ""  # no progress output on rank 1
+    with open(os.path.join(runs["out"], "stdout0.txt")) as f:
+        assert "Epoch 1/8" in f.read()
+    assert r0["master_only_batches"] > 0 and r1["master_only_batches"] == 0
+    for r in runs["ranks"]:
+        assert r["tensorboard"] == [False, "tb"]
+
+
+def test_aggregate_logs_false_gives_local_logs(runs):
+    r0, r1 = (r["callbacks"] for r in runs["ranks"])
+    local0, local1, glob = r0["local_epochs"][0], r1["local_epochs"][0], r0["everywhere"][0]
+    assert local0["loss"] != local1["loss"]
+    assert local0["val_loss"] != local0["loss"]
+    # the global loss is the sample-weighted mean of the ranks' local losses (90 = 45 + 45)
+    assert glob["loss"] == pytest.approx((local0["loss"] + local1["loss"]) / 2, rel=1e-5)
+
+
+def test_custom_loops_match_serial(runs):
+    for key in ("loop_optimizer", "loop_tape"):
+        for rank in runs["ranks"]:
+            for got, want in zip(rank[key], runs["ref"][key]):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=key)
+        assert runs["ranks"][0][key] == runs["ranks"][1][key]
+
+
+def test_save_and_load(runs):
+    for rank in runs["ranks"]:
+        s = rank["save_load"]
+        assert s["loaded_is_tnt"] and s["loaded_optimizer"] == "SGD"
+        assert s["same_weights"] and s["same_iterations"] and s["resumed_max_diff"] == 0.0
+        assert s["uncompiled_compiled"] is False and s["uncompiled_file_layers"] == 2
+        assert s["weights_roundtrip"] and s["from_config_layers"] == 2
+        assert s["from_json_is_tnt"] and s["model_from_config_is_tnt"] and s["clone"] == [True, True]
+        assert s["set_weights_value"] == 1.0  # the master's values win
+    files = os.listdir(os.path.join(runs["out"], "files"))
+    assert "by_rank0.keras" in files and "by_rank1.keras" not in files  # master only
+    assert {"all_rank0.keras", "all_rank1.keras"} <= set(files)  # tnt_save_all_devices
+    assert not [f for f in files if f.startswith(".")]  # no temporary files left
+
+
+def test_warnings_and_xla(runs):
+    master = runs["ranks"][0]["misc"]
+    assert master["batch_norm_warning"]
+    assert master["jit_compile"] is False and master["xla_info"]
