@@ -1,0 +1,161 @@
+"""Checks that need one process only: dataset slicing for simulated rank
+counts, clear errors for bad input, and the wrappers' rules."""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+from tarantella.tensorflow.atomic_save import atomic_save  # noqa: E402
+from tarantella.tensorflow.data import distribute_dataset, seed_unseeded_shuffles  # noqa: E402
+
+
+def _batches(ds):
+    return [np.asarray(b) for b in ds]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("n,batch", [(40, 8), (43, 8), (41, 10), (2, 10), (23, 7)])
+def test_rank_slices_concatenate_to_the_global_batch(size, n, batch):
+    def pipeline():
+        return tf.data.Dataset.range(n).map(lambda i: i * 3).batch(batch).prefetch(2)
+
+    per_rank = [_batches(distribute_dataset(pipeline(), rank=r, size=size).dataset)
+                for r in range(size)]
+    reference = _batches(pipeline())
+    assert all(len(p) == len(reference) for p in per_rank)  # same step count everywhere
+    for step, global_batch in enumerate(reference):
+        parts = [p[step] for p in per_rank]
+        np.testing.assert_array_equal(np.concatenate(parts), global_batch)
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_unbatched_dataset_with_micro_batch_size():
+    ds = tf.data.Dataset.range(10)
+    parts = [_batches(distribute_dataset(ds, micro_batch_size=2, rank=r, size=2).dataset)
+             for r in range(2)]
+    assert [b.tolist() for b in parts[0]] == [[0, 1], [4, 5], [8]]
+    assert [b.tolist() for b in parts[1]] == [[2, 3], [6, 7], [9]]
+
+
+def test_structures_are_sliced_alike():
+    x = np.arange(12, dtype="float32").reshape(6, 2)
+    ds = tf.data.Dataset.from_tensor_slices(({"a": x, "b": x[:, 0]}, np.arange(6))).batch(6)
+    (features, labels), = distribute_dataset(ds, rank=1, size=2).dataset
+    np.testing.assert_array_equal(features["a"], x[3:])
+    np.testing.assert_array_equal(labels, [3, 4, 5])
+
+
+def test_unseeded_shuffle_is_seeded_alike():
+    def pipeline():
+        tf.random.set_seed(None)
+        return tf.data.Dataset.range(50).shuffle(50).map(lambda i: i + 1).batch(5)
+
+    a = _batches(seed_unseeded_shuffles(pipeline()))
+    b = _batches(seed_unseeded_shuffles(pipeline()))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_unbatched_dataset_without_micro_batch_size_is_refused():
+    with pytest.raises(ValueError, match="not batched.*tnt_micro_batch_size"):
+        distribute_dataset(tf.data.Dataset.range(10), rank=0, size=2)
+
+
+def test_micro_batch_size_inconsistent_with_global_batch_is_refused():
+    with pytest.raises(ValueError, match=r"Received: tnt_micro_batch_size=3, batch_size=8 \(ranks=2\)"):
+        distribute_dataset(tf.data.Dataset.range(16).batch(8), micro_batch_size=3, rank=0, size=2)
+    distribute_dataset(tf.data.Dataset.range(16).batch(9), micro_batch_size=5, rank=0, size=2)
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_generators_are_refused_with_a_clear_error():
+    def gen():
+        yield np.zeros((2, 4)), np.zeros((2, 2))
+
+    with pytest.raises(TypeError, match="generators.*tf.data.Dataset"):
+        _model().fit(gen(), epochs=1, verbose=0)
+
+
+def test_batch_size_with_a_dataset_is_refused():
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((8, 4)), np.zeros((8, 2)))).batch(4)
+    with pytest.raises(ValueError, match="batch_size"):
+        _model().fit(ds, batch_size=4, verbose=0)
+
+
+def test_ftrl_is_refused():
+    with pytest.raises(ValueError, match="Ftrl"):
+        tnt.DistributedOptimizer(keras.optimizers.Ftrl())
+    model = tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    with pytest.raises(ValueError, match="Ftrl"):
+        model.compile(optimizer="ftrl", loss="mse")
+
+
+def test_distributed_optimizer_keeps_its_type_and_saves_as_keras():
+    opt = tnt.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    assert isinstance(opt, keras.optimizers.Adam) and type(opt).__name__ == "Adam"
+    assert keras.saving.serialize_keras_object(opt)["class_name"] == "Adam"
+
+
+def test_pipelining_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]),
+                  parallel_strategy=tnt.ParallelStrategy.PIPELINING)
+
+
+def test_callback_rules():
+    with pytest.raises(ValueError, match="every rank"):
+        tnt.keras.callbacks.Callback(keras.callbacks.EarlyStopping(), run_on_all_ranks=False)
+    with pytest.raises(ValueError, match="BackupAndRestore"):
+        tnt.keras.callbacks.Callback(keras.callbacks.BackupAndRestore("/tmp/x"))
+    history = keras.callbacks.History()
+    wrapped = tnt.keras.callbacks.Callback(history, aggregate_logs=False)
+    assert wrapped is history and isinstance(wrapped, keras.callbacks.History)
+    assert isinstance(wrapped, tnt.keras.callbacks.Callback) and not wrapped.aggregate_logs
+
+
+def test_wrapper_behaves_like_the_model(tmp_path):
+    model = _model()
+    assert [l.name for l in model.layers] == [l.name for l in model.model.layers]
+    assert model.outputs[0].shape == (None, 2) and model.get_layer(index=0) is model.layers[0]
+    x = np.ones((3, 4), "float32")
+    np.testing.assert_allclose(model(x), model.model(x))
+    history = model.fit(x, np.zeros((3, 2)), batch_size=2, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+
+
+def test_one_rank_matches_keras_exactly():
+    x = np.random.default_rng(0).normal(size=(50, 4)).astype("float32")
+    y = x @ np.ones((4, 2), "float32")
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    keras.utils.set_random_seed(0)
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    plain.compile(optimizer="adam", loss="mse")
+    plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    model = _model()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(plain.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)  # one rank: bitwise what Keras computes
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "m.keras"
+    path.write_text("good")
+
+    def failing(tmp):
+        with open(tmp, "w") as f:
+            f.write("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        atomic_save(str(path), failing)
+    assert path.read_text() == "good" and os.listdir(tmp_path) == ["m.keras"]
