@@ -6,6 +6,7 @@
  * releases the GIL around it). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +71,7 @@ tnt_result_t tnt_init(void) {
       goto out;
     }
     c->thread_started = 1;
+    c->spin_s = tnt_spin_seconds(&c->params, &c->pl);
   }
   c->initialized = 1;
   TNT_INFO("initialized: rank %d of %d, transport %s", c->pl.rank, c->pl.size, tnt_transport_name());
@@ -185,6 +187,7 @@ void tnt_complete(tnt_ctx_t *c, tnt_request_t *req, tnt_result_t result, const c
   } else {
     free(result_buf);
   }
+  atomic_fetch_add(&c->completions, 1);
   pthread_cond_broadcast(&c->done_cond);
   pthread_mutex_unlock(&c->mu);
 }
@@ -367,6 +370,23 @@ tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s) {
   if (!h) {
     pthread_mutex_unlock(&c->mu);
     return bad_handle(handle);
+  }
+  if (!h->done && c->spin_s > 0) {
+    /* small collectives complete within microseconds: spin on the completion
+     * counter briefly to save the condition variable's sleep and wake-up */
+    double until = tnt_now() + c->spin_s;
+    while (!h->done && tnt_now() < until) {
+      uint64_t seen = atomic_load(&c->completions);
+      pthread_mutex_unlock(&c->mu);
+      for (int i = 0; i < 4096 && atomic_load(&c->completions) == seen; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if ((i & 63) == 63 && tnt_now() > until) break;
+      }
+      pthread_mutex_lock(&c->mu);
+      h = handle_get(c, handle);
+    }
   }
   while (!h->done) {
     int err = timeout_s >= 0 ? pthread_cond_timedwait(&c->done_cond, &c->mu, &until)

@@ -4,6 +4,7 @@
 #define TNT_CONTEXT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "coll/ring.h"
@@ -108,6 +109,8 @@ typedef struct {
   tnt_handle_slot_t *handles;
   int nhandles, caphandles;
   int free_handle;             /* head of the free list, -1 when empty */
+  _Atomic uint64_t completions; /* bumped at every completion: what tnt_wait spins on */
+  double spin_s;
 
   /* --- engine (background thread only) --- */
   tnt_request_t **pending;     /* requests taken from the queue, not executed */

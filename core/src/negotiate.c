@@ -357,6 +357,15 @@ tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *
   /* 4. remember what was newly agreed */
   for (int i = first_new; i < n; i++)
     if (list[i].error == TNT_SUCCESS && list[i].meta.coll != COLL_BARRIER) list[i].cache_slot = cache_insert(c, &list[i]);
+  if (tnt_log_enabled(TNT_LOG_DEBUG)) {
+    char names[512];
+    size_t used = 0;
+    names[0] = 0;
+    for (int i = 0; i < n && used < sizeof names - 64; i++)
+      used += (size_t)snprintf(names + used, sizeof names - used, "%s%s%s", i ? " " : "", list[i].name,
+                               list[i].error ? "(error)" : "");
+    TNT_DEBUG("cycle %llu: sent %zu bytes; %d responses: %s", (unsigned long long)c->cycles, len, n, names);
+  }
   c->cycles++;
   *responses = list;
   *nresponses = n;

@@ -19,7 +19,7 @@ typedef struct {
   const char *doc;
 } num_param_t;
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 32768, 0, 4194304, "fusion buffer size in KiB, 0 disables fusion"},
@@ -27,6 +27,7 @@ static const num_param_t num_params[P_COUNT] = {
     [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, "shared-memory pipeline piece size in KiB"},
     [P_SLOTS] = {"TNT_SHM_SLOTS", 8, 2, 64, "shared-memory pieces in flight per link"},
     [P_CACHE] = {"TNT_CACHE_CAPACITY", 1024, 0, 65536, "negotiated tensor names cached"},
+    [P_SPIN_US] = {"TNT_SPIN_US", 50, 0, 1e6, "microseconds a waiter spins before it sleeps, when ranks <= cores"},
 };
 
 static tnt_result_t read_num(int which, double *out) {
@@ -59,6 +60,8 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   p->shm_slots = (int)v;
   TNT_CHECK(read_num(P_CACHE, &v));
   p->cache_capacity = (int)v;
+  TNT_CHECK(read_num(P_SPIN_US, &v));
+  p->spin_s = v * 1e-6;
 
   const char *t = getenv("TNT_TRANSPORT");
   snprintf(p->transport, sizeof p->transport, "%s", (t && *t) ? t : "auto");
@@ -143,4 +146,9 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
     return TNT_SUCCESS;
   }
   return TNT_SUCCESS;
+}
+
+double tnt_spin_seconds(const tnt_params_t *params, const tnt_placement_t *pl) {
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  return (ncpu > 0 && pl->local_size <= ncpu) ? params->spin_s : 0.0;
 }

@@ -21,9 +21,13 @@ typedef struct {
   int64_t shm_slot_bytes;         /* TNT_SHM_SLOT_KB: pipeline piece size */
   int shm_slots;                  /* TNT_SHM_SLOTS: pieces in flight per link */
   int cache_capacity;             /* TNT_CACHE_CAPACITY: negotiated names remembered */
+  double spin_s;                  /* TNT_SPIN_US: busy-wait before sleeping (only with a core per rank) */
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);
 tnt_result_t tnt_placement_read(tnt_placement_t *pl);
+/* How long a waiter may spin before it sleeps: params->spin_s when every local
+ * rank has a core of its own, else 0 (8 ranks on 2 cores must never spin). */
+double tnt_spin_seconds(const tnt_params_t *params, const tnt_placement_t *pl);
 
 #endif

@@ -8,8 +8,13 @@ from tarantella.common.collectives import (Handle, allgather, allgather_async, a
                                            broadcast_async)
 from tarantella.common.core import (get_local_rank, get_local_size, get_master_rank, get_rank,
                                     get_size, init, is_initialized, is_master_rank, shutdown)
+from tarantella.common import error_file as _error_file
 from tarantella.common.errors import (InternalError, InvalidArgumentError, InvalidUsageError,
                                       MismatchError, PeerLostError, TarantellaError, TimeoutError)
+
+# an uncaught exception aborts the core (peers fail fast) and, under tntrun,
+# lands in TNT_ERROR_FILE for the failure report, even before init()
+_error_file.install()
 
 __all__ = [
     "Handle", "allgather", "allgather_async", "allreduce", "allreduce_async", "barrier",

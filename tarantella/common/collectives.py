@@ -98,28 +98,55 @@ class Handle:
 
     def __del__(self):
         if not self._done and core.is_initialized():
-            # Dropping a handle must not lose the core's reference to live buffers:
-            # finish the request (errors are ignored, nobody can see them any more).
-            try:
-                self.wait()
-            except Exception:
-                pass
+            # The core still reads/writes these buffers: keep them alive until the
+            # request completes. Never wait here: a dropped request that no other
+            # rank submits would block the garbage collector.
+            _orphans.append((self._handle, self._keepalive))
+
+
+_orphans = []  # (core handle, buffers) of dropped, unfinished requests
+
+
+def _reap_orphans():
+    lib = core.lib()
+    still = []
+    for handle, keepalive in _orphans:
+        if lib.tnt_test(handle) == 8:  # TNT_IN_PROGRESS
+            still.append((handle, keepalive))
+        else:
+            lib.tnt_release(handle)
+    _orphans[:] = still
 
 
 def _submit(fn, *args):
+    if _orphans:
+        _reap_orphans()
     ffi = core.ffi()
     handle = ffi.new("tnt_handle_t *")
     core.check(fn(*args, handle))
     return handle[0]
 
 
-def allreduce_async(array, op="sum", name=None, prescale=1.0):
+def _output(out, array, what):
+    """A fresh aligned result array, or the caller's `out` after checking it."""
+    if out is None:
+        return aligned_empty(array.shape, array.dtype)
+    if not isinstance(out, np.ndarray) or out.dtype != array.dtype or out.shape != array.shape \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        raise InvalidArgumentError(
+            f"{what}: out must be a writeable C-contiguous array of the input's dtype and shape "
+            f"{array.dtype}{array.shape}. Received: "
+            f"{getattr(out, 'dtype', type(out).__name__)}{getattr(out, 'shape', '')}")
+    return out
+
+
+def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     """Start an allreduce; see allreduce()."""
     lib = core.ensure_initialized()
     if op not in _OPS:
         raise InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
     array, dt = _as_input(array, "allreduce")
-    out = aligned_empty(array.shape, array.dtype)
+    out = _output(out, array, "allreduce")
     ffi = core.ffi()
     handle = _submit(lib.tnt_allreduce_async, _auto_name("allreduce", name).encode(),
                      ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, _OPS[op],
@@ -127,30 +154,33 @@ def allreduce_async(array, op="sum", name=None, prescale=1.0):
     return Handle(handle, lambda h: out, (array, out))
 
 
-def allreduce(array, op="sum", name=None, prescale=1.0):
+def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
     """Element-wise sum (or average) of `array` over all ranks, as a new array of
     the same dtype and shape. `prescale` multiplies this rank's contribution
-    before the sum, so a weighted average needs one pass."""
-    return allreduce_async(array, op, name, prescale).wait()
+    before the sum, so a weighted average needs one pass. With `out=`, the
+    result goes into that array (which may be `array` itself) and no memory is
+    allocated: mpi4py's `Allreduce(sendbuf, recvbuf)`."""
+    return allreduce_async(array, op, name, prescale, out).wait()
 
 
-def broadcast_async(array, root=0, name=None):
+def broadcast_async(array, root=0, name=None, out=None):
     lib = core.ensure_initialized()
     size = lib.tnt_size()
     if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
         raise InvalidArgumentError(
             f"root must be a rank between 0 and {size - 1}. Received: root={root!r} (ranks={size})")
     array, dt = _as_input(array, "broadcast")
-    out = aligned_empty(array.shape, array.dtype)
+    out = _output(out, array, "broadcast")
     ffi = core.ffi()
     handle = _submit(lib.tnt_broadcast_async, _auto_name("broadcast", name).encode(),
                      ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     return Handle(handle, lambda h: out, (array, out))
 
 
-def broadcast(array, root=0, name=None):
-    """`root`'s array on every rank (every rank passes an array of the same dtype and shape)."""
-    return broadcast_async(array, root, name).wait()
+def broadcast(array, root=0, name=None, out=None):
+    """`root`'s array on every rank (every rank passes an array of the same dtype
+    and shape). `out=` receives the result in place of a new array."""
+    return broadcast_async(array, root, name, out).wait()
 
 
 def allgather_async(array, name=None):

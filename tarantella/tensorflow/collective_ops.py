@@ -14,20 +14,12 @@ import tensorflow as tf
 
 from tarantella.common import collectives, core
 
-# float16/bfloat16 are summed in float32: a sum of b_r-weighted gradients over
-# ranks can overflow float16, and the extra precision is free compared with the
-# per-call cost.
-_WIRE_DTYPES = {tf.float16: tf.float32, tf.bfloat16: tf.float32, tf.float32: tf.float32,
-                tf.float64: tf.float64}
-
-
-def _wire_dtype(dtype):
-    try:
-        return _WIRE_DTYPES[tf.as_dtype(dtype)]
-    except KeyError:
-        raise TypeError(
-            f"Tarantella averages floating-point gradients only. Received: a gradient of dtype "
-            f"{tf.as_dtype(dtype).name}") from None
+# Gradients up to this many elements are packed into one buffer per dtype
+# (one Python-level request instead of dozens: the per-request cost dominates
+# for small tensors); larger ones travel as they are, as zero-copy views,
+# because copying megabytes into a packed buffer and back costs more than the
+# request. The core fuses consecutive small requests again on the wire.
+_PACK_MAX_ELEMENTS = 1 << 16
 
 
 def _as_dense(tensor):
@@ -38,49 +30,66 @@ def _as_dense(tensor):
     return tensor
 
 
+def _check_float(tensor):
+    if not tensor.dtype.is_floating:
+        raise TypeError(
+            f"Tarantella averages floating-point gradients only. Received: a gradient of dtype "
+            f"{tensor.dtype.name}")
+
+
 def weighted_average(tensors, weight=None, name="tnt.grads"):
     """Σ_r w_r·t_r / Σ_r w_r over all ranks, for each tensor of `tensors`.
 
     `weight` is this rank's scalar weight (e.g. its micro-batch size, so that
     the result is exactly the serial mean gradient; 0 for a rank with an empty
-    micro-batch); None weights every rank equally. The weights travel in the
-    same request as the data (one trailing element per buffer), so no extra
-    round trip is needed. `None` entries are passed through.
+    micro-batch); None weights every rank equally. The weights are summed
+    first (one 8-byte allreduce), so that each rank can prescale its data by
+    w_r / Σ w: the data then needs a single pass, with no division afterwards.
+    `None` entries are passed through.
     """
     tensors = [None if t is None else _as_dense(t) for t in tensors]
     present = [i for i, t in enumerate(tensors) if t is not None]
     if core.get_size() == 1 or not present:
         return list(tensors)
-    weight = tf.constant(1.0, tf.float64) if weight is None else tf.cast(weight, tf.float64)
-
-    groups = {}  # wire dtype -> indices, in first-seen order (the same on every rank)
     for i in present:
-        groups.setdefault(_wire_dtype(tensors[i].dtype), []).append(i)
-    wire_dtypes = list(groups)
-    buffers = []
-    for dtype in wire_dtypes:
-        parts = [tf.reshape(tf.cast(tensors[i], dtype), [-1]) for i in groups[dtype]]
-        buffers.append(tf.concat(parts + [tf.ones([1], dtype)], axis=0))
-    names = [f"{name}.{tf.as_dtype(d).name}" for d in wire_dtypes]
+        _check_float(tensors[i])
+    weight = tf.constant(-1.0, tf.float64) if weight is None else tf.cast(weight, tf.float64)
+
+    packed, single = {}, []  # dtype -> indices packed together; indices sent alone
+    for i in present:
+        if tensors[i].shape.num_elements() is not None and \
+                tensors[i].shape.num_elements() <= _PACK_MAX_ELEMENTS:
+            packed.setdefault(tensors[i].dtype, []).append(i)
+        else:
+            single.append(i)
+    inputs = [tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], 0) for idx in packed.values()]
+    inputs += [tensors[i] for i in single]
+    names = [f"{name}.{k}" for k in range(len(inputs))]
+    size = core.get_size()
 
     def reduce(w, *arrays):
         w = float(w)
-        handles = [collectives.allreduce_async(a, op="sum", name=n, prescale=w)
+        if w < 0:  # equal weights
+            scale = 1.0 / size
+        else:
+            total = float(collectives.allreduce(np.array([w]), op="sum", name=f"{name}.w")[0])
+            scale = w / total if total > 0 else 0.0
+        handles = [collectives.allreduce_async(a, op="sum", name=n, prescale=scale)
                    for a, n in zip(arrays, names)]
         return [h.wait() for h in handles]
 
-    reduced = tf.numpy_function(reduce, [weight] + buffers, wire_dtypes, stateful=True,
-                                name="TntWeightedAverage")
+    reduced = tf.numpy_function(reduce, [weight] + inputs, [t.dtype for t in inputs],
+                                stateful=True, name="TntWeightedAverage")
     out = list(tensors)
-    for dtype, summed in zip(wire_dtypes, reduced):
-        summed.set_shape([None])
-        averaged = summed[:-1] / summed[-1]
+    for flat, idx in zip(reduced[:len(packed)], packed.values()):
         offset = 0
-        for i in groups[dtype]:
-            t = tensors[i]
-            n = tf.size(t)
-            out[i] = tf.cast(tf.reshape(averaged[offset:offset + n], tf.shape(t)), t.dtype)
+        for i in idx:
+            n = tensors[i].shape.num_elements()
+            out[i] = tf.reshape(flat[offset:offset + n], tensors[i].shape)
             offset += n
+    for result, i in zip(reduced[len(packed):], single):
+        result.set_shape(tensors[i].shape)
+        out[i] = result
     return out
 
 

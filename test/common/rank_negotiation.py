@@ -56,14 +56,28 @@ expect_mismatch("cached", lambda: tnt.allreduce(np.ones(8 + (rank == 0), np.floa
 # 5. the context still works after all of that
 seen["after"] = bool((tnt.allreduce(np.ones(3, np.int64), name="after") == size).all())
 
-# 6. a name submitted twice while in flight is refused on this rank at once
-h = tnt.allreduce_async(np.ones(3, np.float32), name="twice")
-try:
-    tnt.allreduce_async(np.ones(3, np.float32), name="twice")
-    seen["duplicate"] = "no error"
-except tnt.InvalidUsageError as exc:
-    seen["duplicate"] = str(exc)
-h.wait()
+# 6. a name submitted twice while in flight is refused on this rank at once.
+#    Rank 0 asks twice before the others submit the name, so the first request
+#    cannot have completed yet.
+if rank == 0:
+    h = tnt.allreduce_async(np.ones(3, np.float32), name="twice")
+    try:
+        tnt.allreduce_async(np.ones(3, np.float32), name="twice")
+        seen["duplicate"] = "no error"
+    except tnt.InvalidUsageError as exc:
+        seen["duplicate"] = str(exc)
+    tnt.barrier(name="duplicate-tested")
+else:
+    tnt.barrier(name="duplicate-tested")
+    h = tnt.allreduce_async(np.ones(3, np.float32), name="twice")
+seen["twice"] = bool((h.wait() == size).all())
+
+# 7. a handle dropped before completion neither blocks nor frees buffers in use;
+#    it is released at a later submission
+tnt.allreduce_async(np.ones(5, np.float32), name="dropped")
+tnt.allreduce(np.ones(1, np.float32), name="after-dropped")
+tnt.allreduce(np.ones(1, np.float32), name="reaps-dropped")
+seen["orphans"] = len(tnt.common.collectives._orphans)
 tnt.barrier()
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
     json.dump(seen, f)

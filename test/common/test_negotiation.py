@@ -46,5 +46,9 @@ def test_context_survives_mismatches(observed):
 
 
 def test_duplicate_name_in_flight_is_refused(observed):
-    for o in observed:
-        assert "'twice' is already in flight" in o["duplicate"]
+    assert "'twice' is already in flight on rank 0" in observed[0]["duplicate"]
+    assert all(o["twice"] for o in observed)  # the first request still completes
+
+
+def test_dropped_handle_does_not_block_and_is_reaped(observed):
+    assert all(o["orphans"] == 0 for o in observed)

@@ -200,9 +200,7 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
     shm_free(s);
     return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   }
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  /* a short spin only pays when every rank has a core of its own */
-  s->spin_s = (ncpu > 0 && pl->local_size <= ncpu) ? 20e-6 : 0.0;
+  s->spin_s = tnt_spin_seconds(params, pl);
   snprintf(s->name, sizeof s->name, "/tnt-%s", pl->job_id);
   s->total = align_up(sizeof(shm_header_t), 4096) + (size_t)pl->size * block_bytes_for(pl->size, window_bytes);
   double deadline = tnt_now() + params->timeout_s;
@@ -339,6 +337,16 @@ static void shm_ring_doorbell(void *st, uint64_t cycle) {
 static void shm_wait_doorbell(void *st, uint64_t done, double deadline) {
   shm_t *s = st;
   shm_word_t *bell = &s->ranks[s->pl.rank]->bell;
+  /* the next request usually follows within microseconds (a training step
+   * submits its gradients back to back): spin briefly before sleeping */
+  double spin_until = tnt_now() + s->spin_s;
+  for (int i = 0; s->spin_s > 0; i++) {
+    if (atomic_load(&bell->value) != s->bell_seen || atomic_load(&s->hdr->cycle_wanted) > done) break;
+    if ((i & 63) == 63 && tnt_now() > spin_until) break;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
   for (;;) {
     uint32_t b = atomic_load(&bell->value);
     if (b != s->bell_seen || atomic_load(&s->hdr->cycle_wanted) > done) {

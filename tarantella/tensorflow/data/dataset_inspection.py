@@ -48,6 +48,13 @@ def batching(dataset):
             return Batching(True, size if size and size > 0 else None, drop)
     # No batch op found (or an unbatch after it): decide from the element shapes.
     shapes = [getattr(s, "shape", None) for s in tf.nest.flatten(dataset.element_spec)]
+    source = chain(dataset)[-1]
+    firsts = {s[0] for s in shapes if s is not None and s.rank}
+    if type(source).__name__ == "_TensorDataset" and len(firsts) == 1 and None not in firsts \
+            and all(s is not None and s.rank for s in shapes) and not any(
+                type(d).__name__ in _UNBATCH_OPS for d in chain(dataset)):
+        # Dataset.from_tensors(batch): each element is a whole (global) batch
+        return Batching(True, firsts.pop())
     ranks = [s.rank for s in shapes if s is not None]
     if ranks and all(r == 0 or r is None for r in ranks):
         return Batching(False)

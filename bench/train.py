@@ -1,0 +1,216 @@
+"""Training throughput: plain Keras, tnt on 1 and 2 ranks, the no-communication
+ceiling and MultiWorkerMirroredStrategy, side by side in one run.
+
+    python bench/train.py                      # both workloads, every setup
+    python bench/train.py --workloads cnn --steps 40
+
+Workloads (synthetic data, micro-batch 32 per process):
+  cnn  a ResNet-style CNN of about 0.7M parameters on 32x32x3 images
+  mlp  an MLP of about 10M parameters
+Setups (every process pinned to its own core, one TF thread each):
+  keras       plain Keras, 1 process
+  tnt1        tnt.Model on 1 rank (tntrun -n 1)
+  tnt2        tnt.Model on 2 ranks (tntrun -n 2), global batch 64
+  ceiling     two independent plain-Keras processes at once: what 2 cores give
+              with no communication at all (throughputs added)
+  mwms        tf.distribute.MultiWorkerMirroredStrategy, 2 local workers, global batch 64
+Throughput is samples/s from the median step time after warm-up. Ratios:
+tnt1/keras (target >= 0.97), tnt2/ceiling (targets: cnn >= 0.95, mlp >= 0.80),
+tnt2/mwms.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+MICRO = 32
+
+
+def _pin(core):
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core % os.cpu_count()})
+
+
+def build(workload, keras):
+    layers = keras.layers
+    if workload == "mlp":
+        inputs = keras.Input((1024,))
+        h = inputs
+        for width in (2304, 2304, 1024):
+            h = layers.Dense(width, activation="relu")(h)
+        return keras.Model(inputs, layers.Dense(10)(h), name="mlp10m"), (1024,)
+    inputs = keras.Input((32, 32, 3))
+    h = layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    for width, stride in ((32, 1), (64, 2), (128, 2), (128, 1)):
+        shortcut = h if stride == 1 and h.shape[-1] == width else layers.Conv2D(
+            width, 1, strides=stride)(h)
+        y = layers.Conv2D(width, 3, strides=stride, padding="same", activation="relu")(h)
+        y = layers.Conv2D(width, 3, padding="same")(y)
+        h = layers.Activation("relu")(layers.Add()([shortcut, y]))
+    h = layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inputs, layers.Dense(10)(h), name="resnet_small"), (32, 32, 3)
+
+
+def worker(args):
+    """One process of one setup: train, print a JSON line with the median step time."""
+    rank = int(os.environ.get("TNT_RANK", os.environ.get("BENCH_RANK", "0")))
+    _pin(rank if args.pin is None else args.pin)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    import keras
+    import numpy as np
+
+    processes = 2 if args.setup in ("tnt2", "mwms") else 1
+    global_batch = MICRO * processes
+    strategy = None
+    if args.setup == "mwms":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    scope = strategy.scope() if strategy else _nullcontext()
+    with scope:
+        model, shape = build(args.workload, keras)
+        if args.setup.startswith("tnt"):
+            import tarantella as tnt
+
+            model = tnt.Model(model)
+        model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(global_batch,) + shape).astype("float32")
+    y = rng.integers(0, 10, size=global_batch).astype("int32")
+    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
+    if strategy:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(options)
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.t = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(time.perf_counter() - self.t)
+
+    model.fit(ds, steps_per_epoch=args.steps + args.warmup, epochs=1, verbose=0,
+              callbacks=[Timer()])
+    step = float(np.median(times[args.warmup:]))
+    params = int(sum(np.prod(w.shape) for w in model.trainable_weights))
+    if rank == 0:
+        print("BENCH " + json.dumps({"step_s": step, "samples_per_s": global_batch / step,
+                                     "params": params}), flush=True)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _parse(output):
+    for line in output.splitlines():
+        if line.startswith("BENCH "):
+            return json.loads(line[6:])
+    return None
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def run_setup(setup, workload, args):
+    me = [sys.executable, HERE, "--worker", setup, "--workload", workload,
+          "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TNT_")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if setup in ("tnt1", "tnt2"):
+        cmd = ["tntrun", "-n", "1" if setup == "tnt1" else "2", "--no-gpu", "--"] + me
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        result = _parse(out.stdout)
+        return result, None if result else (out.stdout + out.stderr)[-800:]
+    if setup == "keras":
+        out = subprocess.run(me + ["--pin", "0"], env=env, capture_output=True, text=True,
+                             timeout=args.timeout)
+        result = _parse(out.stdout)
+        return result, None if result else out.stderr[-800:]
+    procs = []
+    if setup == "ceiling":
+        for core in (0, 1):
+            procs.append(subprocess.Popen(me + ["--pin", str(core)], env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    else:  # mwms
+        ports = [_free_port(), _free_port()]
+        cluster = {"worker": [f"localhost:{p}" for p in ports]}
+        for index in (0, 1):
+            e = dict(env, BENCH_RANK=str(index), TF_CONFIG=json.dumps(
+                {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+            procs.append(subprocess.Popen(me, env=e, text=True, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=args.timeout))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        return None, "timed out"
+    if setup == "ceiling":
+        parsed = [_parse(o) for o, _ in outs]
+        if None in parsed:
+            return None, outs[0][1][-800:]
+        return {"samples_per_s": sum(p["samples_per_s"] for p in parsed),
+                "step_s": max(p["step_s"] for p in parsed), "params": parsed[0]["params"]}, None
+    result = _parse(outs[0][0])
+    return result, None if result else outs[0][1][-800:]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="cnn,mlp")
+    parser.add_argument("--setups", default="keras,tnt1,tnt2,ceiling,mwms")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--workload", default="cnn", help=argparse.SUPPRESS)
+    parser.add_argument("--pin", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.setup = args.worker
+        return worker(args)
+    results = {}
+    for workload in args.workloads.split(","):
+        row = results.setdefault(workload, {})
+        for setup in args.setups.split(","):
+            result, error = run_setup(setup, workload, args)
+            row[setup] = result if result else {"error": (error or "").strip().splitlines()[-1:]}
+            shown = (f"{result['samples_per_s']:9.1f} samples/s  (step {result['step_s'] * 1e3:7.1f} "
+                     f"ms, {result['params'] / 1e6:.2f}M params)" if result
+                     else f"failed: {row[setup]['error']}")
+            print(f"{workload:4s} {setup:8s} {shown}", flush=True)
+        ratio = lambda a, b: (row[a]["samples_per_s"] / row[b]["samples_per_s"]  # noqa: E731
+                              if "samples_per_s" in row.get(a, {}) and "samples_per_s" in row.get(b, {})
+                              else None)
+        row["ratios"] = {"tnt1/keras": ratio("tnt1", "keras"), "tnt2/ceiling": ratio("tnt2", "ceiling"),
+                         "mwms/ceiling": ratio("mwms", "ceiling"), "tnt2/mwms": ratio("tnt2", "mwms"),
+                         "ceiling/keras (2 cores)": ratio("ceiling", "keras")}
+        print("     ratios: " + ", ".join(f"{k} {v:.3f}" if v else f"{k} n/a"
+                                          for k, v in row["ratios"].items()), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
