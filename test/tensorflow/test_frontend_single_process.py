@@ -159,3 +159,10 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
     with pytest.raises(OSError):
         atomic_save(str(path), failing)
     assert path.read_text() == "good" and os.listdir(tmp_path) == ["m.keras"]
+
+
+def test_from_tensors_of_a_batch_counts_as_batched():
+    ds = tf.data.Dataset.from_tensors((np.zeros((6, 3), "float32"), np.arange(6))).repeat(2)
+    parts = [list(distribute_dataset(ds, rank=r, size=4).dataset)[0][1].numpy().tolist()
+             for r in range(4)]
+    assert parts == [[0, 1], [2, 3], [4], [5]]
