@@ -22,7 +22,7 @@ typedef struct {
 enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
-    [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 32768, 0, 4194304, "fusion buffer size in KiB, 0 disables fusion"},
+    [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, "fusion buffer size in KiB, 0 disables fusion"},
     [P_TIMEOUT_S] = {"TNT_TIMEOUT_S", 300, 0.01, 1e9, "seconds a wait for a peer may last"},
     [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, "shared-memory pipeline piece size in KiB"},
     [P_SLOTS] = {"TNT_SHM_SLOTS", 8, 2, 64, "shared-memory pieces in flight per link"},

@@ -1,0 +1,21 @@
+"""docs/ stays true to the code it documents."""
+import os
+
+from tarantella.common import config
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs")
+
+
+def test_environment_table_is_generated_from_the_parameter_table():
+    with open(os.path.join(DOCS, "environment.md")) as f:
+        assert config.markdown_table() in f.read()
+
+
+def test_core_reads_the_documented_defaults():
+    # the C core has its own table (core/src/params.c): the defaults must agree
+    with open(os.path.join(DOCS, "..", "core", "src", "params.c")) as f:
+        source = f.read()
+    for name in ("TNT_FUSION_THRESHOLD_KB", "TNT_TIMEOUT_S", "TNT_SHM_SLOT_KB", "TNT_SHM_SLOTS",
+                 "TNT_CACHE_CAPACITY", "TNT_SPIN_US"):
+        default = config.BY_NAME[name].default
+        assert f'{{"{name}", {default:g},' in source, name
