@@ -49,6 +49,19 @@ static inline double tnt_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A pause for busy-wait loops (lets the sibling hyper-thread run). */
+static inline void tnt_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* A relative timeout in seconds as a timespec (for futex and friends). */
+static inline struct timespec tnt_timespec(double seconds) {
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  return ts;
+}
+
 /* Microseconds since the epoch of the process (for timelines). */
 static inline int64_t tnt_now_us(void) {
   struct timespec ts;

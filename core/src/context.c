@@ -223,7 +223,7 @@ static tnt_result_t submit(tnt_request_t *req, tnt_handle_t *handle) {
     tnt_result_t r = c->fatal;
     int peer = c->fatal_peer;
     char msg[sizeof c->fatal_msg];
-    snprintf(msg, sizeof msg, "%s", c->fatal_msg);
+    snprintf(msg, sizeof msg, "%.1000s", c->fatal_msg);
     pthread_mutex_unlock(&c->mu);
     free(req);
     tnt_set_last_error(msg, peer);
@@ -287,7 +287,7 @@ static tnt_result_t new_request(const char *name, tnt_coll_t coll, int dtype, in
 
 tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                  tnt_reduce_op_t op, double prescale, tnt_handle_t *handle) {
-  tnt_request_t *req;
+  tnt_request_t *req = NULL;
   if (op != TNT_SUM && op != TNT_AVERAGE)
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unsupported reduce op %d: use TNT_SUM or TNT_AVERAGE", (int)op);
   if (count > 0 && (!in || !out)) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allreduce '%s': NULL buffer", name ? name : "");
@@ -301,7 +301,7 @@ tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, in
 
 tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
                                  tnt_handle_t *handle) {
-  tnt_request_t *req;
+  tnt_request_t *req = NULL;
   if (!tnt_ctx.initialized) return not_initialized();
   if (root < 0 || root >= tnt_ctx.pl.size)
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "broadcast '%s': root must be a rank between 0 and %d. Received: root=%d",
@@ -317,7 +317,7 @@ tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, in
 
 tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
                                  tnt_handle_t *handle) {
-  tnt_request_t *req;
+  tnt_request_t *req = NULL;
   if (row_elems < 0 || (row_elems > 0 && count % row_elems) || (row_elems == 0 && count))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allgather '%s': count %lld is not a multiple of the row size %lld",
                     name ? name : "", (long long)count, (long long)row_elems);
@@ -329,7 +329,7 @@ tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count
 }
 
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle) {
-  tnt_request_t *req;
+  tnt_request_t *req = NULL;
   TNT_CHECK(new_request(name, COLL_BARRIER, TNT_INT32, 0, &req));
   return submit(req, handle);
 }
@@ -379,9 +379,7 @@ tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s) {
       uint64_t seen = atomic_load(&c->completions);
       pthread_mutex_unlock(&c->mu);
       for (int i = 0; i < 4096 && atomic_load(&c->completions) == seen; i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+        tnt_cpu_relax();
         if ((i & 63) == 63 && tnt_now() > until) break;
       }
       pthread_mutex_lock(&c->mu);
@@ -403,12 +401,21 @@ tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s) {
   return r;
 }
 
+/* The slot of a completed request, under c->mu (the caller unlocks). */
+static tnt_result_t completed_slot(tnt_ctx_t *c, tnt_handle_t handle, tnt_handle_slot_t **out) {
+  tnt_handle_slot_t *h = handle_get(c, handle);
+  if (!h) return bad_handle(handle);
+  if (!h->done) return tnt_fail(TNT_ERR_INVALID_USAGE, "request not complete: wait for it first");
+  *out = h;
+  return TNT_SUCCESS;
+}
+
 tnt_result_t tnt_result_count(tnt_handle_t handle, int64_t *count) {
   tnt_ctx_t *c = &tnt_ctx;
+  tnt_handle_slot_t *h = NULL;
   if (!c->initialized) return not_initialized();
   pthread_mutex_lock(&c->mu);
-  tnt_handle_slot_t *h = handle_get(c, handle);
-  tnt_result_t r = !h ? bad_handle(handle) : !h->done ? tnt_fail(TNT_ERR_INVALID_USAGE, "request not complete: wait for it first") : TNT_SUCCESS;
+  tnt_result_t r = completed_slot(c, handle, &h);
   if (r == TNT_SUCCESS) *count = h->result_count;
   pthread_mutex_unlock(&c->mu);
   return r;
@@ -416,10 +423,11 @@ tnt_result_t tnt_result_count(tnt_handle_t handle, int64_t *count) {
 
 tnt_result_t tnt_result_rank_counts(tnt_handle_t handle, int64_t *counts) {
   tnt_ctx_t *c = &tnt_ctx;
+  tnt_handle_slot_t *h = NULL;
   if (!c->initialized) return not_initialized();
   pthread_mutex_lock(&c->mu);
-  tnt_handle_slot_t *h = handle_get(c, handle);
-  tnt_result_t r = !h ? bad_handle(handle) : !h->done || !h->rank_counts ? tnt_fail(TNT_ERR_INVALID_USAGE, "no per-rank counts: not a completed allgather") : TNT_SUCCESS;
+  tnt_result_t r = completed_slot(c, handle, &h);
+  if (r == TNT_SUCCESS && !h->rank_counts) r = tnt_fail(TNT_ERR_INVALID_USAGE, "no per-rank counts: not an allgather");
   if (r == TNT_SUCCESS) memcpy(counts, h->rank_counts, sizeof(int64_t) * (size_t)c->pl.size);
   pthread_mutex_unlock(&c->mu);
   return r;
@@ -427,10 +435,10 @@ tnt_result_t tnt_result_rank_counts(tnt_handle_t handle, int64_t *counts) {
 
 tnt_result_t tnt_result_copy(tnt_handle_t handle, void *dst) {
   tnt_ctx_t *c = &tnt_ctx;
+  tnt_handle_slot_t *h = NULL;
   if (!c->initialized) return not_initialized();
   pthread_mutex_lock(&c->mu);
-  tnt_handle_slot_t *h = handle_get(c, handle);
-  tnt_result_t r = !h ? bad_handle(handle) : !h->done ? tnt_fail(TNT_ERR_INVALID_USAGE, "request not complete: wait for it first") : TNT_SUCCESS;
+  tnt_result_t r = completed_slot(c, handle, &h);
   if (r == TNT_SUCCESS && h->result_buf && h->req)
     memcpy(dst, h->result_buf, (size_t)h->result_count * tnt_dtype_size((tnt_dtype_t)h->req->meta.dtype));
   pthread_mutex_unlock(&c->mu);

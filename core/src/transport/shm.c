@@ -133,18 +133,30 @@ static tnt_result_t check_peers(shm_t *s, const char *what) {
   return TNT_SUCCESS;
 }
 
-static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, double deadline, const char *what) {
-  if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target)) return TNT_SUCCESS;
-  if (s->spin_s > 0) {
-    double until = tnt_now() + s->spin_s;
-    for (int i = 0;; i++) {
-      if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target)) return TNT_SUCCESS;
-      if ((i & 63) == 63 && tnt_now() > until) break;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
+/* Busy-wait for at most s->spin_s until ready(s, arg); 1 if it became ready. */
+static int spin_until(shm_t *s, int (*ready)(shm_t *, const void *), const void *arg) {
+  if (s->spin_s <= 0) return 0;
+  double until = tnt_now() + s->spin_s;
+  for (int i = 0;; i++) {
+    if (ready(s, arg)) return 1;
+    if ((i & 63) == 63 && tnt_now() > until) return 0;
+    tnt_cpu_relax();
   }
+}
+
+typedef struct {
+  shm_word_t *word;
+  uint32_t target;
+} word_target_t;
+
+static int word_reached(shm_t *s, const void *arg) {
+  const word_target_t *wt = arg;
+  return reached(atomic_load_explicit(&wt->word->value, memory_order_acquire), wt->target);
+}
+
+static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, double deadline, const char *what) {
+  word_target_t wt = {w, target};
+  if (word_reached(s, &wt) || spin_until(s, word_reached, &wt)) return TNT_SUCCESS;
   for (;;) {
     uint32_t v = atomic_load(&w->value);
     if (reached(v, target)) return TNT_SUCCESS;
@@ -152,8 +164,7 @@ static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, double d
     TNT_CHECK(check_peers(s, what));
     if (now >= deadline)
       return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->pl.rank, what);
-    double slice = deadline - now < SLICE_S ? deadline - now : SLICE_S;
-    struct timespec ts = {(time_t)slice, (long)((slice - (double)(time_t)slice) * 1e9)};
+    struct timespec ts = tnt_timespec(deadline - now < SLICE_S ? deadline - now : SLICE_S);
     atomic_fetch_add(&w->waiters, 1);
     v = atomic_load(&w->value);
     if (!reached(v, target)) futex(&w->value, FUTEX_WAIT, v, &ts);
@@ -334,19 +345,17 @@ static void shm_ring_doorbell(void *st, uint64_t cycle) {
     if (r != s->pl.rank) bump(&s->ranks[r]->bell);
 }
 
+static int bell_rang(shm_t *s, const void *done) {
+  return atomic_load(&s->ranks[s->pl.rank]->bell.value) != s->bell_seen ||
+         atomic_load(&s->hdr->cycle_wanted) > *(const uint64_t *)done;
+}
+
 static void shm_wait_doorbell(void *st, uint64_t done, double deadline) {
   shm_t *s = st;
   shm_word_t *bell = &s->ranks[s->pl.rank]->bell;
   /* the next request usually follows within microseconds (a training step
    * submits its gradients back to back): spin briefly before sleeping */
-  double spin_until = tnt_now() + s->spin_s;
-  for (int i = 0; s->spin_s > 0; i++) {
-    if (atomic_load(&bell->value) != s->bell_seen || atomic_load(&s->hdr->cycle_wanted) > done) break;
-    if ((i & 63) == 63 && tnt_now() > spin_until) break;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  }
+  spin_until(s, bell_rang, &done);
   for (;;) {
     uint32_t b = atomic_load(&bell->value);
     if (b != s->bell_seen || atomic_load(&s->hdr->cycle_wanted) > done) {
@@ -355,8 +364,7 @@ static void shm_wait_doorbell(void *st, uint64_t done, double deadline) {
     }
     double now = tnt_now();
     if (now >= deadline) return;
-    double slice = deadline - now < 1.0 ? deadline - now : 1.0;
-    struct timespec ts = {(time_t)slice, (long)((slice - (double)(time_t)slice) * 1e9)};
+    struct timespec ts = tnt_timespec(deadline - now < 1.0 ? deadline - now : 1.0);
     atomic_fetch_add(&bell->waiters, 1);
     if (atomic_load(&bell->value) == b && atomic_load(&s->hdr->cycle_wanted) <= done) futex(&bell->value, FUTEX_WAIT, b, &ts);
     atomic_fetch_sub(&bell->waiters, 1);
