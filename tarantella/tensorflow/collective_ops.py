@@ -1,14 +1,20 @@
 """TensorFlow ops over the core's NumPy collectives.
 
-Every op here is one `tf.numpy_function` per *group* of tensors: per-call
+Every op here is a `tf.numpy_function` over a *group* of tensors: per-call
 overhead (about 30-55 us, GIL included) dominates for many small tensors, so
-gradients are flattened and concatenated in TF (cheap, multithreaded) and
-reduced in one request per dtype. The functions are stateful so that automatic
-control dependencies keep them in program order: every rank then submits its
-requests in the same order, and nothing is pruned.
+small gradients are flattened and concatenated in TF (cheap, multithreaded)
+and reduced in one request per dtype and bucket. Gradients go in a few buckets
+in backprop order, each started by its own op as soon as its tensors exist, so
+that communication overlaps the rest of backprop (see weighted_average). The
+functions are stateful so that automatic control dependencies keep them in
+program order: every rank then submits its requests in the same order, and
+nothing is pruned.
 
 These ops cannot be XLA-compiled (`PyFunc` has no XLA kernel); see Model.compile.
 """
+import itertools
+import threading
+
 import numpy as np
 import tensorflow as tf
 
@@ -37,15 +43,78 @@ def _check_float(tensor):
             f"{tensor.dtype.name}")
 
 
+# Gradients are reduced in a few *buckets*, in the order backprop produces them
+# (the reverse of the variables' order: the last layers' gradients come first).
+# Each bucket has its own "start" op, which depends only on that bucket's
+# gradients, so its allreduce runs while backprop is still computing the
+# earlier layers' gradients; one "wait" op at the end collects every result.
+# Every op costs a Python call (about 30-55 us), so the buckets are few: about
+# total / _MAX_BUCKETS bytes each, never less than _MIN_BUCKET_BYTES.
+_MAX_BUCKETS = 4
+_MIN_BUCKET_BYTES = 1 << 20
+
+_steps = {}  # key -> _Step: the requests in flight of one execution of the ops
+_step_keys = itertools.count(1)
+_steps_lock = threading.Lock()
+
+
+class _Step:
+    def __init__(self, weight_handle, scale):
+        self.weight_handle = weight_handle
+        self.scale = scale
+        self.handles = []
+
+    def prescale(self, weight):
+        if self.scale is None:
+            total = float(self.weight_handle.wait()[0])
+            self.weight_handle = None
+            self.scale = weight / total if total > 0 else 0.0
+        return self.scale
+
+
+def _buckets(tensors, present):
+    """Indices of `present` grouped into buckets, in backprop order."""
+    order = list(reversed(present))
+    nbytes = {i: (tensors[i].shape.num_elements() or 0) * tensors[i].dtype.size for i in order}
+    target = max(_MIN_BUCKET_BYTES, -(-sum(nbytes.values()) // _MAX_BUCKETS))
+    buckets, current, size = [], [], 0
+    for i in order:
+        if current and size + nbytes[i] > target:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes[i]
+    buckets.append(current)
+    return buckets
+
+
+def _layout(tensors, bucket):
+    """A bucket's arrays: its small tensors packed into one flat buffer per
+    dtype (indices, dtype), then its large ones alone ([index], None)."""
+    packed, single = {}, []
+    for i in bucket:
+        n = tensors[i].shape.num_elements()
+        if n is not None and n <= _PACK_MAX_ELEMENTS:
+            packed.setdefault(tensors[i].dtype, []).append(i)
+        else:
+            single.append(i)
+    return [(idx, dtype) for dtype, idx in packed.items()] + [([i], None) for i in single]
+
+
 def weighted_average(tensors, weight=None, name="tnt.grads"):
     """Σ_r w_r·t_r / Σ_r w_r over all ranks, for each tensor of `tensors`.
 
     `weight` is this rank's scalar weight (e.g. its micro-batch size, so that
     the result is exactly the serial mean gradient; 0 for a rank with an empty
     micro-batch); None weights every rank equally. The weights are summed
-    first (one 8-byte allreduce), so that each rank can prescale its data by
-    w_r / Σ w: the data then needs a single pass, with no division afterwards.
+    first (one 8-byte allreduce, started as soon as the weight is known, i.e.
+    before backprop), so that each rank can prescale its data by w_r / Σ w:
+    the data then needs a single pass, with no division afterwards.
     `None` entries are passed through.
+
+    The tensors are sent in buckets, in reverse order (backprop order): each
+    bucket starts as soon as its own tensors exist, and the result waits for
+    all of them.
     """
     tensors = [None if t is None else _as_dense(t) for t in tensors]
     present = [i for i, t in enumerate(tensors) if t is not None]
@@ -53,43 +122,61 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
         return list(tensors)
     for i in present:
         _check_float(tensors[i])
+    size = core.get_size()
     weight = tf.constant(-1.0, tf.float64) if weight is None else tf.cast(weight, tf.float64)
 
-    packed, single = {}, []  # dtype -> indices packed together; indices sent alone
-    for i in present:
-        if tensors[i].shape.num_elements() is not None and \
-                tensors[i].shape.num_elements() <= _PACK_MAX_ELEMENTS:
-            packed.setdefault(tensors[i].dtype, []).append(i)
-        else:
-            single.append(i)
-    inputs = [tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], 0) for idx in packed.values()]
-    inputs += [tensors[i] for i in single]
-    names = [f"{name}.{k}" for k in range(len(inputs))]
-    size = core.get_size()
-
-    def reduce(w, *arrays):
+    def begin(w):
         w = float(w)
         if w < 0:  # equal weights
-            scale = 1.0 / size
+            step = _Step(None, 1.0 / size)
         else:
-            total = float(collectives.allreduce(np.array([w]), op="sum", name=f"{name}.w")[0])
-            scale = w / total if total > 0 else 0.0
-        handles = [collectives.allreduce_async(a, op="sum", name=n, prescale=scale)
-                   for a, n in zip(arrays, names)]
-        return [h.wait() for h in handles]
+            step = _Step(collectives.allreduce_async(np.array([w]), op="sum", name=f"{name}.w"),
+                         None)
+        with _steps_lock:
+            key = next(_step_keys)
+            _steps[key] = step
+        return np.int64(key)
 
-    reduced = tf.numpy_function(reduce, [weight] + inputs, [t.dtype for t in inputs],
-                                stateful=True, name="TntWeightedAverage")
+    # Stateful ops are chained by automatic control dependencies in program
+    # order: begin, then the buckets in backprop order, then the wait.
+    key = tf.numpy_function(begin, [weight], tf.int64, stateful=True, name="TntGradsBegin")
+    layouts, tokens, arrays_in = [], [], []
+    for b, bucket in enumerate(_buckets(tensors, present)):
+        layout = _layout(tensors, bucket)
+        inputs = [tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], 0) if dtype is not None
+                  else tensors[idx[0]] for idx, dtype in layout]
+        names = [f"{name}.b{b}.{k}" for k in range(len(inputs))]
+
+        def start(k, w, *arrays, names=names):
+            step = _steps[int(k)]
+            scale = step.prescale(float(w))
+            step.handles += [collectives.allreduce_async(a, op="sum", name=n, prescale=scale)
+                             for a, n in zip(arrays, names)]
+            return k
+
+        tokens.append(tf.numpy_function(start, [key, weight] + inputs, tf.int64, stateful=True,
+                                        name="TntGradsStart"))
+        layouts += layout
+        arrays_in += inputs
+
+    def finish(k, *tokens):
+        with _steps_lock:
+            step = _steps.pop(int(k))
+        return [h.wait() for h in step.handles]
+
+    reduced = tf.numpy_function(finish, [key] + tokens, [a.dtype for a in arrays_in],
+                                stateful=True, name="TntGradsWait")
     out = list(tensors)
-    for flat, idx in zip(reduced[:len(packed)], packed.values()):
+    for flat, (idx, dtype) in zip(reduced, layouts):
+        if dtype is None:
+            flat.set_shape(tensors[idx[0]].shape)
+            out[idx[0]] = flat
+            continue
         offset = 0
         for i in idx:
             n = tensors[i].shape.num_elements()
             out[i] = tf.reshape(flat[offset:offset + n], tensors[i].shape)
             offset += n
-    for result, i in zip(reduced[len(packed):], single):
-        result.set_shape(tensors[i].shape)
-        out[i] = result
     return out
 
 

@@ -196,6 +196,24 @@ def check_misc(tnt):
     return out
 
 
+def check_overlap(tnt):
+    """A few steps of a 5-layer MLP whose gradients go in several buckets; the
+    test reads the core's timeline (TNT_TIMELINE) for the tensors named
+    "tnt.overlap.*" and checks that communication began during backprop."""
+    keras.utils.set_random_seed(1)
+    width, batch, steps = 1024, 256, 8
+    model = tnt.Model(keras.Sequential(
+        [keras.Input((width,))] + [keras.layers.Dense(width, activation="relu") for _ in range(4)]
+        + [keras.layers.Dense(10)]))
+    model.compile(optimizer=tnt.DistributedOptimizer(keras.optimizers.SGD(0.01), name="tnt.overlap"),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch * steps, width)).astype("float32")
+    y = rng.integers(0, 10, batch * steps).astype("int32")
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch), epochs=1, verbose=0)
+    return {"steps": steps}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -219,6 +237,7 @@ def main():
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt)
+        results["overlap"] = check_overlap(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 
         tb = prepare_callbacks([keras.callbacks.TensorBoard(os.path.join(files, "tb"))])[0]

@@ -14,7 +14,8 @@ def runs(tmp_path_factory):
     ref = tmp_path_factory.mktemp("serial")
     run_serial("features.py", "--out", ref, "--reference")
     out = tmp_path_factory.mktemp("ranks")
-    run_ranks(2, "features.py", "--out", out, env={"TNT_LOG_LEVEL": "INFO"})
+    run_ranks(2, "features.py", "--out", out,
+              env={"TNT_LOG_LEVEL": "INFO", "TNT_TIMELINE": os.path.join(out, "trace.json")})
     load = lambda d, r: json.load(open(os.path.join(d, f"rank{r}.json")))  # noqa: E731
     return {"ref": load(ref, 0), "ranks": [load(out, 0), load(out, 1)], "out": str(out)}
 
@@ -81,3 +82,39 @@ def test_warnings_and_xla(runs):
     master = runs["ranks"][0]["misc"]
     assert master["batch_norm_warning"]
     assert master["jit_compile"] is False and master["xla_info"]
+
+
+def _timeline(path, prefix):
+    """{tensor name: {phase: [(start_us, duration_us) per step]}} from a core trace."""
+    with open(path) as f:
+        text = f.read().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    out = {}
+    for e in events:
+        if e.get("ph") == "X" and rows[e["tid"]].startswith(prefix):
+            out.setdefault(rows[e["tid"]], {}).setdefault(e["name"], []).append((e["ts"], e["dur"]))
+    return out
+
+
+def test_gradient_allreduce_overlaps_backprop(runs):
+    """Buckets are submitted in backprop order as their gradients appear; the
+    first bucket's ALLREDUCE starts before the last bucket is even submitted
+    (on some step: a rank that waits for a late peer may submit all at once)."""
+    steps = runs["ranks"][0]["overlap"]["steps"]
+    for rank in (0, 1):
+        tl = _timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.overlap.b")
+        buckets = sorted({int(n.split(".")[2][1:]) for n in tl})
+        assert len(buckets) >= 3, sorted(tl)
+        first = [v for n, v in tl.items() if n.startswith(f"tnt.overlap.b{buckets[0]}.")]
+        last = [v for n, v in tl.items() if n.startswith(f"tnt.overlap.b{buckets[-1]}.")]
+        for phases in first + last:
+            assert len(phases["NEGOTIATE"]) == steps and len(phases["ALLREDUCE"]) == steps
+        overlapped = 0
+        for step in range(steps):
+            first_allreduce = min(p["ALLREDUCE"][step][0] for p in first)
+            last_submitted = max(p["NEGOTIATE"][step][0] for p in last)
+            # buckets are submitted in backprop order (automatic control dependencies)
+            assert min(p["NEGOTIATE"][step][0] for p in first) <= last_submitted
+            overlapped += first_allreduce < last_submitted
+        assert overlapped >= 1, f"rank {rank}: no step overlapped communication with backprop"
