@@ -13,6 +13,7 @@ import secrets
 import shlex
 import sys
 
+from tarantella.common import config
 from tarantella.runner import command as cmd
 from tarantella.runner import environment, gpus, local
 from tarantella.runner.environment import UsageError
@@ -136,11 +137,12 @@ def build_parser(prog="tntrun"):
     perf = p.add_argument_group("Performance tuning")
     perf.add_argument("--fusion-threshold", type=_nonneg_int, metavar="KB",
                       help="pack allreduces into buffers up to KB kibibytes; 0 disables fusion "
-                           "(TNT_FUSION_THRESHOLD_KB; default 32)")
+                           f"(TNT_FUSION_THRESHOLD_KB; default {config.BY_NAME['TNT_FUSION_THRESHOLD_KB'].default})")
     perf.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
                       help="the same in MiB (as horovodrun's flag)")
     perf.add_argument("--timeout", type=_positive_float, metavar="S",
-                      help="a rank waiting longer than S seconds for a peer fails (TNT_TIMEOUT_S)")
+                      help="a rank waiting longer than S seconds for a peer fails "
+                           f"(TNT_TIMEOUT_S; default {config.BY_NAME['TNT_TIMEOUT_S'].default:g})")
     perf.add_argument("--timeline", "--timeline-filename", metavar="FILE",
                       help="write a Chrome-trace timeline of the collectives to FILE (TNT_TIMELINE)")
     perf.add_argument("--pin-to-socket", action="store_true",
