@@ -33,6 +33,43 @@ def test_rank_slices_concatenate_to_the_global_batch(size, n, batch):
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("n,batch", [(43, 8), (7, 9), (12, 4)])
+def test_maps_before_the_batch_run_on_the_rank_slice_only(size, n, batch):
+    """`map(f) -> batch(B)` is rebuilt as `batch(B) -> slice -> f per sample`:
+    the same tensors as slicing after the map, empty slices included."""
+    from tarantella.tensorflow.data import slice_before_map
+
+    x = np.arange(n * 6, dtype=np.int32).reshape(n, 2, 3)
+    def pipeline():
+        return (tf.data.Dataset.from_tensor_slices(({"x": x}, np.arange(n)))
+                .map(lambda d, y: ({"x": tf.sqrt(tf.cast(d["x"], tf.float32) + 1.0)}, y + 1),
+                     num_parallel_calls=2)
+                .map(lambda d, y: (d, tf.cast(y, tf.float32) * 0.5)).batch(batch).prefetch(1))
+
+    assert slice_before_map.rebuild(pipeline(), 0, size) is not None
+    for r in range(size):
+        early = list(distribute_dataset(pipeline(), rank=r, size=size).dataset)
+        late = list(distribute_dataset(pipeline(), rank=r, size=size, slice_early=False).dataset)
+        assert len(early) == len(late)
+        for (de, ye), (dl, yl) in zip(early, late):
+            assert de["x"].shape == dl["x"].shape and ye.shape == yl.shape
+            np.testing.assert_array_equal(de["x"], dl["x"])
+            np.testing.assert_array_equal(ye, yl)
+
+
+def test_stateful_or_reshaping_maps_are_sliced_after_the_batch():
+    from tarantella.tensorflow.data import slice_before_map
+
+    base = tf.data.Dataset.from_tensor_slices(np.zeros((8, 2), np.float32))
+    random = base.map(lambda v: v + tf.random.uniform([2])).batch(4)
+    assert slice_before_map.rebuild(random, 0, 2) is None  # a random stream would shift
+    ragged = base.map(lambda v: v[: tf.cast(v[0], tf.int32)]).batch(4)
+    assert slice_before_map.rebuild(ragged, 0, 2) is None  # unknown shapes
+    no_map = base.batch(4)
+    assert slice_before_map.rebuild(no_map, 0, 2) is None
+
+
 def test_unbatched_dataset_with_micro_batch_size():
     ds = tf.data.Dataset.range(10)
     parts = [_batches(distribute_dataset(ds, micro_batch_size=2, rank=r, size=2).dataset)

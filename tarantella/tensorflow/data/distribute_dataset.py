@@ -4,7 +4,8 @@ import dataclasses
 import tensorflow as tf
 
 from tarantella.common import core
-from tarantella.tensorflow.data import batch_slicing, dataset_inspection, shuffle_seeding
+from tarantella.tensorflow.data import (batch_slicing, dataset_inspection, shuffle_seeding,
+                                        slice_before_map)
 
 
 @dataclasses.dataclass
@@ -25,7 +26,8 @@ def _check_micro_batch_size(micro_batch_size, global_batch_size, size, what):
 
 
 def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
-                       shuffle_seed=shuffle_seeding.DEFAULT_SEED, what="tnt_micro_batch_size"):
+                       shuffle_seed=shuffle_seeding.DEFAULT_SEED, what="tnt_micro_batch_size",
+                       slice_early=True):
     """This rank's part of `dataset`.
 
     Args:
@@ -36,6 +38,9 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
             against the global batch size.
         rank, size: Default to this process's rank and the number of ranks.
         shuffle_seed: Seed given to `shuffle()` ops that have none.
+        slice_early: Where the pipeline is `... -> map(f) -> batch(B)`, slice
+            before the maps so that this rank maps only its own samples
+            (see slice_before_map); False always slices after the batch.
 
     Returns:
         A `Distributed` record: the rank's dataset, whose i-th element is this
@@ -62,7 +67,10 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
         info = dataset_inspection.Batching(True, global_batch)
     elif micro_batch_size is not None and info.batch_size is not None:
         _check_micro_batch_size(micro_batch_size, info.batch_size, size, what)
-    if size > 1:
+    rebuilt = slice_before_map.rebuild(dataset, rank, size) if size > 1 and slice_early else None
+    if rebuilt is not None:
+        dataset = rebuilt
+    elif size > 1:
         dataset = dataset.map(lambda *e: batch_slicing.slice_element(e[0] if len(e) == 1 else e,
                                                                      rank, size),
                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
