@@ -40,8 +40,11 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory():
 def test_timeline_has_one_trace_per_rank(tmp_path):
     script = tmp_path / "timeline_rank.py"
     script.write_text(
-        "import numpy as np, tarantella as tnt\n"
-        "for step in range(3):\n"
+        "import time, numpy as np, tarantella as tnt\n"
+        "for step in range(4):\n"
+        "    # rank 1 comes late, so rank 0's five requests are all waiting for it:\n"
+        "    # they become ready together and are fused\n"
+        "    if tnt.get_rank() == 1: time.sleep(0.3)\n"
         "    hs = [tnt.allreduce_async(np.ones(100 * (i + 1), np.float32), name=f'grad{i}') for i in range(5)]\n"
         "    [h.wait() for h in hs]\n"
         "tnt.broadcast(np.ones(10, np.float32), name='weights')\n")
