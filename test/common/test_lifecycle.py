@@ -62,3 +62,24 @@ def test_timeline_has_one_trace_per_rank(tmp_path):
         fused = [e for e in events if e.get("name") == "ALLREDUCE" and "fused" in e.get("args", {}).get("detail", "")]
         assert fused, "the five small gradients should have been fused"
         assert all(e["dur"] >= 0 for e in events if e.get("ph") == "X")
+
+
+def test_shared_memory_is_owner_only_and_removed_when_set_up_fails():
+    import stat
+    import secrets
+
+    job = secrets.token_hex(16)
+    proc = subprocess.Popen([sys.executable, "-c", "import tarantella as tnt; tnt.init()"],
+                            env=clean_env(TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID=job, TNT_TIMEOUT_S=3),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not shm_objects(job) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (name,) = shm_objects(job)  # rank 0 waits for rank 1, which never starts
+    mode = os.stat(os.path.join("/dev/shm", name)).st_mode
+    assert stat.S_IMODE(mode) == 0o600
+    assert len(job) == 32  # 128 random bits name the object
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert "TimeoutError" in err and "ranks [1] to start" in err, err[-2000:]
+    assert shm_objects(job) == []

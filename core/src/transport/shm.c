@@ -283,6 +283,16 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
   if (atomic_load(&s->hdr->attached.waiters)) futex(&s->hdr->attached.value, FUTEX_WAKE, INT_MAX, NULL);
   if (attached == (uint32_t)pl->size) shm_unlink(s->name); /* everyone is in: nothing can leak from now on */
   res = wait_word(s, &s->hdr->attached, (uint32_t)pl->size, deadline, "waiting for every rank to attach");
+  if (res == TNT_ERR_TIMEOUT) {
+    char missing[256] = "";
+    size_t used = 0;
+    for (int r = 0; r < pl->size && used < sizeof missing - 12; r++)
+      if (atomic_load(&s->ranks[r]->state) == RANK_EMPTY)
+        used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", r);
+    res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d waited %.0f s (TNT_TIMEOUT_S) for ranks [%s] to start: launch every rank "
+                   "of the job (TNT_SIZE=%d) with the same TNT_JOB_ID, e.g. with tntrun",
+                   pl->rank, params->timeout_s, missing, pl->size);
+  }
   if (res != TNT_SUCCESS) goto fail;
   *state = s;
   TNT_INFO("shm: %s, %zu bytes, %d ranks", s->name, s->total, pl->size);
@@ -290,6 +300,8 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
 fail:
   if (s->base && s->base != MAP_FAILED && pl->rank < pl->size && s->ranks[pl->rank])
     atomic_store(&s->ranks[pl->rank]->state, RANK_FAILED);
+  /* the set-up failed: leave no name behind (ranks already attached keep their mapping) */
+  if (s->fd >= 0) shm_unlink(s->name);
   shm_free(s);
   return res;
 }
