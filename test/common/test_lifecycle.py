@@ -78,7 +78,6 @@ def test_shared_memory_is_owner_only_and_removed_when_set_up_fails():
     (name,) = shm_objects(job)  # rank 0 waits for rank 1, which never starts
     mode = os.stat(os.path.join("/dev/shm", name)).st_mode
     assert stat.S_IMODE(mode) == 0o600
-    assert len(job) == 32  # 128 random bits name the object
     out, err = proc.communicate(timeout=30)
     assert proc.returncode != 0
     assert "TimeoutError" in err and "ranks [1] to start" in err, err[-2000:]
