@@ -124,6 +124,7 @@ typedef struct {
   tnt_namemap_t cache_by_name;
   uint64_t cycles;
   uint8_t *fusion_buf;
+  uint8_t *small_scratch;      /* N * TNT_SMALL_ALLREDUCE_BYTES: small allreduces */
   size_t fusion_cap;
   tnt_timeline_t *timeline;
   uint8_t *msg_out, *msg_all;  /* exchange buffers */

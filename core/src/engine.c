@@ -25,7 +25,11 @@
 
 #define LIVENESS_S 0.2 /* how often a thread with pending requests checks its peers */
 
-tnt_result_t tnt_engine_setup(tnt_ctx_t *c) { return tnt_negotiate_setup(c); }
+tnt_result_t tnt_engine_setup(tnt_ctx_t *c) {
+  c->small_scratch = malloc((size_t)c->pl.size * TNT_SMALL_ALLREDUCE_BYTES);
+  if (!c->small_scratch) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  return tnt_negotiate_setup(c);
+}
 
 void tnt_engine_teardown(tnt_ctx_t *c) {
   tnt_negotiate_teardown(c);
@@ -34,6 +38,8 @@ void tnt_engine_teardown(tnt_ctx_t *c) {
   c->npending = c->cappending = 0;
   free(c->fusion_buf);
   c->fusion_buf = NULL;
+  free(c->small_scratch);
+  c->small_scratch = NULL;
   c->fusion_cap = 0;
 }
 
@@ -110,6 +116,14 @@ static void copy_out(tnt_ctx_t *c, const tnt_request_t *req, const void *src, si
 
 static double op_deadline(const tnt_ctx_t *c) { return tnt_now() + c->params.timeout_s; }
 
+/* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
+ * wake-up instead of 2(N-1)), the pipelined ring beyond. */
+static tnt_result_t reduce(tnt_ctx_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt) {
+  size_t bytes = (size_t)count * tnt_dtype_size(dt);
+  if (bytes > TNT_SMALL_ALLREDUCE_BYTES) return tnt_allreduce_ring(&c->ring, in, out, count, dt, op_deadline(c));
+  return tnt_allreduce_small(&c->ring, in, out, count, dt, c->small_scratch, op_deadline(c));
+}
+
 /* Allreduce of reqs[0..n) (n > 1: through the fusion buffer). */
 static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
   tnt_dtype_t dt = (tnt_dtype_t)reqs[0]->meta.dtype;
@@ -122,7 +136,7 @@ static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
       copy_in(req, req->out, esz);
       src = req->out;
     }
-    TNT_CHECK(tnt_allreduce_ring(&c->ring, src, req->out, req->meta.count, dt, op_deadline(c)));
+    TNT_CHECK(reduce(c, src, req->out, req->meta.count, dt));
     if (req->meta.op == TNT_AVERAGE) tnt_divide(dt, req->out, req->out, c->pl.size, (size_t)req->meta.count);
     tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), NULL);
     return TNT_SUCCESS;
@@ -136,7 +150,7 @@ static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
     off += (size_t)reqs[i]->meta.count * esz;
   }
   int64_t t1 = tnt_now_us();
-  TNT_CHECK(tnt_allreduce_ring(&c->ring, c->fusion_buf, c->fusion_buf, total, dt, op_deadline(c)));
+  TNT_CHECK(reduce(c, c->fusion_buf, c->fusion_buf, total, dt));
   int64_t t2 = tnt_now_us();
   off = 0;
   for (int i = 0; i < n; i++) {

@@ -48,6 +48,11 @@ static inline void tnt_piece(int64_t begin, int64_t len, int64_t k, int64_t P, i
 /* The collectives (one file each). `deadline` bounds the whole operation. */
 tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                 double deadline);
+/* Allreduce of at most TNT_SMALL_ALLREDUCE_BYTES through one exchange; scratch
+ * holds N * count elements. */
+#define TNT_SMALL_ALLREDUCE_BYTES (16 * 1024)
+tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                 void *scratch, double deadline);
 tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, size_t bytes, int root, double deadline);
 tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, const int64_t *bytes_per_rank,
                                 double deadline);
