@@ -71,6 +71,7 @@ def worker(args):
     global_batch = MICRO * processes
     strategy = None
     if args.setup == "mwms":
+        _patch_keras_for_mwms(tf)
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     scope = strategy.scope() if strategy else _nullcontext()
     with scope:
@@ -105,6 +106,48 @@ def worker(args):
     if rank == 0:
         print("BENCH " + json.dumps({"step_s": step, "samples_per_s": global_batch / step,
                                      "params": params}), flush=True)
+
+
+def _patch_keras_for_mwms(tf):
+    """The two workarounds of keras-team/keras#20585, without which `fit` under
+    MultiWorkerMirroredStrategy fails on Keras 3 (3.15 included); applied in the
+    benchmark's MWMS worker only.
+
+    1. `_maybe_symbolic_build` builds the model from the first batch by
+       `strategy.reduce("MEAN", per_replica_batch)`, which MWMS cannot do on
+       the input PerReplica values ("Attempt to convert a value (PerReplica...)
+       to a Tensor"): build from this worker's local batch instead.
+    2. `reduce_per_replica` reduces scalar logs with `axis=0` under MWMS
+       ("Invalid reduction dimension 0 for input with 0 dimensions"): reduce
+       scalars with `axis=None`.
+    """
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None:
+            return
+        if iterator is not None:
+            for _, _, it in iterator:
+                batch = next(it)
+                data_batch = tf.nest.map_structure(
+                    lambda v: self.distribute_strategy.experimental_local_results(v)[0]
+                    if isinstance(v, tf.distribute.DistributedValues) else v, batch)
+                break
+        with self.distribute_strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    original = tf_trainer.reduce_per_replica
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and tf_trainer._collective_all_reduce_multi_worker(strategy):
+            def reduce(v):
+                rank = v.values[0].shape.rank if tf_trainer._is_per_replica_instance(v) else v.shape.rank
+                return strategy.reduce("MEAN", v, axis=0 if rank else None)
+            return tf.nest.map_structure(reduce, values)
+        return original(values, strategy, reduction)
+
+    tf_trainer.reduce_per_replica = reduce_per_replica
 
 
 class _nullcontext:
