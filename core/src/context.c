@@ -124,13 +124,16 @@ tnt_result_t tnt_finalize(void) {
   return TNT_SUCCESS;
 }
 
+static void tnt_set_fatal_quiet(tnt_ctx_t *c, tnt_result_t result, const char *message, int peer);
+
 tnt_result_t tnt_abort(const char *reason) {
   tnt_ctx_t *c = &tnt_ctx;
   if (!c->initialized) return TNT_SUCCESS;
   if (c->transport) c->transport->abort(c->ts, reason);
   char msg[1024];
   snprintf(msg, sizeof msg, "rank %d aborted: %s", c->pl.rank, reason ? reason : "");
-  tnt_set_fatal(c, TNT_ERR_PEER_LOST, msg, c->pl.rank);
+  /* no ERROR log: the caller (e.g. Python's excepthook) reports the reason itself */
+  tnt_set_fatal_quiet(c, TNT_ERR_PEER_LOST, msg, c->pl.rank);
   return TNT_SUCCESS;
 }
 
@@ -192,16 +195,24 @@ void tnt_complete(tnt_ctx_t *c, tnt_request_t *req, tnt_result_t result, const c
   pthread_mutex_unlock(&c->mu);
 }
 
-void tnt_set_fatal(tnt_ctx_t *c, tnt_result_t result, const char *message, int peer) {
+static void set_fatal(tnt_ctx_t *c, tnt_result_t result, const char *message, int peer, int log) {
   pthread_mutex_lock(&c->mu);
   if (c->fatal == TNT_SUCCESS) {
     c->fatal = result;
     snprintf(c->fatal_msg, sizeof c->fatal_msg, "%s", message);
     c->fatal_peer = peer;
-    TNT_ERROR("%s", message);
+    if (log) TNT_ERROR("%s", message);
   }
   pthread_mutex_unlock(&c->mu);
   if (c->transport) c->transport->wake_local(c->ts);
+}
+
+void tnt_set_fatal(tnt_ctx_t *c, tnt_result_t result, const char *message, int peer) {
+  set_fatal(c, result, message, peer, 1);
+}
+
+static void tnt_set_fatal_quiet(tnt_ctx_t *c, tnt_result_t result, const char *message, int peer) {
+  set_fatal(c, result, message, peer, 0);
 }
 
 /* ---- submission ---- */

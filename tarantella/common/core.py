@@ -16,6 +16,7 @@ _lib = None
 _ffi = None
 _state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
 MASTER_RANK = 0
+_SELF_EXPLAINING = (1, 2, 3)  # invalid argument, invalid usage, mismatch
 
 
 def _load():
@@ -48,7 +49,10 @@ def check(result):
     lib_, ffi_ = _load()
     message = ffi_.string(lib_.tnt_last_error()).decode("utf-8", "replace")
     hint = ffi_.string(lib_.tnt_strerror(result)).decode()
-    text = f"{message} ({hint})" if message else hint
+    # messages about a call already say how to fix it; the job-level ones
+    # (peer lost, timeout, system, internal) get the general advice appended
+    text = message if message and result in _SELF_EXPLAINING else \
+        f"{message} ({hint})" if message else hint
     raise errors.error_for_code(result, text, rank=lib_.tnt_last_error_rank() if result == 4 else None)
 
 
