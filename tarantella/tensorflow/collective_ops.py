@@ -13,7 +13,6 @@ nothing is pruned.
 These ops cannot be XLA-compiled (`PyFunc` has no XLA kernel); see Model.compile.
 """
 import itertools
-import sys
 import threading
 
 import numpy as np
@@ -57,40 +56,6 @@ _MIN_BUCKET_BYTES = 1 << 20
 _steps = {}  # key -> _Step: the requests in flight of one execution of the ops
 _step_keys = itertools.count(1)
 _steps_lock = threading.Lock()
-
-
-class _OutputPool:
-    """Reusable 64-byte-aligned result buffers, per request name.
-
-    A fresh result array per tensor and step costs page faults (about 1 ms per
-    MB measured), more than the reduction itself for large gradients. TF keeps
-    a reference to a returned (aligned, hence zero-copy) array for as long as
-    the tensor lives, so a buffer whose only references are ours is free to
-    be written again: the reference count decides, never a guess about TF's
-    lifetime. A few buffers per name at most (one in use per step, a spare
-    while a previous step's tensor is still alive)."""
-
-    _KEEP = 2
-
-    def __init__(self):
-        self._buffers = {}
-        self._lock = threading.Lock()
-
-    def get(self, name, shape, dtype):
-        with self._lock:
-            buffers = self._buffers.setdefault(name, [])
-            for k in range(len(buffers)):
-                # references: the list, and getrefcount's own argument
-                if sys.getrefcount(buffers[k]) == 2 and buffers[k].shape == shape \
-                        and buffers[k].dtype == dtype:
-                    return buffers[k]
-            buffer = collectives.aligned_empty(shape, dtype)
-            if len(buffers) < self._KEEP:
-                buffers.append(buffer)
-            return buffer
-
-
-_outputs = _OutputPool()
 
 
 class _Step:
@@ -185,9 +150,8 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
         def start(k, w, *arrays, names=names):
             step = _steps[int(k)]
             scale = step.prescale(float(w))
-            step.handles += [collectives.allreduce_async(
-                a, op="sum", name=n, prescale=scale, out=_outputs.get(n, a.shape, a.dtype))
-                for a, n in zip(arrays, names)]
+            step.handles += [collectives.allreduce_async(a, op="sum", name=n, prescale=scale)
+                             for a, n in zip(arrays, names)]
             return k
 
         tokens.append(tf.numpy_function(start, [key, weight] + inputs, tf.int64, stateful=True,
