@@ -58,14 +58,16 @@ tnt_result_t tnt_init(void) {
     if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS) goto out;
     size_t window = (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots;
     if ((res = c->transport->init(&c->pl, &c->params, window, &c->ts)) != TNT_SUCCESS) goto out;
-    tnt_ring_setup(&c->ring, c->transport, c->ts, c->pl.rank, c->pl.size, (size_t)c->params.shm_slot_bytes,
-                   c->params.shm_slots, c->params.timeout_s);
-    if ((res = tnt_engine_setup(c)) != TNT_SUCCESS) {
+    if ((res = tnt_ring_setup(&c->ring, c->transport, c->ts, c->pl.rank, c->pl.size, (size_t)c->params.shm_slot_bytes,
+                              c->params.shm_slots, c->params.timeout_s)) != TNT_SUCCESS ||
+        (res = tnt_engine_setup(c)) != TNT_SUCCESS) {
+      tnt_ring_teardown(&c->ring);
       c->transport->finalize(c->ts);
       goto out;
     }
     if (pthread_create(&c->thread, NULL, tnt_engine_main, c) != 0) {
       tnt_engine_teardown(c);
+      tnt_ring_teardown(&c->ring);
       c->transport->finalize(c->ts);
       res = tnt_fail(TNT_ERR_SYSTEM, "cannot start the background thread: %s", strerror(errno));
       goto out;
@@ -109,6 +111,7 @@ tnt_result_t tnt_finalize(void) {
     c->transport->wake_local(c->ts);
     pthread_join(c->thread, NULL);
     tnt_engine_teardown(c);
+    tnt_ring_teardown(&c->ring);
   }
   if (c->transport) c->transport->finalize(c->ts);
   tnt_timeline_close(c->timeline);

@@ -115,13 +115,23 @@ void tnt_scale(tnt_dtype_t dtype, void *dst, const void *src, double factor, siz
     case TNT_FLOAT32: {
       float *d = dst, f = (float)factor;
       const float *s = src;
-      for (size_t i = 0; i < n; i++) d[i] = s[i] * f;
+      if (d == s) for (size_t i = 0; i < n; i++) d[i] *= f;
+      else {
+        float *restrict dr = d;
+        const float *restrict sr = s;
+        for (size_t i = 0; i < n; i++) dr[i] = sr[i] * f;
+      }
       break;
     }
     case TNT_FLOAT64: {
       double *d = dst;
       const double *s = src;
-      for (size_t i = 0; i < n; i++) d[i] = s[i] * factor;
+      if (d == s) for (size_t i = 0; i < n; i++) d[i] *= factor;
+      else {
+        double *restrict dr = d;
+        const double *restrict sr = s;
+        for (size_t i = 0; i < n; i++) dr[i] = sr[i] * factor;
+      }
       break;
     }
     case TNT_INT32: {
@@ -194,5 +204,44 @@ void tnt_divide(tnt_dtype_t dtype, void *dst, const void *src, int divisor, size
       for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(bf16_to_f32(s[i]) / (float)divisor);
       break;
     }
+  }
+}
+
+/* The common cases in one vectorizable loop each; the build disables FMA
+ * contraction (-ffp-contract=off), so the product is rounded before the sum,
+ * as in tnt_scale followed by tnt_reduce_sum. */
+#define SCALED_LOOP(T)                                                          \
+  do {                                                                          \
+    T *restrict d_ = (T *)dst;                                                  \
+    const T *restrict a_ = (const T *)a, *restrict b_ = (const T *)b;           \
+    const T f_ = (T)factor, n_ = (T)divisor;                                    \
+    if (divisor > 1)                                                            \
+      for (size_t i = 0; i < n; i++) d_[i] = (a_[i] + b_[i] * f_) / n_;         \
+    else                                                                        \
+      for (size_t i = 0; i < n; i++) d_[i] = a_[i] + b_[i] * f_;                \
+  } while (0)
+
+void tnt_reduce_scaled(tnt_dtype_t dtype, void *dst, const void *a, const void *b, double factor, int divisor, size_t n) {
+  enum { BLOCK = 2048 };
+  if (dtype == TNT_FLOAT32 && dst != b) {
+    SCALED_LOOP(float);
+    return;
+  }
+  if (dtype == TNT_FLOAT64 && dst != b) {
+    SCALED_LOOP(double);
+    return;
+  }
+  uint64_t scaled[BLOCK]; /* 16 KiB: one block of the largest dtype stays in L1 */
+  const size_t esz = tnt_dtype_size(dtype);
+  for (size_t done = 0; done < n; done += BLOCK) {
+    size_t len = n - done < BLOCK ? n - done : BLOCK;
+    uint8_t *d = (uint8_t *)dst + done * esz;
+    const uint8_t *x = (const uint8_t *)a + done * esz, *y = (const uint8_t *)b + done * esz;
+    if (factor != 1.0) {
+      tnt_scale(dtype, scaled, y, factor, len);
+      y = (const uint8_t *)scaled;
+    }
+    tnt_reduce_sum(dtype, d, x, y, len);
+    if (divisor > 1) tnt_divide(dtype, d, d, divisor, len);
   }
 }

@@ -18,4 +18,10 @@ void tnt_scale(tnt_dtype_t dtype, void *dst, const void *src, double factor, siz
 /* dst[i] = src[i] / divisor, the average's final step (integers: floor division). */
 void tnt_divide(tnt_dtype_t dtype, void *dst, const void *src, int divisor, size_t n);
 
+/* dst[i] = (a[i] + scale(b[i], factor)) / divisor, with exactly the roundings
+ * of tnt_scale, tnt_reduce_sum and tnt_divide applied one after the other
+ * (factor 1 and divisor 1 skip their step). Done in L1-sized blocks, so the
+ * three steps cost one pass over memory. */
+void tnt_reduce_scaled(tnt_dtype_t dtype, void *dst, const void *a, const void *b, double factor, int divisor, size_t n);
+
 #endif

@@ -117,11 +117,21 @@ static void copy_out(tnt_ctx_t *c, const tnt_request_t *req, const void *src, si
 static double op_deadline(const tnt_ctx_t *c) { return tnt_now() + c->params.timeout_s; }
 
 /* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
- * wake-up instead of 2(N-1)), the pipelined ring beyond. */
-static tnt_result_t reduce(tnt_ctx_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt) {
+ * wake-up instead of 2(N-1)), the pipelined ring beyond, which applies the
+ * prescale and the average's division inside its own passes. */
+static tnt_result_t reduce(tnt_ctx_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt, double prescale,
+                           int divisor) {
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
-  if (bytes > TNT_SMALL_ALLREDUCE_BYTES) return tnt_allreduce_ring(&c->ring, in, out, count, dt, op_deadline(c));
-  return tnt_allreduce_small(&c->ring, in, out, count, dt, c->small_scratch, op_deadline(c));
+  if (bytes > TNT_SMALL_ALLREDUCE_BYTES)
+    return tnt_allreduce_ring(&c->ring, in, out, count, dt, prescale, divisor, op_deadline(c));
+  const void *src = in;
+  if (prescale != 1.0) { /* small: scale into the output, then reduce in place */
+    tnt_scale(dt, out, in, prescale, (size_t)count);
+    src = out;
+  }
+  TNT_CHECK(tnt_allreduce_small(&c->ring, src, out, count, dt, c->small_scratch, op_deadline(c)));
+  if (divisor > 1) tnt_divide(dt, out, out, divisor, (size_t)count);
+  return TNT_SUCCESS;
 }
 
 /* Allreduce of reqs[0..n) (n > 1: through the fusion buffer). */
@@ -131,13 +141,8 @@ static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
   int64_t t0 = tnt_now_us();
   if (n == 1) {
     tnt_request_t *req = reqs[0];
-    const void *src = req->in;
-    if (req->prescale != 1.0) { /* scale into the output, then reduce in place */
-      copy_in(req, req->out, esz);
-      src = req->out;
-    }
-    TNT_CHECK(reduce(c, src, req->out, req->meta.count, dt));
-    if (req->meta.op == TNT_AVERAGE) tnt_divide(dt, req->out, req->out, c->pl.size, (size_t)req->meta.count);
+    TNT_CHECK(reduce(c, req->in, req->out, req->meta.count, dt, req->prescale,
+                     req->meta.op == TNT_AVERAGE ? c->pl.size : 1));
     tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), NULL);
     return TNT_SUCCESS;
   }
@@ -150,7 +155,7 @@ static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
     off += (size_t)reqs[i]->meta.count * esz;
   }
   int64_t t1 = tnt_now_us();
-  TNT_CHECK(reduce(c, c->fusion_buf, c->fusion_buf, total, dt));
+  TNT_CHECK(reduce(c, c->fusion_buf, c->fusion_buf, total, dt, 1.0, 1)); /* copy_in/out scale and divide */
   int64_t t2 = tnt_now_us();
   off = 0;
   for (int i = 0; i < n; i++) {

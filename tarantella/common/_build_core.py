@@ -35,7 +35,7 @@ ffibuilder.set_source(
     sources=_core_sources(),
     include_dirs=[os.path.relpath(os.path.join(_CORE, "include"), _ROOT),
                   os.path.relpath(os.path.join(_CORE, "src"), _ROOT)],
-    extra_compile_args=["-std=gnu11", "-O3", "-Wall", "-fvisibility=default"],
+    extra_compile_args=["-std=gnu11", "-O3", "-ffp-contract=off", "-Wall", "-fvisibility=default"],  # no FMA contraction: the same roundings on every build
     libraries=["rt", "pthread", "m"],
 )
 

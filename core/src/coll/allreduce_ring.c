@@ -30,49 +30,63 @@ typedef struct {
   int64_t P;      /* pieces per segment */
   size_t esz;
   tnt_dtype_t dtype;
+  double prescale; /* this rank's factor on its own input */
 } plan_t;
 
 static int64_t seg_begin(const plan_t *p, int j) { return p->count * j / p->N; }
 
-/* One step of the ring: send segment `send_seg` of `from`; receive segment
- * `recv_seg` into `dst`, added to `addend` (reduce-scatter) or copied as is
- * (allgather: addend NULL). Piece k is sent before piece k is received, so
- * both directions of the link stay busy. */
-static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *from, int send_seg, uint8_t *dst,
-                              const uint8_t *addend, int recv_seg, double deadline) {
+/* One step of the ring: send segment `send_seg` of `from` (scaled by
+ * p->prescale on the way out when `scale_out`); receive segment `recv_seg`
+ * into `dst`: added to the scaled `addend` and divided by `divisor`
+ * (reduce-scatter), or copied as is (allgather: addend NULL). Piece k is sent
+ * before piece k is received, so both directions of the link stay busy. */
+static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *from, int scale_out, int send_seg,
+                              uint8_t *dst, const uint8_t *addend, int divisor, int recv_seg, double deadline) {
   int64_t sb = seg_begin(p, send_seg), sl = seg_begin(p, send_seg + 1) - sb;
   int64_t rb = seg_begin(p, recv_seg), rl = seg_begin(p, recv_seg + 1) - rb;
   for (int64_t k = 0; k < p->P; k++) {
     int64_t pb, pl;
     tnt_piece(sb, sl, k, p->P, &pb, &pl);
-    TNT_CHECK(tnt_ring_send(ring, from + pb * (int64_t)p->esz, (size_t)pl * p->esz, deadline));
+    const uint8_t *piece_out = from + pb * (int64_t)p->esz;
+    if (scale_out) { /* through a cache-resident staging slot, not a pass over the input */
+      tnt_scale(p->dtype, ring->staging, piece_out, p->prescale, (size_t)pl);
+      piece_out = ring->staging;
+    }
+    TNT_CHECK(tnt_ring_send(ring, piece_out, (size_t)pl * p->esz, deadline));
     const void *piece;
     TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
     tnt_piece(rb, rl, k, p->P, &pb, &pl);
     uint8_t *at = dst + pb * (int64_t)p->esz;
     /* partial sum of the earlier ranks first, then ours: the order of the ring */
-    if (addend) tnt_reduce_sum(p->dtype, at, piece, addend + pb * (int64_t)p->esz, (size_t)pl);
-    else memcpy(at, piece, (size_t)pl * p->esz);
+    if (addend)
+      tnt_reduce_scaled(p->dtype, at, piece, addend + pb * (int64_t)p->esz, p->prescale, divisor, (size_t)pl);
+    else
+      memcpy(at, piece, (size_t)pl * p->esz);
     TNT_CHECK(tnt_ring_release(ring));
   }
   return TNT_SUCCESS;
 }
 
 tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                double deadline) {
+                                double prescale, int divisor, double deadline) {
   const int N = ring->size, r = ring->rank;
   const uint8_t *src = in;
   uint8_t *dst = out;
-  plan_t p = {count, N, 1, tnt_dtype_size(dtype), dtype};
+  plan_t p = {count, N, 1, tnt_dtype_size(dtype), dtype, prescale};
   if (N == 1) {
-    if (in != out) memcpy(out, in, (size_t)count * p.esz);
+    tnt_scale(dtype, out, in, prescale, (size_t)count);
+    if (divisor > 1) tnt_divide(dtype, out, out, divisor, (size_t)count);
     return TNT_SUCCESS;
   }
   int64_t max_seg = (count + N - 1) / N, slot_elems = (int64_t)(ring->slot_bytes / p.esz);
   if (max_seg > 0) p.P = (max_seg + slot_elems - 1) / slot_elems;
-  for (int s = 0; s < N - 1; s++) /* reduce-scatter: step 0 sends straight from the input */
-    TNT_CHECK(ring_step(ring, &p, s == 0 ? src : dst, (r - s + 2 * N) % N, dst, src, (r - s - 1 + 2 * N) % N, deadline));
+  /* reduce-scatter: step 0 sends straight from the input (scaled on the way);
+   * the last step completes a segment, so it divides (average) right there and
+   * the allgather spreads the final values: no pass before, none after */
+  for (int s = 0; s < N - 1; s++)
+    TNT_CHECK(ring_step(ring, &p, s == 0 ? src : dst, s == 0 && prescale != 1.0, (r - s + 2 * N) % N, dst, src,
+                        s == N - 2 ? divisor : 1, (r - s - 1 + 2 * N) % N, deadline));
   for (int s = 0; s < N - 1; s++) /* allgather */
-    TNT_CHECK(ring_step(ring, &p, dst, (r + 1 - s + 2 * N) % N, dst, NULL, (r - s + 2 * N) % N, deadline));
+    TNT_CHECK(ring_step(ring, &p, dst, 0, (r + 1 - s + 2 * N) % N, dst, NULL, 1, (r - s + 2 * N) % N, deadline));
   return TNT_SUCCESS;
 }

@@ -1,10 +1,12 @@
 /* ring.c - piece transfer on the ring link (see ring.h for the protocol). */
 #include "ring.h"
 
+#include <stdlib.h>
+
 #include "common.h"
 
-void tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
-                    int slots, double timeout_s) {
+tnt_result_t tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
+                            int slots, double timeout_s) {
   ring->t = t;
   ring->ts = ts;
   ring->rank = rank;
@@ -17,6 +19,13 @@ void tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int ra
   ring->rx_seq = 0;
   ring->timeout_s = timeout_s;
   ring->window = t->window(ts);
+  ring->staging = malloc(slot_bytes);
+  return ring->staging ? TNT_SUCCESS : tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+}
+
+void tnt_ring_teardown(tnt_ring_t *ring) {
+  free(ring->staging);
+  ring->staging = NULL;
 }
 
 tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline) {

@@ -26,10 +26,12 @@ typedef struct {
   uint64_t rx_seq; /* pieces consumed from prev */
   double timeout_s;
   uint8_t *window;
+  uint8_t *staging; /* one slot: a piece scaled on its way out */
 } tnt_ring_t;
 
-void tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
-                    int slots, double timeout_s);
+tnt_result_t tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
+                            int slots, double timeout_s);
+void tnt_ring_teardown(tnt_ring_t *ring);
 
 /* Put one piece (len <= slot_bytes) into next's window, waiting for a free slot. */
 tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline);
@@ -45,9 +47,11 @@ static inline void tnt_piece(int64_t begin, int64_t len, int64_t k, int64_t P, i
   *pl = b - a;
 }
 
-/* The collectives (one file each). `deadline` bounds the whole operation. */
+/* The collectives (one file each). `deadline` bounds the whole operation.
+ * allreduce: out = sum over ranks of (prescale_r * in_r), divided by `divisor`
+ * (1: a plain sum); the scaling and the division cost no extra pass. */
 tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                double deadline);
+                                double prescale, int divisor, double deadline);
 /* Allreduce of at most TNT_SMALL_ALLREDUCE_BYTES through one exchange; scratch
  * holds N * count elements. */
 #define TNT_SMALL_ALLREDUCE_BYTES (16 * 1024)
