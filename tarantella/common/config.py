@@ -34,7 +34,7 @@ PARAMS = (
     Param("TNT_SHM_SLOTS", "int", 8, "shared-memory transport: pieces in flight per ring link"),
     Param("TNT_CACHE_CAPACITY", "int", 1024, "negotiated tensor names remembered (steady state costs one bit each)"),
     Param("TNT_SPIN_US", "float", 50.0,
-          "microseconds a waiter spins before it sleeps; only when every local rank has a core of its own"),
+          "microseconds a waiter spins before it sleeps; only when there are two cores per local rank"),
     Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path"),
     Param("TNT_LOG_LEVEL", "choice", "WARNING", "log level of Tarantella's Python and C logs",
           ("DEBUG", "INFO", "WARNING", "ERROR")),
