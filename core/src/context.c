@@ -47,6 +47,7 @@ tnt_result_t tnt_init(void) {
   tnt_log_init(c->pl.rank);
   if ((res = tnt_params_read(&c->params)) != TNT_SUCCESS) goto out;
   pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->progress, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -121,6 +122,7 @@ tnt_result_t tnt_finalize(void) {
   tnt_namemap_free(&c->active);
   pthread_cond_destroy(&c->done_cond);
   pthread_mutex_destroy(&c->mu);
+  pthread_mutex_destroy(&c->progress);
   memset(c, 0, sizeof *c);
   was_finalized = 1;
   pthread_mutex_unlock(&init_mu);
@@ -374,6 +376,7 @@ tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s) {
   if (!c->initialized) return not_initialized();
   struct timespec until;
   clock_gettime(CLOCK_MONOTONIC, &until);
+  const double deadline = tnt_now() + (timeout_s >= 0 ? timeout_s : 0);
   if (timeout_s >= 0) {
     double t = (double)until.tv_sec + until.tv_nsec * 1e-9 + timeout_s;
     until.tv_sec = (time_t)t;
@@ -399,6 +402,25 @@ tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s) {
       pthread_mutex_lock(&c->mu);
       h = handle_get(c, handle);
     }
+  }
+  /* Drive the engine ourselves while nobody else does: a blocking collective
+   * then needs no hand-off to the background thread and no wake-up back. */
+  while (!h->done && c->thread_started && pthread_mutex_trylock(&c->progress) == 0) {
+    int step = TNT_STEP_WORKED;
+    pthread_mutex_unlock(&c->mu);
+    while (step == TNT_STEP_WORKED) {
+      step = tnt_engine_step(c);
+      pthread_mutex_lock(&c->mu);
+      h = handle_get(c, handle);
+      int done = h->done;
+      pthread_mutex_unlock(&c->mu);
+      if (done) break;
+      if (timeout_s >= 0 && tnt_now() > deadline) break;
+    }
+    pthread_mutex_unlock(&c->progress);
+    pthread_mutex_lock(&c->mu);
+    h = handle_get(c, handle);
+    if (step != TNT_STEP_WORKED || (timeout_s >= 0 && tnt_now() > deadline)) break; /* idle: the background thread goes on */
   }
   while (!h->done) {
     int err = timeout_s >= 0 ? pthread_cond_timedwait(&c->done_cond, &c->mu, &until)

@@ -112,7 +112,10 @@ typedef struct {
   _Atomic uint64_t completions; /* bumped at every completion: what tnt_wait spins on */
   double spin_s;
 
-  /* --- engine (background thread only) --- */
+  /* --- engine: only the thread holding `progress` (the background thread, or
+   * an application thread driving its own blocking wait) --- */
+  pthread_mutex_t progress;
+  double next_liveness;
   tnt_request_t **pending;     /* requests taken from the queue, not executed */
   int npending, cappending;
   tnt_namemap_t pending_by_name;
@@ -134,7 +137,10 @@ typedef struct {
 extern tnt_ctx_t tnt_ctx;
 
 /* engine.c */
+enum { TNT_STEP_WORKED = 0, TNT_STEP_IDLE = 1, TNT_STEP_STOP = 2 };
 void *tnt_engine_main(void *arg);
+/* One step (take requests, negotiate, execute); the caller holds c->progress. */
+int tnt_engine_step(tnt_ctx_t *c);
 tnt_result_t tnt_engine_setup(tnt_ctx_t *c);
 void tnt_engine_teardown(tnt_ctx_t *c);
 

@@ -285,50 +285,60 @@ static void go_fatal(tnt_ctx_t *c, tnt_result_t res) {
   fail_all_pending(c, res, msg, peer);
 }
 
+/* One step of the engine, by whichever thread holds c->progress: the
+ * background thread, or an application thread waiting for its own request
+ * (which saves the two thread hand-offs of a blocking collective). */
+int tnt_engine_step(tnt_ctx_t *c) {
+  int stop = take_queue(c);
+  pthread_mutex_lock(&c->mu);
+  tnt_result_t fatal = c->fatal;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", c->fatal_msg);
+  int peer = c->fatal_peer;
+  pthread_mutex_unlock(&c->mu);
+  if (fatal != TNT_SUCCESS) {
+    fail_all_pending(c, fatal, msg, peer);
+    return stop ? TNT_STEP_STOP : TNT_STEP_IDLE;
+  }
+  if (stop) {
+    char why[160];
+    snprintf(why, sizeof why, "Tarantella was shut down on rank %d before this request completed", c->pl.rank);
+    fail_all_pending(c, TNT_ERR_INVALID_USAGE, why, -1);
+    return TNT_STEP_STOP;
+  }
+  tnt_result_t res = check_stalls(c);
+  if (res == TNT_SUCCESS && c->npending && tnt_now() >= c->next_liveness) {
+    /* a sleeping peer costs nothing; a dead one must not leave us waiting for TNT_TIMEOUT_S */
+    c->next_liveness = tnt_now() + LIVENESS_S;
+    res = c->transport->check_peers(c->ts);
+  }
+  if (res != TNT_SUCCESS) {
+    go_fatal(c, res);
+    return TNT_STEP_WORKED;
+  }
+  if (tnt_negotiate_has_news(c)) c->transport->ring_doorbell(c->ts, c->cycles + 1);
+  else if (!c->transport->cycle_wanted(c->ts, c->cycles)) return TNT_STEP_IDLE;
+  tnt_response_t *resp = NULL;
+  int nresp = 0;
+  res = tnt_negotiate_cycle(c, &resp, &nresp);
+  if (res == TNT_SUCCESS) res = execute(c, resp, nresp);
+  tnt_responses_free(resp, nresp);
+  if (res != TNT_SUCCESS) go_fatal(c, res);
+  return TNT_STEP_WORKED;
+}
+
 void *tnt_engine_main(void *arg) {
   tnt_ctx_t *c = arg;
   for (;;) {
-    int stop = take_queue(c);
-    pthread_mutex_lock(&c->mu);
-    tnt_result_t fatal = c->fatal;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", c->fatal_msg);
-    int peer = c->fatal_peer;
-    pthread_mutex_unlock(&c->mu);
-    if (fatal != TNT_SUCCESS) {
-      fail_all_pending(c, fatal, msg, peer);
-      if (stop) break;
-      c->transport->wait_doorbell(c->ts, UINT64_MAX, tnt_now() + 1.0);
-      continue;
-    }
-    if (stop) {
-      char why[160];
-      snprintf(why, sizeof why, "Tarantella was shut down on rank %d before this request completed", c->pl.rank);
-      fail_all_pending(c, TNT_ERR_INVALID_USAGE, why, -1);
-      break;
-    }
-    tnt_result_t res = check_stalls(c);
-    if (res != TNT_SUCCESS) {
-      go_fatal(c, res);
-      continue;
-    }
-    if (tnt_negotiate_has_news(c)) {
-      c->transport->ring_doorbell(c->ts, c->cycles + 1);
-    } else if (!c->transport->cycle_wanted(c->ts, c->cycles)) {
-      /* nobody has news: sleep until a local request or a peer's cycle. With
-       * requests pending, wake every LIVENESS_S to see whether the peers we wait
-       * for are still there (a sleeping peer costs nothing; a dead one must not
-       * leave us waiting for TNT_TIMEOUT_S). */
-      c->transport->wait_doorbell(c->ts, c->cycles, tnt_now() + (c->npending ? LIVENESS_S : 5.0));
-      if (c->npending && (res = c->transport->check_peers(c->ts)) != TNT_SUCCESS) go_fatal(c, res);
-      continue;
-    }
-    tnt_response_t *resp = NULL;
-    int nresp = 0;
-    res = tnt_negotiate_cycle(c, &resp, &nresp);
-    if (res == TNT_SUCCESS) res = execute(c, resp, nresp);
-    tnt_responses_free(resp, nresp);
-    if (res != TNT_SUCCESS) go_fatal(c, res);
+    pthread_mutex_lock(&c->progress);
+    int step = tnt_engine_step(c);
+    uint64_t done = c->cycles;
+    int pending = c->npending;
+    pthread_mutex_unlock(&c->progress);
+    if (step == TNT_STEP_STOP) break;
+    /* nobody has news: sleep until a local request or a peer's cycle; with
+     * requests pending, wake every LIVENESS_S to check the peers */
+    if (step == TNT_STEP_IDLE) c->transport->wait_doorbell(c->ts, done, tnt_now() + (pending ? LIVENESS_S : 5.0));
   }
   return NULL;
 }
