@@ -46,24 +46,21 @@ def _version():
     return f"Tarantella {v} (tntrun, {os.path.dirname(os.path.abspath(__file__))})"
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number. Received: {text!r}")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1. Received: {text}")
-    return value
+def _int_at_least(minimum, words):
+    """An argparse type: a whole number >= minimum ("must be <words>")."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number. Received: {text!r}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {words}. Received: {text}")
+        return value
+    return parse
 
 
-def _nonneg_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number. Received: {text!r}")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more. Received: {text}")
-    return value
+_positive_int = _int_at_least(1, "at least 1")
+_nonneg_int = _int_at_least(0, "0 or more")
 
 
 def _positive_float(text):
