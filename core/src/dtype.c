@@ -110,30 +110,24 @@ void tnt_reduce_sum(tnt_dtype_t dtype, void *dst, const void *a, const void *b, 
   }
 }
 
+/* in place, or between distinct buffers through restrict pointers (vectorized) */
+#define SCALE_LOOP(T)                                                 \
+  do {                                                                \
+    const T f_ = (T)factor;                                           \
+    if (dst == src) {                                                 \
+      T *d_ = dst;                                                    \
+      for (size_t i = 0; i < n; i++) d_[i] *= f_;                     \
+    } else {                                                          \
+      T *restrict d_ = dst;                                           \
+      const T *restrict s_ = src;                                     \
+      for (size_t i = 0; i < n; i++) d_[i] = s_[i] * f_;              \
+    }                                                                 \
+  } while (0)
+
 void tnt_scale(tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n) {
   switch (dtype) {
-    case TNT_FLOAT32: {
-      float *d = dst, f = (float)factor;
-      const float *s = src;
-      if (d == s) for (size_t i = 0; i < n; i++) d[i] *= f;
-      else {
-        float *restrict dr = d;
-        const float *restrict sr = s;
-        for (size_t i = 0; i < n; i++) dr[i] = sr[i] * f;
-      }
-      break;
-    }
-    case TNT_FLOAT64: {
-      double *d = dst;
-      const double *s = src;
-      if (d == s) for (size_t i = 0; i < n; i++) d[i] *= factor;
-      else {
-        double *restrict dr = d;
-        const double *restrict sr = s;
-        for (size_t i = 0; i < n; i++) dr[i] = sr[i] * factor;
-      }
-      break;
-    }
+    case TNT_FLOAT32: SCALE_LOOP(float); break;
+    case TNT_FLOAT64: SCALE_LOOP(double); break;
     case TNT_INT32: {
       int32_t *d = dst;
       const int32_t *s = src;
