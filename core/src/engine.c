@@ -213,9 +213,7 @@ static tnt_result_t execute(tnt_ctx_t *c, tnt_response_t *resp, int n) {
   int64_t now = tnt_now_us();
   tnt_request_t *group[256];
   for (int i = 0; i < n;) {
-    tnt_request_t *req = tnt_namemap_get(&c->pending_by_name, resp[i].name) >= 0
-                             ? c->pending[tnt_namemap_get(&c->pending_by_name, resp[i].name)]
-                             : NULL;
+    tnt_request_t *req = tnt_pending_find(c, resp[i].name);
     if (!req) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request on rank %d", resp[i].name, c->pl.rank);
     tnt_timeline_event(c->timeline, req->name, "NEGOTIATE", req->submit_us, now, tnt_coll_name(req->meta.coll));
     if (resp[i].error != TNT_SUCCESS) {
@@ -239,10 +237,10 @@ static tnt_result_t execute(tnt_ctx_t *c, tnt_response_t *resp, int n) {
     while (j < n && ng < 256 && resp[j].error == TNT_SUCCESS && resp[j].meta.coll == COLL_ALLREDUCE &&
            resp[j].meta.dtype == req->meta.dtype &&
            bytes + resp[j].meta.count * (int64_t)esz <= c->params.fusion_threshold_bytes) {
-      int k = tnt_namemap_get(&c->pending_by_name, resp[j].name);
-      if (k < 0) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request", resp[j].name);
-      tnt_timeline_event(c->timeline, resp[j].name, "NEGOTIATE", c->pending[k]->submit_us, now, "allreduce");
-      group[ng++] = c->pending[k];
+      tnt_request_t *next = tnt_pending_find(c, resp[j].name);
+      if (!next) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request", resp[j].name);
+      tnt_timeline_event(c->timeline, resp[j].name, "NEGOTIATE", next->submit_us, now, "allreduce");
+      group[ng++] = next;
       bytes += resp[j].meta.count * (int64_t)esz;
       j++;
     }

@@ -144,7 +144,7 @@ static char *mismatch_message(const tnt_ctx_t *c, const tnt_gentry_t *g) {
   return msg;
 }
 
-static tnt_request_t *pending_find(tnt_ctx_t *c, const char *name) {
+tnt_request_t *tnt_pending_find(tnt_ctx_t *c, const char *name) {
   int i = tnt_namemap_get(&c->pending_by_name, name);
   return i >= 0 ? c->pending[i] : NULL;
 }
@@ -152,7 +152,7 @@ static tnt_request_t *pending_find(tnt_ctx_t *c, const char *name) {
 static void cache_invalidate(tnt_ctx_t *c, int slot) {
   tnt_cache_entry_t *e = &c->cache[slot];
   if (!e->valid) return;
-  tnt_request_t *req = pending_find(c, e->name);
+  tnt_request_t *req = tnt_pending_find(c, e->name);
   if (req && (req->state == REQ_CACHED || req->state == REQ_CACHED_SENT) && req->cache_slot == slot) {
     req->state = REQ_TO_ANNOUNCE; /* renegotiate it in full next cycle */
     req->cache_slot = -1;
@@ -180,7 +180,7 @@ static int cache_insert(tnt_ctx_t *c, const tnt_response_t *resp) {
   if (tnt_namemap_put(&c->cache_by_name, resp->name, victim)) return -1;
   e->valid = 1;
   snprintf(e->name, sizeof e->name, "%s", resp->name);
-  tnt_request_t *mine = pending_find(c, resp->name);
+  tnt_request_t *mine = tnt_pending_find(c, resp->name);
   e->meta = mine ? mine->meta : resp->meta;
   if (resp->rank_counts) memcpy(e->rank_counts, resp->rank_counts, sizeof(int64_t) * (size_t)c->pl.size);
   e->last_used = c->cycles;

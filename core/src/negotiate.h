@@ -19,5 +19,7 @@ void tnt_negotiate_teardown(tnt_ctx_t *c);
  * this rank knows; for stall reports. */
 void tnt_negotiate_missing(tnt_ctx_t *c, const tnt_request_t *req, char *out, size_t len);
 const char *tnt_coll_name(int coll);
+/* This rank's pending request of that name, or NULL. */
+tnt_request_t *tnt_pending_find(tnt_ctx_t *c, const char *name);
 
 #endif

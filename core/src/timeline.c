@@ -9,18 +9,14 @@
 #include <unistd.h>
 
 #include "common.h"
-
-typedef struct {
-  char *name;
-  int tid;
-} row_t;
+#include "namemap.h"
 
 struct tnt_timeline {
   FILE *f;
   int rank;
   int64_t t0;
-  row_t *rows;
-  int nrows, caprows;
+  tnt_namemap_t rows; /* tensor name -> row (tid) */
+  int nrows;
 };
 
 tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank, int size) {
@@ -39,6 +35,7 @@ tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank,
   }
   tnt_timeline_t *tl = calloc(1, sizeof *tl);
   if (!tl) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  tnt_namemap_init(&tl->rows);
   tl->f = fopen(file, "w");
   if (!tl->f) {
     free(tl);
@@ -64,18 +61,10 @@ static void json_string(FILE *f, const char *s) {
 }
 
 static int row_of(tnt_timeline_t *tl, const char *tensor) {
-  for (int i = 0; i < tl->nrows; i++)
-    if (!strcmp(tl->rows[i].name, tensor)) return tl->rows[i].tid;
-  if (tl->nrows == tl->caprows) {
-    int cap = tl->caprows ? 2 * tl->caprows : 64;
-    row_t *rows = realloc(tl->rows, (size_t)cap * sizeof *rows);
-    if (!rows) return 0;
-    tl->rows = rows;
-    tl->caprows = cap;
-  }
-  int tid = tl->nrows + 1;
-  tl->rows[tl->nrows].name = strdup(tensor);
-  tl->rows[tl->nrows++].tid = tid;
+  int tid = tnt_namemap_get(&tl->rows, tensor);
+  if (tid >= 0) return tid;
+  tid = ++tl->nrows;
+  if (tnt_namemap_put(&tl->rows, tensor, tid)) return 0;
   fprintf(tl->f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": ", tl->rank,
           tid);
   json_string(tl->f, tensor);
@@ -101,7 +90,6 @@ void tnt_timeline_close(tnt_timeline_t *tl) {
   if (!tl) return;
   fputs("\n]\n", tl->f);
   fclose(tl->f);
-  for (int i = 0; i < tl->nrows; i++) free(tl->rows[i].name);
-  free(tl->rows);
+  tnt_namemap_free(&tl->rows);
   free(tl);
 }

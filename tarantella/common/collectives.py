@@ -41,14 +41,11 @@ def aligned_empty(shape, dtype):
 
 def _as_input(array, what):
     if not isinstance(array, np.ndarray):
-        if np.isscalar(array) or isinstance(array, (list, tuple)):
+        try:  # scalars, lists, and anything exposing the array interface
             array = np.asarray(array)
-        else:
-            try:
-                array = np.asarray(array)
-            except Exception:
-                raise InvalidArgumentError(
-                    f"{what} expects a NumPy array. Received: {type(array).__name__}") from None
+        except Exception:
+            raise InvalidArgumentError(
+                f"{what} expects a NumPy array. Received: {type(array).__name__}") from None
     if not array.flags.c_contiguous:
         raise InvalidArgumentError(
             f"{what} needs a C-contiguous array; pass np.ascontiguousarray(array). "
