@@ -100,7 +100,8 @@ tnt_result_t tnt_release(tnt_handle_t handle);
  * failure after tnt_wait/tnt_test returned it). */
 const char *tnt_strerror(tnt_result_t result);
 const char *tnt_last_error(void);
-/* Rank named by the last TNT_ERR_PEER_LOST returned to this thread, else -1. */
+/* Rank named by the last TNT_ERR_PEER_LOST or TNT_ERR_TIMEOUT returned to this
+ * thread (the lost, or the unresponsive, rank), else -1. */
 int tnt_last_error_rank(void);
 
 /* Sizes and versions, for the bindings. */

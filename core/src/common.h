@@ -11,6 +11,9 @@
 #include "tarantella.h"
 
 #define TNT_MAX_NAME 256 /* names are at most 255 bytes + NUL */
+/* Bumped whenever what ranks exchange changes meaning: ranks of different
+ * versions refuse each other at set-up instead of misreading each other. */
+#define TNT_PROTOCOL_VERSION 2u
 
 /* Log levels, as TNT_LOG_LEVEL spells them. */
 enum { TNT_LOG_DEBUG = 0, TNT_LOG_INFO = 1, TNT_LOG_WARNING = 2, TNT_LOG_ERROR = 3 };
@@ -28,6 +31,8 @@ int tnt_log_enabled(int level);
 tnt_result_t tnt_fail(tnt_result_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Same, naming the peer rank a TNT_ERR_PEER_LOST is about. */
 tnt_result_t tnt_fail_peer(int peer, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Same, for any code: a timeout that names the rank it waited for. */
+tnt_result_t tnt_fail_about(tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Copy a message recorded elsewhere (e.g. by the background thread) into this thread's slot. */
 void tnt_set_last_error(const char *message, int peer);
 

@@ -89,7 +89,7 @@ typedef struct {
 } tnt_response_t;
 
 typedef struct {
-  int initialized;
+  _Atomic int initialized;
   tnt_placement_t pl;
   tnt_params_t params;
   const tnt_transport_t *transport;
@@ -132,15 +132,21 @@ typedef struct {
   tnt_timeline_t *timeline;
   uint8_t *msg_out, *msg_all;  /* exchange buffers */
   size_t *msg_lens;
+  size_t msg_out_len;
+  int cycle_posted;            /* this cycle's message is published, not yet collected */
+  uint64_t responses_digest;   /* of the last cycle's responses: sent with the next message */
 } tnt_ctx_t;
 
 extern tnt_ctx_t tnt_ctx;
 
 /* engine.c */
-enum { TNT_STEP_WORKED = 0, TNT_STEP_IDLE = 1, TNT_STEP_STOP = 2 };
+/* WORKED: ran a cycle; IDLE: nothing to do; STOP: shut down; BLOCKED: a cycle
+ * waits for other ranks past the caller's `until` (the next step resumes it). */
+enum { TNT_STEP_WORKED = 0, TNT_STEP_IDLE = 1, TNT_STEP_STOP = 2, TNT_STEP_BLOCKED = 3 };
 void *tnt_engine_main(void *arg);
-/* One step (take requests, negotiate, execute); the caller holds c->progress. */
-int tnt_engine_step(tnt_ctx_t *c);
+/* One step (take requests, negotiate, execute); the caller holds c->progress.
+ * `until`: when the calling thread must be back (the background thread: never). */
+int tnt_engine_step(tnt_ctx_t *c, double until);
 tnt_result_t tnt_engine_setup(tnt_ctx_t *c);
 void tnt_engine_teardown(tnt_ctx_t *c);
 

@@ -16,19 +16,22 @@
  * a timeout marks this rank aborted so that its peers fail fast too. A request
  * pending longer than TNT_TIMEOUT_S (some rank never submitted it) is fatal as
  * well, with the missing ranks named. The thread never exits the process. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "context.h"
 #include "dtype.h"
 #include "negotiate.h"
+#include "settings_agree.h"
 
 #define LIVENESS_S 0.2 /* how often a thread with pending requests checks its peers */
 
 tnt_result_t tnt_engine_setup(tnt_ctx_t *c) {
   c->small_scratch = malloc((size_t)c->pl.size * TNT_SMALL_ALLREDUCE_BYTES);
   if (!c->small_scratch) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-  return tnt_negotiate_setup(c);
+  TNT_CHECK(tnt_negotiate_setup(c));
+  return tnt_settings_agree(c->transport, c->ts, &c->pl, &c->params);
 }
 
 void tnt_engine_teardown(tnt_ctx_t *c) {
@@ -277,8 +280,9 @@ static tnt_result_t check_stalls(tnt_ctx_t *c) {
 static void go_fatal(tnt_ctx_t *c, tnt_result_t res) {
   const char *msg = tnt_last_error();
   int peer = tnt_last_error_rank();
-  /* a timeout here means a peer may be alive but stuck: tell it and the others */
-  if (res != TNT_ERR_PEER_LOST) c->transport->abort(c->ts, msg);
+  /* publish it: peers waiting on this rank fail at once, naming the root cause
+   * (the lost or stuck rank when there is one, else this rank) */
+  c->transport->abort(c->ts, msg, peer);
   tnt_set_fatal(c, res, msg, peer);
   fail_all_pending(c, res, msg, peer);
 }
@@ -286,7 +290,7 @@ static void go_fatal(tnt_ctx_t *c, tnt_result_t res) {
 /* One step of the engine, by whichever thread holds c->progress: the
  * background thread, or an application thread waiting for its own request
  * (which saves the two thread hand-offs of a blocking collective). */
-int tnt_engine_step(tnt_ctx_t *c) {
+int tnt_engine_step(tnt_ctx_t *c, double until) {
   int stop = take_queue(c);
   pthread_mutex_lock(&c->mu);
   tnt_result_t fatal = c->fatal;
@@ -305,20 +309,29 @@ int tnt_engine_step(tnt_ctx_t *c) {
     return TNT_STEP_STOP;
   }
   tnt_result_t res = check_stalls(c);
-  if (res == TNT_SUCCESS && c->npending && tnt_now() >= c->next_liveness) {
-    /* a sleeping peer costs nothing; a dead one must not leave us waiting for TNT_TIMEOUT_S */
-    c->next_liveness = tnt_now() + LIVENESS_S;
-    res = c->transport->check_peers(c->ts);
-  }
-  if (res != TNT_SUCCESS) {
+  if (!tnt_negotiate_in_cycle(c)) {
+    if (res == TNT_SUCCESS && c->npending && tnt_now() >= c->next_liveness) {
+      /* a sleeping peer costs nothing; a dead one must not leave us waiting for
+       * TNT_TIMEOUT_S; a peer that shut down matters only if we still wait for it */
+      uint8_t awaited[c->pl.size];
+      tnt_negotiate_awaited(c, awaited);
+      c->next_liveness = tnt_now() + LIVENESS_S;
+      res = c->transport->check_peers(c->ts, awaited);
+    }
+    if (res != TNT_SUCCESS) {
+      go_fatal(c, res);
+      return TNT_STEP_WORKED;
+    }
+    if (tnt_negotiate_has_news(c)) c->transport->ring_doorbell(c->ts, c->cycles + 1);
+    else if (!c->transport->cycle_wanted(c->ts, c->cycles)) return TNT_STEP_IDLE;
+  } else if (res != TNT_SUCCESS) {
     go_fatal(c, res);
     return TNT_STEP_WORKED;
   }
-  if (tnt_negotiate_has_news(c)) c->transport->ring_doorbell(c->ts, c->cycles + 1);
-  else if (!c->transport->cycle_wanted(c->ts, c->cycles)) return TNT_STEP_IDLE;
   tnt_response_t *resp = NULL;
   int nresp = 0;
-  res = tnt_negotiate_cycle(c, &resp, &nresp);
+  res = tnt_negotiate_cycle(c, &resp, &nresp, until);
+  if (res == TNT_IN_PROGRESS) return TNT_STEP_BLOCKED;
   if (res == TNT_SUCCESS) res = execute(c, resp, nresp);
   tnt_responses_free(resp, nresp);
   if (res != TNT_SUCCESS) go_fatal(c, res);
@@ -329,7 +342,7 @@ void *tnt_engine_main(void *arg) {
   tnt_ctx_t *c = arg;
   for (;;) {
     pthread_mutex_lock(&c->progress);
-    int step = tnt_engine_step(c);
+    int step = tnt_engine_step(c, INFINITY);
     uint64_t done = c->cycles;
     int pending = c->npending;
     pthread_mutex_unlock(&c->progress);

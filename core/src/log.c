@@ -73,6 +73,14 @@ tnt_result_t tnt_fail_peer(int peer, const char *fmt, ...) {
   return r;
 }
 
+tnt_result_t tnt_fail_about(tnt_result_t code, int peer, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  tnt_result_t r = vfail(code, peer, fmt, ap);
+  va_end(ap);
+  return r;
+}
+
 void tnt_set_last_error(const char *message, int peer) {
   snprintf(last_error, sizeof last_error, "%s", message ? message : "");
   last_error_rank = peer;

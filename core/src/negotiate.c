@@ -18,7 +18,13 @@
  * (a rank reports a slot once; the merge remembers which ranks are ready), so a
  * rank that is waiting for a slow peer sends nothing and sleeps instead of
  * cycling. A changed meta under a cached name is announced, which evicts the
- * slot everywhere and renegotiates it. */
+ * slot everywhere and renegotiates it.
+ *
+ * Nothing read from a peer is trusted: every length, count and field is
+ * checked against the message's bounds, and every message carries a digest of
+ * the responses its sender computed in the previous cycle. Ranks that stopped
+ * computing the same responses (different settings, a bug, memory corruption)
+ * fail on the next cycle with an error instead of mixing tensors. */
 #include "negotiate.h"
 
 #include <stdlib.h>
@@ -27,8 +33,11 @@
 #include "dtype.h"
 
 typedef struct {
+  uint32_t proto;       /* TNT_PROTOCOL_VERSION */
   uint32_t n_ann;
   uint32_t nwords;
+  uint32_t pad;
+  uint64_t prev_digest; /* digest of the sender's responses of the previous cycle */
 } msg_hdr_t;
 
 typedef struct {
@@ -209,7 +218,9 @@ static size_t build_message(tnt_ctx_t *c) {
   int nwords = cache_words(c);
   uint64_t *bits = (uint64_t *)(msg + sizeof *hdr);
   memset(msg, 0, sizeof *hdr + sizeof(uint64_t) * (size_t)nwords);
+  hdr->proto = TNT_PROTOCOL_VERSION;
   hdr->nwords = (uint32_t)nwords;
+  hdr->prev_digest = c->responses_digest;
   size_t used = sizeof *hdr + sizeof(uint64_t) * (size_t)nwords;
   for (int i = 0; i < c->npending; i++) {
     tnt_request_t *req = c->pending[i];
@@ -271,12 +282,86 @@ static int push_response(tnt_response_t **list, int *n, int *cap, const tnt_resp
   return 0;
 }
 
-tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *nresponses) {
+static uint64_t fnv(uint64_t h, const void *data, size_t len) {
+  for (size_t j = 0; j < len; j++) h = (h ^ ((const uint8_t *)data)[j]) * 1099511628211ull;
+  return h;
+}
+
+/* FNV-1a over the response list, in order: names, errors, and the fields of
+ * each meta that every rank shares (an allgather's count is per rank). */
+static uint64_t responses_digest(const tnt_response_t *list, int n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < n; i++) {
+    const tnt_meta_t *m = &list[i].meta;
+    int64_t shared[6] = {m->coll, m->dtype, m->op, m->root, m->coll == COLL_ALLGATHER ? 0 : m->count, m->row_elems};
+    int32_t error = list[i].error;
+    h = fnv(h, list[i].name, strlen(list[i].name) + 1);
+    h = fnv(h, shared, sizeof shared);
+    h = fnv(h, &error, sizeof error);
+  }
+  return h;
+}
+
+static int meta_valid(const tnt_meta_t *m) {
+  return m->coll <= COLL_BARRIER && tnt_dtype_valid(m->dtype) && m->op <= TNT_AVERAGE && m->count >= 0 &&
+         m->row_elems >= 0;
+}
+
+/* Every message is well formed and from the same protocol, and every rank
+ * computed the same responses last cycle; else the ranks have diverged. */
+static tnt_result_t check_messages(tnt_ctx_t *c) {
   const int N = c->pl.size;
-  classify_new(c);
-  size_t len = build_message(c);
-  TNT_CHECK(c->transport->exchange(c->ts, c->msg_out, len, c->msg_all, TNT_EXCHANGE_MAX, c->msg_lens,
-                                   tnt_now() + c->params.timeout_s));
+  const msg_hdr_t *mine = (const msg_hdr_t *)c->msg_out;
+  for (int q = 0; q < N; q++) {
+    const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
+    size_t len = c->msg_lens[q];
+    msg_hdr_t hdr;
+    if (len < sizeof hdr) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a truncated negotiation message (%zu bytes)", q, len);
+    memcpy(&hdr, msg, sizeof hdr);
+    if (hdr.proto != TNT_PROTOCOL_VERSION)
+      return tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d speaks negotiation protocol %u, rank %d speaks %u: every rank must run "
+                      "the same version of Tarantella", q, hdr.proto, c->pl.rank, (unsigned)TNT_PROTOCOL_VERSION);
+    if (hdr.nwords != mine->nwords)
+      return tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d caches %u x 64 names, rank %d %u x 64: every rank must have the same "
+                      "TNT_CACHE_CAPACITY", q, hdr.nwords, c->pl.rank, mine->nwords);
+    if (hdr.prev_digest != mine->prev_digest)
+      return tnt_fail(TNT_ERR_INTERNAL, "rank %d and rank %d computed different collectives in negotiation cycle %llu: the "
+                      "ranks have diverged (different TNT_* settings or library versions?); stopping before any data mixes",
+                      q, c->pl.rank, (unsigned long long)c->cycles);
+    size_t off = sizeof hdr + sizeof(uint64_t) * hdr.nwords;
+    if (off > len) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a negotiation message shorter than its cache bits", q);
+    for (uint32_t a = 0; a < hdr.n_ann; a++) {
+      ann_hdr_t ah;
+      if (off + sizeof ah > len) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a truncated announcement", q);
+      memcpy(&ah, msg + off, sizeof ah);
+      tnt_meta_t meta = ah.meta;
+      if (ah.name_len == 0 || ah.name_len >= TNT_MAX_NAME || off + sizeof ah + ah.name_len > len || !meta_valid(&meta))
+        return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a malformed announcement (name length %u, collective %u, dtype %u)",
+                        q, ah.name_len, ah.meta.coll, ah.meta.dtype);
+      if (memchr(msg + off + sizeof ah, 0, ah.name_len))
+        return tnt_fail(TNT_ERR_INTERNAL, "rank %d announced a name containing a NUL byte", q);
+      off += sizeof ah + ah.name_len;
+    }
+    if (off != len) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent %zu bytes after its announcements", q, len - off);
+  }
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *nresponses, double until) {
+  const int N = c->pl.size;
+  *responses = NULL;
+  *nresponses = 0;
+  if (!c->cycle_posted) {
+    classify_new(c);
+    c->msg_out_len = build_message(c);
+    TNT_CHECK(c->transport->exchange_post(c->ts, c->msg_out, c->msg_out_len, tnt_now() + c->params.timeout_s));
+    c->cycle_posted = 1;
+  }
+  tnt_result_t res = c->transport->exchange_collect(c->ts, c->msg_all, TNT_EXCHANGE_MAX, c->msg_lens, until);
+  if (res != TNT_SUCCESS) return res; /* TNT_IN_PROGRESS: resumed by the next step */
+  c->cycle_posted = 0;
+  size_t len = c->msg_out_len;
+  TNT_CHECK(check_messages(c));
   tnt_response_t *list = NULL;
   int n = 0, cap = 0;
 
@@ -286,10 +371,13 @@ tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *
     const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
     const uint64_t *bits = (const uint64_t *)(msg + sizeof *hdr);
     for (uint32_t w = 0; w < hdr->nwords && (int)w < cache_words(c); w++) {
-      for (uint64_t b = bits[w]; b; b &= b - 1) {
+      uint64_t word;
+      memcpy(&word, bits + w, sizeof word);
+      for (uint64_t b = word; b; b &= b - 1) {
         int slot = (int)w * 64 + __builtin_ctzll(b);
+        if (slot >= c->cache_cap) continue;
         tnt_cache_entry_t *e = &c->cache[slot];
-        if (slot < c->cache_cap && e->valid && !e->ready[q]) {
+        if (e->valid && !e->ready[q]) {
           e->ready[q] = 1;
           e->nready++;
         }
@@ -366,6 +454,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *
                                list[i].error ? "(error)" : "");
     TNT_DEBUG("cycle %llu: sent %zu bytes; %d responses: %s", (unsigned long long)c->cycles, len, n, names);
   }
+  c->responses_digest = responses_digest(list, n);
   c->cycles++;
   *responses = list;
   *nresponses = n;
@@ -378,6 +467,22 @@ void tnt_responses_free(tnt_response_t *responses, int n) {
     free(responses[i].error_msg);
   }
   free(responses);
+}
+
+void tnt_negotiate_awaited(tnt_ctx_t *c, uint8_t *awaited) {
+  memset(awaited, 0, (size_t)c->pl.size);
+  for (int i = 0; i < c->npending; i++) {
+    const tnt_request_t *req = c->pending[i];
+    const uint8_t *have = NULL;
+    if (req->state == REQ_ANNOUNCED) {
+      int g = tnt_namemap_get(&c->gtable_by_name, req->name);
+      if (g >= 0) have = c->gtable[g].announced;
+    } else if (req->state == REQ_CACHED_SENT && req->cache_slot >= 0) {
+      have = c->cache[req->cache_slot].ready;
+    }
+    for (int r = 0; r < c->pl.size; r++)
+      if (r != c->pl.rank && (!have || !have[r])) awaited[r] = 1;
+  }
 }
 
 void tnt_negotiate_missing(tnt_ctx_t *c, const tnt_request_t *req, char *out, size_t len) {

@@ -8,8 +8,14 @@
 /* 1 when this rank has something the others have not heard of yet. */
 int tnt_negotiate_has_news(tnt_ctx_t *c);
 /* Run one cycle: exchange, merge, and fill *responses (caller frees with
- * tnt_responses_free). Fails only on transport errors. */
-tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *nresponses);
+ * tnt_responses_free). Fails on transport errors and on ranks that diverged.
+ * TNT_IN_PROGRESS when the other ranks did not answer by `until` (a caller's
+ * own shorter wait): the next call resumes the same cycle. */
+tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *nresponses, double until);
+/* 1 while a cycle is posted and not yet collected. */
+static inline int tnt_negotiate_in_cycle(const tnt_ctx_t *c) { return c->cycle_posted; }
+/* awaited[r] = 1 for every peer some pending request still waits for. */
+void tnt_negotiate_awaited(tnt_ctx_t *c, uint8_t *awaited);
 void tnt_responses_free(tnt_response_t *responses, int n);
 /* Cache slot bookkeeping after a response ran (LRU order). */
 void tnt_negotiate_executed(tnt_ctx_t *c, const tnt_response_t *resp);

@@ -44,6 +44,12 @@ struct tnt_transport {
    * bytes and lens[r] their length. Collective: every rank calls it in the same order. */
   tnt_result_t (*exchange)(void *state, const void *mine, size_t len, void *all, size_t stride, size_t *lens,
                            double deadline);
+  /* The same in two halves, so that a thread with a shorter wait of its own can
+   * leave a round that is waiting for a slow rank and another thread resume it:
+   * post publishes (bounded by `deadline`), collect waits until `until` (then
+   * TNT_IN_PROGRESS) or the post's deadline (then TNT_ERR_TIMEOUT). */
+  tnt_result_t (*exchange_post)(void *state, const void *mine, size_t len, double deadline);
+  tnt_result_t (*exchange_collect)(void *state, void *all, size_t stride, size_t *lens, double until);
   /* Ask every rank to run cycle `cycle` (and wake this rank's own thread). */
   void (*ring_doorbell)(void *state, uint64_t cycle);
   /* 1 if some rank asked for a cycle after `done`. */
@@ -51,12 +57,14 @@ struct tnt_transport {
   /* Sleep until a cycle > done is wanted, or wake_local was called, or `deadline`. */
   void (*wait_doorbell)(void *state, uint64_t done, double deadline);
   /* TNT_SUCCESS while every peer is alive; else PEER_LOST naming the lost one.
-   * Called by the engine while it sleeps with requests pending. */
-  tnt_result_t (*check_peers)(void *state);
+   * Called by the engine while it sleeps with requests pending. A clean shutdown
+   * counts as lost only for the ranks with awaited[r] set (NULL: every rank). */
+  tnt_result_t (*check_peers)(void *state, const uint8_t *awaited);
   /* Wake this rank's own sleeping background thread (a local request arrived). */
   void (*wake_local)(void *state);
-  /* Mark this rank failed (peers fail fast with `reason`), or cleanly gone. */
-  void (*abort)(void *state, const char *reason);
+  /* Mark this rank failed (peers fail fast with `reason`); root_peer is the rank
+   * whose loss caused it (-1: this rank itself), so peers name the root cause. */
+  void (*abort)(void *state, const char *reason, int root_peer);
   void (*finalize)(void *state);
 };
 

@@ -10,10 +10,12 @@ import threading
 
 import numpy as np
 
-from tarantella.common import core, dtypes
+from tarantella.common import codes, core, dtypes
 from tarantella.common.errors import InvalidArgumentError
 
-_OPS = {"sum": 0, "average": 1}
+# A blocking wait() waits in slices of this many seconds so that Ctrl+C (which
+# Python handles between C calls) interrupts a wait for a stuck peer.
+_WAIT_SLICE_S = 0.25
 _ALIGN = 64  # TensorFlow aliases (does not copy) a returned array only if it is 64-byte aligned
 _counters = {}
 _counter_lock = threading.Lock()
@@ -21,9 +23,10 @@ _counter_lock = threading.Lock()
 
 def _auto_name(kind, name):
     if name is not None:
-        if not isinstance(name, str) or not name or len(name.encode()) > 255:
+        if not isinstance(name, str) or not name or len(name.encode()) > 255 or "\0" in name:
             raise InvalidArgumentError(
-                f"name must be a non-empty string of at most 255 bytes. Received: name={name!r}")
+                "name must be a non-empty string of at most 255 bytes without NUL characters. "
+                f"Received: name={name!r}")
         return name
     with _counter_lock:
         counter = _counters.setdefault(kind, itertools.count())
@@ -68,7 +71,7 @@ class Handle:
         if self._done:
             return True
         result = core.lib().tnt_test(self._handle)
-        if result == 8:  # TNT_IN_PROGRESS
+        if result == codes.IN_PROGRESS:
             return False
         self._complete(result)
         return True
@@ -77,9 +80,18 @@ class Handle:
         """Block (without the GIL) until completion; `timeout` in seconds, None
         for the core's own bound (TNT_TIMEOUT_S after a stall)."""
         if not self._done:
-            result = core.lib().tnt_wait(self._handle, -1.0 if timeout is None else float(timeout))
-            if result == 5 and timeout is not None:
-                core.check(result)  # the request stays pending: wait() may be called again
+            lib = core.lib()
+            if timeout is None:
+                result = lib.tnt_wait(self._handle, _WAIT_SLICE_S)
+                while result == codes.ERR_TIMEOUT:  # our slice, or the core's own bound?
+                    result = lib.tnt_test(self._handle)
+                    if result != codes.IN_PROGRESS:
+                        break
+                    result = lib.tnt_wait(self._handle, _WAIT_SLICE_S)
+            else:
+                result = lib.tnt_wait(self._handle, float(timeout))
+                if result == codes.ERR_TIMEOUT and lib.tnt_test(self._handle) == codes.IN_PROGRESS:
+                    core.check(result)  # the request stays pending: wait() may be called again
             self._complete(result)
         return self._result
 
@@ -108,7 +120,7 @@ def _reap_orphans():
     lib = core.lib()
     still = []
     for handle, keepalive in _orphans:
-        if lib.tnt_test(handle) == 8:  # TNT_IN_PROGRESS
+        if lib.tnt_test(handle) == codes.IN_PROGRESS:
             still.append((handle, keepalive))
         else:
             lib.tnt_release(handle)
@@ -140,13 +152,13 @@ def _output(out, array, what):
 def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     """Start an allreduce; see allreduce()."""
     lib = core.ensure_initialized()
-    if op not in _OPS:
+    if op not in codes.OPS:
         raise InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
     handle = _submit(lib.tnt_allreduce_async, _auto_name("allreduce", name).encode(),
-                     ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, _OPS[op],
+                     ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op],
                      float(prescale))
     return Handle(handle, lambda h: out, (array, out))
 

@@ -6,17 +6,19 @@ stays cheap. Collectives initialize the core on first use (the seed's
 InvalidUsageError until init() is called again.
 """
 import atexit
+import os
 import sys
 import threading
 
-from tarantella.common import errors
+from tarantella.common import codes, errors
 
 _lock = threading.Lock()
 _lib = None
 _ffi = None
 _state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
+_pid = None  # the process that initialized: a fork() child must not act as its rank
 MASTER_RANK = 0
-_SELF_EXPLAINING = (1, 2, 3)  # invalid argument, invalid usage, mismatch
+
 
 
 def _load():
@@ -44,28 +46,32 @@ def ffi():
 
 def check(result):
     """Raise the TarantellaError subclass for a core result code (no-op on success)."""
-    if result == 0:
+    if result == codes.SUCCESS:
         return
     lib_, ffi_ = _load()
     message = ffi_.string(lib_.tnt_last_error()).decode("utf-8", "replace")
     hint = ffi_.string(lib_.tnt_strerror(result)).decode()
     # messages about a call already say how to fix it; the job-level ones
     # (peer lost, timeout, system, internal) get the general advice appended
-    text = message if message and result in _SELF_EXPLAINING else \
+    self_explaining = (codes.ERR_INVALID_ARGUMENT, codes.ERR_INVALID_USAGE, codes.ERR_MISMATCH)
+    text = message if message and result in self_explaining else \
         f"{message} ({hint})" if message else hint
-    raise errors.error_for_code(result, text, rank=lib_.tnt_last_error_rank() if result == 4 else None)
+    raise errors.error_for_code(result, text, rank=lib_.tnt_last_error_rank()
+                                if result in (codes.ERR_PEER_LOST, codes.ERR_TIMEOUT) else None)
 
 
 def init():
     """Start the core: read the placement from the environment, connect to the
     other ranks, start the background thread. Idempotent."""
-    global _state
+    global _state, _pid
     with _lock:
         if _state == "up":
+            _check_not_forked()
             return
         lib_, _ = _load()
         check(lib_.tnt_init())
         _state = "up"
+        _pid = os.getpid()
     from tarantella.common import logging as tnt_logging
     from tarantella.common import error_file
 
@@ -85,12 +91,22 @@ def shutdown():
 
 
 def is_initialized():
-    return _state == "up"
+    return _state == "up" and _pid == os.getpid()
+
+
+def _check_not_forked():
+    if _pid is not None and _pid != os.getpid():
+        raise errors.InvalidUsageError(
+            f"Tarantella cannot be used in a forked child process (pid {os.getpid()}; this rank lives in "
+            f"pid {_pid}): the child shares its parent's rank. Call collectives from the parent, or start "
+            "workers with the 'spawn' method (multiprocessing.set_start_method('spawn'))")
 
 
 def ensure_initialized():
-    """The lib object of a running core: starts it on first use, refuses after shutdown()."""
+    """The lib object of a running core: starts it on first use, refuses after
+    shutdown() and in a fork() child."""
     if _state == "up":
+        _check_not_forked()
         return _lib
     if _state == "down":
         raise errors.InvalidUsageError(
@@ -102,8 +118,9 @@ def ensure_initialized():
 
 
 def abort(reason):
-    """Mark this rank failed so that every peer fails fast with `reason`."""
-    if _state == "up":
+    """Mark this rank failed so that every peer fails fast with `reason`
+    (a no-op in a fork() child: its failure is not its parent's)."""
+    if is_initialized():
         _lib.tnt_abort(reason.encode("utf-8", "replace")[:1000])
 
 

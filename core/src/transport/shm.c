@@ -12,11 +12,20 @@
  * Sleeps are cut into slices of 100 ms; after each slice the waiter checks its
  * peers, so a dead peer is seen within ~0.1 s, a hang within the deadline.
  *
+ * Liveness: a waiter checks the peer it waits for after each sleep slice (died,
+ * aborted, stopped, or shut down before providing what is awaited), and only
+ * the cheap state words of the others (an abort anywhere fails the job): a peer
+ * that shut down cleanly after doing its part is not a failure.
+ *
  * Security and cleanup: rank 0 creates the segment O_EXCL with mode 0600 under
  * the launcher's random job id; the last rank to attach unlinks the name, so
  * nothing is left in /dev/shm even if ranks are SIGKILLed later (the mapping
  * lives until the last process unmaps it). A job killed during set-up leaves the
- * name behind: `tntrun` removes tnt-<job id>* when the job ends. */
+ * name behind: `tntrun` removes tnt-<job id>* when the job ends. Joining ranks
+ * accept only a segment owned by their own user with no group/other access, and
+ * claim their rank's block with a compare-and-swap: a second process claiming
+ * the same rank (two jobs started with one TNT_JOB_ID) marks the segment
+ * collided, and every rank in it fails with that message. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -53,15 +62,18 @@ typedef struct {
   uint64_t total_bytes, window_bytes, block_bytes;
   shm_word_t attached;
   _Atomic uint64_t cycle_wanted;
+  _Atomic uint32_t collided; /* two processes claimed one rank: the job is void */
+  char collision[512];
   char pad[CACHE_LINE];
 } shm_header_t;
 
 typedef struct {
   _Atomic int32_t pid;
   _Atomic uint32_t state;
+  _Atomic int32_t root_peer; /* when FAILED because of another rank: that rank, else -1 */
   char reason[512];
   uint32_t exch_len[2];
-  char pad[CACHE_LINE - 8];
+  char pad[CACHE_LINE - 12];
   shm_word_t bell;      /* doorbell: bumped by peers wanting a cycle and by local requests */
   shm_word_t exch_seq;  /* rounds of exchange this rank has published */
   shm_word_t counters[]; /* [kind * size + source] */
@@ -78,6 +90,8 @@ typedef struct {
   uint8_t **exch;      /* [size] base of the two exchange buffers */
   uint8_t **windows;   /* [size] */
   uint32_t exch_round;
+  int exch_posted;     /* this round is published and not yet collected */
+  double exch_deadline; /* the bound of the posted round (TNT_TIMEOUT_S after posting) */
   uint32_t bell_seen;
   double spin_s;
 } shm_t;
@@ -95,42 +109,90 @@ static void bump(shm_word_t *w) {
 
 static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
-/* 1 when the process is gone (or a zombie nobody reaped yet). */
-static int process_dead(pid_t pid) {
-  if (pid <= 0) return 0;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+/* The scheduler state letter of a process ('R', 'S', 'T' stopped, 'Z' zombie...),
+ * 'X' when it is gone, '?' when it cannot be read. */
+static char process_state(pid_t pid) {
+  if (pid <= 0) return '?';
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 'X';
   char path[64], buf[512];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT;
+  if (fd < 0) return errno == ENOENT ? 'X' : '?';
   ssize_t n = read(fd, buf, sizeof buf - 1);
   close(fd);
-  if (n <= 0) return 0;
+  if (n <= 0) return '?';
   buf[n] = 0;
   char *paren = strrchr(buf, ')');
-  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+  return paren && paren[1] == ' ' ? paren[2] : '?';
 }
 
-/* TNT_SUCCESS while every peer is alive; else PEER_LOST naming the first lost one. */
-static tnt_result_t check_peers(shm_t *s, const char *what) {
-  /* dead processes first, so that the error names the lost rank rather than a
-   * rank that aborted because it lost it */
+static int process_dead(pid_t pid) {
+  char st = process_state(pid);
+  return st == 'X' || st == 'Z';
+}
+
+/* PEER_LOST for a rank that aborted, naming the rank that caused it when the
+ * abort was itself caused by another rank (so that every report names the root). */
+static tnt_result_t peer_aborted(shm_t *s, int r, const char *what) {
+  shm_rank_t *p = s->ranks[r];
+  int root = atomic_load(&p->root_peer);
+  if (root >= 0 && root != r && root != s->pl.rank)
+    return tnt_fail_peer(root, "rank %d aborted because of rank %d (%s) while rank %d was %s", r, root, p->reason,
+                         s->pl.rank, what);
+  return tnt_fail_peer(r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->pl.rank, what);
+}
+
+/* The job-wide failures that cost no system call: a collided segment, an aborted rank. */
+static tnt_result_t check_job(shm_t *s, const char *what) {
+  if (atomic_load(&s->hdr->collided))
+    return tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank && atomic_load(&s->ranks[r]->state) == RANK_FAILED) return peer_aborted(s, r, what);
+  return TNT_SUCCESS;
+}
+
+/* The awaited peer `from` in full: gone, aborted, or shut down (it will never
+ * provide what we wait for; had it provided it, the wait would have ended). */
+static tnt_result_t check_awaited(shm_t *s, int from, const char *what) {
+  shm_rank_t *p = s->ranks[from];
+  uint32_t state = atomic_load(&p->state);
+  if (state == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
+    return tnt_fail_peer(from, "rank %d (pid %d) died while rank %d was %s", from, (int)atomic_load(&p->pid), s->pl.rank,
+                         what);
+  if (state == RANK_FAILED) return peer_aborted(s, from, what);
+  if (state == RANK_EXITED)
+    return tnt_fail_peer(from, "rank %d has shut down while rank %d was %s: every rank must make the same collective "
+                         "calls before shutdown", from, s->pl.rank, what);
+  return TNT_SUCCESS;
+}
+
+/* Every peer, dead ones first so that the error names the lost rank rather than
+ * a rank that aborted because it lost it. `awaited[r]` (NULL: every peer) says
+ * whose clean shutdown is a failure. */
+static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what) {
   for (int r = 0; r < s->pl.size; r++) {
     shm_rank_t *p = s->ranks[r];
     if (r != s->pl.rank && atomic_load(&p->state) == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
       return tnt_fail_peer(r, "rank %d (pid %d) died while rank %d was %s", r, (int)atomic_load(&p->pid), s->pl.rank, what);
   }
-  for (int r = 0; r < s->pl.size; r++) {
-    if (r == s->pl.rank) continue;
-    shm_rank_t *p = s->ranks[r];
-    uint32_t state = atomic_load(&p->state);
-    if (state == RANK_FAILED)
-      return tnt_fail_peer(r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->pl.rank, what);
-    if (state == RANK_EXITED)
-      return tnt_fail_peer(r, "rank %d has shut down while rank %d was %s: every rank must make the same collective calls before shutdown",
-                           r, s->pl.rank, what);
-  }
+  TNT_CHECK(check_job(s, what));
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank && (!awaited || awaited[r])) TNT_CHECK(check_awaited(s, r, what));
   return TNT_SUCCESS;
+}
+
+/* The error of a wait that reached its deadline, naming the awaited rank and
+ * what its process is doing (a stopped rank is the usual culprit). */
+static tnt_result_t wait_timed_out(shm_t *s, int from, const char *what) {
+  if (from < 0)
+    return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->pl.rank, what);
+  pid_t pid = atomic_load(&s->ranks[from]->pid);
+  char st = process_state(pid);
+  const char *doing = st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
+                      : st == 'D'            ? "is blocked in the kernel (disk or network I/O)"
+                                             : "is alive but did not answer: it may be hung or busy outside Tarantella";
+  return tnt_fail_about(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: rank %d (pid %d) %s",
+                        s->pl.rank, what, from, (int)pid, doing);
 }
 
 /* Busy-wait for at most s->spin_s until ready(s, arg); 1 if it became ready. */
@@ -154,16 +216,23 @@ static int word_reached(shm_t *s, const void *arg) {
   return reached(atomic_load_explicit(&wt->word->value, memory_order_acquire), wt->target);
 }
 
-static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, double deadline, const char *what) {
+/* Wait until w reaches target. `from` is the rank that bumps it (-1: any rank):
+ * after each sleep slice it is checked in full, the others only for aborts. A
+ * deadline that is not the operation's own (a caller's shorter wait) ends with
+ * TNT_IN_PROGRESS when `resumable`. */
+static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, int from, double deadline, const char *what) {
   word_target_t wt = {w, target};
   if (word_reached(s, &wt) || spin_until(s, word_reached, &wt)) return TNT_SUCCESS;
-  for (;;) {
+  for (int slice = 0;; slice++) {
     uint32_t v = atomic_load(&w->value);
     if (reached(v, target)) return TNT_SUCCESS;
     double now = tnt_now();
-    TNT_CHECK(check_peers(s, what));
-    if (now >= deadline)
-      return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->pl.rank, what);
+    if (slice > 0) { /* not before the first sleep: most waits end within it */
+      TNT_CHECK(check_job(s, what));
+      if (from >= 0) TNT_CHECK(check_awaited(s, from, what));
+      else TNT_CHECK(check_all(s, NULL, what));
+    }
+    if (now >= deadline) return wait_timed_out(s, from, what);
     struct timespec ts = tnt_timespec(deadline - now < SLICE_S ? deadline - now : SLICE_S);
     atomic_fetch_add(&w->waiters, 1);
     v = atomic_load(&w->value);
@@ -235,7 +304,21 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
       s->fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0600);
       if (s->fd >= 0) {
         struct stat st;
-        if (fstat(s->fd, &st) == 0 && (size_t)st.st_size >= s->total) break;
+        if (fstat(s->fd, &st) != 0) {
+          res = tnt_fail(TNT_ERR_SYSTEM, "fstat(%s) failed: %s", s->name, strerror(errno));
+          goto fail;
+        }
+        /* never join a segment another user made, or one others may write */
+        if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+          res = tnt_fail(TNT_ERR_INVALID_USAGE,
+                         "shared segment %s belongs to uid %u with mode %03o, not to this user (uid %u) with mode 600: "
+                         "refusing to join it; use a fresh TNT_JOB_ID (tntrun makes one per job)",
+                         s->name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)geteuid());
+          close(s->fd);
+          s->fd = -1; /* not ours: never unlink it */
+          goto fail;
+        }
+        if ((size_t)st.st_size >= s->total) break;
         close(s->fd);
         s->fd = -1;
       } else if (errno != ENOENT) {
@@ -277,12 +360,27 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
     }
   }
   shm_rank_t *me = s->ranks[pl->rank];
-  atomic_store(&me->pid, (int32_t)getpid());
+  int32_t nobody = 0;
+  if (!atomic_compare_exchange_strong(&me->pid, &nobody, (int32_t)getpid())) {
+    /* another process holds this rank: two jobs share the id. Void the whole
+     * segment so that nobody computes with a stranger's data. */
+    snprintf(s->hdr->collision, sizeof s->hdr->collision,
+             "two processes (pids %d and %d) claimed rank %d of job %s: two jobs were started with the same "
+             "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
+             (int)nobody, (int)getpid(), pl->rank, pl->job_id);
+    atomic_store(&s->hdr->collided, 1);
+    bump(&s->hdr->attached);
+    res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
+    s->ranks[pl->rank] = NULL; /* not ours: the failure path must not mark it */
+    shm_unlink(s->name);
+    goto fail;
+  }
+  atomic_store(&me->root_peer, -1);
   atomic_store(&me->state, RANK_ALIVE);
   uint32_t attached = atomic_fetch_add(&s->hdr->attached.value, 1) + 1;
   if (atomic_load(&s->hdr->attached.waiters)) futex(&s->hdr->attached.value, FUTEX_WAKE, INT_MAX, NULL);
   if (attached == (uint32_t)pl->size) shm_unlink(s->name); /* everyone is in: nothing can leak from now on */
-  res = wait_word(s, &s->hdr->attached, (uint32_t)pl->size, deadline, "waiting for every rank to attach");
+  res = wait_word(s, &s->hdr->attached, (uint32_t)pl->size, -1, deadline, "waiting for every rank to attach");
   if (res == TNT_ERR_TIMEOUT) {
     char missing[256] = "";
     size_t used = 0;
@@ -293,6 +391,8 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
                    "of the job (TNT_SIZE=%d) with the same TNT_JOB_ID, e.g. with tntrun",
                    pl->rank, params->timeout_s, missing, pl->size);
   }
+  if (res == TNT_SUCCESS && atomic_load(&s->hdr->collided))
+    res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
   if (res != TNT_SUCCESS) goto fail;
   *state = s;
   TNT_INFO("shm: %s, %zu bytes, %d ranks", s->name, s->total, pl->size);
@@ -327,25 +427,54 @@ static tnt_result_t shm_wait(void *st, int kind, int from, uint32_t target, doub
   shm_t *s = st;
   char what[96];
   snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
-  return wait_word(s, &s->ranks[s->pl.rank]->counters[kind * s->pl.size + from], target, deadline, what);
+  return wait_word(s, &s->ranks[s->pl.rank]->counters[kind * s->pl.size + from], target, from, deadline, what);
 }
 
-static tnt_result_t shm_exchange(void *st, const void *mine, size_t len, void *all, size_t stride, size_t *lens,
-                                 double deadline) {
+/* Publish this rank's bytes for the next round (double-buffered: a rank is at
+ * most one round ahead of the slowest, so the other buffer is never being read). */
+static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, double deadline) {
   shm_t *s = st;
-  if (len > TNT_EXCHANGE_MAX || len > stride) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
+  if (len > TNT_EXCHANGE_MAX) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
+  if (s->exch_posted) return tnt_fail(TNT_ERR_INTERNAL, "exchange posted twice");
   uint32_t round = ++s->exch_round, buf = round & 1;
   shm_rank_t *me = s->ranks[s->pl.rank];
   memcpy(s->exch[s->pl.rank] + buf * TNT_EXCHANGE_MAX, mine, len);
   me->exch_len[buf] = (uint32_t)len;
   bump(&me->exch_seq); /* exch_seq == round now: the release publishes the bytes above */
+  s->exch_posted = 1;
+  s->exch_deadline = deadline;
+  return TNT_SUCCESS;
+}
+
+/* Collect every rank's bytes of the posted round. `until` may end the wait
+ * before the round's own deadline: then TNT_IN_PROGRESS, and a later call
+ * (from any thread holding the engine) resumes it. */
+static tnt_result_t shm_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
+  shm_t *s = st;
+  if (!s->exch_posted) return tnt_fail(TNT_ERR_INTERNAL, "exchange collected before it was posted");
+  uint32_t round = s->exch_round, buf = round & 1;
+  double deadline = until < s->exch_deadline ? until : s->exch_deadline;
+  for (int r = 0; r < s->pl.size; r++) {
+    if (r == s->pl.rank) continue;
+    tnt_result_t res = wait_word(s, &s->ranks[r]->exch_seq, round, r, deadline, "negotiating with the other ranks");
+    if (res == TNT_ERR_TIMEOUT && deadline < s->exch_deadline) return TNT_IN_PROGRESS;
+    TNT_CHECK(res);
+  }
   for (int r = 0; r < s->pl.size; r++) {
     shm_rank_t *p = s->ranks[r];
-    if (r != s->pl.rank) TNT_CHECK(wait_word(s, &p->exch_seq, round, deadline, "negotiating with the other ranks"));
     lens[r] = p->exch_len[buf];
+    if (lens[r] > stride) return tnt_fail(TNT_ERR_INTERNAL, "rank %d published %zu exchange bytes, more than %zu", r, lens[r], stride);
     memcpy((uint8_t *)all + (size_t)r * stride, s->exch[r] + buf * TNT_EXCHANGE_MAX, lens[r]);
   }
+  s->exch_posted = 0;
   return TNT_SUCCESS;
+}
+
+static tnt_result_t shm_exchange(void *st, const void *mine, size_t len, void *all, size_t stride, size_t *lens,
+                                 double deadline) {
+  if (len > stride) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
+  TNT_CHECK(shm_exchange_post(st, mine, len, deadline));
+  return shm_exchange_collect(st, all, stride, lens, deadline);
 }
 
 static void shm_ring_doorbell(void *st, uint64_t cycle) {
@@ -388,8 +517,8 @@ static int shm_cycle_wanted(void *st, uint64_t done) {
   return atomic_load(&s->hdr->cycle_wanted) > done;
 }
 
-static tnt_result_t shm_check_peers(void *st) {
-  return check_peers((shm_t *)st, "waiting for the other ranks to submit the same collectives");
+static tnt_result_t shm_check_peers(void *st, const uint8_t *awaited) {
+  return check_all((shm_t *)st, awaited, "waiting for the other ranks to submit the same collectives");
 }
 
 static void shm_wake_local(void *st) {
@@ -397,10 +526,11 @@ static void shm_wake_local(void *st) {
   bump(&s->ranks[s->pl.rank]->bell);
 }
 
-static void shm_abort(void *st, const char *reason) {
+static void shm_abort(void *st, const char *reason, int root_peer) {
   shm_t *s = st;
   shm_rank_t *me = s->ranks[s->pl.rank];
   snprintf(me->reason, sizeof me->reason, "%s", reason ? reason : "aborted");
+  atomic_store(&me->root_peer, root_peer);
   atomic_store(&me->state, RANK_FAILED);
 }
 
@@ -421,6 +551,8 @@ const tnt_transport_t tnt_transport_shm = {
     .notify = shm_notify,
     .wait = shm_wait,
     .exchange = shm_exchange,
+    .exchange_post = shm_exchange_post,
+    .exchange_collect = shm_exchange_collect,
     .ring_doorbell = shm_ring_doorbell,
     .cycle_wanted = shm_cycle_wanted,
     .wait_doorbell = shm_wait_doorbell,
