@@ -391,6 +391,12 @@ static tnt_result_t allreduce_async_in(const char *name, const void *in, void *o
   if (op != TNT_SUM && op != TNT_AVERAGE)
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unsupported reduce op %d: use TNT_SUM or TNT_AVERAGE", (int)op);
   if (count > 0 && (!in || !out)) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allreduce '%s': NULL buffer", name ? name : "");
+  if ((dtype == TNT_INT32 || dtype == TNT_INT64) && prescale != 1.0)
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allreduce '%s': prescale=%g on an integer dtype cannot be exact; scale "
+                    "integers yourself, or use a floating-point dtype", name ? name : "", prescale);
+  if (!isfinite(prescale))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allreduce '%s': prescale must be a finite number. Received: %g",
+                    name ? name : "", prescale);
   TNT_CHECK(new_request(name, COLL_ALLREDUCE, dtype, count, &req));
   req->meta.op = (uint8_t)op;
   req->prescale = prescale;

@@ -107,34 +107,101 @@ static tnt_result_t grow_fusion(tnt_ctx_t *c, size_t bytes) {
   return TNT_SUCCESS;
 }
 
-static void copy_in(const tnt_request_t *req, void *dst, size_t esz) {
-  if (req->prescale != 1.0) tnt_scale((tnt_dtype_t)req->meta.dtype, dst, req->in, req->prescale, (size_t)req->meta.count);
-  else if (dst != req->in) memcpy(dst, req->in, (size_t)req->meta.count * esz);
-}
+static int is_float(tnt_dtype_t dt) { return dt != TNT_INT32 && dt != TNT_INT64; }
 
-static void copy_out(tnt_ctx_t *c, const tnt_request_t *req, const void *src, size_t esz) {
-  if (req->meta.op == TNT_AVERAGE) tnt_divide((tnt_dtype_t)req->meta.dtype, req->out, src, c->pl.size, (size_t)req->meta.count);
-  else if (src != req->out) memcpy(req->out, src, (size_t)req->meta.count * esz);
+/* The factor on this rank's input: its prescale, and 1/N for a floating-point
+ * average (scaled before the sum, as NCCL does: float16 averages of large
+ * values would overflow if the sum came first). */
+static double input_factor(const tnt_ctx_t *c, const tnt_request_t *req) {
+  double f = req->prescale;
+  if (req->meta.op == TNT_AVERAGE && is_float((tnt_dtype_t)req->meta.dtype)) f /= c->pl.size;
+  return f;
 }
 
 static double op_deadline(const tnt_ctx_t *c) { return tnt_now() + c->params.timeout_s; }
 
 /* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
  * wake-up instead of 2(N-1)), the pipelined ring beyond, which applies the
- * prescale and the average's division inside its own passes. */
-static tnt_result_t reduce(tnt_ctx_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt, double prescale,
-                           int divisor) {
+ * factor inside its own passes. Both add in the order of ring.h's segments. */
+static tnt_result_t reduce(tnt_ctx_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt, double factor,
+                           const int64_t *bounds) {
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES)
-    return tnt_allreduce_ring(&c->ring, in, out, count, dt, prescale, divisor, op_deadline(c));
+    return tnt_allreduce_ring(&c->ring, in, out, count, dt, factor, 1, bounds, op_deadline(c));
   const void *src = in;
-  if (prescale != 1.0) { /* small: scale into the output, then reduce in place */
-    tnt_scale(dt, out, in, prescale, (size_t)count);
+  if (factor != 1.0) { /* small: scale into the output, then reduce in place */
+    tnt_scale(dt, out, in, factor, (size_t)count);
     src = out;
   }
-  TNT_CHECK(tnt_allreduce_small(&c->ring, src, out, count, dt, c->small_scratch, op_deadline(c)));
-  if (divisor > 1) tnt_divide(dt, out, out, divisor, (size_t)count);
-  return TNT_SUCCESS;
+  return tnt_allreduce_small(&c->ring, src, out, count, dt, bounds, c->small_scratch, op_deadline(c));
+}
+
+/* Integer average: the exact floor of the mean, which never wraps. Each rank
+ * splits x = N*q + r (0 <= r < N); one sum of [q | r] gives Q and R, and
+ * floor(mean) = Q + floor(R / N). Wrapping sums (unsigned) cancel out. */
+#define INT_AVERAGE(T, UT)                                                                          \
+  do {                                                                                              \
+    const T *x_ = req->in;                                                                          \
+    T *q_ = buf, *r_ = q_ + n, *o_ = req->out;                                                       \
+    for (int64_t i = 0; i < n; i++) {                                                               \
+      T q = (T)(x_[i] / N), r = (T)(x_[i] % N);                                                     \
+      if (r < 0) { q--; r = (T)(r + N); }                                                           \
+      q_[i] = q;                                                                                    \
+      r_[i] = r;                                                                                    \
+    }                                                                                               \
+    res = reduce(c, buf, buf, 2 * n, dt, 1.0, NULL);                                                \
+    for (int64_t i = 0; res == TNT_SUCCESS && i < n; i++) o_[i] = (T)((UT)q_[i] + (UT)(r_[i] / N)); \
+  } while (0)
+
+static tnt_result_t run_int_average(tnt_ctx_t *c, tnt_request_t *req) {
+  const tnt_dtype_t dt = (tnt_dtype_t)req->meta.dtype;
+  const int64_t n = req->meta.count, N = c->pl.size;
+  void *buf = malloc((size_t)(2 * n + 1) * tnt_dtype_size(dt));
+  if (!buf) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate %lld elements for the integer average '%s'", (long long)(2 * n), req->name);
+  tnt_result_t res = TNT_SUCCESS;
+  if (dt == TNT_INT32) INT_AVERAGE(int32_t, uint32_t);
+  else INT_AVERAGE(int64_t, uint64_t);
+  free(buf);
+  return res;
+}
+
+/* Segment j of tensor i in a fused buffer sits after segment j of tensors
+ * 0..i-1 (ring.h), so each tensor is summed in its own order, alone or fused. */
+typedef struct {
+  int n, N;
+  int64_t *seg_off;  /* [N + 1]: where fused segment j begins */
+  int64_t *pos;      /* [N]: running position inside fused segment j */
+} fused_layout_t;
+
+static void layout_reset(fused_layout_t *L) {
+  for (int j = 0; j < L->N; j++) L->pos[j] = L->seg_off[j];
+}
+
+static void layout_build(fused_layout_t *L, tnt_request_t **reqs, int n) {
+  const int N = L->N;
+  for (int j = 0; j <= N; j++) L->seg_off[j] = 0;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < N; j++) {
+      int64_t cnt = reqs[i]->meta.count;
+      L->seg_off[j + 1] += cnt * (j + 1) / N - cnt * j / N;
+    }
+  for (int j = 0; j < N; j++) L->seg_off[j + 1] += L->seg_off[j];
+  layout_reset(L);
+}
+
+/* Copy (scaled) tensor `req` into the fused buffer, or back out of it. */
+static void layout_move(fused_layout_t *L, tnt_request_t *req, uint8_t *fused, double factor, int out) {
+  const tnt_dtype_t dt = (tnt_dtype_t)req->meta.dtype;
+  const size_t esz = tnt_dtype_size(dt);
+  const int64_t cnt = req->meta.count;
+  for (int j = 0; j < L->N; j++) {
+    int64_t b = cnt * j / L->N, len = cnt * (j + 1) / L->N - b;
+    uint8_t *slot = fused + L->pos[j] * (int64_t)esz;
+    if (out) memcpy((uint8_t *)req->out + b * (int64_t)esz, slot, (size_t)len * esz);
+    else if (factor != 1.0) tnt_scale(dt, slot, (const uint8_t *)req->in + b * (int64_t)esz, factor, (size_t)len);
+    else memcpy(slot, (const uint8_t *)req->in + b * (int64_t)esz, (size_t)len * esz);
+    L->pos[j] += len;
+  }
 }
 
 /* Allreduce of reqs[0..n) (n > 1: through the fusion buffer). */
@@ -144,27 +211,24 @@ static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
   int64_t t0 = tnt_now_us();
   if (n == 1) {
     tnt_request_t *req = reqs[0];
-    TNT_CHECK(reduce(c, req->in, req->out, req->meta.count, dt, req->prescale,
-                     req->meta.op == TNT_AVERAGE ? c->pl.size : 1));
+    if (req->meta.op == TNT_AVERAGE && !is_float(dt)) TNT_CHECK(run_int_average(c, req));
+    else TNT_CHECK(reduce(c, req->in, req->out, req->meta.count, dt, input_factor(c, req), NULL));
     tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), NULL);
     return TNT_SUCCESS;
   }
   int64_t total = 0;
   for (int i = 0; i < n; i++) total += reqs[i]->meta.count;
   TNT_CHECK(grow_fusion(c, (size_t)total * esz));
-  size_t off = 0;
-  for (int i = 0; i < n; i++) {
-    copy_in(reqs[i], c->fusion_buf + off, esz);
-    off += (size_t)reqs[i]->meta.count * esz;
-  }
+  const int N = c->pl.size;
+  int64_t seg_off[N + 1], pos[N];
+  fused_layout_t L = {n, N, seg_off, pos};
+  layout_build(&L, reqs, n);
+  for (int i = 0; i < n; i++) layout_move(&L, reqs[i], c->fusion_buf, input_factor(c, reqs[i]), 0);
   int64_t t1 = tnt_now_us();
-  TNT_CHECK(reduce(c, c->fusion_buf, c->fusion_buf, total, dt, 1.0, 1)); /* copy_in/out scale and divide */
+  TNT_CHECK(reduce(c, c->fusion_buf, c->fusion_buf, total, dt, 1.0, seg_off)); /* scaled on the way in */
   int64_t t2 = tnt_now_us();
-  off = 0;
-  for (int i = 0; i < n; i++) {
-    copy_out(c, reqs[i], c->fusion_buf + off, esz);
-    off += (size_t)reqs[i]->meta.count * esz;
-  }
+  layout_reset(&L);
+  for (int i = 0; i < n; i++) layout_move(&L, reqs[i], c->fusion_buf, 1.0, 1);
   int64_t t3 = tnt_now_us();
   if (c->timeline) {
     char detail[64];
@@ -237,8 +301,10 @@ static tnt_result_t execute(tnt_ctx_t *c, tnt_response_t *resp, int n) {
     int64_t bytes = req->meta.count * (int64_t)esz;
     int ng = 1, j = i + 1;
     group[0] = req;
-    while (j < n && ng < 256 && resp[j].error == TNT_SUCCESS && resp[j].meta.coll == COLL_ALLREDUCE &&
+    const int alone = req->meta.op == TNT_AVERAGE && !is_float((tnt_dtype_t)req->meta.dtype);
+    while (!alone && j < n && ng < 256 && resp[j].error == TNT_SUCCESS && resp[j].meta.coll == COLL_ALLREDUCE &&
            resp[j].meta.dtype == req->meta.dtype &&
+           !(resp[j].meta.op == TNT_AVERAGE && !is_float((tnt_dtype_t)resp[j].meta.dtype)) &&
            bytes + resp[j].meta.count * (int64_t)esz <= c->params.fusion_threshold_bytes) {
       tnt_request_t *next = tnt_pending_find(c, resp[j].name);
       if (!next) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request", resp[j].name);
@@ -360,9 +426,9 @@ tnt_result_t tnt_execute_local(tnt_ctx_t *c, tnt_request_t *req) {
   void *buf = NULL;
   int64_t count = 0, t0 = tnt_now_us();
   switch (req->meta.coll) {
-    case COLL_ALLREDUCE:
-      copy_in(req, req->out, esz);
-      /* average over one rank: the value itself (integers too) */
+    case COLL_ALLREDUCE: /* the prescaled value; an average over one rank is the value itself */
+      if (req->prescale != 1.0) tnt_scale((tnt_dtype_t)req->meta.dtype, req->out, req->in, req->prescale, (size_t)req->meta.count);
+      else if (req->out != req->in) memcpy(req->out, req->in, (size_t)req->meta.count * esz);
       break;
     case COLL_BROADCAST:
       if (req->out != req->in) memcpy(req->out, req->in, (size_t)req->meta.count * esz);

@@ -64,6 +64,8 @@ def test_hung_rank_times_out_on_every_other_rank():
         procs[1].wait()
     code, lines, err = reports[0]
     assert lines[0]["error"] == "TimeoutError", lines
+    # the frozen rank is named, with what its process is doing, not a healthy one
+    assert lines[0]["peer"] == 1 and "rank 1" in lines[0]["message"] and "stopped" in lines[0]["message"], lines
     assert TIMEOUT_S * 0.5 <= lines[0]["seconds"] <= TIMEOUT_S * 2, lines
     assert shm_objects(job) == []
 

@@ -26,6 +26,7 @@
 
 typedef struct {
   int64_t count;  /* elements in the whole buffer */
+  const int64_t *bounds; /* segment offsets (ring.h), NULL: even split */
   int N;          /* ranks = segments */
   int64_t P;      /* pieces per segment */
   size_t esz;
@@ -33,7 +34,7 @@ typedef struct {
   double prescale; /* this rank's factor on its own input */
 } plan_t;
 
-static int64_t seg_begin(const plan_t *p, int j) { return p->count * j / p->N; }
+static int64_t seg_begin(const plan_t *p, int j) { return tnt_segment_begin(p->bounds, p->count, p->N, j); }
 
 /* One step of the ring: send segment `send_seg` of `from` (scaled by
  * p->prescale on the way out when `scale_out`); receive segment `recv_seg`
@@ -68,17 +69,19 @@ static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *
 }
 
 tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                double prescale, int divisor, double deadline) {
+                                double prescale, int divisor, const int64_t *bounds, double deadline) {
   const int N = ring->size, r = ring->rank;
   const uint8_t *src = in;
   uint8_t *dst = out;
-  plan_t p = {count, N, 1, tnt_dtype_size(dtype), dtype, prescale};
+  plan_t p = {count, bounds, N, 1, tnt_dtype_size(dtype), dtype, prescale};
   if (N == 1) {
     tnt_scale(dtype, out, in, prescale, (size_t)count);
     if (divisor > 1) tnt_divide(dtype, out, out, divisor, (size_t)count);
     return TNT_SUCCESS;
   }
-  int64_t max_seg = (count + N - 1) / N, slot_elems = (int64_t)(ring->slot_bytes / p.esz);
+  int64_t max_seg = 0, slot_elems = (int64_t)(ring->slot_bytes / p.esz);
+  for (int j = 0; j < N; j++)
+    if (seg_begin(&p, j + 1) - seg_begin(&p, j) > max_seg) max_seg = seg_begin(&p, j + 1) - seg_begin(&p, j);
   if (max_seg > 0) p.P = (max_seg + slot_elems - 1) / slot_elems;
   /* reduce-scatter: step 0 sends straight from the input (scaled on the way);
    * the last step completes a segment, so it divides (average) right there and

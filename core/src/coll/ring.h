@@ -47,16 +47,27 @@ static inline void tnt_piece(int64_t begin, int64_t len, int64_t k, int64_t P, i
   *pl = b - a;
 }
 
+/* The order of additions. The buffer is cut into N segments at `bounds`
+ * (N + 1 element offsets; NULL: an even split, count * j / N); every element of
+ * segment j is summed in the order j, j+1, ..., j+N-1 (mod N), whichever
+ * algorithm runs. A fused buffer passes the union of its tensors' own even
+ * splits, so an element's order of additions depends only on its tensor and N,
+ * never on what it was fused with: results are the same bits every run. */
+static inline int64_t tnt_segment_begin(const int64_t *bounds, int64_t count, int N, int j) {
+  return bounds ? bounds[j] : count * j / N;
+}
+
 /* The collectives (one file each). `deadline` bounds the whole operation.
  * allreduce: out = sum over ranks of (prescale_r * in_r), divided by `divisor`
  * (1: a plain sum); the scaling and the division cost no extra pass. */
 tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                double prescale, int divisor, double deadline);
-/* Allreduce of at most TNT_SMALL_ALLREDUCE_BYTES through one exchange; scratch
- * holds N * count elements. */
+                                double prescale, int divisor, const int64_t *bounds, double deadline);
+/* Allreduce of at most TNT_SMALL_ALLREDUCE_BYTES through one exchange of the
+ * (already scaled) inputs, added in the ring's order; scratch holds N * count
+ * elements. */
 #define TNT_SMALL_ALLREDUCE_BYTES (16 * 1024)
 tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                 void *scratch, double deadline);
+                                 const int64_t *bounds, void *scratch, double deadline);
 tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, size_t bytes, int root, double deadline);
 tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, const int64_t *bytes_per_rank,
                                 double deadline);

@@ -1,0 +1,89 @@
+"""Run inside each of 3 ranks by test_hardening.py: the numbers, names, fork
+and lifecycle checks of the core's hardening, in one launch. Prints one line
+"ok <check>" per check that passed; any failure raises (and fails the job)."""
+import os
+import sys
+
+import numpy as np
+
+import tarantella as tnt
+from tarantella.common import errors
+
+rank, size = tnt.get_rank(), tnt.get_size()
+
+
+def ok(check):
+    print(f"ok {check}", flush=True)
+
+
+def expect(error, fn, *words):
+    try:
+        fn()
+    except error as exc:
+        for w in words:
+            assert w in str(exc), (w, str(exc))
+        return exc
+    raise AssertionError(f"{fn} did not raise {error.__name__}")
+
+
+# float16 average of large values: scaled by 1/N before the sum, no overflow
+x16 = np.full(1000, 30000, np.float16)  # 3 x 30000 > 65504, the float16 maximum
+avg16 = tnt.allreduce(x16, op="average", name="f16-average")
+assert np.isfinite(avg16).all() and np.allclose(avg16.astype(np.float32), 30000, rtol=1e-3), avg16[:4]
+ok("float16-average-no-overflow")
+
+# integer average: the exact floor of the mean, near the limits and negative
+for dt in (np.int32, np.int64):
+    info = np.iinfo(dt)
+    mine = np.array([info.max - rank, info.min + rank, -7 - rank, 5 + 2 * rank, -1, 0], dt)
+    every = np.stack([np.array([info.max - r, info.min + r, -7 - r, 5 + 2 * r, -1, 0], dt) for r in range(size)])
+    want = np.array([sum(int(v) for v in col) // size for col in every.T], dt)  # exact, Python ints
+    got = tnt.allreduce(mine, op="average", name=f"int-average-{np.dtype(dt).name}")
+    assert (got == want).all(), (dt, got, want)
+    expect(errors.InvalidArgumentError, lambda: tnt.allreduce(mine, prescale=0.5, name="int-prescale"), "integer")
+ok("integer-average-exact")
+
+# a name with a NUL byte would be cut at the NUL and paired with another name
+expect(errors.InvalidArgumentError, lambda: tnt.allreduce(np.ones(2), name="a\0b"), "NUL")
+ok("nul-name-refused")
+
+# fusion never changes the bits: one tensor's result, alone and fused behind
+# tensors of other sizes, is the same (3 ranks: the order of additions matters)
+rng = np.random.default_rng(1234 + rank)
+target = rng.standard_normal(10_007).astype(np.float32)
+alone = tnt.allreduce(target, name="target-alone")
+for variant, lead in enumerate([1, 3, 1000, 5001, 40_000, 300_000]):
+    handles = [tnt.allreduce_async(rng.standard_normal(lead).astype(np.float32), name=f"lead-{variant}"),
+               tnt.allreduce_async(target, name=f"target-{variant}")]
+    fused = [h.wait() for h in handles][1]
+    assert fused.tobytes() == alone.tobytes(), (variant, np.flatnonzero(fused != alone)[:5])
+small = rng.standard_normal(5).astype(np.float32)  # the one-exchange path must add in the ring's order too
+small_alone = tnt.allreduce(small, name="small-alone")
+handles = [tnt.allreduce_async(np.ones(1 << 16, np.float32), name="big-lead"),
+           tnt.allreduce_async(small, name="small-fused")]
+assert [h.wait() for h in handles][1].tobytes() == small_alone.tobytes()
+ok("fusion-independent-bits")
+
+# fork(): the child is not a rank. Its collectives fail clearly; its exit
+# (atexit, shutdown) leaves the parent's job untouched.
+pid = os.fork()
+if pid == 0:
+    code = 0
+    try:
+        expect(errors.InvalidUsageError, lambda: tnt.allreduce(np.ones(2), name="from-child"), "forked child")
+        expect(errors.InvalidUsageError, lambda: tnt.get_rank(), "forked child")
+    except AssertionError as exc:
+        print(f"child: {exc}", file=sys.stderr, flush=True)
+        code = 3
+    sys.exit(code)  # a normal exit: atexit handlers run in the child
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert (tnt.allreduce(np.ones(3), name="after-fork") == size).all()
+ok("fork-child-is-not-a-rank")
+
+# a handle waited for after shutdown raises instead of returning None
+tnt.barrier(name="before-shutdown")
+h = tnt.allreduce_async(np.ones(2), name="never-completes" if rank == 0 else "other-name")
+tnt.shutdown()
+expect(errors.InvalidUsageError, h.wait)
+ok("wait-after-shutdown-raises")

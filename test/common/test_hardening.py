@@ -1,0 +1,74 @@
+"""The core's hardening: settings every rank must share, jobs that share an id,
+numbers (float16/int averages, bits independent of fusion), names, fork and
+lifecycle. One 3-rank launch checks the in-job items (rank_hardening.py)."""
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import pytest
+
+from core_helpers import HERE, clean_env, shm_objects, tntrun
+
+CHECKS = ["float16-average-no-overflow", "integer-average-exact", "nul-name-refused",
+          "fusion-independent-bits", "fork-child-is-not-a-rank", "wait-after-shutdown-raises"]
+
+
+def test_in_job_checks_on_3_ranks():
+    res = tntrun(3, "rank_hardening.py", env={"TNT_TIMEOUT_S": 60}, runner_args=["--output-on-all-devices"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    for check in CHECKS:
+        assert res.stdout.count(f"ok {check}") == 3, (check, res.stdout[-3000:])
+
+
+PROBE = """
+import json, tarantella as tnt
+try:
+    tnt.init()
+    print(json.dumps({"error": None}))
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+"""
+
+
+def start(rank, size, job, **env):
+    e = clean_env(TNT_RANK=rank, TNT_SIZE=size, TNT_LOCAL_RANK=rank, TNT_LOCAL_SIZE=size, TNT_JOB_ID=job,
+                  TNT_TIMEOUT_S=20, **env)
+    return subprocess.Popen([sys.executable, "-c", PROBE], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def outcome(proc):
+    out, err = proc.communicate(timeout=60)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert lines, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("setting, values", [("TNT_FUSION_THRESHOLD_KB", ("1024", "64")),
+                                             ("TNT_CACHE_CAPACITY", ("1024", "100"))])
+def test_ranks_that_disagree_on_a_protocol_setting_fail_on_every_rank(setting, values):
+    job = secrets.token_hex(16)
+    procs = [start(r, 2, job, **{setting: values[r]}) for r in range(2)]
+    for r, p in enumerate(procs):
+        got = outcome(p)
+        assert got["error"] == "InvalidUsageError", (r, got)
+        assert setting in got["message"], got
+        assert f"rank 0: {int(values[0]) * (1024 if setting.endswith('_KB') else 1)}" in got["message"], got
+    assert shm_objects(job) == []
+
+
+def test_two_processes_claiming_one_rank_void_the_job_on_every_rank():
+    # rank 2 never starts, so the segment stays open while the second claimant of rank 1 arrives
+    job = secrets.token_hex(16)
+    first = [start(0, 3, job)]
+    time.sleep(0.5)
+    first.append(start(1, 3, job))
+    time.sleep(0.5)
+    intruder = start(1, 3, job)
+    results = [outcome(p) for p in first + [intruder]]
+    for got in results:
+        assert got["error"] == "InvalidUsageError" and "claimed rank 1" in got["message"], results
+    assert shm_objects(job) == []
