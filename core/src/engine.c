@@ -17,6 +17,7 @@
  * pending longer than TNT_TIMEOUT_S (some rank never submitted it) is fatal as
  * well, with the missing ranks named. The thread never exits the process. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -320,7 +321,8 @@ static tnt_result_t execute(tnt_ctx_t *c, tnt_response_t *resp, int n) {
   return TNT_SUCCESS;
 }
 
-/* Fatal if a request waited longer than TNT_TIMEOUT_S; warn once at half of it. */
+/* Fatal if a request waited longer than TNT_TIMEOUT_S; warn once at half of it.
+ * The error names the first missing rank and what its process is doing. */
 static tnt_result_t check_stalls(tnt_ctx_t *c) {
   double now = tnt_now();
   for (int i = 0; i < c->npending; i++) {
@@ -329,11 +331,17 @@ static tnt_result_t check_stalls(tnt_ctx_t *c) {
     if (age < c->params.timeout_s / 2) continue;
     char missing[512];
     tnt_negotiate_missing(c, req, missing, sizeof missing);
-    if (age >= c->params.timeout_s)
-      return tnt_fail(TNT_ERR_TIMEOUT,
-                      "%s '%s' was submitted on rank %d %.0f s ago but ranks [%s] never submitted it (TNT_TIMEOUT_S=%g): "
-                      "every rank must make the same collective calls",
-                      tnt_coll_name(req->meta.coll), req->name, c->pl.rank, age, missing, c->params.timeout_s);
+    if (age >= c->params.timeout_s) {
+      int first = -1;
+      char doing[256] = "";
+      if (sscanf(missing, "%d", &first) == 1 && first >= 0 && first < c->pl.size && c->transport->describe_peer)
+        c->transport->describe_peer(c->ts, first, doing, sizeof doing);
+      return tnt_fail_about(TNT_ERR_TIMEOUT, first,
+                            "%s '%s' was submitted on rank %d %.0f s ago but ranks [%s] never submitted it "
+                            "(TNT_TIMEOUT_S=%g)%s%s: every rank must make the same collective calls",
+                            tnt_coll_name(req->meta.coll), req->name, c->pl.rank, age, missing, c->params.timeout_s,
+                            doing[0] ? "; " : "", doing);
+    }
     if (!req->stall_warned) {
       req->stall_warned = 1;
       TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]; it fails at TNT_TIMEOUT_S=%g s", tnt_coll_name(req->meta.coll),

@@ -60,6 +60,9 @@ struct tnt_transport {
    * Called by the engine while it sleeps with requests pending. A clean shutdown
    * counts as lost only for the ranks with awaited[r] set (NULL: every rank). */
   tnt_result_t (*check_peers)(void *state, const uint8_t *awaited);
+  /* What rank `peer`'s process is doing, for errors about it ("rank 1 (pid 42)
+   * is stopped (SIGSTOP...)"); "" when the transport cannot tell. */
+  void (*describe_peer)(void *state, int peer, char *out, size_t len);
   /* Wake this rank's own sleeping background thread (a local request arrived). */
   void (*wake_local)(void *state);
   /* Mark this rank failed (peers fail fast with `reason`); root_peer is the rank

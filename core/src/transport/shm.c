@@ -181,18 +181,25 @@ static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what
   return TNT_SUCCESS;
 }
 
+static void shm_describe_peer(void *st, int peer, char *out, size_t len) {
+  shm_t *s = st;
+  pid_t pid = atomic_load(&s->ranks[peer]->pid);
+  char state = process_state(pid);
+  const char *doing = state == 'T' || state == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
+                      : state == 'D'               ? "is blocked in the kernel (disk or network I/O)"
+                      : state == 'X' || state == 'Z' ? "has exited"
+                                                   : "is alive but did not answer: it may be hung or busy outside Tarantella";
+  snprintf(out, len, "rank %d (pid %d) %s", peer, (int)pid, doing);
+}
+
 /* The error of a wait that reached its deadline, naming the awaited rank and
  * what its process is doing (a stopped rank is the usual culprit). */
 static tnt_result_t wait_timed_out(shm_t *s, int from, const char *what) {
   if (from < 0)
     return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->pl.rank, what);
-  pid_t pid = atomic_load(&s->ranks[from]->pid);
-  char st = process_state(pid);
-  const char *doing = st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
-                      : st == 'D'            ? "is blocked in the kernel (disk or network I/O)"
-                                             : "is alive but did not answer: it may be hung or busy outside Tarantella";
-  return tnt_fail_about(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: rank %d (pid %d) %s",
-                        s->pl.rank, what, from, (int)pid, doing);
+  char doing[256];
+  shm_describe_peer(s, from, doing, sizeof doing);
+  return tnt_fail_about(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->pl.rank, what, doing);
 }
 
 /* Busy-wait for at most s->spin_s until ready(s, arg); 1 if it became ready. */
@@ -557,6 +564,7 @@ const tnt_transport_t tnt_transport_shm = {
     .cycle_wanted = shm_cycle_wanted,
     .wait_doorbell = shm_wait_doorbell,
     .check_peers = shm_check_peers,
+    .describe_peer = shm_describe_peer,
     .wake_local = shm_wake_local,
     .abort = shm_abort,
     .finalize = shm_finalize,
