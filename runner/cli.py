@@ -14,6 +14,7 @@ import shlex
 import sys
 
 from tarantella.common import config
+from tarantella.common.errors import InvalidArgumentError
 from tarantella.runner import command as cmd
 from tarantella.runner import environment, gpus, local
 from tarantella.runner.environment import UsageError
@@ -190,6 +191,15 @@ def parse(argv, prog="tntrun"):
         if args.fusion_threshold_mb < 0:
             parser.error(f"--fusion-threshold-mb must be 0 or more. Received: {args.fusion_threshold_mb}")
         args.fusion_threshold = int(round(args.fusion_threshold_mb * 1024))
+    # the core's own bounds (core/src/params.c), checked here so that a bad value
+    # stops tntrun instead of failing on every rank after they start
+    for flag, name, value in (("--fusion-threshold", "TNT_FUSION_THRESHOLD_KB", args.fusion_threshold),
+                              ("--timeout", "TNT_TIMEOUT_S", args.timeout)):
+        if value is not None:
+            try:
+                config.get(name, environ={name: str(value)})
+            except InvalidArgumentError as exc:
+                parser.error(f"{flag} {value}: {exc}")
     if args.bind_to:
         args.pin_to_socket = True
     if args.no_python:

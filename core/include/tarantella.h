@@ -104,6 +104,15 @@ const char *tnt_last_error(void);
  * thread (the lost, or the unresponsive, rank), else -1. */
 int tnt_last_error_rank(void);
 
+/* The core's numeric settings (TNT_FUSION_THRESHOLD_KB, TNT_TIMEOUT_S, ...), one
+ * table for the core, tntrun's validation, --help and the docs. tnt_param_check
+ * parses `value` by the core's own rule: TNT_ERR_INVALID_ARGUMENT and
+ * tnt_last_error() say what is wrong. Usable before tnt_init. */
+int tnt_param_count(void);
+tnt_result_t tnt_param_describe(int index, const char **name, double *default_value, double *min, double *max,
+                                int *integer, const char **doc);
+tnt_result_t tnt_param_check(const char *name, const char *value);
+
 /* Sizes and versions, for the bindings. */
 size_t tnt_dtype_size(tnt_dtype_t dtype);
 const char *tnt_version(void);

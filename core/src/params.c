@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -16,36 +17,72 @@
 typedef struct {
   const char *name;
   double def, min, max;
+  int integer; /* whole numbers only */
   const char *doc;
 } num_param_t;
 
 enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
-    [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, "fusion buffer size in KiB, 0 disables fusion"},
-    [P_TIMEOUT_S] = {"TNT_TIMEOUT_S", 300, 0.01, 1e9, "seconds a wait for a peer may last"},
-    [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, "shared-memory pipeline piece size in KiB"},
-    [P_SLOTS] = {"TNT_SHM_SLOTS", 8, 2, 64, "shared-memory pieces in flight per link"},
-    [P_CACHE] = {"TNT_CACHE_CAPACITY", 1024, 0, 65536, "negotiated tensor names cached"},
-    [P_SPIN_US] = {"TNT_SPIN_US", 50, 0, 1e6, "microseconds a waiter spins before it sleeps, when ranks <= cores"},
+    [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
+                     "allreduces of one dtype are packed into one buffer up to this many KiB; 0 disables fusion"},
+    [P_TIMEOUT_S] = {"TNT_TIMEOUT_S", 300, 0.01, 1e9, 0,
+                     "bound on any wait for a peer, in seconds: a stalled negotiation or silent peer fails after it"},
+    [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, 1, "shared-memory transport: size of one pipelined piece in KiB"},
+    [P_SLOTS] = {"TNT_SHM_SLOTS", 8, 2, 64, 1, "shared-memory transport: pieces in flight per ring link"},
+    [P_CACHE] = {"TNT_CACHE_CAPACITY", 1024, 0, 65536, 1,
+                 "negotiated tensor names remembered (steady state costs one bit each)"},
+    [P_SPIN_US] = {"TNT_SPIN_US", 50, 0, 1e6, 0,
+                   "microseconds a waiter spins before it sleeps; only when there are two cores per local rank"},
 };
+
+/* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */
+static tnt_result_t parse_num(const num_param_t *p, const char *raw, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(raw, &end);
+  while (end && (*end == ' ' || *end == '\n')) end++;
+  if (errno || end == raw || (end && *end) || !(v >= p->min && v <= p->max) || (p->integer && v != (double)(int64_t)v))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "environment variable %s must be %s between %.15g and %.15g (%s). Received: %s=%s",
+                    p->name, p->integer ? "a whole number" : "a number", p->min, p->max, p->doc, p->name, raw);
+  *out = v;
+  return TNT_SUCCESS;
+}
 
 static tnt_result_t read_num(int which, double *out) {
   const num_param_t *p = &num_params[which];
   const char *raw = getenv(p->name);
   *out = p->def;
   if (!raw || !*raw) return TNT_SUCCESS;
-  char *end = NULL;
-  errno = 0;
-  double v = strtod(raw, &end);
-  while (end && (*end == ' ' || *end == '\n')) end++;
-  if (errno || end == raw || (end && *end) || v < p->min || v > p->max)
-    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "environment variable %s must be a number between %g and %g (%s). Received: %s=%s",
-                    p->name, p->min, p->max, p->doc, p->name, raw);
+  TNT_CHECK(parse_num(p, raw, out));
   TNT_INFO("%s set by environment to %s", p->name, raw);
-  *out = v;
   return TNT_SUCCESS;
 }
+
+int tnt_param_count(void) { return P_COUNT; }
+
+tnt_result_t tnt_param_describe(int i, const char **name, double *def, double *min, double *max, int *integer,
+                                const char **doc) {
+  if (i < 0 || i >= P_COUNT) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "no setting number %d (there are %d)", i, P_COUNT);
+  const num_param_t *p = &num_params[i];
+  *name = p->name;
+  *def = p->def;
+  *min = p->min;
+  *max = p->max;
+  *integer = p->integer;
+  *doc = p->doc;
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_param_check(const char *name, const char *value) {
+  for (int i = 0; i < P_COUNT; i++) {
+    double v;
+    if (name && !strcmp(name, num_params[i].name)) return parse_num(&num_params[i], value ? value : "", &v);
+  }
+  return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "%s is not a setting of the core", name ? name : "(null)");
+}
+
+static const char *const log_levels[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
 
 tnt_result_t tnt_params_read(tnt_params_t *p) {
   double v;
@@ -63,6 +100,14 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   TNT_CHECK(read_num(P_SPIN_US, &v));
   p->spin_s = v * 1e-6;
 
+  const char *lvl = getenv("TNT_LOG_LEVEL"); /* the same rule as Python's logging: no silent default */
+  if (lvl && *lvl) {
+    int known = 0;
+    for (size_t i = 0; i < sizeof log_levels / sizeof log_levels[0]; i++) known |= !strcasecmp(lvl, log_levels[i]);
+    if (!known)
+      return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "environment variable TNT_LOG_LEVEL must be DEBUG | INFO | WARNING | "
+                      "ERROR (log level of Tarantella's Python and C logs). Received: TNT_LOG_LEVEL=%s", lvl);
+  }
   const char *t = getenv("TNT_TRANSPORT");
   snprintf(p->transport, sizeof p->transport, "%s", (t && *t) ? t : "auto");
   if (strcmp(p->transport, "auto") && strcmp(p->transport, "shm") && strcmp(p->transport, "mpi") &&

@@ -1,9 +1,13 @@
 """The TNT_* environment contract in one table.
 
-The runner sets these variables for every rank; users may set them too. The C
-core reads the ones it needs itself (core/src/params.c); this table is what the
-Python side validates, what `tntrun` maps its flags to, and what docs/ lists.
+The runner sets these variables for every rank; users may set them too. The
+core's own numeric settings (fusion, timeout, shm slots, cache, spin) are rows
+of the C table in core/src/params.c, read through the binding: their defaults,
+bounds, docs and parsing rule exist once, for the core, `tntrun`'s validation,
+its --help and docs/environment.md. The rest (placement, logging, files) are
+Python's own rows below.
 """
+import functools
 import os
 from dataclasses import dataclass
 
@@ -17,24 +21,44 @@ class Param:
     default: object
     doc: str
     choices: tuple = ()
+    bounds: tuple = ()  # (min, max) of the core's settings
+    in_core: bool = False  # a row of core/src/params.c: parsed by the core's rule
 
 
-PARAMS = (
+def _core_rows():
+    """The core's settings table, through the binding (no TNT_* is read)."""
+    from tarantella.common import core
+
+    lib, ffi = core.lib(), core.ffi()
+    name, doc = ffi.new("const char **"), ffi.new("const char **")
+    default, low, high, integer = (ffi.new("double *"), ffi.new("double *"), ffi.new("double *"),
+                                   ffi.new("int *"))
+    rows = {}
+    for i in range(lib.tnt_param_count()):
+        core.check(lib.tnt_param_describe(i, name, default, low, high, integer, doc))
+        kind = "int" if integer[0] else "float"
+        cast = int if integer[0] else float
+        key = ffi.string(name[0]).decode()
+        rows[key] = Param(key, kind, cast(default[0]), ffi.string(doc[0]).decode(),
+                          bounds=(cast(low[0]), cast(high[0])), in_core=True)
+    return rows
+
+
+_CORE = object()  # placeholder: the row comes from the core's table
+
+_ROWS = (
     Param("TNT_RANK", "int", None, "rank of this process, 0 <= rank < TNT_SIZE"),
     Param("TNT_SIZE", "int", None, "number of ranks in the job"),
     Param("TNT_LOCAL_RANK", "int", None, "rank among the ranks of this host"),
     Param("TNT_LOCAL_SIZE", "int", None, "number of ranks on this host"),
     Param("TNT_JOB_ID", "str", None, "per-job random id that names the job's shared-memory objects"),
-    Param("TNT_FUSION_THRESHOLD_KB", "int", 1024,
-          "allreduces of one dtype are packed into one buffer up to this size; 0 disables fusion"),
-    Param("TNT_TIMEOUT_S", "float", 300.0,
-          "bound on any wait for a peer: a stalled negotiation or silent peer fails after it"),
+    ("TNT_FUSION_THRESHOLD_KB", _CORE),
+    ("TNT_TIMEOUT_S", _CORE),
     Param("TNT_TRANSPORT", "choice", "auto", "transport between ranks", ("auto", "shm", "mpi", "gpi2")),
-    Param("TNT_SHM_SLOT_KB", "int", 256, "shared-memory transport: size of one pipelined piece"),
-    Param("TNT_SHM_SLOTS", "int", 8, "shared-memory transport: pieces in flight per ring link"),
-    Param("TNT_CACHE_CAPACITY", "int", 1024, "negotiated tensor names remembered (steady state costs one bit each)"),
-    Param("TNT_SPIN_US", "float", 50.0,
-          "microseconds a waiter spins before it sleeps; only when there are two cores per local rank"),
+    ("TNT_SHM_SLOT_KB", _CORE),
+    ("TNT_SHM_SLOTS", _CORE),
+    ("TNT_CACHE_CAPACITY", _CORE),
+    ("TNT_SPIN_US", _CORE),
     Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path"),
     Param("TNT_LOG_LEVEL", "choice", "WARNING", "log level of Tarantella's Python and C logs",
           ("DEBUG", "INFO", "WARNING", "ERROR")),
@@ -44,7 +68,30 @@ PARAMS = (
     Param("TNT_ERROR_FILE", "str", None,
           "where an uncaught Python exception of this rank is written as JSON (set by tntrun)"),
 )
-BY_NAME = {p.name: p for p in PARAMS}
+
+
+@functools.lru_cache(maxsize=None)
+def _table():
+    core_rows = _core_rows()
+    params = tuple(core_rows[row[0]] if isinstance(row, tuple) else row for row in _ROWS)
+    missing = set(core_rows) - {p.name for p in params}
+    assert not missing, f"core settings without a place in config._ROWS: {sorted(missing)}"
+    return params
+
+
+@functools.lru_cache(maxsize=None)
+def _by_name():
+    return {p.name: p for p in _table()}
+
+
+def __getattr__(name):
+    # PARAMS / BY_NAME load the core's table on first use, so importing stays cheap
+    if name == "PARAMS":
+        return _table()
+    if name == "BY_NAME":
+        return _by_name()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -53,10 +100,17 @@ _FALSE = ("0", "false", "no", "off", "")
 def get(name, environ=None):
     """The value of a TNT_* variable, parsed, or its default. Bad values raise
     InvalidArgumentError naming the variable and what it accepts."""
-    param = BY_NAME[name]
+    param = _by_name()[name]
     raw = (os.environ if environ is None else environ).get(name)
     if raw is None:
         return param.default
+    if param.in_core:  # the core's own rule and message
+        from tarantella.common import core
+
+        lib = core.lib()
+        if lib.tnt_param_check(name.encode(), raw.encode()) != 0:
+            raise InvalidArgumentError(core.ffi().string(lib.tnt_last_error()).decode())
+        return int(float(raw)) if param.kind == "int" else float(raw)
     try:
         if param.kind == "int":
             return int(raw)
@@ -79,14 +133,14 @@ def get(name, environ=None):
         accepted = {"int": "an integer", "float": "a number", "bool": "true or false",
                     "choice": " | ".join(param.choices)}[param.kind]
         raise InvalidArgumentError(
-            f"environment variable {name} must be {accepted} ({param.doc}). Received: {name}={raw!r}"
+            f"environment variable {name} must be {accepted} ({param.doc}). Received: {name}={raw}"
         ) from None
 
 
 def markdown_table():
     """The docs table of variables, generated from PARAMS."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
-    for p in PARAMS:
+    for p in _table():
         default = "" if p.default is None else f"`{p.default}`"
         rows.append(f"| `{p.name}` | {default} | {p.doc} |")
     return "\n".join(rows)

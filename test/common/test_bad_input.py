@@ -80,7 +80,7 @@ def test_python_api_initializes_on_first_use():
 
 @pytest.mark.parametrize("var,value,words", [
     ("TNT_TIMEOUT_S", "soon", ["TNT_TIMEOUT_S must be a number", "TNT_TIMEOUT_S=soon"]),
-    ("TNT_FUSION_THRESHOLD_KB", "-5", ["TNT_FUSION_THRESHOLD_KB must be a number between 0"]),
+    ("TNT_FUSION_THRESHOLD_KB", "-5", ["TNT_FUSION_THRESHOLD_KB must be a whole number between 0 and 4194304"]),
     ("TNT_TRANSPORT", "carrier-pigeon", ["TNT_TRANSPORT must be one of auto, shm, mpi, gpi2"]),
 ])
 def test_bad_environment_values(var, value, words):
@@ -112,3 +112,16 @@ def test_import_is_cheap():
                           "print('tensorflow' in sys.modules, 'tarantella._core' in sys.modules)"],
                          env=clean_env(), capture_output=True, text=True)
     assert res.stdout.split() == ["False", "False"], res.stdout + res.stderr
+
+
+def test_one_settings_table_rules_the_core_python_and_tntrun():
+    # the same value is refused by the core at init, by Python's config and by tntrun
+    for name, bad in (("TNT_FUSION_THRESHOLD_KB", "-5"), ("TNT_FUSION_THRESHOLD_KB", "1.5"),
+                      ("TNT_SHM_SLOTS", "9999"), ("TNT_LOG_LEVEL", "LOUD")):
+        res = run("tnt.init()", **{name: bad})
+        assert res.returncode != 0 and f"{name}" in res.stderr and f"Received: {name}={bad}" in res.stderr, res.stderr
+        res = run(f"from tarantella.common import config; config.get({name!r})", **{name: bad})
+        assert res.returncode != 0 and f"Received: {name}={bad}" in res.stderr, res.stderr
+    res = subprocess.run(["tntrun", "-n", "2", "--fusion-threshold", "9999999", "--", "never_started.py"],
+                         env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "TNT_FUSION_THRESHOLD_KB" in res.stderr and "4194304" in res.stderr, res.stderr
