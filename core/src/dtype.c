@@ -1,6 +1,7 @@
 /* dtype.c - reduction kernels. Written as plain loops over restrict pointers so
  * that -O3 vectorizes them; float16/bfloat16 convert in software (portable, and
- * the memory traffic dominates anyway). Integer sums wrap (two's complement). */
+ * the memory traffic dominates anyway). Integer sums and (whole) prescales wrap
+ * (two's complement), with no undefined behaviour. */
 #include "dtype.h"
 
 #include <math.h>
@@ -128,16 +129,18 @@ void tnt_scale(tnt_dtype_t dtype, void *dst, const void *src, double factor, siz
   switch (dtype) {
     case TNT_FLOAT32: SCALE_LOOP(float); break;
     case TNT_FLOAT64: SCALE_LOOP(double); break;
-    case TNT_INT32: {
+    case TNT_INT32: { /* a whole factor (the API refuses others), wrapping like the sum */
       int32_t *d = dst;
       const int32_t *s = src;
-      for (size_t i = 0; i < n; i++) d[i] = (int32_t)trunc((double)s[i] * factor);
+      const uint32_t k = (uint32_t)(int64_t)factor;
+      for (size_t i = 0; i < n; i++) d[i] = (int32_t)((uint32_t)s[i] * k);
       break;
     }
     case TNT_INT64: {
       int64_t *d = dst;
       const int64_t *s = src;
-      for (size_t i = 0; i < n; i++) d[i] = (int64_t)trunc((double)s[i] * factor);
+      const uint64_t k = (uint64_t)(int64_t)factor;
+      for (size_t i = 0; i < n; i++) d[i] = (int64_t)((uint64_t)s[i] * k);
       break;
     }
     case TNT_FLOAT16: {

@@ -16,96 +16,45 @@
  * a timeout marks this rank aborted so that its peers fail fast too. A request
  * pending longer than TNT_TIMEOUT_S (some rank never submitted it) is fatal as
  * well, with the missing ranks named. The thread never exits the process. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "context.h"
+#include "engine.h"
+
 #include "dtype.h"
-#include "negotiate.h"
 #include "settings_agree.h"
 
 #define LIVENESS_S 0.2 /* how often a thread with pending requests checks its peers */
 
-tnt_result_t tnt_engine_setup(tnt_ctx_t *c) {
-  c->small_scratch = malloc((size_t)c->pl.size * TNT_SMALL_ALLREDUCE_BYTES);
-  if (!c->small_scratch) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-  TNT_CHECK(tnt_negotiate_setup(c));
-  return tnt_settings_agree(c->transport, c->ts, &c->pl, &c->params);
-}
-
-void tnt_engine_teardown(tnt_ctx_t *c) {
-  tnt_negotiate_teardown(c);
-  free(c->pending);
-  c->pending = NULL;
-  c->npending = c->cappending = 0;
-  free(c->fusion_buf);
-  c->fusion_buf = NULL;
-  free(c->small_scratch);
-  c->small_scratch = NULL;
-  c->fusion_cap = 0;
-}
-
-static void pending_remove(tnt_ctx_t *c, tnt_request_t *req) {
-  int i = tnt_namemap_get(&c->pending_by_name, req->name);
-  if (i < 0) return;
-  tnt_namemap_del(&c->pending_by_name, req->name);
-  int last = --c->npending;
-  if (i != last) {
-    c->pending[i] = c->pending[last];
-    tnt_namemap_put(&c->pending_by_name, c->pending[i]->name, i);
-  }
-}
-
 /* Complete and forget a request; the engine must not touch it afterwards. */
-static void finish(tnt_ctx_t *c, tnt_request_t *req, tnt_result_t res, const char *msg, int peer, void *buf,
+static void finish(tnt_engine_t *c, tnt_request_t *req, tnt_result_t res, const char *msg, int peer, void *buf,
                    int64_t count, const int64_t *rank_counts) {
-  pending_remove(c, req);
-  tnt_complete(c, req, res, msg, peer, buf, count, rank_counts);
+  tnt_pending_remove(&c->pending, req);
+  tnt_requests_complete(c->requests, req, res, msg, peer, buf, count, rank_counts);
 }
 
-static void fail_all_pending(tnt_ctx_t *c, tnt_result_t res, const char *msg, int peer) {
-  while (c->npending > 0) finish(c, c->pending[c->npending - 1], res, msg, peer, NULL, 0, NULL);
+static void fail_all_pending(tnt_engine_t *c, tnt_result_t res, const char *msg, int peer) {
+  while (c->pending.n > 0) finish(c, c->pending.items[c->pending.n - 1], res, msg, peer, NULL, 0, NULL);
 }
 
 /* Move the queue into the pending table; 1 if the engine should stop. */
-static int take_queue(tnt_ctx_t *c) {
-  pthread_mutex_lock(&c->mu);
+static int take_queue(tnt_engine_t *c) {
+  pthread_mutex_lock(&c->queue_mu);
   tnt_request_t *req = c->queue_head;
   c->queue_head = c->queue_tail = NULL;
   int stop = c->stop;
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_unlock(&c->queue_mu);
   while (req) {
     tnt_request_t *next = req->next;
-    if (c->npending == c->cappending) {
-      int cap = c->cappending ? 2 * c->cappending : 64;
-      tnt_request_t **p = realloc(c->pending, (size_t)cap * sizeof *p);
-      if (!p) {
-        tnt_complete(c, req, TNT_ERR_SYSTEM, "out of memory", -1, NULL, 0, NULL);
-        req = next;
-        continue;
-      }
-      c->pending = p;
-      c->cappending = cap;
-    }
     req->state = REQ_NEW;
-    c->pending[c->npending] = req;
-    tnt_namemap_put(&c->pending_by_name, req->name, c->npending);
-    c->npending++;
+    if (tnt_pending_add(&c->pending, req))
+      tnt_requests_complete(c->requests, req, TNT_ERR_SYSTEM, "out of memory", -1, NULL, 0, NULL);
     req = next;
   }
   return stop;
-}
-
-static tnt_result_t grow_fusion(tnt_ctx_t *c, size_t bytes) {
-  if (bytes <= c->fusion_cap) return TNT_SUCCESS;
-  void *p = NULL;
-  if (posix_memalign(&p, 64, bytes)) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate a %zu-byte fusion buffer", bytes);
-  free(c->fusion_buf);
-  c->fusion_buf = p;
-  c->fusion_cap = bytes;
-  return TNT_SUCCESS;
 }
 
 static int is_float(tnt_dtype_t dt) { return dt != TNT_INT32 && dt != TNT_INT64; }
@@ -113,18 +62,18 @@ static int is_float(tnt_dtype_t dt) { return dt != TNT_INT32 && dt != TNT_INT64;
 /* The factor on this rank's input: its prescale, and 1/N for a floating-point
  * average (scaled before the sum, as NCCL does: float16 averages of large
  * values would overflow if the sum came first). */
-static double input_factor(const tnt_ctx_t *c, const tnt_request_t *req) {
+static double input_factor(const tnt_engine_t *c, const tnt_request_t *req) {
   double f = req->prescale;
-  if (req->meta.op == TNT_AVERAGE && is_float((tnt_dtype_t)req->meta.dtype)) f /= c->pl.size;
+  if (req->meta.op == TNT_AVERAGE && is_float((tnt_dtype_t)req->meta.dtype)) f /= c->pl->size;
   return f;
 }
 
-static double op_deadline(const tnt_ctx_t *c) { return tnt_now() + c->params.timeout_s; }
+static double op_deadline(const tnt_engine_t *c) { return tnt_now() + c->params->timeout_s; }
 
 /* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
  * wake-up instead of 2(N-1)), the pipelined ring beyond, which applies the
  * factor inside its own passes. Both add in the order of ring.h's segments. */
-static tnt_result_t reduce(tnt_ctx_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt, double factor,
+static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt, double factor,
                            const int64_t *bounds) {
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES)
@@ -154,9 +103,9 @@ static tnt_result_t reduce(tnt_ctx_t *c, const void *in, void *out, int64_t coun
     for (int64_t i = 0; res == TNT_SUCCESS && i < n; i++) o_[i] = (T)((UT)q_[i] + (UT)(r_[i] / N)); \
   } while (0)
 
-static tnt_result_t run_int_average(tnt_ctx_t *c, tnt_request_t *req) {
+static tnt_result_t run_int_average(tnt_engine_t *c, tnt_request_t *req) {
   const tnt_dtype_t dt = (tnt_dtype_t)req->meta.dtype;
-  const int64_t n = req->meta.count, N = c->pl.size;
+  const int64_t n = req->meta.count, N = c->pl->size;
   void *buf = malloc((size_t)(2 * n + 1) * tnt_dtype_size(dt));
   if (!buf) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate %lld elements for the integer average '%s'", (long long)(2 * n), req->name);
   tnt_result_t res = TNT_SUCCESS;
@@ -166,47 +115,8 @@ static tnt_result_t run_int_average(tnt_ctx_t *c, tnt_request_t *req) {
   return res;
 }
 
-/* Segment j of tensor i in a fused buffer sits after segment j of tensors
- * 0..i-1 (ring.h), so each tensor is summed in its own order, alone or fused. */
-typedef struct {
-  int n, N;
-  int64_t *seg_off;  /* [N + 1]: where fused segment j begins */
-  int64_t *pos;      /* [N]: running position inside fused segment j */
-} fused_layout_t;
-
-static void layout_reset(fused_layout_t *L) {
-  for (int j = 0; j < L->N; j++) L->pos[j] = L->seg_off[j];
-}
-
-static void layout_build(fused_layout_t *L, tnt_request_t **reqs, int n) {
-  const int N = L->N;
-  for (int j = 0; j <= N; j++) L->seg_off[j] = 0;
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < N; j++) {
-      int64_t cnt = reqs[i]->meta.count;
-      L->seg_off[j + 1] += cnt * (j + 1) / N - cnt * j / N;
-    }
-  for (int j = 0; j < N; j++) L->seg_off[j + 1] += L->seg_off[j];
-  layout_reset(L);
-}
-
-/* Copy (scaled) tensor `req` into the fused buffer, or back out of it. */
-static void layout_move(fused_layout_t *L, tnt_request_t *req, uint8_t *fused, double factor, int out) {
-  const tnt_dtype_t dt = (tnt_dtype_t)req->meta.dtype;
-  const size_t esz = tnt_dtype_size(dt);
-  const int64_t cnt = req->meta.count;
-  for (int j = 0; j < L->N; j++) {
-    int64_t b = cnt * j / L->N, len = cnt * (j + 1) / L->N - b;
-    uint8_t *slot = fused + L->pos[j] * (int64_t)esz;
-    if (out) memcpy((uint8_t *)req->out + b * (int64_t)esz, slot, (size_t)len * esz);
-    else if (factor != 1.0) tnt_scale(dt, slot, (const uint8_t *)req->in + b * (int64_t)esz, factor, (size_t)len);
-    else memcpy(slot, (const uint8_t *)req->in + b * (int64_t)esz, (size_t)len * esz);
-    L->pos[j] += len;
-  }
-}
-
 /* Allreduce of reqs[0..n) (n > 1: through the fusion buffer). */
-static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
+static tnt_result_t run_allreduce(tnt_engine_t *c, tnt_request_t **reqs, int n) {
   tnt_dtype_t dt = (tnt_dtype_t)reqs[0]->meta.dtype;
   size_t esz = tnt_dtype_size(dt);
   int64_t t0 = tnt_now_us();
@@ -217,19 +127,14 @@ static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
     tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), NULL);
     return TNT_SUCCESS;
   }
-  int64_t total = 0;
-  for (int i = 0; i < n; i++) total += reqs[i]->meta.count;
-  TNT_CHECK(grow_fusion(c, (size_t)total * esz));
-  const int N = c->pl.size;
-  int64_t seg_off[N + 1], pos[N];
-  fused_layout_t L = {n, N, seg_off, pos};
-  layout_build(&L, reqs, n);
-  for (int i = 0; i < n; i++) layout_move(&L, reqs[i], c->fusion_buf, input_factor(c, reqs[i]), 0);
+  double factors[n];
+  for (int i = 0; i < n; i++) factors[i] = input_factor(c, reqs[i]);
+  TNT_CHECK(tnt_fusion_pack(&c->fusion, reqs, n, factors));
+  const int64_t total = c->fusion.total;
   int64_t t1 = tnt_now_us();
-  TNT_CHECK(reduce(c, c->fusion_buf, c->fusion_buf, total, dt, 1.0, seg_off)); /* scaled on the way in */
+  TNT_CHECK(reduce(c, c->fusion.buf, c->fusion.buf, total, dt, 1.0, c->fusion.seg_off)); /* scaled on the way in */
   int64_t t2 = tnt_now_us();
-  layout_reset(&L);
-  for (int i = 0; i < n; i++) layout_move(&L, reqs[i], c->fusion_buf, 1.0, 1);
+  tnt_fusion_unpack(&c->fusion, reqs, n);
   int64_t t3 = tnt_now_us();
   if (c->timeline) {
     char detail[64];
@@ -243,7 +148,7 @@ static tnt_result_t run_allreduce(tnt_ctx_t *c, tnt_request_t **reqs, int n) {
   return TNT_SUCCESS;
 }
 
-static tnt_result_t run_one(tnt_ctx_t *c, tnt_request_t *req, const tnt_response_t *resp, void **result_buf,
+static tnt_result_t run_one(tnt_engine_t *c, tnt_request_t *req, const tnt_response_t *resp, void **result_buf,
                             int64_t *result_count) {
   int64_t t0 = tnt_now_us();
   size_t esz = tnt_dtype_size((tnt_dtype_t)req->meta.dtype);
@@ -253,7 +158,7 @@ static tnt_result_t run_one(tnt_ctx_t *c, tnt_request_t *req, const tnt_response
       tnt_timeline_event(c->timeline, req->name, "BROADCAST", t0, tnt_now_us(), NULL);
       break;
     case COLL_ALLGATHER: {
-      int N = c->pl.size;
+      int N = c->pl->size;
       int64_t bytes[N], total = 0;
       for (int q = 0; q < N; q++) {
         bytes[q] = resp->rank_counts[q] * (int64_t)esz;
@@ -277,12 +182,12 @@ static tnt_result_t run_one(tnt_ctx_t *c, tnt_request_t *req, const tnt_response
   return TNT_SUCCESS;
 }
 
-static tnt_result_t execute(tnt_ctx_t *c, tnt_response_t *resp, int n) {
+static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
   int64_t now = tnt_now_us();
   tnt_request_t *group[256];
   for (int i = 0; i < n;) {
-    tnt_request_t *req = tnt_pending_find(c, resp[i].name);
-    if (!req) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request on rank %d", resp[i].name, c->pl.rank);
+    tnt_request_t *req = tnt_pending_find(&c->pending, resp[i].name);
+    if (!req) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request on rank %d", resp[i].name, c->pl->rank);
     tnt_timeline_event(c->timeline, req->name, "NEGOTIATE", req->submit_us, now, tnt_coll_name(req->meta.coll));
     if (resp[i].error != TNT_SUCCESS) {
       finish(c, req, resp[i].error, resp[i].error_msg ? resp[i].error_msg : "mismatch", -1, NULL, 0, NULL);
@@ -306,8 +211,8 @@ static tnt_result_t execute(tnt_ctx_t *c, tnt_response_t *resp, int n) {
     while (!alone && j < n && ng < 256 && resp[j].error == TNT_SUCCESS && resp[j].meta.coll == COLL_ALLREDUCE &&
            resp[j].meta.dtype == req->meta.dtype &&
            !(resp[j].meta.op == TNT_AVERAGE && !is_float((tnt_dtype_t)resp[j].meta.dtype)) &&
-           bytes + resp[j].meta.count * (int64_t)esz <= c->params.fusion_threshold_bytes) {
-      tnt_request_t *next = tnt_pending_find(c, resp[j].name);
+           bytes + resp[j].meta.count * (int64_t)esz <= c->params->fusion_threshold_bytes) {
+      tnt_request_t *next = tnt_pending_find(&c->pending, resp[j].name);
       if (!next) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request", resp[j].name);
       tnt_timeline_event(c->timeline, resp[j].name, "NEGOTIATE", next->submit_us, now, "allreduce");
       group[ng++] = next;
@@ -323,72 +228,76 @@ static tnt_result_t execute(tnt_ctx_t *c, tnt_response_t *resp, int n) {
 
 /* Fatal if a request waited longer than TNT_TIMEOUT_S; warn once at half of it.
  * The error names the first missing rank and what its process is doing. */
-static tnt_result_t check_stalls(tnt_ctx_t *c) {
+static tnt_result_t check_stalls(tnt_engine_t *c) {
   double now = tnt_now();
-  for (int i = 0; i < c->npending; i++) {
-    tnt_request_t *req = c->pending[i];
+  for (int i = 0; i < c->pending.n; i++) {
+    tnt_request_t *req = c->pending.items[i];
     double age = now - req->submit_time;
-    if (age < c->params.timeout_s / 2) continue;
+    if (age < c->params->timeout_s / 2) continue;
     char missing[512];
-    tnt_negotiate_missing(c, req, missing, sizeof missing);
-    if (age >= c->params.timeout_s) {
+    tnt_negotiate_missing(&c->neg, req, missing, sizeof missing);
+    if (age >= c->params->timeout_s) {
       int first = -1;
       char doing[256] = "";
-      if (sscanf(missing, "%d", &first) == 1 && first >= 0 && first < c->pl.size && c->transport->describe_peer)
+      if (sscanf(missing, "%d", &first) == 1 && first >= 0 && first < c->pl->size && c->transport->describe_peer)
         c->transport->describe_peer(c->ts, first, doing, sizeof doing);
       return tnt_fail_about(TNT_ERR_TIMEOUT, first,
                             "%s '%s' was submitted on rank %d %.0f s ago but ranks [%s] never submitted it "
                             "(TNT_TIMEOUT_S=%g)%s%s: every rank must make the same collective calls",
-                            tnt_coll_name(req->meta.coll), req->name, c->pl.rank, age, missing, c->params.timeout_s,
+                            tnt_coll_name(req->meta.coll), req->name, c->pl->rank, age, missing, c->params->timeout_s,
                             doing[0] ? "; " : "", doing);
     }
     if (!req->stall_warned) {
       req->stall_warned = 1;
       TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]; it fails at TNT_TIMEOUT_S=%g s", tnt_coll_name(req->meta.coll),
-               req->name, age, missing, c->params.timeout_s);
+               req->name, age, missing, c->params->timeout_s);
     }
   }
   return TNT_SUCCESS;
 }
 
-static void go_fatal(tnt_ctx_t *c, tnt_result_t res) {
-  const char *msg = tnt_last_error();
+void tnt_engine_abort(tnt_engine_t *c, const char *reason, int root_peer, int log) {
+  /* publish it first: peers waiting on this rank fail at once, naming the root
+   * cause (the lost or stuck rank when there is one, else this rank) */
+  c->transport->abort(c->ts, reason, root_peer);
+  if (tnt_requests_set_fatal(c->requests, TNT_ERR_PEER_LOST, reason, root_peer) && log) TNT_ERROR("%s", reason);
+  c->transport->wake_local(c->ts);
+}
+
+static void go_fatal(tnt_engine_t *c, tnt_result_t res) {
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", tnt_last_error());
   int peer = tnt_last_error_rank();
-  /* publish it: peers waiting on this rank fail at once, naming the root cause
-   * (the lost or stuck rank when there is one, else this rank) */
   c->transport->abort(c->ts, msg, peer);
-  tnt_set_fatal(c, res, msg, peer);
+  if (tnt_requests_set_fatal(c->requests, res, msg, peer)) TNT_ERROR("%s", msg);
   fail_all_pending(c, res, msg, peer);
 }
 
 /* One step of the engine, by whichever thread holds c->progress: the
  * background thread, or an application thread waiting for its own request
  * (which saves the two thread hand-offs of a blocking collective). */
-int tnt_engine_step(tnt_ctx_t *c, double until) {
+static int engine_step(tnt_engine_t *c, double until) {
   int stop = take_queue(c);
-  pthread_mutex_lock(&c->mu);
-  tnt_result_t fatal = c->fatal;
   char msg[1024];
-  snprintf(msg, sizeof msg, "%s", c->fatal_msg);
-  int peer = c->fatal_peer;
-  pthread_mutex_unlock(&c->mu);
+  int peer = -1;
+  tnt_result_t fatal = tnt_requests_fatal(c->requests, msg, sizeof msg, &peer);
   if (fatal != TNT_SUCCESS) {
     fail_all_pending(c, fatal, msg, peer);
     return stop ? TNT_STEP_STOP : TNT_STEP_IDLE;
   }
   if (stop) {
     char why[160];
-    snprintf(why, sizeof why, "Tarantella was shut down on rank %d before this request completed", c->pl.rank);
+    snprintf(why, sizeof why, "Tarantella was shut down on rank %d before this request completed", c->pl->rank);
     fail_all_pending(c, TNT_ERR_INVALID_USAGE, why, -1);
     return TNT_STEP_STOP;
   }
   tnt_result_t res = check_stalls(c);
-  if (!tnt_negotiate_in_cycle(c)) {
-    if (res == TNT_SUCCESS && c->npending && tnt_now() >= c->next_liveness) {
+  if (!tnt_negotiate_in_cycle(&c->neg)) {
+    if (res == TNT_SUCCESS && c->pending.n && tnt_now() >= c->next_liveness) {
       /* a sleeping peer costs nothing; a dead one must not leave us waiting for
        * TNT_TIMEOUT_S; a peer that shut down matters only if we still wait for it */
-      uint8_t awaited[c->pl.size];
-      tnt_negotiate_awaited(c, awaited);
+      uint8_t awaited[c->pl->size];
+      tnt_negotiate_awaited(&c->neg, awaited);
       c->next_liveness = tnt_now() + LIVENESS_S;
       res = c->transport->check_peers(c->ts, awaited);
     }
@@ -396,15 +305,15 @@ int tnt_engine_step(tnt_ctx_t *c, double until) {
       go_fatal(c, res);
       return TNT_STEP_WORKED;
     }
-    if (tnt_negotiate_has_news(c)) c->transport->ring_doorbell(c->ts, c->cycles + 1);
-    else if (!c->transport->cycle_wanted(c->ts, c->cycles)) return TNT_STEP_IDLE;
+    if (tnt_negotiate_has_news(&c->neg)) c->transport->ring_doorbell(c->ts, c->neg.cycles + 1);
+    else if (!c->transport->cycle_wanted(c->ts, c->neg.cycles)) return TNT_STEP_IDLE;
   } else if (res != TNT_SUCCESS) {
     go_fatal(c, res);
     return TNT_STEP_WORKED;
   }
   tnt_response_t *resp = NULL;
   int nresp = 0;
-  res = tnt_negotiate_cycle(c, &resp, &nresp, until);
+  res = tnt_negotiate_cycle(&c->neg, &resp, &nresp, until);
   if (res == TNT_IN_PROGRESS) return TNT_STEP_BLOCKED;
   if (res == TNT_SUCCESS) res = execute(c, resp, nresp);
   tnt_responses_free(resp, nresp);
@@ -412,13 +321,21 @@ int tnt_engine_step(tnt_ctx_t *c, double until) {
   return TNT_STEP_WORKED;
 }
 
-void *tnt_engine_main(void *arg) {
-  tnt_ctx_t *c = arg;
+int tnt_engine_drive(tnt_engine_t *c, double until) {
+  if (pthread_mutex_trylock(&c->progress) != 0) return TNT_STEP_BUSY;
+  int step = engine_step(c, until);
+  pthread_mutex_unlock(&c->progress);
+  if (step == TNT_STEP_BLOCKED) c->transport->wake_local(c->ts); /* hand the cycle over */
+  return step;
+}
+
+static void *engine_main(void *arg) {
+  tnt_engine_t *c = arg;
   for (;;) {
     pthread_mutex_lock(&c->progress);
-    int step = tnt_engine_step(c, INFINITY);
-    uint64_t done = c->cycles;
-    int pending = c->npending;
+    int step = engine_step(c, INFINITY);
+    uint64_t done = c->neg.cycles;
+    int pending = c->pending.n;
     pthread_mutex_unlock(&c->progress);
     if (step == TNT_STEP_STOP) break;
     /* nobody has news: sleep until a local request or a peer's cycle; with
@@ -428,8 +345,77 @@ void *tnt_engine_main(void *arg) {
   return NULL;
 }
 
+void tnt_engine_free(tnt_engine_t *c) {
+  tnt_negotiate_teardown(&c->neg);
+  tnt_pending_free(&c->pending);
+  tnt_fusion_free(&c->fusion);
+  tnt_ring_teardown(&c->ring);
+  free(c->small_scratch);
+  pthread_mutex_destroy(&c->queue_mu);
+  pthread_mutex_destroy(&c->progress);
+  memset(c, 0, sizeof *c);
+}
+
+tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
+                              const tnt_transport_t *transport, void *ts, tnt_requests_t *requests,
+                              tnt_timeline_t *timeline) {
+  memset(c, 0, sizeof *c);
+  c->pl = pl;
+  c->params = params;
+  c->transport = transport;
+  c->ts = ts;
+  c->requests = requests;
+  c->timeline = timeline;
+  pthread_mutex_init(&c->queue_mu, NULL);
+  pthread_mutex_init(&c->progress, NULL);
+  tnt_pending_init(&c->pending);
+  tnt_result_t res = tnt_ring_setup(&c->ring, transport, ts, pl->rank, pl->size, (size_t)params->shm_slot_bytes,
+                                    params->shm_slots, params->timeout_s);
+  if (res == TNT_SUCCESS) res = tnt_fusion_init(&c->fusion, pl->size);
+  if (res == TNT_SUCCESS) res = tnt_negotiate_setup(&c->neg, pl, params, transport, ts, &c->pending);
+  if (res == TNT_SUCCESS) {
+    c->small_scratch = malloc((size_t)pl->size * TNT_SMALL_ALLREDUCE_BYTES);
+    if (!c->small_scratch) res = tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  }
+  if (res == TNT_SUCCESS) res = tnt_settings_agree(transport, ts, pl, params);
+  if (res == TNT_SUCCESS && pthread_create(&c->thread, NULL, engine_main, c) != 0)
+    res = tnt_fail(TNT_ERR_SYSTEM, "cannot start the background thread: %s", strerror(errno));
+  if (res != TNT_SUCCESS) {
+    tnt_engine_free(c);
+    return res;
+  }
+  c->thread_started = 1;
+  return TNT_SUCCESS;
+}
+
+void tnt_engine_stop(tnt_engine_t *c) {
+  pthread_mutex_lock(&c->queue_mu);
+  c->stop = 1; /* new submissions fail from here on; the thread's last step fails the rest */
+  pthread_mutex_unlock(&c->queue_mu);
+  if (c->thread_started) {
+    c->transport->wake_local(c->ts);
+    pthread_join(c->thread, NULL);
+    c->thread_started = 0;
+  }
+}
+
+tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
+  pthread_mutex_lock(&c->queue_mu);
+  if (c->stop) {
+    pthread_mutex_unlock(&c->queue_mu);
+    return tnt_fail(TNT_ERR_INVALID_USAGE, "Tarantella is shutting down on rank %d: no new collectives", c->pl->rank);
+  }
+  req->next = NULL;
+  if (c->queue_tail) c->queue_tail->next = req;
+  else c->queue_head = req;
+  c->queue_tail = req;
+  pthread_mutex_unlock(&c->queue_mu);
+  c->transport->wake_local(c->ts);
+  return TNT_SUCCESS;
+}
+
 /* Size-1 jobs: every collective is a local copy (no thread, no transport). */
-tnt_result_t tnt_execute_local(tnt_ctx_t *c, tnt_request_t *req) {
+void tnt_execute_local(tnt_requests_t *requests, tnt_timeline_t *timeline, tnt_request_t *req) {
   size_t esz = tnt_dtype_size((tnt_dtype_t)req->meta.dtype);
   void *buf = NULL;
   int64_t count = 0, t0 = tnt_now_us();
@@ -444,19 +430,14 @@ tnt_result_t tnt_execute_local(tnt_ctx_t *c, tnt_request_t *req) {
     case COLL_ALLGATHER:
       buf = malloc(req->meta.count ? (size_t)req->meta.count * esz : 1);
       if (!buf) {
-        tnt_complete(c, req, TNT_ERR_SYSTEM, "out of memory", -1, NULL, 0, NULL);
-        return TNT_SUCCESS;
+        tnt_requests_complete(requests, req, TNT_ERR_SYSTEM, "out of memory", -1, NULL, 0, NULL);
+        return;
       }
       if (req->meta.count) memcpy(buf, req->in, (size_t)req->meta.count * esz);
       count = req->meta.count;
       break;
     default: break;
   }
-  if (c->timeline) {
-    pthread_mutex_lock(&c->mu); /* several application threads may submit */
-    tnt_timeline_event(c->timeline, req->name, tnt_coll_name(req->meta.coll), t0, tnt_now_us(), "local");
-    pthread_mutex_unlock(&c->mu);
-  }
-  tnt_complete(c, req, TNT_SUCCESS, NULL, -1, buf, count, req->meta.coll == COLL_ALLGATHER ? &count : NULL);
-  return TNT_SUCCESS;
+  tnt_timeline_event(timeline, req->name, tnt_coll_name(req->meta.coll), t0, tnt_now_us(), "local");
+  tnt_requests_complete(requests, req, TNT_SUCCESS, NULL, -1, buf, count, req->meta.coll == COLL_ALLGATHER ? &count : NULL);
 }

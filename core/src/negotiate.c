@@ -50,28 +50,34 @@ const char *tnt_coll_name(int coll) {
   return coll >= 0 && coll <= COLL_BARRIER ? names[coll] : "?";
 }
 
-static int cache_words(const tnt_ctx_t *c) { return (c->cache_cap + 63) / 64; }
+static int cache_words(const tnt_negotiator_t *c) { return (c->cache_cap + 63) / 64; }
 
-tnt_result_t tnt_negotiate_setup(tnt_ctx_t *c) {
-  c->cache_cap = c->params.cache_capacity;
+tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
+                                 const tnt_transport_t *transport, void *ts, tnt_pending_t *pending) {
+  memset(c, 0, sizeof *c);
+  c->pl = pl;
+  c->params = params;
+  c->transport = transport;
+  c->ts = ts;
+  c->pending = pending;
+  c->cache_cap = c->params->cache_capacity;
   c->cache = calloc((size_t)(c->cache_cap ? c->cache_cap : 1), sizeof *c->cache);
   if (!c->cache) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   for (int i = 0; i < c->cache_cap; i++) {
-    c->cache[i].ready = calloc((size_t)c->pl.size, 1);
-    c->cache[i].rank_counts = calloc((size_t)c->pl.size, sizeof(int64_t));
+    c->cache[i].ready = calloc((size_t)c->pl->size, 1);
+    c->cache[i].rank_counts = calloc((size_t)c->pl->size, sizeof(int64_t));
     if (!c->cache[i].ready || !c->cache[i].rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   }
   tnt_namemap_init(&c->cache_by_name);
   tnt_namemap_init(&c->gtable_by_name);
-  tnt_namemap_init(&c->pending_by_name);
   c->msg_out = malloc(TNT_EXCHANGE_MAX);
-  c->msg_all = malloc((size_t)TNT_EXCHANGE_MAX * (size_t)c->pl.size);
-  c->msg_lens = calloc((size_t)c->pl.size, sizeof(size_t));
+  c->msg_all = malloc((size_t)TNT_EXCHANGE_MAX * (size_t)c->pl->size);
+  c->msg_lens = calloc((size_t)c->pl->size, sizeof(size_t));
   if (!c->msg_out || !c->msg_all || !c->msg_lens) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   return TNT_SUCCESS;
 }
 
-void tnt_negotiate_teardown(tnt_ctx_t *c) {
+void tnt_negotiate_teardown(tnt_negotiator_t *c) {
   for (int i = 0; i < c->cache_cap && c->cache; i++) {
     free(c->cache[i].ready);
     free(c->cache[i].rank_counts);
@@ -87,7 +93,6 @@ void tnt_negotiate_teardown(tnt_ctx_t *c) {
   c->ngtable = c->capgtable = 0;
   tnt_namemap_free(&c->cache_by_name);
   tnt_namemap_free(&c->gtable_by_name);
-  tnt_namemap_free(&c->pending_by_name);
   free(c->msg_out);
   free(c->msg_all);
   free(c->msg_lens);
@@ -95,9 +100,9 @@ void tnt_negotiate_teardown(tnt_ctx_t *c) {
   c->msg_lens = NULL;
 }
 
-int tnt_negotiate_has_news(tnt_ctx_t *c) {
-  for (int i = 0; i < c->npending; i++) {
-    int s = c->pending[i]->state;
+int tnt_negotiate_has_news(tnt_negotiator_t *c) {
+  for (int i = 0; i < c->pending->n; i++) {
+    int s = c->pending->items[i]->state;
     if (s == REQ_NEW || s == REQ_TO_ANNOUNCE || s == REQ_CACHED) return 1;
   }
   return 0;
@@ -128,19 +133,19 @@ static void describe(const tnt_meta_t *m, char *out, size_t len) {
 }
 
 /* "tensor 'x': ranks submitted different collectives: ranks 0, 2: allreduce(sum) float32[10]; rank 1: ..." */
-static char *mismatch_message(const tnt_ctx_t *c, const tnt_gentry_t *g) {
+static char *mismatch_message(const tnt_negotiator_t *c, const tnt_gentry_t *g) {
   size_t cap = 4096, used = 0;
   char *msg = malloc(cap);
   if (!msg) return NULL;
   used += (size_t)snprintf(msg, cap, "collective '%s' was submitted differently by the ranks:", g->name);
-  uint8_t *done = calloc((size_t)c->pl.size, 1);
-  for (int r = 0; r < c->pl.size && done && used < cap - 200; r++) {
+  uint8_t *done = calloc((size_t)c->pl->size, 1);
+  for (int r = 0; r < c->pl->size && done && used < cap - 200; r++) {
     if (done[r]) continue;
     char desc[160], ranks[512];
     size_t rl = 0;
     int n = 0;
     describe(&g->metas[r], desc, sizeof desc);
-    for (int q = r; q < c->pl.size; q++) {
+    for (int q = r; q < c->pl->size; q++) {
       if (done[q] || !meta_agree(&g->metas[q], &g->metas[r]) || g->metas[q].coll != g->metas[r].coll) continue;
       done[q] = 1;
       if (rl < sizeof ranks - 16) rl += (size_t)snprintf(ranks + rl, sizeof ranks - rl, "%s%d", n ? ", " : "", q);
@@ -153,28 +158,23 @@ static char *mismatch_message(const tnt_ctx_t *c, const tnt_gentry_t *g) {
   return msg;
 }
 
-tnt_request_t *tnt_pending_find(tnt_ctx_t *c, const char *name) {
-  int i = tnt_namemap_get(&c->pending_by_name, name);
-  return i >= 0 ? c->pending[i] : NULL;
-}
-
-static void cache_invalidate(tnt_ctx_t *c, int slot) {
+static void cache_invalidate(tnt_negotiator_t *c, int slot) {
   tnt_cache_entry_t *e = &c->cache[slot];
   if (!e->valid) return;
-  tnt_request_t *req = tnt_pending_find(c, e->name);
+  tnt_request_t *req = tnt_pending_find(c->pending, e->name);
   if (req && (req->state == REQ_CACHED || req->state == REQ_CACHED_SENT) && req->cache_slot == slot) {
     req->state = REQ_TO_ANNOUNCE; /* renegotiate it in full next cycle */
     req->cache_slot = -1;
   }
   tnt_namemap_del(&c->cache_by_name, e->name);
   e->valid = 0;
-  memset(e->ready, 0, (size_t)c->pl.size);
+  memset(e->ready, 0, (size_t)c->pl->size);
   e->nready = 0;
 }
 
 /* A slot for a newly agreed name: a free one, else the least recently used one
  * not used in this cycle. Every rank computes the same choice. */
-static int cache_insert(tnt_ctx_t *c, const tnt_response_t *resp) {
+static int cache_insert(tnt_negotiator_t *c, const tnt_response_t *resp) {
   int victim = -1;
   for (int i = 0; i < c->cache_cap; i++) {
     if (!c->cache[i].valid) {
@@ -189,17 +189,17 @@ static int cache_insert(tnt_ctx_t *c, const tnt_response_t *resp) {
   if (tnt_namemap_put(&c->cache_by_name, resp->name, victim)) return -1;
   e->valid = 1;
   snprintf(e->name, sizeof e->name, "%s", resp->name);
-  tnt_request_t *mine = tnt_pending_find(c, resp->name);
+  tnt_request_t *mine = tnt_pending_find(c->pending, resp->name);
   e->meta = mine ? mine->meta : resp->meta;
-  if (resp->rank_counts) memcpy(e->rank_counts, resp->rank_counts, sizeof(int64_t) * (size_t)c->pl.size);
+  if (resp->rank_counts) memcpy(e->rank_counts, resp->rank_counts, sizeof(int64_t) * (size_t)c->pl->size);
   e->last_used = c->cycles;
   return victim;
 }
 
 /* Classify requests taken from the queue since the last cycle. */
-static void classify_new(tnt_ctx_t *c) {
-  for (int i = 0; i < c->npending; i++) {
-    tnt_request_t *req = c->pending[i];
+static void classify_new(tnt_negotiator_t *c) {
+  for (int i = 0; i < c->pending->n; i++) {
+    tnt_request_t *req = c->pending->items[i];
     if (req->state != REQ_NEW) continue;
     int slot = tnt_namemap_get(&c->cache_by_name, req->name);
     tnt_cache_entry_t *e = slot >= 0 ? &c->cache[slot] : NULL;
@@ -212,7 +212,7 @@ static void classify_new(tnt_ctx_t *c) {
   }
 }
 
-static size_t build_message(tnt_ctx_t *c) {
+static size_t build_message(tnt_negotiator_t *c) {
   uint8_t *msg = c->msg_out;
   msg_hdr_t *hdr = (msg_hdr_t *)msg;
   int nwords = cache_words(c);
@@ -222,8 +222,8 @@ static size_t build_message(tnt_ctx_t *c) {
   hdr->nwords = (uint32_t)nwords;
   hdr->prev_digest = c->responses_digest;
   size_t used = sizeof *hdr + sizeof(uint64_t) * (size_t)nwords;
-  for (int i = 0; i < c->npending; i++) {
-    tnt_request_t *req = c->pending[i];
+  for (int i = 0; i < c->pending->n; i++) {
+    tnt_request_t *req = c->pending->items[i];
     if (req->state == REQ_CACHED || req->state == REQ_CACHED_SENT) {
       bits[req->cache_slot / 64] |= 1ull << (req->cache_slot % 64);
       req->state = REQ_CACHED_SENT;
@@ -241,7 +241,7 @@ static size_t build_message(tnt_ctx_t *c) {
   return used;
 }
 
-static tnt_gentry_t *gtable_get(tnt_ctx_t *c, const char *name) {
+static tnt_gentry_t *gtable_get(tnt_negotiator_t *c, const char *name) {
   int i = tnt_namemap_get(&c->gtable_by_name, name);
   if (i >= 0) return &c->gtable[i];
   for (i = 0; i < c->ngtable; i++)
@@ -256,13 +256,13 @@ static tnt_gentry_t *gtable_get(tnt_ctx_t *c, const char *name) {
     }
     tnt_gentry_t *g = &c->gtable[c->ngtable++];
     memset(g, 0, sizeof *g);
-    g->metas = calloc((size_t)c->pl.size, sizeof *g->metas);
-    g->announced = calloc((size_t)c->pl.size, 1);
+    g->metas = calloc((size_t)c->pl->size, sizeof *g->metas);
+    g->announced = calloc((size_t)c->pl->size, 1);
     if (!g->metas || !g->announced) return NULL;
   }
   tnt_gentry_t *g = &c->gtable[i];
   snprintf(g->name, sizeof g->name, "%s", name);
-  memset(g->announced, 0, (size_t)c->pl.size);
+  memset(g->announced, 0, (size_t)c->pl->size);
   g->n_announced = 0;
   g->live = 1;
   g->first_us = tnt_now_us();
@@ -309,8 +309,8 @@ static int meta_valid(const tnt_meta_t *m) {
 
 /* Every message is well formed and from the same protocol, and every rank
  * computed the same responses last cycle; else the ranks have diverged. */
-static tnt_result_t check_messages(tnt_ctx_t *c) {
-  const int N = c->pl.size;
+static tnt_result_t check_messages(tnt_negotiator_t *c) {
+  const int N = c->pl->size;
   const msg_hdr_t *mine = (const msg_hdr_t *)c->msg_out;
   for (int q = 0; q < N; q++) {
     const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
@@ -320,14 +320,14 @@ static tnt_result_t check_messages(tnt_ctx_t *c) {
     memcpy(&hdr, msg, sizeof hdr);
     if (hdr.proto != TNT_PROTOCOL_VERSION)
       return tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d speaks negotiation protocol %u, rank %d speaks %u: every rank must run "
-                      "the same version of Tarantella", q, hdr.proto, c->pl.rank, (unsigned)TNT_PROTOCOL_VERSION);
+                      "the same version of Tarantella", q, hdr.proto, c->pl->rank, (unsigned)TNT_PROTOCOL_VERSION);
     if (hdr.nwords != mine->nwords)
       return tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d caches %u x 64 names, rank %d %u x 64: every rank must have the same "
-                      "TNT_CACHE_CAPACITY", q, hdr.nwords, c->pl.rank, mine->nwords);
+                      "TNT_CACHE_CAPACITY", q, hdr.nwords, c->pl->rank, mine->nwords);
     if (hdr.prev_digest != mine->prev_digest)
       return tnt_fail(TNT_ERR_INTERNAL, "rank %d and rank %d computed different collectives in negotiation cycle %llu: the "
                       "ranks have diverged (different TNT_* settings or library versions?); stopping before any data mixes",
-                      q, c->pl.rank, (unsigned long long)c->cycles);
+                      q, c->pl->rank, (unsigned long long)c->cycles);
     size_t off = sizeof hdr + sizeof(uint64_t) * hdr.nwords;
     if (off > len) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a negotiation message shorter than its cache bits", q);
     for (uint32_t a = 0; a < hdr.n_ann; a++) {
@@ -347,14 +347,14 @@ static tnt_result_t check_messages(tnt_ctx_t *c) {
   return TNT_SUCCESS;
 }
 
-tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *nresponses, double until) {
-  const int N = c->pl.size;
+tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, double until) {
+  const int N = c->pl->size;
   *responses = NULL;
   *nresponses = 0;
   if (!c->cycle_posted) {
     classify_new(c);
     c->msg_out_len = build_message(c);
-    TNT_CHECK(c->transport->exchange_post(c->ts, c->msg_out, c->msg_out_len, tnt_now() + c->params.timeout_s));
+    TNT_CHECK(c->transport->exchange_post(c->ts, c->msg_out, c->msg_out_len, tnt_now() + c->params->timeout_s));
     c->cycle_posted = 1;
   }
   tnt_result_t res = c->transport->exchange_collect(c->ts, c->msg_all, TNT_EXCHANGE_MAX, c->msg_lens, until);
@@ -469,10 +469,10 @@ void tnt_responses_free(tnt_response_t *responses, int n) {
   free(responses);
 }
 
-void tnt_negotiate_awaited(tnt_ctx_t *c, uint8_t *awaited) {
-  memset(awaited, 0, (size_t)c->pl.size);
-  for (int i = 0; i < c->npending; i++) {
-    const tnt_request_t *req = c->pending[i];
+void tnt_negotiate_awaited(tnt_negotiator_t *c, uint8_t *awaited) {
+  memset(awaited, 0, (size_t)c->pl->size);
+  for (int i = 0; i < c->pending->n; i++) {
+    const tnt_request_t *req = c->pending->items[i];
     const uint8_t *have = NULL;
     if (req->state == REQ_ANNOUNCED) {
       int g = tnt_namemap_get(&c->gtable_by_name, req->name);
@@ -480,12 +480,12 @@ void tnt_negotiate_awaited(tnt_ctx_t *c, uint8_t *awaited) {
     } else if (req->state == REQ_CACHED_SENT && req->cache_slot >= 0) {
       have = c->cache[req->cache_slot].ready;
     }
-    for (int r = 0; r < c->pl.size; r++)
-      if (r != c->pl.rank && (!have || !have[r])) awaited[r] = 1;
+    for (int r = 0; r < c->pl->size; r++)
+      if (r != c->pl->rank && (!have || !have[r])) awaited[r] = 1;
   }
 }
 
-void tnt_negotiate_missing(tnt_ctx_t *c, const tnt_request_t *req, char *out, size_t len) {
+void tnt_negotiate_missing(tnt_negotiator_t *c, const tnt_request_t *req, char *out, size_t len) {
   size_t used = 0;
   const uint8_t *have = NULL;
   if (req->state == REQ_ANNOUNCED) {
@@ -499,6 +499,6 @@ void tnt_negotiate_missing(tnt_ctx_t *c, const tnt_request_t *req, char *out, si
     snprintf(out, len, "unknown");
     return;
   }
-  for (int r = 0; r < c->pl.size && used < len - 8; r++)
+  for (int r = 0; r < c->pl->size && used < len - 8; r++)
     if (!have[r]) used += (size_t)snprintf(out + used, len - used, "%s%d", used ? ", " : "", r);
 }

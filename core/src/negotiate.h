@@ -1,31 +1,85 @@
 /* negotiate.h - one negotiation cycle: which named requests are ready on every
- * rank, do they agree, and in which order to run them (identical everywhere). */
+ * rank, do they agree, and in which order to run them (identical everywhere).
+ * The negotiator owns the announcement table, the response cache and the
+ * message buffers; it reads the engine's pending table. */
 #ifndef TNT_NEGOTIATE_H
 #define TNT_NEGOTIATE_H
 
-#include "context.h"
+#include "namemap.h"
+#include "params.h"
+#include "pending.h"
+#include "request.h"
+#include "transport.h"
 
+/* One name being negotiated through announcements (identical on every rank). */
+typedef struct {
+  char name[TNT_MAX_NAME];
+  tnt_meta_t *metas;   /* [size] */
+  uint8_t *announced;  /* [size] */
+  int n_announced;
+  int64_t first_us;    /* local time it was first seen, for stall reports */
+  int live;
+} tnt_gentry_t;
+
+/* A negotiated name whose plan every rank remembers: later submissions cost one bit. */
+typedef struct {
+  int valid;
+  char name[TNT_MAX_NAME];
+  tnt_meta_t meta;      /* this rank's meta */
+  int64_t *rank_counts; /* [size], for allgather */
+  uint64_t last_used;
+  uint8_t *ready;       /* [size]: rank reported it ready since the last run */
+  int nready;
+} tnt_cache_entry_t;
+
+/* An agreed response of one cycle (identical on every rank). */
+typedef struct {
+  char name[TNT_MAX_NAME];
+  tnt_meta_t meta;
+  int64_t *rank_counts; /* allgather: [size]; owned by the response */
+  tnt_result_t error;   /* TNT_ERR_MISMATCH, or success */
+  char *error_msg;
+  int cache_slot;       /* slot it is (or becomes) cached in, -1 if none */
+} tnt_response_t;
+
+typedef struct {
+  const tnt_placement_t *pl;
+  const tnt_params_t *params;
+  const tnt_transport_t *transport;
+  void *ts;
+  tnt_pending_t *pending;      /* the engine's: read, and request states advanced */
+  tnt_gentry_t *gtable;
+  int ngtable, capgtable;
+  tnt_namemap_t gtable_by_name;
+  tnt_cache_entry_t *cache;
+  int cache_cap;
+  tnt_namemap_t cache_by_name;
+  uint64_t cycles;             /* cycles completed */
+  uint8_t *msg_out, *msg_all;  /* exchange buffers */
+  size_t *msg_lens;
+  size_t msg_out_len;
+  int cycle_posted;            /* this cycle's message is published, not yet collected */
+  uint64_t responses_digest;   /* of the last cycle's responses: sent with the next message */
+} tnt_negotiator_t;
+
+tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
+                                 const tnt_transport_t *transport, void *ts, tnt_pending_t *pending);
+void tnt_negotiate_teardown(tnt_negotiator_t *c);
 /* 1 when this rank has something the others have not heard of yet. */
-int tnt_negotiate_has_news(tnt_ctx_t *c);
+int tnt_negotiate_has_news(tnt_negotiator_t *c);
 /* Run one cycle: exchange, merge, and fill *responses (caller frees with
  * tnt_responses_free). Fails on transport errors and on ranks that diverged.
  * TNT_IN_PROGRESS when the other ranks did not answer by `until` (a caller's
  * own shorter wait): the next call resumes the same cycle. */
-tnt_result_t tnt_negotiate_cycle(tnt_ctx_t *c, tnt_response_t **responses, int *nresponses, double until);
-/* 1 while a cycle is posted and not yet collected. */
-static inline int tnt_negotiate_in_cycle(const tnt_ctx_t *c) { return c->cycle_posted; }
-/* awaited[r] = 1 for every peer some pending request still waits for. */
-void tnt_negotiate_awaited(tnt_ctx_t *c, uint8_t *awaited);
+tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, double until);
 void tnt_responses_free(tnt_response_t *responses, int n);
-/* Cache slot bookkeeping after a response ran (LRU order). */
-void tnt_negotiate_executed(tnt_ctx_t *c, const tnt_response_t *resp);
-tnt_result_t tnt_negotiate_setup(tnt_ctx_t *c);
-void tnt_negotiate_teardown(tnt_ctx_t *c);
+/* 1 while a cycle is posted and not yet collected. */
+static inline int tnt_negotiate_in_cycle(const tnt_negotiator_t *c) { return c->cycle_posted; }
+/* awaited[r] = 1 for every peer some pending request still waits for. */
+void tnt_negotiate_awaited(tnt_negotiator_t *c, uint8_t *awaited);
 /* The ranks (as text, e.g. "1, 3") that have not submitted `req` yet, as far as
  * this rank knows; for stall reports. */
-void tnt_negotiate_missing(tnt_ctx_t *c, const tnt_request_t *req, char *out, size_t len);
+void tnt_negotiate_missing(tnt_negotiator_t *c, const tnt_request_t *req, char *out, size_t len);
 const char *tnt_coll_name(int coll);
-/* This rank's pending request of that name, or NULL. */
-tnt_request_t *tnt_pending_find(tnt_ctx_t *c, const char *name);
 
 #endif

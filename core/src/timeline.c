@@ -8,10 +8,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "common.h"
 #include "namemap.h"
 
 struct tnt_timeline {
+  pthread_mutex_t mu; /* events come from the engine and, on one rank, from every submitting thread */
   FILE *f;
   int rank;
   int64_t t0;
@@ -41,6 +44,7 @@ tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank,
     free(tl);
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_TIMELINE: cannot write %s; give a path in a writable folder", file);
   }
+  pthread_mutex_init(&tl->mu, NULL);
   tl->rank = rank;
   tl->t0 = tnt_now_us();
   fprintf(tl->f, "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}", rank,
@@ -75,6 +79,7 @@ static int row_of(tnt_timeline_t *tl, const char *tensor) {
 void tnt_timeline_event(tnt_timeline_t *tl, const char *tensor, const char *phase, int64_t start_us, int64_t end_us,
                         const char *detail) {
   if (!tl) return;
+  pthread_mutex_lock(&tl->mu);
   int tid = row_of(tl, tensor);
   fprintf(tl->f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld, \"dur\": %lld", phase,
           tl->rank, tid, (long long)(start_us - tl->t0), (long long)(end_us - start_us));
@@ -84,6 +89,7 @@ void tnt_timeline_event(tnt_timeline_t *tl, const char *tensor, const char *phas
     fputc('}', tl->f);
   }
   fputc('}', tl->f);
+  pthread_mutex_unlock(&tl->mu);
 }
 
 void tnt_timeline_close(tnt_timeline_t *tl) {
@@ -91,5 +97,6 @@ void tnt_timeline_close(tnt_timeline_t *tl) {
   fputs("\n]\n", tl->f);
   fclose(tl->f);
   tnt_namemap_free(&tl->rows);
+  pthread_mutex_destroy(&tl->mu);
   free(tl);
 }

@@ -1,0 +1,68 @@
+/* engine.h - the engine: the submission queue, the background thread, and
+ * everything that talks to other ranks (pending table, negotiator, fusion,
+ * ring). The API (context.c) submits to it and may drive it from a waiting
+ * thread; it completes requests through the requests table. */
+#ifndef TNT_ENGINE_H
+#define TNT_ENGINE_H
+
+#include <pthread.h>
+
+#include "coll/ring.h"
+#include "fusion.h"
+#include "negotiate.h"
+#include "params.h"
+#include "pending.h"
+#include "requests.h"
+#include "timeline.h"
+#include "transport.h"
+
+typedef struct {
+  const tnt_placement_t *pl;
+  const tnt_params_t *params;
+  const tnt_transport_t *transport;
+  void *ts;
+  tnt_timeline_t *timeline;
+  tnt_requests_t *requests;
+
+  pthread_mutex_t queue_mu;    /* guards the queue and `stop` */
+  tnt_request_t *queue_head, *queue_tail;
+  int stop;
+  pthread_t thread;
+  int thread_started;
+
+  /* --- only the thread holding `progress` (the background thread, or an
+   * application thread driving its own blocking wait) --- */
+  pthread_mutex_t progress;
+  double next_liveness;
+  tnt_pending_t pending;
+  tnt_negotiator_t neg;
+  tnt_fusion_t fusion;
+  tnt_ring_t ring;
+  uint8_t *small_scratch;      /* N * TNT_SMALL_ALLREDUCE_BYTES: small allreduces */
+} tnt_engine_t;
+
+/* WORKED: ran a cycle; IDLE: nothing to do; STOP: shut down; BLOCKED: a cycle
+ * waits for other ranks past the caller's `until` (the background thread takes
+ * it over); BUSY: another thread holds the engine. */
+enum { TNT_STEP_WORKED = 0, TNT_STEP_IDLE = 1, TNT_STEP_STOP = 2, TNT_STEP_BLOCKED = 3, TNT_STEP_BUSY = 4 };
+
+/* Set up (ring, negotiator, the settings check with every rank) and start the
+ * background thread. On failure nothing is left running or allocated. */
+tnt_result_t tnt_engine_start(tnt_engine_t *e, const tnt_placement_t *pl, const tnt_params_t *params,
+                              const tnt_transport_t *transport, void *ts, tnt_requests_t *requests,
+                              tnt_timeline_t *timeline);
+/* Refuse new requests, fail the pending ones, join the thread. */
+void tnt_engine_stop(tnt_engine_t *e);
+void tnt_engine_free(tnt_engine_t *e);
+/* Queue a request added to the requests table (fails once the engine stops). */
+tnt_result_t tnt_engine_submit(tnt_engine_t *e, tnt_request_t *req);
+/* One step by the calling thread if nobody else drives the engine (else
+ * TNT_STEP_BUSY); a cycle left BLOCKED at `until` is handed to the thread. */
+int tnt_engine_drive(tnt_engine_t *e, double until);
+/* Fail this rank for `reason` (peers fail fast, naming root_peer when it is not -1). */
+void tnt_engine_abort(tnt_engine_t *e, const char *reason, int root_peer, int log);
+
+/* Size-1 jobs: run a request inline, no thread and no transport. */
+void tnt_execute_local(tnt_requests_t *requests, tnt_timeline_t *timeline, tnt_request_t *req);
+
+#endif

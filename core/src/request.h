@@ -1,0 +1,42 @@
+/* request.h - what one collective call is, as every part of the core sees it:
+ * the request (what the application asked) and its meta (what every rank must
+ * agree on). Owned by the requests table from submission to release. */
+#ifndef TNT_REQUEST_H
+#define TNT_REQUEST_H
+
+#include <stdint.h>
+
+#include "common.h"
+
+typedef enum { COLL_ALLREDUCE = 0, COLL_BROADCAST = 1, COLL_ALLGATHER = 2, COLL_BARRIER = 3 } tnt_coll_t;
+
+/* What every rank must agree on for one name. For allgather `count` is this
+ * rank's own count (it may differ between ranks) and row_elems must agree. */
+typedef struct {
+  uint8_t coll, dtype, op, pad;
+  int32_t root;
+  int64_t count;
+  int64_t row_elems;
+} tnt_meta_t;
+
+/* NEW: just taken; TO_ANNOUNCE: name+meta go out next cycle; ANNOUNCED: sent, waiting
+ * for the other ranks; CACHED: matches a cache slot, bit goes out next cycle;
+ * CACHED_SENT: bit sent, waiting for the other ranks. */
+enum { REQ_NEW = 0, REQ_TO_ANNOUNCE, REQ_ANNOUNCED, REQ_CACHED, REQ_CACHED_SENT };
+
+typedef struct tnt_request {
+  tnt_handle_t handle;
+  char name[TNT_MAX_NAME];
+  tnt_meta_t meta;
+  double prescale;
+  const void *in;
+  void *out;
+  int state;       /* REQ_*: the negotiator's, under the engine's progress lock */
+  int cache_slot;  /* when REQ_CACHED */
+  double submit_time;
+  int64_t submit_us;
+  int stall_warned;
+  struct tnt_request *next; /* the engine's submission queue */
+} tnt_request_t;
+
+#endif

@@ -1,0 +1,163 @@
+/* requests.c - the handle table (requests.h).
+ *
+ * A handle is (generation << 32 | slot): a released slot is reused with the
+ * next generation, so a stale handle is refused instead of reading someone
+ * else's result. Generations run 1 .. 2^31 - 1 and wrap, so a handle stays a
+ * positive int64. Every failure after a slot was taken gives it back. */
+#include "requests.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void tnt_requests_init(tnt_requests_t *q, int size) {
+  memset(q, 0, sizeof *q);
+  pthread_mutex_init(&q->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&q->done_cond, &ca);
+  pthread_condattr_destroy(&ca);
+  tnt_namemap_init(&q->active);
+  q->free_slot = -1;
+  q->size = size;
+}
+
+static void free_slot(tnt_handle_slot_t *h) {
+  free(h->message);
+  free(h->result_buf);
+  free(h->rank_counts);
+  free(h->req);
+  h->message = NULL;
+  h->result_buf = NULL;
+  h->rank_counts = NULL;
+  h->req = NULL;
+}
+
+void tnt_requests_destroy(tnt_requests_t *q) {
+  for (int i = 0; i < q->nslots; i++) free_slot(&q->slots[i]);
+  free(q->slots);
+  tnt_namemap_free(&q->active);
+  pthread_cond_destroy(&q->done_cond);
+  pthread_mutex_destroy(&q->mu);
+  memset(q, 0, sizeof *q);
+}
+
+static tnt_handle_t slot_alloc(tnt_requests_t *q, tnt_request_t *req) {
+  int i = q->free_slot;
+  if (i >= 0) {
+    q->free_slot = (int)q->slots[i].result_count; /* the free list is threaded through result_count */
+  } else {
+    if (q->nslots == q->capslots) {
+      int cap = q->capslots ? q->capslots * 2 : 256;
+      tnt_handle_slot_t *s = realloc(q->slots, (size_t)cap * sizeof *s);
+      if (!s) return -1;
+      q->slots = s;
+      q->capslots = cap;
+    }
+    i = q->nslots++;
+    q->slots[i].generation = 0;
+  }
+  tnt_handle_slot_t *h = &q->slots[i];
+  uint32_t gen = h->generation >= 0x7fffffffu ? 1u : h->generation + 1u;
+  memset(h, 0, sizeof *h);
+  h->generation = gen;
+  h->used = 1;
+  h->req = req;
+  h->peer = -1;
+  return (tnt_handle_t)(((uint64_t)gen << 32) | (uint64_t)(uint32_t)i);
+}
+
+tnt_handle_slot_t *tnt_requests_get(tnt_requests_t *q, tnt_handle_t handle) {
+  int64_t i = handle & 0xffffffff;
+  uint32_t gen = (uint32_t)((uint64_t)handle >> 32);
+  if (handle < 0 || i >= q->nslots || !q->slots[i].used || q->slots[i].generation != gen) return NULL;
+  return &q->slots[i];
+}
+
+void tnt_requests_release(tnt_requests_t *q, tnt_handle_t handle) {
+  int i = (int)(handle & 0xffffffff);
+  tnt_handle_slot_t *h = &q->slots[i];
+  free_slot(h);
+  h->used = 0;
+  h->result_count = q->free_slot;
+  q->free_slot = i;
+}
+
+tnt_result_t tnt_requests_add(tnt_requests_t *q, tnt_request_t *req, int rank, tnt_handle_t *handle) {
+  if (q->fatal != TNT_SUCCESS) {
+    tnt_set_last_error(q->fatal_msg, q->fatal_peer);
+    free(req);
+    return q->fatal;
+  }
+  if (tnt_namemap_get(&q->active, req->name) >= 0) {
+    tnt_result_t r = tnt_fail(TNT_ERR_INVALID_USAGE,
+                              "a collective named '%s' is already in flight on rank %d: wait for it before submitting the "
+                              "name again, or use another name",
+                              req->name, rank);
+    free(req);
+    return r;
+  }
+  tnt_handle_t h = slot_alloc(q, req);
+  if (h >= 0 && tnt_namemap_put(&q->active, req->name, 1)) {
+    q->slots[h & 0xffffffff].req = NULL; /* freed below, once */
+    tnt_requests_release(q, h);
+    h = -1;
+  }
+  if (h < 0) {
+    free(req);
+    return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  }
+  req->handle = h;
+  *handle = h;
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_requests_result(tnt_handle_slot_t *h) {
+  if (h->result != TNT_SUCCESS) tnt_set_last_error(h->message, h->peer);
+  return h->result;
+}
+
+void tnt_requests_complete(tnt_requests_t *q, tnt_request_t *req, tnt_result_t result, const char *message, int peer,
+                           void *result_buf, int64_t result_count, const int64_t *rank_counts) {
+  pthread_mutex_lock(&q->mu);
+  tnt_handle_slot_t *h = tnt_requests_get(q, req->handle);
+  tnt_namemap_del(&q->active, req->name);
+  if (h) {
+    h->done = 1;
+    h->result = result;
+    h->peer = peer;
+    h->message = message ? strdup(message) : NULL;
+    h->result_buf = result_buf;
+    h->result_count = result_count;
+    if (rank_counts) {
+      h->rank_counts = malloc(sizeof(int64_t) * (size_t)q->size);
+      if (h->rank_counts) memcpy(h->rank_counts, rank_counts, sizeof(int64_t) * (size_t)q->size);
+    }
+  } else {
+    free(result_buf);
+  }
+  atomic_fetch_add(&q->completions, 1);
+  pthread_cond_broadcast(&q->done_cond);
+  pthread_mutex_unlock(&q->mu);
+}
+
+int tnt_requests_set_fatal(tnt_requests_t *q, tnt_result_t result, const char *message, int peer) {
+  pthread_mutex_lock(&q->mu);
+  int first = q->fatal == TNT_SUCCESS;
+  if (first) {
+    q->fatal = result;
+    snprintf(q->fatal_msg, sizeof q->fatal_msg, "%s", message);
+    q->fatal_peer = peer;
+  }
+  pthread_mutex_unlock(&q->mu);
+  return first;
+}
+
+tnt_result_t tnt_requests_fatal(tnt_requests_t *q, char *message, size_t len, int *peer) {
+  pthread_mutex_lock(&q->mu);
+  tnt_result_t r = q->fatal;
+  snprintf(message, len, "%s", q->fatal_msg);
+  *peer = q->fatal_peer;
+  pthread_mutex_unlock(&q->mu);
+  return r;
+}

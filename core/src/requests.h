@@ -1,0 +1,62 @@
+/* requests.h - the handle table: requests from submission to release, their
+ * completion, and the job's first fatal error. Below both the API (context.c)
+ * and the engine: the API adds and waits, the engine completes. */
+#ifndef TNT_REQUESTS_H
+#define TNT_REQUESTS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "namemap.h"
+#include "request.h"
+
+typedef struct {
+  uint32_t generation;
+  int used, done;
+  tnt_result_t result;
+  int peer;
+  char *message;
+  tnt_request_t *req;
+  void *result_buf; /* allgather */
+  int64_t result_count;
+  int64_t *rank_counts;
+} tnt_handle_slot_t;
+
+typedef struct {
+  pthread_mutex_t mu;           /* guards everything below */
+  pthread_cond_t done_cond;     /* broadcast at every completion */
+  tnt_handle_slot_t *slots;
+  int nslots, capslots;
+  int free_slot;                /* head of the free list, -1 when empty */
+  tnt_namemap_t active;         /* names submitted and not completed on this rank */
+  int size;                     /* ranks: the length of an allgather's rank counts */
+  tnt_result_t fatal;           /* first fatal error: every later request fails with it */
+  char fatal_msg[1024];
+  int fatal_peer;
+  _Atomic uint64_t completions; /* bumped at every completion: what a spinning waiter watches */
+} tnt_requests_t;
+
+void tnt_requests_init(tnt_requests_t *q, int size);
+/* Frees every slot (requests nobody waited for go with the table). */
+void tnt_requests_destroy(tnt_requests_t *q);
+
+/* Under q->mu. Add a request: fails (and frees it) on a fatal job, a name
+ * already in flight, or no memory; else *handle names it. */
+tnt_result_t tnt_requests_add(tnt_requests_t *q, tnt_request_t *req, int rank, tnt_handle_t *handle);
+/* Under q->mu: the slot of a live handle, or NULL. */
+tnt_handle_slot_t *tnt_requests_get(tnt_requests_t *q, tnt_handle_t handle);
+/* Under q->mu: the slot's result, recorded as this thread's last error. */
+tnt_result_t tnt_requests_result(tnt_handle_slot_t *h);
+/* Under q->mu: give a completed handle back, with everything it owns. */
+void tnt_requests_release(tnt_requests_t *q, tnt_handle_t handle);
+
+/* Takes q->mu: complete a request's handle (result_buf becomes the handle's). */
+void tnt_requests_complete(tnt_requests_t *q, tnt_request_t *req, tnt_result_t result, const char *message, int peer,
+                           void *result_buf, int64_t result_count, const int64_t *rank_counts);
+/* Takes q->mu: record the job's fatal error; 1 if it is the first. */
+int tnt_requests_set_fatal(tnt_requests_t *q, tnt_result_t result, const char *message, int peer);
+/* Takes q->mu: the fatal error so far (TNT_SUCCESS if none), its message and peer. */
+tnt_result_t tnt_requests_fatal(tnt_requests_t *q, char *message, size_t len, int *peer);
+
+#endif
