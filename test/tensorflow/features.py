@@ -100,6 +100,15 @@ def check_save_load(tnt, files):
     model = tnt.Model(build())
     out = {}
     model.save(os.path.join(files, "uncompiled.keras"))
+    # A name Keras refuses is refused on every rank, naming the user's path,
+    # before any rank writes or waits: the next collective still pairs up.
+    out["bad_paths"] = []
+    for save in (model.save, model.save_weights):
+        try:
+            save(os.path.join(files, "no_extension"))
+            out["bad_paths"].append(None)
+        except ValueError as exc:
+            out["bad_paths"].append(str(exc))
     compile_(model)
     train, _ = datasets()
     model.fit(train, epochs=1, verbose=0)

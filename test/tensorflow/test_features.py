@@ -73,6 +73,13 @@ def test_save_and_load(runs):
         assert s["from_json_is_tnt"] and s["model_from_config_is_tnt"] and s["clone"] == [True, True]
         assert s["set_weights_value"] == 1.0  # the master's values win
     files = os.listdir(os.path.join(runs["out"], "files"))
+    bad = os.path.join(runs["out"], "files", "no_extension")
+    for rank in runs["ranks"]:  # the same error on every rank, naming the user's path
+        model_error, weights_error = rank["save_load"]["bad_paths"]
+        assert f"filepath='{bad}.keras'. Received: filepath='{bad}'" in model_error
+        assert f"filepath='{bad}.weights.h5'. Received: filepath='{bad}'" in weights_error
+    assert runs["ranks"][0]["save_load"]["bad_paths"] == runs["ranks"][1]["save_load"]["bad_paths"]
+    assert "no_extension" not in files
     assert "by_rank0.keras" in files and "by_rank1.keras" not in files  # master only
     assert {"all_rank0.keras", "all_rank1.keras"} <= set(files)  # tnt_save_all_devices
     assert not [f for f in files if f.startswith(".")]  # no temporary files left
