@@ -29,7 +29,12 @@ def test_deciding_callbacks_decide_as_in_serial_training(runs):
         for key, values in ref["history"].items():  # includes learning_rate (ReduceLROnPlateau,
             np.testing.assert_allclose(got["history"][key], values, atol=1e-6, err_msg=key)  # scheduler)
         assert got["everywhere"] == runs["ranks"][0]["callbacks"]["everywhere"]
-        assert got["is_early_stopping"]  # wrapping keeps the type
+        # tnt.keras.callbacks.Callback(early) returned the same EarlyStopping, still of its
+        # type, and it stopped training where serial Keras stopped
+        assert got["wrapped_early_stopping"] == {"same_object": True, "is_wrapper": True,
+                                                 "is_early_stopping": True,
+                                                 "class_name": "EarlyStopping"}
+        assert ref["epochs_run"] < 8 and got["stopped_epoch"] == ref["stopped_epoch"] > 0
 
 
 def test_writing_callbacks_run_on_the_master_only(runs):
