@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from tf_helpers import run_ranks, run_serial
+from tf_helpers import run_ranks, run_serial, timeline
 
 
 @pytest.fixture(scope="module")
@@ -96,26 +96,13 @@ def test_warnings_and_xla(runs):
     assert master["jit_compile"] is False and master["xla_info"]
 
 
-def _timeline(path, prefix):
-    """{tensor name: {phase: [(start_us, duration_us) per step]}} from a core trace."""
-    with open(path) as f:
-        text = f.read().rstrip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")
-    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    out = {}
-    for e in events:
-        if e.get("ph") == "X" and rows[e["tid"]].startswith(prefix):
-            out.setdefault(rows[e["tid"]], {}).setdefault(e["name"], []).append((e["ts"], e["dur"]))
-    return out
-
-
 def test_gradient_allreduce_overlaps_backprop(runs):
     """Buckets are submitted in backprop order as their gradients appear; the
     first bucket's ALLREDUCE starts before the last bucket is even submitted
     (on some step: a rank that waits for a late peer may submit all at once)."""
     steps = runs["ranks"][0]["overlap"]["steps"]
     for rank in (0, 1):
-        tl = _timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.overlap.b")
+        tl = timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.overlap.b")
         buckets = sorted({int(n.split(".")[2][1:]) for n in tl})
         assert len(buckets) >= 3, sorted(tl)
         first = [v for n, v in tl.items() if n.startswith(f"tnt.overlap.b{buckets[0]}.")]
@@ -130,3 +117,15 @@ def test_gradient_allreduce_overlaps_backprop(runs):
             assert min(p["NEGOTIATE"][step][0] for p in first) <= last_submitted
             overlapped += first_allreduce < last_submitted
         assert overlapped >= 1, f"rank {rank}: no step overlapped communication with backprop"
+
+
+def test_default_fusion_packs_small_gradients_into_one_request(runs):
+    """At the default TNT_FUSION_THRESHOLD_KB (1 MiB) the callbacks model's 4
+    gradients (under 1 KiB each) are reduced together: one request, one
+    ALLREDUCE per step. test_serial_equivalence checks that 0 sends each
+    gradient alone."""
+    steps = runs["ranks"][0]["callbacks"]["epochs_run"] * 5  # 90 samples, global batch 20
+    for rank in (0, 1):
+        tl = timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.grads.0.b")
+        assert list(tl) == ["tnt.grads.0.b0.0"], sorted(tl)
+        assert len(tl["tnt.grads.0.b0.0"]["ALLREDUCE"]) == steps
