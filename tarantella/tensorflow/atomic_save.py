@@ -1,20 +1,68 @@
 """Write a file or directory so that an interrupted save never replaces a
 good one with a half-written one: write next to the target, then rename."""
 import os
+import re
 import shutil
+
+_TMP_MARK = ".tnt-tmp-"
 
 
 def _is_local(path):
     return "://" not in path
 
 
-def temporary_twin(path):
-    """A path in the same directory (same filesystem, so the rename is atomic)
-    whose name ends like `path` (Keras checks suffixes such as `.keras` and
-    `.weights.h5`)."""
+def _twin_parts(path):
     directory, base = os.path.split(path)
     stem, dot, rest = base.partition(".")
-    return os.path.join(directory, f".{stem}.tnt-tmp-{os.getpid()}{dot}{rest}")
+    return directory, f".{stem}{_TMP_MARK}", f"{dot}{rest}"
+
+
+def temporary_twin(path, pid=None):
+    """A path in the same directory (same filesystem, so the rename is atomic)
+    whose name ends like `path` (Keras checks suffixes such as `.keras` and
+    `.weights.h5`): `.NAME.tnt-tmp-<pid>.keras` for `NAME.keras`."""
+    directory, head, tail = _twin_parts(path)
+    return os.path.join(directory, f"{head}{os.getpid() if pid is None else pid}{tail}")
+
+
+def _process_exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    except OverflowError:
+        return False  # beyond any pid
+    return True
+
+
+def remove_stale_twins(path):
+    """Remove the temporaries that interrupted saves of `path` left behind
+    (killed before their rename or clean-up): those named as
+    `temporary_twin(path)` names them, whose process no longer exists. A
+    concurrent save's temporary (its process is alive) is left alone; so is
+    anything of another target. The pid is looked up on this host: saves of
+    one target from several hosts at once are not supported anyway (the last
+    rename would win)."""
+    directory, head, tail = _twin_parts(path)
+    pattern = re.compile(re.escape(head) + r"([0-9]+)" + re.escape(tail) + r"\Z")
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return
+    for name in names:
+        match = pattern.match(name)
+        if not match or _process_exists(int(match.group(1))):
+            continue
+        stale = os.path.join(directory, name)
+        try:
+            if os.path.isdir(stale) and not os.path.islink(stale):
+                shutil.rmtree(stale)
+            else:
+                os.remove(stale)
+        except FileNotFoundError:
+            pass  # another save removed it first
 
 
 def atomic_save(path, save_fn):
@@ -22,6 +70,7 @@ def atomic_save(path, save_fn):
     path = os.fspath(path)
     if not _is_local(path):
         return save_fn(path)
+    remove_stale_twins(path)
     tmp = temporary_twin(path)
     try:
         result = save_fn(tmp)

@@ -3,7 +3,8 @@
 Every op here is a `tf.numpy_function` over a *group* of tensors: per-call
 overhead (about 30-55 us, GIL included) dominates for many small tensors, so
 small gradients are flattened and concatenated in TF (cheap, multithreaded)
-and reduced in one request per dtype and bucket. Gradients go in a few buckets
+into packs of at most TNT_FUSION_THRESHOLD_KB, the core's fusion threshold,
+and each pack is one request (see _layout). Gradients go in a few buckets
 in backprop order, each started by its own op as soon as its tensors exist, so
 that communication overlaps the rest of backprop (see weighted_average). The
 functions are stateful so that automatic control dependencies keep them in
@@ -18,14 +19,13 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from tarantella.common import collectives, core
+from tarantella.common import collectives, config, core
 
-# Gradients up to this many elements are packed into one buffer per dtype
-# (one Python-level request instead of dozens: the per-request cost dominates
-# for small tensors); larger ones travel as they are, as zero-copy views,
-# because copying megabytes into a packed buffer and back costs more than the
-# request. The core fuses consecutive small requests again on the wire.
-_PACK_MAX_ELEMENTS = 1 << 16
+
+def _fusion_threshold_bytes():
+    """TNT_FUSION_THRESHOLD_KB in bytes: the core fuses consecutive allreduces
+    up to it, and weighted_average packs small gradients up to it (0: neither)."""
+    return config.get("TNT_FUSION_THRESHOLD_KB") * 1024
 
 
 def _as_dense(tensor):
@@ -88,17 +88,29 @@ def _buckets(tensors, present):
     return buckets
 
 
-def _layout(tensors, bucket):
-    """A bucket's arrays: its small tensors packed into one flat buffer per
-    dtype (indices, dtype), then its large ones alone ([index], None)."""
-    packed, single = {}, []
+def _layout(tensors, bucket, threshold):
+    """A bucket's requests: its gradients of at most `threshold` bytes packed,
+    per dtype and in order, into flat buffers of at most `threshold` bytes
+    ((indices, dtype)), then the others alone, as zero-copy views ([index],
+    None). This is the core's fusion rule, applied in TF before the request:
+    one numpy_function input and one request per pack instead of one per
+    gradient (see docs/keras.md, "Fusion"). threshold 0: every gradient alone."""
+    packs, open_packs, single = [], {}, []
     for i in bucket:
         n = tensors[i].shape.num_elements()
-        if n is not None and n <= _PACK_MAX_ELEMENTS:
-            packed.setdefault(tensors[i].dtype, []).append(i)
-        else:
+        nbytes = None if n is None else n * tensors[i].dtype.size
+        if nbytes is None or threshold <= 0 or nbytes > threshold:
             single.append(i)
-    return [(idx, dtype) for dtype, idx in packed.items()] + [([i], None) for i in single]
+            continue
+        dtype = tensors[i].dtype
+        pack = open_packs.get(dtype)
+        if pack is None or pack[1] + nbytes > threshold:
+            pack = open_packs[dtype] = [[], 0]
+            packs.append((pack[0], dtype))
+        pack[0].append(i)
+        pack[1] += nbytes
+    return [(idx, dtype if len(idx) > 1 else None) for idx, dtype in packs] + \
+        [([i], None) for i in single]
 
 
 def weighted_average(tensors, weight=None, name="tnt.grads"):
@@ -141,8 +153,9 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
     # order: begin, then the buckets in backprop order, then the wait.
     key = tf.numpy_function(begin, [weight], tf.int64, stateful=True, name="TntGradsBegin")
     layouts, tokens, arrays_in = [], [], []
+    threshold = _fusion_threshold_bytes()
     for b, bucket in enumerate(_buckets(tensors, present)):
-        layout = _layout(tensors, bucket)
+        layout = _layout(tensors, bucket, threshold)
         inputs = [tf.concat([tf.reshape(tensors[i], [-1]) for i in idx], 0) if dtype is not None
                   else tensors[idx[0]] for idx, dtype in layout]
         names = [f"{name}.b{b}.{k}" for k in range(len(inputs))]

@@ -14,6 +14,7 @@ from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
+from tarantella.tensorflow.save_paths import check_model_path, check_weights_path
 
 _BATCH_NORM_MIN_MICRO_BATCH = 16
 
@@ -412,6 +413,7 @@ class Model(keras.Model):
         """Save the model (`.keras`), atomically, on the master rank only
         (every rank with `tnt_save_all_devices=True`). Call it on every rank."""
         filepath = os.fspath(filepath)
+        check_model_path(filepath, zipped)  # on every rank, before any file or collective work
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(
@@ -421,6 +423,7 @@ class Model(keras.Model):
     def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Save the weights (`.weights.h5`), atomically, on the master rank only."""
         filepath = os.fspath(filepath)
+        check_weights_path(filepath, kwargs.get("max_shard_size"))
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(

@@ -11,7 +11,9 @@ import keras
 
 from tarantella.common import collectives, core
 from tarantella.tensorflow import collective_ops
+from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.model import Model
+from tarantella.tensorflow.save_paths import check_model_path
 
 
 def _wrap(model):
@@ -27,8 +29,7 @@ def save_model(model, filepath, overwrite=True, tnt_save_all_devices=False, **kw
 
 
 def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
-    from tarantella.tensorflow.atomic_save import atomic_save
-
+    check_model_path(filepath, kwargs.get("zipped"), what="tnt.models.save_model")
     if save_all_devices or core.is_master_rank():
         atomic_save(filepath, lambda path: model.save(path, overwrite=overwrite, **kwargs))
     if core.get_size() > 1:

@@ -74,8 +74,10 @@ def check_callbacks(tnt, files, reference):
     csv = keras.callbacks.CSVLogger(os.path.join(files, "log.csv"))
     ckpt = keras.callbacks.ModelCheckpoint(os.path.join(files, "ckpt.keras"), monitor="val_loss")
     everywhere, master_only, local = Recorder(), Recorder(), Recorder()
+    early = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.02)
     callbacks = [
-        keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.02),
+        # wrapped explicitly: the wrapper must still be (and act as) this EarlyStopping
+        early if reference else tnt.keras.callbacks.Callback(early),
         keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=0.05),
         keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.9),
         keras.callbacks.TerminateOnNaN(), csv, ckpt, everywhere,
@@ -91,7 +93,12 @@ def check_callbacks(tnt, files, reference):
     if not reference:
         result.update(master_only_batches=master_only.batches, local_epochs=local.epochs,
                       csv_is_wrapped=isinstance(csv, tnt.keras.callbacks.Callback),
-                      is_early_stopping=isinstance(callbacks[0], keras.callbacks.EarlyStopping))
+                      wrapped_early_stopping={
+                          "same_object": callbacks[0] is early,
+                          "is_wrapper": isinstance(early, tnt.keras.callbacks.Callback),
+                          "is_early_stopping": isinstance(early, keras.callbacks.EarlyStopping),
+                          "class_name": type(early).__name__})
+    result["stopped_epoch"] = early.stopped_epoch  # > 0: it stopped the training itself
     return result
 
 
@@ -100,6 +107,15 @@ def check_save_load(tnt, files):
     model = tnt.Model(build())
     out = {}
     model.save(os.path.join(files, "uncompiled.keras"))
+    # A name Keras refuses is refused on every rank, naming the user's path,
+    # before any rank writes or waits: the next collective still pairs up.
+    out["bad_paths"] = []
+    for save in (model.save, model.save_weights):
+        try:
+            save(os.path.join(files, "no_extension"))
+            out["bad_paths"].append(None)
+        except ValueError as exc:
+            out["bad_paths"].append(str(exc))
     compile_(model)
     train, _ = datasets()
     model.fit(train, epochs=1, verbose=0)

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from tf_helpers import run_ranks, run_serial
+from tf_helpers import run_ranks, run_serial, timeline
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,12 @@ def test_deciding_callbacks_decide_as_in_serial_training(runs):
         for key, values in ref["history"].items():  # includes learning_rate (ReduceLROnPlateau,
             np.testing.assert_allclose(got["history"][key], values, atol=1e-6, err_msg=key)  # scheduler)
         assert got["everywhere"] == runs["ranks"][0]["callbacks"]["everywhere"]
-        assert got["is_early_stopping"]  # wrapping keeps the type
+        # tnt.keras.callbacks.Callback(early) returned the same EarlyStopping, still of its
+        # type, and it stopped training where serial Keras stopped
+        assert got["wrapped_early_stopping"] == {"same_object": True, "is_wrapper": True,
+                                                 "is_early_stopping": True,
+                                                 "class_name": "EarlyStopping"}
+        assert ref["epochs_run"] < 8 and got["stopped_epoch"] == ref["stopped_epoch"] > 0
 
 
 def test_writing_callbacks_run_on_the_master_only(runs):
@@ -73,6 +78,13 @@ def test_save_and_load(runs):
         assert s["from_json_is_tnt"] and s["model_from_config_is_tnt"] and s["clone"] == [True, True]
         assert s["set_weights_value"] == 1.0  # the master's values win
     files = os.listdir(os.path.join(runs["out"], "files"))
+    bad = os.path.join(runs["out"], "files", "no_extension")
+    for rank in runs["ranks"]:  # the same error on every rank, naming the user's path
+        model_error, weights_error = rank["save_load"]["bad_paths"]
+        assert f"filepath='{bad}.keras'. Received: filepath='{bad}'" in model_error
+        assert f"filepath='{bad}.weights.h5'. Received: filepath='{bad}'" in weights_error
+    assert runs["ranks"][0]["save_load"]["bad_paths"] == runs["ranks"][1]["save_load"]["bad_paths"]
+    assert "no_extension" not in files
     assert "by_rank0.keras" in files and "by_rank1.keras" not in files  # master only
     assert {"all_rank0.keras", "all_rank1.keras"} <= set(files)  # tnt_save_all_devices
     assert not [f for f in files if f.startswith(".")]  # no temporary files left
@@ -84,26 +96,13 @@ def test_warnings_and_xla(runs):
     assert master["jit_compile"] is False and master["xla_info"]
 
 
-def _timeline(path, prefix):
-    """{tensor name: {phase: [(start_us, duration_us) per step]}} from a core trace."""
-    with open(path) as f:
-        text = f.read().rstrip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")
-    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    out = {}
-    for e in events:
-        if e.get("ph") == "X" and rows[e["tid"]].startswith(prefix):
-            out.setdefault(rows[e["tid"]], {}).setdefault(e["name"], []).append((e["ts"], e["dur"]))
-    return out
-
-
 def test_gradient_allreduce_overlaps_backprop(runs):
     """Buckets are submitted in backprop order as their gradients appear; the
     first bucket's ALLREDUCE starts before the last bucket is even submitted
     (on some step: a rank that waits for a late peer may submit all at once)."""
     steps = runs["ranks"][0]["overlap"]["steps"]
     for rank in (0, 1):
-        tl = _timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.overlap.b")
+        tl = timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.overlap.b")
         buckets = sorted({int(n.split(".")[2][1:]) for n in tl})
         assert len(buckets) >= 3, sorted(tl)
         first = [v for n, v in tl.items() if n.startswith(f"tnt.overlap.b{buckets[0]}.")]
@@ -118,3 +117,15 @@ def test_gradient_allreduce_overlaps_backprop(runs):
             assert min(p["NEGOTIATE"][step][0] for p in first) <= last_submitted
             overlapped += first_allreduce < last_submitted
         assert overlapped >= 1, f"rank {rank}: no step overlapped communication with backprop"
+
+
+def test_default_fusion_packs_small_gradients_into_one_request(runs):
+    """At the default TNT_FUSION_THRESHOLD_KB (1 MiB) the callbacks model's 4
+    gradients (under 1 KiB each) are reduced together: one request, one
+    ALLREDUCE per step. test_serial_equivalence checks that 0 sends each
+    gradient alone."""
+    steps = runs["ranks"][0]["callbacks"]["epochs_run"] * 5  # 90 samples, global batch 20
+    for rank in (0, 1):
+        tl = timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.grads.0.b")
+        assert list(tl) == ["tnt.grads.0.b0.0"], sorted(tl)
+        assert len(tl["tnt.grads.0.b0.0"]["ALLREDUCE"]) == steps

@@ -1,6 +1,8 @@
 """Checks that need one process only: dataset slicing for simulated rank
 counts, clear errors for bad input, and the wrappers' rules."""
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
@@ -196,6 +198,30 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
     with pytest.raises(OSError):
         atomic_save(str(path), failing)
     assert path.read_text() == "good" and os.listdir(tmp_path) == ["m.keras"]
+
+
+def _gone_pid():
+    """The pid of a process that has exited and been reaped."""
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+def test_a_save_removes_stale_temporaries_of_its_target(tmp_path):
+    """A save killed before its rename leaves `.NAME.tnt-tmp-<pid>.keras`: the
+    next save of NAME removes those whose process is gone, and nothing else."""
+    gone, gone_too = _gone_pid(), _gone_pid()
+    stale = tmp_path / f".m.tnt-tmp-{gone}.keras"
+    stale_dir = tmp_path / f".m.tnt-tmp-{gone_too}.keras"  # a directory: removed as a whole
+    concurrent = tmp_path / f".m.tnt-tmp-{os.getppid()}.keras"  # a live process: a save in flight
+    other_target = tmp_path / f".other.tnt-tmp-{gone}.keras"
+    longer_name = tmp_path / f".m.tnt-tmp-{gone}.v2.keras"  # the temporary of m.v2.keras
+    stale_dir.mkdir()
+    for path in (stale, stale_dir / "model.weights.h5", concurrent, other_target, longer_name):
+        path.write_text("half")
+    _model().save(str(tmp_path / "m.keras"))
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["m.keras", concurrent.name, other_target.name, longer_name.name])
 
 
 def test_from_tensors_of_a_batch_counts_as_batched():

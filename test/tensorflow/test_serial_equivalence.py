@@ -14,15 +14,20 @@ associated differently (about 1e-7 relative per step), and about 10 steps of
 momentum SGD / Adam carry that forward. Every rank must hold bitwise the same
 weights and logs.
 """
+import collections
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
-from tf_helpers import run_ranks, run_serial
+from tf_helpers import run_ranks, run_serial, timeline
 
-RANKS = (1, 2, 3, 4)
+# The 2-rank run turns fusion off (TNT_FUSION_THRESHOLD_KB=0) and records a
+# timeline: the results must not change, and every gradient must be reduced
+# on its own (the other runs use the default threshold).
+RUNS = [(1, None), (2, 0), (3, None), (4, None)]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +48,12 @@ def _load(out):
     return ranks
 
 
-@pytest.mark.parametrize("n", RANKS)
-def test_same_as_serial_keras(reference, tmp_path, n):
-    run_ranks(n, "scenarios.py", "--out", tmp_path)
+@pytest.mark.parametrize("n,fusion_kb", RUNS,
+                         ids=[f"{n}" if kb is None else f"{n}-fusion{kb}" for n, kb in RUNS])
+def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
+    env = {} if fusion_kb is None else {"TNT_FUSION_THRESHOLD_KB": fusion_kb,
+                                       "TNT_TIMELINE": os.path.join(tmp_path, "trace.json")}
+    run_ranks(n, "scenarios.py", "--out", tmp_path, env=env)
     ranks = _load(tmp_path)
     assert len(ranks) == n
     ref_arrays, ref_logs = reference[0]
@@ -64,3 +72,23 @@ def test_same_as_serial_keras(reference, tmp_path, n):
         assert other_logs == logs, f"rank {r} logs differ from rank 0"
         for key, value in arrays.items():
             assert np.array_equal(other_arrays[key], value), f"rank {r}: {key} differs"
+    if fusion_kb == 0:
+        _assert_each_gradient_reduced_alone(tmp_path, n, len(logs))
+
+
+def _assert_each_gradient_reduced_alone(out, n, optimizers):
+    """Every scenario's model has 6 trainable variables, and its optimizer is
+    tnt.grads.<k> (numbered in creation order): with fusion off, each gradient
+    must be its own request (6 per optimizer: the frontend packed nothing) and
+    the core must not fuse requests either (no fusion-buffer copies, no
+    "fused" allreduce), for anything."""
+    for rank in range(n):
+        tl = timeline(os.path.join(out, f"trace.rank{rank}.json"))
+        grads = [name for name in tl if re.fullmatch(r"tnt\.grads\.\d+\.b\d+\.\d+", name)]
+        per_optimizer = collections.Counter(name.split(".")[2] for name in grads)
+        assert per_optimizer == {str(k): 6 for k in range(optimizers)}, sorted(grads)
+        for name in grads:
+            assert len(tl[name]["ALLREDUCE"]) == len(tl[name]["NEGOTIATE"]) > 0, name
+        for name, phases in tl.items():
+            assert "MEMCPY_IN_FUSION_BUFFER" not in phases, name
+            assert all(detail is None for _, _, detail in phases.get("ALLREDUCE", [])), name

@@ -1,5 +1,6 @@
 """Helpers of the TensorFlow frontend tests: run a script on N real ranks
 through `tntrun`, or serially with plain `python`, with a clean environment."""
+import json
 import os
 import shutil
 import subprocess
@@ -38,3 +39,19 @@ def run_ranks(n, script, *args, env=None, timeout=400, runner_args=(), check=Tru
     if check:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
+
+
+def timeline(path, prefix=""):
+    """{tensor name: {phase: [(start_us, duration_us, detail) per execution]}}
+    from a core trace (TNT_TIMELINE), for the tensors whose name starts with
+    `prefix`. `detail` is e.g. "4 tensors, 1234 bytes fused", or None."""
+    with open(path) as f:
+        text = f.read().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    out = {}
+    for e in events:
+        if e.get("ph") == "X" and rows[e["tid"]].startswith(prefix):
+            out.setdefault(rows[e["tid"]], {}).setdefault(e["name"], []).append(
+                (e["ts"], e["dur"], e.get("args", {}).get("detail")))
+    return out

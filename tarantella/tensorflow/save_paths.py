@@ -1,0 +1,47 @@
+"""Keras 3's rules for the names of saved files, checked before a save starts.
+
+tnt saves write a temporary twin of the target and rename it (atomic_save), on
+the master rank only, then meet at a barrier. A name Keras refuses must
+therefore be refused first, on every rank, naming the user's path: otherwise
+Keras refuses the temporary name on the master alone while the other ranks
+go on to the barrier. The rules are those of Keras 3.15
+(`keras.saving.save_model`, `saving_lib.save_model`, `keras.saving.save_weights`).
+"""
+import os
+
+_MODEL_FILES = (".keras", ".h5", ".hdf5")
+
+
+def _suggest(path, suffix):
+    return path[:-len(".h5")] + suffix if path.endswith(".h5") else path + suffix
+
+
+def check_model_path(filepath, zipped=None, what="tnt.Model.save"):
+    """Raise the ValueError Keras would raise for `model.save(filepath,
+    zipped=zipped)`, with the user's path in it."""
+    path = os.fspath(filepath)
+    if zipped is None:
+        zipped = not path.startswith("hf://")  # Keras' default
+    if zipped and not path.endswith(_MODEL_FILES):
+        raise ValueError(
+            f"{what}: Keras 3 saves a model to a file whose name ends in \".keras\" (or \".h5\" "
+            f"for the legacy HDF5 format), or to a directory with zipped=False. Add the "
+            f"extension: filepath={_suggest(path, '.keras')!r}. Received: filepath={path!r}")
+    if not zipped and path.endswith(".keras"):
+        raise ValueError(
+            f"{what}: with zipped=False Keras 3 saves to a directory, whose name must not end in "
+            f"\".keras\". Drop the extension or zipped=False. Received: filepath={path!r}, "
+            f"zipped=False")
+
+
+def check_weights_path(filepath, max_shard_size=None, what="tnt.Model.save_weights"):
+    """Raise the ValueError Keras would raise for `model.save_weights(filepath,
+    max_shard_size=max_shard_size)`, with the user's path in it."""
+    path = os.fspath(filepath)
+    suffix = ".weights.h5" if max_shard_size is None else ".weights.json"
+    if not path.endswith(suffix):
+        sharded = "" if max_shard_size is None else " (sharded: max_shard_size is set)"
+        raise ValueError(
+            f"{what}: Keras 3 saves weights{sharded} to a file whose name ends in "
+            f"\"{suffix}\". Add the extension: filepath={_suggest(path, suffix)!r}. "
+            f"Received: filepath={path!r}")
