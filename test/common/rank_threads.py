@@ -1,0 +1,156 @@
+"""Run inside every rank (see test_threads.py): THREADS Python threads submit
+their own named collectives (the names carry the thread's number, so the ranks
+agree on them whatever the interleaving) and wait for them, while one more
+thread submits its own and polls them with test() until they complete. With
+MODE "shared", that thread also calls test() on the other threads' handles
+while their owners wait for them. Every result is checked exactly (small
+integers in every dtype: every partial sum is exact). The threads stop
+together (an allreduce of "over BUDGET_S" every 16 iterations). Writes
+OUTDIR/rank<r>.json with the counts and the errors seen.
+
+    rank_threads.py OUTDIR MODE THREADS BUDGET_S
+"""
+import json
+import os
+import random
+import sys
+import threading
+import time
+
+import numpy as np
+
+import tarantella as tnt
+
+outdir, mode, threads, budget_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+rank, size = tnt.get_rank(), tnt.get_size()
+DTYPES = [np.dtype(d) for d in (np.float16, np.float32, np.float64, np.int32, np.int64)]
+lock = threading.Lock()
+inflight = set()  # MODE shared: handles the poller tests while their owners wait for them
+stats = {"checked": 0, "tests": 0, "tests_done": 0}
+errors = []
+
+
+def values(t, i, j, q, count, dtype):
+    # in [-8, 8]: sums of a few ranks stay exact even in float16
+    return ((np.arange(count, dtype=np.int64) * 5 + 3 * q + 7 * t + i + j) % 17 - 8).astype(dtype)
+
+
+def start(plan, t, i, j):
+    """Submit one collective; return (handle, expected result, label)."""
+    kind = plan.choice(["allreduce", "allreduce", "broadcast", "allgather", "barrier"])
+    name = f"thread{t}/iter{i}/{j}/{kind}"
+    if kind == "barrier":
+        return tnt.barrier_async(name=name), None, name
+    dt = plan.choice(DTYPES)
+    if kind == "allreduce":
+        count = plan.choice([0, 1, plan.randrange(2, 4000), plan.randrange(4000, 200_000)])
+        want = sum(values(t, i, j, q, count, np.int64) for q in range(size)).astype(dt)
+        return tnt.allreduce_async(values(t, i, j, rank, count, dt), name=name), want, name
+    if kind == "broadcast":
+        count, root = plan.randrange(0, 100_000), plan.randrange(size)
+        return tnt.broadcast_async(values(t, i, j, rank, count, dt), root=root, name=name), \
+            values(t, i, j, root, count, dt), name
+    rows = [plan.randrange(0, 300) for _ in range(size)]
+    want = np.concatenate([values(t, i, j, q, 3 * rows[q], dt).reshape(-1, 3) for q in range(size)])
+    return tnt.allgather_async(values(t, i, j, rank, 3 * rows[rank], dt).reshape(-1, 3), name=name), want, name
+
+
+def check(got, want, label):
+    with lock:
+        stats["checked"] += 1
+    ok = got is None if want is None else \
+        got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+    if not ok:
+        with lock:
+            errors.append(f"rank {rank} {label}: got {got!r:.200}, want {want!r:.200}")
+
+
+def stop_now(t, i):
+    """Whether every rank's thread t is to stop (the same answer on every rank)."""
+    over = np.array([time.monotonic() - begin > budget_s], np.int32)
+    return i % 16 == 15 and tnt.allreduce(over, name=f"thread{t}/stop{i}")[0] > 0
+
+
+def submit_some(t, i):
+    """One to three requests in flight, submitted in this rank's own order."""
+    js = list(range(random.Random(f"{t}-{i}").choice([1, 1, 2, 3])))  # the same on every rank
+    started = {}
+    for j in (js if rank % 2 == 0 else js[::-1]):
+        started[j] = start(random.Random(f"{t}-{i}-{j}"), t, i, j)
+    return [started[j] for j in (js[::-1] if (rank + i) % 2 else js)]
+
+
+def worker(t):
+    try:
+        i = 0
+        while not stop_now(t, i):
+            started = submit_some(t, i)
+            if mode == "shared":
+                with lock:
+                    inflight.update(h for h, _, _ in started)
+            for handle, want, label in started:
+                got = handle.wait()
+                with lock:
+                    inflight.discard(handle)
+                check(got, want, label)
+            i += 1
+    except Exception as exc:  # a thread's exception would otherwise only be printed
+        with lock:
+            errors.append(f"rank {rank} thread {t}: {type(exc).__name__}: {exc}")
+
+
+def test_others():
+    """MODE shared: test() every other thread's handle in flight."""
+    if mode == "shared":
+        with lock:
+            others = list(inflight)
+        for h in others:
+            h.test()
+        with lock:
+            stats["tests"] += len(others)
+
+
+def poller(t, workers_done):
+    """Thread t: polls its own requests to completion with test() alone."""
+    try:
+        i = 0
+        while not stop_now(t, i):
+            started = submit_some(t, i)
+            pending = [h for h, _, _ in started]
+            while pending:
+                test_others()
+                still = [h for h in pending if not h.test()]
+                with lock:
+                    stats["tests"] += len(pending)
+                    stats["tests_done"] += len(pending) - len(still)
+                pending = still
+                time.sleep(0.0002)
+            for handle, want, label in started:
+                check(handle.wait(), want, label)  # complete already: returns at once
+            i += 1
+        while mode == "shared" and not workers_done.is_set():
+            test_others()
+            time.sleep(0.0002)
+    except Exception as exc:
+        with lock:
+            errors.append(f"rank {rank} poller: {type(exc).__name__}: {exc}")
+
+
+tnt.init()
+begin = time.monotonic()
+workers_done = threading.Event()
+poll = threading.Thread(target=poller, args=(threads, workers_done))
+poll.start()
+workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+workers_done.set()
+poll.join()
+with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+    json.dump({"rank": rank, **stats, "errors": errors[:20], "seconds": time.monotonic() - begin}, f)
+print(f"rank {rank}: {stats['checked']} collectives checked from {threads + 1} threads, {stats['tests']} test() "
+      f"calls ({stats['tests_done']} found their request complete), {len(errors)} errors in "
+      f"{time.monotonic() - begin:.1f} s")
+sys.exit(1 if errors else 0)

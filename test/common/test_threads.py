@@ -1,0 +1,27 @@
+"""The core from many Python threads at once: on 2 ranks, 4 threads per rank
+submit their own named collectives and wait for them while a fifth submits its
+own and polls them with test() alone; every result is checked exactly, for
+about five seconds. Then the same while the fifth thread also calls test() on
+the handles that the other threads are waiting for (a Handle shared between
+threads, as a concurrent.futures.Future may be)."""
+import json
+
+import pytest
+
+from core_helpers import tntrun
+
+RANKS, THREADS, BUDGET_S = 2, 4, 5
+MIN_CHECKED = 200  # an unloaded 2-core machine checks about 750 a second
+
+
+@pytest.mark.parametrize("mode", ["own", "shared"])
+def test_threads_submit_wait_and_test_concurrently(mode, tmp_path):
+    res = tntrun(RANKS, "rank_threads.py", tmp_path, mode, THREADS, BUDGET_S, timeout=BUDGET_S + 120,
+                 env={"TNT_TIMEOUT_S": 30, "PYTHONFAULTHANDLER": 1}, runner_args=["--output-on-all-devices"])
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(RANKS)]
+    for rep in reports:
+        assert rep["errors"] == [], rep["errors"]
+        assert rep["checked"] >= MIN_CHECKED, rep
+        assert rep["tests_done"] > 0, rep  # the polling thread saw its requests complete through test()
+    assert reports[0]["checked"] == reports[1]["checked"], reports
