@@ -58,22 +58,27 @@ def _as_input(array, what):
 
 class Handle:
     """A request in flight. `wait()` returns the result array; `test()` says
-    whether it is complete. The input array must not change until then."""
+    whether it is complete. The input array must not change until then.
+
+    Several threads may wait on or test one handle: the first to see the request
+    complete takes the result and releases the core's handle, under a lock; the
+    others get the same result (or the same error)."""
 
     def __init__(self, handle, finish, keepalive):
         self._handle = handle
         self._finish = finish
         self._keepalive = keepalive  # buffers the core reads/writes until completion
         self._result = None
+        self._error = None
         self._done = False
+        self._lock = threading.Lock()
 
     def test(self):
-        if self._done:
-            return True
-        result = core.lib().tnt_test(self._handle)
-        if result == codes.IN_PROGRESS:
-            return False
-        self._complete(result)
+        if not self._done:
+            result = core.lib().tnt_test(self._handle)
+            if result == codes.IN_PROGRESS and not self._done:
+                return False
+            self._complete(result)
         return True
 
     def wait(self, timeout=None):
@@ -83,27 +88,38 @@ class Handle:
             lib = core.lib()
             if timeout is None:
                 result = lib.tnt_wait(self._handle, _WAIT_SLICE_S)
-                while result == codes.ERR_TIMEOUT:  # our slice, or the core's own bound?
+                while result == codes.ERR_TIMEOUT and not self._done:  # our slice, or the core's own bound?
                     result = lib.tnt_test(self._handle)
                     if result != codes.IN_PROGRESS:
                         break
                     result = lib.tnt_wait(self._handle, _WAIT_SLICE_S)
             else:
                 result = lib.tnt_wait(self._handle, float(timeout))
-                if result == codes.ERR_TIMEOUT and lib.tnt_test(self._handle) == codes.IN_PROGRESS:
+                if result == codes.ERR_TIMEOUT and not self._done and \
+                        lib.tnt_test(self._handle) == codes.IN_PROGRESS:
                     core.check(result)  # the request stays pending: wait() may be called again
             self._complete(result)
+        return self._outcome()
+
+    def _outcome(self):
+        if self._error is not None:
+            raise self._error
         return self._result
 
     def _complete(self, result):
-        lib = core.lib()
-        try:
-            core.check(result)
-            self._result = self._finish(self._handle)
-        finally:
-            self._done = True
-            lib.tnt_release(self._handle)
-            self._keepalive = None
+        with self._lock:
+            if self._done:  # another thread took the result (and released the handle) first
+                return self._outcome()
+            try:
+                core.check(result)
+                self._result = self._finish(self._handle)
+            except Exception as exc:
+                self._error = exc
+            finally:
+                self._done = True
+                core.lib().tnt_release(self._handle)
+                self._keepalive = None
+        return self._outcome()
 
     def __del__(self):
         if not self._done and core.is_initialized():
