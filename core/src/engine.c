@@ -87,14 +87,17 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
 }
 
 /* Integer average: the exact floor of the mean, which never wraps. Each rank
- * splits x = N*q + r (0 <= r < N); one sum of [q | r] gives Q and R, and
- * floor(mean) = Q + floor(R / N). Wrapping sums (unsigned) cancel out. */
+ * splits its (whole-prescaled, wrapping) x = N*q + r (0 <= r < N); one sum of
+ * [q | r] gives Q and R, and floor(mean) = Q + floor(R / N). Wrapping sums
+ * (unsigned) cancel out. */
 #define INT_AVERAGE(T, UT)                                                                          \
   do {                                                                                              \
     const T *x_ = req->in;                                                                          \
+    const UT k_ = (UT)(int64_t)req->prescale;                                                       \
     T *q_ = buf, *r_ = q_ + n, *o_ = req->out;                                                       \
     for (int64_t i = 0; i < n; i++) {                                                               \
-      T q = (T)(x_[i] / N), r = (T)(x_[i] % N);                                                     \
+      const T x = (T)((UT)x_[i] * k_);                                                              \
+      T q = (T)(x / N), r = (T)(x % N);                                                             \
       if (r < 0) { q--; r = (T)(r + N); }                                                           \
       q_[i] = q;                                                                                    \
       r_[i] = r;                                                                                    \

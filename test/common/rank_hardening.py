@@ -40,6 +40,11 @@ for dt in (np.int32, np.int64):
     want = np.array([sum(int(v) for v in col) // size for col in every.T], dt)  # exact, Python ints
     got = tnt.allreduce(mine, op="average", name=f"int-average-{np.dtype(dt).name}")
     assert (got == want).all(), (dt, got, want)
+    small = np.array([-7 - rank, 5 + 2 * rank, 1], dt)  # a whole prescale applies before the average
+    got3 = tnt.allreduce(small, op="average", prescale=-3, name=f"int-average-prescaled-{np.dtype(dt).name}")
+    want3 = np.array([sum(-3 * int(v) for v in col) // size for col in
+                      np.stack([np.array([-7 - r, 5 + 2 * r, 1]) for r in range(size)]).T], dt)
+    assert (got3 == want3).all(), (dt, got3, want3)
     expect(errors.InvalidArgumentError, lambda: tnt.allreduce(mine, prescale=0.5, name="int-prescale"), "integer")
 ok("integer-average-exact")
 
