@@ -146,10 +146,33 @@ def test_omp_num_threads_of_the_user_is_kept(script):
 
 def test_exports_in_order_later_wins(script):
     path = script("print(os.environ['A'], os.environ['B'], os.environ['C'], os.environ['HOME_COPY'])\n")
-    res = run_tntrun(["-n", "1", "-x", "A=1", "B=x=y z", "-x", "A=2", "C=", "-x", "HOME_COPY=$HOME",
-                      "--", path])
+    res = run_tntrun(["-n", "1", "-x", "A=1", "-x", "B=x=y z", "-x", "A=2", "-x", "C=",
+                      "-x", "HOME_COPY=$HOME", "--", path])
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "2 x=y z  $HOME"
+
+
+def test_export_takes_one_variable_and_the_program_follows(script):
+    # like mpirun's -x: one NAME=VALUE per -x, so the program after it is not swallowed
+    path = script("print('ran', os.environ['A'], sys.argv[1:])\n")
+    res = run_tntrun(["-n", "2", "-x", "A=1", path, "--epochs", "3"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ran 1 ['--epochs', '3']"
+
+
+def test_seed_style_export_list_is_refused_with_a_hint():
+    res = run_tntrun(["-n", "2", "-x", "A=1", "B=2", "--", "train.py"])
+    assert res.returncode == 2
+    assert "-x takes one NAME=VALUE: write -x B=2" in res.stderr
+
+
+def test_no_gpu_without_n_runs_one_cpu_rank(script):
+    path = script("print(os.environ['TNT_RANK'], os.environ['TNT_SIZE'], "
+                  "repr(os.environ['CUDA_VISIBLE_DEVICES']))\n")
+    res = run_tntrun(["--no-gpu", "--", path])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0 1 ''"
+    assert "WARNING" not in res.stderr  # --no-gpu asked for the CPU: nothing to warn about
 
 
 def test_export_without_value_forwards_the_current_one(script):
