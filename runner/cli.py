@@ -238,7 +238,7 @@ def _local_plan(args, command, job_id, private_dir):
                   f"all {size} ranks on CPUs (use -n {len(gpu_ids)} for one rank per GPU, "
                   "--no-gpu to silence this)")
             gpu_of = lambda r: ""  # noqa: E731
-    cores = os.cpu_count() or 1
+    cores = environment.usable_cores()
     if size > cores and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"
         _warn(f"{size} ranks on {cores} cores: setting OMP_NUM_THREADS=1 for every rank (set "

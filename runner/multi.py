@@ -105,7 +105,7 @@ def build(args, command, job_id, workdir):
     if "TNT_TRANSPORT" in env and "TNT_TRANSPORT" not in names:
         names.append("TNT_TRANSPORT")
     per_node = engines.uniform(spots)
-    cores = os.cpu_count() or 1
+    cores = environment.usable_cores()
     if (per_node or max(n for _, n in spots)) > cores and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"
         names.append("OMP_NUM_THREADS")
