@@ -6,8 +6,9 @@ Used for local ranks (one process per rank) and for an engine's launcher
 How the job ends:
 - every process exits 0: exit 0;
 - the first process to exit non-zero (or by a signal) is the root cause: every other
-  process group gets SIGTERM, then SIGKILL after a grace period, and the job's exit code is
-  that process's code (128 + signal for a signal, as srun and shells report it);
+  process group gets SIGTERM, then SIGKILL after a grace period (at once for a stopped
+  process, which would not act on SIGTERM), and the job's exit code is that process's code
+  (128 + signal for a signal, as srun and shells report it);
 - SIGINT/SIGTERM/SIGHUP to tntrun stops every process the same way (a second one kills at
   once) and the exit code is 128 + that signal.
 
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from tarantella.runner import jobs
 
 TAIL_BYTES = 64 * 1024  # what is kept of each process's stderr for the failure report
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -252,9 +255,12 @@ class Supervisor:
 
     def _stop(self, running, results_by_index):
         """SIGTERM every running process group, SIGKILL what is left after the grace period
-        (at once on a second interrupt), and record how each one ended."""
+        (at once on a second interrupt), and record how each one ended. A stopped process
+        (SIGSTOP, a debugger) would only act on SIGTERM once continued, that is after the
+        grace period: its group gets SIGKILL at once."""
         for i in running:
-            self._signal_group(i, signal.SIGTERM)
+            frozen = jobs.is_stopped(self._procs[i].pid)
+            self._signal_group(i, signal.SIGKILL if frozen else signal.SIGTERM)
             if i in results_by_index:
                 results_by_index[i].stopped = True
         deadline = time.monotonic() + self.grace_s

@@ -1,12 +1,15 @@
 """Ctrl+C / SIGTERM to tntrun, and --cleanup after tntrun itself was SIGKILLed."""
 import glob
+import os
 import re
 import signal
+import sys
+import textwrap
 import time
 
 import psutil
 import pytest
-from tntrun_helpers import run_tntrun, runner_env, start_tntrun
+from tntrun_helpers import import_runner, run_tntrun, runner_env, start_tntrun
 
 RANK = """
 job = os.environ["TNT_JOB_ID"]
@@ -65,6 +68,36 @@ def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(script):
     res = run_tntrun(["-n", "2", "--", path], timeout=30)
     assert res.returncode == 4
     assert time.monotonic() - start < 15
+
+
+def test_stopped_rank_is_killed_at_once_not_after_the_grace_period(tmp_path):
+    # a SIGSTOPped rank acts on no SIGTERM: before, the job ended only when the grace period
+    # ran out. A long grace period makes "at once" and "after the grace" far apart.
+    import_runner()
+    from tarantella.runner.supervise import ProcSpec, Supervisor
+
+    pid_file = tmp_path / "frozen.pid"
+    frozen = (f"import os, signal; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+              "os.kill(os.getpid(), signal.SIGSTOP)")
+    failing = textwrap.dedent(f"""
+        import sys, time
+        while True:  # fail once the other rank is frozen
+            try:
+                pid = int(open({str(pid_file)!r}).read())
+                if open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[0] == "T":
+                    sys.exit(4)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+    """)
+    specs = [ProcSpec(argv=[sys.executable, "-c", code], env=dict(os.environ), label=str(r), rank=r)
+             for r, code in enumerate([failing, frozen])]
+    grace_s = 60
+    start = time.monotonic()
+    job = Supervisor(specs, grace_s=grace_s).run()
+    assert job.exit_code == 4 and job.root_cause is job.results[0]
+    assert job.results[1].stopped and job.results[1].returncode == -signal.SIGKILL
+    assert time.monotonic() - start < grace_s / 2, "the stopped rank waited for the grace period"
 
 
 def test_cleanup_after_runner_was_killed(script, tmp_path):
