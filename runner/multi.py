@@ -177,7 +177,8 @@ def run(args, command, job_id):
         spec = ProcSpec(argv=plan.argv, env=plan.env, label=os.path.basename(plan.argv[0]),
                         host=platform.node(), stdin=True)
         return local.run([spec], job_id, program=command[0], command=command,
-                         one_line=(args.log_level == "ERROR"))
+                         one_line=(args.log_level == "ERROR"), private_dir=private_dir,
+                         files=list(plan.files))
     except engines.EngineMissing as exc:
         print(f"tntrun: error: {exc}", file=sys.stderr)
         return 127

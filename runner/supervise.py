@@ -17,7 +17,13 @@ and Ctrl+C in a terminal reaches only tntrun, which then stops the ranks in orde
 thread per process blocks in waitpid and posts the exit to a queue.SimpleQueue, whose
 put() is reentrant and therefore safe from a signal handler; the main thread blocks on
 that queue. Nothing polls.
+
+A process must not outlive a tntrun that was killed (SIGKILL cannot be caught, so tntrun
+cannot stop anything then): each one is started with a parent-death signal (see
+die_with_launcher), which the kernel sends when the thread that started it exits. So
+Supervisor.run must run on a thread that lives as long as the job: tntrun's main thread.
 """
+import ctypes
 import dataclasses
 import os
 import queue
@@ -78,6 +84,37 @@ class JobResult:
 
 class LaunchError(Exception):
     """A process could not be started (program or interpreter not found, not executable)."""
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def death_signal(spec):
+    """The signal a process gets when tntrun dies. A rank gets SIGKILL: with tntrun gone no
+    one would send SIGKILL after a grace period, so a rank that ignores or handles SIGTERM, or
+    that is stopped, would otherwise live on. An engine launcher (mpirun, srun, gaspi_run)
+    gets SIGTERM: it then stops its ranks on every host, which it cannot do when killed."""
+    return signal.SIGKILL if spec.rank is not None else signal.SIGTERM
+
+
+def die_with_launcher(sig, launcher_pid=None):
+    """A Popen preexec_fn (it runs in the child, between fork and exec) that makes the kernel
+    send `sig` to the child when its parent thread exits (prctl PR_SET_PDEATHSIG, Linux).
+    If the launcher died before prctl took effect, the child has a new parent already and no
+    signal would ever come: it sends `sig` to itself. None where prctl is not available."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    launcher_pid = os.getpid() if launcher_pid is None else launcher_pid
+
+    def preexec():
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != launcher_pid:
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def exit_code_of(returncode):
@@ -165,6 +202,7 @@ class Supervisor:
                 stdin=None if spec.stdin else subprocess.DEVNULL,
                 stdout=stdout, stderr=subprocess.PIPE,
                 start_new_session=True, close_fds=True,
+                preexec_fn=die_with_launcher(death_signal(spec)),
             )
         except FileNotFoundError as exc:
             raise LaunchError(
