@@ -69,7 +69,8 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
     def on_stopping(reason):
         print(f"tntrun: {reason}", file=sys.stderr, flush=True)
 
-    supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping)
+    supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping,
+                            error_of=report.error_of)
     try:
         job = supervisor.run()
         return report_and_code(job, program, one_line)

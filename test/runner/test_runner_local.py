@@ -2,8 +2,9 @@
 import glob
 import os
 import re
-
 import sys
+
+import pytest
 
 from tntrun_helpers import run_tntrun, runner_env
 
@@ -71,6 +72,34 @@ def test_error_file_message_in_the_report(script):
     assert res.returncode == 1
     assert "error:   ValueError: the root cause" in res.stderr
     assert "Stopped by tntrun after the failure: 1" in res.stderr
+
+
+@pytest.mark.parametrize("rank0_error", ["PeerLostError", "RuntimeError"])
+def test_rank_that_raised_first_is_the_root_cause_even_if_stopped(script, rank0_error):
+    # rank 1 raises first but is slow to exit; rank 0 fails later (because of rank 1, or on
+    # its own) and exits first. tntrun stops rank 1, and still names it: it failed first.
+    path = script(f"""
+        import json
+        def record(message):
+            with open(os.environ["TNT_ERROR_FILE"], "w") as f:
+                json.dump({{"message": message, "traceback": "Traceback...\\n" + message,
+                           "timestamp": time.time(), "pid": os.getpid(),
+                           "rank": os.environ["TNT_RANK"]}}, f)
+        if os.environ["TNT_RANK"] == "1":
+            record("ValueError: raised first")
+            time.sleep(60)  # a slow exit
+        other = os.environ["TNT_ERROR_FILE"].replace("rank0.json", "rank1.json")
+        while not os.path.exists(other):
+            time.sleep(0.05)
+        time.sleep(0.1)
+        record("{rank0_error}: raised second")
+        sys.exit(1)
+    """)
+    res = run_tntrun(["-n", "2", "--", path], timeout=60)
+    root = res.stderr.split("Root cause", 1)[1].split("-" * 72, 1)[0]
+    assert "rank:    1 (local_rank 1)" in root and "ValueError: raised first" in root, res.stderr
+    assert res.returncode == 128 + 15  # stopped by tntrun's SIGTERM
+    assert "Stopped by tntrun" not in res.stderr
 
 
 def test_rank_killed_by_a_signal(script):
