@@ -72,12 +72,14 @@ def _leftover_paths(rec):
     """The job's private temporary directory and engine files, as its record names them (a
     record of an older tntrun names no directory: it is found by the job id in its name)."""
     private = rec.get("private_dir")
+    job_id = rec.get("job_id", "")
     if private:
         dirs = [private]
+    elif len(job_id) >= 8:
+        name = f"tnt-run-{glob.escape(job_id[:8])}-*"  # as local.private_tempdir names it
+        dirs = glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), name))
     else:
-        job_id = rec.get("job_id", "")
-        pattern = os.path.join(glob.escape(tempfile.gettempdir()), f"tnt-run-{glob.escape(job_id[:8])}-*")
-        dirs = glob.glob(pattern) if len(job_id) >= 8 else []
+        dirs = []
     return dirs, list(rec.get("files") or [])
 
 
@@ -91,7 +93,8 @@ def _remove_leftovers(rec):
             st = os.lstat(path)
         except OSError:
             continue
-        if st.st_uid != os.getuid() or stat.S_ISDIR(st.st_mode) != is_dir or stat.S_ISLNK(st.st_mode):
+        ours = st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode)
+        if not ours or stat.S_ISDIR(st.st_mode) != is_dir:
             continue
         try:
             if is_dir:

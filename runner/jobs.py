@@ -37,7 +37,8 @@ def state_dir(environ=None):
 
 def _stat(pid):
     """The fields of /proc/<pid>/stat from field 3 (state) on, or None if there is no such
-    process. The command name (field 2) may hold spaces and parentheses: split after the last ')'."""
+    process. The command name (field 2) may hold spaces and parentheses: split after the
+    last ')'."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()

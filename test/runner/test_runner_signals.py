@@ -124,8 +124,8 @@ def test_parent_death_signal_when_the_launcher_died_before_prctl():
     from tarantella.runner.supervise import die_with_launcher
 
     not_the_parent = os.getppid()
-    child = subprocess.Popen(["sleep", "60"],
-                             preexec_fn=die_with_launcher(signal.SIGKILL, launcher_pid=not_the_parent))
+    preexec = die_with_launcher(signal.SIGKILL, launcher_pid=not_the_parent)
+    child = subprocess.Popen(["sleep", "60"], preexec_fn=preexec)
     try:
         assert child.wait(timeout=30) == -signal.SIGKILL
     finally:
@@ -151,7 +151,8 @@ def test_cleanup_removes_the_temporary_folder_of_ended_jobs_only(script, tmp_pat
         killed.communicate()
         res = run_tntrun(["--cleanup"], env=env, timeout=30)  # every job whose tntrun is gone
         assert res.returncode == 0, res.stderr
-        assert not os.path.exists(dirs[0]) and f"removed 1 temporary file(s) and folder(s): {dirs[0]}" in res.stdout
+        assert not os.path.exists(dirs[0])
+        assert f"removed 1 temporary file(s) and folder(s): {dirs[0]}" in res.stdout
         assert os.path.isdir(dirs[1])  # its tntrun still runs
     finally:
         running.kill()
