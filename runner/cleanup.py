@@ -4,13 +4,19 @@ Jobs are found in the per-user job records (jobs.py), never by matching process 
 a process is signalled only if its pid still has the start time recorded for it, so a
 recycled pid is never hit. With PROGRAM, the jobs of that program (same script path) are
 ended, whether or not their tntrun still runs; without it, every job whose tntrun is gone.
-Ranks get SIGTERM (SIGKILL with --force) on their whole process group; then the job's
-/dev/shm/tnt-<jobid>* objects and its record are removed.
+Ranks get SIGTERM (SIGKILL with --force, and SIGKILL for a stopped process, which would
+not act on SIGTERM) on their whole process group; then the job's /dev/shm/tnt-<jobid>*
+objects are removed, and once none of its processes runs, its private temporary directory
+(tnt-run-*), its engine files and its record.
 """
+import glob
 import os
 import select
+import shutil
 import signal
+import stat
 import sys
+import tempfile
 import time
 
 from tarantella.runner import jobs, shm
@@ -50,6 +56,8 @@ def _wait_gone(procs, timeout):
 def _signal(pid, start, sig):
     if not jobs.same_process(pid, start):
         return False
+    if jobs.is_stopped(pid):
+        sig = signal.SIGKILL
     try:
         if os.getpgid(pid) == pid:  # a rank leads its own group: reach what it started, too
             os.killpg(pid, sig)
@@ -58,6 +66,45 @@ def _signal(pid, start, sig):
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def _leftover_paths(rec):
+    """The job's private temporary directory and engine files, as its record names them (a
+    record of an older tntrun names no directory: it is found by the job id in its name)."""
+    private = rec.get("private_dir")
+    job_id = rec.get("job_id", "")
+    if private:
+        dirs = [private]
+    elif len(job_id) >= 8:
+        name = f"tnt-run-{glob.escape(job_id[:8])}-*"  # as local.private_tempdir names it
+        dirs = glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), name))
+    else:
+        dirs = []
+    return dirs, list(rec.get("files") or [])
+
+
+def _remove_leftovers(rec):
+    """Remove what `_leftover_paths` names, if it is still ours (owned by this user, not a
+    symbolic link); returns the paths removed."""
+    dirs, files = _leftover_paths(rec)
+    removed = []
+    for path, is_dir in [(d, True) for d in dirs] + [(f, False) for f in files]:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        ours = st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode)
+        if not ours or stat.S_ISDIR(st.st_mode) != is_dir:
+            continue
+        try:
+            if is_dir:
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 def run(command, force=False, out=None):
@@ -101,6 +148,9 @@ def run(command, force=False, out=None):
             say(f"removed {len(removed)} shared-memory object(s): {', '.join(removed)}")
         if not [p for p in ranks + [(rec.get("runner_pid"), rec.get("runner_start"))]
                 if jobs.same_process(*p)]:
+            removed = _remove_leftovers(rec)
+            if removed:
+                say(f"removed {len(removed)} temporary file(s) and folder(s): {', '.join(removed)}")
             jobs.remove(job_id)
     if not found:
         what = f"of {command[0]}" if command else "whose tntrun is gone"

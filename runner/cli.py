@@ -9,6 +9,7 @@ command, passed on untouched. Usage errors exit with 2, like argparse.
 import argparse
 import os
 import platform
+import re
 import secrets
 import shlex
 import sys
@@ -128,9 +129,9 @@ def build_parser(prog="tntrun"):
                      action="store_true",
                      help='show the output of every rank, each line prefixed "[rank]" '
                           "(default: only rank 0's output; a failing rank's errors are always shown)")
-    out.add_argument("-x", dest="exports", action="extend", nargs="+", metavar="NAME=VALUE",
-                     help="export a variable to every rank (repeatable; -x NAME forwards its "
-                          "current value); later ones win. End a list with --")
+    out.add_argument("-x", dest="exports", action="append", metavar="NAME=VALUE",
+                     help="export a variable to every rank: one per -x, repeatable, later ones "
+                          "win (as mpirun's -x); -x NAME forwards its current value")
 
     perf = p.add_argument_group("Performance tuning")
     perf.add_argument("--fusion-threshold", type=_nonneg_int, metavar="KB",
@@ -165,6 +166,13 @@ def build_parser(prog="tntrun"):
     return p
 
 
+def _refuse_export_list(parser, word):
+    """The original command took `-x A=1 B=2`; ours takes one NAME=VALUE per -x (as mpirun
+    does), so a stray NAME=VALUE where the program should be is that list: say so."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", word, re.DOTALL):
+        parser.error(f"{word!r} is not a program: -x takes one NAME=VALUE: write -x {word}")
+
+
 def parse(argv, prog="tntrun"):
     """(args, command): options before `--`, the user's command after it (or from the
     first positional argument on, as torchrun and horovodrun accept)."""
@@ -173,11 +181,14 @@ def parse(argv, prog="tntrun"):
         cut = argv.index("--")
         args = parser.parse_args(argv[:cut])
         if args.command:
+            _refuse_export_list(parser, args.command[0])
             parser.error(f"unexpected argument(s) before --: {' '.join(args.command)}")
         command = argv[cut + 1:]
     else:
         args = parser.parse_args(argv)
         command = list(args.command)
+        if command and not os.path.exists(command[0]):
+            _refuse_export_list(parser, command[0])
     if args.force and not args.cleanup:
         parser.error("--force only goes with --cleanup")
     if args.max_restarts != 0:
@@ -221,6 +232,7 @@ def _local_plan(args, command, job_id, private_dir):
     gpu_of = None
     if args.no_gpu:
         gpu_of = lambda r: ""  # noqa: E731 - hide every GPU from every rank
+        size = size or 1  # the CPU was asked for: one rank, and nothing to warn about
     elif size is None:
         if gpu_ids:
             size = len(gpu_ids)
@@ -236,7 +248,7 @@ def _local_plan(args, command, job_id, private_dir):
                   f"all {size} ranks on CPUs (use -n {len(gpu_ids)} for one rank per GPU, "
                   "--no-gpu to silence this)")
             gpu_of = lambda r: ""  # noqa: E731
-    cores = os.cpu_count() or 1
+    cores = environment.usable_cores()
     if size > cores and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"
         _warn(f"{size} ranks on {cores} cores: setting OMP_NUM_THREADS=1 for every rank (set "

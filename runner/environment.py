@@ -28,6 +28,15 @@ def parse_exports(items, environ=None):
     return out
 
 
+def usable_cores():
+    """The cores this process may run on: its CPU affinity (what taskset, cgroup cpusets and
+    Slurm allow), which the ranks inherit, rather than every core of the machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def tnt_settings(args):
     """The TNT_* variables set by flags (only for flags that were given: otherwise what is
     in the environment already, if anything, passes through unchanged)."""

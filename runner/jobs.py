@@ -35,17 +35,30 @@ def state_dir(environ=None):
     return path
 
 
-def process_start_time(pid):
-    """Start time of a process in clock ticks since boot (from /proc/<pid>/stat), or None
-    if it does not exist: a pid plus its start time names one process, even after pid reuse."""
+def _stat(pid):
+    """The fields of /proc/<pid>/stat from field 3 (state) on, or None if there is no such
+    process. The command name (field 2) may hold spaces and parentheses: split after the
+    last ')'."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
-    fields = data[data.rindex(b")") + 2:].split()
-    return int(fields[19])  # field 22 of stat(5)
+    return data[data.rindex(b")") + 2:].split()
+
+
+def process_start_time(pid):
+    """Start time of a process in clock ticks since boot, or None if it does not exist: a
+    pid plus its start time names one process, even after pid reuse."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None  # field 22 of stat(5)
+
+
+def is_stopped(pid):
+    """True for a process stopped by a signal (state T: SIGSTOP, Ctrl+Z) or by a tracer (t).
+    It acts on no signal but SIGKILL until it is continued."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] in (b"T", b"t")
 
 
 def same_process(pid, start):

@@ -39,15 +39,18 @@ def private_tempdir(job_id):
     return tempfile.mkdtemp(prefix=f"tnt-run-{job_id[:8]}-")
 
 
-def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_dir=None):
+def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_dir=None,
+        files=()):
     """Run the ranks until the job ends, print the failure report (before the error files
-    go away with `private_dir`), clean up, and return tntrun's exit code."""
+    go away with `private_dir`), clean up, and return tntrun's exit code. `private_dir` and
+    `files` (an engine's machinefile...) are recorded, so that --cleanup removes them if
+    tntrun is killed."""
     cwd = os.getcwd()
     record = {
         "job_id": job_id, "runner_pid": os.getpid(),
         "runner_start": jobs.process_start_time(os.getpid()),
         "program": jobs.program_key(command, cwd), "command": list(command), "cwd": cwd,
-        "host": platform.node(), "ranks": [],
+        "host": platform.node(), "ranks": [], "private_dir": private_dir, "files": list(files),
     }
     try:
         state = jobs.state_dir()
@@ -66,7 +69,8 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
     def on_stopping(reason):
         print(f"tntrun: {reason}", file=sys.stderr, flush=True)
 
-    supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping)
+    supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping,
+                            error_of=report.error_of)
     try:
         job = supervisor.run()
         return report_and_code(job, program, one_line)

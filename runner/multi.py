@@ -79,6 +79,19 @@ class Plan:
         self.engine, self.argv, self.env, self.files, self.placement = engine, argv, env, files, placement
 
 
+def _locate(find, name, dry_run):
+    """find() the engine; a dry run goes on without it (printing the command is the point of
+    a dry run, e.g. to check it before installing the engine), with a WARNING."""
+    try:
+        return find()
+    except engines.EngineMissing as exc:
+        if not dry_run:
+            raise
+        print(f"tntrun: WARNING: {exc}. The dry run shows the command all the same",
+              file=sys.stderr)
+        return name
+
+
 def build(args, command, job_id, workdir):
     """The engine command, its environment and the files it needs (written into `workdir`)."""
     spots, named = placement(args)
@@ -92,7 +105,7 @@ def build(args, command, job_id, workdir):
     if "TNT_TRANSPORT" in env and "TNT_TRANSPORT" not in names:
         names.append("TNT_TRANSPORT")
     per_node = engines.uniform(spots)
-    cores = os.cpu_count() or 1
+    cores = environment.usable_cores()
     if (per_node or max(n for _, n in spots)) > cores and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"
         names.append("OMP_NUM_THREADS")
@@ -110,7 +123,8 @@ def build(args, command, job_id, workdir):
     rank_cmd = wrapper + ["--"] + user_argv
     files = {}
     if engine == "gaspi_run":
-        path = engines.find("gaspi_run", "to start ranks with --transport gpi2")
+        path = _locate(lambda: engines.find("gaspi_run", "to start ranks with --transport gpi2"),
+                       "gaspi_run", args.dry_run)
         # gaspi_run's script must be visible on every host: it goes into the (shared) cwd,
         # as the original tarantella command did; other engines read their files here only
         shared = os.getcwd()
@@ -120,13 +134,14 @@ def build(args, command, job_id, workdir):
         files[script] = engines.gaspi_script(env, names, rank_cmd, os.getcwd())
         argv = engines.gaspi(path, spots, mfile, script)
     elif engine == "srun":
-        path = engines.find("srun", "inside a Slurm allocation")
+        path = _locate(lambda: engines.find("srun", "inside a Slurm allocation"), "srun",
+                       args.dry_run)
         if named and not per_node:
             raise UsageError("under Slurm every host runs the same number of ranks: give "
                              "--n-per-node N")
         argv = engines.srun(path, spots, rank_cmd, args.output_on_all_devices, named)
     else:
-        path, flavour = engines.mpi_launcher()
+        path, flavour = _locate(engines.mpi_launcher, ("mpirun", "openmpi"), args.dry_run)
         if flavour == "mpich":
             mfile = os.path.join(workdir, f"tnt-{job_id[:12]}.machinefile")
             files[mfile] = engines.mpich_machinefile(spots)
@@ -162,7 +177,8 @@ def run(args, command, job_id):
         spec = ProcSpec(argv=plan.argv, env=plan.env, label=os.path.basename(plan.argv[0]),
                         host=platform.node(), stdin=True)
         return local.run([spec], job_id, program=command[0], command=command,
-                         one_line=(args.log_level == "ERROR"))
+                         one_line=(args.log_level == "ERROR"), private_dir=private_dir,
+                         files=list(plan.files))
     except engines.EngineMissing as exc:
         print(f"tntrun: error: {exc}", file=sys.stderr)
         return 127

@@ -1,8 +1,10 @@
 """The failure report: a box like torchrun's, root cause first.
 
-For the first process that failed: rank, host, pid, exit code or signal name, the
-message of its TNT_ERROR_FILE (written by tarantella.common on an uncaught Python
-exception), and the last lines of its stderr, shown even when its output was hidden.
+The root cause is the first process that failed on its own, not because another one did
+(supervise.py decides, with error_of below). For it: rank, host, pid, exit code or signal
+name, the message and traceback of its TNT_ERROR_FILE (written by tarantella.common on an
+uncaught Python exception) or else the last lines of its stderr, shown even when its output
+was hidden. Processes that only lost a peer are listed after it in one line each.
 """
 import json
 import signal
@@ -10,6 +12,7 @@ import time
 
 TAIL_LINES = 20
 WIDTH = 72
+PEER_LOST = "PeerLostError"  # tarantella.common.errors: raised by survivors of a failed rank
 
 
 def describe_exit(returncode):
@@ -37,6 +40,21 @@ def read_error_file(path):
         return None
 
 
+def error_of(res):
+    """(lost_peer, raised_at) of a failed process, from its error file: lost_peer is True when
+    its uncaught exception was a PeerLostError (what a rank raises when a peer died or
+    aborted: the failure was another rank's), raised_at the time of the exception.
+    (False, None) without an error file."""
+    record = read_error_file(res.spec.error_file)
+    if record is None:
+        return False, None
+    name = str(record.get("message") or "").split(":", 1)[0].strip()
+    raised_at = record.get("timestamp")
+    if not isinstance(raised_at, (int, float)):
+        raised_at = res.ended_at
+    return name.rsplit(".", 1)[-1] == PEER_LOST, raised_at
+
+
 def tail_lines(data, n=TAIL_LINES):
     text = data.decode("utf-8", "replace").replace("\r", "\n")
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -47,7 +65,8 @@ def _when(ts):
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "?"
 
 
-def _entry(res):
+def _entry(res, brief=False):
+    """The lines of one process; brief: without its traceback or stderr."""
     spec = res.spec
     who = (f"{spec.rank} (local_rank {spec.local_rank})" if spec.rank is not None
            else spec.label)
@@ -61,13 +80,18 @@ def _entry(res):
     record = read_error_file(spec.error_file)
     if record and record.get("message"):
         lines.append(f"  {'error:':<9}{record['message']}")
+    if brief:
+        return lines
+    traceback = [ln for ln in str((record or {}).get("traceback") or "").splitlines() if ln.strip()]
     tail = tail_lines(res.stderr_tail)
-    if tail:
+    if traceback:  # the exception itself, whatever the rank printed after it
+        shown = traceback[-TAIL_LINES:]
+        cut = f" (last {len(shown)} lines)" if len(shown) < len(traceback) else ""
+        lines.append(f"  traceback{cut}:")
+        lines.extend("    " + ln for ln in shown)
+    elif tail:
         lines.append(f"  stderr (last {len(tail)} lines):")
         lines.extend("    " + ln for ln in tail)
-    elif record and record.get("traceback"):
-        lines.append("  traceback:")
-        lines.extend("    " + ln for ln in record["traceback"].rstrip().splitlines())
     return lines
 
 
@@ -78,12 +102,12 @@ def format_failure(job, program):
               if r is not root and r.returncode not in (None, 0) and not r.stopped]
     stopped = [r for r in job.results if r.stopped]
     out = ["=" * WIDTH, f"tntrun: {program} FAILED", "-" * WIDTH,
-           "Root cause (first observed failure):"]
+           "Root cause (first failure not caused by another rank):"]
     out += _entry(root)
     if others:
         out += ["-" * WIDTH, "Other failures:"]
         for res in others:
-            out += _entry(res)
+            out += _entry(res, brief=error_of(res)[0])
     if stopped:
         labels = ", ".join(r.spec.label for r in stopped)
         out += ["-" * WIDTH, f"Stopped by tntrun after the failure: {labels}"]

@@ -5,9 +5,13 @@ Used for local ranks (one process per rank) and for an engine's launcher
 
 How the job ends:
 - every process exits 0: exit 0;
-- the first process to exit non-zero (or by a signal) is the root cause: every other
-  process group gets SIGTERM, then SIGKILL after a grace period, and the job's exit code is
-  that process's code (128 + signal for a signal, as srun and shells report it);
+- the first process to exit non-zero (or by a signal) on its own is the root cause: every
+  other process group gets SIGTERM, then SIGKILL after a grace period (at once for a stopped
+  process, which would not act on SIGTERM), and the job's exit code is that process's code
+  (128 + signal for a signal, as srun and shells report it). A process that failed because
+  another one did (a rank raising PeerLostError after a peer aborted) is not: the others get
+  the grace period to end on their own first, so that the rank that failed first (it aborted
+  the others, then exits) is named and not stopped while it reports its error;
 - SIGINT/SIGTERM/SIGHUP to tntrun stops every process the same way (a second one kills at
   once) and the exit code is 128 + that signal.
 
@@ -16,7 +20,13 @@ and Ctrl+C in a terminal reaches only tntrun, which then stops the ranks in orde
 thread per process blocks in waitpid and posts the exit to a queue.SimpleQueue, whose
 put() is reentrant and therefore safe from a signal handler; the main thread blocks on
 that queue. Nothing polls.
+
+A process must not outlive a tntrun that was killed (SIGKILL cannot be caught, so tntrun
+cannot stop anything then): each one is started with a parent-death signal (see
+die_with_launcher), which the kernel sends when the thread that started it exits. So
+Supervisor.run must run on a thread that lives as long as the job: tntrun's main thread.
 """
+import ctypes
 import dataclasses
 import os
 import queue
@@ -25,6 +35,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from tarantella.runner import jobs
 
 TAIL_BYTES = 64 * 1024  # what is kept of each process's stderr for the failure report
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -60,7 +72,7 @@ class ProcResult:
 @dataclasses.dataclass
 class JobResult:
     results: list
-    root_cause: object = None     # the ProcResult that failed first, if any
+    root_cause: object = None     # the ProcResult that failed first on its own, if any
     interrupted_by: object = None  # signal number that stopped tntrun, if any
     started_at: float = 0.0
 
@@ -75,6 +87,37 @@ class JobResult:
 
 class LaunchError(Exception):
     """A process could not be started (program or interpreter not found, not executable)."""
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def death_signal(spec):
+    """The signal a process gets when tntrun dies. A rank gets SIGKILL: with tntrun gone no
+    one would send SIGKILL after a grace period, so a rank that ignores or handles SIGTERM, or
+    that is stopped, would otherwise live on. An engine launcher (mpirun, srun, gaspi_run)
+    gets SIGTERM: it then stops its ranks on every host, which it cannot do when killed."""
+    return signal.SIGKILL if spec.rank is not None else signal.SIGTERM
+
+
+def die_with_launcher(sig, launcher_pid=None):
+    """A Popen preexec_fn (it runs in the child, between fork and exec) that makes the kernel
+    send `sig` to the child when its parent thread exits (prctl PR_SET_PDEATHSIG, Linux).
+    If the launcher died before prctl took effect, the child has a new parent already and no
+    signal would ever come: it sends `sig` to itself. None where prctl is not available."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    launcher_pid = os.getpid() if launcher_pid is None else launcher_pid
+
+    def preexec():
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != launcher_pid:
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def exit_code_of(returncode):
@@ -140,10 +183,24 @@ class _Forwarder(threading.Thread):
         self.pipe.close()
 
 
+def _no_error_file(res):
+    return False, None
+
+
 class Supervisor:
-    def __init__(self, specs, grace_s=3.0, on_started=None, on_stopping=None):
+    """Runs `specs` until the job ends (see the module's docstring).
+
+    error_of(result) -> (lost_peer, raised_at) tells, after a process failed, whether its
+    failure was caused by another process's (a rank that raised PeerLostError because a peer
+    died or aborted) and when it raised (None if unknown); report.error_of reads the error
+    files. It decides the root cause."""
+
+    def __init__(self, specs, grace_s=3.0, on_started=None, on_stopping=None,
+                 error_of=_no_error_file):
         self.specs = specs
         self.grace_s = grace_s
+        self.error_of = error_of
+        self._stopped_at = None  # when tntrun began to stop processes
         self.on_started = on_started      # called with the list of Popen objects
         self.on_stopping = on_stopping    # called with a reason string when the job is ended early
         self._events = queue.SimpleQueue()
@@ -162,6 +219,7 @@ class Supervisor:
                 stdin=None if spec.stdin else subprocess.DEVNULL,
                 stdout=stdout, stderr=subprocess.PIPE,
                 start_new_session=True, close_fds=True,
+                preexec_fn=die_with_launcher(death_signal(spec)),
             )
         except FileNotFoundError as exc:
             raise LaunchError(
@@ -216,17 +274,29 @@ class Supervisor:
             if self.on_started:
                 self.on_started(self._procs)
             running = set(range(len(self._procs)))
+            settle_until = None  # set by a failure caused by a peer: wait for that peer
             while running:
-                kind, value, when = self._events.get()
+                timeout = None if settle_until is None else max(settle_until - time.monotonic(), 0)
+                try:
+                    kind, value, when = self._events.get(timeout=timeout)
+                except queue.Empty:
+                    break  # no process failed on its own in time: stop the rest
                 if kind == "signal":
                     job.interrupted_by = value
                     break
                 running.discard(value)
                 res = results[value]
                 res.returncode, res.ended_at = self._procs[value].returncode, when
-                if res.returncode != 0:
-                    job.root_cause = res
-                    break
+                if res.returncode == 0:
+                    continue
+                if not self.error_of(res)[0]:
+                    break  # failed on its own: the job ends now
+                # it failed because another process did (that one aborted, then exits):
+                # give the others a grace period to end on their own, so that the one that
+                # failed first is not stopped before it has written its error
+                if settle_until is None:
+                    settle_until = time.monotonic() + self.grace_s
+            job.root_cause = self._root_cause(results)
             if running:
                 reason = (f"received {signal.Signals(job.interrupted_by).name}: stopping every process"
                           if job.interrupted_by else
@@ -234,6 +304,7 @@ class Supervisor:
                 if self.on_stopping:
                     self.on_stopping(reason)
                 self._stop(running, {i: results[i] for i in running})
+                job.root_cause = self._root_cause(results)
         finally:
             self._kill_leftovers()
             for thread in self._forwarders:
@@ -244,6 +315,28 @@ class Supervisor:
                 signal.signal(sig, handler)
         return job
 
+    def _root_cause(self, results):
+        """The process that failed first on its own: not because another one did (see
+        error_of), earliest by the time of its error (else of its exit). A process that tntrun
+        stopped counts if it had raised already (its error file says so). If every failure was
+        caused by another process, the first one observed."""
+        failed = []
+        for res in results:
+            if res.returncode in (None, 0):
+                continue
+            lost_peer, raised_at = self.error_of(res)
+            if res.stopped and (raised_at is None or raised_at >= self._stopped_at):
+                continue  # ended by tntrun, not by its own failure
+            failed.append((lost_peer, raised_at if raised_at is not None else res.ended_at, res))
+        if not failed:
+            return None
+        own = [(at, res) for lost_peer, at, res in failed if not lost_peer]
+        if own:
+            root = min(own, key=lambda item: item[0])[1]
+            root.stopped = False  # it had failed: tntrun only hurried its end
+            return root
+        return min((res for _, _, res in failed), key=lambda res: res.ended_at)
+
     def _signal_group(self, index, sig):
         try:
             os.killpg(self._procs[index].pid, sig)
@@ -252,9 +345,13 @@ class Supervisor:
 
     def _stop(self, running, results_by_index):
         """SIGTERM every running process group, SIGKILL what is left after the grace period
-        (at once on a second interrupt), and record how each one ended."""
+        (at once on a second interrupt), and record how each one ended. A stopped process
+        (SIGSTOP, a debugger) would only act on SIGTERM once continued, that is after the
+        grace period: its group gets SIGKILL at once."""
+        self._stopped_at = time.time()
         for i in running:
-            self._signal_group(i, signal.SIGTERM)
+            frozen = jobs.is_stopped(self._procs[i].pid)
+            self._signal_group(i, signal.SIGKILL if frozen else signal.SIGTERM)
             if i in results_by_index:
                 results_by_index[i].stopped = True
         deadline = time.monotonic() + self.grace_s

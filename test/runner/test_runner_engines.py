@@ -111,6 +111,19 @@ def test_engine_missing(tmp_path, transport, missing, package):
     assert f"{missing} not found" in res.stderr and package in res.stderr
 
 
+@pytest.mark.parametrize("transport, engine", [("mpi", "mpirun"), ("gpi2", "gaspi_run")])
+def test_dry_run_without_the_engine_prints_the_command(tmp_path, transport, engine):
+    env = runner_env(PATH=str(tmp_path / "empty"))
+    res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--transport", transport,
+                      "--", "t.py"], env=env, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    argv = _command_line(res.stdout)
+    start = argv.index(engine)  # the bare name: there is no path to it
+    assert argv[start + 1:start + 3] == ["-n" if engine == "gaspi_run" else "-np", "2"]
+    assert f"WARNING: {engine} not found on PATH" in res.stderr and "dry run" in res.stderr
+    assert not list(tmp_path.glob(".tnt-*"))  # a dry run writes nothing
+
+
 def test_shm_refused_across_hosts(tmp_path):
     res = run_tntrun(["--hostfile", _hosts(tmp_path), "--transport", "shm", "--", "t.py"])
     assert res.returncode == 2 and "shm works on one host only" in res.stderr

@@ -2,8 +2,9 @@
 import glob
 import os
 import re
-
 import sys
+
+import pytest
 
 from tntrun_helpers import run_tntrun, runner_env
 
@@ -73,6 +74,34 @@ def test_error_file_message_in_the_report(script):
     assert "Stopped by tntrun after the failure: 1" in res.stderr
 
 
+@pytest.mark.parametrize("rank0_error", ["PeerLostError", "RuntimeError"])
+def test_rank_that_raised_first_is_the_root_cause_even_if_stopped(script, rank0_error):
+    # rank 1 raises first but is slow to exit; rank 0 fails later (because of rank 1, or on
+    # its own) and exits first. tntrun stops rank 1, and still names it: it failed first.
+    path = script(f"""
+        import json
+        def record(message):
+            with open(os.environ["TNT_ERROR_FILE"], "w") as f:
+                json.dump({{"message": message, "traceback": "Traceback...\\n" + message,
+                           "timestamp": time.time(), "pid": os.getpid(),
+                           "rank": os.environ["TNT_RANK"]}}, f)
+        if os.environ["TNT_RANK"] == "1":
+            record("ValueError: raised first")
+            time.sleep(60)  # a slow exit
+        other = os.environ["TNT_ERROR_FILE"].replace("rank0.json", "rank1.json")
+        while not os.path.exists(other):
+            time.sleep(0.05)
+        time.sleep(0.1)
+        record("{rank0_error}: raised second")
+        sys.exit(1)
+    """)
+    res = run_tntrun(["-n", "2", "--", path], timeout=60)
+    root = res.stderr.split("Root cause", 1)[1].split("-" * 72, 1)[0]
+    assert "rank:    1 (local_rank 1)" in root and "ValueError: raised first" in root, res.stderr
+    assert res.returncode == 128 + 15  # stopped by tntrun's SIGTERM
+    assert "Stopped by tntrun" not in res.stderr
+
+
 def test_rank_killed_by_a_signal(script):
     path = script("""
         import signal
@@ -125,31 +154,59 @@ def test_output_on_all_devices_prefixes_every_line(script):
         assert f"[{r}] TNT_OUTPUT_ON_ALL_DEVICES=true" in out
 
 
-def test_eight_ranks_on_two_cores_set_omp_num_threads_once(script):
+def _on_one_core():
+    """preexec_fn: run tntrun (and so its ranks) on one core of this machine, whatever its size."""
+    core = min(os.sched_getaffinity(0))
+    return lambda: os.sched_setaffinity(0, {core})
+
+
+def test_more_ranks_than_cores_set_omp_num_threads_once(script):
     path = script("print(os.environ['TNT_RANK'], os.environ.get('OMP_NUM_THREADS'))\n")
-    env_cores = os.cpu_count()
-    res = run_tntrun(["-n", "8", "--output-on-all-devices", "--", path], timeout=60)
+    res = run_tntrun(["-n", "2", "--output-on-all-devices", "--", path], timeout=60,
+                     preexec_fn=_on_one_core())
     assert res.returncode == 0, res.stderr
-    lines = sorted(res.stdout.splitlines())
-    assert len(lines) == 8
-    if env_cores < 8:
-        assert all(ln.endswith(" 1") for ln in lines)
-        assert res.stderr.count("OMP_NUM_THREADS=1") == 1
+    assert sorted(res.stdout.splitlines()) == ["[0] 0 1", "[1] 1 1"]
+    assert res.stderr.count("OMP_NUM_THREADS=1") == 1
+    assert "2 ranks on 1 cores" in res.stderr
 
 
 def test_omp_num_threads_of_the_user_is_kept(script):
     path = script("print(os.environ.get('OMP_NUM_THREADS'))\n")
-    res = run_tntrun(["-n", "8", "-x", "OMP_NUM_THREADS=3", "--", path], timeout=60)
+    res = run_tntrun(["-n", "2", "-x", "OMP_NUM_THREADS=3", "--", path], timeout=60,
+                     preexec_fn=_on_one_core())
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "3" and "OMP_NUM_THREADS" not in res.stderr
 
 
 def test_exports_in_order_later_wins(script):
     path = script("print(os.environ['A'], os.environ['B'], os.environ['C'], os.environ['HOME_COPY'])\n")
-    res = run_tntrun(["-n", "1", "-x", "A=1", "B=x=y z", "-x", "A=2", "C=", "-x", "HOME_COPY=$HOME",
-                      "--", path])
+    res = run_tntrun(["-n", "1", "-x", "A=1", "-x", "B=x=y z", "-x", "A=2", "-x", "C=",
+                      "-x", "HOME_COPY=$HOME", "--", path])
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "2 x=y z  $HOME"
+
+
+def test_export_takes_one_variable_and_the_program_follows(script):
+    # like mpirun's -x: one NAME=VALUE per -x, so the program after it is not swallowed
+    path = script("print('ran', os.environ['A'], sys.argv[1:])\n")
+    res = run_tntrun(["-n", "2", "-x", "A=1", path, "--epochs", "3"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ran 1 ['--epochs', '3']"
+
+
+def test_seed_style_export_list_is_refused_with_a_hint():
+    res = run_tntrun(["-n", "2", "-x", "A=1", "B=2", "--", "train.py"])
+    assert res.returncode == 2
+    assert "-x takes one NAME=VALUE: write -x B=2" in res.stderr
+
+
+def test_no_gpu_without_n_runs_one_cpu_rank(script):
+    path = script("print(os.environ['TNT_RANK'], os.environ['TNT_SIZE'], "
+                  "repr(os.environ['CUDA_VISIBLE_DEVICES']))\n")
+    res = run_tntrun(["--no-gpu", "--", path])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0 1 ''"
+    assert "WARNING" not in res.stderr  # --no-gpu asked for the CPU: nothing to warn about
 
 
 def test_export_without_value_forwards_the_current_one(script):

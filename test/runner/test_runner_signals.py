@@ -1,12 +1,16 @@
 """Ctrl+C / SIGTERM to tntrun, and --cleanup after tntrun itself was SIGKILLed."""
 import glob
+import os
 import re
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import psutil
 import pytest
-from tntrun_helpers import run_tntrun, runner_env, start_tntrun
+from tntrun_helpers import import_runner, run_tntrun, runner_env, start_tntrun
 
 RANK = """
 job = os.environ["TNT_JOB_ID"]
@@ -14,6 +18,9 @@ open(f"/dev/shm/tnt-{job}-test-rank{os.environ['TNT_RANK']}", "w").close()
 print("UP", job, os.getpid(), flush=True)
 time.sleep(120)
 """
+# a rank that outlives a killed tntrun (as ranks of an older tntrun did, or a rank's own
+# children): it clears the parent-death signal that tntrun gave it
+OUTLIVE = "import ctypes\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG: none\n"
 
 
 def _wait_up(proc, ranks):
@@ -67,8 +74,110 @@ def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(script):
     assert time.monotonic() - start < 15
 
 
+def test_stopped_rank_is_killed_at_once_not_after_the_grace_period(tmp_path):
+    # a SIGSTOPped rank acts on no SIGTERM: before, the job ended only when the grace period
+    # ran out. A long grace period makes "at once" and "after the grace" far apart.
+    import_runner()
+    from tarantella.runner.supervise import ProcSpec, Supervisor
+
+    pid_file = tmp_path / "frozen.pid"
+    frozen = (f"import os, signal; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+              "os.kill(os.getpid(), signal.SIGSTOP)")
+    failing = textwrap.dedent(f"""
+        import sys, time
+        while True:  # fail once the other rank is frozen
+            try:
+                pid = int(open({str(pid_file)!r}).read())
+                if open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[0] == "T":
+                    sys.exit(4)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+    """)
+    specs = [ProcSpec(argv=[sys.executable, "-c", code], env=dict(os.environ), label=str(r), rank=r)
+             for r, code in enumerate([failing, frozen])]
+    grace_s = 60
+    start = time.monotonic()
+    job = Supervisor(specs, grace_s=grace_s).run()
+    assert job.exit_code == 4 and job.root_cause is job.results[0]
+    assert job.results[1].stopped and job.results[1].returncode == -signal.SIGKILL
+    assert time.monotonic() - start < grace_s / 2, "the stopped rank waited for the grace period"
+
+
+def test_ranks_end_when_tntrun_is_killed(script):
+    path = script(RANK + "\n")
+    env = runner_env()
+    proc = start_tntrun(["-n", "2", "--output-on-all-devices", "--", path], env=env)
+    job, pids = _wait_up(proc, 2)
+    ranks = [psutil.Process(p) for p in pids]
+    proc.kill()  # SIGKILL: tntrun cannot stop them; the kernel does (parent-death signal)
+    proc.communicate()
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert alive == [], "ranks outlived their tntrun"
+    run_tntrun(["--cleanup", "--", path], env=env)  # the job's shared memory and record
+
+
+def test_parent_death_signal_when_the_launcher_died_before_prctl():
+    # the child checks its parent after prctl: if it is no longer the launcher, the launcher
+    # died first and no signal would ever come, so the child signals itself
+    import_runner()
+    from tarantella.runner.supervise import die_with_launcher
+
+    not_the_parent = os.getppid()
+    preexec = die_with_launcher(signal.SIGKILL, launcher_pid=not_the_parent)
+    child = subprocess.Popen(["sleep", "60"], preexec_fn=preexec)
+    try:
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_cleanup_removes_the_temporary_folder_of_ended_jobs_only(script, tmp_path):
+    path = script(OUTLIVE + RANK.replace(
+        'print("UP"', 'print("DIR", os.path.dirname(os.environ["TNT_ERROR_FILE"]))\nprint("UP"'))
+    env = runner_env(TNT_STATE_DIR=str(tmp_path / "state"))  # --cleanup sees these jobs only
+    # (--output-on-all-devices: the rank writes into tntrun's pipe, not into ours, so that
+    # reading our pipe to its end does not wait for a rank that outlives its tntrun)
+    killed = start_tntrun(["-n", "1", "--output-on-all-devices", "--", path], env=env)
+    running = start_tntrun(["-n", "1", "--output-on-all-devices", "--", path], env=env)
+    try:
+        dirs = []
+        for proc in (killed, running):
+            dirs.append(re.search(r"DIR (\S+)", proc.stdout.readline()).group(1))
+            _wait_up(proc, 1)
+        assert all(os.path.basename(d).startswith("tnt-run-") and os.path.isdir(d) for d in dirs)
+        killed.kill()
+        killed.communicate()
+        res = run_tntrun(["--cleanup"], env=env, timeout=30)  # every job whose tntrun is gone
+        assert res.returncode == 0, res.stderr
+        assert not os.path.exists(dirs[0])
+        assert f"removed 1 temporary file(s) and folder(s): {dirs[0]}" in res.stdout
+        assert os.path.isdir(dirs[1])  # its tntrun still runs
+    finally:
+        running.kill()
+        running.communicate()
+        run_tntrun(["--cleanup", "--", path], env=env, timeout=30)
+    assert not os.path.exists(dirs[1])
+
+
+def test_cleanup_kills_a_stopped_leftover(script):
+    path = script(OUTLIVE + RANK.replace("time.sleep(120)", "os.kill(os.getpid(), signal.SIGSTOP)")
+                  .replace("job = ", "import signal\njob = "), name="frozen_job.py")
+    env = runner_env()
+    proc = start_tntrun(["-n", "1", "--output-on-all-devices", "--", path], env=env)
+    job, pids = _wait_up(proc, 1)
+    rank = psutil.Process(pids[0])
+    proc.kill()
+    proc.communicate()
+    res = run_tntrun(["--cleanup", "--", path], env=env, timeout=30)  # no --force
+    assert "still running after" not in res.stdout, res.stdout
+    gone, alive = psutil.wait_procs([rank], timeout=5)
+    assert alive == []
+
+
 def test_cleanup_after_runner_was_killed(script, tmp_path):
-    path = script(RANK + "\n", name="leftover_job.py")
+    path = script(OUTLIVE + RANK + "\n", name="leftover_job.py")
     env = runner_env()
     proc = start_tntrun(["-n", "2", "--output-on-all-devices", "--", path], env=env)
     job, pids = _wait_up(proc, 2)
@@ -90,7 +199,7 @@ def test_cleanup_after_runner_was_killed(script, tmp_path):
 
 
 def test_cleanup_force_kills(script):
-    path = script("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + RANK,
+    path = script(OUTLIVE + "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + RANK,
                   name="stubborn_job.py")
     env = runner_env()
     proc = start_tntrun(["-n", "1", "--output-on-all-devices", "--", path], env=env)

@@ -1,0 +1,58 @@
+"""The failure report names the rank that failed on its own, not a rank that only lost a peer.
+
+These ranks run the real core (NumPy and tarantella, no TensorFlow), so that the survivors'
+error is the PeerLostError the core raises, written to their error files by tarantella."""
+import pytest
+from tntrun_helpers import run_tntrun
+
+pytest.importorskip("numpy")
+try:
+    from tarantella.common import core
+
+    core._load()
+except Exception as exc:  # noqa: BLE001 - any reason the core cannot load skips, visibly
+    pytest.skip(f"the core is not built: {exc}", allow_module_level=True)
+
+WIDTH = 72
+
+
+def _section(report, title):
+    """The lines of the report's section that starts with `title`, up to the next rule."""
+    text = report.split("\n" + title, 1)[1]
+    return text.split("\n" + "-" * WIDTH, 1)[0].split("\n" + "=" * WIDTH, 1)[0]
+
+
+def test_root_cause_is_the_rank_that_raised_not_the_one_that_lost_it(script, tmp_path):
+    # rank 1 raises while rank 0 waits for it in an allreduce: rank 0 then raises
+    # PeerLostError and, as rank 1 is slow to exit, ends first. The report must still name
+    # rank 1 and show its ValueError first.
+    marker = tmp_path / "rank0-in-collective"
+    path = script(f"""
+        import atexit
+        import numpy as np
+        import tarantella as tnt
+
+        x = np.ones(1024, np.float32)
+        tnt.allreduce(x, name="warm-up")
+        if tnt.get_rank() == 1:
+            while not os.path.exists({str(marker)!r}):
+                time.sleep(0.01)
+            time.sleep(0.5)  # rank 0 is blocked in the collective by now
+            atexit.register(time.sleep, 1.0)  # a slow exit, as TensorFlow's teardown is
+            raise ValueError("the real bug, on rank 1")
+        open({str(marker)!r}, "w").close()
+        tnt.allreduce(x, name="never-completes")
+    """)
+    res = run_tntrun(["-n", "2", "--", path], timeout=120)
+    report = res.stderr[res.stderr.index("=" * WIDTH):]
+    root = _section(report, "Root cause")
+    assert "rank:    1 (local_rank 1)" in root, report
+    assert "error:   ValueError: the real bug, on rank 1" in root, report
+    assert "PeerLostError" not in root, report
+    # the first traceback of the report is rank 1's, ending with its ValueError
+    assert report.index("Traceback (most recent call last)") < report.index("PeerLostError"), report
+    assert 'raise ValueError("the real bug, on rank 1")' in root
+    others = _section(report, "Other failures")
+    assert "rank:    0 (local_rank 0)" in others and "error:   PeerLostError" in others, report
+    assert "Traceback" not in others  # a lost peer is one line: its traceback buries nothing
+    assert res.returncode == 1, report  # rank 1's exit code
