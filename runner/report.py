@@ -41,18 +41,21 @@ def read_error_file(path):
 
 
 def error_of(res):
-    """(lost_peer, raised_at) of a failed process, from its error file: lost_peer is True when
+    """(lost_peer, raised_at, blamed_rank) of a failed process, from its error file: lost_peer is True when
     its uncaught exception was a PeerLostError (what a rank raises when a peer died or
-    aborted: the failure was another rank's), raised_at the time of the exception.
-    (False, None) without an error file."""
+    aborted: the failure was another rank's) or an error that blames another rank (a
+    TimeoutError naming the stuck rank), raised_at the time of the exception, blamed_rank
+    the rank such an error names (None if none). (False, None, None) without an error file."""
     record = read_error_file(res.spec.error_file)
     if record is None:
-        return False, None
+        return False, None, None
     name = str(record.get("message") or "").split(":", 1)[0].strip()
     raised_at = record.get("timestamp")
     if not isinstance(raised_at, (int, float)):
         raised_at = res.ended_at
-    return name.rsplit(".", 1)[-1] == PEER_LOST, raised_at
+    blamed = record.get("caused_by_rank")
+    blamed = blamed if isinstance(blamed, int) else None
+    return name.rsplit(".", 1)[-1] == PEER_LOST or blamed is not None, raised_at, blamed
 
 
 def tail_lines(data, n=TAIL_LINES):

@@ -319,12 +319,15 @@ class Supervisor:
         """The process that failed first on its own: not because another one did (see
         error_of), earliest by the time of its error (else of its exit). A process that tntrun
         stopped counts if it had raised already (its error file says so). If every failure was
-        caused by another process, the first one observed."""
-        failed = []
+        caused by another process: the process they blame (a TimeoutError names the stuck
+        rank, which tntrun may have had to kill), else the first one observed."""
+        failed, blamed = [], []
         for res in results:
             if res.returncode in (None, 0):
                 continue
-            lost_peer, raised_at = self.error_of(res)
+            lost_peer, raised_at, *rest = self.error_of(res)
+            if rest and rest[0] is not None:
+                blamed.append(rest[0])
             if res.stopped and (raised_at is None or raised_at >= self._stopped_at):
                 continue  # ended by tntrun, not by its own failure
             failed.append((lost_peer, raised_at if raised_at is not None else res.ended_at, res))
@@ -335,6 +338,10 @@ class Supervisor:
             root = min(own, key=lambda item: item[0])[1]
             root.stopped = False  # it had failed: tntrun only hurried its end
             return root
+        by_rank = {res.spec.rank: res for res in results if getattr(res.spec, "rank", None) is not None}
+        for rank in blamed:
+            if rank in by_rank:
+                return by_rank[rank]
         return min((res for _, _, res in failed), key=lambda res: res.ended_at)
 
     def _signal_group(self, index, sig):

@@ -22,11 +22,21 @@ def write(exc_type, exc, tb, path=None):
         "timestamp": time.time(),
         "pid": os.getpid(),
         "rank": config.get("TNT_RANK"),
+        # the rank a PeerLostError or TimeoutError blames (a lost or stuck peer): the
+        # launcher then looks for the root cause there, not here
+        "caused_by_rank": _blamed_rank(exc),
     }
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(record, f)
     os.replace(tmp, path)
+
+
+def _blamed_rank(exc):
+    blamed = getattr(exc, "rank", None)
+    if not isinstance(blamed, int) or blamed < 0 or blamed == config.get("TNT_RANK"):
+        return None
+    return blamed
 
 
 def install():

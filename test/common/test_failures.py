@@ -3,12 +3,14 @@ with an error that names the lost rank; tntrun names the failed rank and exits
 non-zero; nothing is left in /dev/shm."""
 import json
 import os
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 
-from core_helpers import shm_objects, spawn_ranks, tntrun
+from core_helpers import clean_env, shm_objects, spawn_ranks, tntrun
 
 TIMEOUT_S = 6
 
@@ -89,3 +91,19 @@ def test_tntrun_names_the_killed_rank_and_exits_non_zero(tmp_path):
     root = res.stderr.split("Root cause", 1)[-1].split("-" * 72, 1)[0]
     assert "rank:    2 (local_rank 2)" in root and "signal 9 (SIGKILL)" in root, res.stderr[-3000:]
     assert time.monotonic() - start < 60
+
+
+def test_tntrun_names_a_frozen_rank_as_the_root_cause(tmp_path):
+    # rank 1 freezes; rank 0's TimeoutError names it, so the report blames rank 1
+    # (which tntrun has to SIGKILL), not the healthy rank that timed out
+    script = tmp_path / "freeze.py"
+    script.write_text("import os, signal\nimport numpy as np\nimport tarantella as tnt\n"
+                      "x = np.ones(4, np.float32)\ntnt.allreduce(x, name='warm-up')\n"
+                      "if tnt.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGSTOP)\n"
+                      "tnt.allreduce(x, name='never-completes')\n")
+    res = subprocess.run([shutil.which("tntrun"), "-n", "2", "--no-gpu", "--", str(script)],
+                         env=clean_env(TNT_TIMEOUT_S=3), capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0, res.stderr[-3000:]
+    root = res.stderr.split("Root cause", 1)[-1].split("-" * 72, 1)[0]
+    assert "rank:    1 (local_rank 1)" in root, res.stderr[-3000:]
+    assert "rank 1 (pid" in res.stderr and "is stopped" in res.stderr, res.stderr[-3000:]
