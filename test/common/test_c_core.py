@@ -3,7 +3,11 @@ Python would) and runs the C test programs: plainly, the multi-rank one also
 under valgrind where it is installed (leaks, invalid accesses, uninitialized
 reads in the engine, the negotiation and the shm transport), and every program
 under AddressSanitizer + UndefinedBehaviorSanitizer (`make -C core asan`) and
-ThreadSanitizer (`make -C core tsan`)."""
+ThreadSanitizer (`make -C core tsan`).
+
+test_edges (core/test/test_edges.c) has one test function per case, each run in
+the three builds: the cases were written against reported defects of the core
+(see the comment above each case in the C file), so each one names its own."""
 import os
 import shutil
 import subprocess
@@ -13,7 +17,7 @@ import pytest
 from core_helpers import clean_env
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
-PROGRAMS = ["test_core", "test_ranks"]
+PROGRAMS = ["test_core", "test_ranks", "test_edges"]
 BUILDS = ["plain", "asan", "tsan"]
 pytestmark = pytest.mark.skipif(not shutil.which("make") or not shutil.which("cc"),
                                 reason="needs make and a C compiler")
@@ -90,3 +94,65 @@ def test_c_ranks_program_under_valgrind(build):
                "--error-exitcode=3", "--trace-children=yes", str(build / "test_ranks"), "2"])
     assert res.stdout.strip() == "2 passed, 0 failed"
     assert "==" not in res.stderr, res.stderr  # valgrind -q prints nothing unless it found something
+
+
+# ---- test_edges: one function per case (the expected behaviour is in core/test/test_edges.c) ----
+
+def edge_case(builds, kind, case):
+    res = run([str(builds(kind) / "test_edges"), case])
+    assert res.stdout.strip().splitlines()[-1] == "1 passed, 0 failed", res.stdout + res.stderr
+
+
+def test_every_edge_case_has_a_test_here(build):
+    cases = run([str(build / "test_edges"), "--list"]).stdout.split()
+    assert sorted(cases) == sorted(n[len("test_edges_"):] for n in globals() if n.startswith("test_edges_"))
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_two_waiters(builds, kind):
+    edge_case(builds, kind, "two_waiters")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_release_while_waiting(builds, kind):
+    edge_case(builds, kind, "release_while_waiting")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_generation_2_31(builds, kind):
+    edge_case(builds, kind, "generation_2_31")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_generation_2_32(builds, kind):
+    edge_case(builds, kind, "generation_2_32")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_finalize_while_waiting(builds, kind):
+    edge_case(builds, kind, "finalize_while_waiting")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_wait_timeout(builds, kind):
+    edge_case(builds, kind, "wait_timeout")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_wait_forever(builds, kind):
+    edge_case(builds, kind, "wait_forever")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_fork_child_collective(builds, kind):
+    edge_case(builds, kind, "fork_child_collective")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_fork_child_exit(builds, kind):
+    edge_case(builds, kind, "fork_child_exit")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_root_leaves_after_broadcast(builds, kind):
+    edge_case(builds, kind, "root_leaves_after_broadcast")
