@@ -556,8 +556,10 @@ static int wait_timeout_rank(int r) {
  * submits a moment later, so that rank 0 is most likely already waiting.
  * Expected: every tnt_wait returns TNT_SUCCESS with the right sum; no undefined
  * behaviour (UBSan: float-cast-overflow).
- * Reported: INFINITY and 1e300 are converted to time_t (undefined); on x86-64
- * the deadline lands in the past and tnt_wait returns TNT_ERR_TIMEOUT at once. */
+ * Reported: INFINITY and 1e300 are converted to time_t and long (undefined;
+ * UBSan: "inf is outside the range of representable values"); on x86-64 the
+ * deadline's tv_nsec comes out invalid, pthread_cond_timedwait returns EINVAL,
+ * which tnt_wait does not expect: it loops at full speed and never returns. */
 static int wait_forever_rank(int r) {
   const double timeouts[] = {INFINITY, 1e300, NAN, -INFINITY, -2.0, -1.0};
   const int n = (int)(sizeof timeouts / sizeof timeouts[0]);
@@ -651,8 +653,9 @@ static int fork_child_collective_rank(int r) {
  * rank 0's next collectives with rank 1 succeed (the child did not mark rank 0
  * as shut down in the shared segment, nor touched its engine).
  * Reported: the child's tnt_finalize joins a background thread that does not
- * exist in the child (hangs), and shm_finalize marks the parent's rank EXITED,
- * so rank 1 fails with "rank 0 has shut down". */
+ * exist in the child (under TSan it hangs; glibc alone returns), then
+ * shm_finalize marks the parent's rank EXITED in the shared segment, so rank 1
+ * fails with "rank 0 has shut down". */
 static int fork_child_exit_rank(int r) {
   if (r == 0) atexit(finalize_at_exit);
   if (init_and_sync() || sum_of_ranks("before-fork")) return 1;
