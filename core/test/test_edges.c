@@ -262,10 +262,10 @@ static void unpark(void) {
 
 /* 1 when no thread holds the engine lock (`progress`) or the context mutex. */
 static int engine_free(void) {
-  if (pthread_mutex_trylock(&tnt_ctx.progress)) return 0;
-  pthread_mutex_unlock(&tnt_ctx.progress);
-  if (pthread_mutex_trylock(&tnt_ctx.mu)) return 0;
-  pthread_mutex_unlock(&tnt_ctx.mu);
+  if (pthread_mutex_trylock(&tnt_ctx.engine.progress)) return 0;
+  pthread_mutex_unlock(&tnt_ctx.engine.progress);
+  if (pthread_mutex_trylock(&tnt_ctx.requests.mu)) return 0;
+  pthread_mutex_unlock(&tnt_ctx.requests.mu);
   return 1;
 }
 
@@ -410,10 +410,10 @@ static int generation_cross(uint32_t start) {
   CHECK(tnt_init() == TNT_SUCCESS);
   CHECK(tnt_allreduce_async("gen", &in, &out, 1, TNT_FLOAT64, TNT_SUM, 1.0, &h) == TNT_SUCCESS);
   CHECK(tnt_wait(h, -1) == TNT_SUCCESS && tnt_release(h) == TNT_SUCCESS);
-  pthread_mutex_lock(&tnt_ctx.mu);
-  int slots = tnt_ctx.nhandles;
-  if (slots == 1) tnt_ctx.handles[0].generation = start; /* the free slot every later request reuses */
-  pthread_mutex_unlock(&tnt_ctx.mu);
+  pthread_mutex_lock(&tnt_ctx.requests.mu);
+  int slots = tnt_ctx.requests.nslots;
+  if (slots == 1) tnt_ctx.requests.slots[0].generation = start; /* the free slot every later request reuses */
+  pthread_mutex_unlock(&tnt_ctx.requests.mu);
   CHECK(slots == 1, "%d handle slots after one request", slots);
   /* failures do not end the sequence: tnt_finalize must still run clean */
   for (int i = 0; i < 6; i++) {
@@ -519,7 +519,7 @@ static int wait_timeout_rank(int r) {
   }
   CHECK(await_post(TO_RANK0) == 0, "rank 1 is gone");
   while (proc_state("/proc/%d/stat", rank_pid[1]) != 'T') usleep(1000);
-  CHECK(park_outside_engine(tnt_ctx.thread, 0) == 0, "cannot park the background thread");
+  CHECK(park_outside_engine(tnt_ctx.engine.thread, 0) == 0, "cannot park the background thread");
   tnt_result_t timed[N], poll, test;
   char message[N][256], poll_message[256];
   for (int i = 0; i < N; i++) { /* no CHECK before rank 1 and the background thread go on */
