@@ -116,6 +116,17 @@ tnt_result_t tnt_param_describe(int index, const char **name, double *default_va
                                 int *integer, const char **doc);
 tnt_result_t tnt_param_check(const char *name, const char *value);
 
+/* What this rank's engine has done so far: negotiation cycles run, requests
+ * served from the response cache (one bit each), requests announced in full
+ * (name and meta), collectives executed. For tests and tuning; zeros on one rank. */
+typedef struct {
+  int64_t cycles;
+  int64_t cache_hits;
+  int64_t announcements;
+  int64_t executed;
+} tnt_stats_t;
+tnt_result_t tnt_get_stats(tnt_stats_t *stats);
+
 /* Sizes and versions, for the bindings. */
 size_t tnt_dtype_size(tnt_dtype_t dtype);
 const char *tnt_version(void);

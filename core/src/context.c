@@ -493,3 +493,12 @@ tnt_result_t tnt_release(tnt_handle_t handle) {
   leave();
   return r;
 }
+
+tnt_result_t tnt_get_stats(tnt_stats_t *stats) {
+  if (!stats) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "stats pointer is NULL");
+  TNT_CHECK(enter());
+  memset(stats, 0, sizeof *stats);
+  if (tnt_ctx.transport) tnt_engine_stats(&tnt_ctx.engine, stats);
+  leave();
+  return TNT_SUCCESS;
+}

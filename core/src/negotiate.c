@@ -206,8 +206,10 @@ static void classify_new(tnt_negotiator_t *c) {
     if (e && !memcmp(&e->meta, &req->meta, sizeof req->meta)) {
       req->state = REQ_CACHED;
       req->cache_slot = slot;
+      atomic_fetch_add(&c->cache_hits, 1);
     } else {
       req->state = REQ_TO_ANNOUNCE;
+      atomic_fetch_add(&c->announcements, 1);
     }
   }
 }
@@ -455,7 +457,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
     TNT_DEBUG("cycle %llu: sent %zu bytes; %d responses: %s", (unsigned long long)c->cycles, len, n, names);
   }
   c->responses_digest = responses_digest(list, n);
-  c->cycles++;
+  __atomic_fetch_add(&c->cycles, 1, __ATOMIC_RELAXED); /* read by tnt_get_stats on any thread */
   *responses = list;
   *nresponses = n;
   return TNT_SUCCESS;
