@@ -30,7 +30,8 @@ Use:
         bed.run("hostA", ["mpirun", ...], env=bed.env())
 
 or the pytest fixture `multihost` (two hosts, hostA and hostB, one per test session), which
-skips with the reason where namespaces cannot be made. Everything is removed on close(),
+skips with the reason where namespaces cannot be made. slurm_cluster.py runs a Slurm cluster
+on a test bed of its own (controller `slurmctl`, slurmd on hostA and hostB). Everything is removed on close(),
 also when a test fails; a test bed whose process was killed is removed by the next one that
 starts (cleanup_leftovers).
 """

@@ -2,35 +2,16 @@
 names, reached by mpirun through the ssh stand-in. tntrun runs on hostA, as a user logged in
 there would run it.
 
-The probe program only prints what a rank sees (placement, job id, host name): the shm
-transport cannot serve ranks on several hosts, so no collective runs here yet.
+The probe program (probe.py) only prints what a rank sees (placement, job id, host name): the
+shm transport cannot serve ranks on several hosts, so no collective runs here yet.
 """
-import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import textwrap
-import time
 
 import pytest
 
-PROBE = """\
-import json, os, socket, sys, time
-e = os.environ
-me = {k: e.get("TNT_" + k.upper()) for k in
-      ("rank", "size", "local_rank", "local_size", "job_id", "transport")}
-me["host"] = socket.gethostname()
-print("PROBE " + json.dumps(me), file=sys.stderr, flush=True)
-print("stdout of rank", me["rank"], flush=True)
-if len(sys.argv) > 1:
-    if me["rank"] == sys.argv[1]:
-        time.sleep(0.5)
-        print("rank", me["rank"], "fails on purpose on", me["host"], file=sys.stderr, flush=True)
-        sys.exit(int(sys.argv[2]))
-    time.sleep(120)  # the others wait, until the failure stops them
-"""
+from multihost_helpers import job_env, nothing_left, placement, probes, root_cause
 
 
 def _openmpi():
@@ -50,25 +31,12 @@ pytestmark = [
 
 @pytest.fixture
 def bed(multihost, tmp_path):
-    """The session's test bed, with a probe program in tmp_path and a clean environment."""
-    (tmp_path / "probe.py").write_text(PROBE)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TNT_", "SLURM_", "OMPI_", "PMI_"))}
-    env["TNT_STATE_DIR"] = tempfile.mkdtemp(prefix="tnt-mh-state-", dir=str(tmp_path))
-    multihost.test_env = multihost.env(base=env)
+    """The session's test bed, with probe.py in tmp_path and a clean environment."""
+    multihost.test_env = multihost.env(base=job_env(tmp_path))
     multihost.clear_ssh_log()
     yield multihost
     # whatever happened, no process of the job is left on any host
-    for host in multihost.hosts:
-        assert _gone(multihost, host), f"processes left on {host}: {multihost.pids(host)}"
-
-
-def _gone(bed, host):
-    for _ in range(100):  # the engine's daemons exit on their own once mpirun is gone
-        if not bed.pids(host):
-            return True
-        time.sleep(0.2)
-    return False
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
 
 
 def tntrun(bed, args, tmp_path, timeout=180):
@@ -76,18 +44,13 @@ def tntrun(bed, args, tmp_path, timeout=180):
                    timeout=timeout)
 
 
-def probes(stderr):
-    return [json.loads(line.split("PROBE ", 1)[1]) for line in stderr.splitlines()
-            if "PROBE " in line]
-
-
 def test_ranks_see_their_placement_on_each_host(bed, tmp_path):
     res = tntrun(bed, ["-H", "hostA:2,hostB:2", "--transport", "mpi", "--", "probe.py"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    seen = sorted(probes(res.stderr), key=lambda p: int(p["rank"]))
-    placement = [(p["rank"], p["host"], p["local_rank"], p["local_size"], p["size"]) for p in seen]
-    assert placement == [("0", "hostA", "0", "2", "4"), ("1", "hostA", "1", "2", "4"),
-                         ("2", "hostB", "0", "2", "4"), ("3", "hostB", "1", "2", "4")]
+    seen = probes(res.stderr)
+    assert placement(res.stderr) == [
+        ("0", "hostA", "0", "2", "4"), ("1", "hostA", "1", "2", "4"),
+        ("2", "hostB", "0", "2", "4"), ("3", "hostB", "1", "2", "4")]
     job_ids = {p["job_id"] for p in seen}
     assert len(job_ids) == 1 and len(job_ids.pop()) == 32  # one job, one shared random id
     assert {p["transport"] for p in seen} == {"mpi"}
@@ -100,8 +63,7 @@ def test_a_failing_rank_is_named_with_its_host(bed, tmp_path):
     res = tntrun(bed, ["-H", "hostA:2,hostB:2", "--", "probe.py", "2", "3"], tmp_path)
     assert res.returncode == 3, res.stdout + res.stderr
     report = res.stderr[res.stderr.index("tntrun: probe.py FAILED"):]
-    root = report.split("Root cause (first failure not caused by another rank):\n", 1)[1]
-    root = root.split("-" * 72, 1)[0]
+    root = root_cause(res.stderr)
     assert "  rank:    2 (local_rank 0)\n" in root
     assert "  host:    hostB\n" in root
     assert "  exit:    exit code 3\n" in root
