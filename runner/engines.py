@@ -41,7 +41,8 @@ def find(name, why):
 
 def mpi_launcher():
     """(path, flavour) of the MPI launcher: 'openmpi' or 'mpich' (Hydra's option style)."""
-    path = shutil.which("mpirun") or shutil.which("mpiexec")
+    # mpiexec.hydra: MPICH's launcher under its own name (installed beside Open MPI's mpirun)
+    path = shutil.which("mpirun") or shutil.which("mpiexec") or shutil.which("mpiexec.hydra")
     if not path:
         raise EngineMissing(f"mpirun not found on PATH, needed to start ranks on several hosts "
                             f"with --transport mpi: {INSTALL['mpirun']}")

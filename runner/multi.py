@@ -37,10 +37,17 @@ def _per_node(args):
 
 def expand_nodelist(text):
     """Slurm's compressed node list, "node[1-3,7],gpu01" -> [node1, node2, node3, node7,
-    gpu01] (zero padding kept); None if it cannot be read."""
+    gpu01] (zero padding kept); None if it cannot be read (e.g. two bracket groups in one
+    name: the caller then shows the nodes by number)."""
+    items = re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text or "")
+    if ",".join(items) != (text or ""):
+        return None
     names = []
-    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?(?:,|$)", text or ""):
-        stem, ranges = match.group(1), match.group(2)
+    for item in items:
+        match = re.fullmatch(r"([^\[\]]+)(?:\[([^\]]*)\])?", item)
+        if not match:
+            return None
+        stem, ranges = match.groups()
         if ranges is None:
             names.append(stem)
             continue

@@ -6,6 +6,7 @@ The probe program (probe.py) only prints what a rank sees (placement, job id, ho
 shm transport cannot serve ranks on several hosts, so no collective runs here yet.
 """
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -70,6 +71,25 @@ def test_a_failing_rank_is_named_with_its_host(bed, tmp_path):
     assert "rank 2 fails on purpose on hostB" in root  # its stderr, forwarded from hostB
     assert "mpirun (on hostA" in report
     assert "\x1e" not in res.stderr  # the records themselves are not shown
+
+
+def test_ctrl_c_stops_every_rank_on_every_host(bed, tmp_path):
+    # every rank waits (rank 9 does not exist): only Ctrl+C ends the job
+    proc = bed.popen("hostA", ["tntrun", "-H", "hostA:2,hostB:2", "--", "probe.py", "9", "1"],
+                     env=bed.test_env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True)
+    started = []
+    while len(started) < 4:  # all four ranks are up
+        line = proc.stderr.readline()
+        assert line, "tntrun ended before its ranks started"
+        if "PROBE " in line:
+            started.append(line)
+    assert {"hostA", "hostB"} <= {h for h in bed.hosts if len(bed.pids(h)) > 1}
+    proc.send_signal(signal.SIGINT)  # the process is tntrun itself (the host's sh exec'd it)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "tntrun: interrupted: all processes were stopped" in err
+    # the bed fixture checks that nothing is left on hostA and hostB
 
 
 def test_one_line_report(bed, tmp_path):

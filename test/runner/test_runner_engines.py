@@ -235,6 +235,8 @@ def test_tntrun_as_one_of_many_step_tasks_is_refused(tmp_path):
     ("n[08-10]", ["n08", "n09", "n10"]),
     ("hostA,hostB", ["hostA", "hostB"]),
     ("bad[x-y]", None),
+    ("rack[1-2]-node[01-02]", None),
+    ("a,,b", None),
     ("", None),
 ])
 def test_slurm_node_lists(text, names):
