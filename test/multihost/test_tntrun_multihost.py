@@ -5,6 +5,8 @@ there would run it.
 The probe program (probe.py) only prints what a rank sees (placement, job id, host name): the
 shm transport cannot serve ranks on several hosts, so no collective runs here yet.
 """
+import os
+import re
 import shutil
 import signal
 import subprocess
