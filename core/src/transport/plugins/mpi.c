@@ -71,6 +71,9 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define PID_CHECK_S 0.1     /* how often a waiter checks local peers' pids */
 #define SLEEP_MIN_S 10e-6   /* first idle sleep of a wait */
 #define SLEEP_MAX_S 1e-3    /* longest idle sleep of a wait and of the doorbell's MPI poll */
+#define SLEEP_FLAT_S 2e-3   /* a wait polls at the shortest sleep this long before it backs off */
+#define PUT_COPY_MAX (1u << 20) /* puts up to this size are copied and sent in the background */
+#define PUT_INFLIGHT_MAX 64 /* copied puts in flight at most */
 #define BYE_WAIT_S 2.0      /* finalize: how long our last messages may take to leave */
 #define HELLO_MAGIC 0x544e544du
 
@@ -122,6 +125,11 @@ typedef struct {
   MPI_Request *sreq;
   uint8_t *sbuf; /* [nslots][CTRL_MAX] */
   int *sfree, *sidx, nslots, nfree;
+  /* copied puts in flight: requests side by side for MPI_Testsome */
+  MPI_Request *preq;
+  uint8_t **pbuf;
+  size_t *pcap;
+  int *pidx, npb, pactive;
   /* exchange: two rounds of sends may be in flight */
   uint8_t *exch_out[2];
   size_t exch_out_len[2];
@@ -299,8 +307,22 @@ static tnt_result_t send_failed(mpi_t *s, int peer, int rc) {
   return failf(TNT_ERR_PEER_LOST, peer, "rank %d could not send to rank %d: %s", s->me, peer, mpi_err(rc, e));
 }
 
+/* Give back the buffers of copied puts MPI has sent. */
+static void reap_puts(mpi_t *s) {
+  if (!s->pactive) return;
+  int outcount = 0;
+  int rc = MPI_Testsome(s->npb, s->preq, &outcount, s->pidx, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    char e[MPI_MAX_ERROR_STRING];
+    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: data could not be sent: %s", s->me, mpi_err(rc, e));
+    return;
+  }
+  if (outcount != MPI_UNDEFINED) s->pactive -= outcount;
+}
+
 /* Give back the slots of control messages MPI has sent. */
 static void reap(mpi_t *s) {
+  reap_puts(s);
   if (s->nfree == s->nslots) return;
   int outcount = 0;
   int rc = MPI_Testsome(s->nslots, s->sreq, &outcount, s->sidx, MPI_STATUSES_IGNORE);
@@ -477,19 +499,21 @@ static tnt_result_t peer_aborted(mpi_t *s, int r, const char *what) {
   return failf(TNT_ERR_PEER_LOST, r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->me, what);
 }
 
+/* What a local peer's process is doing ("" for a remote one: we cannot tell). */
+static const char *local_doing(const peer_t *p) {
+  if (!p->local) return "";
+  char st = process_state(p->pid);
+  return st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
+         : st == 'D'               ? "is blocked in the kernel (disk or network I/O)"
+         : st == 'X' || st == 'Z'  ? "has exited"
+                                   : "is alive but did not answer: it may be hung or busy outside Tarantella";
+}
+
 static void describe(mpi_t *s, int r, char *out, size_t len) {
   peer_t *p = &s->peers[r];
-  double ago = host->now() - p->last_heard;
-  if (p->local) {
-    char st = process_state(p->pid);
-    const char *doing = st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
-                        : st == 'D'               ? "is blocked in the kernel (disk or network I/O)"
-                        : st == 'X' || st == 'Z'  ? "has exited"
-                                                  : "is alive but did not answer: it may be hung or busy outside Tarantella";
-    snprintf(out, len, "rank %d (pid %d on %s) %s; last heard from %.1f s ago", r, p->pid, p->host, doing, ago);
-  } else {
-    snprintf(out, len, "rank %d (pid %d on host %s) was last heard from %.1f s ago", r, p->pid, p->host, ago);
-  }
+  const char *doing = local_doing(p);
+  snprintf(out, len, "rank %d (pid %d on %s) %s%swas last heard from %.1f s ago", r, p->pid, p->host, doing,
+           doing[0] ? "; it " : "", host->now() - p->last_heard);
 }
 
 /* Is peer r alive (mu held)? Dead local pids only when `pids` (a system call
@@ -504,12 +528,12 @@ static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const cha
                    what);
   }
   if (now - p->last_heard > s->silence_s) {
-    char doing[320];
-    describe(s, r, doing, sizeof doing);
+    const char *doing = local_doing(p);
     return failf(TNT_ERR_PEER_LOST, r,
-                 "rank %d (pid %d on %s) sent nothing for %.1f s while rank %d was %s (every rank sends a heartbeat "
-                 "every %g s, TNT_MPI_HEARTBEAT_S; %d missed ones mean lost): its process or host died, or it hangs: %s",
-                 r, p->pid, p->host, now - p->last_heard, s->me, what, s->beat_s, SILENT_BEATS, doing);
+                 "rank %d (pid %d on %s) sent nothing for %.1f s while rank %d was %s: its process or host died, or "
+                 "it hangs%s%s (every rank sends a heartbeat every %g s, TNT_MPI_HEARTBEAT_S; %d missed mean lost)",
+                 r, p->pid, p->host, now - p->last_heard, s->me, what, doing[0] ? "; it " : "", doing, s->beat_s,
+                 SILENT_BEATS);
   }
   return TNT_SUCCESS;
 }
@@ -551,17 +575,20 @@ typedef int (*ready_fn)(mpi_t *s, void *arg); /* mu held, after progress */
 
 typedef struct {
   int idle;
-  double spin_until, sleep;
+  double start, sleep;
 } backoff_t;
 
+/* Spin (only with a core to spare), then sleep SLEEP_MIN_S at a time for
+ * SLEEP_FLAT_S (what a peer in the same collective usually takes), then twice
+ * as long each time up to SLEEP_MAX_S. */
 static void backoff_pause(mpi_t *s, backoff_t *b, double now) {
   if (b->idle++ == 0) {
-    b->spin_until = now + s->spin_s;
+    b->start = now;
     b->sleep = SLEEP_MIN_S;
   }
-  if (now < b->spin_until) return; /* poll again at once (only with a core to spare) */
+  if (now < b->start + s->spin_s) return; /* poll again at once */
   sleep_s(b->sleep);
-  b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
+  if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
 }
 
 /* Poll until ready(), a failure, or `deadline` (then TNT_ERR_TIMEOUT, with no
@@ -719,6 +746,11 @@ static void free_state(mpi_t *s) {
   free(s->sbuf);
   free(s->sfree);
   free(s->sidx);
+  for (int i = 0; i < s->npb; i++) free(s->pbuf[i]);
+  free(s->preq);
+  free(s->pbuf);
+  free(s->pcap);
+  free(s->pidx);
   for (int b = 0; b < 2; b++) {
     free(s->exch_out[b]);
     free(s->exch_req[b]);
@@ -880,20 +912,76 @@ static int mpi_can_serve(const tnt_placement_t *pl) { return pl->size >= 1; }
 
 static void *mpi_window(void *st) { return ((mpi_t *)st)->window; }
 
+static int put_slot_free(mpi_t *s, void *arg) { return s->pactive < PUT_INFLIGHT_MAX; }
+
+/* A buffer for a copied put of `len` bytes (mu held): a free one, grown if
+ * needed; -1 when out of memory. */
+static int put_buffer(mpi_t *s, size_t len) {
+  int best = -1;
+  for (int i = 0; i < s->npb; i++)
+    if (s->preq[i] == MPI_REQUEST_NULL && (best < 0 || s->pcap[i] > s->pcap[best])) best = i;
+  if (best < 0) {
+    int n = s->npb + 1;
+    MPI_Request *preq = realloc(s->preq, (size_t)n * sizeof *preq);
+    if (preq) s->preq = preq;
+    uint8_t **pbuf = realloc(s->pbuf, (size_t)n * sizeof *pbuf);
+    if (pbuf) s->pbuf = pbuf;
+    size_t *pcap = realloc(s->pcap, (size_t)n * sizeof *pcap);
+    if (pcap) s->pcap = pcap;
+    int *pidx = realloc(s->pidx, (size_t)n * sizeof *pidx);
+    if (pidx) s->pidx = pidx;
+    if (!preq || !pbuf || !pcap || !pidx) return -1;
+    best = s->npb++;
+    s->preq[best] = MPI_REQUEST_NULL;
+    s->pbuf[best] = NULL;
+    s->pcap[best] = 0;
+  }
+  if (s->pcap[best] < len) {
+    uint8_t *buf = realloc(s->pbuf[best], len);
+    if (!buf) return -1;
+    s->pbuf[best] = buf;
+    s->pcap[best] = len;
+  }
+  return best;
+}
+
+/* A put of up to PUT_COPY_MAX bytes is copied and sent in the background (the
+ * receiver takes it when it next polls); a larger one is sent from the
+ * caller's buffer, and put returns when MPI is done with it. */
 static tnt_result_t mpi_put(void *st, int peer, size_t offset, const void *src, size_t len) {
   mpi_t *s = st;
   if (!len) return TNT_SUCCESS;
   if (len > INT_MAX) return failf(TNT_ERR_INTERNAL, -1, "a put of %zu bytes is too large for MPI", len);
-  pthread_mutex_lock(&s->mu);
-  MPI_Request req = MPI_REQUEST_NULL;
-  int rc = send_ctrl(s, peer, CTRL_PUT, 0, offset, len, NULL);
-  if (rc == MPI_SUCCESS) rc = MPI_Isend(src, (int)len, MPI_BYTE, peer, TAG_PAYLOAD, s->comm, &req);
-  tnt_result_t res = rc == MPI_SUCCESS ? TNT_SUCCESS : send_failed(s, peer, rc);
-  pthread_mutex_unlock(&s->mu);
-  if (res != TNT_SUCCESS) return res;
   char what[64];
   snprintf(what, sizeof what, "sending data to rank %d", peer);
-  res = poll_until(s, request_done, &req, peer, host->now() + s->timeout_s, what);
+  const double deadline = host->now() + s->timeout_s;
+  tnt_result_t res;
+  if (len <= PUT_COPY_MAX) {
+    res = poll_until(s, put_slot_free, NULL, peer, deadline, what);
+    if (res == TNT_ERR_TIMEOUT) return timed_out(s, peer, what);
+    if (res != TNT_SUCCESS) return res;
+  }
+  pthread_mutex_lock(&s->mu);
+  MPI_Request req = MPI_REQUEST_NULL, *preq = &req;
+  int rc = -1;
+  if (len <= PUT_COPY_MAX) {
+    int i = put_buffer(s, len);
+    if (i >= 0) {
+      memcpy(s->pbuf[i], src, len);
+      src = s->pbuf[i];
+      preq = &s->preq[i];
+      rc = MPI_SUCCESS;
+    }
+  } else {
+    rc = MPI_SUCCESS;
+  }
+  if (rc == MPI_SUCCESS) rc = send_ctrl(s, peer, CTRL_PUT, 0, offset, len, NULL);
+  if (rc == MPI_SUCCESS) rc = MPI_Isend(src, (int)len, MPI_BYTE, peer, TAG_PAYLOAD, s->comm, preq);
+  if (rc == MPI_SUCCESS && preq != &req) s->pactive++;
+  res = rc == MPI_SUCCESS ? TNT_SUCCESS : send_failed(s, peer, rc);
+  pthread_mutex_unlock(&s->mu);
+  if (res != TNT_SUCCESS || preq != &req) return res;
+  res = poll_until(s, request_done, &req, peer, deadline, what);
   if (res == TNT_ERR_TIMEOUT) res = timed_out(s, peer, what);
   if (res != TNT_SUCCESS && req != MPI_REQUEST_NULL) { /* the caller's buffer is not ours after we return */
     pthread_mutex_lock(&s->mu);
@@ -1125,7 +1213,7 @@ static void mpi_abort(void *st, const char *reason, int root_peer) {
 static int all_sent(mpi_t *s, void *arg) {
   int flag = 0;
   reap(s);
-  if (s->nfree != s->nslots) return 0;
+  if (s->nfree != s->nslots || s->pactive) return 0;
   for (int b = 0; b < 2; b++) {
     MPI_Testall(s->n, s->exch_req[b], &flag, MPI_STATUSES_IGNORE);
     if (!flag) return 0;
@@ -1165,6 +1253,12 @@ static void mpi_finalize(void *st) {
   for (int b = 0; b < 2; b++)
     for (int r = 0; r < s->n; r++)
       if (s->exch_req[b][r] != MPI_REQUEST_NULL) MPI_Request_free(&s->exch_req[b][r]);
+  for (int i = 0; i < s->npb; i++) /* a send still pending (its peer is gone) keeps its buffer */
+    if (s->preq[i] != MPI_REQUEST_NULL) {
+      MPI_Cancel(&s->preq[i]);
+      MPI_Request_free(&s->preq[i]);
+      s->pbuf[i] = NULL;
+    }
   MPI_Comm_free(&s->comm);
   pthread_mutex_unlock(&s->mu);
   free_state(s);
