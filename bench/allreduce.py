@@ -4,6 +4,7 @@ copy bandwidth, measured in the same run. Not a test: a table to read.
 
     python bench/allreduce.py                      # 2 and 4 ranks, 4 B .. 256 MB
     python bench/allreduce.py --ranks 2 --max-bytes 64M --markdown docs/table.md
+    python bench/allreduce.py --transport mpi      # Tarantella over its mpi transport, under mpirun
 
 Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it: the bytes
 each rank must move in a bandwidth-optimal allreduce, so the figure compares
@@ -94,13 +95,16 @@ def _timed(fn):
     return time.perf_counter() - t
 
 
-def launch(kind, ranks, sizes):
+def launch(kind, ranks, sizes, transport="shm"):
     args = [HERE, "--worker", kind, "--sizes", ",".join(map(str, sizes))]
-    if kind == "tnt":
-        cmd = [sys.executable, "-m", "tarantella.runner", "-n", str(ranks), "--no-gpu", "--", *args]
-    else:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(ranks), sys.executable, *args]
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if kind == "tnt" and transport == "shm":
+        cmd = [sys.executable, "-m", "tarantella.runner", "-n", str(ranks), "--no-gpu", "--", *args]
+    else:  # MPI_Allreduce, or Tarantella over its mpi transport: both under mpirun, unbound (two threads a rank)
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(ranks),
+               sys.executable, *args]
+        if kind == "tnt":
+            env["TNT_TRANSPORT"] = "mpi"
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in res.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -132,6 +136,8 @@ def main():
     p.add_argument("--min-bytes", default="4")
     p.add_argument("--max-bytes", default="256M")
     p.add_argument("--markdown", help="also write the table to this file")
+    p.add_argument("--transport", choices=["shm", "mpi"], default="shm",
+                   help="Tarantella's transport: shm (tntrun, default) or mpi (mpirun, TNT_TRANSPORT=mpi)")
     p.add_argument("--worker", choices=["tnt", "mpi"], help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -141,14 +147,17 @@ def main():
     sizes = sizes_between(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes))
     copy_bw = copy_bandwidth()
     have_mpi = mpi_available()
+    if a.transport == "mpi" and not shutil.which("mpirun"):
+        print("--transport mpi needs mpirun (apt-get install openmpi-bin libopenmpi-dev)", file=sys.stderr)
+        return 1
     lines = [f"memory copy bandwidth of one core (measured now): {copy_bw / 1e9:.1f} GB/s",
              "" if have_mpi else "OpenMPI/mpi4py not installed: apt-get install openmpi-bin libopenmpi-dev; "
                                  "pip install mpi4py", ""]
     for ranks in [int(r) for r in a.ranks.split(",")]:
-        tnt = launch("tnt", ranks, sizes)
+        tnt = launch("tnt", ranks, sizes, a.transport)
         mpi = launch("mpi", ranks, sizes) if have_mpi else None
         factor = 2 * (ranks - 1) / ranks
-        lines += [f"### {ranks} ranks", "",
+        lines += [f"### {ranks} ranks (Tarantella over {a.transport})", "",
                   "| size | tnt latency | tnt busbw | MPI latency | MPI busbw | tnt/MPI | tnt/copy bw |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for i, nbytes in enumerate(sizes):

@@ -1,4 +1,5 @@
-"""cffi builder (API mode): compiles every C file of core/src into tarantella._core.
+"""cffi builder (API mode): compiles the C files of core/src into tarantella._core
+(all but the transport plugins of core/src/transport/plugins/).
 
 The cdef is the block of core/include/tarantella.h between TNT_CDEF_BEGIN and
 TNT_CDEF_END, so the header stays the single description of the C API.
@@ -22,7 +23,11 @@ def _cdef_from_header(path):
 
 
 def _core_sources():
-    sources = sorted(glob.glob(os.path.join(_CORE, "src", "**", "*.c"), recursive=True))
+    # transports under src/transport/plugins/ are separate libraries, built
+    # against their engine (tarantella/common/plugins.py), never into the core
+    plugins = os.path.join(_CORE, "src", "transport", "plugins") + os.sep
+    sources = sorted(s for s in glob.glob(os.path.join(_CORE, "src", "**", "*.c"), recursive=True)
+                     if not s.startswith(plugins))
     # setuptools wants paths relative to setup.py
     return [os.path.relpath(s, _ROOT) for s in sources]
 
@@ -36,7 +41,7 @@ ffibuilder.set_source(
     include_dirs=[os.path.relpath(os.path.join(_CORE, "include"), _ROOT),
                   os.path.relpath(os.path.join(_CORE, "src"), _ROOT)],
     extra_compile_args=["-std=gnu11", "-O3", "-ffp-contract=off", "-Wall", "-fvisibility=default"],  # no FMA contraction: the same roundings on every build
-    libraries=["rt", "pthread", "m"],
+    libraries=["rt", "pthread", "m", "dl"],
 )
 
 if __name__ == "__main__":

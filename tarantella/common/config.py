@@ -55,6 +55,13 @@ _ROWS = (
     ("TNT_FUSION_THRESHOLD_KB", _CORE),
     ("TNT_TIMEOUT_S", _CORE),
     Param("TNT_TRANSPORT", "choice", "auto", "transport between ranks", ("auto", "shm", "mpi", "gpi2")),
+    Param("TNT_MPI_HEARTBEAT_S", "float", 1.0,
+          "mpi transport: seconds between heartbeats (0.01 to 60); a peer silent for 10 of them is lost"),
+    Param("TNT_MPI_PLUGIN", "str", None,
+          "mpi transport: path of its plugin library; unset: built at first use with mpicc into "
+          "~/.cache/tarantella/plugins"),
+    Param("TNT_MPICC", "str", None,
+          "mpi transport: the MPI compiler wrapper that builds its plugin (else $MPICC, else mpicc on PATH)"),
     ("TNT_SHM_SLOT_KB", _CORE),
     ("TNT_SHM_SLOTS", _CORE),
     ("TNT_CACHE_CAPACITY", _CORE),

@@ -69,6 +69,9 @@ def init():
             _check_not_forked()
             return
         lib_, _ = _load()
+        from tarantella.common import plugins
+
+        plugins.prepare()  # TNT_TRANSPORT=mpi: find or build the plugin first (or say why there is none)
         check(lib_.tnt_init())
         _state = "up"
         _pid = os.getpid()

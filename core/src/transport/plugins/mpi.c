@@ -1,0 +1,1311 @@
+/* mpi.c - the mpi transport, a plugin (libtnt-transport-mpi.so) that the core
+ * loads at run time (transport_plugin.h): it is compiled with the MPI's own
+ * compiler wrapper (mpicc), so the core never links against an MPI.
+ *
+ * Model (transport.h) over two-sided MPI on a private duplicate of
+ * MPI_COMM_WORLD, three tags:
+ *   CTRL     small control messages, received in arrival order by a probe loop:
+ *            PUT(offset, len), NOTIFY(kind), BELL(cycle), BEAT, BYE, ABORT(root, reason)
+ *   PAYLOAD  the bytes of a PUT, received straight into the window at the offset
+ *            its PUT announced (the receiver posts the receive when it reads the
+ *            PUT; MPI keeps the two streams of one sender in order)
+ *   EXCH     the exchange's message, one to every rank, probed per source
+ * A NOTIFY from a sender is applied only after every payload that sender put
+ * before it has landed (a per-sender FIFO), which is what "ordered after
+ * earlier puts" means. put() returns once MPI has sent the payload, so the
+ * caller may reuse its buffer, as with shm's memcpy.
+ *
+ * No MPI call blocks: every wait polls (MPI_Test / MPI_Improbe) in a loop that
+ * drains the control messages, checks the peers and sleeps when idle, 10 us
+ * doubling up to 1 ms (spinning first only when every local rank has two cores,
+ * as shm does); the doorbell sleeps on a futex that a local request wakes at
+ * once, polling MPI for peers' bells every 1 ms at most. All MPI calls of a
+ * process go through one mutex: the engine's progress lock already keeps its
+ * threads apart, but wait_doorbell (the idle thread), abort and describe_peer
+ * run beside it.
+ *
+ * Failure: MPI reports no peer failure we could rely on, so
+ *   - a rank on this host (same kernel and pid namespace) is checked by pid,
+ *     as shm does: a dead peer is named within ~0.1 s;
+ *   - every rank sends a BEAT to each peer it sent nothing to for
+ *     TNT_MPI_HEARTBEAT_S (default 1 s), from whichever poll loop runs (the idle
+ *     doorbell included); a peer silent for 10 heartbeats is lost;
+ *   - abort() sends ABORT(reason, root) to every peer, finalize() sends BYE
+ *     (a clean shutdown: lost only for a rank that still awaits it).
+ *
+ * MPI itself: initialized once per process with MPI_THREAD_MULTIPLE (the
+ * application may use MPI beside us), unless already initialized (mpi4py),
+ * where SERIALIZED is enough for us; finalized at exit only if we initialized
+ * it and no failure was seen (a fence with a dead or frozen peer never ends).
+ * Placement must agree with MPI's ranks: every rank checks every rank. */
+#define _GNU_SOURCE
+#include <mpi.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transport_plugin.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
+enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303 };
+enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BELL, CTRL_BEAT, CTRL_BYE, CTRL_ABORT };
+enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
+
+#define REASON_MAX 512
+#define SILENT_BEATS 10     /* heartbeats a peer may miss before it is lost */
+#define PID_CHECK_S 0.1     /* how often a waiter checks local peers' pids */
+#define SLEEP_MIN_S 10e-6   /* first idle sleep of a wait */
+#define SLEEP_MAX_S 1e-3    /* longest idle sleep of a wait and of the doorbell's MPI poll */
+#define SLEEP_FLAT_S 2e-3   /* a wait polls at the shortest sleep this long before it backs off */
+#define PUT_COPY_MAX (1u << 20) /* puts up to this size are copied and sent in the background */
+#define PUT_INFLIGHT_MAX 64 /* copied puts in flight at most */
+#define BYE_WAIT_S 2.0      /* finalize: how long our last messages may take to leave */
+#define HELLO_MAGIC 0x544e544du
+
+typedef struct {
+  uint32_t type;
+  int32_t a;  /* NOTIFY: kind; ABORT: root peer */
+  uint64_t b; /* PUT: offset; BELL: cycle */
+  uint64_t c; /* PUT: length */
+} ctrl_t;
+#define CTRL_MAX (sizeof(ctrl_t) + REASON_MAX)
+
+typedef struct {
+  MPI_Request req;
+  int kind; /* < 0: a payload receive; else a NOTIFY waiting for the payloads before it */
+} op_t;
+
+typedef struct {
+  int state, root, pid, local;
+  char reason[REASON_MAX];
+  char host[64];
+  double last_heard, last_sent;
+  op_t *ops; /* FIFO of this sender's payload receives and deferred notifies */
+  int head, n, cap;
+  uint8_t *exch; /* this round's exchange message from this peer */
+  size_t exch_len, exch_cap;
+  int exch_got;
+} peer_t;
+
+/* What every rank tells every rank at set-up. */
+typedef struct {
+  uint32_t magic, abi;
+  int32_t rank, size, local_rank, local_size, from_launcher, pid;
+  double heartbeat_s;
+  char host[64];
+  char node[96]; /* boot id and pid namespace: equal means "pids are comparable" */
+} hello_t;
+
+typedef struct {
+  tnt_placement_t pl;
+  int me, n;
+  double timeout_s, spin_s, beat_s, silence_s;
+  MPI_Comm comm;
+  pthread_mutex_t mu; /* every MPI call and everything below */
+  peer_t *peers;
+  uint32_t *counters; /* [kind * n + source] */
+  uint8_t *window;
+  size_t window_bytes;
+  /* control messages in flight: MPI_Testsome wants their requests side by side */
+  MPI_Request *sreq;
+  uint8_t *sbuf; /* [nslots][CTRL_MAX] */
+  int *sfree, *sidx, nslots, nfree;
+  /* copied puts in flight: requests side by side for MPI_Testsome */
+  MPI_Request *preq;
+  uint8_t **pbuf;
+  size_t *pcap;
+  int *pidx, npb, pactive;
+  /* exchange: two rounds of sends may be in flight */
+  uint8_t *exch_out[2];
+  size_t exch_out_len[2];
+  MPI_Request *exch_req[2];
+  uint32_t round;
+  int posted, missing;
+  double exch_deadline;
+  /* doorbell */
+  _Atomic uint64_t cycle_wanted;
+  _Atomic uint32_t bell, bell_waiters;
+  uint32_t bell_seen;
+  double next_beat;
+  /* a failure seen by progress (which cannot return one), reported by the next wait */
+  tnt_result_t err_code;
+  int err_peer;
+  char err[768];
+} mpi_t;
+
+static const tnt_plugin_host_t *host;
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int mpi_ours;           /* this plugin called MPI_Init_thread */
+static int thread_level = -1;  /* what MPI provided */
+static _Atomic int job_failed; /* a failure was seen: MPI_Finalize at exit would wait forever */
+static char description[256];
+
+/* ---- core services ---- */
+
+static void logf_(int level, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void logf_(int level, int line, const char *fmt, ...) {
+  if (!host->log_enabled(level)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  host->log(level, "mpi.c", line, msg);
+}
+#define LOG(level, ...) logf_(level, __LINE__, __VA_ARGS__)
+
+static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (code == TNT_ERR_PEER_LOST || code == TNT_ERR_TIMEOUT) atomic_store(&job_failed, 1);
+  return host->fail(code, peer, msg);
+}
+
+static const char *mpi_err(int rc, char *buf) {
+  int len = 0;
+  if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) snprintf(buf, MPI_MAX_ERROR_STRING, "MPI error %d", rc);
+  return buf;
+}
+
+/* Progress cannot return an error: it keeps the first, the next wait reports it. */
+static void sticky(mpi_t *s, tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void sticky(mpi_t *s, tnt_result_t code, int peer, const char *fmt, ...) {
+  if (s->err_code != TNT_SUCCESS) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->err, sizeof s->err, fmt, ap);
+  va_end(ap);
+  s->err_code = code;
+  s->err_peer = peer;
+}
+
+static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
+  return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+static struct timespec timespec_of(double seconds) {
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  return ts;
+}
+
+static void sleep_s(double seconds) {
+  struct timespec ts = timespec_of(seconds);
+  nanosleep(&ts, NULL);
+}
+
+static void bump_bell(mpi_t *s) {
+  atomic_fetch_add(&s->bell, 1);
+  if (atomic_load(&s->bell_waiters)) futex(&s->bell, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
+
+/* ---- local peers: the same checks as shm ---- */
+
+static char process_state(pid_t pid) {
+  if (pid <= 0) return '?';
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 'X';
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 'X' : '?';
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return '?';
+  buf[n] = 0;
+  char *paren = strrchr(buf, ')');
+  return paren && paren[1] == ' ' ? paren[2] : '?';
+}
+
+/* The kernel (boot id) and pid namespace of this process: ranks that share
+ * them can see each other's pids. */
+static void node_id(char *out, size_t len) {
+  char boot[64] = "?", ns[64] = "?";
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t n = read(fd, boot, sizeof boot - 1);
+    boot[n > 0 ? n : 0] = 0;
+    close(fd);
+    char *nl = strchr(boot, '\n');
+    if (nl) *nl = 0;
+  }
+  ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  ns[n > 0 ? n : 0] = 0;
+  snprintf(out, len, "%s/%s", boot, ns);
+}
+
+/* ---- control messages ---- */
+
+static tnt_result_t grow_slots(mpi_t *s) {
+  int n = s->nslots ? 2 * s->nslots : 64;
+  MPI_Request *sreq = realloc(s->sreq, (size_t)n * sizeof *sreq);
+  if (sreq) s->sreq = sreq;
+  uint8_t *sbuf = realloc(s->sbuf, (size_t)n * CTRL_MAX);
+  if (sbuf) s->sbuf = sbuf;
+  int *sfree = realloc(s->sfree, (size_t)n * sizeof *sfree);
+  if (sfree) s->sfree = sfree;
+  int *sidx = realloc(s->sidx, (size_t)n * sizeof *sidx);
+  if (sidx) s->sidx = sidx;
+  if (!sreq || !sbuf || !sfree || !sidx) return TNT_ERR_SYSTEM;
+  for (int i = s->nslots; i < n; i++) {
+    s->sreq[i] = MPI_REQUEST_NULL;
+    s->sfree[s->nfree++] = i;
+  }
+  s->nslots = n;
+  return TNT_SUCCESS;
+}
+
+/* Send a control message (mu held); its buffer lives until MPI is done with
+ * it. Returns MPI's code (-1: out of memory): callers that must report a
+ * failure name it themselves; progress, the doorbell and shutdown go on. */
+static int send_ctrl(mpi_t *s, int peer, uint32_t type, int32_t a, uint64_t b, uint64_t c, const char *text) {
+  if (!s->nfree && grow_slots(s) != TNT_SUCCESS) return -1;
+  int i = s->sfree[--s->nfree];
+  uint8_t *buf = s->sbuf + (size_t)i * CTRL_MAX;
+  ctrl_t msg = {type, a, b, c};
+  memcpy(buf, &msg, sizeof msg);
+  size_t len = sizeof msg;
+  if (text) {
+    size_t tl = strnlen(text, REASON_MAX - 1);
+    memcpy(buf + len, text, tl);
+    buf[len + tl] = 0;
+    len += tl + 1;
+  }
+  int rc = MPI_Isend(buf, (int)len, MPI_BYTE, peer, TAG_CTRL, s->comm, &s->sreq[i]);
+  if (rc != MPI_SUCCESS) {
+    s->sreq[i] = MPI_REQUEST_NULL;
+    s->sfree[s->nfree++] = i;
+    return rc;
+  }
+  s->peers[peer].last_sent = host->now();
+  return MPI_SUCCESS;
+}
+
+/* The error of a send_ctrl that failed. */
+static tnt_result_t send_failed(mpi_t *s, int peer, int rc) {
+  char e[MPI_MAX_ERROR_STRING];
+  if (rc < 0) return failf(TNT_ERR_SYSTEM, -1, "out of memory");
+  return failf(TNT_ERR_PEER_LOST, peer, "rank %d could not send to rank %d: %s", s->me, peer, mpi_err(rc, e));
+}
+
+/* Give back the buffers of copied puts MPI has sent. */
+static void reap_puts(mpi_t *s) {
+  if (!s->pactive) return;
+  int outcount = 0;
+  int rc = MPI_Testsome(s->npb, s->preq, &outcount, s->pidx, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    char e[MPI_MAX_ERROR_STRING];
+    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: data could not be sent: %s", s->me, mpi_err(rc, e));
+    return;
+  }
+  if (outcount != MPI_UNDEFINED) s->pactive -= outcount;
+}
+
+/* Give back the slots of control messages MPI has sent. */
+static void reap(mpi_t *s) {
+  reap_puts(s);
+  if (s->nfree == s->nslots) return;
+  int outcount = 0;
+  int rc = MPI_Testsome(s->nslots, s->sreq, &outcount, s->sidx, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    char e[MPI_MAX_ERROR_STRING];
+    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: a control message could not be sent: %s", s->me, mpi_err(rc, e));
+    return;
+  }
+  if (outcount == MPI_UNDEFINED) return;
+  for (int k = 0; k < outcount; k++) s->sfree[s->nfree++] = s->sidx[k];
+}
+
+static op_t *push_op(mpi_t *s, peer_t *p) {
+  if (p->n == p->cap) {
+    int cap = p->cap ? 2 * p->cap : 16;
+    op_t *ops = malloc((size_t)cap * sizeof *ops);
+    if (!ops) return NULL;
+    for (int k = 0; k < p->n; k++) ops[k] = p->ops[(p->head + k) % p->cap];
+    free(p->ops);
+    p->ops = ops;
+    p->head = 0;
+    p->cap = cap;
+  }
+  op_t *op = &p->ops[(p->head + p->n) % p->cap];
+  p->n++;
+  return op;
+}
+
+static void handle_ctrl(mpi_t *s, int src, const uint8_t *buf, int len, double now) {
+  peer_t *p = &s->peers[src];
+  p->last_heard = now;
+  ctrl_t c;
+  memcpy(&c, buf, sizeof c);
+  switch (c.type) {
+    case CTRL_PUT: {
+      if (c.c > INT_MAX || c.b > s->window_bytes || c.c > s->window_bytes - c.b) {
+        sticky(s, TNT_ERR_INTERNAL, src, "rank %d put %llu bytes at offset %llu into a window of %zu bytes", src,
+               (unsigned long long)c.c, (unsigned long long)c.b, s->window_bytes);
+        return;
+      }
+      op_t *op = push_op(s, p);
+      if (!op) {
+        sticky(s, TNT_ERR_SYSTEM, -1, "out of memory");
+        return;
+      }
+      op->kind = -1;
+      int rc = MPI_Irecv(s->window + c.b, (int)c.c, MPI_BYTE, src, TAG_PAYLOAD, s->comm, &op->req);
+      if (rc != MPI_SUCCESS) {
+        char e[MPI_MAX_ERROR_STRING];
+        op->req = MPI_REQUEST_NULL;
+        sticky(s, TNT_ERR_PEER_LOST, src, "rank %d could not receive from rank %d: %s", s->me, src, mpi_err(rc, e));
+      }
+      break;
+    }
+    case CTRL_NOTIFY:
+      if (c.a < 0 || c.a >= TNT_NOTIFY_KINDS) {
+        sticky(s, TNT_ERR_INTERNAL, src, "rank %d sent a notification of unknown kind %d", src, (int)c.a);
+        return;
+      }
+      if (p->n == 0) {
+        s->counters[c.a * s->n + src]++;
+      } else {
+        op_t *op = push_op(s, p);
+        if (!op) {
+          sticky(s, TNT_ERR_SYSTEM, -1, "out of memory");
+          return;
+        }
+        op->kind = c.a;
+        op->req = MPI_REQUEST_NULL;
+      }
+      break;
+    case CTRL_BELL: {
+      uint64_t cur = atomic_load(&s->cycle_wanted);
+      while (cur < c.b && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, c.b)) {
+      }
+      bump_bell(s);
+      break;
+    }
+    case CTRL_BEAT: break;
+    case CTRL_BYE:
+      if (p->state == PEER_ALIVE) p->state = PEER_EXITED;
+      break;
+    case CTRL_ABORT: {
+      p->state = PEER_FAILED;
+      p->root = c.a;
+      int tl = len - (int)sizeof c;
+      snprintf(p->reason, sizeof p->reason, "%.*s", tl > 0 ? tl : 0, (const char *)buf + sizeof c);
+      bump_bell(s); /* an idle engine looks at its peers sooner */
+      break;
+    }
+    default: sticky(s, TNT_ERR_INTERNAL, src, "rank %d sent an unknown control message %u", src, c.type);
+  }
+}
+
+/* Land what has arrived: payloads in order, then the notifies behind them. */
+static void drain(mpi_t *s, int r) {
+  peer_t *p = &s->peers[r];
+  while (p->n) {
+    op_t *op = &p->ops[p->head];
+    if (op->kind < 0) {
+      int done = 0;
+      int rc = MPI_Test(&op->req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        char e[MPI_MAX_ERROR_STRING];
+        sticky(s, TNT_ERR_PEER_LOST, r, "rank %d lost data from rank %d: %s", s->me, r, mpi_err(rc, e));
+        return;
+      }
+      if (!done) return;
+    } else {
+      s->counters[op->kind * s->n + r]++;
+    }
+    p->head = (p->head + 1) % p->cap;
+    p->n--;
+  }
+}
+
+/* One round of progress (mu held): receive control messages, land payloads,
+ * send heartbeats that are due. */
+static void progress(mpi_t *s) {
+  double now = host->now();
+  for (int k = 0; k < 4096; k++) {
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    int rc = MPI_Improbe(MPI_ANY_SOURCE, TAG_CTRL, s->comm, &flag, &msg, &st);
+    if (rc != MPI_SUCCESS) {
+      char e[MPI_MAX_ERROR_STRING];
+      sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: MPI_Improbe failed: %s", s->me, mpi_err(rc, e));
+      break;
+    }
+    if (!flag) break;
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    union {
+      ctrl_t c;
+      uint8_t b[CTRL_MAX];
+    } buf;
+    if (count < (int)sizeof(ctrl_t) || count > (int)CTRL_MAX) {
+      uint8_t *junk = malloc(count > 0 ? (size_t)count : 1);
+      MPI_Mrecv(junk, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+      free(junk);
+      sticky(s, TNT_ERR_INTERNAL, st.MPI_SOURCE, "rank %d sent a control message of %d bytes: is every rank "
+             "running the same release of Tarantella?", st.MPI_SOURCE, count);
+      continue;
+    }
+    rc = MPI_Mrecv(buf.b, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      char e[MPI_MAX_ERROR_STRING];
+      sticky(s, TNT_ERR_PEER_LOST, st.MPI_SOURCE, "rank %d could not receive from rank %d: %s", s->me, st.MPI_SOURCE,
+             mpi_err(rc, e));
+      break;
+    }
+    handle_ctrl(s, st.MPI_SOURCE, buf.b, count, now);
+  }
+  for (int r = 0; r < s->n; r++)
+    if (s->peers[r].n) drain(s, r);
+  reap(s);
+  if (now >= s->next_beat) {
+    for (int r = 0; r < s->n; r++) {
+      peer_t *p = &s->peers[r];
+      if (r != s->me && p->state == PEER_ALIVE && now - p->last_sent >= s->beat_s) send_ctrl(s, r, CTRL_BEAT, 0, 0, 0, NULL);
+    }
+    s->next_beat = now + s->beat_s / 4;
+  }
+}
+
+/* ---- peers' health ---- */
+
+static tnt_result_t peer_aborted(mpi_t *s, int r, const char *what) {
+  peer_t *p = &s->peers[r];
+  if (p->root >= 0 && p->root != r && p->root != s->me)
+    return failf(TNT_ERR_PEER_LOST, p->root, "rank %d aborted because of rank %d (%s) while rank %d was %s", r, p->root,
+                 p->reason, s->me, what);
+  return failf(TNT_ERR_PEER_LOST, r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->me, what);
+}
+
+/* What a local peer's process is doing ("" for a remote one: we cannot tell). */
+static const char *local_doing(const peer_t *p) {
+  if (!p->local) return "";
+  char st = process_state(p->pid);
+  return st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
+         : st == 'D'               ? "is blocked in the kernel (disk or network I/O)"
+         : st == 'X' || st == 'Z'  ? "has exited"
+                                   : "is alive but did not answer: it may be hung or busy outside Tarantella";
+}
+
+static void describe(mpi_t *s, int r, char *out, size_t len) {
+  peer_t *p = &s->peers[r];
+  const char *doing = local_doing(p);
+  snprintf(out, len, "rank %d (pid %d on %s) %s%swas last heard from %.1f s ago", r, p->pid, p->host, doing,
+           doing[0] ? "; it " : "", host->now() - p->last_heard);
+}
+
+/* Is peer r alive (mu held)? Dead local pids only when `pids` (a system call
+ * each); silence always. */
+static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const char *what) {
+  peer_t *p = &s->peers[r];
+  if (p->state != PEER_ALIVE) return TNT_SUCCESS;
+  if (pids && p->local) {
+    char st = process_state(p->pid);
+    if (st == 'X' || st == 'Z')
+      return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) died while rank %d was %s", r, p->pid, p->host, s->me,
+                   what);
+  }
+  if (now - p->last_heard > s->silence_s) {
+    const char *doing = local_doing(p);
+    return failf(TNT_ERR_PEER_LOST, r,
+                 "rank %d (pid %d on %s) sent nothing for %.1f s while rank %d was %s: its process or host died, or "
+                 "it hangs%s%s (every rank sends a heartbeat every %g s, TNT_MPI_HEARTBEAT_S; %d missed mean lost)",
+                 r, p->pid, p->host, now - p->last_heard, s->me, what, doing[0] ? "; it " : "", doing, s->beat_s,
+                 SILENT_BEATS);
+  }
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t check_gone(mpi_t *s, int r, const char *what) {
+  peer_t *p = &s->peers[r];
+  if (p->state == PEER_FAILED) return peer_aborted(s, r, what);
+  if (p->state == PEER_EXITED)
+    return failf(TNT_ERR_PEER_LOST, r, "rank %d has shut down while rank %d was %s: every rank must make the same "
+                 "collective calls before shutdown", r, s->me, what);
+  return TNT_SUCCESS;
+}
+
+/* The job-wide failures: a progress error, an aborted rank. */
+static tnt_result_t check_job(mpi_t *s, const char *what) {
+  if (s->err_code != TNT_SUCCESS) return failf(s->err_code, s->err_peer, "%s (while rank %d was %s)", s->err, s->me, what);
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && s->peers[r].state == PEER_FAILED) return peer_aborted(s, r, what);
+  return TNT_SUCCESS;
+}
+
+/* Every peer (mu held): lost ones first, so that the error names the lost rank
+ * rather than one that aborted because of it; a clean shutdown only for
+ * `awaited` ranks (NULL: all). */
+static tnt_result_t check_all(mpi_t *s, const uint8_t *awaited, int pids, const char *what) {
+  double now = host->now();
+  tnt_result_t res;
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && (res = check_alive(s, r, now, pids, what)) != TNT_SUCCESS) return res;
+  if ((res = check_job(s, what)) != TNT_SUCCESS) return res;
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && (!awaited || awaited[r]) && (res = check_gone(s, r, what)) != TNT_SUCCESS) return res;
+  return TNT_SUCCESS;
+}
+
+/* ---- waiting ---- */
+
+typedef int (*ready_fn)(mpi_t *s, void *arg); /* mu held, after progress */
+
+typedef struct {
+  int idle;
+  double start, sleep;
+} backoff_t;
+
+/* Spin (only with a core to spare), then sleep SLEEP_MIN_S at a time for
+ * SLEEP_FLAT_S (what a peer in the same collective usually takes), then twice
+ * as long each time up to SLEEP_MAX_S. */
+static void backoff_pause(mpi_t *s, backoff_t *b, double now) {
+  if (b->idle++ == 0) {
+    b->start = now;
+    b->sleep = SLEEP_MIN_S;
+  }
+  if (now < b->start + s->spin_s) return; /* poll again at once */
+  sleep_s(b->sleep);
+  if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
+}
+
+/* Poll until ready(), a failure, or `deadline` (then TNT_ERR_TIMEOUT, with no
+ * message: the caller names what it waited for). `from` is the rank that must
+ * act (-1: any rank): it is checked in full, the others for aborts. */
+static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, double deadline, const char *what) {
+  backoff_t b = {0};
+  double next_pids = host->now() + PID_CHECK_S;
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    progress(s);
+    int ok = ready(s, arg);
+    tnt_result_t res = TNT_SUCCESS;
+    double now = host->now();
+    if (!ok) {
+      int pids = now >= next_pids;
+      if (pids) next_pids = now + PID_CHECK_S;
+      if (from >= 0) {
+        res = check_alive(s, from, now, pids, what);
+        if (res == TNT_SUCCESS) res = check_job(s, what);
+        if (res == TNT_SUCCESS) res = check_gone(s, from, what);
+      } else {
+        res = check_all(s, NULL, pids, what);
+      }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (ok) return TNT_SUCCESS;
+    if (res != TNT_SUCCESS) return res;
+    if (now >= deadline) return TNT_ERR_TIMEOUT;
+    backoff_pause(s, &b, now);
+  }
+}
+
+static tnt_result_t timed_out(mpi_t *s, int from, const char *what) {
+  atomic_store(&job_failed, 1);
+  if (from < 0) return failf(TNT_ERR_TIMEOUT, -1, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->me, what);
+  char doing[320];
+  pthread_mutex_lock(&s->mu);
+  describe(s, from, doing, sizeof doing);
+  pthread_mutex_unlock(&s->mu);
+  return failf(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->me, what, doing);
+}
+
+static int request_done(mpi_t *s, void *arg) {
+  int done = 0;
+  if (MPI_Test((MPI_Request *)arg, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: a send failed", s->me);
+    return 0;
+  }
+  return done;
+}
+
+/* A request of set-up, before the state exists. */
+static tnt_result_t wait_setup(MPI_Request *req, double deadline) {
+  double sleep = SLEEP_MIN_S;
+  for (;;) {
+    int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return TNT_ERR_SYSTEM;
+    if (done) return TNT_SUCCESS;
+    if (host->now() >= deadline) return TNT_ERR_TIMEOUT;
+    sleep_s(sleep);
+    sleep = sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : sleep * 2;
+  }
+}
+
+/* ---- MPI itself, once per process ---- */
+
+static const char *level_name(int level) {
+  return level == MPI_THREAD_SINGLE       ? "MPI_THREAD_SINGLE"
+         : level == MPI_THREAD_FUNNELED   ? "MPI_THREAD_FUNNELED"
+         : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+         : level == MPI_THREAD_MULTIPLE   ? "MPI_THREAD_MULTIPLE"
+                                          : "unknown";
+}
+
+static void finalize_at_exit(void) {
+  int ini = 0, fin = 0;
+  MPI_Initialized(&ini);
+  MPI_Finalized(&fin);
+  if (!ini || fin) return;
+  if (atomic_load(&job_failed)) {
+    /* MPI_Finalize waits for every process: a dead or frozen one never comes */
+    LOG(LOG_INFO, "mpi: not calling MPI_Finalize at exit: the job failed");
+    return;
+  }
+  MPI_Finalize();
+}
+
+static tnt_result_t ensure_mpi(void) {
+  pthread_mutex_lock(&init_mu);
+  tnt_result_t res = TNT_SUCCESS;
+  int ini = 0, fin = 0;
+  MPI_Finalized(&fin);
+  if (fin) {
+    res = failf(TNT_ERR_INVALID_USAGE, -1, "MPI was already finalized in this process (MPI_Finalize, or mpi4py at "
+                "exit) and cannot start again: keep MPI initialized while Tarantella runs");
+    goto out;
+  }
+  MPI_Initialized(&ini);
+  if (!ini) {
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &thread_level);
+    if (rc != MPI_SUCCESS) {
+      char e[MPI_MAX_ERROR_STRING];
+      res = failf(TNT_ERR_SYSTEM, -1, "MPI_Init_thread failed: %s", mpi_err(rc, e));
+      goto out;
+    }
+    mpi_ours = 1;
+    atexit(finalize_at_exit);
+    LOG(LOG_INFO, "mpi: MPI initialized, thread level %s", level_name(thread_level));
+  } else {
+    MPI_Query_thread(&thread_level);
+  }
+  if (thread_level < MPI_THREAD_SERIALIZED) {
+    res = failf(TNT_ERR_INVALID_USAGE, -1,
+                "MPI was initialized %swith thread level %s, but the mpi transport calls MPI from Tarantella's "
+                "background thread and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (mpi4py asks for MULTIPLE "
+                "unless mpi4py.rc.thread_level says otherwise)",
+                mpi_ours ? "" : "by the application ", level_name(thread_level));
+    goto out;
+  }
+  if (thread_level < MPI_THREAD_MULTIPLE)
+    LOG(LOG_WARNING, "mpi: MPI provides %s only: the application must not call MPI while Tarantella has collectives "
+        "in flight", level_name(thread_level));
+out:
+  pthread_mutex_unlock(&init_mu);
+  return res;
+}
+
+static tnt_result_t read_heartbeat(double *out) {
+  const char *raw = getenv("TNT_MPI_HEARTBEAT_S");
+  *out = 1.0;
+  if (!raw || !*raw) return TNT_SUCCESS;
+  char *end = NULL;
+  double v = strtod(raw, &end);
+  if (end == raw || *end || !(v >= 0.01 && v <= 60))
+    return failf(TNT_ERR_INVALID_ARGUMENT, -1, "environment variable TNT_MPI_HEARTBEAT_S must be a number between 0.01 "
+                 "and 60 (seconds between the mpi transport's heartbeats; 10 missed ones mean a peer is lost). "
+                 "Received: TNT_MPI_HEARTBEAT_S=%s", raw);
+  *out = v;
+  return TNT_SUCCESS;
+}
+
+/* ---- set-up ---- */
+
+static void free_state(mpi_t *s) {
+  if (!s) return;
+  for (int r = 0; s->peers && r < s->n; r++) {
+    free(s->peers[r].ops);
+    free(s->peers[r].exch);
+  }
+  free(s->peers);
+  free(s->counters);
+  free(s->window);
+  free(s->sreq);
+  free(s->sbuf);
+  free(s->sfree);
+  free(s->sidx);
+  for (int i = 0; i < s->npb; i++) free(s->pbuf[i]);
+  free(s->preq);
+  free(s->pbuf);
+  free(s->pcap);
+  free(s->pidx);
+  for (int b = 0; b < 2; b++) {
+    free(s->exch_out[b]);
+    free(s->exch_req[b]);
+  }
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+/* Every rank checks every rank's placement against MPI's, so that all of
+ * them fail with the same message. */
+static tnt_result_t check_hellos(const tnt_placement_t *pl, const hello_t *all, int msize, double beat) {
+  if (msize != pl->size) {
+    if (msize == 1)
+      return failf(TNT_ERR_INVALID_USAGE, -1,
+                   "the mpi transport needs ranks started by an MPI launcher, but MPI sees only this process "
+                   "(MPI_COMM_WORLD has 1 process) while the job has %d ranks: start it with `mpirun -np %d` (or "
+                   "srun), not tntrun -n, or use TNT_TRANSPORT=shm on one host",
+                   pl->size, pl->size);
+    return failf(TNT_ERR_INVALID_USAGE, -1,
+                 "MPI_COMM_WORLD has %d processes but the environment says the job has %d ranks (%s): under mpirun "
+                 "or srun leave TNT_RANK/TNT_SIZE unset, so that the placement comes from the launcher's own "
+                 "variables (OMPI_COMM_WORLD_*, PMI_*, SLURM_*)",
+                 msize, pl->size, pl->from_launcher ? "TNT_SIZE" : "the launcher's variables");
+  }
+  for (int q = 0; q < msize; q++) {
+    const hello_t *h = &all[q];
+    if (h->magic != HELLO_MAGIC || h->abi != TNT_PLUGIN_ABI_VERSION)
+      return failf(TNT_ERR_INVALID_USAGE, -1, "process %d of MPI_COMM_WORLD runs another release of Tarantella's "
+                   "mpi transport (plugin ABI %u, here %d): give every rank the same installation",
+                   q, h->abi, TNT_PLUGIN_ABI_VERSION);
+    if (h->rank != q || h->size != msize)
+      return failf(TNT_ERR_INVALID_USAGE, -1,
+                   "the placement disagrees with MPI: process %d of MPI_COMM_WORLD (%d processes; pid %d on %s) is "
+                   "rank %d of %d by its environment (%s). Under mpirun or srun leave TNT_RANK and TNT_SIZE unset so "
+                   "that the placement comes from the launcher (OMPI_COMM_WORLD_*, PMI_*, SLURM_*), or give each "
+                   "process MPI's rank and size",
+                   q, msize, h->pid, h->host, h->rank, h->size,
+                   h->from_launcher ? "TNT_RANK/TNT_SIZE" : "the launcher's variables");
+    if (h->heartbeat_s != beat)
+      return failf(TNT_ERR_INVALID_USAGE, -1, "the ranks disagree on TNT_MPI_HEARTBEAT_S (rank 0: %g, rank %d: %g): "
+                   "give every rank the same environment", all[0].heartbeat_s, q, h->heartbeat_s);
+  }
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state) {
+  double beat;
+  tnt_result_t res = read_heartbeat(&beat);
+  if (res != TNT_SUCCESS) return res;
+  if ((res = ensure_mpi()) != TNT_SUCCESS) return res;
+  double deadline = host->now() + params->timeout_s;
+  char e[MPI_MAX_ERROR_STRING];
+
+  /* a private communicator: the application's own MPI traffic never matches ours */
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request req;
+  int rc = MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req);
+  if (rc != MPI_SUCCESS) return failf(TNT_ERR_SYSTEM, -1, "MPI_Comm_idup failed: %s", mpi_err(rc, e));
+  res = wait_setup(&req, deadline);
+  if (res == TNT_ERR_TIMEOUT)
+    return failf(TNT_ERR_TIMEOUT, -1, "rank %d waited %.0f s (TNT_TIMEOUT_S) for the other processes of "
+                 "MPI_COMM_WORLD to start Tarantella's mpi transport: every process of the MPI job must call tnt.init()",
+                 pl->rank, params->timeout_s);
+  if (res != TNT_SUCCESS) return failf(TNT_ERR_SYSTEM, -1, "MPI_Comm_idup failed");
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  int mrank = 0, msize = 0;
+  MPI_Comm_rank(comm, &mrank);
+  MPI_Comm_size(comm, &msize);
+
+  hello_t mine;
+  memset(&mine, 0, sizeof mine);
+  mine.magic = HELLO_MAGIC;
+  mine.abi = TNT_PLUGIN_ABI_VERSION;
+  mine.rank = pl->rank;
+  mine.size = pl->size;
+  mine.local_rank = pl->local_rank;
+  mine.local_size = pl->local_size;
+  mine.from_launcher = pl->from_launcher;
+  mine.pid = (int32_t)getpid();
+  mine.heartbeat_s = beat;
+  gethostname(mine.host, sizeof mine.host - 1);
+  node_id(mine.node, sizeof mine.node);
+  hello_t *all = calloc((size_t)msize, sizeof *all);
+  mpi_t *s = calloc(1, sizeof *s);
+  if (!all || !s) {
+    free(all);
+    free(s);
+    MPI_Comm_free(&comm);
+    return failf(TNT_ERR_SYSTEM, -1, "out of memory");
+  }
+  pthread_mutex_init(&s->mu, NULL);
+  rc = MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, comm, &req);
+  res = rc == MPI_SUCCESS ? wait_setup(&req, deadline) : TNT_ERR_SYSTEM;
+  if (res == TNT_ERR_TIMEOUT)
+    res = failf(TNT_ERR_TIMEOUT, -1, "rank %d waited %.0f s (TNT_TIMEOUT_S) for the other processes of MPI_COMM_WORLD "
+                "to introduce themselves", pl->rank, params->timeout_s);
+  else if (res != TNT_SUCCESS)
+    res = failf(TNT_ERR_SYSTEM, -1, "MPI_Iallgather of the set-up records failed");
+  if (res == TNT_SUCCESS) res = check_hellos(pl, all, msize, beat);
+  if (res != TNT_SUCCESS) goto fail;
+
+  s->pl = *pl;
+  s->me = mrank;
+  s->n = msize;
+  s->comm = comm;
+  s->timeout_s = params->timeout_s;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN); /* spin only with two cores per local rank, as shm */
+  s->spin_s = (ncpu > 0 && 2L * pl->local_size <= ncpu) ? params->spin_s : 0.0;
+  s->beat_s = beat;
+  s->silence_s = SILENT_BEATS * beat;
+  s->window_bytes = window_bytes;
+  s->peers = calloc((size_t)msize, sizeof *s->peers);
+  s->counters = calloc((size_t)msize * TNT_NOTIFY_KINDS, sizeof *s->counters);
+  if (posix_memalign((void **)&s->window, 4096, window_bytes ? window_bytes : 1)) s->window = NULL;
+  for (int b = 0; b < 2; b++) {
+    s->exch_out[b] = malloc(TNT_EXCHANGE_MAX);
+    s->exch_req[b] = malloc((size_t)msize * sizeof(MPI_Request));
+    for (int r = 0; s->exch_req[b] && r < msize; r++) s->exch_req[b][r] = MPI_REQUEST_NULL;
+  }
+  if (!s->peers || !s->counters || !s->window || !s->exch_out[0] || !s->exch_out[1] || !s->exch_req[0] ||
+      !s->exch_req[1] || grow_slots(s) != TNT_SUCCESS) {
+    res = failf(TNT_ERR_SYSTEM, -1, "out of memory for the mpi transport (window of %zu bytes, %d ranks)", window_bytes,
+                msize);
+    goto fail;
+  }
+  double now = host->now();
+  int local_rank = 0, local_size = 0;
+  for (int r = 0; r < msize; r++) {
+    peer_t *p = &s->peers[r];
+    p->root = -1;
+    p->pid = all[r].pid;
+    p->local = !strcmp(all[r].node, mine.node) && strcmp(mine.node, "?/?");
+    snprintf(p->host, sizeof p->host, "%s", all[r].host);
+    p->last_heard = p->last_sent = now;
+    if (p->local) {
+      local_size++;
+      if (r < mrank) local_rank++;
+    }
+  }
+  if (local_rank != pl->local_rank || local_size != pl->local_size)
+    LOG(LOG_WARNING, "mpi: rank %d is local rank %d of %d by its environment, but %d of %d by the hosts MPI reports",
+        pl->rank, pl->local_rank, pl->local_size, local_rank, local_size);
+  s->next_beat = now + beat / 4;
+  free(all);
+  *state = s;
+  LOG(LOG_INFO, "mpi: %d ranks, %d on this host, window %zu bytes, heartbeat %g s, %s", msize, local_size, window_bytes,
+      beat, description);
+  return TNT_SUCCESS;
+fail:
+  free(all);
+  free_state(s);
+  MPI_Comm_free(&comm);
+  return res;
+}
+
+static int mpi_can_serve(const tnt_placement_t *pl) { return pl->size >= 1; }
+
+/* ---- data ---- */
+
+static void *mpi_window(void *st) { return ((mpi_t *)st)->window; }
+
+static int put_slot_free(mpi_t *s, void *arg) { return s->pactive < PUT_INFLIGHT_MAX; }
+
+/* A buffer for a copied put of `len` bytes (mu held): a free one, grown if
+ * needed; -1 when out of memory. */
+static int put_buffer(mpi_t *s, size_t len) {
+  int best = -1;
+  for (int i = 0; i < s->npb; i++)
+    if (s->preq[i] == MPI_REQUEST_NULL && (best < 0 || s->pcap[i] > s->pcap[best])) best = i;
+  if (best < 0) {
+    int n = s->npb + 1;
+    MPI_Request *preq = realloc(s->preq, (size_t)n * sizeof *preq);
+    if (preq) s->preq = preq;
+    uint8_t **pbuf = realloc(s->pbuf, (size_t)n * sizeof *pbuf);
+    if (pbuf) s->pbuf = pbuf;
+    size_t *pcap = realloc(s->pcap, (size_t)n * sizeof *pcap);
+    if (pcap) s->pcap = pcap;
+    int *pidx = realloc(s->pidx, (size_t)n * sizeof *pidx);
+    if (pidx) s->pidx = pidx;
+    if (!preq || !pbuf || !pcap || !pidx) return -1;
+    best = s->npb++;
+    s->preq[best] = MPI_REQUEST_NULL;
+    s->pbuf[best] = NULL;
+    s->pcap[best] = 0;
+  }
+  if (s->pcap[best] < len) {
+    uint8_t *buf = realloc(s->pbuf[best], len);
+    if (!buf) return -1;
+    s->pbuf[best] = buf;
+    s->pcap[best] = len;
+  }
+  return best;
+}
+
+/* A put of up to PUT_COPY_MAX bytes is copied and sent in the background (the
+ * receiver takes it when it next polls); a larger one is sent from the
+ * caller's buffer, and put returns when MPI is done with it. */
+static tnt_result_t mpi_put(void *st, int peer, size_t offset, const void *src, size_t len) {
+  mpi_t *s = st;
+  if (!len) return TNT_SUCCESS;
+  if (len > INT_MAX) return failf(TNT_ERR_INTERNAL, -1, "a put of %zu bytes is too large for MPI", len);
+  char what[64];
+  snprintf(what, sizeof what, "sending data to rank %d", peer);
+  const double deadline = host->now() + s->timeout_s;
+  tnt_result_t res;
+  if (len <= PUT_COPY_MAX) {
+    res = poll_until(s, put_slot_free, NULL, peer, deadline, what);
+    if (res == TNT_ERR_TIMEOUT) return timed_out(s, peer, what);
+    if (res != TNT_SUCCESS) return res;
+  }
+  pthread_mutex_lock(&s->mu);
+  MPI_Request req = MPI_REQUEST_NULL, *preq = &req;
+  int rc = -1;
+  if (len <= PUT_COPY_MAX) {
+    int i = put_buffer(s, len);
+    if (i >= 0) {
+      memcpy(s->pbuf[i], src, len);
+      src = s->pbuf[i];
+      preq = &s->preq[i];
+      rc = MPI_SUCCESS;
+    }
+  } else {
+    rc = MPI_SUCCESS;
+  }
+  if (rc == MPI_SUCCESS) rc = send_ctrl(s, peer, CTRL_PUT, 0, offset, len, NULL);
+  if (rc == MPI_SUCCESS) rc = MPI_Isend(src, (int)len, MPI_BYTE, peer, TAG_PAYLOAD, s->comm, preq);
+  if (rc == MPI_SUCCESS && preq != &req) s->pactive++;
+  res = rc == MPI_SUCCESS ? TNT_SUCCESS : send_failed(s, peer, rc);
+  pthread_mutex_unlock(&s->mu);
+  if (res != TNT_SUCCESS || preq != &req) return res;
+  res = poll_until(s, request_done, &req, peer, deadline, what);
+  if (res == TNT_ERR_TIMEOUT) res = timed_out(s, peer, what);
+  if (res != TNT_SUCCESS && req != MPI_REQUEST_NULL) { /* the caller's buffer is not ours after we return */
+    pthread_mutex_lock(&s->mu);
+    MPI_Cancel(&req);
+    MPI_Request_free(&req);
+    pthread_mutex_unlock(&s->mu);
+  }
+  return res;
+}
+
+static tnt_result_t mpi_notify(void *st, int peer, int kind) {
+  mpi_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  int rc = send_ctrl(s, peer, CTRL_NOTIFY, kind, 0, 0, NULL);
+  pthread_mutex_unlock(&s->mu);
+  return rc == MPI_SUCCESS ? TNT_SUCCESS : send_failed(s, peer, rc);
+}
+
+typedef struct {
+  uint32_t *counter;
+  uint32_t target;
+} counter_target_t;
+
+static int counter_reached(mpi_t *s, void *arg) {
+  counter_target_t *ct = arg;
+  return reached(*ct->counter, ct->target);
+}
+
+static tnt_result_t mpi_wait(void *st, int kind, int from, uint32_t target, double deadline) {
+  mpi_t *s = st;
+  counter_target_t ct = {&s->counters[kind * s->n + from], target};
+  char what[96];
+  snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
+  tnt_result_t res = poll_until(s, counter_reached, &ct, from, deadline, what);
+  return res == TNT_ERR_TIMEOUT ? timed_out(s, from, what) : res;
+}
+
+/* ---- exchange ---- */
+
+static int sends_done(mpi_t *s, void *arg) {
+  int flag = 0;
+  if (MPI_Testall(s->n, (MPI_Request *)arg, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: sending the negotiation message failed", s->me);
+    return 0;
+  }
+  return flag;
+}
+
+static tnt_result_t mpi_exchange_post(void *st, const void *mine, size_t len, double deadline) {
+  mpi_t *s = st;
+  if (len > TNT_EXCHANGE_MAX) return failf(TNT_ERR_INTERNAL, -1, "exchange of %zu bytes is too large", len);
+  if (s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange posted twice");
+  uint32_t round = s->round + 1, b = round & 1;
+  /* the sends of round - 2 used this buffer: every peer has received them (it
+   * went on to round - 1), MPI may just not have told us yet */
+  tnt_result_t res = poll_until(s, sends_done, s->exch_req[b], -1, deadline, "sending the negotiation message");
+  if (res == TNT_ERR_TIMEOUT) return timed_out(s, -1, "sending the negotiation message");
+  if (res != TNT_SUCCESS) return res;
+  memcpy(s->exch_out[b], mine, len);
+  s->exch_out_len[b] = len;
+  pthread_mutex_lock(&s->mu);
+  double now = host->now();
+  for (int r = 0; r < s->n; r++) {
+    s->peers[r].exch_got = (r == s->me);
+    if (r == s->me) continue;
+    int rc = MPI_Isend(s->exch_out[b], (int)len, MPI_BYTE, r, TAG_EXCH, s->comm, &s->exch_req[b][r]);
+    if (rc != MPI_SUCCESS) {
+      char e[MPI_MAX_ERROR_STRING];
+      s->exch_req[b][r] = MPI_REQUEST_NULL;
+      res = failf(TNT_ERR_PEER_LOST, r, "rank %d could not send its negotiation message to rank %d: %s", s->me, r,
+                  mpi_err(rc, e));
+      break;
+    }
+    s->peers[r].last_sent = now;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (res != TNT_SUCCESS) return res;
+  s->round = round;
+  s->missing = s->n - 1;
+  s->posted = 1;
+  s->exch_deadline = deadline;
+  return TNT_SUCCESS;
+}
+
+/* Receive what has arrived of this round (mu held); 1 when every rank's is here. */
+static int exchange_arrived(mpi_t *s, void *arg) {
+  for (int r = 0; r < s->n && s->missing; r++) {
+    peer_t *p = &s->peers[r];
+    if (p->exch_got) continue;
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    if (MPI_Improbe(r, TAG_EXCH, s->comm, &flag, &msg, &st) != MPI_SUCCESS) {
+      sticky(s, TNT_ERR_PEER_LOST, r, "rank %d could not probe for rank %d's negotiation message", s->me, r);
+      return 0;
+    }
+    if (!flag) continue;
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    if (count < 0 || (size_t)count > p->exch_cap) {
+      size_t cap = count > 0 ? (size_t)count : 1;
+      uint8_t *buf = realloc(p->exch, cap);
+      if (!buf) {
+        sticky(s, TNT_ERR_SYSTEM, -1, "out of memory");
+        return 0;
+      }
+      p->exch = buf;
+      p->exch_cap = cap;
+    }
+    if (MPI_Mrecv(p->exch, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      sticky(s, TNT_ERR_PEER_LOST, r, "rank %d could not receive rank %d's negotiation message", s->me, r);
+      return 0;
+    }
+    p->exch_len = (size_t)count;
+    p->exch_got = 1;
+    p->last_heard = host->now();
+    s->missing--;
+  }
+  return s->missing == 0;
+}
+
+static tnt_result_t mpi_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
+  mpi_t *s = st;
+  if (!s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange collected before it was posted");
+  double deadline = until < s->exch_deadline ? until : s->exch_deadline;
+  const char *what = "negotiating with the other ranks";
+  tnt_result_t res = poll_until(s, exchange_arrived, NULL, -1, deadline, what);
+  if (res == TNT_ERR_TIMEOUT) {
+    if (deadline < s->exch_deadline) return TNT_IN_PROGRESS;
+    int first = -1;
+    for (int r = 0; r < s->n && first < 0; r++)
+      if (!s->peers[r].exch_got) first = r;
+    return timed_out(s, first, what);
+  }
+  if (res != TNT_SUCCESS) return res;
+  uint32_t b = s->round & 1;
+  for (int r = 0; r < s->n; r++) {
+    const uint8_t *src = r == s->me ? s->exch_out[b] : s->peers[r].exch;
+    lens[r] = r == s->me ? s->exch_out_len[b] : s->peers[r].exch_len;
+    if (lens[r] > stride)
+      return failf(TNT_ERR_INTERNAL, r, "rank %d sent %zu exchange bytes, more than %zu", r, lens[r], stride);
+    if (lens[r]) memcpy((uint8_t *)all + (size_t)r * stride, src, lens[r]);
+  }
+  s->posted = 0;
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t mpi_exchange(void *st, const void *mine, size_t len, void *all, size_t stride, size_t *lens,
+                                 double deadline) {
+  mpi_t *s = st;
+  if (len > stride) return failf(TNT_ERR_INTERNAL, -1, "exchange of %zu bytes is too large", len);
+  tnt_result_t res = mpi_exchange_post(s, mine, len, deadline);
+  if (res != TNT_SUCCESS) return res;
+  return mpi_exchange_collect(s, all, stride, lens, deadline);
+}
+
+/* ---- doorbell ---- */
+
+static void mpi_ring_doorbell(void *st, uint64_t cycle) {
+  mpi_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  uint64_t cur = atomic_load(&s->cycle_wanted);
+  while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
+  }
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && s->peers[r].state == PEER_ALIVE) send_ctrl(s, r, CTRL_BELL, 0, cycle, 0, NULL);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static int mpi_cycle_wanted(void *st, uint64_t done) { return atomic_load(&((mpi_t *)st)->cycle_wanted) > done; }
+
+/* Sleep on the futex (a local request wakes it at once); poll MPI for peers'
+ * bells and send heartbeats every SLEEP_MAX_S at most. */
+static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
+  mpi_t *s = st;
+  double sleep = SLEEP_MIN_S;
+  for (;;) {
+    uint32_t b = atomic_load(&s->bell);
+    if (b != s->bell_seen || atomic_load(&s->cycle_wanted) > done) {
+      s->bell_seen = b;
+      return;
+    }
+    double now = host->now();
+    if (now >= deadline) return;
+    pthread_mutex_lock(&s->mu);
+    progress(s);
+    pthread_mutex_unlock(&s->mu);
+    if (atomic_load(&s->bell) != b || atomic_load(&s->cycle_wanted) > done) continue;
+    double d = deadline - now < sleep ? deadline - now : sleep;
+    struct timespec ts = timespec_of(d);
+    atomic_fetch_add(&s->bell_waiters, 1);
+    if (atomic_load(&s->bell) == b) futex(&s->bell, FUTEX_WAIT, b, &ts);
+    atomic_fetch_sub(&s->bell_waiters, 1);
+    sleep = sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : sleep * 2;
+  }
+}
+
+static void mpi_wake_local(void *st) { bump_bell((mpi_t *)st); }
+
+/* ---- health, abort, shutdown ---- */
+
+static tnt_result_t mpi_check_peers(void *st, const uint8_t *awaited) {
+  mpi_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  progress(s);
+  tnt_result_t res = check_all(s, awaited, 1, "waiting for the other ranks to submit the same collectives");
+  pthread_mutex_unlock(&s->mu);
+  return res;
+}
+
+static void mpi_describe_peer(void *st, int peer, char *out, size_t len) {
+  mpi_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  describe(s, peer, out, len);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void mpi_abort(void *st, const char *reason, int root_peer) {
+  mpi_t *s = st;
+  atomic_store(&job_failed, 1);
+  pthread_mutex_lock(&s->mu);
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && s->peers[r].state != PEER_EXITED)
+      send_ctrl(s, r, CTRL_ABORT, root_peer, 0, 0, reason ? reason : "aborted");
+  progress(s);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static int all_sent(mpi_t *s, void *arg) {
+  int flag = 0;
+  reap(s);
+  if (s->nfree != s->nslots || s->pactive) return 0;
+  for (int b = 0; b < 2; b++) {
+    MPI_Testall(s->n, s->exch_req[b], &flag, MPI_STATUSES_IGNORE);
+    if (!flag) return 0;
+  }
+  return 1;
+}
+
+static void mpi_finalize(void *st) {
+  mpi_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && s->peers[r].state == PEER_ALIVE) send_ctrl(s, r, CTRL_BYE, 0, 0, 0, NULL);
+  pthread_mutex_unlock(&s->mu);
+  /* let the last messages leave (over TCP they go only while we call MPI) */
+  double until = host->now() + (s->timeout_s < BYE_WAIT_S ? s->timeout_s : BYE_WAIT_S);
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    progress(s);
+    int done = all_sent(s, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (done || host->now() >= until) break;
+    sleep_s(SLEEP_MAX_S);
+  }
+  pthread_mutex_lock(&s->mu);
+  for (int r = 0; r < s->n; r++) {
+    peer_t *p = &s->peers[r];
+    for (; p->n; p->n--, p->head = (p->head + 1) % p->cap) {
+      op_t *op = &p->ops[p->head];
+      if (op->kind < 0 && op->req != MPI_REQUEST_NULL) {
+        MPI_Cancel(&op->req);
+        MPI_Request_free(&op->req);
+      }
+    }
+  }
+  for (int i = 0; i < s->nslots; i++)
+    if (s->sreq[i] != MPI_REQUEST_NULL) MPI_Request_free(&s->sreq[i]);
+  for (int b = 0; b < 2; b++)
+    for (int r = 0; r < s->n; r++)
+      if (s->exch_req[b][r] != MPI_REQUEST_NULL) MPI_Request_free(&s->exch_req[b][r]);
+  for (int i = 0; i < s->npb; i++) /* a send still pending (its peer is gone) keeps its buffer */
+    if (s->preq[i] != MPI_REQUEST_NULL) {
+      MPI_Cancel(&s->preq[i]);
+      MPI_Request_free(&s->preq[i]);
+      s->pbuf[i] = NULL;
+    }
+  MPI_Comm_free(&s->comm);
+  pthread_mutex_unlock(&s->mu);
+  free_state(s);
+}
+
+static const tnt_transport_t transport = {
+    .name = "mpi",
+    .can_serve = mpi_can_serve,
+    .init = mpi_init,
+    .put = mpi_put,
+    .window = mpi_window,
+    .notify = mpi_notify,
+    .wait = mpi_wait,
+    .exchange = mpi_exchange,
+    .exchange_post = mpi_exchange_post,
+    .exchange_collect = mpi_exchange_collect,
+    .ring_doorbell = mpi_ring_doorbell,
+    .cycle_wanted = mpi_cycle_wanted,
+    .wait_doorbell = mpi_wait_doorbell,
+    .check_peers = mpi_check_peers,
+    .describe_peer = mpi_describe_peer,
+    .wake_local = mpi_wake_local,
+    .abort = mpi_abort,
+    .finalize = mpi_finalize,
+};
+
+static const tnt_plugin_t plugin = {
+    TNT_PLUGIN_SIZES,
+    .caps = TNT_TRANSPORT_CAP_MULTI_HOST | TNT_TRANSPORT_CAP_HEARTBEAT,
+    .name = "mpi",
+    .description = description,
+    .transport = &transport,
+};
+
+EXPORT const tnt_plugin_t *tnt_transport_plugin_v1(const tnt_plugin_host_t *h, char *why, size_t why_len) {
+  if (!h || h->abi_version != TNT_PLUGIN_ABI_VERSION || h->struct_size < sizeof(tnt_plugin_host_t)) {
+    snprintf(why, why_len, "the core offers plugin ABI %u (%u-byte host table); this plugin was built for ABI %d",
+             h ? h->abi_version : 0, h ? h->struct_size : 0, TNT_PLUGIN_ABI_VERSION);
+    return NULL;
+  }
+  host = h;
+  if (!description[0]) { /* MPI_Get_library_version may be called before MPI_Init */
+    char v[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    int len = 0;
+    MPI_Get_library_version(v, &len);
+    v[strcspn(v, "\n,")] = 0;
+    snprintf(description, sizeof description, "%s (MPI %d.%d)", v, MPI_VERSION, MPI_SUBVERSION);
+  }
+  return &plugin;
+}

@@ -1,0 +1,181 @@
+"""Transports loaded at run time: find or build their plugin (docs/transport.md).
+
+The mpi transport is a shared library compiled at first use with the MPI's own
+compiler wrapper (`mpicc`, or $TNT_MPICC / $MPICC) into a per-user cache,
+$XDG_CACHE_HOME/tarantella/plugins (default ~/.cache), in a folder named after
+the MPI (implementation and version from mpi.h), the core's plugin ABI and a
+digest of everything that went into the build (sources, compiler wrapper and
+its compile line). A later run with the same MPI loads it at once; another MPI
+(`module load`, a new install) gets its own build. `pip install` needs no MPI.
+
+The core finds the library through $TNT_MPI_PLUGIN, which is set here before
+the core starts (a user may set it to a plugin built elsewhere: nothing is
+built then). When the plugin cannot be had, the error says why: no MPI found,
+or the compiler's output (kept in build.log next to where the library would be).
+"""
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+
+from tarantella.common import errors
+
+_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_PACKAGED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_plugin_src")
+
+# What the plugin is compiled from, relative to core/ (setup.py ships the same
+# files in tarantella/_plugin_src for installs that are not editable).
+SOURCES = ("src/transport/plugins/mpi.c", "src/transport_plugin.h", "src/transport.h", "src/params.h",
+           "include/tarantella.h")
+LIBRARY = "libtnt-transport-mpi.so"
+_VERSION_MACROS = ("OMPI_MAJOR_VERSION", "OMPI_MINOR_VERSION", "OMPI_RELEASE_VERSION", "MPICH_VERSION",
+                   "I_MPI_VERSION", "MVAPICH2_VERSION", "MPI_VERSION", "MPI_SUBVERSION")
+
+
+def source_dir():
+    """The folder holding SOURCES: the package's copy, else the source tree's core/."""
+    for base in (_PACKAGED, os.path.join(_ROOT, "core")):
+        if all(os.path.isfile(os.path.join(base, s)) for s in SOURCES):
+            return base
+    raise errors.InternalError(
+        "the sources of the mpi transport plugin are missing from this installation "
+        f"(looked in {_PACKAGED} and {os.path.join(_ROOT, 'core')}): reinstall Tarantella")
+
+
+def abi_version(src=None):
+    """The plugin ABI version of the core these sources belong to."""
+    with open(os.path.join(src or source_dir(), "src", "transport_plugin.h")) as f:
+        return int(re.search(r"#define TNT_PLUGIN_ABI_VERSION (\d+)", f.read()).group(1))
+
+
+def find_mpicc():
+    """The MPI compiler wrapper as an argument list, or raise saying why there is none."""
+    for var in ("TNT_MPICC", "MPICC"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            cmd = shlex.split(value)
+            if not shutil.which(cmd[0]):
+                raise errors.InvalidArgumentError(
+                    f"the mpi transport: {var}={value} is not an executable compiler wrapper: point {var} at your "
+                    f"MPI's mpicc, or unset it to use the mpicc on PATH")
+            return cmd
+    found = shutil.which("mpicc")
+    if not found:
+        raise errors.InvalidArgumentError(
+            "TNT_TRANSPORT=mpi, but no MPI was found: there is no mpicc on PATH (nor TNT_MPICC / MPICC). Install an "
+            "MPI with its development files (Debian/Ubuntu: apt-get install libopenmpi-dev; a cluster: module load "
+            "openmpi), or use TNT_TRANSPORT=shm on one host")
+    return [found]
+
+
+def _run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
+
+
+def describe_mpi(mpicc):
+    """What identifies the MPI behind `mpicc`: its version macros and compile line."""
+    show = _run([*mpicc, "-show"])
+    probe = _run([*mpicc, "-E", "-dM", "-x", "c", "-"], input="#include <mpi.h>\n")
+    if probe.returncode != 0:
+        raise errors.SystemError(
+            f"the mpi transport: {' '.join(mpicc)} cannot compile against mpi.h (are the MPI development files "
+            f"installed? Debian/Ubuntu: libopenmpi-dev):\n{(probe.stderr or probe.stdout).strip()[-2000:]}")
+    macros = {}
+    for line in probe.stdout.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3 and parts[0] == "#define" and parts[1] in _VERSION_MACROS:
+            macros[parts[1]] = parts[2].strip().strip('"')
+    if "OMPI_MAJOR_VERSION" in macros:
+        name = "openmpi-{OMPI_MAJOR_VERSION}.{OMPI_MINOR_VERSION}.{OMPI_RELEASE_VERSION}".format(**macros)
+    elif "I_MPI_VERSION" in macros:
+        name = "intelmpi-" + macros["I_MPI_VERSION"]
+    elif "MVAPICH2_VERSION" in macros:
+        name = "mvapich2-" + macros["MVAPICH2_VERSION"]
+    elif "MPICH_VERSION" in macros:
+        name = "mpich-" + macros["MPICH_VERSION"]
+    else:
+        name = "mpi-{}.{}".format(macros.get("MPI_VERSION", "x"), macros.get("MPI_SUBVERSION", "x"))
+    return {"name": re.sub(r"[^A-Za-z0-9.-]+", "_", name), "macros": macros,
+            "wrapper": os.path.realpath(shutil.which(mpicc[0])), "args": mpicc[1:],
+            "show": show.stdout.strip() if show.returncode == 0 else ""}
+
+
+def cache_root():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tarantella", "plugins")
+
+
+def _private_dir(path):
+    """Make `path` (and parents) and refuse one that others could write into:
+    the library in it is loaded into every rank."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise errors.InvalidUsageError(
+            f"the plugin cache {path} belongs to uid {st.st_uid} with mode {st.st_mode & 0o777:o}: Tarantella loads "
+            "code from it, so it must be this user's and not writable by others; fix it or set XDG_CACHE_HOME")
+
+
+def build_dir(mpi, src):
+    digest = hashlib.sha256()
+    for rel in SOURCES:
+        with open(os.path.join(src, rel), "rb") as f:
+            digest.update(rel.encode() + b"\0" + f.read())
+    digest.update(json.dumps(mpi, sort_keys=True).encode())
+    return os.path.join(cache_root(), f"mpi-{mpi['name']}-abi{abi_version(src)}-{digest.hexdigest()[:12]}")
+
+
+def compile_command(mpicc, src, out):
+    return [*mpicc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
+            "-I", os.path.join(src, "include"), "-I", os.path.join(src, "src"),
+            os.path.join(src, "src", "transport", "plugins", "mpi.c"), "-o", out, "-lpthread"]
+
+
+def mpi_plugin():
+    """The path of the mpi transport's plugin for the MPI found now, built if
+    needed; raises a TarantellaError that says why when there can be none."""
+    mpicc = find_mpicc()
+    src = source_dir()
+    mpi = describe_mpi(mpicc)
+    folder = build_dir(mpi, src)
+    lib = os.path.join(folder, LIBRARY)
+    if os.path.isfile(lib):
+        return lib
+    _private_dir(folder)
+    with open(os.path.join(folder, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks of this host wait for the first to build
+        if os.path.isfile(lib):
+            return lib
+        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+        os.close(fd)
+        cmd = compile_command(mpicc, src, tmp)
+        res = _run(cmd)
+        log = os.path.join(folder, "build.log")
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n" + res.stdout + res.stderr)
+            f.write(f"\nexit status {res.returncode}\nMPI: {json.dumps(mpi, sort_keys=True)}\n")
+        if res.returncode != 0:
+            os.unlink(tmp)
+            output = (res.stderr + res.stdout).strip()
+            raise errors.SystemError(
+                f"TNT_TRANSPORT=mpi, but building the mpi transport plugin with {' '.join(mpicc)} failed (exit status "
+                f"{res.returncode}); the compiler said:\n{output[-3000:]}\n(full log: {log})")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, lib)  # atomic: a rank on another host sharing this home sees all of it or nothing
+    return lib
+
+
+def prepare(transport=None):
+    """Before the core starts: make the plugin of a run-time transport available.
+    A no-op for shm and auto, and when TNT_MPI_PLUGIN is already set."""
+    transport = transport if transport is not None else os.environ.get("TNT_TRANSPORT", "auto").strip()
+    if transport != "mpi" or os.environ.get("TNT_MPI_PLUGIN"):
+        return None
+    path = mpi_plugin()
+    os.environ["TNT_MPI_PLUGIN"] = path
+    return path

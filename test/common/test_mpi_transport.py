@@ -1,0 +1,297 @@
+"""The mpi transport, a plugin built at first use, under a real `mpirun` on this
+host with TNT_TRANSPORT=mpi forced: every collective x dtype x awkward size,
+bitwise identical on every rank (2 and 3 ranks); a killed, an aborting and a
+frozen rank named on the others within a bounded time; and the plugin's error
+paths (no MPI, a failed build, a missing library, another ABI) with stand-in
+plugins built here. Skips with the reason where mpirun or mpicc is absent."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from core_helpers import HERE, clean_env, tntrun
+
+MPIRUN, MPICC, CC = shutil.which("mpirun"), shutil.which("mpicc"), shutil.which("cc")
+CORE = os.path.abspath(os.path.join(HERE, "..", "..", "core"))
+needs_mpi = pytest.mark.skipif(not (MPIRUN and MPICC), reason="needs an MPI: mpirun and mpicc not found "
+                               "(apt-get install openmpi-bin libopenmpi-dev)")
+needs_cc = pytest.mark.skipif(not CC, reason="needs a C compiler (cc) to build the stand-in plugins")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh plugin cache: the first job of this module builds the plugin
+    (its ranks race for the build lock), the others load it."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+def mpi_env(cache, **extra):
+    return clean_env(TNT_TRANSPORT="mpi", XDG_CACHE_HOME=cache, OMPI_ALLOW_RUN_AS_ROOT=1,
+                     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, OMPI_MCA_rmaps_base_oversubscribe=1, **extra)
+
+
+def mpirun_cmd(n, script, *args):
+    # --enable-recovery: mpirun lets the survivors of a dead rank run on, so
+    # that they, not mpirun, report the loss; --bind-to none: each rank has two
+    # busy threads, which one core per rank would serialise
+    return [MPIRUN, "--bind-to", "none", "--enable-recovery", "-np", str(n), sys.executable,
+            os.path.join(HERE, script), *map(str, args)]
+
+
+def json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_is_bitwise_identical_on_every_rank(n, cache, tmp_path):
+    res = subprocess.run(mpirun_cmd(n, "rank_collectives.py", tmp_path),
+                         env=mpi_env(cache, TNT_TEST_BIG_BYTES=3 << 20, TNT_LOG_LEVEL="INFO", TNT_TIMEOUT_S=120),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"initialized: rank 0 of {n}, transport mpi" in res.stderr, res.stderr[-3000:]
+    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(n)]
+    for rep in reports:
+        assert rep["failures"] == [], rep["failures"]
+    first = reports[0]["results"]
+    assert len(first) > 100  # every dtype x size x collective produced a digest
+    for rep in reports[1:]:
+        differing = [k for k in first if rep["results"].get(k) != first[k]]
+        assert not differing, f"rank {rep['rank']} differs from rank 0 on {differing[:5]}"
+    if n == 3:  # the algorithms never know the transport: shm gives the same bits
+        shm = tmp_path / "shm"
+        shm.mkdir()
+        res = tntrun(n, "rank_collectives.py", shm, env={"TNT_TEST_BIG_BYTES": 3 << 20})
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        other = json.load(open(shm / "rank0.json"))["results"]
+        differing = [k for k in first if other.get(k) != first[k]]
+        assert not differing, f"mpi and shm differ on {differing[:5]}"
+
+
+@needs_mpi
+def test_plugin_is_built_once_into_the_cache(cache, tmp_path):
+    # after the collectives jobs (or now): one library, with its build log, in a
+    # folder named after the MPI and the plugin ABI
+    res = subprocess.run(mpirun_cmd(2, "rank_collectives.py", tmp_path), env=mpi_env(cache, TNT_TEST_BIG_BYTES=4096),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    libs = list(cache.glob("tarantella/plugins/mpi-*-abi*/libtnt-transport-mpi.so"))
+    assert len(libs) == 1, libs
+    assert "exit status 0" in (libs[0].parent / "build.log").read_text()
+    assert not list(libs[0].parent.glob(".build-*")), "a temporary build file was left behind"
+    assert libs[0].parent.stat().st_mode & 0o077 == 0  # the code we load is nobody else's to change
+
+
+def run_failures(cache, n, mode, env):
+    res = subprocess.run(mpirun_cmd(n, "rank_failures.py", mode), env=mpi_env(cache, **env), capture_output=True,
+                         text=True, timeout=180)
+    by_rank = {}
+    for line in json_lines(res.stdout):
+        by_rank.setdefault(line["rank"], []).append(line)
+    return res, by_rank
+
+
+@needs_mpi
+def test_killed_rank_is_named_on_every_other_rank(cache):
+    res, by_rank = run_failures(cache, 3, "kill", {"TNT_TIMEOUT_S": 60})
+    assert sorted(by_rank) == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
+    for r, (first, later) in by_rank.items():
+        assert first["error"] == "PeerLostError", first
+        assert first["peer"] == 2 and "rank 2" in first["message"] and "died" in first["message"], first
+        # a local peer's pid is watched: far sooner than the heartbeats (10 s) or TNT_TIMEOUT_S
+        assert first["seconds"] < 5, first
+        assert later["later"] == "PeerLostError" and later["seconds"] < 1.0, later
+
+
+@needs_mpi
+def test_aborting_rank_is_named_with_its_reason(cache):
+    res, by_rank = run_failures(cache, 3, "exception", {"TNT_TIMEOUT_S": 60})
+    assert sorted(by_rank) == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
+    assert "ValueError: a bug in the user's script" in res.stderr
+    for r, (first, later) in by_rank.items():
+        assert first["error"] == "PeerLostError" and first["peer"] == 2, first
+        assert "ValueError: a bug in the user's script" in first["message"], first
+        assert first["seconds"] < 10, first
+
+
+@needs_mpi
+def test_frozen_rank_is_lost_after_missed_heartbeats(cache):
+    # a stopped process is alive by its pid: only its silence tells; 10 missed
+    # heartbeats of 0.2 s, far inside TNT_TIMEOUT_S
+    proc = subprocess.Popen(mpirun_cmd(2, "rank_failures.py", "stop"),
+                            env=mpi_env(cache, TNT_TIMEOUT_S=60, TNT_MPI_HEARTBEAT_S=0.2),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, frozen = [], None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("later" in x for x in lines):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+        first = lines[0]
+        found = re.search(r"rank 1 \(pid (\d+) on ", first["message"])
+        frozen = int(found.group(1)) if found else None
+        assert first["error"] == "PeerLostError" and first["peer"] == 1, first
+        assert "sent nothing" in first["message"] and "is stopped" in first["message"], first
+        assert 1.5 <= first["seconds"] < 15, first
+    finally:
+        if frozen:
+            os.kill(frozen, signal.SIGKILL)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+@needs_mpi
+def test_ranks_not_started_by_mpi_are_refused_clearly(cache, tmp_path):
+    # tntrun starts plain processes: each one's MPI is a world of one
+    res = tntrun(2, "rank_collectives.py", tmp_path, env={"TNT_TRANSPORT": "mpi", "XDG_CACHE_HOME": cache,
+                                                          "TNT_TIMEOUT_S": 30}, timeout=120)
+    assert res.returncode != 0
+    assert "needs ranks started by an MPI launcher" in res.stdout + res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
+
+
+# ---- the plugin's error paths: one process, before any peer is contacted ----
+
+INIT = textwrap.dedent("""
+    import json, tarantella as tnt
+    try:
+        tnt.init()
+        print(json.dumps({"error": None}))
+    except tnt.TarantellaError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+""")
+
+
+def init_error(**env):
+    """What tnt.init() raises on rank 0 of a 2-rank job with TNT_TRANSPORT=mpi."""
+    e = clean_env(TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID="mpi-error-paths", TNT_TRANSPORT="mpi", **env)
+    res = subprocess.run([sys.executable, "-c", INIT], env=e, capture_output=True, text=True, timeout=120)
+    out = json_lines(res.stdout)
+    assert out, res.stdout + res.stderr
+    return out[0]
+
+
+STAND_IN = textwrap.dedent("""
+    #include "transport_plugin.h"
+    static tnt_plugin_t desc = {TNT_PLUGIN_SIZES, .name = "mpi"};
+    #ifndef ENTRY
+    #define ENTRY tnt_transport_plugin_v1
+    #endif
+    #ifndef NO_ENTRY
+    const tnt_plugin_t *ENTRY(const tnt_plugin_host_t *host, char *why, size_t len) {
+    #ifdef ABI
+      desc.abi_version = ABI;
+    #endif
+    #ifdef PARAMS_SIZE
+      desc.params_size = PARAMS_SIZE;
+    #endif
+      return &desc;
+    }
+    #endif
+    #ifdef NEEDS
+    void needs(void);
+    void use(void) { needs(); }
+    #endif
+""")
+
+
+def stand_in(tmp_path, name, *defines, libs=()):
+    src = tmp_path / "stand_in.c"
+    src.write_text(STAND_IN)
+    out = tmp_path / f"{name}.so"
+    subprocess.run([CC, "-shared", "-fPIC", "-I", os.path.join(CORE, "src"), "-I", os.path.join(CORE, "include"),
+                    *(f"-D{d}" for d in defines), str(src), "-o", str(out), *libs], check=True)
+    return out
+
+
+def test_missing_plugin_library_is_named():
+    err = init_error(TNT_MPI_PLUGIN="/nonexistent/libtnt-transport-mpi.so")
+    assert err["error"] == "InvalidArgumentError", err
+    assert "TNT_MPI_PLUGIN=/nonexistent/libtnt-transport-mpi.so does not exist" in err["message"], err
+
+
+@needs_cc
+def test_plugin_whose_library_is_gone_says_what_is_missing(tmp_path):
+    # what an MPI uninstalled after the build looks like: a dependency is missing
+    dep = tmp_path / "libtntgone.so"
+    subprocess.run([CC, "-shared", "-fPIC", "-x", "c", "-", "-o", str(dep)], input="void needs(void) {}",
+                   text=True, check=True)
+    plugin = stand_in(tmp_path, "needs-gone", "NEEDS", libs=[f"-L{tmp_path}", "-ltntgone"])
+    dep.unlink()
+    err = init_error(TNT_MPI_PLUGIN=plugin)
+    assert err["error"] == "InvalidUsageError", err
+    assert "cannot load the mpi transport plugin" in err["message"] and "libtntgone.so" in err["message"], err
+
+
+@needs_cc
+def test_plugin_of_another_abi_version_is_refused(tmp_path):
+    err = init_error(TNT_MPI_PLUGIN=stand_in(tmp_path, "abi99", "ABI=99"))
+    assert err["error"] == "InvalidUsageError", err
+    assert "declares plugin ABI version 99" in err["message"] and "speaks ABI version 1" in err["message"], err
+    assert "rebuild the plugin" in err["message"], err
+
+
+@needs_cc
+def test_plugin_exporting_only_another_entry_is_refused(tmp_path):
+    err = init_error(TNT_MPI_PLUGIN=stand_in(tmp_path, "entry7", "ENTRY=tnt_transport_plugin_v7"))
+    assert err["error"] == "InvalidUsageError", err
+    assert "built for plugin ABI version 7" in err["message"], err
+
+
+@needs_cc
+def test_plugin_built_from_other_headers_is_refused(tmp_path):
+    err = init_error(TNT_MPI_PLUGIN=stand_in(tmp_path, "size", "PARAMS_SIZE=12345"))
+    assert err["error"] == "InvalidUsageError", err
+    assert "built from other headers" in err["message"] and "12345" in err["message"], err
+
+
+@needs_cc
+def test_library_that_is_not_a_plugin_is_refused(tmp_path):
+    err = init_error(TNT_MPI_PLUGIN=stand_in(tmp_path, "none", "NO_ENTRY"))
+    assert err["error"] == "InvalidUsageError", err
+    assert "is not a Tarantella transport plugin" in err["message"], err
+
+
+def test_no_mpi_found_says_so(tmp_path):
+    err = init_error(PATH=str(tmp_path), XDG_CACHE_HOME=tmp_path)  # no mpicc on this PATH
+    assert err["error"] == "InvalidArgumentError", err
+    assert "no MPI was found" in err["message"] and "libopenmpi-dev" in err["message"], err
+
+
+def test_failed_build_shows_the_compiler_output(tmp_path):
+    fake = tmp_path / "mpicc"
+    fake.write_text("#!/bin/sh\n"  # answers the version probes, fails the build
+                    "case \"$*\" in *-show*) echo fake-cc; exit 0;; *-dM*) echo '#define MPI_VERSION 3'; exit 0;; esac\n"
+                    "echo 'mpi.c:1: error: this compiler refuses on purpose' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    err = init_error(TNT_MPICC=fake, XDG_CACHE_HOME=tmp_path / "cache")
+    assert err["error"] == "SystemError", err
+    assert "building the mpi transport plugin" in err["message"], err
+    assert "this compiler refuses on purpose" in err["message"], err
+    log = re.search(r"full log: (\S+)\)", err["message"]).group(1)
+    assert "this compiler refuses on purpose" in open(log).read()
+
+
+def test_bad_mpicc_setting_is_named():
+    err = init_error(TNT_MPICC="/nonexistent/mpicc")
+    assert err["error"] == "InvalidArgumentError", err
+    assert "TNT_MPICC=/nonexistent/mpicc is not an executable" in err["message"], err
+
+
+def test_shm_is_still_chosen_by_auto_on_one_host(tmp_path):
+    res = tntrun(2, "rank_collectives.py", tmp_path, env={"TNT_TEST_BIG_BYTES": 4096, "TNT_LOG_LEVEL": "INFO"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "transport shm selected (TNT_TRANSPORT=auto)" in res.stderr, res.stderr[-2000:]
+    assert "plugin" not in res.stderr  # nothing is loaded, nothing built
