@@ -37,13 +37,23 @@ import tarantella as tnt  # tnt  # noqa: E402
 
 
 def synthetic_images(samples, image_size, classes, seed):
-    """(images, labels): class c is its own smooth random pattern plus noise."""
+    """A tf.data.Dataset of (image, label): class c is its own smooth random
+    pattern plus noise. Images are made on the fly, each from its index alone
+    (stateless random ops), so any size fits in memory and Tarantella can
+    slice each global batch before the map: a rank makes only its own images."""
     rng = np.random.default_rng(seed)
-    coarse = rng.normal(size=(classes, 4, 4, 3)).astype("float32")
-    patterns = tf.image.resize(coarse, (image_size, image_size)).numpy()
-    labels = rng.integers(0, classes, size=samples).astype("int32")
-    noise = rng.normal(scale=0.8, size=(samples, image_size, image_size, 3)).astype("float32")
-    return patterns[labels] + noise, labels
+    coarse = tf.constant(rng.normal(size=(classes, 4, 4, 3)), tf.float32)
+    labels = tf.constant(rng.integers(0, classes, size=samples), tf.int32)
+
+    def make(index):
+        label = labels[index]
+        pattern = tf.image.resize(coarse[label][None], (image_size, image_size))[0]
+        noise = tf.random.stateless_normal((image_size, image_size, 3), seed=[seed, index],
+                                           stddev=0.8)
+        return pattern + noise, label
+
+    # shuffled before the map, so that the map stays next to the batch
+    return tf.data.Dataset.range(samples).shuffle(samples, seed=seed).map(make)
 
 
 def bottleneck(x, filters, stride):
@@ -123,11 +133,10 @@ def main():
     warmup_steps = min(args.warmup_epochs, args.epochs - 1) * args.steps
 
     # the same seed on every rank: the same data set, of which each rank trains on its slice
-    x, y = synthetic_images(args.steps * global_batch, args.image_size, args.classes, seed=1)
-    x_val, y_val = synthetic_images(4 * global_batch, args.image_size, args.classes, seed=2)
-    train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=42) \
+    train = synthetic_images(args.steps * global_batch, args.image_size, args.classes, seed=1) \
         .batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    val = tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(global_batch)
+    val = synthetic_images(4 * global_batch, args.image_size, args.classes, seed=2) \
+        .batch(global_batch)
 
     checkpoints = os.path.join(args.output_dir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
@@ -159,9 +168,10 @@ def main():
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(args.output_dir, "tensorboard")))
 
     if tnt.is_master_rank():
-        start = f"resuming from {resume_from}" if resume_from else "starting"
-        print(f"{args.arch}: {ranks} rank(s), global batch {global_batch}, learning rate "
-              f"{learning_rate:g} after {warmup_steps} warm-up steps; {start}", flush=True)
+        print(f"{args.arch}: {ranks} rank(s), global batch {global_batch}; " + (
+            f"resuming from {resume_from} (optimizer and learning-rate schedule included)"
+            if resume_from else
+            f"learning rate {learning_rate:g} after {warmup_steps} warm-up steps"), flush=True)
     model.fit(train, validation_data=val, epochs=args.epochs, initial_epoch=initial_epoch,
               callbacks=callbacks, verbose=0)
     loss, accuracy = model.evaluate(val, verbose=0)

@@ -4,8 +4,17 @@
   `tarantella.common.config.markdown_table()` (the C core's numeric settings
   come from core/src/params.c through the binding). The copy in the Markdown
   file is for readers on GitHub; test/common/test_docs.py keeps it equal.
+- pages written in another branch (`tnt_optional_pages` in conf.py): until
+  the page exists, its toctree entry is left out and links to it become
+  plain text, so that the site builds before and after that branch merges.
 """
+import os
+import re
+
 from sphinx.errors import ExtensionError
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
 
 TABLE_HEADER = "| variable | default | meaning |"
 
@@ -28,6 +37,22 @@ def _environment_table(app, docname, source):
     source[0] = "\n".join(lines)
 
 
+def _missing_optional_pages(app, docname, source):
+    for page in app.config.tnt_optional_pages:
+        if os.path.exists(os.path.join(app.srcdir, page + ".md")):
+            continue
+        relative = os.path.relpath(page, os.path.dirname(docname) or ".")
+        before = source[0]
+        # a toctree entry is a line of its own; a link is [text](page.md#anchor)
+        source[0] = re.sub(rf"^{re.escape(relative)}\n", "", source[0], flags=re.M)
+        source[0] = re.sub(rf"\[([^\]]*)\]\({re.escape(relative)}\.md(#[^)]*)?\)", r"\1",
+                           source[0])
+        if source[0] != before:
+            logger.info(f"{docname}: {page}.md does not exist yet: its links are plain text")
+
+
 def setup(app):
+    app.add_config_value("tnt_optional_pages", [], "env")
     app.connect("source-read", _environment_table)
+    app.connect("source-read", _missing_optional_pages)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
