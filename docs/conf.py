@@ -45,7 +45,7 @@ myst_heading_anchors = 4  # links such as design.md#execution-and-fusion
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 # `name` in a docstring is code, as in the Markdown pages

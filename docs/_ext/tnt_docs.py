@@ -4,6 +4,8 @@
   `tarantella.common.config.markdown_table()` (the C core's numeric settings
   come from core/src/params.c through the binding). The copy in the Markdown
   file is for readers on GitHub; test/common/test_docs.py keeps it equal.
+- docstrings: their Markdown code fences (```python ... ```) become
+  reStructuredText code blocks, which autodoc renders as code.
 - pages written in another branch (`tnt_optional_pages` in conf.py): until
   the page exists, its toctree entry is left out and links to it become
   plain text, so that the site builds before and after that branch merges.
@@ -51,7 +53,28 @@ def _missing_optional_pages(app, docname, source):
             logger.info(f"{docname}: {page}.md does not exist yet: its links are plain text")
 
 
+def _docstring_fences(app, what, name, obj, options, lines):
+    out, language = [], None
+    for line in lines:
+        stripped = line.strip()
+        if language is None and stripped.startswith("```"):
+            language = stripped[3:].strip() or "text"
+            indent = line[:len(line) - len(line.lstrip())]
+            out += [f"{indent}.. code-block:: {language}", ""]
+        elif language is not None and stripped == "```":
+            language = None
+            out.append("")
+        elif language is not None:
+            out.append(f"{indent}   {line[len(indent):]}" if line.strip() else "")
+        else:
+            out.append(line)
+    if language is not None:
+        raise ExtensionError(f"docstring of {name}: a ``` code fence is not closed")
+    lines[:] = out
+
+
 def setup(app):
+    app.connect("autodoc-process-docstring", _docstring_fences)
     app.add_config_value("tnt_optional_pages", [], "env")
     app.connect("source-read", _environment_table)
     app.connect("source-read", _missing_optional_pages)
