@@ -38,7 +38,7 @@ extensions = [
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_ext", "_static", "Thumbs.db", ".DS_Store"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 4  # links such as design.md#execution-and-fusion
@@ -56,10 +56,12 @@ tnt_optional_pages = ["migration"]
 
 html_theme = "alabaster"
 html_title = f"Tarantella {release}"
-html_static_path = []
+html_static_path = ["_static"]  # custom.css, which alabaster loads
 html_theme_options = {
     "description": "Data-parallel training for TensorFlow 2 / Keras 3 by changing one or two lines",
     "fixed_sidebar": True,
+    "page_width": "1200px",
+    "body_max_width": "none",
     "show_relbars": True,
 }
 html_sidebars = {"**": ["about.html", "searchfield.html", "navigation.html", "relations.html"]}
