@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import doc_blocks  # noqa: E402
-import fragments  # noqa: E402
+import doc_fragments as fragments  # noqa: E402
 
 
 def run(block_id, text, namespace, results):

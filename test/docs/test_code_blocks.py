@@ -2,7 +2,7 @@
 
 - python blocks: all of them, of every page, and the examples in the
   docstrings of the public API, in one launch of 2 ranks
-  (run_python_blocks.py); fragments get the names they assume (fragments.py);
+  (run_python_blocks.py); fragments get the names they assume (doc_fragments.py);
 - shell blocks: page by page, in order, each with `bash -e` in a folder of
   the page's own, holding the page's `<!-- file: NAME -->` blocks, examples/,
   and stand-ins for the files the pages' commands name (STAND_INS below);
@@ -20,7 +20,7 @@ import warnings
 import pytest
 
 import doc_blocks as db
-import fragments
+import doc_fragments as fragments
 import test_examples
 
 # the program of the pages' `tntrun ... -- train.py` lines (unless the page
