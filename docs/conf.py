@@ -45,11 +45,17 @@ myst_heading_anchors = 4  # links such as design.md#execution-and-fusion
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+# only what Tarantella's own docstrings say (Keras' would bring Keras' examples along)
+autodoc_inherit_docstrings = False
 autodoc_default_options = {"show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 # `name` in a docstring is code, as in the Markdown pages
 default_role = "code"
+# blocks without a language (program output) are not coloured as Python
+highlight_language = "text"
+# command lines stay as typed: no "--" turned into a dash, no curly quotes
+smartquotes = False
 
 # written in another branch: left out until it exists (see _ext/tnt_docs.py)
 tnt_optional_pages = ["migration"]

@@ -6,14 +6,21 @@
   file is for readers on GitHub; test/common/test_docs.py keeps it equal.
 - docstrings: their Markdown code fences (```python ... ```) become
   reStructuredText code blocks, which autodoc renders as code.
+- `tnt-parser-epilog`: the examples that end `tntrun --help` (the parser's
+  epilog), as typed; sphinx-argparse would run their lines together.
+- text in single backquotes that reaches docutils' default role (in the
+  parser's help, for one) is shown as code, never as a book title.
 - pages written in another branch (`tnt_optional_pages` in conf.py): until
   the page exists, its toctree entry is left out and links to it become
   plain text, so that the site builds before and after that branch merges.
 """
+import importlib
 import os
 import re
 
+from docutils import nodes
 from sphinx.errors import ExtensionError
+from sphinx.util.docutils import SphinxDirective
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
@@ -73,7 +80,25 @@ def _docstring_fences(app, what, name, obj, options, lines):
     lines[:] = out
 
 
+class ParserEpilog(SphinxDirective):
+    """```{tnt-parser-epilog} module:function``` -- the epilog of the parser
+    that module.function() returns, as a literal block."""
+    required_arguments = 1
+
+    def run(self):
+        module, _, function = self.arguments[0].partition(":")
+        parser = getattr(importlib.import_module(module), function)()
+        return [nodes.literal_block(parser.epilog, parser.epilog)]
+
+
+def _title_references_as_code(app, doctree):
+    for node in list(doctree.findall(nodes.title_reference)):
+        node.replace_self(nodes.literal(node.astext(), node.astext()))
+
+
 def setup(app):
+    app.add_directive("tnt-parser-epilog", ParserEpilog)
+    app.connect("doctree-read", _title_references_as_code)
     app.connect("autodoc-process-docstring", _docstring_fences)
     app.add_config_value("tnt_optional_pages", [], "env")
     app.connect("source-read", _environment_table)

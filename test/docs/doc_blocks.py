@@ -136,3 +136,16 @@ def docstring_blocks(objects):
                 if not attr.startswith("_") and callable(member):
                     add(f"{name}.{attr}", member)
     return out
+
+
+def fences_in_docstrings(source):
+    """The ```python fences of every docstring of a Python source file (read, not imported)."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node) or ""
+            out += [m.group(2) for m in re.finditer(r"^```(\w*)\n(.*?)^```", doc, re.M | re.S)
+                    if m.group(1) in PYTHON]
+    return out

@@ -1,6 +1,7 @@
 """The built site: it builds with warnings as errors, its generated pages hold
 what the code says, and a real headless browser renders every page, follows
 no broken internal link or image, and finds words with the site's search."""
+import html
 import os
 import re
 import shutil
@@ -17,6 +18,39 @@ def test_site_builds_with_warnings_as_errors(site):
     built = {os.path.relpath(os.path.join(d, f), site) for d, _, fs in os.walk(site)
              for f in fs if f.endswith(".html")}
     assert pages <= built, f"pages not built: {sorted(pages - built)}"
+
+
+_CODE_DIV = re.compile(r'<div class="highlight-(python|py|python3|bash|sh|shell|console)\b[^"]*">'
+                       r'<div class="highlight"><pre>(.*?)</pre>', re.S)
+
+
+def _normal(code):
+    return "\n".join(line.rstrip() for line in code.strip().splitlines())
+
+
+def test_every_code_block_of_the_site_comes_from_a_checked_source(site):
+    # a python or shell block in the HTML is a Markdown block (test_code_blocks.py),
+    # a docstring example (run there too) or an included example (test_examples.py)
+    known = {_normal(b.text) for b in db.all_blocks()}
+    for page in db.pages():
+        for path in db.literal_includes(page):
+            with open(os.path.join(db.REPO, path)) as f:
+                known.add(_normal(f.read()))
+    for folder, _, files in os.walk(os.path.join(db.REPO, "tarantella")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    known.update(_normal(code) for code in db.fences_in_docstrings(f.read()))
+    unknown = []
+    for folder, _, files in os.walk(site):
+        for name in (f for f in files if f.endswith(".html")):
+            with open(os.path.join(folder, name)) as f:
+                for m in _CODE_DIV.finditer(f.read()):
+                    code = _normal(html.unescape(re.sub(r"<[^>]+>", "", m.group(2))))
+                    if code not in known:
+                        unknown.append(f"{os.path.relpath(os.path.join(folder, name), site)}: "
+                                       f"{code[:200]}")
+    assert not unknown, "code blocks that no test runs:\n" + "\n".join(unknown)
 
 
 def test_every_public_name_is_in_the_python_reference(site):
@@ -152,8 +186,10 @@ def _search(browser, site, word):
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(f"file://{site}/search.html?q={urllib.parse.quote(word)}")
-    WebDriverWait(browser, 30).until(
-        lambda b: b.find_elements(By.CSS_SELECTOR, "#search-results .search-summary"))
+    # the heading says "Searching" until every result is listed (Sphinx's searchtools.js)
+    WebDriverWait(browser, 60).until(lambda b: any(
+        h.text.strip() == "Search Results"
+        for h in b.find_elements(By.CSS_SELECTOR, "#search-results h2")))
     results = browser.find_elements(By.CSS_SELECTOR, "#search-results ul.search li a")
     return [r.get_attribute("href") for r in results]
 
