@@ -88,7 +88,9 @@ def build_parser(prog="tntrun"):
         prog=prog, usage=f"{prog} [options] -- PROGRAM [ARGS...]",
         description="Run a Python program on many processes with Tarantella (data parallel).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument("--version", "--check-build", dest="version", action="store_true",
+                   help="print the version and the transports available on this machine (and "
+                        "why the others are not), then exit")
     p.add_argument("--dry-run", action="store_true",
                    help="print the command and environment of every rank (or the engine command "
                         "for several hosts) and start nothing")
@@ -279,7 +281,9 @@ def main(argv=None):
         prog = "tntrun"
     parser, args, command = parse(argv, prog)
     if args.version:
+        from tarantella.runner import transports
         print(_version())
+        print(transports.describe())
         return 0
     try:
         if args.cleanup:
@@ -289,10 +293,24 @@ def main(argv=None):
             parser.error("missing PROGRAM: write `tntrun [options] -- PROGRAM [ARGS...]`, "
                          "e.g. tntrun -n 2 -- train.py")
         job_id = secrets.token_hex(16)
-        in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
-        if args.hostfile or args.hosts or (in_slurm and args.n_per_node is not None):
-            # several hosts (inside a Slurm allocation --n-per-node alone means its nodes)
-            from tarantella.runner import multi
+        from tarantella.runner import multi
+        tasks = multi.step_task_count()
+        if tasks:
+            raise UsageError(
+                f"tntrun is running as one of {tasks} tasks of a Slurm job step (srun -n {tasks} "
+                "tntrun ...), so every task would start the whole job. Run tntrun once inside the "
+                "allocation (salloc or sbatch, then `tntrun -- PROGRAM`: it calls srun itself), "
+                f"or let srun start the ranks without tntrun: srun -n {tasks} python PROGRAM")
+        if args.transport not in (None, "auto"):
+            from tarantella.runner import transports
+            why = transports.unavailable(args.transport)
+            if why:
+                _warn(f"--transport {args.transport} is not available on this host: {why}")
+        in_slurm = multi.in_allocation()
+        if args.hostfile or args.hosts or (in_slurm and (
+                args.n_per_node is not None or len(multi.allocation_nodes()) > 1)):
+            # several hosts; inside a Slurm allocation of several nodes (or with
+            # --n-per-node) its nodes, through srun
             return multi.run(args, command, job_id)
         if args.n_per_node is not None:
             parser.error("--n-per-node is for several hosts: give --hostfile or --hosts too, "

@@ -6,9 +6,10 @@ rank wrapper on every host (`python -m tarantella.runner.rank ... -- PROGRAM ...
 rank.py), which turns the engine's placement variables into the TNT_* contract and makes the
 per-host choices (GPU, pinning, output) on the host where the rank runs.
 
-- OpenMPI: mpirun -np T --host h1:N,h2:N -npernode N --bind-to none -x NAME ...
+- OpenMPI: mpirun [--allow-run-as-root] -np T --host h1:N,h2:N -npernode N --bind-to none -x NAME ...
 - MPICH/Hydra (and Intel MPI): mpiexec -n T -f MACHINEFILE -ppn N -genv NAME VALUE ...
-- Slurm (inside an allocation): srun --ntasks=T --ntasks-per-node=N --nodelist=... --kill-on-bad-exit=1
+- Slurm (inside an allocation): srun --ntasks=T --ntasks-per-node=N --nodes=H [--nodelist=...]
+  --export=ALL --kill-on-bad-exit=1
 - GPI-2: gaspi_run -n T -m MACHINEFILE SCRIPT (gaspi_run forwards no environment, so SCRIPT
   exports it, as the original tarantella command did)
 """
@@ -40,7 +41,8 @@ def find(name, why):
 
 def mpi_launcher():
     """(path, flavour) of the MPI launcher: 'openmpi' or 'mpich' (Hydra's option style)."""
-    path = shutil.which("mpirun") or shutil.which("mpiexec")
+    # mpiexec.hydra: MPICH's launcher under its own name (installed beside Open MPI's mpirun)
+    path = shutil.which("mpirun") or shutil.which("mpiexec") or shutil.which("mpiexec.hydra")
     if not path:
         raise EngineMissing(f"mpirun not found on PATH, needed to start ranks on several hosts "
                             f"with --transport mpi: {INSTALL['mpirun']}")
@@ -59,9 +61,10 @@ def uniform(placement):
     return counts.pop() if len(counts) == 1 else None
 
 
-def openmpi(mpirun, placement, names, rank_cmd, output_all):
+def openmpi(mpirun, placement, names, rank_cmd, output_all, allow_root=False):
     total = sum(n for _, n in placement)
-    argv = [mpirun, "-np", str(total), "--host", ",".join(f"{h}:{n}" for h, n in placement)]
+    argv = [mpirun] + (["--allow-run-as-root"] if allow_root else [])
+    argv += ["-np", str(total), "--host", ",".join(f"{h}:{n}" for h, n in placement)]
     per_node = uniform(placement)
     if per_node:
         argv += ["-npernode", str(per_node)]
@@ -98,8 +101,9 @@ def srun(srun_path, placement, rank_cmd, output_all, nodes_given):
     per_node = uniform(placement)
     if per_node:
         argv.append(f"--ntasks-per-node={per_node}")
+    argv.append(f"--nodes={len(placement)}")  # every node, also when -n spreads unevenly
     if nodes_given:
-        argv += [f"--nodes={len(placement)}", "--nodelist=" + ",".join(h for h, _ in placement)]
+        argv.append("--nodelist=" + ",".join(h for h, _ in placement))
     # srun passes tntrun's whole environment on (--export=ALL is its default; made explicit)
     argv += ["--export=ALL", "--kill-on-bad-exit=1"]
     if output_all:

@@ -40,11 +40,12 @@ def private_tempdir(job_id):
 
 
 def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_dir=None,
-        files=()):
+        files=(), translate=None):
     """Run the ranks until the job ends, print the failure report (before the error files
     go away with `private_dir`), clean up, and return tntrun's exit code. `private_dir` and
     `files` (an engine's machinefile...) are recorded, so that --cleanup removes them if
-    tntrun is killed."""
+    tntrun is killed. `translate(job)` may replace how the job ended before it is
+    reported (across hosts: the ranks' own failures instead of the engine's)."""
     cwd = os.getcwd()
     record = {
         "job_id": job_id, "runner_pid": os.getpid(),
@@ -73,6 +74,8 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
                             error_of=report.error_of)
     try:
         job = supervisor.run()
+        if translate is not None:
+            job = translate(job)
         return report_and_code(job, program, one_line)
     finally:
         shm.remove(job_id)

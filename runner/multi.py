@@ -2,13 +2,15 @@
 it under the same supervision as local ranks."""
 import os
 import platform
+import re
 import shlex
 import sys
 
 from tarantella.runner import command as cmd
-from tarantella.runner import engines, environment, gpus, hostfile, local, shm
+from tarantella.runner import engines, environment, gpus, hostfile, local, rank_report, report, shm
 from tarantella.runner.environment import UsageError
-from tarantella.runner.supervise import ProcSpec
+from tarantella.runner.rank import slurm_tasks_per_node
+from tarantella.runner.supervise import JobResult, ProcResult, ProcSpec, root_cause
 
 
 def _per_node(args):
@@ -33,17 +35,95 @@ def _per_node(args):
     return number
 
 
+def expand_nodelist(text):
+    """Slurm's compressed node list, "node[1-3,7],gpu01" -> [node1, node2, node3, node7,
+    gpu01] (zero padding kept); None if it cannot be read (e.g. two bracket groups in one
+    name: the caller then shows the nodes by number)."""
+    items = re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text or "")
+    if ",".join(items) != (text or ""):
+        return None
+    names = []
+    for item in items:
+        match = re.fullmatch(r"([^\[\]]+)(?:\[([^\]]*)\])?", item)
+        if not match:
+            return None
+        stem, ranges = match.groups()
+        if ranges is None:
+            names.append(stem)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                return None
+            for number in range(int(low), int(high or low) + 1):
+                names.append(f"{stem}{number:0{len(low)}d}")
+    return names or None
+
+
+def in_allocation(environ=None):
+    """True inside a Slurm allocation (salloc, sbatch) where tntrun itself is not one of
+    several tasks of a job step."""
+    environ = os.environ if environ is None else environ
+    return bool(environ.get("SLURM_JOB_ID")) and not step_task_count(environ)
+
+
+def step_task_count(environ=None):
+    """N when tntrun runs as one of N > 1 tasks of a Slurm job step (`srun -n N tntrun`)."""
+    environ = os.environ if environ is None else environ
+    if "SLURM_PROCID" not in environ or not environ.get("SLURM_STEP_ID"):
+        return 0
+    try:
+        count = int(environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or 1)
+    except ValueError:
+        return 0
+    return count if count > 1 else 0
+
+
+def allocation_nodes(environ=None):
+    environ = os.environ if environ is None else environ
+    try:
+        count = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+    except ValueError:
+        count = 1
+    names = expand_nodelist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
+    if not names or len(names) != count:
+        names = [f"<slurm node {i}>" for i in range(count)]
+    return names
+
+
+def _slurm_placement(args, per_node, environ=None):
+    """[(node, ranks)] in the allocation: --n-per-node, else -n spread as srun spreads it
+    (blocks, the first nodes one more; one on each of the first -n nodes when -n is less
+    than the nodes), else the tasks the allocation was asked for
+    (SLURM_NTASKS_PER_NODE, or SLURM_TASKS_PER_NODE when --ntasks was given), else one
+    per GPU of this node, else one per node."""
+    environ = os.environ if environ is None else environ
+    nodes = allocation_nodes(environ)
+    if per_node is not None:
+        return [(n, per_node) for n in nodes]
+    if args.n is not None:
+        nodes = nodes[:args.n]  # fewer ranks than nodes: one on each of the first nodes
+        base, extra = divmod(args.n, len(nodes))
+        return [(n, base + (i < extra)) for i, n in enumerate(nodes)]
+    if environ.get("SLURM_NTASKS_PER_NODE", "").isdigit():
+        return [(n, int(environ["SLURM_NTASKS_PER_NODE"])) for n in nodes]
+    counts = slurm_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE"))
+    if environ.get("SLURM_NTASKS") and counts and len(counts) == len(nodes):
+        return list(zip(nodes, counts))
+    per = (0 if args.no_gpu else len(gpus.detect())) or 1
+    return [(n, per) for n in nodes]
+
+
 def placement(args):
-    """[(host, ranks on it)] from --hostfile / --hosts (or the Slurm allocation)."""
+    """([(host, ranks on it)], named): from --hostfile / --hosts (named), or the Slurm
+    allocation's nodes."""
     if args.hostfile and args.hosts:
         raise UsageError("give --hostfile or --hosts, not both")
     hosts = (hostfile.parse_hostfile(args.hostfile) if args.hostfile
              else hostfile.parse_hosts(args.hosts) if args.hosts else None)
     per_node = _per_node(args)
     if hosts is None:  # inside Slurm without a host list: the allocation's nodes
-        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
-        per = per_node or 1
-        return [(f"<slurm node {i}>", per) for i in range(nodes)], False
+        return _slurm_placement(args, per_node), False
     if per_node is None and all(s is None for _, s in hosts):
         # the seed's default: one rank per GPU of a node (nodes are alike), else one
         per_node = (0 if args.no_gpu else len(gpus.detect())) or 1
@@ -72,6 +152,13 @@ def choose_engine(args):
             and engines.shutil.which("gaspi_run"):
         return "gaspi_run", "gpi2"
     return "mpi", transport
+
+
+def _info(args, message):
+    """An INFO line of tntrun's own, shown with --log-level INFO or DEBUG (or --verbose)."""
+    level = (args.log_level or os.environ.get("TNT_LOG_LEVEL") or "WARNING").upper()
+    if level in ("INFO", "DEBUG", "TRACE"):
+        print(f"tntrun: INFO: {message}", file=sys.stderr, flush=True)
 
 
 class Plan:
@@ -113,7 +200,8 @@ def build(args, command, job_id, workdir):
               "OMP_NUM_THREADS=1 for every rank", file=sys.stderr)
     mpi_names = names + [n for n in engines.PASS_THROUGH if n in env and n not in names]
     user_argv = cmd.rank_argv(args.python_interpreter, command, module=args.module)
-    wrapper = [sys.executable, "-m", "tarantella.runner.rank", f"--size={total}"]
+    # --report: the wrapper tells tntrun, through the engine's stderr, why a rank failed
+    wrapper = [sys.executable, "-m", "tarantella.runner.rank", "--report", f"--size={total}"]
     if per_node:
         wrapper.append(f"--per-node={per_node}")
     for flag, on in (("--output-all", args.output_on_all_devices), ("--no-gpu", args.no_gpu),
@@ -149,9 +237,45 @@ def build(args, command, job_id, workdir):
                                  args.output_on_all_devices, mfile)
             engine = "mpiexec (MPICH/Hydra)"
         else:
-            argv = engines.openmpi(path, spots, mpi_names, rank_cmd, args.output_on_all_devices)
+            as_root = os.geteuid() == 0
+            if as_root:
+                _info(args, "running as root: passing --allow-run-as-root to mpirun (Open MPI "
+                            "refuses root without it; horovodrun passes it too)")
+            argv = engines.openmpi(path, spots, mpi_names, rank_cmd, args.output_on_all_devices,
+                                   allow_root=as_root)
             engine = "mpirun (Open MPI)"
     return Plan(engine, argv, env, files, spots)
+
+
+def rank_results(records):
+    """ProcResults of the ranks whose failure records came from their hosts, by rank."""
+    results = []
+    for rec in records:
+        rank = rec.get("rank")
+        spec = ProcSpec(argv=[], env={}, label=str(rank), rank=rank,
+                        local_rank=rec.get("local_rank"), host=rec.get("host") or "?")
+        res = ProcResult(spec, rec.get("pid"), returncode=rec.get("returncode"),
+                         ended_at=rec.get("ended_at") or 0.0, stopped=bool(rec.get("stopped")),
+                         stderr_tail=str(rec.get("stderr_tail") or "").encode(),
+                         error=rec.get("error"))
+        res.stopped_at = rec.get("stopped_at")
+        results.append(res)
+    return sorted(results, key=lambda r: (r.spec.rank is None, r.spec.rank or 0))
+
+
+def ranks_job(job, records, engine_name):
+    """The job as its ranks saw it: when the engine failed and ranks reported failures,
+    the root cause is the rank that failed first on its own (named with its host), not the
+    engine, and tntrun exits with that rank's status (srun would say 143 for the ranks it
+    stopped); else the engine's job unchanged."""
+    if job.root_cause is None or not records or job.interrupted_by is not None:
+        return job
+    results = rank_results(records)
+    root = root_cause(results, report.error_of, lambda res: getattr(res, "stopped_at", None))
+    if root is None:
+        return job
+    return JobResult(results=results, root_cause=root, started_at=job.started_at,
+                     engine=job.root_cause, stopped_by=engine_name)
 
 
 def run(args, command, job_id):
@@ -174,11 +298,14 @@ def run(args, command, job_id):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
-        spec = ProcSpec(argv=plan.argv, env=plan.env, label=os.path.basename(plan.argv[0]),
-                        host=platform.node(), stdin=True)
+        collector = rank_report.Collector(job_id)
+        name = os.path.basename(plan.argv[0])
+        spec = ProcSpec(argv=plan.argv, env=plan.env, label=name, host=platform.node(),
+                        stdin=True, stderr_filter=rank_report.MarkerFilter(collector))
         return local.run([spec], job_id, program=command[0], command=command,
                          one_line=(args.log_level == "ERROR"), private_dir=private_dir,
-                         files=list(plan.files))
+                         files=list(plan.files),
+                         translate=lambda job: ranks_job(job, collector.records, name))
     except engines.EngineMissing as exc:
         print(f"tntrun: error: {exc}", file=sys.stderr)
         return 127

@@ -46,7 +46,7 @@ def error_of(res):
     aborted: the failure was another rank's) or an error that blames another rank (a
     TimeoutError naming the stuck rank), raised_at the time of the exception, blamed_rank
     the rank such an error names (None if none). (False, None, None) without an error file."""
-    record = read_error_file(res.spec.error_file)
+    record = _error_record(res)
     if record is None:
         return False, None, None
     name = str(record.get("message") or "").split(":", 1)[0].strip()
@@ -56,6 +56,12 @@ def error_of(res):
     blamed = record.get("caused_by_rank")
     blamed = blamed if isinstance(blamed, int) else None
     return name.rsplit(".", 1)[-1] == PEER_LOST or blamed is not None, raised_at, blamed
+
+
+def _error_record(res):
+    """The error record of a process: forwarded from its host, or read from its error file."""
+    record = getattr(res, "error", None)
+    return record if isinstance(record, dict) else read_error_file(res.spec.error_file)
 
 
 def tail_lines(data, n=TAIL_LINES):
@@ -80,7 +86,7 @@ def _entry(res, brief=False):
         f"  {'exit:':<9}{describe_exit(res.returncode)}",
         f"  {'time:':<9}{_when(res.ended_at)}",
     ]
-    record = read_error_file(spec.error_file)
+    record = _error_record(res)
     if record and record.get("message"):
         lines.append(f"  {'error:':<9}{record['message']}")
     if brief:
@@ -113,7 +119,13 @@ def format_failure(job, program):
             out += _entry(res, brief=error_of(res)[0])
     if stopped:
         labels = ", ".join(r.spec.label for r in stopped)
-        out += ["-" * WIDTH, f"Stopped by tntrun after the failure: {labels}"]
+        by = getattr(job, "stopped_by", None) or "tntrun"
+        out += ["-" * WIDTH, f"Stopped by {by} after the failure: {labels}"]
+    engine = getattr(job, "engine", None)
+    if engine is not None:
+        out += ["-" * WIDTH, f"{engine.spec.label} (on {engine.spec.host or '?'}, pid {engine.pid}) "
+                f"ended with {describe_exit(engine.returncode)}; tntrun exits with the "
+                "root cause's status"]
     out.append("=" * WIDTH)
     return "\n".join(out)
 

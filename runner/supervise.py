@@ -57,6 +57,8 @@ class ProcSpec:
     stdin: bool = False           # inherit tntrun's stdin (rank 0 only), else /dev/null
     error_file: object = None     # TNT_ERROR_FILE of this process, read for the report
     cwd: object = None
+    stderr_filter: object = None  # feed(bytes) -> bytes to show, flush() -> bytes: takes
+                                  # the ranks' failure records out of an engine's stderr
 
 
 @dataclasses.dataclass
@@ -67,6 +69,8 @@ class ProcResult:
     ended_at: float = 0.0
     stopped: bool = False         # ended by a signal that tntrun sent
     stderr_tail: bytes = b""
+    error: object = None          # the rank's error record, when it came another way than
+                                  # spec.error_file (from a rank on another host)
 
 
 @dataclasses.dataclass
@@ -75,6 +79,9 @@ class JobResult:
     root_cause: object = None     # the ProcResult that failed first on its own, if any
     interrupted_by: object = None  # signal number that stopped tntrun, if any
     started_at: float = 0.0
+    engine: object = None         # across hosts: the engine's ProcResult, when `results`
+                                  # are the ranks it ran (their records, from their hosts)
+    stopped_by: str = "tntrun"    # who stopped the ranks that are marked `stopped`
 
     @property
     def exit_code(self):
@@ -148,11 +155,12 @@ class _Forwarder(threading.Thread):
     "[label] " prefix per line when asked, and keeps its tail for the failure report.
     A hidden process's pipe is drained all the same, or it would block when the pipe fills."""
 
-    def __init__(self, pipe, out_fd, show, prefix, writer, keep_tail):
+    def __init__(self, pipe, out_fd, show, prefix, writer, keep_tail, filt=None):
         super().__init__(daemon=True)
         self.pipe, self.out_fd, self.show, self.writer = pipe, out_fd, show, writer
         self.prefix = prefix
         self.keep_tail = keep_tail
+        self.filter = filt
         self.tail = bytearray()
 
     def run(self):
@@ -162,9 +170,17 @@ class _Forwarder(threading.Thread):
             try:
                 chunk = os.read(fd, 65536)
             except OSError:
+                chunk = b""
+            if not chunk and self.filter is not None:
+                chunk, self.filter = self.filter.flush(), None  # what it held back
+                if not chunk:
+                    break
+            elif not chunk:
                 break
-            if not chunk:
-                break
+            elif self.filter is not None:
+                chunk = self.filter.feed(chunk)
+                if not chunk:
+                    continue
             if self.keep_tail:
                 self.tail += chunk
                 del self.tail[:-TAIL_BYTES]
@@ -235,7 +251,8 @@ class Supervisor:
         prefix = b"[" + label + b"] " if spec.prefix else b""
         if proc.stdout is not None:
             self._forwarders.append(_Forwarder(proc.stdout, 1, True, prefix, self._writer, False))
-        err = _Forwarder(proc.stderr, 2, spec.show_stderr, prefix, self._writer, True)
+        err = _Forwarder(proc.stderr, 2, spec.show_stderr, prefix, self._writer, True,
+                         spec.stderr_filter)
         self._forwarders.append(err)
         proc._tnt_stderr = err
         waiter = threading.Thread(target=self._wait, args=(index, proc), daemon=True)
@@ -316,33 +333,7 @@ class Supervisor:
         return job
 
     def _root_cause(self, results):
-        """The process that failed first on its own: not because another one did (see
-        error_of), earliest by the time of its error (else of its exit). A process that tntrun
-        stopped counts if it had raised already (its error file says so). If every failure was
-        caused by another process: the process they blame (a TimeoutError names the stuck
-        rank, which tntrun may have had to kill), else the first one observed."""
-        failed, blamed = [], []
-        for res in results:
-            if res.returncode in (None, 0):
-                continue
-            lost_peer, raised_at, *rest = self.error_of(res)
-            if rest and rest[0] is not None:
-                blamed.append(rest[0])
-            if res.stopped and (raised_at is None or raised_at >= self._stopped_at):
-                continue  # ended by tntrun, not by its own failure
-            failed.append((lost_peer, raised_at if raised_at is not None else res.ended_at, res))
-        if not failed:
-            return None
-        own = [(at, res) for lost_peer, at, res in failed if not lost_peer]
-        if own:
-            root = min(own, key=lambda item: item[0])[1]
-            root.stopped = False  # it had failed: tntrun only hurried its end
-            return root
-        by_rank = {res.spec.rank: res for res in results if getattr(res.spec, "rank", None) is not None}
-        for rank in blamed:
-            if rank in by_rank:
-                return by_rank[rank]
-        return min((res for _, _, res in failed), key=lambda res: res.ended_at)
+        return root_cause(results, self.error_of, lambda res: self._stopped_at)
 
     def _signal_group(self, index, sig):
         try:
@@ -391,6 +382,39 @@ class Supervisor:
         by the kernel (ESRCH)."""
         for i in range(len(self._procs)):
             self._signal_group(i, signal.SIGKILL)
+
+
+def root_cause(results, error_of, stopped_at):
+    """The process that failed first on its own: not because another one did (see
+    error_of), earliest by the time of its error (else of its exit). A process that was
+    stopped (by tntrun or, across hosts, by the engine: stopped_at(res) is when) counts if it
+    had raised already (its error record says so). If every failure was caused by another
+    process: the process they blame (a TimeoutError names the stuck rank, which may have had
+    to be killed), else the first one observed."""
+    failed, blamed = [], []
+    for res in results:
+        if res.returncode in (None, 0):
+            continue
+        lost_peer, raised_at, *rest = error_of(res)
+        if rest and rest[0] is not None:
+            blamed.append(rest[0])
+        if res.stopped:
+            when = stopped_at(res)
+            if raised_at is None or when is None or raised_at >= when:
+                continue  # ended by whoever stopped it, not by its own failure
+        failed.append((lost_peer, raised_at if raised_at is not None else res.ended_at, res))
+    if not failed:
+        return None
+    own = [(at, res) for lost_peer, at, res in failed if not lost_peer]
+    if own:
+        root = min(own, key=lambda item: item[0])[1]
+        root.stopped = False  # it had failed: the stop only hurried its end
+        return root
+    by_rank = {res.spec.rank: res for res in results if getattr(res.spec, "rank", None) is not None}
+    for rank in blamed:
+        if rank in by_rank:
+            return by_rank[rank]
+    return min((res for _, _, res in failed), key=lambda res: res.ended_at)
 
 
 def _who(spec):

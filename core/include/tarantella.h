@@ -85,9 +85,12 @@ tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count
                                  tnt_dtype_t dtype, tnt_handle_t *handle);
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle);
 
-/* Completion. timeout_s < 0 waits until the request completes or the core fails it
- * (it always does, within TNT_TIMEOUT_S of a stall). The handle stays valid after
- * completion until tnt_release. */
+/* Completion. tnt_wait's timeout_s bounds this wait (TNT_ERR_TIMEOUT, the request
+ * stays pending); a negative, NaN or infinite timeout_s (or one beyond 1e9 s)
+ * waits until the request completes or the core fails it (it always does,
+ * within TNT_TIMEOUT_S of a stall). Several threads may wait on one handle; one
+ * that waits on a handle another thread releases gets TNT_ERR_INVALID_USAGE.
+ * The handle stays valid after completion until tnt_release. */
 tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s);
 tnt_result_t tnt_test(tnt_handle_t handle);
 tnt_result_t tnt_result_count(tnt_handle_t handle, int64_t *count);
@@ -112,6 +115,17 @@ int tnt_param_count(void);
 tnt_result_t tnt_param_describe(int index, const char **name, double *default_value, double *min, double *max,
                                 int *integer, const char **doc);
 tnt_result_t tnt_param_check(const char *name, const char *value);
+
+/* What this rank's engine has done so far: negotiation cycles run, requests
+ * served from the response cache (one bit each), requests announced in full
+ * (name and meta), collectives executed. For tests and tuning; zeros on one rank. */
+typedef struct {
+  int64_t cycles;
+  int64_t cache_hits;
+  int64_t announcements;
+  int64_t executed;
+} tnt_stats_t;
+tnt_result_t tnt_get_stats(tnt_stats_t *stats);
 
 /* Sizes and versions, for the bindings. */
 size_t tnt_dtype_size(tnt_dtype_t dtype);

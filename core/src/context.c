@@ -67,6 +67,15 @@ static tnt_result_t enter(void) {
 }
 static void leave(void) { pthread_rwlock_unlock(&life); }
 
+/* The body of a public entry point: `call` runs inside the context. */
+#define WITH_CONTEXT(call)                \
+  do {                                    \
+    TNT_CHECK(enter());                   \
+    tnt_result_t with_context_r_ = (call); \
+    leave();                              \
+    return with_context_r_;               \
+  } while (0)
+
 /* A field of the placement, or -1 when there is no usable context. */
 static int placement_field(const int *field) {
   if (atomic_load(&forked_child) || !atomic_load(&tnt_ctx.initialized)) return -1;
@@ -300,9 +309,9 @@ static tnt_result_t test_in(tnt_handle_t handle) {
  * after every unlock. */
 static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
   tnt_ctx_t *c = &tnt_ctx;
-  /* negative, NaN or infinite: no bound of the caller's own (the core still
-   * fails a stalled request after TNT_TIMEOUT_S) */
-  const int bounded = timeout_s >= 0 && isfinite(timeout_s);
+  /* negative, NaN, infinite or beyond a timespec (1e9 s: 30 years): no bound of
+   * the caller's own (the core still fails a stalled request after TNT_TIMEOUT_S) */
+  const int bounded = timeout_s >= 0 && timeout_s < 1e9;
   const double deadline = bounded ? tnt_now() + timeout_s : INFINITY;
   struct timespec until = {0, 0};
   if (bounded) {
@@ -429,67 +438,49 @@ static tnt_result_t release_in(tnt_handle_t handle) {
 
 tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                  tnt_reduce_op_t op, double prescale, tnt_handle_t *handle) {
-  TNT_CHECK(enter());
-  tnt_result_t r = allreduce_async_in(name, in, out, count, dtype, op, prescale, handle);
-  leave();
-  return r;
+  WITH_CONTEXT(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle));
 }
 
 tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
                                  tnt_handle_t *handle) {
-  TNT_CHECK(enter());
-  tnt_result_t r = broadcast_async_in(name, in, out, count, dtype, root, handle);
-  leave();
-  return r;
+  WITH_CONTEXT(broadcast_async_in(name, in, out, count, dtype, root, handle));
 }
 
 tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
                                  tnt_handle_t *handle) {
-  TNT_CHECK(enter());
-  tnt_result_t r = allgather_async_in(name, in, count, row_elems, dtype, handle);
-  leave();
-  return r;
+  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, handle));
 }
 
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle) {
-  TNT_CHECK(enter());
-  tnt_result_t r = barrier_async_in(name, handle);
-  leave();
-  return r;
+  WITH_CONTEXT(barrier_async_in(name, handle));
 }
 
 tnt_result_t tnt_test(tnt_handle_t handle) {
-  TNT_CHECK(enter());
-  tnt_result_t r = test_in(handle);
-  leave();
-  return r;
+  WITH_CONTEXT(test_in(handle));
 }
 
 tnt_result_t tnt_result_count(tnt_handle_t handle, int64_t *count) {
-  TNT_CHECK(enter());
-  tnt_result_t r = result_count_in(handle, count);
-  leave();
-  return r;
+  WITH_CONTEXT(result_count_in(handle, count));
 }
 
 tnt_result_t tnt_result_rank_counts(tnt_handle_t handle, int64_t *counts) {
-  TNT_CHECK(enter());
-  tnt_result_t r = result_rank_counts_in(handle, counts);
-  leave();
-  return r;
+  WITH_CONTEXT(result_rank_counts_in(handle, counts));
 }
 
 tnt_result_t tnt_result_copy(tnt_handle_t handle, void *dst) {
-  TNT_CHECK(enter());
-  tnt_result_t r = result_copy_in(handle, dst);
-  leave();
-  return r;
+  WITH_CONTEXT(result_copy_in(handle, dst));
 }
 
 tnt_result_t tnt_release(tnt_handle_t handle) {
   if (!tnt_initialized()) return TNT_SUCCESS; /* finalize freed every slot already */
+  WITH_CONTEXT(release_in(handle));
+}
+
+tnt_result_t tnt_get_stats(tnt_stats_t *stats) {
+  if (!stats) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "stats pointer is NULL");
   TNT_CHECK(enter());
-  tnt_result_t r = release_in(handle);
+  memset(stats, 0, sizeof *stats);
+  if (tnt_ctx.transport) tnt_engine_stats(&tnt_ctx.engine, stats);
   leave();
-  return r;
+  return TNT_SUCCESS;
 }

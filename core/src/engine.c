@@ -33,6 +33,7 @@
 static void finish(tnt_engine_t *c, tnt_request_t *req, tnt_result_t res, const char *msg, int peer, void *buf,
                    int64_t count, const int64_t *rank_counts) {
   tnt_pending_remove(&c->pending, req);
+  if (res == TNT_SUCCESS) atomic_fetch_add(&c->executed, 1);
   tnt_requests_complete(c->requests, req, res, msg, peer, buf, count, rank_counts);
 }
 
@@ -415,6 +416,14 @@ tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
   pthread_mutex_unlock(&c->queue_mu);
   c->transport->wake_local(c->ts);
   return TNT_SUCCESS;
+}
+
+void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
+  /* cycles is written under the progress lock; a stale read is fine for stats */
+  stats->cycles = (int64_t)__atomic_load_n(&c->neg.cycles, __ATOMIC_RELAXED);
+  stats->cache_hits = atomic_load(&c->neg.cache_hits);
+  stats->announcements = atomic_load(&c->neg.announcements);
+  stats->executed = atomic_load(&c->executed);
 }
 
 /* Size-1 jobs: every collective is a local copy (no thread, no transport). */

@@ -6,6 +6,7 @@
 #define TNT_ENGINE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "coll/ring.h"
 #include "fusion.h"
@@ -39,6 +40,7 @@ typedef struct {
   tnt_fusion_t fusion;
   tnt_ring_t ring;
   uint8_t *small_scratch;      /* N * TNT_SMALL_ALLREDUCE_BYTES: small allreduces */
+  _Atomic int64_t executed;    /* collectives completed by execution (tnt_get_stats) */
 } tnt_engine_t;
 
 /* WORKED: ran a cycle; IDLE: nothing to do; STOP: shut down; BLOCKED: a cycle
@@ -61,6 +63,9 @@ tnt_result_t tnt_engine_submit(tnt_engine_t *e, tnt_request_t *req);
 int tnt_engine_drive(tnt_engine_t *e, double until);
 /* Fail this rank for `reason` (peers fail fast, naming root_peer when it is not -1). */
 void tnt_engine_abort(tnt_engine_t *e, const char *reason, int root_peer, int log);
+
+/* The counters of tnt_get_stats (any thread). */
+void tnt_engine_stats(tnt_engine_t *e, tnt_stats_t *stats);
 
 /* Size-1 jobs: run a request inline, no thread and no transport. */
 void tnt_execute_local(tnt_requests_t *requests, tnt_timeline_t *timeline, tnt_request_t *req);

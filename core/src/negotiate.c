@@ -206,8 +206,10 @@ static void classify_new(tnt_negotiator_t *c) {
     if (e && !memcmp(&e->meta, &req->meta, sizeof req->meta)) {
       req->state = REQ_CACHED;
       req->cache_slot = slot;
+      atomic_fetch_add(&c->cache_hits, 1);
     } else {
       req->state = REQ_TO_ANNOUNCE;
+      atomic_fetch_add(&c->announcements, 1);
     }
   }
 }
@@ -455,7 +457,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
     TNT_DEBUG("cycle %llu: sent %zu bytes; %d responses: %s", (unsigned long long)c->cycles, len, n, names);
   }
   c->responses_digest = responses_digest(list, n);
-  c->cycles++;
+  __atomic_fetch_add(&c->cycles, 1, __ATOMIC_RELAXED); /* read by tnt_get_stats on any thread */
   *responses = list;
   *nresponses = n;
   return TNT_SUCCESS;
@@ -469,17 +471,21 @@ void tnt_responses_free(tnt_response_t *responses, int n) {
   free(responses);
 }
 
+/* Which ranks have reported `req` ([size] flags), or NULL when this rank has not
+ * sent it yet and knows nothing of the others. */
+static const uint8_t *reported_by(const tnt_negotiator_t *c, const tnt_request_t *req) {
+  if (req->state == REQ_ANNOUNCED) {
+    int g = tnt_namemap_get(&c->gtable_by_name, req->name);
+    return g >= 0 ? c->gtable[g].announced : NULL;
+  }
+  if (req->state == REQ_CACHED_SENT && req->cache_slot >= 0) return c->cache[req->cache_slot].ready;
+  return NULL;
+}
+
 void tnt_negotiate_awaited(tnt_negotiator_t *c, uint8_t *awaited) {
   memset(awaited, 0, (size_t)c->pl->size);
   for (int i = 0; i < c->pending->n; i++) {
-    const tnt_request_t *req = c->pending->items[i];
-    const uint8_t *have = NULL;
-    if (req->state == REQ_ANNOUNCED) {
-      int g = tnt_namemap_get(&c->gtable_by_name, req->name);
-      if (g >= 0) have = c->gtable[g].announced;
-    } else if (req->state == REQ_CACHED_SENT && req->cache_slot >= 0) {
-      have = c->cache[req->cache_slot].ready;
-    }
+    const uint8_t *have = reported_by(c, c->pending->items[i]);
     for (int r = 0; r < c->pl->size; r++)
       if (r != c->pl->rank && (!have || !have[r])) awaited[r] = 1;
   }
@@ -487,13 +493,7 @@ void tnt_negotiate_awaited(tnt_negotiator_t *c, uint8_t *awaited) {
 
 void tnt_negotiate_missing(tnt_negotiator_t *c, const tnt_request_t *req, char *out, size_t len) {
   size_t used = 0;
-  const uint8_t *have = NULL;
-  if (req->state == REQ_ANNOUNCED) {
-    int i = tnt_namemap_get(&c->gtable_by_name, req->name);
-    if (i >= 0) have = c->gtable[i].announced;
-  } else if (req->state == REQ_CACHED_SENT && req->cache_slot >= 0) {
-    have = c->cache[req->cache_slot].ready;
-  }
+  const uint8_t *have = reported_by(c, req);
   out[0] = 0;
   if (!have) {
     snprintf(out, len, "unknown");

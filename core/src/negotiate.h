@@ -5,6 +5,8 @@
 #ifndef TNT_NEGOTIATE_H
 #define TNT_NEGOTIATE_H
 
+#include <stdatomic.h>
+
 #include "namemap.h"
 #include "params.h"
 #include "pending.h"
@@ -60,6 +62,8 @@ typedef struct {
   size_t msg_out_len;
   int cycle_posted;            /* this cycle's message is published, not yet collected */
   uint64_t responses_digest;   /* of the last cycle's responses: sent with the next message */
+  _Atomic int64_t cache_hits;    /* requests that cost one bit (read by tnt_get_stats) */
+  _Atomic int64_t announcements; /* requests announced in full */
 } tnt_negotiator_t;
 
 tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,

@@ -21,16 +21,29 @@ _counters = {}
 _counter_lock = threading.Lock()
 
 
+# Unnamed calls: the k-th unnamed call of a kind is "<kind>.<k mod 60>" on every
+# rank. Counting per kind pairs the k-th calls across ranks, so a rank that calls
+# with another shape or dtype gets a MismatchError at once; reusing 60 names lets
+# a loop of unnamed calls (whose pattern repeats with a period dividing 60) be
+# served from the core's response cache, one bit per call, instead of a full
+# announcement of a fresh name each time. A name still in flight from 60 calls
+# earlier is waited for first: in a program every rank runs alike, that older
+# call depends only on calls before it, so the wait always ends.
+_NAME_WINDOW = 60
+_unnamed_in_flight = {}  # name -> core handle of the last unnamed request of that name
+
+
 def _auto_name(kind, name):
+    """(name as bytes, True if it was made here for an unnamed call)."""
     if name is not None:
         if not isinstance(name, str) or not name or len(name.encode()) > 255 or "\0" in name:
             raise InvalidArgumentError(
                 "name must be a non-empty string of at most 255 bytes without NUL characters. "
                 f"Received: name={name!r}")
-        return name
+        return name.encode(), False
     with _counter_lock:
         counter = _counters.setdefault(kind, itertools.count())
-        return f"{kind}.{next(counter)}"
+        return f"{kind}.{next(counter) % _NAME_WINDOW}".encode(), True
 
 
 def aligned_empty(shape, dtype):
@@ -143,12 +156,26 @@ def _reap_orphans():
     _orphans[:] = still
 
 
-def _submit(fn, *args):
+def _wait_for_earlier(lib, handle):
+    """Wait (interruptibly) until an earlier request completes; its owner takes the result."""
+    while lib.tnt_test(handle) == codes.IN_PROGRESS:
+        lib.tnt_wait(handle, _WAIT_SLICE_S)
+
+
+def _submit(fn, name, *args):
+    """Submit `fn(name, *args, &handle)`; `name` comes from _auto_name."""
     if _orphans:
         _reap_orphans()
-    ffi = core.ffi()
+    name, unnamed = name
+    lib, ffi = core.lib(), core.ffi()
+    if unnamed:
+        earlier = _unnamed_in_flight.pop(name, None)
+        if earlier is not None:
+            _wait_for_earlier(lib, earlier)
     handle = ffi.new("tnt_handle_t *")
-    core.check(fn(*args, handle))
+    core.check(fn(name, *args, handle))
+    if unnamed:
+        _unnamed_in_flight[name] = handle[0]
     return handle[0]
 
 
@@ -173,7 +200,7 @@ def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
-    handle = _submit(lib.tnt_allreduce_async, _auto_name("allreduce", name).encode(),
+    handle = _submit(lib.tnt_allreduce_async, _auto_name("allreduce", name),
                      ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op],
                      float(prescale))
     return Handle(handle, lambda h: out, (array, out))
@@ -197,7 +224,7 @@ def broadcast_async(array, root=0, name=None, out=None):
     array, dt = _as_input(array, "broadcast")
     out = _output(out, array, "broadcast")
     ffi = core.ffi()
-    handle = _submit(lib.tnt_broadcast_async, _auto_name("broadcast", name).encode(),
+    handle = _submit(lib.tnt_broadcast_async, _auto_name("broadcast", name),
                      ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     return Handle(handle, lambda h: out, (array, out))
 
@@ -216,7 +243,7 @@ def allgather_async(array, name=None):
     row_shape = array.shape[1:]
     row_elems = int(np.prod(row_shape, dtype=np.int64)) if row_shape else 1
     ffi = core.ffi()
-    handle = _submit(lib.tnt_allgather_async, _auto_name("allgather", name).encode(),
+    handle = _submit(lib.tnt_allgather_async, _auto_name("allgather", name),
                      ffi.from_buffer(array), array.size, row_elems, dt)
 
     def finish(h):
@@ -239,7 +266,7 @@ def allgather(array, name=None):
 
 def barrier_async(name=None):
     lib = core.ensure_initialized()
-    handle = _submit(lib.tnt_barrier_async, _auto_name("barrier", name).encode())
+    handle = _submit(lib.tnt_barrier_async, _auto_name("barrier", name))
     return Handle(handle, lambda h: None, ())
 
 

@@ -140,6 +140,16 @@ def get_local_size():
     return ensure_initialized().tnt_local_size()
 
 
+def stats():
+    """What this rank's engine has done so far, as a dict: negotiation `cycles`,
+    requests served from the response `cache_hits` (one bit each), requests
+    `announcements` in full, collectives `executed`. Zeros on one rank."""
+    lib_ = ensure_initialized()
+    out = ffi().new("tnt_stats_t *")
+    check(lib_.tnt_get_stats(out))
+    return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed")}
+
+
 def get_master_rank():
     return MASTER_RANK
 

@@ -69,6 +69,24 @@ handles = [tnt.allreduce_async(np.ones(1 << 16, np.float32), name="big-lead"),
 assert [h.wait() for h in handles][1].tobytes() == small_alone.tobytes()
 ok("fusion-independent-bits")
 
+# unnamed calls in a steady loop are served from the response cache (one bit
+# each), not announced afresh; more unnamed requests in flight than names in the
+# window still pair correctly; an unnamed call of another shape still fails at once
+from tarantella.common import core  # noqa: E402
+
+before = core.stats()
+one = np.ones(1, np.float32)
+for i in range(300):
+    assert tnt.allreduce(one)[0] == size
+after = core.stats()
+announced, hits = after["announcements"] - before["announcements"], after["cache_hits"] - before["cache_hits"]
+assert announced <= 70 and hits >= 230, (announced, hits)
+many = [tnt.allreduce_async(np.full(3, i, np.int64)) for i in range(75)]
+assert [int(h.wait()[0]) for h in many] == [i * size for i in range(75)]
+expect(errors.MismatchError, lambda: tnt.allreduce(np.ones(3 + rank, np.float32)), "allreduce")
+assert tnt.allreduce(one)[0] == size  # a mismatch fails that call only
+ok("unnamed-calls-hit-the-cache")
+
 # fork(): the child is not a rank. Its collectives fail clearly; its exit
 # (atexit, shutdown) leaves the parent's job untouched.
 pid = os.fork()

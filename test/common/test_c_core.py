@@ -1,7 +1,13 @@
 """The C core on its own: builds core/ with its Makefile (as a user without
-Python would) and runs the C test programs, the multi-rank one also under
-valgrind where it is installed (leaks, invalid accesses, uninitialized reads
-in the engine, the negotiation and the shm transport)."""
+Python would) and runs the C test programs: plainly, the multi-rank one also
+under valgrind where it is installed (leaks, invalid accesses, uninitialized
+reads in the engine, the negotiation and the shm transport), and every program
+under AddressSanitizer + UndefinedBehaviorSanitizer (`make -C core asan`) and
+ThreadSanitizer (`make -C core tsan`).
+
+test_edges (core/test/test_edges.c) has one test function per case, each run in
+the three builds: the cases were written against reported defects of the core
+(see the comment above each case in the C file), so each one names its own."""
 import os
 import shutil
 import subprocess
@@ -11,17 +17,58 @@ import pytest
 from core_helpers import clean_env
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
+PROGRAMS = ["test_core", "test_ranks", "test_edges"]
+BUILDS = ["plain", "asan", "tsan"]
 pytestmark = pytest.mark.skipif(not shutil.which("make") or not shutil.which("cc"),
                                 reason="needs make and a C compiler")
 
 
+def make(*args):
+    return subprocess.run(["make", "-C", CORE, *args], capture_output=True, text=True)
+
+
+def sanitizer_probe(kind, out):
+    """None when the compiler builds and links a threaded program with the
+    sanitizer flags of `make SANITIZE=kind`, else why not."""
+    cflags = make("-s", f"SANITIZE={kind}", "print-cflags").stdout.split()
+    res = subprocess.run(["cc", *cflags, "-x", "c", "-", "-o", str(out / "probe"), "-lpthread"],
+                         input="#include <pthread.h>\nint main(void) { return pthread_self() == 0; }\n",
+                         capture_output=True, text=True)
+    if res.returncode == 0:
+        return None
+    lines = (res.stderr.strip() or "no output").splitlines()
+    return f"cc cannot build with {' '.join(f for f in cflags if f.startswith('-fsanitize'))}: {lines[0]}"
+
+
 @pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    out = tmp_path_factory.mktemp("core-build")
-    res = subprocess.run(["make", "-C", CORE, f"BUILD={out}", f"{out}/test_core", f"{out}/test_ranks",
-                          f"{out}/libtarantella.so"], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return out
+def builds(tmp_path_factory):
+    """builds(kind) -> the folder of that build's programs (built once), or skip."""
+    made = {}
+
+    def get(kind):
+        if kind not in made:
+            out = tmp_path_factory.mktemp(f"core-{kind}")
+            why_not = sanitizer_probe(kind, out) if kind != "plain" else None
+            if why_not is None:
+                args = [f"BUILD={out}", *(f"{out}/{p}" for p in PROGRAMS)]
+                if kind == "plain":
+                    args.append(f"{out}/libtarantella.so")
+                else:
+                    args.append(f"SANITIZE={kind}")
+                res = make(*args)
+                assert res.returncode == 0, res.stdout + res.stderr
+            made[kind] = (out, why_not)
+        out, why_not = made[kind]
+        if why_not:
+            pytest.skip(why_not)
+        return out
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def build(builds):
+    return builds("plain")
 
 
 def run(cmd):
@@ -30,13 +77,15 @@ def run(cmd):
     return res
 
 
-def test_c_core_program(build):
-    assert run([str(build / "test_core")]).stdout.strip().endswith("0 failed")
+@pytest.mark.parametrize("kind", BUILDS)
+def test_c_core_program(builds, kind):
+    assert run([str(builds(kind) / "test_core")]).stdout.strip().endswith("0 failed")
 
 
+@pytest.mark.parametrize("kind", BUILDS)
 @pytest.mark.parametrize("n", [2, 3])
-def test_c_ranks_program(build, n):
-    assert run([str(build / "test_ranks"), str(n)]).stdout.strip() == f"{n} passed, 0 failed"
+def test_c_ranks_program(builds, kind, n):
+    assert run([str(builds(kind) / "test_ranks"), str(n)]).stdout.strip() == f"{n} passed, 0 failed"
 
 
 @pytest.mark.skipif(not shutil.which("valgrind"), reason="valgrind is not installed")
@@ -45,3 +94,65 @@ def test_c_ranks_program_under_valgrind(build):
                "--error-exitcode=3", "--trace-children=yes", str(build / "test_ranks"), "2"])
     assert res.stdout.strip() == "2 passed, 0 failed"
     assert "==" not in res.stderr, res.stderr  # valgrind -q prints nothing unless it found something
+
+
+# ---- test_edges: one function per case (the expected behaviour is in core/test/test_edges.c) ----
+
+def edge_case(builds, kind, case):
+    res = run([str(builds(kind) / "test_edges"), case])
+    assert res.stdout.strip().splitlines()[-1] == "1 passed, 0 failed", res.stdout + res.stderr
+
+
+def test_every_edge_case_has_a_test_here(build):
+    cases = run([str(build / "test_edges"), "--list"]).stdout.split()
+    assert sorted(cases) == sorted(n[len("test_edges_"):] for n in globals() if n.startswith("test_edges_"))
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_two_waiters(builds, kind):
+    edge_case(builds, kind, "two_waiters")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_release_while_waiting(builds, kind):
+    edge_case(builds, kind, "release_while_waiting")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_generation_2_31(builds, kind):
+    edge_case(builds, kind, "generation_2_31")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_generation_2_32(builds, kind):
+    edge_case(builds, kind, "generation_2_32")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_finalize_while_waiting(builds, kind):
+    edge_case(builds, kind, "finalize_while_waiting")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_wait_timeout(builds, kind):
+    edge_case(builds, kind, "wait_timeout")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_wait_forever(builds, kind):
+    edge_case(builds, kind, "wait_forever")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_fork_child_collective(builds, kind):
+    edge_case(builds, kind, "fork_child_collective")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_fork_child_exit(builds, kind):
+    edge_case(builds, kind, "fork_child_exit")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_root_leaves_after_broadcast(builds, kind):
+    edge_case(builds, kind, "root_leaves_after_broadcast")

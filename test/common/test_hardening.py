@@ -13,7 +13,8 @@ import pytest
 from core_helpers import HERE, clean_env, shm_objects, tntrun
 
 CHECKS = ["float16-average-no-overflow", "integer-average-exact", "nul-name-refused",
-          "fusion-independent-bits", "fork-child-is-not-a-rank", "wait-after-shutdown-raises"]
+          "fusion-independent-bits", "unnamed-calls-hit-the-cache", "fork-child-is-not-a-rank",
+          "wait-after-shutdown-raises"]
 
 
 def test_in_job_checks_on_3_ranks():

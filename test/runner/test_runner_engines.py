@@ -7,6 +7,7 @@ import pytest
 from tntrun_helpers import fake_bin, import_runner, run_tntrun, runner_env
 
 import_runner()
+from tarantella.runner import multi  # noqa: E402
 from tarantella.runner import rank as rank_wrapper  # noqa: E402
 
 OPENMPI = 'echo "mpirun (Open MPI) 4.1.4"'
@@ -24,6 +25,15 @@ def _command_line(stdout):
     return shlex.split(stdout.strip().splitlines()[-1])
 
 
+ROOT = os.geteuid() == 0
+
+
+def _without_root_flag(argv):
+    """Open MPI's argv without --allow-run-as-root, which tntrun adds exactly when root."""
+    assert ("--allow-run-as-root" in argv) == ROOT
+    return [w for w in argv if w != "--allow-run-as-root"]
+
+
 def test_openmpi(tmp_path):
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
     res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "2",
@@ -33,14 +43,14 @@ def test_openmpi(tmp_path):
     words = _command_line(res.stdout)
     assert "A=1" in words and "TNT_FUSION_THRESHOLD_KB=64" in words
     start = next(i for i, w in enumerate(words) if w.endswith("/mpirun"))
-    argv = words[start:]
+    argv = _without_root_flag(words[start:])
     assert argv[1:7] == ["-np", "4", "--host", "node1:2,node2:2", "-npernode", "2"]
     joined = " ".join(argv)
     assert "-x TNT_JOB_ID" in joined and "-x TNT_FUSION_THRESHOLD_KB" in joined
     assert joined.index("-x A") < joined.index("-x B")
     tail = argv[argv.index("-m"):]
-    assert tail[:5] == ["-m", "tarantella.runner.rank", "--size=4", "--per-node=2", "--"]
-    assert "python" in os.path.basename(tail[5]) and tail[6:] == ["train.py", "--e", "1"]
+    assert tail[:6] == ["-m", "tarantella.runner.rank", "--report", "--size=4", "--per-node=2", "--"]
+    assert "python" in os.path.basename(tail[6]) and tail[7:] == ["train.py", "--e", "1"]
     assert "through mpirun (Open MPI)" in res.stdout
 
 
@@ -48,7 +58,7 @@ def test_openmpi_hosts_flag_and_slots(tmp_path):
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
     res = run_tntrun(["--dry-run", "-H", "a:1,b:3", "--output-on-all-devices", "--", "t.py"], env=env)
     assert res.returncode == 0, res.stderr
-    argv = " ".join(_command_line(res.stdout))
+    argv = " ".join(_without_root_flag(_command_line(res.stdout)))
     assert "-np 4 --host a:1,b:3 --bind-to none --tag-output" in argv
     assert "-npernode" not in argv and "--output-all" in argv
 
@@ -93,7 +103,7 @@ def test_slurm(tmp_path):
     res = run_tntrun(["--dry-run", "--n-per-node", "4", "--output-on-all-devices", "--", "t.py"], env=env)
     assert res.returncode == 0, res.stderr
     argv = " ".join(_command_line(res.stdout))
-    assert "/srun --ntasks=12 --ntasks-per-node=4 --export=ALL --kill-on-bad-exit=1 --label" in argv
+    assert "/srun --ntasks=12 --ntasks-per-node=4 --nodes=3 --export=ALL --kill-on-bad-exit=1 --label" in argv
     res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "1", "--", "t.py"],
                      env=env)
     argv = " ".join(_command_line(res.stdout))
@@ -119,6 +129,8 @@ def test_dry_run_without_the_engine_prints_the_command(tmp_path, transport, engi
     assert res.returncode == 0, res.stderr
     argv = _command_line(res.stdout)
     start = argv.index(engine)  # the bare name: there is no path to it
+    if engine == "mpirun":
+        argv = _without_root_flag(argv)
     assert argv[start + 1:start + 3] == ["-n" if engine == "gaspi_run" else "-np", "2"]
     assert f"WARNING: {engine} not found on PATH" in res.stderr and "dry run" in res.stderr
     assert not list(tmp_path.glob(".tnt-*"))  # a dry run writes nothing
@@ -142,6 +154,9 @@ def test_engine_failure_is_reported(tmp_path):
       "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (5, 8, 1, 4)),
     ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}, (2, 4, 0, 2)),
     ({"SLURM_PROCID": "7", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3"}, (7, 8, 3, 4)),
+    # uneven steps: the local size is this node's count in the step's layout
+    ({"SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODEID": "2",
+      "SLURM_STEP_TASKS_PER_NODE": "3(x2),1"}, (6, 7, 0, 1)),
     ({"GASPI_RANK": "6"}, (6, 8, 2, 4)),
     ({}, (0, 8, 0, 4)),
 ])
@@ -177,3 +192,58 @@ def test_real_openmpi_on_localhost(script):
     assert res.stdout.splitlines() == ["rank 0 2 0 5"]  # rank 1's stdout hidden by the wrapper
     res = run_tntrun(["-H", "localhost:2", "--transport", "mpi", "--", path, "fail"], env=env, timeout=60)
     assert res.returncode == 3 and "FAILED" in res.stderr
+
+
+ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]"}
+
+
+@pytest.mark.parametrize("extra, args, expected", [
+    # salloc -N 2: one rank per node (no GPU here)
+    ({"SLURM_TASKS_PER_NODE": "1(x2)"}, [], "--ntasks=2 --ntasks-per-node=1 --nodes=2 "),
+    # salloc -N 2 --ntasks-per-node=2, or -n 4: the tasks asked for
+    ({"SLURM_NTASKS_PER_NODE": "2"}, [], "--ntasks=4 --ntasks-per-node=2 --nodes=2 "),
+    ({"SLURM_NTASKS": "5", "SLURM_TASKS_PER_NODE": "3,2"}, [], "--ntasks=5 --nodes=2 "),
+    # -n: the total, spread over every node as srun spreads it
+    ({}, ["-n", "3"], "--ntasks=3 --nodes=2 "),
+    ({}, ["-n", "1"], "--ntasks=1 --ntasks-per-node=1 --nodes=1 "),
+])
+def test_plain_tntrun_in_an_allocation_uses_its_nodes(tmp_path, extra, args, expected):
+    env = runner_env(PATH=fake_bin(tmp_path, srun="exit 0") + os.pathsep + os.environ["PATH"],
+                     **ALLOCATION, **extra)
+    res = run_tntrun(["--dry-run", *args, "--", "t.py"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert "/srun " + expected + "--export=ALL --kill-on-bad-exit=1 " in res.stdout
+    assert "through srun" in res.stdout and "node1:" in res.stdout
+
+
+def test_one_node_allocation_runs_here(tmp_path):
+    env = runner_env(SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node1")
+    res = run_tntrun(["--dry-run", "-n", "2", "--", "t.py"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert "# rank 1" in res.stdout and "srun" not in res.stdout
+
+
+def test_tntrun_as_one_of_many_step_tasks_is_refused(tmp_path):
+    env = runner_env(**ALLOCATION, SLURM_STEP_ID="0", SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="4")
+    res = run_tntrun(["--", "t.py"], env=env)
+    assert res.returncode == 2
+    assert "one of 4 tasks of a Slurm job step" in res.stderr and "srun -n 4 python" in res.stderr
+
+
+@pytest.mark.parametrize("text, names", [
+    ("node[1-3,7],gpu01", ["node1", "node2", "node3", "node7", "gpu01"]),
+    ("n[08-10]", ["n08", "n09", "n10"]),
+    ("hostA,hostB", ["hostA", "hostB"]),
+    ("bad[x-y]", None),
+    ("rack[1-2]-node[01-02]", None),
+    ("a,,b", None),
+    ("", None),
+])
+def test_slurm_node_lists(text, names):
+    assert multi.expand_nodelist(text) == names
+
+
+def test_slurm_task_counts():
+    assert rank_wrapper.slurm_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert rank_wrapper.slurm_tasks_per_node("4") == [4]
+    assert rank_wrapper.slurm_tasks_per_node("2(x") is None

@@ -99,3 +99,15 @@ def make_script_factory(tmp_path):
         return str(path)
 
     return make
+
+
+def rank_wrapper_argv():
+    """How to run `python -m tarantella.runner.rank` (the rank wrapper that engines start),
+    installed or from this source tree."""
+    if TNTRUN[0] != sys.executable:
+        return [sys.executable, "-m", "tarantella.runner.rank"]
+    shim = _shim_dir()
+    boot = ("import sys; import tarantella; "
+            f"tarantella.__path__.append({shim!r}); "
+            "from tarantella.runner.rank import main; sys.exit(main())")
+    return [sys.executable, "-c", boot]

@@ -1,0 +1,114 @@
+"""How a rank on another host tells tntrun why it failed, through the engine's stderr.
+
+Across hosts tntrun supervises only the engine (mpirun, srun, gaspi_run); the ranks, their
+error files (TNT_ERROR_FILE) and their stderr live on the other hosts. The rank wrapper
+(rank.py) runs the program as its child; when the program fails it writes one record (rank,
+host, pid, exit status, when, whether the engine had stopped it, the error file's content,
+the last lines of its stderr) to its stderr, which every engine forwards to tntrun. The
+record travels as short lines, each written with one write(2), so that lines of different
+ranks never mix and an engine's line prefix (mpirun --tag-output "[1,3]<stderr>:", srun
+--label "3: ") does no harm:
+
+    \\x1etntrun-rank-report JOB RANK I/N CHUNK
+
+JOB is the first 12 digits of TNT_JOB_ID (records of another job are forwarded as text),
+CHUNK a piece of the record (JSON, zlib, base64). tntrun removes these lines from what it
+shows (MarkerFilter) and rebuilds the records (Collector).
+"""
+import base64
+import json
+import os
+import threading
+import zlib
+
+MARK = b"\x1e"  # ASCII record separator: never in ordinary output
+WORD = b"tntrun-rank-report"
+CHUNK = 512
+
+
+def encode(record, job_id):
+    """The lines (bytes) that carry `record`."""
+    data = base64.b64encode(zlib.compress(json.dumps(record).encode(), 6))
+    rank = int(record.get("rank", -1))
+    pieces = [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+    return [MARK + WORD + b" %s %d %d/%d %s\n" % (job_id[:12].encode(), rank, i + 1, len(pieces), p)
+            for i, p in enumerate(pieces)]
+
+
+def write(record, job_id, fd=2):
+    for line in encode(record, job_id):
+        try:
+            os.write(fd, line)
+        except OSError:
+            return
+
+
+class Collector:
+    """Rebuilds the records of one job from marker lines (any thread)."""
+
+    def __init__(self, job_id):
+        self.job = job_id[:12].encode()
+        self._parts = {}
+        self.records = []
+        self._lock = threading.Lock()
+
+    def take(self, text):
+        """`text` starts at MARK (one line); True if it was a record line of this job."""
+        words = text.rstrip(b"\r\n").split(b" ")
+        if len(words) != 5 or words[0] != MARK + WORD or words[1] != self.job:
+            return False
+        try:
+            rank = int(words[2])
+            index, count = (int(x) for x in words[3].split(b"/"))
+        except ValueError:
+            return False
+        with self._lock:
+            parts = self._parts.setdefault(rank, {})
+            parts[index] = words[4]
+            if len(parts) == count and all(i in parts for i in range(1, count + 1)):
+                del self._parts[rank]
+                try:
+                    data = b"".join(parts[i] for i in range(1, count + 1))
+                    record = json.loads(zlib.decompress(base64.b64decode(data)))
+                except (ValueError, zlib.error):
+                    return True
+                if isinstance(record, dict):
+                    self.records.append(record)
+        return True
+
+
+class MarkerFilter:
+    """Takes the marker lines out of a byte stream (an engine's stderr) and passes the rest
+    on at once: a partial line is held back only while it holds MARK."""
+
+    def __init__(self, collector):
+        self.collector = collector
+        self.held = b""          # the current line, held back because it holds MARK
+        self.passed = False      # part of the current line has been passed on already
+
+    def feed(self, chunk):
+        out = []
+        data = self.held + chunk
+        self.held = b""
+        while data:
+            end = data.find(b"\n")
+            if end < 0:  # a partial line
+                if MARK in data:
+                    self.held = data
+                else:
+                    out.append(data)
+                    self.passed = True
+                break
+            line, data = data[:end + 1], data[end + 1:]
+            at = line.find(MARK)
+            if at >= 0 and self.collector.take(line[at:]):
+                if self.passed:
+                    out.append(b"\n")  # end what was shown of this line
+            else:
+                out.append(line)
+            self.passed = False
+        return b"".join(out)
+
+    def flush(self):
+        rest, self.held = self.held, b""
+        return rest

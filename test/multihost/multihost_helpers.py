@@ -1,0 +1,51 @@
+"""Helpers of the multi-host tests (a unique module name, like multihost_testbed)."""
+import json
+import os
+import shutil
+import tempfile
+import time
+
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")
+WIDTH = 72
+
+
+def job_env(tmp_path, environ=None):
+    """This process's environment without the variables of an engine or of tntrun (the test
+    may itself run under one), with a private job registry for tntrun, and probe.py copied
+    into tmp_path (the jobs' working directory)."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items()
+           if not k.startswith(("TNT_", "SLURM_", "OMPI_", "PMI_"))}
+    env["TNT_STATE_DIR"] = tempfile.mkdtemp(prefix="tnt-mh-state-", dir=str(tmp_path))
+    shutil.copy(PROBE, os.path.join(str(tmp_path), "probe.py"))
+    return env
+
+
+def probes(stderr):
+    """The probes' lines, as dicts, by rank."""
+    seen = [json.loads(line.split("PROBE ", 1)[1]) for line in stderr.splitlines()
+            if "PROBE " in line]
+    return sorted(seen, key=lambda p: int(p["rank"]))
+
+
+def placement(stderr):
+    """[(rank, host, local rank, local size, size)] of the probes."""
+    return [(p["rank"], p["host"], p["local_rank"], p["local_size"], p["size"])
+            for p in probes(stderr)]
+
+
+def root_cause(stderr):
+    """The root-cause section of tntrun's failure report."""
+    report = stderr[stderr.index(" FAILED\n"):]
+    root = report.split("Root cause (first failure not caused by another rank):\n", 1)[1]
+    return root.split("-" * WIDTH, 1)[0]
+
+
+def nothing_left(bed, hosts, keep=()):
+    """True once no process runs on `hosts` but those in `keep` (daemons of the cluster):
+    engines' daemons and job steps end on their own, shortly after the job (up to 20 s)."""
+    for _ in range(100):
+        if not any(set(bed.pids(h)) - set(keep) for h in hosts):
+            return True
+        time.sleep(0.2)
+    return False

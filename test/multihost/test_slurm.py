@@ -1,0 +1,66 @@
+"""tntrun inside a Slurm allocation, on a real Slurm cluster on the test bed (slurm_cluster.py):
+slurmctld and munged on the login host `slurmctl`, a slurmd on hostA and on hostB. A plain
+`tntrun -- probe.py` given to `salloc -N 2` must use both nodes through srun, and a failed
+rank must be reported with its own exit status, not srun's."""
+import shutil
+
+import pytest
+
+import multihost_testbed
+import slurm_cluster
+from multihost_helpers import job_env, nothing_left, placement, probes, root_cause
+from multihost_testbed import TestbedUnavailable
+
+pytestmark = pytest.mark.skipif(
+    not shutil.which("tntrun"),
+    reason="needs an installed tntrun (pip install -e .): the ranks run tarantella.runner.rank")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = slurm_cluster.unavailable_reason() or multihost_testbed.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    c = slurm_cluster.SlurmCluster(["hostA", "hostB"])
+    try:
+        c.start()  # daemons that do not come up fail the tests (SlurmStartError)
+    except TestbedUnavailable as exc:  # no namespaces here
+        pytest.skip(str(exc))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def salloc(cluster, tmp_path, args):
+    res = cluster.run("slurmctl", ["salloc", *args], env=cluster.env(job_env(tmp_path)),
+                      cwd=str(tmp_path), timeout=180)
+    daemons = [p.pid for _, p in cluster.procs]
+    assert nothing_left(cluster.bed, cluster.nodes, keep=daemons), "job steps left on the nodes"
+    return res
+
+
+def test_plain_tntrun_uses_the_whole_allocation(cluster, tmp_path):
+    # salloc -N 2 asks for no tasks: one rank per node (no GPUs here)
+    res = salloc(cluster, tmp_path, ["-N", "2", "tntrun", "--", "probe.py"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert placement(res.stderr) == [("0", "hostA", "0", "1", "2"), ("1", "hostB", "0", "1", "2")]
+    # the tasks the allocation asked for
+    res = salloc(cluster, tmp_path, ["-N", "2", "--ntasks-per-node=2", "tntrun", "--", "probe.py"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert placement(res.stderr) == [
+        ("0", "hostA", "0", "2", "4"), ("1", "hostA", "1", "2", "4"),
+        ("2", "hostB", "0", "2", "4"), ("3", "hostB", "1", "2", "4")]
+    assert len({p["job_id"] for p in probes(res.stderr)}) == 1
+    assert res.stdout.splitlines() == ["stdout of rank 0"]
+
+
+def test_the_failed_rank_and_its_own_status_not_sruns(cluster, tmp_path):
+    res = salloc(cluster, tmp_path, ["-N", "2", "--ntasks-per-node=2", "tntrun", "--",
+                                     "probe.py", "2", "3"])
+    assert res.returncode == 3, res.stdout + res.stderr  # salloc returns tntrun's status
+    root = root_cause(res.stderr)
+    assert "  rank:    2 (local_rank 0)\n" in root and "  host:    hostB\n" in root
+    assert "  exit:    exit code 3\n" in root
+    assert "rank 2 fails on purpose on hostB" in root
+    assert "srun (on slurmctl" in res.stderr

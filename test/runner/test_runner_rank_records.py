@@ -1,0 +1,155 @@
+"""Across hosts, a failed rank's record (rank, host, exit status, error, stderr tail) travels
+from the rank wrapper on its host through the engine's stderr to tntrun: the wrapper's
+supervision of the program, the record's encoding through engines' line prefixes and any
+chunking, and the choice of the root cause among the ranks' records."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from tntrun_helpers import import_runner, rank_wrapper_argv, runner_env
+
+import_runner()
+from tarantella.runner import multi, rank_report, report  # noqa: E402
+from tarantella.runner.supervise import JobResult, ProcResult, ProcSpec  # noqa: E402
+
+JOB = "0123456789abcdef" * 2
+
+
+def _records(stream, job=JOB):
+    """(the text the user sees, the records) of an engine's stderr, fed in pieces of 7 bytes."""
+    collector = rank_report.Collector(job)
+    filt = rank_report.MarkerFilter(collector)
+    shown = b"".join(filt.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + filt.flush()
+    return shown, collector.records
+
+
+def test_records_cross_engine_prefixes_and_chunks():
+    big = {"rank": 3, "host": "hostB", "stderr_tail": os.urandom(3000).hex() + "\u00e9", "returncode": -9}
+    small = {"rank": 1, "host": "hostA", "returncode": 2}
+    lines = rank_report.encode(big, JOB)
+    assert len(lines) > 1 and all(len(line) < 700 for line in lines)
+    stream = b"plain line\n"
+    for line in lines:  # mpirun --tag-output and srun --label prefixes, interleaved ranks
+        stream += b"[1,3]<stderr>:" + line + b"1: other rank's line\n"
+    stream += b"2: " + rank_report.encode(small, JOB)[0]
+    stream += rank_report.encode(small, "f" * 32)[0]  # another job's record stays text
+    stream += b"a progress bar\r without newline"
+    shown, records = _records(stream)
+    assert sorted(records, key=lambda r: r["rank"]) == [small, big]
+    assert shown.count(b"1: other rank's line\n") == len(lines)
+    assert shown.startswith(b"plain line\n") and shown.endswith(b"a progress bar\r without newline")
+    assert b"tntrun-rank-report " + b"f" * 12 in shown
+    assert b"tntrun-rank-report " + JOB[:12].encode() not in shown
+
+
+def test_partial_lines_are_shown_at_once():
+    collector = rank_report.Collector(JOB)
+    filt = rank_report.MarkerFilter(collector)
+    assert filt.feed(b"Epoch 1/3 [===") == b"Epoch 1/3 [==="  # not held until a newline
+    assert filt.feed(b"===]\r") == b"===]\r"
+    # a record after a line that was shown in part: that line is ended, the record taken
+    assert filt.feed(b"half") == b"half"
+    assert filt.feed(rank_report.encode({"rank": 0}, JOB)[0]) == b"\n"
+    assert collector.records == [{"rank": 0}]
+
+
+def _wrapper(program, rank=1, extra_env=None, **kwargs):
+    env = runner_env(OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE="4",
+                     OMPI_COMM_WORLD_LOCAL_RANK="0", OMPI_COMM_WORLD_LOCAL_SIZE="2",
+                     TNT_JOB_ID=JOB, **(extra_env or {}))
+    argv = rank_wrapper_argv() + ["--report", "--size=4", "--", sys.executable, "-c", program]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            **kwargs)
+
+
+def test_wrapper_reports_a_failure_and_exits_like_the_program():
+    program = ("import os, sys; print(os.environ['TNT_RANK'], os.environ['TNT_LOCAL_RANK'], "
+               "os.environ['TNT_LOCAL_SIZE'], flush=True); "
+               "sys.stderr.write('line one\\nno newline at the end'); sys.exit(3)")
+    proc = _wrapper(program, rank=0)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert out == b"0 0 2\n"  # rank 0's stdout is shown
+    shown, records = _records(err)
+    assert shown == b"line one\nno newline at the end\n"  # passed through, then ended
+    [record] = records
+    assert record["rank"] == 0 and record["local_rank"] == 0 and record["size"] == 4
+    assert record["host"] == socket.gethostname() and record["returncode"] == 3
+    assert record["stopped"] is False and record["stderr_tail"] == "line one\nno newline at the end"
+
+
+def test_wrapper_forwards_the_error_file_and_hides_other_ranks_stdout():
+    program = ("import json, os, sys; print('hidden'); "
+               "json.dump({'message': 'ValueError: on rank 1', 'traceback': 'Traceback ...', "
+               "'timestamp': 5.0}, open(os.environ['TNT_ERROR_FILE'], 'w')); "
+               "print(os.environ['TNT_ERROR_FILE'], file=sys.stderr); sys.exit(1)")
+    proc = _wrapper(program, rank=1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and out == b""
+    shown, [record] = _records(err)
+    assert record["error"]["message"] == "ValueError: on rank 1"
+    error_file = shown.decode().strip()
+    assert not os.path.exists(os.path.dirname(error_file))  # the private folder is removed
+
+
+def test_wrapper_dies_by_the_programs_signal():
+    proc = _wrapper("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    _, [record] = _records(err)
+    assert record["returncode"] == -signal.SIGKILL and record["stopped"] is False
+
+
+def test_wrapper_passes_a_stop_on_and_marks_the_rank_stopped():
+    proc = _wrapper("import sys, time; print('up', file=sys.stderr, flush=True); time.sleep(120)")
+    assert proc.stderr.readline() == b"up\n"
+    proc.send_signal(signal.SIGTERM)  # what mpirun and srun send after another rank failed
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    _, [record] = _records(err)
+    assert record["returncode"] == -signal.SIGTERM and record["stopped"] is True
+
+
+def test_wrapper_success_sends_nothing():
+    proc = _wrapper("import sys; sys.stderr.write('fine\\n')")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and err == b"fine\n"
+
+
+def _engine_job(code=143):
+    spec = ProcSpec(argv=["srun"], env={}, label="srun", host="login1")
+    engine = ProcResult(spec, 99, returncode=code, ended_at=time.time())
+    return JobResult(results=[engine], root_cause=engine)
+
+
+def test_root_cause_is_the_rank_not_the_engine():
+    records = [
+        {"rank": 0, "host": "n1", "returncode": -15, "ended_at": 12.0, "stopped": True,
+         "stopped_at": 11.5},
+        {"rank": 3, "host": "n2", "returncode": 1, "ended_at": 11.0, "stopped": False,
+         "error": {"message": "PeerLostError: rank 2 aborted", "timestamp": 10.5}},
+        {"rank": 2, "host": "n2", "returncode": 7, "ended_at": 11.2, "stopped": False,
+         "stderr_tail": "the real reason", "error": None},
+    ]
+    job = multi.ranks_job(_engine_job(), records, "srun")
+    assert job.root_cause.spec.rank == 2 and job.root_cause.spec.host == "n2"
+    assert job.exit_code == 7  # the rank's own status, not srun's 143
+    text = report.format_failure(job, "train.py")
+    root = text.split("Root cause")[1].split("-" * 72)[0]
+    assert "rank:    2" in root and "host:    n2" in root and "the real reason" in root
+    assert "Stopped by srun after the failure: 0" in text
+    assert "srun (on login1, pid 99) ended with exit code 143" in text
+    assert report.format_one_line(job) == "tntrun: error: n2: rank 2: Exit code 7"
+
+
+def test_without_records_the_engine_stays_the_root_cause():
+    job = _engine_job(code=255)
+    assert multi.ranks_job(job, [], "mpirun") is job
+    # only ranks the engine stopped: nothing of their own to report
+    stopped = [{"rank": 0, "host": "n1", "returncode": -15, "ended_at": 2.0, "stopped": True,
+                "stopped_at": 1.0}]
+    assert multi.ranks_job(job, stopped, "mpirun") is job
