@@ -71,8 +71,6 @@ def _env(tmp_path):
             os.symlink(target, bin_dir / name)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", ""),
                                    str(bin_dir)])
-    if os.getuid() == 0:  # CI runs as root in a container, where Open MPI wants to be told
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env["PYTHONPATH"] = db.REPO + os.pathsep + env.get("PYTHONPATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     env["TNT_STATE_DIR"] = str(tmp_path / "tntrun-state")  # --cleanup sees only our jobs
