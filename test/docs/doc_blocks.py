@@ -1,0 +1,151 @@
+"""The code blocks of the documentation pages (docs/**/*.md), and their marks.
+
+A fenced block is code when its language is python or a shell; every such
+block is run by test_code_blocks.py unless the HTML comment right above it
+(blank lines allowed between) says otherwise:
+
+    <!-- not-runnable: REASON -->     not run, and the reason is required
+    <!-- file: NAME -->               a python block written to NAME in the
+                                      page's folder, for the page's shell
+                                      blocks to run (one of them must name it)
+    <!-- requires: COMMAND -->        run only where COMMAND is on PATH (a
+                                      visible warning otherwise)
+    <!-- run-by: TEST_FILE -->        run by that test file, which must hold
+                                      the block's exact text in its COMMANDS
+
+Display-only blocks carry another language (text, or none); a language that
+is neither code nor known display is an error, so nothing slips through.
+"""
+import dataclasses
+import glob
+import os
+import re
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DOCS = os.path.join(REPO, "docs")
+
+PYTHON = {"python", "py", "python3"}
+SHELL = {"bash", "sh", "shell", "console"}
+DISPLAY = {"", "text", "none", "json", "c"}
+MARKS = ("not-runnable", "file", "requires", "run-by")
+
+_FENCE = re.compile(r"^(?P<fence>```+)(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=fence)[ \t]*$",
+                    re.M | re.S)
+_MARK = re.compile(r"<!--\s*(?P<kind>[\w-]+)\s*:\s*(?P<value>.*?)\s*-->\Z", re.S)
+
+
+@dataclasses.dataclass
+class Block:
+    page: str   # relative to docs/, e.g. "tutorials/resnet.md"
+    line: int   # of the opening fence, 1-based
+    kind: str   # "python", "shell", "display" or "directive"
+    language: str
+    text: str
+    mark: str = None   # one of MARKS, or None
+    value: str = None  # the mark's value
+
+    @property
+    def id(self):
+        return f"{self.page}:{self.line}"
+
+
+def pages():
+    """Every Markdown page of the site, relative to docs/."""
+    found = glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)
+    return sorted(os.path.relpath(p, DOCS) for p in found
+                  if not os.path.relpath(p, DOCS).startswith("_"))
+
+
+def _kind(info):
+    info = info.strip()
+    if info.startswith("{"):
+        directive, _, argument = info.partition("}")
+        if directive[1:] in ("code-block", "code", "sourcecode"):
+            info = argument.strip()
+        else:
+            return "directive", directive[1:]
+    language = info.split()[0].lower() if info.split() else ""
+    if language in PYTHON:
+        return "python", language
+    if language in SHELL:
+        return "shell", language
+    if language in DISPLAY:
+        return "display", language
+    raise ValueError(f"unknown code block language {language!r}: add it to doc_blocks.py as code "
+                     "(PYTHON, SHELL) or as display only (DISPLAY)")
+
+
+def blocks(page):
+    """The fenced blocks of one page, in order."""
+    with open(os.path.join(DOCS, page)) as f:
+        text = f.read()
+    out = []
+    for m in _FENCE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        try:
+            kind, language = _kind(m.group("info"))
+        except ValueError as e:
+            raise ValueError(f"{page}:{line}: {e}") from None
+        block = Block(page, line, kind, language, m.group("body"))
+        before = text[:m.start()].rstrip()  # the comment right above, blank lines allowed
+        mark = _MARK.match(before[before.rfind("<!--"):]) if before.endswith("-->") else None
+        if mark:
+            if mark.group("kind") not in MARKS:
+                raise ValueError(f"{page}:{line}: unknown mark <!-- {mark.group('kind')}: ... -->; "
+                                 f"known: {', '.join(MARKS)}")
+            block.mark, block.value = mark.group("kind"), mark.group("value")
+        out.append(block)
+    return out
+
+
+def all_blocks():
+    return [b for page in pages() for b in blocks(page)]
+
+
+def literal_includes(page):
+    """The files a page includes with {literalinclude}, relative to the repository."""
+    out = []
+    with open(os.path.join(DOCS, page)) as f:
+        text = f.read()
+    for m in re.finditer(r"^```\{literalinclude\}\s+(\S+)", text, re.M):
+        path = os.path.normpath(os.path.join(DOCS, os.path.dirname(page), m.group(1)))
+        out.append(os.path.relpath(path, REPO))
+    return out
+
+
+def docstring_blocks(objects):
+    """(name, code) of the ```python fences in the docstrings of `objects`
+    ({name: object}) and of their public methods defined in Tarantella."""
+    import inspect
+
+    seen, out = set(), []
+
+    def add(name, obj):
+        doc = inspect.getdoc(obj) or ""
+        for m in re.finditer(r"^```(\w*)\n(.*?)^```", doc, re.M | re.S):
+            code = m.group(2)
+            if m.group(1) in PYTHON and code not in seen:
+                seen.add(code)
+                out.append((name, code))
+
+    for name, obj in objects.items():
+        add(name, obj)
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and callable(member):
+                    add(f"{name}.{attr}", member)
+    return out
+
+
+def fences_in_docstrings(source):
+    """The ```python fences of every docstring of a Python source file (read, not imported)."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node) or ""
+            out += [m.group(2) for m in re.finditer(r"^```(\w*)\n(.*?)^```", doc, re.M | re.S)
+                    if m.group(1) in PYTHON]
+    return out
