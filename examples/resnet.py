@@ -67,7 +67,8 @@ def bottleneck(x, filters, stride):
     x = keras.layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
     x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
     x = keras.layers.Conv2D(4 * filters, 1, use_bias=False)(x)
-    x = keras.layers.BatchNormalization(gamma_initializer="zeros")(x)  # each block starts as identity
+    # zero-initialised: each block starts as the identity
+    x = keras.layers.BatchNormalization(gamma_initializer="zeros")(x)
     return keras.layers.ReLU()(keras.layers.Add()([shortcut, x]))
 
 

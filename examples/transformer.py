@@ -55,7 +55,8 @@ def encoder_block(x, width, heads, hidden, dropout):
     x = keras.layers.LayerNormalization(epsilon=1e-6)(x + keras.layers.Dropout(dropout)(attention))
     feed_forward = keras.Sequential([keras.layers.Dense(hidden, activation="gelu"),
                                      keras.layers.Dense(width)])(x)
-    return keras.layers.LayerNormalization(epsilon=1e-6)(x + keras.layers.Dropout(dropout)(feed_forward))
+    feed_forward = keras.layers.Dropout(dropout)(feed_forward)
+    return keras.layers.LayerNormalization(epsilon=1e-6)(x + feed_forward)
 
 
 def transformer(length, vocabulary, classes, width, heads, layers, dropout=0.1):

@@ -25,5 +25,6 @@ def site(tmp_path_factory):
          "-d", str(out / "doctrees"), DOCS, str(out / "html")],
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, capture_output=True, text=True,
         timeout=600)
-    assert result.returncode == 0, f"sphinx-build failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    assert result.returncode == 0, \
+        f"sphinx-build failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     return out / "html"

@@ -37,7 +37,8 @@ def launch(name, tmp_path):
 def test_resnet(tmp_path):
     out = launch("resnet", tmp_path)
     # global batch 2 x 32 = 64: learning rate 0.1 x 64 / 256, reached at the end of the warm-up
-    assert "small: 2 rank(s), global batch 64; learning rate 0.025 after 4 warm-up steps" in out, out
+    assert ("small: 2 rank(s), global batch 64; learning rate 0.025 after 4 warm-up steps"
+            in out), out
     rates = [float(r) for r in re.findall(r"epoch \d+: learning rate ([0-9.]+)", out)]
     assert rates == [pytest.approx(0.025), pytest.approx(0.0)], out
     assert "validation accuracy:" in out, out

@@ -175,7 +175,8 @@ def test_every_page_renders_with_no_broken_link_or_image(site, browser):
         if not os.path.isfile(target):
             problems.append(f"{page}: broken link {url}")
         elif fragment and target in ids and fragment not in ids[target]:
-            problems.append(f"{page}: link {url}: no #{fragment} in {os.path.relpath(target, site)}")
+            where = os.path.relpath(target, site)
+            problems.append(f"{page}: link {url}: no #{fragment} in {where}")
         checked += 1
     assert len(html_files) >= 20 and checked > 100, (len(html_files), checked)
     assert not problems, "\n".join(problems)
