@@ -1,4 +1,5 @@
 """tnt.Model: a Keras model that trains data-parallel and shows serial results."""
+import inspect
 import os
 
 import keras
@@ -32,6 +33,11 @@ def _is_array_like(x):
     return bool(leaves) and all(
         isinstance(t, (np.ndarray, tf.Tensor, tf.Variable, list)) or np.isscalar(t)
         for t in leaves if t is not None)
+
+
+def _accepts(function, argument):
+    parameters = inspect.signature(function).parameters
+    return argument in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
 
 
 def _first_dim(x):
@@ -90,13 +96,23 @@ class Model(keras.Model):
             self.built = True
 
     # ---- behave like the wrapped model ------------------------------------------------------
-    def call(self, inputs, training=None, mask=None):
-        return self.model(inputs, training=training, mask=mask)
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        # Keras hands `training` only to a call() that takes it; `mask` must be
+        # left out for one that does not (as Keras does when it calls the model).
+        if mask is not None and _accepts(self.model.call, "mask"):
+            kwargs["mask"] = mask
+        return self.model(inputs, training=training, **kwargs)
 
     def build(self, input_shape=None):
-        if not self.model.built and input_shape is not None:
+        """`build(input_shape)` of the wrapped model."""
+        if not self.model.built:
             self.model.build(input_shape)
         self.built = True
+
+    # Keras treats a default build() as "build by calling the model on symbolic
+    # inputs", which builds a subclassed model's layers; an explicit
+    # `model.build(shape)` still reaches the wrapped model's own build().
+    build._is_default = True
 
     def __getattr__(self, name):
         # Only reached when normal lookup fails: forward to the wrapped model
@@ -133,15 +149,20 @@ class Model(keras.Model):
                 jit_compile="auto", auto_scale_loss=True):
         optimizer = keras.optimizers.get(optimizer)
         distributed_optimizer._check_supported(optimizer)
-        super().compile(optimizer=optimizer, loss=loss, loss_weights=loss_weights,
-                        metrics=metrics, weighted_metrics=weighted_metrics,
-                        run_eagerly=run_eagerly, steps_per_execution=steps_per_execution,
-                        jit_compile=jit_compile, auto_scale_loss=auto_scale_loss)
+        arguments = dict(loss=loss, loss_weights=loss_weights, metrics=metrics,
+                         weighted_metrics=weighted_metrics, run_eagerly=run_eagerly,
+                         steps_per_execution=steps_per_execution, jit_compile=jit_compile,
+                         auto_scale_loss=auto_scale_loss)
+        super().compile(optimizer=optimizer, **arguments)
         # Wrap the outermost optimizer (a LossScaleOptimizer under mixed
         # precision): it then checks the *reduced* gradients for finiteness,
         # which are the same on every rank, so ranks never disagree on a skip.
         distributed_optimizer.DistributedOptimizer(self.optimizer)
         distributed_optimizer.set_gradient_weight(self.optimizer, self._local_batch_weight)
+        # The wrapped model runs the steps (its own train_step, compute_loss,
+        # metrics, ... or Keras' defaults), so it is compiled alike, with the
+        # same optimizer object; its files then carry the compile state too.
+        self.model.compile(optimizer=self.optimizer, **arguments)
         if core.get_size() > 1 and self.jit_compile:
             get_logger().info(
                 "tnt.Model: the train/test steps are not XLA-compiled (jit_compile=False): they "
@@ -157,11 +178,17 @@ class Model(keras.Model):
         if self.built and getattr(self, "optimizer", None) is not None:
             self.optimizer.build(self.trainable_variables)
 
-    # ---- the training step: weight gradients by micro-batch size ------------------------------
+    # ---- the steps: the wrapped model's own, on this rank's slice -----------------------------
+    # Each step is the wrapped model's train_step / test_step / predict_step
+    # (a user's own, or Keras' default), run on this rank's micro-batch; the
+    # optimizer's apply() averages the gradients across ranks, and the logs
+    # the step returns are made global afterwards (see _global_logs).
     def _local_batch_weight(self):
         return self._tnt_step.local_batch
 
     def train_step(self, data):
+        if core.get_size() == 1:
+            return self.model.train_step(data)  # exactly Keras
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         # Keras losses are means over the local batch, so rank r's gradient is
         # weighted by its micro-batch size b_r: Σ b_r g_r / Σ b_r is the serial
@@ -169,59 +196,100 @@ class Model(keras.Model):
         local_batch = _first_dim(x)
         self._tnt_step.local_batch = local_batch
         try:
-            if core.get_size() == 1:
-                return super().train_step(data)
-            # A rank whose slice of the last, partial batch is empty must not
-            # run the model (some TF kernels, e.g. oneDNN convolutions, fail on
-            # an empty batch); it still takes part in the gradient allreduce
-            # (weight 0) and the metric reduction, in the same order as the rest.
-            return tf.cond(local_batch > 0, lambda: super(Model, self).train_step(data),
-                           self._empty_train_step)
+            logs = self._unless_empty(local_batch, lambda: self.model.train_step(data),
+                                      self._apply_zero_gradients)
+            return self._global_logs(logs, local_batch)
         finally:
             self._tnt_step.local_batch = None
 
-    def _empty_train_step(self):
+    def _unless_empty(self, local_batch, step, on_empty=None):
+        """`step()`'s logs; a rank whose slice of the last, partial batch is
+        empty does not run the model (some TF kernels, e.g. oneDNN
+        convolutions, fail on an empty batch) but returns zeros of the same
+        structure, after `on_empty()` (its part in the step's collectives)."""
+        traced = {}
+
+        def run():
+            logs = tf.nest.map_structure(tf.convert_to_tensor, step())
+            traced["logs"] = logs
+            return logs
+
+        def skip():
+            # tf.cond traces the real branch first: its structure is known here
+            if on_empty is not None:
+                on_empty()
+            return tf.nest.map_structure(lambda t: tf.zeros(tf.shape(t), t.dtype), traced["logs"])
+
+        return tf.cond(local_batch > 0, run, skip)
+
+    def _apply_zero_gradients(self):
         # The real branch is traced first: its apply() recorded which
         # gradients are None, and this branch must submit the same tensors.
         missing = distributed_optimizer.missing_gradients(self.optimizer)
-        variables = self.trainable_variables
+        variables = self.model.trainable_variables
         grads = [None if missing and missing[i] else tf.zeros_like(v) for i, v in enumerate(variables)]
         self.optimizer.apply(grads, variables)
-        return self.get_metrics_result()
+
+    def _global_logs(self, logs, local_batch):
+        """The step's logs, global: an entry named like a metric of the model
+        is that metric's global result (from the summed metric states, exact);
+        any other entry is the mean over ranks weighted by the micro-batch size."""
+        results = self.get_metrics_result()
+        if not isinstance(logs, dict):
+            logs = {"": logs}
+            results = {}
+        others = {k: v for k, v in logs.items() if k not in results}
+        if others:
+            flat = [tf.cast(t, tf.float64) for t in tf.nest.flatten(others)]
+            weight = tf.cast(local_batch, tf.float64)
+            summed = collective_ops.sum_across_ranks([t * weight for t in flat] + [weight],
+                                                     name="tnt.logs")
+            total = summed[-1]
+            means = [tf.cast(tf.math.divide_no_nan(s, total), t.dtype)
+                     for s, t in zip(summed[:-1], tf.nest.flatten(others))]
+            others = tf.nest.pack_sequence_as(others, means)
+        out = {k: results[k] if k in results else others[k] for k in logs}
+        return out[""] if list(out) == [""] else out
 
     def test_step(self, data):
         if core.get_size() == 1:
-            return super().test_step(data)
+            return self.model.test_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        return tf.cond(_first_dim(x) > 0, lambda: super(Model, self).test_step(data),
-                       self.get_metrics_result)
+        local_batch = _first_dim(x)
+        logs = self._unless_empty(local_batch, lambda: self.model.test_step(data))
+        return self._global_logs(logs, local_batch)
 
     def predict_step(self, data):
         if not self._tnt_distributed_predict:
-            return super().predict_step(data)
+            return self.model.predict_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
 
         def on_one_zero_sample():  # the right output structure and shapes, with 0 rows
             zeros = tf.nest.map_structure(
                 lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype), x)
-            return tf.nest.map_structure(lambda t: t[:0], super(Model, self).predict_step((zeros,)))
+            return tf.nest.map_structure(lambda t: t[:0], self.model.predict_step((zeros,)))
 
-        outputs = tf.cond(_first_dim(x) > 0, lambda: super(Model, self).predict_step(data),
+        outputs = tf.cond(_first_dim(x) > 0, lambda: self.model.predict_step(data),
                           on_one_zero_sample)
         # Each rank predicted a contiguous slice of the global batch: gathering
         # the slices in rank order restores the global batch, in order.
         return tf.nest.map_structure(_allgather_tensor, outputs)
 
     # ---- global metrics -----------------------------------------------------------------------
+    @property
+    def metrics(self):
+        """The wrapped model's metrics (it runs the steps)."""
+        return self.model.metrics
+
     def get_metrics_result(self):
         if core.get_size() == 1:
-            return super().get_metrics_result()
+            return self.model.get_metrics_result()
         return global_metrics_result(self.metrics)
 
     def _tnt_local_metrics_result(self):
         """This rank's own metric values, as floats (for aggregate_logs=False)."""
         return {k: float(np.asarray(v)) if np.size(v) == 1 else np.asarray(v)
-                for k, v in super().get_metrics_result().items()}
+                for k, v in self.model.get_metrics_result().items()}
 
     # ---- data distribution --------------------------------------------------------------------
     def _distribute(self, x, y, sample_weight, batch_size, shuffle, micro_batch_size, distribute,
@@ -397,7 +465,7 @@ class Model(keras.Model):
         optimizer = getattr(self, "optimizer", None)
         if self.built and optimizer is not None and not optimizer.built:
             optimizer.build(self.trainable_variables)  # so that its saved state loads too
-        super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+        self.model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
         self._tnt_synced = True
 
@@ -410,38 +478,62 @@ class Model(keras.Model):
             collectives.barrier(name=f"tnt.{what}")
 
     def save(self, filepath, overwrite=True, zipped=None, tnt_save_all_devices=False, **kwargs):
-        """Save the model (`.keras`), atomically, on the master rank only
-        (every rank with `tnt_save_all_devices=True`). Call it on every rank."""
+        """Save the wrapped model (`.keras`, compiled with its optimizer state:
+        a plain Keras file), atomically, on the master rank only (every rank
+        with `tnt_save_all_devices=True`). Call it on every rank."""
         filepath = os.fspath(filepath)
         check_model_path(filepath, zipped)  # on every rank, before any file or collective work
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(
             tnt_save_all_devices, "save", filepath,
-            lambda path: super(Model, self).save(path, overwrite=True, zipped=zipped, **kwargs))
+            lambda path: self.model.save(path, overwrite=True, zipped=zipped, **kwargs))
 
     def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
-        """Save the weights (`.weights.h5`), atomically, on the master rank only."""
+        """Save the wrapped model's weights (`.weights.h5`, the file plain Keras
+        writes), atomically, on the master rank only."""
         filepath = os.fspath(filepath)
         check_weights_path(filepath, kwargs.get("max_shard_size"))
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(
             tnt_save_all_devices, "save_weights", filepath,
-            lambda path: super(Model, self).save_weights(path, overwrite=True, **kwargs))
+            lambda path: self.model.save_weights(path, overwrite=True, **kwargs))
 
-    # ---- serialization ------------------------------------------------------------------------
+    # ---- serialization: the wrapped model's ---------------------------------------------------
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable,
-                "model": keras.saving.serialize_keras_object(self.model)}
+        """The wrapped model's config (`tnt.Model.from_config` takes it back)."""
+        return self.model.get_config()
+
+    def to_json(self, **kwargs):
+        """The wrapped model's JSON (`tnt.models.model_from_json` takes it back)."""
+        return self.model.to_json(**kwargs)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("model"),
-                                                      custom_objects=custom_objects)
-        config.pop("parallel_strategy", None)
-        return cls(inner, **config)
+        """A tnt.Model over the model `config` describes: a Functional or
+        Sequential model's `get_config()`, or any serialized model
+        (`keras.saving.serialize_keras_object(model)`)."""
+        model = model_from_config(config, custom_objects)
+        return model if isinstance(model, Model) else cls(model)
+
+
+def model_from_config(config, custom_objects=None):
+    """The Keras model `config` describes (see Model.from_config)."""
+    if not isinstance(config, dict):
+        raise TypeError(f"A model config is a dict. Received: config of type {type(config).__name__}")
+    if "class_name" in config:
+        return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+    if "input_layers" in config and "output_layers" in config:
+        return keras.Model.from_config(config, custom_objects=custom_objects)
+    if isinstance(config.get("layers"), list):
+        return keras.Sequential.from_config(config, custom_objects=custom_objects)
+    raise ValueError(
+        "This config does not say which model class to build (a subclassed model's get_config() "
+        "names only its arguments): build it yourself, e.g. "
+        "tnt.Model(MyModel.from_config(config)), or pass the serialized model, "
+        "keras.saving.serialize_keras_object(model). Received: a config with keys "
+        f"{sorted(config)}")
 
 
 def _allgather_tensor(tensor):
