@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 _FRONTEND = (
     "Model", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape", "optimizers",
     "models", "keras", "data", "broadcast_variables",
+    # the original Tarantella's collectives classes (tensors back for tensors)
+    "TensorAllreducer", "TensorBroadcaster", "TensorAllgatherer",
 )
 
 

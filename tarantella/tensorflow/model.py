@@ -10,7 +10,8 @@ from tarantella.common import collectives, config, core
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import collective_ops, distributed_optimizer
 from tarantella.tensorflow.atomic_save import atomic_save
-from tarantella.tensorflow.data import array_dataset, distribute_dataset
+from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
+                                        micro_batch_size)
 from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
@@ -26,6 +27,7 @@ class _StepState:
 
     def __init__(self):
         self.local_batch = None
+        self.logs = {}  # "train"/"test" -> the structure of the logs the step returns
 
 
 def _is_array_like(x):
@@ -196,29 +198,35 @@ class Model(keras.Model):
         local_batch = _first_dim(x)
         self._tnt_step.local_batch = local_batch
         try:
-            logs = self._unless_empty(local_batch, lambda: self.model.train_step(data),
+            logs = self._unless_empty("train", local_batch, lambda: self.model.train_step(data),
                                       self._apply_zero_gradients)
             return self._global_logs(logs, local_batch)
         finally:
             self._tnt_step.local_batch = None
 
-    def _unless_empty(self, local_batch, step, on_empty=None):
+    def _unless_empty(self, kind, local_batch, step, on_empty=None):
         """`step()`'s logs; a rank whose slice of the last, partial batch is
         empty does not run the model (some TF kernels, e.g. oneDNN
         convolutions, fail on an empty batch) but returns zeros of the same
         structure, after `on_empty()` (its part in the step's collectives)."""
-        traced = {}
+        specs = self._tnt_step.logs
 
         def run():
             logs = tf.nest.map_structure(tf.convert_to_tensor, step())
-            traced["logs"] = logs
+            specs[kind] = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
             return logs
 
         def skip():
-            # tf.cond traces the real branch first: its structure is known here
             if on_empty is not None:
                 on_empty()
-            return tf.nest.map_structure(lambda t: tf.zeros(tf.shape(t), t.dtype), traced["logs"])
+            # Traced, tf.cond traces the real branch first; run eagerly, an
+            # earlier step left its structure (or, at the very first step,
+            # the logs are the metrics' results, as in Keras' default steps).
+            spec = specs.get(kind) or tf.nest.map_structure(
+                lambda t: tf.TensorSpec(np.shape(t), tf.as_dtype(t.dtype)),
+                self.model.get_metrics_result())
+            return tf.nest.map_structure(
+                lambda sp: tf.zeros([d or 0 for d in sp.shape], sp.dtype), spec)
 
         return tf.cond(local_batch > 0, run, skip)
 
@@ -256,7 +264,7 @@ class Model(keras.Model):
             return self.model.test_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         local_batch = _first_dim(x)
-        logs = self._unless_empty(local_batch, lambda: self.model.test_step(data))
+        logs = self._unless_empty("test", local_batch, lambda: self.model.test_step(data))
         return self._global_logs(logs, local_batch)
 
     def predict_step(self, data):
@@ -447,11 +455,38 @@ class Model(keras.Model):
         if data is not None:
             x, batch_size = data[0], None
         self._sync_weights(x)
+        self._set_distributed_predict(distributed)
+        return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
+                               steps=steps, callbacks=prepare_callbacks(callbacks))
+
+    # ---- one global batch at a time -----------------------------------------------------------
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
+        """`keras.Model.train_on_batch` on a global batch: every rank passes the
+        same batch and trains on its slice; the logs are global."""
+        self._assert_compile_called("train_on_batch")
+        self._sync_weights(x)
+        x, y, sample_weight = _rank_slice((x, y, sample_weight))
+        return super().train_on_batch(x, y, sample_weight=sample_weight,
+                                      class_weight=class_weight, return_dict=return_dict)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+        """`keras.Model.test_on_batch` on a global batch (see train_on_batch)."""
+        self._assert_compile_called("test_on_batch")
+        self._sync_weights(x)
+        x, y, sample_weight = _rank_slice((x, y, sample_weight))
+        return super().test_on_batch(x, y, sample_weight=sample_weight, return_dict=return_dict)
+
+    def predict_on_batch(self, x):
+        """`keras.Model.predict_on_batch` on a global batch: every rank predicts
+        its slice and returns the predictions of the whole batch."""
+        self._sync_weights(x)
+        self._set_distributed_predict(core.get_size() > 1)
+        return super().predict_on_batch(_rank_slice(x))
+
+    def _set_distributed_predict(self, distributed):
         if distributed != self._tnt_distributed_predict:
             self._tnt_distributed_predict = distributed
             self.predict_function = None  # retrace with (or without) the gather
-        return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
-                               steps=steps, callbacks=prepare_callbacks(callbacks))
 
     # ---- weights and saving -------------------------------------------------------------------
     def set_weights(self, weights):
@@ -544,6 +579,19 @@ def _allgather_tensor(tensor):
                                  name="TntAllgather")
     gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     return gathered
+
+
+def _rank_slice(batch):
+    """This rank's contiguous slice of a global batch (a nest of arrays or
+    tensors whose first dimension is the sample; None entries stay None)."""
+    size = core.get_size()
+    leaves = [t for t in tf.nest.flatten(batch) if t is not None]
+    if size == 1 or not leaves:
+        return batch
+    n = int(np.shape(leaves[0])[0])
+    begin = micro_batch_offset(n, core.get_rank(), size)
+    end = begin + micro_batch_size(n, core.get_rank(), size)
+    return tf.nest.map_structure(lambda t: None if t is None else t[begin:end], batch)
 
 
 def _split_arrays(arrays, validation_split):

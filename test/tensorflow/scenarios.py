@@ -47,10 +47,79 @@ def cnn():
     ])
 
 
-def compile_(model, optimizer):
+class CallInputsOnly(keras.Model):
+    """A subclassed model whose call() takes neither `training` nor `mask`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(32, activation="relu")
+        self.out = keras.layers.Dense(10)
+
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
+
+
+class CustomSteps(keras.Model):
+    """Keras' "customize what happens in fit()" pattern: its own train_step
+    (a loss with a weight penalty), test_step, predict_step (probabilities)
+    and metrics; call() takes `training` but no `mask`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(32, activation="relu")
+        self.dropout = keras.layers.Dropout(0.0)
+        self.out = keras.layers.Dense(10)
+        self.loss_tracker = keras.metrics.Mean(name="custom_loss")
+        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="custom_accuracy")
+
+    def call(self, inputs, training=None):
+        return self.out(self.dropout(self.hidden(inputs), training=training))
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.accuracy]
+
+    def _update(self, x, y, logits, loss):
+        # weighted by the batch size: the mean over all samples seen
+        self.loss_tracker.update_state(loss, sample_weight=tf.shape(x)[0])
+        self.accuracy.update_state(y, logits)
+        return {m.name: m.result() for m in self.metrics}
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            logits = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=logits) + 1e-3 * tf.add_n(
+                [tf.reduce_sum(tf.square(w)) for w in self.trainable_variables])
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return self._update(x, y, logits, loss)
+
+    def test_step(self, data):
+        x, y = data
+        logits = self(x, training=False)
+        return self._update(x, y, logits, self.compute_loss(x=x, y=y, y_pred=logits))
+
+    def predict_step(self, data):
+        x = data[0] if isinstance(data, (tuple, list)) else data
+        return tf.nn.softmax(self(x, training=False))
+
+
+def call_inputs_only():
+    keras.utils.set_random_seed(4)
+    return CallInputsOnly()
+
+
+def custom_steps():
+    keras.utils.set_random_seed(5)
+    return CustomSteps()
+
+
+def compile_(model, optimizer, run_eagerly=False):
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3)])
+                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3)],
+                  run_eagerly=run_eagerly)
 
 
 def scenarios(size):
@@ -71,12 +140,22 @@ def scenarios(size):
         "mlp_shuffled": dict(build=mlp, opt=sgd, B=16, kind="shuffled", x=xm, y=ym, val=None),
         "mlp_unbatched": dict(build=mlp, opt=sgd, B=7 * size, micro=7, kind="unbatched", x=xm,
                               y=ym, val=None),
+        # subclassed models: call(inputs) alone; call(inputs, training) with its own steps
+        "sub_call_inputs": dict(build=call_inputs_only, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
+                                val=(xmv, ymv)),
+        "sub_custom_steps": dict(build=custom_steps, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
+                                 val=(xmv, ymv)),
+        # train/test/predict_on_batch, run eagerly, from rank-dependent initial weights
+        "mlp_on_batch_eager": dict(build=mlp, opt=sgd, B=25, kind="on_batch", x=xm, y=ym,
+                                   val=(xmv, ymv)),
     }
 
 
 def run(name, s, reference, out):
     import tarantella as tnt
 
+    if s["kind"] == "on_batch":
+        return run_on_batch(name, s, reference)
     model = s["build"]()
     if not reference:
         model = tnt.Model(model)
@@ -109,6 +188,35 @@ def run(name, s, reference, out):
     arrays[f"{name}/predict"] = predictions
     return arrays, {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
                     "evaluate": {k: float(v) for k, v in results.items()}}
+
+
+def run_on_batch(name, s, reference):
+    """train_on_batch over the epoch's global batches (the last one partial),
+    test_on_batch, predict, then predict_on_batch; every rank passes the same
+    global batches. The model's initial weights differ between ranks (as an
+    unseeded model's would); the master's are serial's."""
+    import tarantella as tnt
+
+    rank = 0 if reference else tnt.get_rank()
+    model = s["build"]()
+    if rank != 0:
+        for w in model.weights:
+            w.assign(w + rank)
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model, s["opt"](), run_eagerly=True)
+    B, x, y, (xv, yv) = s["B"], s["x"], s["y"], s["val"]
+    history = {}
+    for epoch in range(2):
+        for begin in range(0, len(x), B):
+            logs = model.train_on_batch(x[begin:begin + B], y[begin:begin + B], return_dict=True)
+            for k, v in logs.items():
+                history.setdefault(k, []).append(float(v))
+    results = model.test_on_batch(xv[:B], yv[:B], return_dict=True)
+    arrays = {f"{name}/w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+    arrays[f"{name}/predict"] = model.predict(xv, batch_size=B, verbose=0)
+    arrays[f"{name}/predict_on_batch"] = model.predict_on_batch(xv[:B])
+    return arrays, {"history": history, "evaluate": {k: float(v) for k, v in results.items()}}
 
 
 def main():
