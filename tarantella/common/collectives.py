@@ -318,16 +318,15 @@ def _leaf_array(leaf, what):
         return leaf, False
     if isinstance(leaf, (int, float, np.number, np.bool_)):
         return np.asarray(leaf), True
-    if hasattr(leaf, "numpy"):  # a TF (or other framework's) eager tensor or variable
+    if hasattr(leaf, "numpy") or hasattr(leaf, "__array__"):  # a framework's tensor, say
         try:
-            return np.asarray(leaf.numpy()), False
+            return np.asarray(leaf.numpy() if hasattr(leaf, "numpy") else leaf), False
         except Exception:
             raise TypeError(
-                f"{what}: a tensor without a value (inside a traced function?) cannot be "
-                f"passed to the NumPy collectives; call them eagerly. Received: a leaf of type "
-                f"{type(leaf).__name__}") from None
-    if hasattr(leaf, "__array__"):
-        return np.asarray(leaf), False
+                f"{what}: a tensor without a value (a symbolic tensor, in a traced function) "
+                "cannot go through the NumPy collectives: call them eagerly, or use the "
+                "framework frontend's collectives (tarantella.<frontend>.allreduce, ...). "
+                f"Received: a leaf of type {type(leaf).__name__}") from None
     raise TypeError(
         f"{what} takes nested lists, tuples and dicts of arrays, scalars and tensors. "
         f"Received: a leaf of type {type(leaf).__name__}")

@@ -1,4 +1,5 @@
 """tnt.Model: a Keras model that trains data-parallel and shows serial results."""
+import copy
 import inspect
 import os
 
@@ -16,6 +17,7 @@ from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
+from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
 from tarantella.tensorflow.save_paths import check_model_path, check_weights_path
 
 _BATCH_NORM_MIN_MICRO_BATCH = 16
@@ -60,8 +62,12 @@ class Model(keras.Model):
 
     Args:
         model: A `keras.Model` (Functional, Sequential or subclassed).
-        parallel_strategy: `tnt.ParallelStrategy.DATA` (the default; the only
-            strategy implemented).
+        parallel_strategy: `tnt.ParallelStrategy.DATA` (the default), or
+            `ALL` for a model without pipeline partitions (it trains
+            data-parallel too); pipelining is not available yet, so
+            `PIPELINING`, or `ALL` with `SplitLayer`s, is an error.
+        num_pipeline_stages: The original Tarantella's argument: 1 (the
+            default) is accepted; more stages need pipelining (an error).
 
     Example:
 
@@ -73,19 +79,15 @@ class Model(keras.Model):
     ```
     """
 
-    def __init__(self, model, parallel_strategy=ParallelStrategy.DATA, **kwargs):
+    def __init__(self, model, parallel_strategy=ParallelStrategy.DATA, num_pipeline_stages=1,
+                 **kwargs):
         if not isinstance(model, keras.Model):
             raise TypeError(
                 "tnt.Model expects a keras.Model instance. Received: "
                 f"model={model!r} (of type {type(model).__name__})")
         if isinstance(model, Model):
             raise TypeError("The model is already a tnt.Model. Received: model=tnt.Model")
-        if isinstance(parallel_strategy, str):
-            parallel_strategy = ParallelStrategy[parallel_strategy.upper()]
-        if parallel_strategy != ParallelStrategy.DATA:
-            raise NotImplementedError(
-                "Only tnt.ParallelStrategy.DATA is implemented. Received: "
-                f"parallel_strategy={parallel_strategy}")
+        parallel_strategy = resolve_strategy(parallel_strategy, model, num_pipeline_stages)
         kwargs.setdefault("name", model.name)
         super().__init__(**kwargs)
         self.model = model
@@ -123,6 +125,10 @@ class Model(keras.Model):
             raise AttributeError(name)
         return getattr(self.__dict__["model"], name)
 
+    # What a user reads of a model is the wrapped model's: these (and
+    # weights, variables, losses, metrics, metrics_names, name, trainable,
+    # dtype, ..., which Keras collects from the wrapped model anyway) are
+    # the same objects as on the wrapped model.
     @property
     def layers(self):
         return self.model.layers
@@ -135,8 +141,31 @@ class Model(keras.Model):
     def output(self):
         return self.model.output
 
+    @property
+    def inputs(self):
+        return self.model.inputs
+
+    @property
+    def outputs(self):
+        return self.model.outputs
+
+    @property
+    def input_spec(self):
+        model = self.__dict__.get("model")
+        return self._input_spec if model is None else model.input_spec
+
+    @input_spec.setter
+    def input_spec(self, value):
+        self._input_spec = value  # Keras sets it while constructing
+
     def get_layer(self, name=None, index=None):
         return self.model.get_layer(name=name, index=index)
+
+    def compute_output_shape(self, *args, **kwargs):
+        return self.model.compute_output_shape(*args, **kwargs)
+
+    def compute_mask(self, *args, **kwargs):
+        return self.model.compute_mask(*args, **kwargs)
 
     def summary(self, *args, **kwargs):
         """The wrapped model's summary, on the master rank only (on every rank
@@ -553,10 +582,47 @@ class Model(keras.Model):
         return model if isinstance(model, Model) else cls(model)
 
 
+@keras.saving.register_keras_serializable(package="tarantella", name="Sequential")
+class Sequential(Model):
+    """A tnt.Model over a `keras.Sequential`: `tnt.Sequential(layers)` is
+    `tnt.Model(keras.Sequential(layers))`, with `add` and `pop`.
+
+    Args:
+        layers: A list of layers (as for `keras.Sequential`), or a
+            `keras.Sequential` to wrap.
+        trainable, name: As for `keras.Sequential`.
+    """
+
+    def __init__(self, layers=None, trainable=True, name=None, **kwargs):
+        if isinstance(layers, keras.Sequential):
+            model = layers
+        else:
+            model = keras.Sequential(layers, trainable=trainable, name=name)
+        super().__init__(model, **kwargs)
+
+    def add(self, layer, rebuild=True):
+        self.model.add(layer, rebuild=rebuild)
+
+    def pop(self, rebuild=True):
+        return self.model.pop(rebuild=rebuild)
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """A tnt.Sequential from a Sequential model's `get_config()`."""
+        model = model_from_config(config, custom_objects)
+        if isinstance(model, Model):
+            model = model.model
+        if not isinstance(model, keras.Sequential):
+            raise ValueError("tnt.Sequential.from_config takes a Sequential model's config. "
+                             f"Received: the config of a {type(model).__name__}")
+        return cls(model)
+
+
 def model_from_config(config, custom_objects=None):
     """The Keras model `config` describes (see Model.from_config)."""
     if not isinstance(config, dict):
         raise TypeError(f"A model config is a dict. Received: config of type {type(config).__name__}")
+    config = copy.deepcopy(config)  # Keras' from_config consumes what it is given
     if "class_name" in config:
         return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
     if "input_layers" in config and "output_layers" in config:

@@ -53,10 +53,11 @@ class CallInputsOnly(keras.Model):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.hidden = keras.layers.Dense(32, activation="relu")
+        self.hidden2 = keras.layers.Dense(16, activation="tanh")
         self.out = keras.layers.Dense(10)
 
     def call(self, inputs):
-        return self.out(self.hidden(inputs))
+        return self.out(self.hidden2(self.hidden(inputs)))
 
 
 class CustomSteps(keras.Model):
@@ -68,12 +69,13 @@ class CustomSteps(keras.Model):
         super().__init__(**kwargs)
         self.hidden = keras.layers.Dense(32, activation="relu")
         self.dropout = keras.layers.Dropout(0.0)
+        self.hidden2 = keras.layers.Dense(16, activation="tanh")
         self.out = keras.layers.Dense(10)
         self.loss_tracker = keras.metrics.Mean(name="custom_loss")
         self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="custom_accuracy")
 
     def call(self, inputs, training=None):
-        return self.out(self.dropout(self.hidden(inputs), training=training))
+        return self.out(self.hidden2(self.dropout(self.hidden(inputs), training=training)))
 
     @property
     def metrics(self):
@@ -142,7 +144,7 @@ def scenarios(size):
                               y=ym, val=None),
         # subclassed models: call(inputs) alone; call(inputs, training) with its own steps
         "sub_call_inputs": dict(build=call_inputs_only, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
-                                val=(xmv, ymv)),
+                                val=None),
         "sub_custom_steps": dict(build=custom_steps, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
                                  val=(xmv, ymv)),
         # train/test/predict_on_batch, run eagerly, from rank-dependent initial weights
@@ -219,6 +221,62 @@ def run_on_batch(name, s, reference):
     return arrays, {"history": history, "evaluate": {k: float(v) for k, v in results.items()}}
 
 
+def tensor_collectives(tnt):
+    """tnt's TF-level collectives on nested structures of tensors, variables,
+    arrays and scalars, eagerly and in a tf.function: the failures found."""
+    rank, size = tnt.get_rank(), tnt.get_size()
+    failures = []
+
+    def x(q):
+        return {"t": tf.fill([2, 2], float(q + 1)), "v": tf.Variable([q, 1]),
+                "n": np.full(3, q, np.float64), "s": q + 0.5,
+                "special": [tf.constant([np.nan if q == 0 else 1.0, np.inf]),
+                            tf.constant(-np.inf if q == size - 1 else 2.0, tf.float64)]}
+
+    def check(label, got, want):
+        if isinstance(want, dict):
+            if not isinstance(got, dict) or list(got) != list(want):
+                return failures.append(f"{label}: got {got!r}")
+            return [check(f"{label}.{k}", got[k], want[k]) for k in want]
+        if isinstance(want, list):
+            if not isinstance(got, list) or len(got) != len(want):
+                return failures.append(f"{label}: got {got!r}")
+            return [check(f"{label}[{i}]", g, w) for i, (g, w) in enumerate(zip(got, want))]
+        tensor = isinstance(want, tf.Tensor)
+        if tensor != isinstance(got, tf.Tensor) or np.asarray(got).dtype != np.asarray(want).dtype \
+                or not np.array_equal(np.asarray(got), np.asarray(want), equal_nan=True):
+            failures.append(f"{label}: got {type(got).__name__} {got!r}, want {want!r}")
+
+    total = sum(q + 1 for q in range(size))
+    ranks = float(sum(range(size)))
+    check("TensorAllreducer", tnt.TensorAllreducer(x(rank)).allreduce(x(rank)), {
+        "t": tf.fill([2, 2], float(total)), "v": tf.constant([int(ranks), size]),
+        "n": np.full(3, ranks), "s": np.float64(ranks + 0.5 * size),
+        "special": [tf.constant([np.nan, np.inf]), tf.constant(-np.inf, tf.float64)]})
+    root = size - 1
+    got = tnt.TensorBroadcaster(x(rank), root_rank=root).broadcast(x(rank) if rank == root else None)
+    want = x(root)
+    want["v"], want["s"] = tf.convert_to_tensor(want["v"]), np.float64(want["s"])
+    check("TensorBroadcaster", got, want)
+    rows = {"r": tf.fill([rank + 1, 2], rank), "s": float(rank)}
+    check("TensorAllgatherer", tnt.TensorAllgatherer(rows).allgather(rows), {
+        "r": tf.concat([tf.fill([q + 1, 2], q) for q in range(size)], 0),
+        "s": np.arange(size, dtype=np.float64)})
+
+    import tarantella.tensorflow as tnt_tf  # tensors back for tensors (tnt.allreduce: NumPy)
+
+    @tf.function
+    def in_graph(a, c):
+        return tnt_tf.allreduce([a, {"c": c}], op="average"), tnt_tf.allgather({"a": a})
+
+    summed, gathered = in_graph(tf.constant([1.0, rank]), tf.constant(rank * size, tf.int64))
+    check("tf.function allreduce", summed, [tf.constant([1.0, ranks / size]),
+                                            {"c": tf.constant(int(ranks), tf.int64)}])
+    check("tf.function allgather", gathered, {"a": tf.constant(
+        [v for q in range(size) for v in (1.0, q)])})
+    return failures
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -247,10 +305,13 @@ def main():
             name = f"{name}@{size}"
         arrays.update(a)
         logs[name] = l
+    checks = {}
+    if not args.reference:
+        checks["tensor_collectives"] = tensor_collectives(tnt)
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank{rank}.npz"), **arrays)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"size": size, "logs": logs}, f)
+        json.dump({"size": size, "logs": logs, "checks": checks}, f)
 
 
 if __name__ == "__main__":
