@@ -30,6 +30,7 @@ class _StepState:
     def __init__(self):
         self.local_batch = None
         self.logs = {}  # "train"/"test" -> the structure of the logs the step returns
+        self.applies = {}  # "train"/"test" -> the optimizer apply() calls the step made
 
 
 def _is_array_like(x):
@@ -175,9 +176,27 @@ class Model(keras.Model):
         return None
 
     # ---- compile ------------------------------------------------------------------------------
-    def compile(self, optimizer="rmsprop", loss=None, loss_weights=None, metrics=None,
-                weighted_metrics=None, run_eagerly=False, steps_per_execution=1,
-                jit_compile="auto", auto_scale_loss=True):
+    def compile(self, *args, **kwargs):
+        """`keras.Model.compile(optimizer="rmsprop", loss=None, loss_weights=None,
+        metrics=None, weighted_metrics=None, run_eagerly=False,
+        steps_per_execution=1, jit_compile="auto", auto_scale_loss=True)`, or
+        the wrapped model's own `compile(...)` if it has one (e.g. a GAN's
+        `compile(d_optimizer, g_optimizer, loss_fn)`). Every optimizer the
+        model then holds averages its gradients across ranks."""
+        if type(self.model).compile is not keras.Model.compile:
+            self._compile_own(*args, **kwargs)
+        else:
+            self._compile_keras(*args, **kwargs)
+        if core.get_size() > 1 and self.jit_compile:
+            get_logger().info(
+                "tnt.Model: the train/test steps are not XLA-compiled (jit_compile=False): they "
+                "contain Tarantella's collective ops, which XLA cannot compile.")
+            self.jit_compile = False
+        self._tnt_synced = False  # broadcast again before the next fit/evaluate/predict
+
+    def _compile_keras(self, optimizer="rmsprop", loss=None, loss_weights=None, metrics=None,
+                       weighted_metrics=None, run_eagerly=False, steps_per_execution=1,
+                       jit_compile="auto", auto_scale_loss=True):
         optimizer = keras.optimizers.get(optimizer)
         distributed_optimizer._check_supported(optimizer)
         arguments = dict(loss=loss, loss_weights=loss_weights, metrics=metrics,
@@ -188,18 +207,33 @@ class Model(keras.Model):
         # Wrap the outermost optimizer (a LossScaleOptimizer under mixed
         # precision): it then checks the *reduced* gradients for finiteness,
         # which are the same on every rank, so ranks never disagree on a skip.
-        distributed_optimizer.DistributedOptimizer(self.optimizer)
-        distributed_optimizer.set_gradient_weight(self.optimizer, self._local_batch_weight)
+        self._distribute_optimizer(self.optimizer)
         # The wrapped model runs the steps (its own train_step, compute_loss,
         # metrics, ... or Keras' defaults), so it is compiled alike, with the
         # same optimizer object; its files then carry the compile state too.
         self.model.compile(optimizer=self.optimizer, **arguments)
-        if core.get_size() > 1 and self.jit_compile:
-            get_logger().info(
-                "tnt.Model: the train/test steps are not XLA-compiled (jit_compile=False): they "
-                "contain Tarantella's collective ops, which XLA cannot compile.")
-            self.jit_compile = False
-        self._tnt_synced = False  # broadcast again before the next fit/evaluate/predict
+
+    def _compile_own(self, *args, **kwargs):
+        """The wrapped model's own compile(); then every optimizer it holds
+        (attributes, in name order: the same order on every rank) is made
+        distributed, and the wrapper is compiled for Keras' fit machinery."""
+        self.model.compile(*args, **kwargs)
+        optimizers = []
+        for name in sorted(vars(self.model)):
+            value = vars(self.model)[name]
+            if isinstance(value, keras.optimizers.Optimizer) and all(value is not o for o in optimizers):
+                optimizers.append(value)
+        for optimizer in optimizers:
+            distributed_optimizer._check_supported(optimizer)
+            self._distribute_optimizer(optimizer)
+        super().compile(optimizer=getattr(self.model, "optimizer", None) or "rmsprop",
+                        run_eagerly=self.model.run_eagerly,
+                        steps_per_execution=self.model.steps_per_execution,
+                        jit_compile=self.model.jit_compile, auto_scale_loss=False)
+
+    def _distribute_optimizer(self, optimizer):
+        distributed_optimizer.DistributedOptimizer(optimizer)
+        distributed_optimizer.set_gradient_weight(optimizer, self._local_batch_weight)
 
     def compile_from_config(self, config):
         # Required because compile() is overridden: without it, Keras would
@@ -227,45 +261,46 @@ class Model(keras.Model):
         local_batch = _first_dim(x)
         self._tnt_step.local_batch = local_batch
         try:
-            logs = self._unless_empty("train", local_batch, lambda: self.model.train_step(data),
-                                      self._apply_zero_gradients)
+            logs = self._unless_empty("train", local_batch, lambda: self.model.train_step(data))
             return self._global_logs(logs, local_batch)
         finally:
             self._tnt_step.local_batch = None
 
-    def _unless_empty(self, kind, local_batch, step, on_empty=None):
+    def _unless_empty(self, kind, local_batch, step):
         """`step()`'s logs; a rank whose slice of the last, partial batch is
         empty does not run the model (some TF kernels, e.g. oneDNN
-        convolutions, fail on an empty batch) but returns zeros of the same
-        structure, after `on_empty()` (its part in the step's collectives)."""
-        specs = self._tnt_step.logs
+        convolutions, fail on an empty batch) but still takes part in the
+        step's gradient allreduces (every optimizer apply() of the step, in
+        the same order, with zero gradients of weight 0), and returns zeros of
+        the logs' structure."""
+        state = self._tnt_step
 
         def run():
-            logs = tf.nest.map_structure(tf.convert_to_tensor, step())
-            specs[kind] = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
+            with distributed_optimizer.record_applies() as applies:
+                logs = tf.nest.map_structure(tf.convert_to_tensor, step())
+            state.logs[kind] = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
+            state.applies[kind] = applies
             return logs
 
         def skip():
-            if on_empty is not None:
-                on_empty()
             # Traced, tf.cond traces the real branch first; run eagerly, an
-            # earlier step left its structure (or, at the very first step,
-            # the logs are the metrics' results, as in Keras' default steps).
-            spec = specs.get(kind) or tf.nest.map_structure(
+            # earlier step left what it did (or, at the very first step, the
+            # step is taken to be Keras' default: one apply() to all the
+            # trainable variables, the metrics' results as logs).
+            applies = state.applies.get(kind)
+            if applies is None and kind == "train":
+                applies = [(self.optimizer, self.model.trainable_variables,
+                            [(v.shape, v.dtype) for v in self.model.trainable_variables])]
+            for optimizer, variables, grads in applies or []:
+                optimizer.apply([None if g is None else tf.zeros(g[0], g[1]) for g in grads],
+                                variables)
+            spec = state.logs.get(kind) or tf.nest.map_structure(
                 lambda t: tf.TensorSpec(np.shape(t), tf.as_dtype(t.dtype)),
                 self.model.get_metrics_result())
             return tf.nest.map_structure(
                 lambda sp: tf.zeros([d or 0 for d in sp.shape], sp.dtype), spec)
 
         return tf.cond(local_batch > 0, run, skip)
-
-    def _apply_zero_gradients(self):
-        # The real branch is traced first: its apply() recorded which
-        # gradients are None, and this branch must submit the same tensors.
-        missing = distributed_optimizer.missing_gradients(self.optimizer)
-        variables = self.model.trainable_variables
-        grads = [None if missing and missing[i] else tf.zeros_like(v) for i, v in enumerate(variables)]
-        self.optimizer.apply(grads, variables)
 
     def _global_logs(self, logs, local_batch):
         """The step's logs, global: an entry named like a metric of the model
