@@ -54,12 +54,15 @@ class Model(keras.Model):
     """Wrap a Keras model to train it data-parallel on all ranks.
 
     The wrapper behaves like the model it wraps (layers, summary, calling it,
-    weights) and adds what data parallelism needs: the initial weights are
-    broadcast from the master rank; `compile` makes the optimizer average
-    gradients across ranks; `fit`, `evaluate` and `predict` give each rank a
-    contiguous slice of every global batch; losses and metrics shown in logs,
-    History and callbacks are computed over all ranks' samples, so they equal
-    what serial training with the same global batch shows.
+    weights, config, files) and runs the wrapped model's own steps
+    (`train_step`, `test_step`, `predict_step`: Keras' defaults or the
+    model's), adding what data parallelism needs: the initial weights are
+    broadcast from the master rank; `compile` makes the optimizer(s) average
+    gradients across ranks; `fit`, `evaluate`, `predict` and the `*_on_batch`
+    calls give each rank a contiguous slice of every global batch; losses and
+    metrics shown in logs, History and callbacks are computed over all ranks'
+    samples, so they equal what serial training with the same global batch
+    shows.
 
     Args:
         model: A `keras.Model` (Functional, Sequential or subclassed).

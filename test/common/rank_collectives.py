@@ -1,7 +1,8 @@
 """Run inside every rank (started by tntrun): every collective x every dtype x
 the sizes of the issue, checked against a NumPy reference computed here, and a
 digest of every result written to OUTDIR/rank<r>.json so that the test can
-compare ranks and runs bit for bit."""
+compare ranks and runs bit for bit; then nested structures through the same
+collectives (checked here, without TensorFlow)."""
 import collections
 import hashlib
 import json
