@@ -310,21 +310,10 @@ class Model(keras.Model):
         is that metric's global result (from the summed metric states, exact);
         any other entry is the mean over ranks weighted by the micro-batch size."""
         results = self.get_metrics_result()
-        if not isinstance(logs, dict):
-            logs = {"": logs}
-            results = {}
-        others = {k: v for k, v in logs.items() if k not in results}
-        if others:
-            flat = [tf.cast(t, tf.float64) for t in tf.nest.flatten(others)]
-            weight = tf.cast(local_batch, tf.float64)
-            summed = collective_ops.sum_across_ranks([t * weight for t in flat] + [weight],
-                                                     name="tnt.logs")
-            total = summed[-1]
-            means = [tf.cast(tf.math.divide_no_nan(s, total), t.dtype)
-                     for s, t in zip(summed[:-1], tf.nest.flatten(others))]
-            others = tf.nest.pack_sequence_as(others, means)
-        out = {k: results[k] if k in results else others[k] for k in logs}
-        return out[""] if list(out) == [""] else out
+        if not isinstance(logs, dict):  # Keras expects a dict; anything else is averaged
+            return _weighted_mean(logs, local_batch)
+        others = _weighted_mean({k: v for k, v in logs.items() if k not in results}, local_batch)
+        return {k: results[k] if k in results else others[k] for k in logs}
 
     def test_step(self, data):
         if core.get_size() == 1:
@@ -683,6 +672,19 @@ def _allgather_tensor(tensor):
                                  name="TntAllgather")
     gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     return gathered
+
+
+def _weighted_mean(structure, weight):
+    """Σ_r w_r·x_r / Σ_r w_r over ranks for every tensor of `structure` (one
+    allreduce, in float64)."""
+    flat = tf.nest.flatten(structure)
+    if not flat:
+        return structure
+    weight = tf.cast(weight, tf.float64)
+    summed = collective_ops.sum_across_ranks(
+        [tf.cast(t, tf.float64) * weight for t in flat] + [weight], name="tnt.logs")
+    means = [tf.cast(tf.math.divide_no_nan(s, summed[-1]), t.dtype) for s, t in zip(summed, flat)]
+    return tf.nest.pack_sequence_as(structure, means)
 
 
 def _rank_slice(batch):

@@ -62,8 +62,9 @@ class CallInputsOnly(keras.Model):
 
 class CustomSteps(keras.Model):
     """Keras' "customize what happens in fit()" pattern: its own train_step
-    (a loss with a weight penalty), test_step, predict_step (probabilities)
-    and metrics; call() takes `training` but no `mask`."""
+    (a loss with a weight penalty; it also returns an entry that is no
+    metric), test_step, predict_step (probabilities) and metrics; call()
+    takes `training` but no `mask`."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -95,7 +96,9 @@ class CustomSteps(keras.Model):
                 [tf.reduce_sum(tf.square(w)) for w in self.trainable_variables])
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply(grads, self.trainable_variables)
-        return self._update(x, y, logits, loss)
+        # an entry that is no metric: this batch's loss (tnt: the ranks' mean,
+        # weighted by their batch sizes, i.e. the global batch's loss)
+        return {**self._update(x, y, logits, loss), "batch_loss": loss}
 
     def test_step(self, data):
         x, y = data
