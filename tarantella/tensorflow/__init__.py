@@ -17,9 +17,8 @@ from tarantella.tensorflow.distributed_gradient_tape import DistributedGradientT
 from tarantella.tensorflow.distributed_optimizer import DistributedOptimizer  # noqa: E402
 from tarantella.tensorflow.model import Model, Sequential  # noqa: E402
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy  # noqa: E402
-from tarantella.tensorflow.tensor_collectives import (TensorAllgatherer, TensorAllreducer,  # noqa: E402
-                                                      TensorBroadcaster, allgather, allreduce,
-                                                      broadcast)
+from tarantella.tensorflow.tensor_collectives import (  # noqa: E402
+    TensorAllgatherer, TensorAllreducer, TensorBroadcaster, allgather, allreduce, broadcast)
 
 __all__ = [
     "Model", "Sequential", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape",

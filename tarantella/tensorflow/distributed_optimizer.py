@@ -32,10 +32,11 @@ def _distributed_class(base):
                 self._tnt_missing = [g is None for g in grads]
                 calls = getattr(_recording, "calls", None)
                 if calls is not None:  # the dense shape (an embedding's gradient is sparse)
-                    shapes = [g.shape if trainable_variables is None else trainable_variables[i].shape
-                              for i, g in enumerate(grads)]
+                    shapes = [g.shape if trainable_variables is None else v.shape
+                              for g, v in zip(grads, trainable_variables or grads)]
                     calls.append((self, trainable_variables, [
-                        None if g is None else (shape, g.dtype) for g, shape in zip(grads, shapes)]))
+                        None if g is None else (shape, g.dtype)
+                        for g, shape in zip(grads, shapes)]))
                 grads = collective_ops.weighted_average(
                     list(grads), weight=self._tnt_weight_fn() if self._tnt_weight_fn else None,
                     name=self._tnt_name)

@@ -224,7 +224,8 @@ class Model(keras.Model):
         optimizers = []
         for name in sorted(vars(self.model)):
             value = vars(self.model)[name]
-            if isinstance(value, keras.optimizers.Optimizer) and all(value is not o for o in optimizers):
+            is_new = all(value is not o for o in optimizers)
+            if isinstance(value, keras.optimizers.Optimizer) and is_new:
                 optimizers.append(value)
         for optimizer in optimizers:
             distributed_optimizer._check_supported(optimizer)
@@ -281,7 +282,8 @@ class Model(keras.Model):
         def run():
             with distributed_optimizer.record_applies() as applies:
                 logs = tf.nest.map_structure(tf.convert_to_tensor, step())
-            state.logs[kind] = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
+            state.logs[kind] = tf.nest.map_structure(
+                lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
             state.applies[kind] = applies
             return logs
 
@@ -648,7 +650,8 @@ class Sequential(Model):
 def model_from_config(config, custom_objects=None):
     """The Keras model `config` describes (see Model.from_config)."""
     if not isinstance(config, dict):
-        raise TypeError(f"A model config is a dict. Received: config of type {type(config).__name__}")
+        raise TypeError(
+            f"A model config is a dict. Received: config of type {type(config).__name__}")
     config = copy.deepcopy(config)  # Keras' from_config consumes what it is given
     if "class_name" in config:
         return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
