@@ -14,8 +14,10 @@ __version__ = "0.1.0"
 
 # names served by the TensorFlow frontend, imported lazily (PEP 562)
 _FRONTEND = (
-    "Model", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape", "optimizers",
+    "Model", "Sequential", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape", "optimizers",
     "models", "keras", "data", "broadcast_variables",
+    # the original Tarantella's collectives classes (tensors back for tensors)
+    "TensorAllreducer", "TensorBroadcaster", "TensorAllgatherer",
 )
 
 

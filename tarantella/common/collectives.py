@@ -4,6 +4,18 @@ Each blocking call is its `*_async` twin followed by `wait()`. Names identify a
 request across ranks; without a name, each kind of collective numbers its calls
 ("allreduce.0", "allreduce.1", ...), which matches across ranks when every rank
 makes the same calls in the same order.
+
+Nested structures: allreduce, broadcast and allgather also take lists,
+tuples (named tuples too) and dicts, nested, whose leaves are NumPy arrays,
+Python or NumPy scalars, or anything with `.numpy()` or `__array__` (a
+TensorFlow tensor, say). The call is fused: the leaves are flattened and
+concatenated per dtype, one request per dtype (allgather: one more for the
+leaves' row counts), and the result has the same structure, with arrays for
+arrays and tensors and NumPy scalars for scalars (tarantella.tensorflow's
+versions give tensors back for tensors). Dict entries are visited in sorted
+key order; every rank passes the same structure, with leaves of the same
+dtypes and shapes (for allgather, but for the first dimension). Any other
+leaf type is a TypeError that names it.
 """
 import itertools
 import threading
@@ -211,7 +223,14 @@ def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
     the same dtype and shape. `prescale` multiplies this rank's contribution
     before the sum, so a weighted average needs one pass. With `out=`, the
     result goes into that array (which may be `array` itself) and no memory is
-    allocated: mpi4py's `Allreduce(sendbuf, recvbuf)`."""
+    allocated: mpi4py's `Allreduce(sendbuf, recvbuf)`.
+
+    `array` may also be a nested structure (lists, tuples, dicts) of arrays,
+    scalars and tensors (see the module docstring)."""
+    if _is_structure(array):
+        _no_out(out, "allreduce")
+        return _structure_collective(array, "allreduce", name, lambda a, n: allreduce_async(
+            a, op, n, prescale))
     return allreduce_async(array, op, name, prescale, out).wait()
 
 
@@ -231,7 +250,12 @@ def broadcast_async(array, root=0, name=None, out=None):
 
 def broadcast(array, root=0, name=None, out=None):
     """`root`'s array on every rank (every rank passes an array of the same dtype
-    and shape). `out=` receives the result in place of a new array."""
+    and shape). `out=` receives the result in place of a new array. `array`
+    may be a nested structure (every rank passes the same structure)."""
+    if _is_structure(array):
+        _no_out(out, "broadcast")
+        return _structure_collective(array, "broadcast", name,
+                                     lambda a, n: broadcast_async(a, root, n))
     return broadcast_async(array, root, name, out).wait()
 
 
@@ -260,7 +284,11 @@ def allgather_async(array, name=None):
 
 def allgather(array, name=None):
     """Every rank's array concatenated along the first axis, in rank order. The
-    first dimension may differ between ranks; the other dimensions must agree."""
+    first dimension may differ between ranks; the other dimensions must agree.
+    `array` may be a nested structure: each leaf is gathered so (a scalar or
+    0-d leaf as one row, giving a 1-d array of one value per rank)."""
+    if _is_structure(array):
+        return _allgather_structure(array, name)
     return allgather_async(array, name).wait()
 
 
@@ -273,3 +301,179 @@ def barrier_async(name=None):
 def barrier(name=None):
     """Return once every rank has entered the barrier."""
     barrier_async(name).wait()
+
+
+# ---- nested structures (see the module docstring) ----------------------------------------------
+
+
+def _is_structure(x):
+    return isinstance(x, (list, tuple, dict))
+
+
+def flatten(structure):
+    """(leaves, rebuild): the leaves of a nested structure in a fixed order,
+    and a function that puts new leaves into the same structure."""
+    if isinstance(structure, dict):
+        keys = sorted(structure)
+        parts = [flatten(structure[k]) for k in keys]
+
+        def rebuild(values):
+            built, i = {}, 0
+            for k, (leaves, sub) in zip(keys, parts):
+                built[k] = sub(values[i:i + len(leaves)])
+                i += len(leaves)
+            return {k: built[k] for k in structure}  # the caller's key order
+    elif isinstance(structure, (list, tuple)):
+        parts = [flatten(item) for item in structure]
+
+        def rebuild(values):
+            items, i = [], 0
+            for leaves, sub in parts:
+                items.append(sub(values[i:i + len(leaves)]))
+                i += len(leaves)
+            if isinstance(structure, list):
+                return items
+            return type(structure)(*items) if hasattr(structure, "_fields") else type(structure)(items)
+    else:
+        return [structure], lambda values: values[0]
+    return [leaf for leaves, _ in parts for leaf in leaves], rebuild
+
+
+def _leaf_array(leaf, what):
+    """(array, is_scalar) for one leaf, or a TypeError naming its type."""
+    if isinstance(leaf, np.ndarray):
+        return leaf, False
+    if isinstance(leaf, (int, float, np.number, np.bool_)):
+        return np.asarray(leaf), True
+    if hasattr(leaf, "numpy") or hasattr(leaf, "__array__"):  # a framework's tensor, say
+        try:
+            return np.asarray(leaf.numpy() if hasattr(leaf, "numpy") else leaf), False
+        except Exception:
+            raise TypeError(
+                f"{what}: a tensor without a value (a symbolic tensor, in a traced function) "
+                "cannot go through the NumPy collectives: call them eagerly, or use the "
+                "framework frontend's collectives (tarantella.<frontend>.allreduce, ...). "
+                f"Received: a leaf of type {type(leaf).__name__}") from None
+    raise TypeError(
+        f"{what} takes nested lists, tuples and dicts of arrays, scalars and tensors. "
+        f"Received: a leaf of type {type(leaf).__name__}")
+
+
+def _no_out(out, what):
+    if out is not None:
+        raise InvalidArgumentError(f"{what}: out= takes one array, not a structure. Received: out={type(out).__name__}")
+
+
+def _groups(arrays):
+    """{dtype: [leaf indices]} in the order the dtypes first appear."""
+    groups = {}
+    for i, a in enumerate(arrays):
+        dtypes.core_dtype(a.dtype)  # an unsupported dtype is refused before any request
+        groups.setdefault(a.dtype, []).append(i)
+    return groups
+
+
+def _structure_collective(structure, kind, name, start):
+    """allreduce or broadcast of a structure: one request per dtype."""
+    leaves, rebuild = flatten(structure)
+    converted = [_leaf_array(leaf, kind) for leaf in leaves]
+    arrays = [a for a, _ in converted]
+    base = _auto_name(kind, name)
+    handles = []
+    for dtype, idx in _groups(arrays).items():
+        flat = np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in idx])
+        handles.append((idx, start(flat, f"{base}.{dtype.name}")))
+    results = [None] * len(arrays)
+    for idx, handle in handles:
+        flat, offset = handle.wait(), 0
+        for i in idx:
+            n = arrays[i].size
+            value = flat[offset:offset + n].reshape(arrays[i].shape)
+            results[i] = value[()] if converted[i][1] else value
+            offset += n
+    return rebuild(results)
+
+
+def _allgather_structure(structure, name):
+    """Every leaf gathered along its first axis, fused: one request for the
+    leaves' row counts, one per dtype for the data (flat)."""
+    leaves, rebuild = flatten(structure)
+    arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
+    arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
+    base = _auto_name("allgather", name)
+    if not arrays:
+        return rebuild([])
+    groups = _groups(arrays)
+    rows = allgather_async(np.array([a.shape[0] for a in arrays], np.int64), f"{base}.rows")
+    data = [(idx, allgather_async(np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1)
+                                                  for i in idx]), f"{base}.{dtype.name}"))
+            for dtype, idx in groups.items()]
+    rows = rows.wait().reshape(-1, len(arrays))  # rows[q][i]: rank q's rows of leaf i
+    results = [None] * len(arrays)
+    for idx, handle in data:
+        flat, offset, parts = handle.wait(), 0, {i: [] for i in idx}
+        row_elems = {i: int(np.prod(arrays[i].shape[1:], dtype=np.int64)) for i in idx}
+        for q in range(rows.shape[0]):
+            for i in idx:
+                n = int(rows[q][i]) * row_elems[i]
+                parts[i].append(flat[offset:offset + n].reshape((-1,) + arrays[i].shape[1:]))
+                offset += n
+        for i in idx:
+            results[i] = np.concatenate(parts[i])
+    return rebuild(results)
+
+
+# ---- the original Tarantella's names ----------------------------------------------------------
+class TensorAllreducer:
+    """The original Tarantella's allreducer: `TensorAllreducer(inputs).allreduce(x)`
+    is `allreduce(x)` (a sum over ranks, of an array, a scalar or a nested
+    structure). `inputs` only gives the structure that `allreduce` expects."""
+
+    _allreduce = staticmethod(allreduce)
+
+    def __init__(self, inputs):
+        self._count = len(flatten(inputs)[0])
+
+    def allreduce(self, x):
+        _check_like(x, self._count, "TensorAllreducer.allreduce")
+        return self._allreduce(x)
+
+
+class TensorBroadcaster:
+    """The original Tarantella's broadcaster: `TensorBroadcaster(inputs,
+    root_rank).broadcast(x)` is `broadcast(x, root=root_rank)`. Ranks other
+    than the root may call `broadcast()` without an argument: `inputs` then
+    gives the structure, dtypes and shapes to receive."""
+
+    _broadcast = staticmethod(broadcast)
+
+    def __init__(self, inputs, root_rank=0):
+        self._inputs = inputs
+        self._count = len(flatten(inputs)[0])
+        self.root_rank = root_rank
+
+    def broadcast(self, x=None):
+        x = self._inputs if x is None else x
+        _check_like(x, self._count, "TensorBroadcaster.broadcast")
+        return self._broadcast(x, root=self.root_rank)
+
+
+class TensorAllgatherer:
+    """The original Tarantella's allgatherer: `TensorAllgatherer(inputs).allgather(x)`
+    is `allgather(x)` (each leaf concatenated along its first axis, in rank order)."""
+
+    _allgather = staticmethod(allgather)
+
+    def __init__(self, inputs):
+        self._count = len(flatten(inputs)[0])
+
+    def allgather(self, x):
+        _check_like(x, self._count, "TensorAllgatherer.allgather")
+        return self._allgather(x)
+
+
+def _check_like(x, count, what):
+    if len(flatten(x)[0]) != count:
+        raise InvalidArgumentError(
+            f"{what} takes a structure like the inputs it was made with ({count} leaves). "
+            f"Received: {len(flatten(x)[0])} leaves")

@@ -9,19 +9,20 @@ TensorFlow, with nothing compiled against it).
 """
 from tarantella.tensorflow import _version_check  # noqa: F401 - fails early on an old TF
 
-from tarantella.common import (allgather, allreduce, barrier, broadcast, get_local_rank,  # noqa: E402
-                               get_master_rank, get_rank, get_size, init, is_master_rank,
-                               shutdown)
+from tarantella.common import (barrier, get_local_rank, get_master_rank, get_rank,  # noqa: E402
+                               get_size, init, is_master_rank, shutdown)
 from tarantella.tensorflow import data, keras, models, optimizers  # noqa: E402
 from tarantella.tensorflow.collective_ops import broadcast_variables  # noqa: E402
 from tarantella.tensorflow.distributed_gradient_tape import DistributedGradientTape  # noqa: E402
 from tarantella.tensorflow.distributed_optimizer import DistributedOptimizer  # noqa: E402
-from tarantella.tensorflow.model import Model  # noqa: E402
+from tarantella.tensorflow.model import Model, Sequential  # noqa: E402
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy  # noqa: E402
+from tarantella.tensorflow.tensor_collectives import (  # noqa: E402
+    TensorAllgatherer, TensorAllreducer, TensorBroadcaster, allgather, allreduce, broadcast)
 
 __all__ = [
-    "Model", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape",
+    "Model", "Sequential", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape",
     "broadcast_variables", "data", "keras", "models", "optimizers", "allgather", "allreduce",
     "barrier", "broadcast", "get_local_rank", "get_master_rank", "get_rank", "get_size", "init",
-    "is_master_rank", "shutdown",
+    "is_master_rank", "shutdown", "TensorAllreducer", "TensorBroadcaster", "TensorAllgatherer",
 ]

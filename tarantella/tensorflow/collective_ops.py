@@ -179,6 +179,8 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
 
     reduced = tf.numpy_function(finish, [key] + tokens, [a.dtype for a in arrays_in],
                                 stateful=True, name="TntGradsWait")
+    if not isinstance(reduced, (list, tuple)):  # eagerly, one output comes back bare
+        reduced = [reduced]
     out = list(tensors)
     for flat, (idx, dtype) in zip(reduced, layouts):
         if dtype is None:

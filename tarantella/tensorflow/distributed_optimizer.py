@@ -10,6 +10,7 @@ subclass with the same `__name__` and `__module__`, so its state (slots,
 iterations) stays where it is, `isinstance` checks still hold, and saved files
 still say "Adam" (loading them needs no Tarantella).
 """
+import contextlib
 import itertools
 import threading
 
@@ -20,6 +21,7 @@ from tarantella.tensorflow import collective_ops
 _classes = {}  # base class -> distributed subclass
 _lock = threading.Lock()
 _ids = itertools.count()
+_recording = threading.local()  # see record_applies()
 
 
 def _distributed_class(base):
@@ -28,6 +30,13 @@ def _distributed_class(base):
             def apply(self, grads, trainable_variables=None):
                 grads = list(grads)
                 self._tnt_missing = [g is None for g in grads]
+                calls = getattr(_recording, "calls", None)
+                if calls is not None:  # the dense shape (an embedding's gradient is sparse)
+                    shapes = [g.shape if trainable_variables is None else v.shape
+                              for g, v in zip(grads, trainable_variables or grads)]
+                    calls.append((self, trainable_variables, [
+                        None if g is None else (shape, g.dtype)
+                        for g, shape in zip(grads, shapes)]))
                 grads = collective_ops.weighted_average(
                     list(grads), weight=self._tnt_weight_fn() if self._tnt_weight_fn else None,
                     name=self._tnt_name)
@@ -94,6 +103,20 @@ def set_gradient_weight(optimizer, weight_fn):
     """Weight this rank's gradients by `weight_fn()` (a scalar tensor, read
     inside `apply`), instead of equally."""
     optimizer._tnt_weight_fn = weight_fn
+
+
+@contextlib.contextmanager
+def record_applies():
+    """A list that collects, for every apply() of a distributed optimizer
+    called inside the block (on this thread), (optimizer, trainable_variables,
+    [(shape, dtype) of each gradient, or None]): what a rank that skips the
+    step must still submit, in the same order."""
+    previous = getattr(_recording, "calls", None)
+    _recording.calls = calls = []
+    try:
+        yield calls
+    finally:
+        _recording.calls = previous
 
 
 def missing_gradients(optimizer):

@@ -1,4 +1,6 @@
 """tnt.Model: a Keras model that trains data-parallel and shows serial results."""
+import copy
+import inspect
 import os
 
 import keras
@@ -9,11 +11,13 @@ from tarantella.common import collectives, config, core
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import collective_ops, distributed_optimizer
 from tarantella.tensorflow.atomic_save import atomic_save
-from tarantella.tensorflow.data import array_dataset, distribute_dataset
+from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
+                                        micro_batch_size)
 from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
+from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
 from tarantella.tensorflow.save_paths import check_model_path, check_weights_path
 
 _BATCH_NORM_MIN_MICRO_BATCH = 16
@@ -25,6 +29,8 @@ class _StepState:
 
     def __init__(self):
         self.local_batch = None
+        self.logs = {}  # "train"/"test" -> the structure of the logs the step returns
+        self.applies = {}  # "train"/"test" -> the optimizer apply() calls the step made
 
 
 def _is_array_like(x):
@@ -32,6 +38,11 @@ def _is_array_like(x):
     return bool(leaves) and all(
         isinstance(t, (np.ndarray, tf.Tensor, tf.Variable, list)) or np.isscalar(t)
         for t in leaves if t is not None)
+
+
+def _accepts(function, argument):
+    parameters = inspect.signature(function).parameters
+    return argument in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
 
 
 def _first_dim(x):
@@ -43,17 +54,24 @@ class Model(keras.Model):
     """Wrap a Keras model to train it data-parallel on all ranks.
 
     The wrapper behaves like the model it wraps (layers, summary, calling it,
-    weights) and adds what data parallelism needs: the initial weights are
-    broadcast from the master rank; `compile` makes the optimizer average
-    gradients across ranks; `fit`, `evaluate` and `predict` give each rank a
-    contiguous slice of every global batch; losses and metrics shown in logs,
-    History and callbacks are computed over all ranks' samples, so they equal
-    what serial training with the same global batch shows.
+    weights, config, files) and runs the wrapped model's own steps
+    (`train_step`, `test_step`, `predict_step`: Keras' defaults or the
+    model's), adding what data parallelism needs: the initial weights are
+    broadcast from the master rank; `compile` makes the optimizer(s) average
+    gradients across ranks; `fit`, `evaluate`, `predict` and the `*_on_batch`
+    calls give each rank a contiguous slice of every global batch; losses and
+    metrics shown in logs, History and callbacks are computed over all ranks'
+    samples, so they equal what serial training with the same global batch
+    shows.
 
     Args:
         model: A `keras.Model` (Functional, Sequential or subclassed).
-        parallel_strategy: `tnt.ParallelStrategy.DATA` (the default; the only
-            strategy implemented).
+        parallel_strategy: `tnt.ParallelStrategy.DATA` (the default), or
+            `ALL` for a model without pipeline partitions (it trains
+            data-parallel too); pipelining is not available yet, so
+            `PIPELINING`, or `ALL` with `SplitLayer`s, is an error.
+        num_pipeline_stages: The original Tarantella's argument: 1 (the
+            default) is accepted; more stages need pipelining (an error).
 
     Example:
 
@@ -65,19 +83,15 @@ class Model(keras.Model):
     ```
     """
 
-    def __init__(self, model, parallel_strategy=ParallelStrategy.DATA, **kwargs):
+    def __init__(self, model, parallel_strategy=ParallelStrategy.DATA, num_pipeline_stages=1,
+                 **kwargs):
         if not isinstance(model, keras.Model):
             raise TypeError(
                 "tnt.Model expects a keras.Model instance. Received: "
                 f"model={model!r} (of type {type(model).__name__})")
         if isinstance(model, Model):
             raise TypeError("The model is already a tnt.Model. Received: model=tnt.Model")
-        if isinstance(parallel_strategy, str):
-            parallel_strategy = ParallelStrategy[parallel_strategy.upper()]
-        if parallel_strategy != ParallelStrategy.DATA:
-            raise NotImplementedError(
-                "Only tnt.ParallelStrategy.DATA is implemented. Received: "
-                f"parallel_strategy={parallel_strategy}")
+        parallel_strategy = resolve_strategy(parallel_strategy, model, num_pipeline_stages)
         kwargs.setdefault("name", model.name)
         super().__init__(**kwargs)
         self.model = model
@@ -90,13 +104,23 @@ class Model(keras.Model):
             self.built = True
 
     # ---- behave like the wrapped model ------------------------------------------------------
-    def call(self, inputs, training=None, mask=None):
-        return self.model(inputs, training=training, mask=mask)
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        # Keras hands `training` only to a call() that takes it; `mask` must be
+        # left out for one that does not (as Keras does when it calls the model).
+        if mask is not None and _accepts(self.model.call, "mask"):
+            kwargs["mask"] = mask
+        return self.model(inputs, training=training, **kwargs)
 
     def build(self, input_shape=None):
-        if not self.model.built and input_shape is not None:
+        """`build(input_shape)` of the wrapped model."""
+        if not self.model.built:
             self.model.build(input_shape)
         self.built = True
+
+    # Keras treats a default build() as "build by calling the model on symbolic
+    # inputs", which builds a subclassed model's layers; an explicit
+    # `model.build(shape)` still reaches the wrapped model's own build().
+    build._is_default = True
 
     def __getattr__(self, name):
         # Only reached when normal lookup fails: forward to the wrapped model
@@ -105,6 +129,10 @@ class Model(keras.Model):
             raise AttributeError(name)
         return getattr(self.__dict__["model"], name)
 
+    # What a user reads of a model is the wrapped model's: these (and
+    # weights, variables, losses, metrics, metrics_names, name, trainable,
+    # dtype, ..., which Keras collects from the wrapped model anyway) are
+    # the same objects as on the wrapped model.
     @property
     def layers(self):
         return self.model.layers
@@ -117,8 +145,31 @@ class Model(keras.Model):
     def output(self):
         return self.model.output
 
+    @property
+    def inputs(self):
+        return self.model.inputs
+
+    @property
+    def outputs(self):
+        return self.model.outputs
+
+    @property
+    def input_spec(self):
+        model = self.__dict__.get("model")
+        return self._input_spec if model is None else model.input_spec
+
+    @input_spec.setter
+    def input_spec(self, value):
+        self._input_spec = value  # Keras sets it while constructing
+
     def get_layer(self, name=None, index=None):
         return self.model.get_layer(name=name, index=index)
+
+    def compute_output_shape(self, *args, **kwargs):
+        return self.model.compute_output_shape(*args, **kwargs)
+
+    def compute_mask(self, *args, **kwargs):
+        return self.model.compute_mask(*args, **kwargs)
 
     def summary(self, *args, **kwargs):
         """The wrapped model's summary, on the master rank only (on every rank
@@ -128,26 +179,65 @@ class Model(keras.Model):
         return None
 
     # ---- compile ------------------------------------------------------------------------------
-    def compile(self, optimizer="rmsprop", loss=None, loss_weights=None, metrics=None,
-                weighted_metrics=None, run_eagerly=False, steps_per_execution=1,
-                jit_compile="auto", auto_scale_loss=True):
-        optimizer = keras.optimizers.get(optimizer)
-        distributed_optimizer._check_supported(optimizer)
-        super().compile(optimizer=optimizer, loss=loss, loss_weights=loss_weights,
-                        metrics=metrics, weighted_metrics=weighted_metrics,
-                        run_eagerly=run_eagerly, steps_per_execution=steps_per_execution,
-                        jit_compile=jit_compile, auto_scale_loss=auto_scale_loss)
-        # Wrap the outermost optimizer (a LossScaleOptimizer under mixed
-        # precision): it then checks the *reduced* gradients for finiteness,
-        # which are the same on every rank, so ranks never disagree on a skip.
-        distributed_optimizer.DistributedOptimizer(self.optimizer)
-        distributed_optimizer.set_gradient_weight(self.optimizer, self._local_batch_weight)
+    def compile(self, *args, **kwargs):
+        """`keras.Model.compile(optimizer="rmsprop", loss=None, loss_weights=None,
+        metrics=None, weighted_metrics=None, run_eagerly=False,
+        steps_per_execution=1, jit_compile="auto", auto_scale_loss=True)`, or
+        the wrapped model's own `compile(...)` if it has one (e.g. a GAN's
+        `compile(d_optimizer, g_optimizer, loss_fn)`). Every optimizer the
+        model then holds averages its gradients across ranks."""
+        if type(self.model).compile is not keras.Model.compile:
+            self._compile_own(*args, **kwargs)
+        else:
+            self._compile_keras(*args, **kwargs)
         if core.get_size() > 1 and self.jit_compile:
             get_logger().info(
                 "tnt.Model: the train/test steps are not XLA-compiled (jit_compile=False): they "
                 "contain Tarantella's collective ops, which XLA cannot compile.")
             self.jit_compile = False
         self._tnt_synced = False  # broadcast again before the next fit/evaluate/predict
+
+    def _compile_keras(self, optimizer="rmsprop", loss=None, loss_weights=None, metrics=None,
+                       weighted_metrics=None, run_eagerly=False, steps_per_execution=1,
+                       jit_compile="auto", auto_scale_loss=True):
+        optimizer = keras.optimizers.get(optimizer)
+        distributed_optimizer._check_supported(optimizer)
+        arguments = dict(loss=loss, loss_weights=loss_weights, metrics=metrics,
+                         weighted_metrics=weighted_metrics, run_eagerly=run_eagerly,
+                         steps_per_execution=steps_per_execution, jit_compile=jit_compile,
+                         auto_scale_loss=auto_scale_loss)
+        super().compile(optimizer=optimizer, **arguments)
+        # Wrap the outermost optimizer (a LossScaleOptimizer under mixed
+        # precision): it then checks the *reduced* gradients for finiteness,
+        # which are the same on every rank, so ranks never disagree on a skip.
+        self._distribute_optimizer(self.optimizer)
+        # The wrapped model runs the steps (its own train_step, compute_loss,
+        # metrics, ... or Keras' defaults), so it is compiled alike, with the
+        # same optimizer object; its files then carry the compile state too.
+        self.model.compile(optimizer=self.optimizer, **arguments)
+
+    def _compile_own(self, *args, **kwargs):
+        """The wrapped model's own compile(); then every optimizer it holds
+        (attributes, in name order: the same order on every rank) is made
+        distributed, and the wrapper is compiled for Keras' fit machinery."""
+        self.model.compile(*args, **kwargs)
+        optimizers = []
+        for name in sorted(vars(self.model)):
+            value = vars(self.model)[name]
+            is_new = all(value is not o for o in optimizers)
+            if isinstance(value, keras.optimizers.Optimizer) and is_new:
+                optimizers.append(value)
+        for optimizer in optimizers:
+            distributed_optimizer._check_supported(optimizer)
+            self._distribute_optimizer(optimizer)
+        super().compile(optimizer=getattr(self.model, "optimizer", None) or "rmsprop",
+                        run_eagerly=self.model.run_eagerly,
+                        steps_per_execution=self.model.steps_per_execution,
+                        jit_compile=self.model.jit_compile, auto_scale_loss=False)
+
+    def _distribute_optimizer(self, optimizer):
+        distributed_optimizer.DistributedOptimizer(optimizer)
+        distributed_optimizer.set_gradient_weight(optimizer, self._local_batch_weight)
 
     def compile_from_config(self, config):
         # Required because compile() is overridden: without it, Keras would
@@ -157,11 +247,17 @@ class Model(keras.Model):
         if self.built and getattr(self, "optimizer", None) is not None:
             self.optimizer.build(self.trainable_variables)
 
-    # ---- the training step: weight gradients by micro-batch size ------------------------------
+    # ---- the steps: the wrapped model's own, on this rank's slice -----------------------------
+    # Each step is the wrapped model's train_step / test_step / predict_step
+    # (a user's own, or Keras' default), run on this rank's micro-batch; the
+    # optimizer's apply() averages the gradients across ranks, and the logs
+    # the step returns are made global afterwards (see _global_logs).
     def _local_batch_weight(self):
         return self._tnt_step.local_batch
 
     def train_step(self, data):
+        if core.get_size() == 1:
+            return self.model.train_step(data)  # exactly Keras
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         # Keras losses are means over the local batch, so rank r's gradient is
         # weighted by its micro-batch size b_r: Σ b_r g_r / Σ b_r is the serial
@@ -169,59 +265,97 @@ class Model(keras.Model):
         local_batch = _first_dim(x)
         self._tnt_step.local_batch = local_batch
         try:
-            if core.get_size() == 1:
-                return super().train_step(data)
-            # A rank whose slice of the last, partial batch is empty must not
-            # run the model (some TF kernels, e.g. oneDNN convolutions, fail on
-            # an empty batch); it still takes part in the gradient allreduce
-            # (weight 0) and the metric reduction, in the same order as the rest.
-            return tf.cond(local_batch > 0, lambda: super(Model, self).train_step(data),
-                           self._empty_train_step)
+            logs = self._unless_empty("train", local_batch, lambda: self.model.train_step(data))
+            return self._global_logs(logs, local_batch)
         finally:
             self._tnt_step.local_batch = None
 
-    def _empty_train_step(self):
-        # The real branch is traced first: its apply() recorded which
-        # gradients are None, and this branch must submit the same tensors.
-        missing = distributed_optimizer.missing_gradients(self.optimizer)
-        variables = self.trainable_variables
-        grads = [None if missing and missing[i] else tf.zeros_like(v) for i, v in enumerate(variables)]
-        self.optimizer.apply(grads, variables)
-        return self.get_metrics_result()
+    def _unless_empty(self, kind, local_batch, step):
+        """`step()`'s logs; a rank whose slice of the last, partial batch is
+        empty does not run the model (some TF kernels, e.g. oneDNN
+        convolutions, fail on an empty batch) but still takes part in the
+        step's gradient allreduces (every optimizer apply() of the step, in
+        the same order, with zero gradients of weight 0), and returns zeros of
+        the logs' structure."""
+        state = self._tnt_step
+
+        def run():
+            with distributed_optimizer.record_applies() as applies:
+                logs = tf.nest.map_structure(tf.convert_to_tensor, step())
+            state.logs[kind] = tf.nest.map_structure(
+                lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
+            state.applies[kind] = applies
+            return logs
+
+        def skip():
+            # Traced, tf.cond traces the real branch first; run eagerly, an
+            # earlier step left what it did (or, at the very first step, the
+            # step is taken to be Keras' default: one apply() to all the
+            # trainable variables, the metrics' results as logs).
+            applies = state.applies.get(kind)
+            if applies is None and kind == "train":
+                applies = [(self.optimizer, self.model.trainable_variables,
+                            [(v.shape, v.dtype) for v in self.model.trainable_variables])]
+            for optimizer, variables, grads in applies or []:
+                optimizer.apply([None if g is None else tf.zeros(g[0], g[1]) for g in grads],
+                                variables)
+            spec = state.logs.get(kind) or tf.nest.map_structure(
+                lambda t: tf.TensorSpec(np.shape(t), tf.as_dtype(t.dtype)),
+                self.model.get_metrics_result())
+            return tf.nest.map_structure(
+                lambda sp: tf.zeros([d or 0 for d in sp.shape], sp.dtype), spec)
+
+        return tf.cond(local_batch > 0, run, skip)
+
+    def _global_logs(self, logs, local_batch):
+        """The step's logs, global: an entry named like a metric of the model
+        is that metric's global result (from the summed metric states, exact);
+        any other entry is the mean over ranks weighted by the micro-batch size."""
+        results = self.get_metrics_result()
+        if not isinstance(logs, dict):  # Keras expects a dict; anything else is averaged
+            return _weighted_mean(logs, local_batch)
+        others = _weighted_mean({k: v for k, v in logs.items() if k not in results}, local_batch)
+        return {k: results[k] if k in results else others[k] for k in logs}
 
     def test_step(self, data):
         if core.get_size() == 1:
-            return super().test_step(data)
+            return self.model.test_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        return tf.cond(_first_dim(x) > 0, lambda: super(Model, self).test_step(data),
-                       self.get_metrics_result)
+        local_batch = _first_dim(x)
+        logs = self._unless_empty("test", local_batch, lambda: self.model.test_step(data))
+        return self._global_logs(logs, local_batch)
 
     def predict_step(self, data):
         if not self._tnt_distributed_predict:
-            return super().predict_step(data)
+            return self.model.predict_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
 
         def on_one_zero_sample():  # the right output structure and shapes, with 0 rows
             zeros = tf.nest.map_structure(
                 lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype), x)
-            return tf.nest.map_structure(lambda t: t[:0], super(Model, self).predict_step((zeros,)))
+            return tf.nest.map_structure(lambda t: t[:0], self.model.predict_step((zeros,)))
 
-        outputs = tf.cond(_first_dim(x) > 0, lambda: super(Model, self).predict_step(data),
+        outputs = tf.cond(_first_dim(x) > 0, lambda: self.model.predict_step(data),
                           on_one_zero_sample)
         # Each rank predicted a contiguous slice of the global batch: gathering
         # the slices in rank order restores the global batch, in order.
         return tf.nest.map_structure(_allgather_tensor, outputs)
 
     # ---- global metrics -----------------------------------------------------------------------
+    @property
+    def metrics(self):
+        """The wrapped model's metrics (it runs the steps)."""
+        return self.model.metrics
+
     def get_metrics_result(self):
         if core.get_size() == 1:
-            return super().get_metrics_result()
+            return self.model.get_metrics_result()
         return global_metrics_result(self.metrics)
 
     def _tnt_local_metrics_result(self):
         """This rank's own metric values, as floats (for aggregate_logs=False)."""
         return {k: float(np.asarray(v)) if np.size(v) == 1 else np.asarray(v)
-                for k, v in super().get_metrics_result().items()}
+                for k, v in self.model.get_metrics_result().items()}
 
     # ---- data distribution --------------------------------------------------------------------
     def _distribute(self, x, y, sample_weight, batch_size, shuffle, micro_batch_size, distribute,
@@ -379,11 +513,38 @@ class Model(keras.Model):
         if data is not None:
             x, batch_size = data[0], None
         self._sync_weights(x)
+        self._set_distributed_predict(distributed)
+        return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
+                               steps=steps, callbacks=prepare_callbacks(callbacks))
+
+    # ---- one global batch at a time -----------------------------------------------------------
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
+        """`keras.Model.train_on_batch` on a global batch: every rank passes the
+        same batch and trains on its slice; the logs are global."""
+        self._assert_compile_called("train_on_batch")
+        self._sync_weights(x)
+        x, y, sample_weight = _rank_slice((x, y, sample_weight))
+        return super().train_on_batch(x, y, sample_weight=sample_weight,
+                                      class_weight=class_weight, return_dict=return_dict)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+        """`keras.Model.test_on_batch` on a global batch (see train_on_batch)."""
+        self._assert_compile_called("test_on_batch")
+        self._sync_weights(x)
+        x, y, sample_weight = _rank_slice((x, y, sample_weight))
+        return super().test_on_batch(x, y, sample_weight=sample_weight, return_dict=return_dict)
+
+    def predict_on_batch(self, x):
+        """`keras.Model.predict_on_batch` on a global batch: every rank predicts
+        its slice and returns the predictions of the whole batch."""
+        self._sync_weights(x)
+        self._set_distributed_predict(core.get_size() > 1)
+        return super().predict_on_batch(_rank_slice(x))
+
+    def _set_distributed_predict(self, distributed):
         if distributed != self._tnt_distributed_predict:
             self._tnt_distributed_predict = distributed
             self.predict_function = None  # retrace with (or without) the gather
-        return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
-                               steps=steps, callbacks=prepare_callbacks(callbacks))
 
     # ---- weights and saving -------------------------------------------------------------------
     def set_weights(self, weights):
@@ -397,7 +558,7 @@ class Model(keras.Model):
         optimizer = getattr(self, "optimizer", None)
         if self.built and optimizer is not None and not optimizer.built:
             optimizer.build(self.trainable_variables)  # so that its saved state loads too
-        super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+        self.model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
         self._tnt_synced = True
 
@@ -410,38 +571,100 @@ class Model(keras.Model):
             collectives.barrier(name=f"tnt.{what}")
 
     def save(self, filepath, overwrite=True, zipped=None, tnt_save_all_devices=False, **kwargs):
-        """Save the model (`.keras`), atomically, on the master rank only
-        (every rank with `tnt_save_all_devices=True`). Call it on every rank."""
+        """Save the wrapped model (`.keras`, compiled with its optimizer state:
+        a plain Keras file), atomically, on the master rank only (every rank
+        with `tnt_save_all_devices=True`). Call it on every rank."""
         filepath = os.fspath(filepath)
         check_model_path(filepath, zipped)  # on every rank, before any file or collective work
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(
             tnt_save_all_devices, "save", filepath,
-            lambda path: super(Model, self).save(path, overwrite=True, zipped=zipped, **kwargs))
+            lambda path: self.model.save(path, overwrite=True, zipped=zipped, **kwargs))
 
     def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
-        """Save the weights (`.weights.h5`), atomically, on the master rank only."""
+        """Save the wrapped model's weights (`.weights.h5`, the file plain Keras
+        writes), atomically, on the master rank only."""
         filepath = os.fspath(filepath)
         check_weights_path(filepath, kwargs.get("max_shard_size"))
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(
             tnt_save_all_devices, "save_weights", filepath,
-            lambda path: super(Model, self).save_weights(path, overwrite=True, **kwargs))
+            lambda path: self.model.save_weights(path, overwrite=True, **kwargs))
 
-    # ---- serialization ------------------------------------------------------------------------
+    # ---- serialization: the wrapped model's ---------------------------------------------------
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable,
-                "model": keras.saving.serialize_keras_object(self.model)}
+        """The wrapped model's config (`tnt.Model.from_config` takes it back)."""
+        return self.model.get_config()
+
+    def to_json(self, **kwargs):
+        """The wrapped model's JSON (`tnt.models.model_from_json` takes it back)."""
+        return self.model.to_json(**kwargs)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("model"),
-                                                      custom_objects=custom_objects)
-        config.pop("parallel_strategy", None)
-        return cls(inner, **config)
+        """A tnt.Model over the model `config` describes: a Functional or
+        Sequential model's `get_config()`, or any serialized model
+        (`keras.saving.serialize_keras_object(model)`)."""
+        model = model_from_config(config, custom_objects)
+        return model if isinstance(model, Model) else cls(model)
+
+
+@keras.saving.register_keras_serializable(package="tarantella", name="Sequential")
+class Sequential(Model):
+    """A tnt.Model over a `keras.Sequential`: `tnt.Sequential(layers)` is
+    `tnt.Model(keras.Sequential(layers))`, with `add` and `pop`.
+
+    Args:
+        layers: A list of layers (as for `keras.Sequential`), or a
+            `keras.Sequential` to wrap.
+        trainable, name: As for `keras.Sequential`.
+    """
+
+    def __init__(self, layers=None, trainable=True, name=None, **kwargs):
+        if isinstance(layers, keras.Sequential):
+            model = layers
+        else:
+            model = keras.Sequential(layers, trainable=trainable, name=name)
+        super().__init__(model, **kwargs)
+
+    def add(self, layer, rebuild=True):
+        self.model.add(layer, rebuild=rebuild)
+
+    def pop(self, rebuild=True):
+        return self.model.pop(rebuild=rebuild)
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """A tnt.Sequential from a Sequential model's `get_config()`."""
+        model = model_from_config(config, custom_objects)
+        if isinstance(model, Model):
+            model = model.model
+        if not isinstance(model, keras.Sequential):
+            raise ValueError("tnt.Sequential.from_config takes a Sequential model's config. "
+                             f"Received: the config of a {type(model).__name__}")
+        return cls(model)
+
+
+def model_from_config(config, custom_objects=None):
+    """The Keras model `config` describes (see Model.from_config)."""
+    if not isinstance(config, dict):
+        raise TypeError(
+            f"A model config is a dict. Received: config of type {type(config).__name__}")
+    config = copy.deepcopy(config)  # Keras' from_config consumes what it is given
+    if "class_name" in config:
+        return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+    if "input_layers" in config and "output_layers" in config:
+        return keras.Model.from_config(config, custom_objects=custom_objects)
+    if isinstance(config.get("layers"), list):
+        return keras.Sequential.from_config(config, custom_objects=custom_objects)
+    raise ValueError(
+        "This config does not say which model class to build (a subclassed model's get_config() "
+        "names only its arguments): build it yourself, e.g. "
+        "tnt.Model(MyModel.from_config(config)), or pass the serialized model, "
+        "keras.saving.serialize_keras_object(model). Received: a config with keys "
+        f"{sorted(config)}")
 
 
 def _allgather_tensor(tensor):
@@ -452,6 +675,32 @@ def _allgather_tensor(tensor):
                                  name="TntAllgather")
     gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     return gathered
+
+
+def _weighted_mean(structure, weight):
+    """Σ_r w_r·x_r / Σ_r w_r over ranks for every tensor of `structure` (one
+    allreduce, in float64)."""
+    flat = tf.nest.flatten(structure)
+    if not flat:
+        return structure
+    weight = tf.cast(weight, tf.float64)
+    summed = collective_ops.sum_across_ranks(
+        [tf.cast(t, tf.float64) * weight for t in flat] + [weight], name="tnt.logs")
+    means = [tf.cast(tf.math.divide_no_nan(s, summed[-1]), t.dtype) for s, t in zip(summed, flat)]
+    return tf.nest.pack_sequence_as(structure, means)
+
+
+def _rank_slice(batch):
+    """This rank's contiguous slice of a global batch (a nest of arrays or
+    tensors whose first dimension is the sample; None entries stay None)."""
+    size = core.get_size()
+    leaves = [t for t in tf.nest.flatten(batch) if t is not None]
+    if size == 1 or not leaves:
+        return batch
+    n = int(np.shape(leaves[0])[0])
+    begin = micro_batch_offset(n, core.get_rank(), size)
+    end = begin + micro_batch_size(n, core.get_rank(), size)
+    return tf.nest.map_structure(lambda t: None if t is None else t[begin:end], batch)
 
 
 def _split_arrays(arrays, validation_split):

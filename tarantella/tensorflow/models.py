@@ -2,10 +2,9 @@
 
 Files are written by `tnt.Model.save`: on the master rank only (every rank
 with `tnt_save_all_devices=True`), atomically. A `.keras` file saved from a
-tnt.Model records the wrapper (`tarantella>Model`) around the user's model;
-the optimizer inside is recorded as the plain Keras class. Loading needs
-`import tarantella` (which registers the wrapper); to write a file that plain
-Keras loads, save the wrapped model: `model.model.save(path)`.
+tnt.Model is the plain Keras file of the wrapped model, compiled, with its
+optimizer state (recorded as the plain Keras class): plain Keras loads it
+without Tarantella, and `load_model` here returns it as a tnt.Model.
 """
 import keras
 
@@ -13,6 +12,7 @@ from tarantella.common import collectives, core
 from tarantella.tensorflow import collective_ops
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.model import Model
+from tarantella.tensorflow.model import model_from_config as _model_from_config
 from tarantella.tensorflow.save_paths import check_model_path
 
 
@@ -50,19 +50,19 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # 
     else:
         model = Model(loaded)
         if compile and getattr(loaded, "compiled", False):
-            # a plain Keras file: carry its compile state over to the wrapper
-            model.compile(**keras.saving.deserialize_keras_object(loaded.get_compile_config()))
-            model.optimizer.build(model.trainable_variables)
-            for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables):
-                mine.assign(theirs)
+            # compile the wrapper alike, with the loaded optimizer and its state
+            arguments = keras.saving.deserialize_keras_object(loaded.get_compile_config())
+            model.compile(**dict(arguments, optimizer=loaded.optimizer))
     collective_ops.broadcast_variables(model.model.weights, root_rank=core.get_master_rank())
     model._tnt_synced = True
     return model
 
 
 def model_from_config(config, custom_objects=None):
-    """A tnt.Model from a Keras model config (a tnt.Model's or a plain model's)."""
-    return _wrap(keras.saving.deserialize_keras_object(config, custom_objects=custom_objects))
+    """A tnt.Model from a model config: `model.get_config()` of a Functional or
+    Sequential model (or of a tnt.Model over one), or a serialized model
+    (`keras.saving.serialize_keras_object(model)`, any class)."""
+    return _wrap(_model_from_config(config, custom_objects))
 
 
 def model_from_json(json_string, custom_objects=None):

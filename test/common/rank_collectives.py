@@ -1,7 +1,9 @@
 """Run inside every rank (started by tntrun): every collective x every dtype x
 the sizes of the issue, checked against a NumPy reference computed here, and a
 digest of every result written to OUTDIR/rank<r>.json so that the test can
-compare ranks and runs bit for bit."""
+compare ranks and runs bit for bit; then nested structures through the same
+collectives (checked here, without TensorFlow)."""
+import collections
 import hashlib
 import json
 import os
@@ -10,6 +12,7 @@ import sys
 import numpy as np
 
 import tarantella as tnt
+from tarantella.common import TensorAllgatherer, TensorAllreducer, TensorBroadcaster, collectives
 
 try:
     import ml_dtypes
@@ -108,6 +111,93 @@ handles = [tnt.allreduce_async(np.full(1000, rank + i, np.float32), name=f"async
 for i, h in reversed(list(enumerate(handles))):
     check(f"async-{i}", h.wait(), np.full(1000, sum(q + i for q in range(size)), np.float32))
 tnt.barrier()
+
+# nested structures: one fused call (one request per dtype), the same structure back
+Pair = collections.namedtuple("Pair", "first second")
+
+
+class HasNumpy:  # stands for a framework tensor (TensorFlow's has .numpy())
+    def __init__(self, array):
+        self._array = array
+
+    def numpy(self):
+        return self._array
+
+
+class HasArray:  # anything with the array interface
+    def __init__(self, array):
+        self._array = array
+
+    def __array__(self, dtype=None, copy=None):
+        return self._array
+
+
+def nested(q):
+    return {"w": [np.full((2, 3), q + 1, np.float32), (q + 0.5) * np.ones(4)],
+            "b": Pair(np.arange(3, dtype=np.int32) * (q + 1), q + 1),
+            "a": (float(q), HasNumpy(np.full(2, q, np.float32)), HasArray(np.full(3, q, np.int64)))}
+
+
+def same(got, want, label):
+    """Structure, leaf types and values (NaN == NaN)."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or list(got) != list(want):
+            return failures.append(f"{label}: got {type(got).__name__} {got!r}, want keys {list(want)}")
+        return [same(got[k], want[k], f"{label}.{k}") for k in want]
+    if isinstance(want, (list, tuple)):
+        if type(got) is not type(want) or len(got) != len(want):
+            return failures.append(f"{label}: got {type(got).__name__}, want {type(want).__name__}")
+        return [same(g, w, f"{label}[{i}]") for i, (g, w) in enumerate(zip(got, want))]
+    if type(got) is not type(want) or np.shape(got) != np.shape(want) or \
+            np.asarray(got).dtype != np.asarray(want).dtype or \
+            not np.array_equal(got, want, equal_nan=True):
+        failures.append(f"{label}: got {type(got).__name__} {got!r}, want {type(want).__name__} {want!r}")
+
+
+requests = collections.Counter()
+for kind in ("allreduce_async", "broadcast_async", "allgather_async"):
+    def counted(*args, _real=getattr(collectives, kind), _kind=kind, **kwargs):
+        requests[_kind] += 1
+        return _real(*args, **kwargs)
+    setattr(collectives, kind, counted)
+
+everyone = sum(q + 1 for q in range(size))
+want_sum = {"w": [np.full((2, 3), everyone, np.float32), sum(q + 0.5 for q in range(size)) * np.ones(4)],
+            "b": Pair(np.arange(3, dtype=np.int32) * everyone, np.int64(everyone)),
+            "a": (np.float64(sum(range(size))), np.full(2, sum(range(size)), np.float32),
+                  np.full(3, sum(range(size)), np.int64))}
+same(tnt.allreduce(nested(rank), name="nest-sum"), want_sum, "nested-allreduce")
+if requests != {"allreduce_async": 4}:
+    failures.append(f"nested allreduce: {dict(requests)} requests, want one per dtype (4)")
+same(TensorAllreducer(nested(0)).allreduce(nested(rank)), want_sum, "TensorAllreducer")
+root = size - 1
+want_root = nested(root)
+want_root["a"] = (np.float64(root), np.full(2, root, np.float32), np.full(3, root, np.int64))
+want_root["b"] = Pair(want_root["b"].first, np.int64(root + 1))
+same(tnt.broadcast(nested(rank), root=root), want_root, "nested-broadcast")
+# the original's form: ranks other than the root pass nothing
+broadcaster = TensorBroadcaster(nested(rank), root_rank=root)
+same(broadcaster.broadcast(nested(rank) if rank == root else None), want_root, "TensorBroadcaster")
+# allgather: a different number of rows per rank, scalars become one row each
+mine = {"rows": np.full((rank + 1, 2), rank, np.float32), "scalar": rank * 10, "empty": np.zeros((0, 3))}
+want_gather = {"rows": np.concatenate([np.full((q + 1, 2), q, np.float32) for q in range(size)]),
+               "scalar": np.array([q * 10 for q in range(size)], np.int64), "empty": np.zeros((0, 3))}
+same(tnt.allgather(mine), want_gather, "nested-allgather")
+same(TensorAllgatherer(mine).allgather(mine), want_gather, "TensorAllgatherer")
+# NaN and Inf propagate; an empty structure is returned as is
+special = [np.array([np.nan if rank == 0 else 1.0, np.inf, 1.0], np.float32), -np.inf if rank == size - 1 else 2.0]
+same(tnt.allreduce(special), [np.array([np.nan, np.inf, size], np.float32),
+                              np.float64(-np.inf)], "nan-inf")
+same(tnt.allreduce({"x": [], "y": ()}), {"x": [], "y": ()}, "empty-structure")
+for bad, name in ((["text"], "str"), ({"k": None}, "NoneType"), ([{1, 2}], "set")):
+    try:
+        tnt.allreduce(bad)
+        failures.append(f"allreduce({bad!r}) did not raise")
+    except TypeError as exc:
+        if f"type {name}" not in str(exc):
+            failures.append(f"allreduce({bad!r}): {exc}")
+if "tensorflow" in sys.modules:
+    failures.append("the framework-neutral collectives imported TensorFlow")
 
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "size": size, "results": results, "failures": failures,

@@ -1,6 +1,10 @@
 """Every collective, every dtype, sizes 0, 1, odd, not divisible by N and 64 MB,
 on 1, 2, 3, 4 and 8 real ranks: results against NumPy, bitwise equal on every
-rank and on a second run."""
+rank and on a second run; nested structures (lists, tuples, named tuples,
+dicts of arrays, scalars and duck-typed tensors) in one fused call, one
+request per dtype, the same structure back, NaN/Inf propagated, an
+unsupported leaf a TypeError naming its type, and the original's
+TensorAllreducer/TensorBroadcaster/TensorAllgatherer; never TensorFlow."""
 import json
 
 import pytest

@@ -19,3 +19,10 @@ def test_core_reads_the_documented_defaults():
                  "TNT_CACHE_CAPACITY", "TNT_SPIN_US"):
         default = config.BY_NAME[name].default
         assert f'{{"{name}", {default:g},' in source, name
+
+
+def test_migration_guide_states_the_fusion_default():
+    with open(os.path.join(DOCS, "migration.md")) as f:
+        text = f.read()
+    default = config.BY_NAME["TNT_FUSION_THRESHOLD_KB"].default
+    assert f"default **{default:g}**" in text

@@ -47,10 +47,84 @@ def cnn():
     ])
 
 
-def compile_(model, optimizer):
+class CallInputsOnly(keras.Model):
+    """A subclassed model whose call() takes neither `training` nor `mask`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(32, activation="relu")
+        self.hidden2 = keras.layers.Dense(16, activation="tanh")
+        self.out = keras.layers.Dense(10)
+
+    def call(self, inputs):
+        return self.out(self.hidden2(self.hidden(inputs)))
+
+
+class CustomSteps(keras.Model):
+    """Keras' "customize what happens in fit()" pattern: its own train_step
+    (a loss with a weight penalty; it also returns an entry that is no
+    metric), test_step, predict_step (probabilities) and metrics; call()
+    takes `training` but no `mask`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(32, activation="relu")
+        self.dropout = keras.layers.Dropout(0.0)
+        self.hidden2 = keras.layers.Dense(16, activation="tanh")
+        self.out = keras.layers.Dense(10)
+        self.loss_tracker = keras.metrics.Mean(name="custom_loss")
+        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="custom_accuracy")
+
+    def call(self, inputs, training=None):
+        return self.out(self.hidden2(self.dropout(self.hidden(inputs), training=training)))
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.accuracy]
+
+    def _update(self, x, y, logits, loss):
+        # weighted by the batch size: the mean over all samples seen
+        self.loss_tracker.update_state(loss, sample_weight=tf.shape(x)[0])
+        self.accuracy.update_state(y, logits)
+        return {m.name: m.result() for m in self.metrics}
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            logits = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=logits) + 1e-3 * tf.add_n(
+                [tf.reduce_sum(tf.square(w)) for w in self.trainable_variables])
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        # an entry that is no metric: this batch's loss (tnt: the ranks' mean,
+        # weighted by their batch sizes, i.e. the global batch's loss)
+        return {**self._update(x, y, logits, loss), "batch_loss": loss}
+
+    def test_step(self, data):
+        x, y = data
+        logits = self(x, training=False)
+        return self._update(x, y, logits, self.compute_loss(x=x, y=y, y_pred=logits))
+
+    def predict_step(self, data):
+        x = data[0] if isinstance(data, (tuple, list)) else data
+        return tf.nn.softmax(self(x, training=False))
+
+
+def call_inputs_only():
+    keras.utils.set_random_seed(4)
+    return CallInputsOnly()
+
+
+def custom_steps():
+    keras.utils.set_random_seed(5)
+    return CustomSteps()
+
+
+def compile_(model, optimizer, run_eagerly=False):
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3)])
+                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3)],
+                  run_eagerly=run_eagerly)
 
 
 def scenarios(size):
@@ -71,12 +145,22 @@ def scenarios(size):
         "mlp_shuffled": dict(build=mlp, opt=sgd, B=16, kind="shuffled", x=xm, y=ym, val=None),
         "mlp_unbatched": dict(build=mlp, opt=sgd, B=7 * size, micro=7, kind="unbatched", x=xm,
                               y=ym, val=None),
+        # subclassed models: call(inputs) alone; call(inputs, training) with its own steps
+        "sub_call_inputs": dict(build=call_inputs_only, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
+                                val=None),
+        "sub_custom_steps": dict(build=custom_steps, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
+                                 val=(xmv, ymv)),
+        # train/test/predict_on_batch, run eagerly, from rank-dependent initial weights
+        "mlp_on_batch_eager": dict(build=mlp, opt=sgd, B=25, kind="on_batch", x=xm, y=ym,
+                                   val=(xmv, ymv)),
     }
 
 
 def run(name, s, reference, out):
     import tarantella as tnt
 
+    if s["kind"] == "on_batch":
+        return run_on_batch(name, s, reference)
     model = s["build"]()
     if not reference:
         model = tnt.Model(model)
@@ -111,6 +195,91 @@ def run(name, s, reference, out):
                     "evaluate": {k: float(v) for k, v in results.items()}}
 
 
+def run_on_batch(name, s, reference):
+    """train_on_batch over the epoch's global batches (the last one partial),
+    test_on_batch, predict, then predict_on_batch; every rank passes the same
+    global batches. The model's initial weights differ between ranks (as an
+    unseeded model's would); the master's are serial's."""
+    import tarantella as tnt
+
+    rank = 0 if reference else tnt.get_rank()
+    model = s["build"]()
+    if rank != 0:
+        for w in model.weights:
+            w.assign(w + rank)
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model, s["opt"](), run_eagerly=True)
+    B, x, y, (xv, yv) = s["B"], s["x"], s["y"], s["val"]
+    history = {}
+    for epoch in range(2):
+        for begin in range(0, len(x), B):
+            logs = model.train_on_batch(x[begin:begin + B], y[begin:begin + B], return_dict=True)
+            for k, v in logs.items():
+                history.setdefault(k, []).append(float(v))
+    results = model.test_on_batch(xv[:B], yv[:B], return_dict=True)
+    arrays = {f"{name}/w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+    arrays[f"{name}/predict"] = model.predict(xv, batch_size=B, verbose=0)
+    arrays[f"{name}/predict_on_batch"] = model.predict_on_batch(xv[:B])
+    return arrays, {"history": history, "evaluate": {k: float(v) for k, v in results.items()}}
+
+
+def tensor_collectives(tnt):
+    """tnt's TF-level collectives on nested structures of tensors, variables,
+    arrays and scalars, eagerly and in a tf.function: the failures found."""
+    rank, size = tnt.get_rank(), tnt.get_size()
+    failures = []
+
+    def x(q):
+        return {"t": tf.fill([2, 2], float(q + 1)), "v": tf.Variable([q, 1]),
+                "n": np.full(3, q, np.float64), "s": q + 0.5,
+                "special": [tf.constant([np.nan if q == 0 else 1.0, np.inf]),
+                            tf.constant(-np.inf if q == size - 1 else 2.0, tf.float64)]}
+
+    def check(label, got, want):
+        if isinstance(want, dict):
+            if not isinstance(got, dict) or list(got) != list(want):
+                return failures.append(f"{label}: got {got!r}")
+            return [check(f"{label}.{k}", got[k], want[k]) for k in want]
+        if isinstance(want, list):
+            if not isinstance(got, list) or len(got) != len(want):
+                return failures.append(f"{label}: got {got!r}")
+            return [check(f"{label}[{i}]", g, w) for i, (g, w) in enumerate(zip(got, want))]
+        tensor = isinstance(want, tf.Tensor)
+        if tensor != isinstance(got, tf.Tensor) or np.asarray(got).dtype != np.asarray(want).dtype \
+                or not np.array_equal(np.asarray(got), np.asarray(want), equal_nan=True):
+            failures.append(f"{label}: got {type(got).__name__} {got!r}, want {want!r}")
+
+    total = sum(q + 1 for q in range(size))
+    ranks = float(sum(range(size)))
+    check("TensorAllreducer", tnt.TensorAllreducer(x(rank)).allreduce(x(rank)), {
+        "t": tf.fill([2, 2], float(total)), "v": tf.constant([int(ranks), size]),
+        "n": np.full(3, ranks), "s": np.float64(ranks + 0.5 * size),
+        "special": [tf.constant([np.nan, np.inf]), tf.constant(-np.inf, tf.float64)]})
+    root = size - 1
+    got = tnt.TensorBroadcaster(x(rank), root_rank=root).broadcast(x(rank) if rank == root else None)
+    want = x(root)
+    want["v"], want["s"] = tf.convert_to_tensor(want["v"]), np.float64(want["s"])
+    check("TensorBroadcaster", got, want)
+    rows = {"r": tf.fill([rank + 1, 2], rank), "s": float(rank)}
+    check("TensorAllgatherer", tnt.TensorAllgatherer(rows).allgather(rows), {
+        "r": tf.concat([tf.fill([q + 1, 2], q) for q in range(size)], 0),
+        "s": np.arange(size, dtype=np.float64)})
+
+    import tarantella.tensorflow as tnt_tf  # tensors back for tensors (tnt.allreduce: NumPy)
+
+    @tf.function
+    def in_graph(a, c):
+        return tnt_tf.allreduce([a, {"c": c}], op="average"), tnt_tf.allgather({"a": a})
+
+    summed, gathered = in_graph(tf.constant([1.0, rank]), tf.constant(rank * size, tf.int64))
+    check("tf.function allreduce", summed, [tf.constant([1.0, ranks / size]),
+                                            {"c": tf.constant(int(ranks), tf.int64)}])
+    check("tf.function allgather", gathered, {"a": tf.constant(
+        [v for q in range(size) for v in (1.0, q)])})
+    return failures
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -139,10 +308,13 @@ def main():
             name = f"{name}@{size}"
         arrays.update(a)
         logs[name] = l
+    checks = {}
+    if not args.reference:
+        checks["tensor_collectives"] = tensor_collectives(tnt)
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank{rank}.npz"), **arrays)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"size": size, "logs": logs}, f)
+        json.dump({"size": size, "logs": logs, "checks": checks}, f)
 
 
 if __name__ == "__main__":

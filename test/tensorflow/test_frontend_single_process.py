@@ -1,5 +1,7 @@
 """Checks that need one process only: dataset slicing for simulated rank
 counts, clear errors for bad input, and the wrappers' rules."""
+import copy
+import logging
 import os
 import subprocess
 import sys
@@ -144,10 +146,200 @@ def test_distributed_optimizer_keeps_its_type_and_saves_as_keras():
     assert keras.saving.serialize_keras_object(opt)["class_name"] == "Adam"
 
 
-def test_pipelining_is_not_implemented():
-    with pytest.raises(NotImplementedError):
-        tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]),
-                  parallel_strategy=tnt.ParallelStrategy.PIPELINING)
+def _info_messages():
+    records = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            if record.levelno == logging.INFO:
+                records.append(record.getMessage())
+
+    from tarantella.common.logging import get_logger
+
+    handler = Catch(level=logging.INFO)
+    logger = get_logger()  # configured (from TNT_LOG_LEVEL) before the level is lowered
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    return records, lambda: (logger.removeHandler(handler), logger.setLevel(previous))
+
+
+def test_parallel_strategy_values():
+    """The original's flags: DATA and ALL (without pipeline partitions, said
+    at INFO) train data-parallel; anything asking for pipeline stages is a
+    clear error."""
+    S = tnt.ParallelStrategy
+
+    def plain():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+
+    def split():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                                 tnt.keras.layers.SplitLayer(), keras.layers.Dense(2)])
+
+    assert S.ALL == S.DATA | S.PIPELINING and S.NONE.value == 0
+    records, restore = _info_messages()
+    try:
+        for strategy, said in ((S.DATA, False), ("data", False), (S.ALL, True), ("ALL", True),
+                               (S.DATA | S.PIPELINING, True)):
+            records.clear()
+            model = tnt.Model(plain(), parallel_strategy=strategy)
+            assert model.parallel_strategy == S.DATA
+            assert any("no pipeline partitions" in m and "data-parallel" in m
+                       for m in records) == said, (strategy, records)
+        model = tnt.Model(split(), parallel_strategy=S.DATA)  # a SplitLayer only passes through
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(np.ones((4, 4)), np.ones((4, 2)), verbose=0)
+    finally:
+        restore()
+    for strategy, kwargs in ((S.PIPELINING, {}), ("pipelining", {}), (S.ALL, {"split": True}),
+                             (S.PIPELINING, {"split": True}), (S.DATA, {"num_pipeline_stages": 2}),
+                             (S.ALL, {"num_pipeline_stages": 2})):
+        model = split() if kwargs.pop("split", False) else plain()
+        with pytest.raises(NotImplementedError, match="[Pp]ipelining is not available yet"):
+            tnt.Model(model, parallel_strategy=strategy, **kwargs)
+    with pytest.raises(ValueError, match="NONE"):
+        tnt.Model(plain(), parallel_strategy=S.NONE)
+    with pytest.raises(ValueError, match="DATA, PIPELINING, ALL"):
+        tnt.Model(plain(), parallel_strategy="model")
+
+
+def _functional():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 6, 1), name="image")
+    h = keras.layers.Conv2D(2, 3, name="conv1")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Flatten()(h)
+    return keras.Model(inputs, keras.layers.Dense(3, activity_regularizer="l2")(h), name="net")
+
+
+@keras.saving.register_keras_serializable(package="tnt_test")
+class Subclassed(keras.Model):
+    def __init__(self, units=3, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.dense = keras.layers.Dense(units)
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def test_model_surface_is_the_wrapped_models(capsys):
+    inner = _functional()
+    model = tnt.Model(inner)
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    x = np.ones((4, 6, 6, 1), "float32")
+    model.fit(x, np.zeros((4, 3)), verbose=0)
+    model(x)  # the activity regularizer's loss
+    assert model.input is inner.input and model.output is inner.output
+    same_objects = ["layers", "inputs", "outputs", "weights",
+                    "trainable_weights", "non_trainable_weights", "variables",
+                    "trainable_variables", "non_trainable_variables", "metrics"]
+    for name in same_objects:
+        mine, theirs = getattr(model, name), getattr(inner, name)
+        assert len(mine) == len(theirs) > 0 and all(a is b for a, b in zip(mine, theirs)), name
+    for name in ["metrics_names", "name", "trainable", "dtype", "input_shape", "output_shape"]:
+        assert getattr(model, name) == getattr(inner, name), name
+    assert model.metrics_names == ["loss", "compile_metrics"]
+    assert len(model.losses) == len(inner.losses) == 1
+    np.testing.assert_allclose(model.losses[0], inner.losses[0])
+    assert repr(model.input_spec) == repr(inner.input_spec) != "None"
+    assert model.get_layer("conv1") is inner.get_layer("conv1") is model.get_layer(index=1)
+    assert model.compute_output_shape((None, 6, 6, 1)) == inner.compute_output_shape((None, 6, 6, 1))
+    assert model.count_params() == inner.count_params()
+    masked = keras.Sequential([keras.Input((3,)), keras.layers.Masking(0.0)])
+    x_masked = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], "float32")
+    np.testing.assert_array_equal(tnt.Model(masked).compute_mask(x_masked, None),
+                                  masked.compute_mask(x_masked, None))
+    capsys.readouterr()
+    model.summary()
+    mine = capsys.readouterr().out
+    inner.summary()
+    assert mine == capsys.readouterr().out and "conv1" in mine
+
+
+def test_config_and_json_are_the_wrapped_models():
+    """Config in, config out, as in Keras: tnt.Model.from_config and
+    tnt.models.model_from_config(model.get_config()) (the seed docs' example)."""
+    for build in (_functional, lambda: keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)], name="seq")):
+        inner = build()
+        model = tnt.Model(inner)
+        config = model.get_config()
+        assert config == inner.get_config() and model.to_json() == inner.to_json()
+        serialized = keras.saving.serialize_keras_object(inner)
+        for rebuilt, keras_rebuilt in (
+                (tnt.Model.from_config(config), type(inner).from_config(copy.deepcopy(config))),
+                (tnt.models.model_from_config(config), type(inner).from_config(copy.deepcopy(config))),
+                (tnt.models.model_from_json(model.to_json()),
+                 keras.models.model_from_json(inner.to_json())),
+                (tnt.models.model_from_config(serialized),
+                 keras.saving.deserialize_keras_object(serialized))):
+            assert isinstance(rebuilt, tnt.Model) and type(rebuilt.model) is type(inner)
+            assert rebuilt.get_config() == keras_rebuilt.get_config()
+            assert rebuilt.to_json() == keras_rebuilt.to_json() == inner.to_json()
+        clone = keras.models.clone_model(model)
+        assert isinstance(clone, tnt.Model) and clone.get_config() == config
+    inner = Subclassed(units=5, name="sub")
+    model = tnt.Model(inner)
+    assert model.get_config() == inner.get_config()
+    rebuilt = tnt.models.model_from_config(keras.saving.serialize_keras_object(inner))
+    assert isinstance(rebuilt.model, Subclassed) and rebuilt.get_config() == inner.get_config()
+    with pytest.raises(ValueError, match=r"Subclassed.from_config|MyModel.from_config"):
+        tnt.Model.from_config(model.get_config())  # names no class: a clear error
+
+
+def test_sequential_is_a_tnt_model_over_keras_sequential():
+    model = tnt.Sequential([keras.Input((4,)), keras.layers.Dense(3)], name="seq")
+    assert isinstance(model, tnt.Model) and isinstance(model.model, keras.Sequential)
+    model.add(keras.layers.Dense(2))
+    assert [type(l).__name__ for l in model.layers] == ["Dense", "Dense"]
+    config = model.get_config()
+    assert config == model.model.get_config()
+    rebuilt = tnt.Sequential.from_config(config)
+    assert type(rebuilt) is tnt.Sequential and rebuilt.get_config() == config
+    assert keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(model)).get_config() == config
+    model.compile(optimizer="sgd", loss="mse")
+    history = model.fit(np.ones((8, 4)), np.zeros((8, 2)), batch_size=4, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    popped = model.pop()
+    assert isinstance(popped, keras.layers.Dense) and len(model.layers) == 1
+    with pytest.raises(ValueError, match="Sequential"):
+        tnt.Sequential.from_config(_functional().get_config())
+
+
+def test_saved_files_are_plain_keras_files(tmp_path):
+    """A tnt.Model saves the wrapped model, compiled, with its optimizer state:
+    plain Keras loads it; tnt.models.load_model wraps it again."""
+    x, y = np.ones((8, 4), "float32"), np.zeros((8, 5), "float32")
+    for inner in (keras.Sequential([keras.Input((4,)), keras.layers.Dense(5)]), Subclassed(units=5)):
+        model = tnt.Model(inner)
+        model.compile(optimizer=keras.optimizers.Adam(0.1), loss="mse")
+        model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+        path = str(tmp_path / "m.keras")
+        model.save(path)
+        plain = keras.saving.load_model(path)
+        assert type(plain) is type(inner) and type(plain.optimizer).__name__ == "Adam"
+        assert int(plain.optimizer.iterations) == 4
+        loaded = tnt.models.load_model(path)
+        assert isinstance(loaded, tnt.Model) and type(loaded.model) is type(inner)
+        for a, b in zip(loaded.get_weights(), model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        model.fit(x, y, batch_size=4, verbose=0)
+        loaded.fit(x, y, batch_size=4, verbose=0)  # the optimizer state came back too
+        for a, b in zip(loaded.get_weights(), model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        weights = str(tmp_path / "m.weights.h5")
+        model.save_weights(weights)
+        fresh = keras.models.clone_model(inner)
+        fresh(x)
+        fresh.load_weights(weights)  # a plain model reads the weights file
+        for a, b in zip(fresh.get_weights(), model.get_weights()):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_callback_rules():

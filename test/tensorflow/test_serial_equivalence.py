@@ -4,8 +4,13 @@ scenarios.py trains an MLP and a small CNN for 2 epochs, seeded, with a global
 batch (25) that no rank count of 2-4 divides and 103 samples (a last batch of
 3, so on 4 ranks one rank gets an empty micro-batch), from a batched dataset,
 an unbatched dataset with tnt_micro_batch_size, NumPy arrays (with
-validation), and a dataset with an unseeded shuffle. It records the final
-weights, History, evaluate() and predict() on every rank.
+validation), and a dataset with an unseeded shuffle; subclassed models whose
+call() takes only `inputs`, or `inputs` and `training` with their own
+train_step/test_step/predict_step and metrics; and train_on_batch /
+test_on_batch / predict (then predict_on_batch) run eagerly from
+rank-dependent initial weights. It records the final weights, History,
+evaluate() (test_on_batch) and predict() on every rank. It also checks the
+TF-level collectives on nested structures (tensors back for tensors).
 
 Tolerances (float32): weights rtol 1e-5 / atol 1e-6, logs atol 1e-6, predictions
 atol 1e-5. Results cannot be bitwise equal: each rank sums its own part of the
@@ -43,8 +48,9 @@ def _load(out):
     ranks = []
     for r in range(meta["size"]):
         with open(os.path.join(out, f"rank{r}.json")) as f:
-            logs = json.load(f)["logs"]
-        ranks.append((dict(np.load(os.path.join(out, f"rank{r}.npz"))), logs))
+            result = json.load(f)
+        ranks.append((dict(np.load(os.path.join(out, f"rank{r}.npz"))), result["logs"],
+                      result["checks"]))
     return ranks
 
 
@@ -56,8 +62,8 @@ def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
     run_ranks(n, "scenarios.py", "--out", tmp_path, env=env)
     ranks = _load(tmp_path)
     assert len(ranks) == n
-    ref_arrays, ref_logs = reference[0]
-    arrays, logs = ranks[0]
+    ref_arrays, ref_logs, _ = reference[0]
+    arrays, logs, _ = ranks[0]
     assert set(logs) == {k for k in ref_logs if "@" not in k or k.endswith(f"@{n}")}
     for key, value in arrays.items():
         tol = dict(rtol=1e-5, atol=1e-5) if key.endswith("predict") else dict(rtol=1e-5, atol=1e-6)
@@ -68,10 +74,12 @@ def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
             for key, values in scenario[part].items():
                 np.testing.assert_allclose(values, ref_logs[name][part][key], rtol=0, atol=1e-6,
                                            err_msg=f"{name} {part} {key}")
-    for r, (other_arrays, other_logs) in enumerate(ranks[1:], start=1):
+    for r, (other_arrays, other_logs, _) in enumerate(ranks[1:], start=1):
         assert other_logs == logs, f"rank {r} logs differ from rank 0"
         for key, value in arrays.items():
             assert np.array_equal(other_arrays[key], value), f"rank {r}: {key} differs"
+    for r, (_, _, checks) in enumerate(ranks):  # nested structures through the TF-level collectives
+        assert checks["tensor_collectives"] == [], f"rank {r}: {checks['tensor_collectives']}"
     if fusion_kb == 0:
         _assert_each_gradient_reduced_alone(tmp_path, n, len(logs))
 

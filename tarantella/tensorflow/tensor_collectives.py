@@ -1,0 +1,84 @@
+"""allreduce, broadcast and allgather that give TensorFlow tensors back for tensors.
+
+The NumPy collectives of tarantella.common take tensors (and nested lists,
+tuples and dicts of tensors, arrays and scalars) but return NumPy arrays;
+these return the same structure with a `tf.Tensor` wherever the input had a
+`tf.Tensor` or `tf.Variable` (of the same dtype), and NumPy values elsewhere.
+Inside a `tf.function` they run as one `tf.numpy_function` (every leaf must
+then be a tensor); eagerly they run at once.
+"""
+import tensorflow as tf
+
+from tarantella.common import collectives
+
+
+def allreduce(x, op="sum", name=None, prescale=1.0, out=None):
+    """`tnt.allreduce` (see tarantella.common.collectives) with tensors back for
+    tensors; `out=` (a NumPy array) as there."""
+    if out is not None:
+        return collectives.allreduce(x, op=op, name=name, prescale=prescale, out=out)
+    return _run(x, lambda v: collectives.allreduce(v, op=op, name=name, prescale=prescale))
+
+
+def broadcast(x, root=0, name=None, out=None):
+    """`tnt.broadcast` with tensors back for tensors; `out=` as there."""
+    if out is not None:
+        return collectives.broadcast(x, root=root, name=name, out=out)
+    return _run(x, lambda v: collectives.broadcast(v, root=root, name=name))
+
+
+def allgather(x, name=None):
+    """`tnt.allgather` with tensors back for tensors."""
+    return _run(x, lambda v: collectives.allgather(v, name=name), gather=True)
+
+
+def _is_tensor(leaf):
+    return isinstance(leaf, (tf.Tensor, tf.Variable))
+
+
+def _run(x, collective, gather=False):
+    leaves, rebuild = collectives.flatten(x)
+    if any(_is_tensor(leaf) for leaf in leaves) and not tf.executing_eagerly():
+        return _run_in_graph(leaves, rebuild, collective, gather)
+    values, rebuild_result = collectives.flatten(collective(x))
+    return rebuild_result([tf.convert_to_tensor(v, dtype=leaf.dtype) if _is_tensor(leaf) else v
+                           for leaf, v in zip(leaves, values)])
+
+
+def _run_in_graph(leaves, rebuild, collective, gather):
+    tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
+
+    def run(*arrays):
+        out = collectives.flatten(collective(rebuild(list(arrays))))[0]
+        return [a.astype(t.dtype.as_numpy_dtype, copy=False) for a, t in zip(out, tensors)]
+
+    out = tf.numpy_function(run, tensors, [t.dtype for t in tensors], stateful=True,
+                            name="TntCollective")
+    out = out if isinstance(out, (list, tuple)) else [out]  # eagerly, one output comes bare
+    for o, t in zip(out, tensors):
+        o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]) if gather and t.shape.rank
+                    else ([None] if gather else t.shape))
+    return rebuild(list(out))
+
+
+class TensorAllreducer(collectives.TensorAllreducer):
+    """The original Tarantella's `TensorAllreducer(inputs).allreduce(x)`: a sum
+    over ranks of `x` (a tensor, array, scalar or nested structure), with
+    tensors back for tensors."""
+
+    _allreduce = staticmethod(allreduce)
+
+
+class TensorBroadcaster(collectives.TensorBroadcaster):
+    """The original Tarantella's `TensorBroadcaster(inputs, root_rank).broadcast(x=None)`:
+    the root's `x` on every rank (others may pass nothing: `inputs` gives the
+    structure to receive), with tensors back for tensors."""
+
+    _broadcast = staticmethod(broadcast)
+
+
+class TensorAllgatherer(collectives.TensorAllgatherer):
+    """The original Tarantella's `TensorAllgatherer(inputs).allgather(x)`: every
+    leaf concatenated along its first axis in rank order, tensors back for tensors."""
+
+    _allgather = staticmethod(allgather)
