@@ -46,6 +46,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -69,10 +70,24 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define REASON_MAX 512
 #define SILENT_BEATS 10     /* heartbeats a peer may miss before it is lost */
 #define PID_CHECK_S 0.1     /* how often a waiter checks local peers' pids */
+#ifndef SLEEP_MIN_S
 #define SLEEP_MIN_S 10e-6   /* first idle sleep of a wait */
+#endif
+#ifndef SLEEP_MAX_S
 #define SLEEP_MAX_S 1e-3    /* longest idle sleep of a wait and of the doorbell's MPI poll */
+#endif
+#ifndef SLEEP_FLAT_S
 #define SLEEP_FLAT_S 2e-3   /* a wait polls at the shortest sleep this long before it backs off */
+#endif
+#ifndef YIELD_POLLS
+#define YIELD_POLLS 20      /* with a core per local rank: polls that yield before a wait sleeps */
+#endif
+#ifndef THREAD_LEVEL
+#define THREAD_LEVEL MPI_THREAD_MULTIPLE /* what we ask of an MPI we initialize (the application may use it too) */
+#endif
+#ifndef PUT_COPY_MAX
 #define PUT_COPY_MAX (1u << 20) /* puts up to this size are copied and sent in the background */
+#endif
 #define PUT_INFLIGHT_MAX 64 /* copied puts in flight at most */
 #define BYE_WAIT_S 2.0      /* finalize: how long our last messages may take to leave */
 #define HELLO_MAGIC 0x544e544du
@@ -115,6 +130,7 @@ typedef struct {
   tnt_placement_t pl;
   int me, n;
   double timeout_s, spin_s, beat_s, silence_s;
+  int yield_polls; /* polls with sched_yield before a wait sleeps */
   MPI_Comm comm;
   pthread_mutex_t mu; /* every MPI call and everything below */
   peer_t *peers;
@@ -587,6 +603,10 @@ static void backoff_pause(mpi_t *s, backoff_t *b, double now) {
     b->sleep = SLEEP_MIN_S;
   }
   if (now < b->start + s->spin_s) return; /* poll again at once */
+  if (b->idle <= s->yield_polls) { /* a peer in the same collective is usually microseconds away */
+    sched_yield();
+    return;
+  }
   sleep_s(b->sleep);
   if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
 }
@@ -689,7 +709,7 @@ static tnt_result_t ensure_mpi(void) {
   }
   MPI_Initialized(&ini);
   if (!ini) {
-    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &thread_level);
+    int rc = MPI_Init_thread(NULL, NULL, THREAD_LEVEL, &thread_level);
     if (rc != MPI_SUCCESS) {
       char e[MPI_MAX_ERROR_STRING];
       res = failf(TNT_ERR_SYSTEM, -1, "MPI_Init_thread failed: %s", mpi_err(rc, e));
@@ -859,6 +879,7 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
   s->timeout_s = params->timeout_s;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN); /* spin only with two cores per local rank, as shm */
   s->spin_s = (ncpu > 0 && 2L * pl->local_size <= ncpu) ? params->spin_s : 0.0;
+  s->yield_polls = (ncpu > 0 && pl->local_size <= ncpu) ? YIELD_POLLS : 0;
   s->beat_s = beat;
   s->silence_s = SILENT_BEATS * beat;
   s->window_bytes = window_bytes;
