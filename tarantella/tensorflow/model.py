@@ -69,7 +69,7 @@ class Model(keras.Model):
         parallel_strategy: `tnt.ParallelStrategy.DATA` (the default), or
             `ALL` for a model without pipeline partitions (it trains
             data-parallel too); pipelining is not available yet, so
-            `PIPELINING`, or `ALL` with `SplitLayer`s, is an error.
+            `PIPELINING`, or `ALL` with `SplitLayer` layers, is an error.
         num_pipeline_stages: The original Tarantella's argument: 1 (the
             default) is accepted; more stages need pipelining (an error).
 

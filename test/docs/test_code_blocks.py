@@ -52,13 +52,7 @@ STAND_IN_COMMANDS = {"python3.12": sys.executable}
 
 # blocks that fail because of a bug outside the docs (reported): a warning
 # while they fail; once one passes, the test fails until its entry is removed
-KNOWN_FAILURES = {
-    "docstring of tnt.DistributedOptimizer":
-        "optimizer.apply outside tf.function on 2+ ranks fails in "
-        "collective_ops.weighted_average (eager numpy_function returns one tensor, not a list): "
-        "'Attempting to slice scalar input'",
-    "docstring of tnt.DistributedGradientTape": "the same bug, through tape.gradient",
-}
+KNOWN_FAILURES = {}  # block -> why it fails today; the test fails once one passes
 
 
 def _env(tmp_path):
