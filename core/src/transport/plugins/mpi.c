@@ -3,7 +3,9 @@
  * compiler wrapper (mpicc), so the core never links against an MPI.
  *
  * Model (transport.h) over two-sided MPI on a private duplicate of
- * MPI_COMM_WORLD, three tags:
+ * MPI_COMM_WORLD (a new one for every tnt_init, never freed: Open MPI would
+ * give a freed one's context id to the next, and a message still in flight
+ * to it, a peer's BYE, would land there), three tags:
  *   CTRL     small control messages, received in arrival order by a probe loop:
  *            PUT(offset, len), NOTIFY(kind), BELL(cycle), BEAT, BYE, ABORT(root, reason)
  *   PAYLOAD  the bytes of a PUT, received straight into the window at the offset
@@ -1280,7 +1282,9 @@ static void mpi_finalize(void *st) {
       MPI_Request_free(&s->preq[i]);
       s->pbuf[i] = NULL;
     }
-  MPI_Comm_free(&s->comm);
+  /* the communicator is never freed: Open MPI gives a freed communicator's
+   * context id to the next one, and a message still in flight to this one (a
+   * peer's BYE) would land in the communicator of the next tnt_init */
   pthread_mutex_unlock(&s->mu);
   free_state(s);
 }
