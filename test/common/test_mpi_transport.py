@@ -306,6 +306,16 @@ def test_failed_build_shows_the_compiler_output(tmp_path):
     assert "this compiler refuses on purpose" in open(log).read()
 
 
+@needs_mpi
+def test_cache_that_others_may_write_is_refused(tmp_path):
+    shared = tmp_path / "tarantella" / "plugins"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    err = init_error(XDG_CACHE_HOME=tmp_path)
+    assert err["error"] == "InvalidUsageError", err
+    assert f"the plugin cache {shared} " in err["message"] and "mode 777" in err["message"], err
+
+
 def test_bad_mpicc_setting_is_named():
     err = init_error(TNT_MPICC="/nonexistent/mpicc")
     assert err["error"] == "InvalidArgumentError", err
