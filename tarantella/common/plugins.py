@@ -74,7 +74,10 @@ def find_mpicc():
 
 
 def _run(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise errors.SystemError(f"the mpi transport: running {' '.join(map(str, cmd))} failed: {exc}") from None
 
 
 def describe_mpi(mpicc):
@@ -107,18 +110,25 @@ def describe_mpi(mpicc):
 
 def cache_root():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tarantella", "plugins")
+    return os.path.join(base, "tarantella", "plugins")  # made 0700 below ~/.cache
 
 
 def _private_dir(path):
-    """Make `path` (and parents) and refuse one that others could write into:
-    the library in it is loaded into every rank."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise errors.InvalidUsageError(
-            f"the plugin cache {path} belongs to uid {st.st_uid} with mode {st.st_mode & 0o777:o}: Tarantella loads "
-            "code from it, so it must be this user's and not writable by others; fix it or set XDG_CACHE_HOME")
+    """Make `path` and refuse it, or the cache above it, if others could write
+    into it: the library in it is loaded into every rank."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise errors.SystemError(
+            f"the mpi transport's plugin cannot be built: cannot create {path} ({exc.strerror}): set XDG_CACHE_HOME "
+            "to a writable folder of your own, or TNT_MPI_PLUGIN to a plugin built elsewhere") from None
+    for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+        st = os.stat(folder)
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise errors.InvalidUsageError(
+                f"the plugin cache {folder} belongs to uid {st.st_uid} with mode {st.st_mode & 0o777:o}: Tarantella "
+                "loads code from it, so it must be this user's and writable by nobody else; fix it or set "
+                "XDG_CACHE_HOME")
 
 
 def build_dir(mpi, src):
@@ -144,13 +154,20 @@ def mpi_plugin():
     mpi = describe_mpi(mpicc)
     folder = build_dir(mpi, src)
     lib = os.path.join(folder, LIBRARY)
-    if os.path.isfile(lib):
-        return lib
     _private_dir(folder)
+    if not os.path.isfile(lib):
+        _build(mpicc, mpi, src, folder, lib)
+    st = os.stat(lib)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise errors.InvalidUsageError(f"{lib} is not this user's own or others may write it: delete it")
+    return lib
+
+
+def _build(mpicc, mpi, src, folder, lib):
     with open(os.path.join(folder, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks of this host wait for the first to build
         if os.path.isfile(lib):
-            return lib
+            return
         fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
         os.close(fd)
         cmd = compile_command(mpicc, src, tmp)
@@ -167,7 +184,6 @@ def mpi_plugin():
                 f"{res.returncode}); the compiler said:\n{output[-3000:]}\n(full log: {log})")
         os.chmod(tmp, 0o755)
         os.replace(tmp, lib)  # atomic: a rank on another host sharing this home sees all of it or nothing
-    return lib
 
 
 def prepare(transport=None):

@@ -46,7 +46,19 @@ def mpirun_cmd(n, script, *args):
 
 
 def json_lines(text):
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    """The JSON objects the ranks printed (mpirun may join two ranks' lines)."""
+    decoder, found = json.JSONDecoder(), []
+    for line in text.splitlines():
+        at = line.find("{")
+        while at >= 0:
+            try:
+                obj, end = decoder.raw_decode(line, at)
+            except ValueError:
+                at = line.find("{", at + 1)
+                continue
+            found.append(obj)
+            at = line.find("{", end)
+    return found
 
 
 @needs_mpi
@@ -135,8 +147,7 @@ def test_frozen_rank_is_lost_after_missed_heartbeats(cache):
             line = proc.stdout.readline()
             if not line:
                 break
-            if line.startswith("{"):
-                lines.append(json.loads(line))
+            lines.extend(json_lines(line))
         first = lines[0]
         found = re.search(r"rank 1 \(pid (\d+) on ", first["message"])
         frozen = int(found.group(1)) if found else None
@@ -151,6 +162,17 @@ def test_frozen_rank_is_lost_after_missed_heartbeats(cache):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+@needs_mpi
+def test_shutdown_and_init_again(cache):
+    # every tnt.init() gets a fresh communicator: a goodbye still in flight to
+    # the previous one must not reach the next (Open MPI reuses the context id
+    # of a freed communicator); with mpi4py, MPI is the application's
+    res = subprocess.run(mpirun_cmd(2, "rank_mpi_reinit.py"), env=mpi_env(cache, TNT_TIMEOUT_S=30),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert sorted(x["rank"] for x in json_lines(res.stdout) if x["ok"]) == [0, 1], res.stdout
 
 
 @needs_mpi
@@ -282,6 +304,16 @@ def test_failed_build_shows_the_compiler_output(tmp_path):
     assert "this compiler refuses on purpose" in err["message"], err
     log = re.search(r"full log: (\S+)\)", err["message"]).group(1)
     assert "this compiler refuses on purpose" in open(log).read()
+
+
+@needs_mpi
+def test_cache_that_others_may_write_is_refused(tmp_path):
+    shared = tmp_path / "tarantella" / "plugins"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    err = init_error(XDG_CACHE_HOME=tmp_path)
+    assert err["error"] == "InvalidUsageError", err
+    assert f"the plugin cache {shared} " in err["message"] and "mode 777" in err["message"], err
 
 
 def test_bad_mpicc_setting_is_named():

@@ -3,7 +3,9 @@
  * compiler wrapper (mpicc), so the core never links against an MPI.
  *
  * Model (transport.h) over two-sided MPI on a private duplicate of
- * MPI_COMM_WORLD, three tags:
+ * MPI_COMM_WORLD (a new one for every tnt_init, never freed: Open MPI would
+ * give a freed one's context id to the next, and a message still in flight
+ * to it, a peer's BYE, would land there), three tags:
  *   CTRL     small control messages, received in arrival order by a probe loop:
  *            PUT(offset, len), NOTIFY(kind), BELL(cycle), BEAT, BYE, ABORT(root, reason)
  *   PAYLOAD  the bytes of a PUT, received straight into the window at the offset
@@ -74,7 +76,10 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define SLEEP_MIN_S 10e-6   /* first idle sleep of a wait */
 #endif
 #ifndef SLEEP_MAX_S
-#define SLEEP_MAX_S 1e-3    /* longest idle sleep of a wait and of the doorbell's MPI poll */
+#define SLEEP_MAX_S 1e-3    /* longest idle sleep of a wait */
+#endif
+#ifndef BELL_POLL_S
+#define BELL_POLL_S 1e-3    /* longest sleep of the idle doorbell between polls of MPI */
 #endif
 #ifndef SLEEP_FLAT_S
 #define SLEEP_FLAT_S 2e-3   /* a wait polls at the shortest sleep this long before it backs off */
@@ -1175,7 +1180,7 @@ static void mpi_ring_doorbell(void *st, uint64_t cycle) {
 static int mpi_cycle_wanted(void *st, uint64_t done) { return atomic_load(&((mpi_t *)st)->cycle_wanted) > done; }
 
 /* Sleep on the futex (a local request wakes it at once); poll MPI for peers'
- * bells and send heartbeats every SLEEP_MAX_S at most. */
+ * bells and send heartbeats every BELL_POLL_S at most. */
 static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
   mpi_t *s = st;
   double sleep = SLEEP_MIN_S;
@@ -1196,7 +1201,7 @@ static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
     atomic_fetch_add(&s->bell_waiters, 1);
     if (atomic_load(&s->bell) == b) futex(&s->bell, FUTEX_WAIT, b, &ts);
     atomic_fetch_sub(&s->bell_waiters, 1);
-    sleep = sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : sleep * 2;
+    sleep = sleep * 2 > BELL_POLL_S ? BELL_POLL_S : sleep * 2;
   }
 }
 
@@ -1280,7 +1285,9 @@ static void mpi_finalize(void *st) {
       MPI_Request_free(&s->preq[i]);
       s->pbuf[i] = NULL;
     }
-  MPI_Comm_free(&s->comm);
+  /* the communicator is never freed: Open MPI gives a freed communicator's
+   * context id to the next one, and a message still in flight to this one (a
+   * peer's BYE) would land in the communicator of the next tnt_init */
   pthread_mutex_unlock(&s->mu);
   free_state(s);
 }
