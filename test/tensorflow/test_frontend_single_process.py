@@ -227,6 +227,21 @@ class Subclassed(keras.Model):
         return {**super().get_config(), "units": self.units}
 
 
+def test_subclassed_model_without_build_or_mask_is_built_by_keras():
+    """call(self, inputs) alone, no build(): Keras builds it by a symbolic call
+    (no "build() was called ... unbuilt state" warning, as for the plain model)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = tnt.Model(Subclassed(units=2))
+        model(np.ones((1, 3), "float32"))  # built by its first call, as a plain model is
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(np.ones((4, 3), "float32"), np.zeros((4, 2)), batch_size=2, verbose=0)
+    assert model.model.dense.built and len(model.weights) == 2
+    assert not [w for w in caught if "build()" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_model_surface_is_the_wrapped_models(capsys):
     inner = _functional()
     model = tnt.Model(inner)
