@@ -43,7 +43,8 @@ setup(
     packages=PACKAGES,
     package_dir={"tarantella.runner": "runner"},
     include_package_data=True,
-    package_data={"tarantella": ["include/*.h"]},
+    # tensorflow/ops/*.cc: the TensorFlow ops, compiled at first use (tarantella/tensorflow/ops/build.py)
+    package_data={"tarantella": ["include/*.h", "tensorflow/ops/*.cc"]},
     cffi_modules=["tarantella/common/_build_core.py:ffibuilder"],
     cmdclass={"build_py": BuildPyWithPluginSources},
     zip_safe=False,

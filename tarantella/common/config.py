@@ -66,6 +66,10 @@ _ROWS = (
     ("TNT_SHM_SLOTS", _CORE),
     ("TNT_CACHE_CAPACITY", _CORE),
     ("TNT_SPIN_US", _CORE),
+    Param("TNT_TF_OPS", "choice", "auto",
+          "how collectives inside tf.function reach the core: auto (compiled TensorFlow ops, built at first "
+          "use into ~/.cache/tarantella/plugins; tf.numpy_function with a WARNING when they cannot be built), "
+          "compiled (an error instead), numpy (always tf.numpy_function)", ("auto", "compiled", "numpy")),
     Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path"),
     Param("TNT_LOG_LEVEL", "choice", "WARNING", "log level of Tarantella's Python and C logs",
           ("DEBUG", "INFO", "WARNING", "ERROR")),

@@ -44,6 +44,15 @@ def ffi():
     return _load()[1]
 
 
+def library_path():
+    """The file of the loaded extension: compiled code that calls the core
+    (the TensorFlow ops) binds to this copy, so it shares this context."""
+    _load()
+    from tarantella import _core
+
+    return os.path.abspath(_core.__file__)
+
+
 def check(result):
     """Raise the TarantellaError subclass for a core result code (no-op on success)."""
     if result == codes.SUCCESS:

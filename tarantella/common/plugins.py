@@ -13,17 +13,13 @@ the core starts (a user may set it to a plugin built elsewhere: nothing is
 built then). When the plugin cannot be had, the error says why: no MPI found,
 or the compiler's output (kept in build.log next to where the library would be).
 """
-import fcntl
-import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
-import subprocess
-import tempfile
 
-from tarantella.common import errors
+from tarantella.common import build_cache, errors
 
 _ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 _PACKAGED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_plugin_src")
@@ -74,10 +70,7 @@ def find_mpicc():
 
 
 def _run(cmd, **kw):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise errors.SystemError(f"the mpi transport: running {' '.join(map(str, cmd))} failed: {exc}") from None
+    return build_cache.run(cmd, "the mpi transport", **kw)
 
 
 def describe_mpi(mpicc):
@@ -109,35 +102,20 @@ def describe_mpi(mpicc):
 
 
 def cache_root():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tarantella", "plugins")  # made 0700 below ~/.cache
+    return build_cache.cache_root()
 
 
 def _private_dir(path):
-    """Make `path` and refuse it, or the cache above it, if others could write
-    into it: the library in it is loaded into every rank."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise errors.SystemError(
-            f"the mpi transport's plugin cannot be built: cannot create {path} ({exc.strerror}): set XDG_CACHE_HOME "
-            "to a writable folder of your own, or TNT_MPI_PLUGIN to a plugin built elsewhere") from None
-    for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-        st = os.stat(folder)
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:
-            raise errors.InvalidUsageError(
-                f"the plugin cache {folder} belongs to uid {st.st_uid} with mode {st.st_mode & 0o777:o}: Tarantella "
-                "loads code from it, so it must be this user's and writable by nobody else; fix it or set "
-                "XDG_CACHE_HOME")
+    build_cache.private_dir(path, "the mpi transport's plugin", "TNT_MPI_PLUGIN to a plugin built elsewhere")
 
 
 def build_dir(mpi, src):
-    digest = hashlib.sha256()
+    parts = []
     for rel in SOURCES:
         with open(os.path.join(src, rel), "rb") as f:
-            digest.update(rel.encode() + b"\0" + f.read())
-    digest.update(json.dumps(mpi, sort_keys=True).encode())
-    return os.path.join(cache_root(), f"mpi-{mpi['name']}-abi{abi_version(src)}-{digest.hexdigest()[:12]}")
+            parts.append(rel.encode() + b"\0" + f.read())
+    parts.append(json.dumps(mpi, sort_keys=True))
+    return os.path.join(cache_root(), f"mpi-{mpi['name']}-abi{abi_version(src)}-{build_cache.digest(*parts)}")
 
 
 def compile_command(mpicc, src, out):
@@ -156,34 +134,11 @@ def mpi_plugin():
     lib = os.path.join(folder, LIBRARY)
     _private_dir(folder)
     if not os.path.isfile(lib):
-        _build(mpicc, mpi, src, folder, lib)
-    st = os.stat(lib)
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise errors.InvalidUsageError(f"{lib} is not this user's own or others may write it: delete it")
+        build_cache.build_once(folder, LIBRARY, compile_command(mpicc, src, "{out}"),
+                               f"TNT_TRANSPORT=mpi, but building the mpi transport plugin with {' '.join(mpicc)} failed",
+                               log_note=f"MPI: {json.dumps(mpi, sort_keys=True)}")
+    build_cache.check_owned(lib)
     return lib
-
-
-def _build(mpicc, mpi, src, folder, lib):
-    with open(os.path.join(folder, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks of this host wait for the first to build
-        if os.path.isfile(lib):
-            return
-        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
-        os.close(fd)
-        cmd = compile_command(mpicc, src, tmp)
-        res = _run(cmd)
-        log = os.path.join(folder, "build.log")
-        with open(log, "w") as f:
-            f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n" + res.stdout + res.stderr)
-            f.write(f"\nexit status {res.returncode}\nMPI: {json.dumps(mpi, sort_keys=True)}\n")
-        if res.returncode != 0:
-            os.unlink(tmp)
-            output = (res.stderr + res.stdout).strip()
-            raise errors.SystemError(
-                f"TNT_TRANSPORT=mpi, but building the mpi transport plugin with {' '.join(mpicc)} failed (exit status "
-                f"{res.returncode}); the compiler said:\n{output[-3000:]}\n(full log: {log})")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, lib)  # atomic: a rank on another host sharing this home sees all of it or nothing
 
 
 def prepare(transport=None):

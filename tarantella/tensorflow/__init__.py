@@ -3,9 +3,10 @@
     import tarantella as tnt            # or: import tarantella.tensorflow as tnt
     model = tnt.Model(keras_model)
 
-Gradients reach the C core through `tf.numpy_function` ops over the NumPy
-collectives of tarantella.common (the path that works with any installed
-TensorFlow, with nothing compiled against it).
+Gradients reach the C core through compiled TensorFlow ops, built at first
+use against the installed TensorFlow (tarantella/tensorflow/ops), or, where
+they cannot be built, through `tf.numpy_function` ops over the NumPy
+collectives of tarantella.common (TNT_TF_OPS chooses).
 """
 from tarantella.tensorflow import _version_check  # noqa: F401 - fails early on an old TF
 

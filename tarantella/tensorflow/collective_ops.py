@@ -11,7 +11,11 @@ functions are stateful so that automatic control dependencies keep them in
 program order: every rank then submits its requests in the same order, and
 nothing is pruned.
 
-These ops cannot be XLA-compiled (`PyFunc` has no XLA kernel); see Model.compile.
+With the compiled ops (tarantella/tensorflow/ops, the default when they can
+be built) the same requests go through TntCollectiveStart/Wait instead of
+Python calls; TNT_TF_OPS=numpy keeps the numpy_function ops below.
+
+Neither kind can be XLA-compiled (no XLA kernel); see Model.compile.
 """
 import itertools
 import threading
@@ -20,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella.common import collectives, config, core
+from tarantella.tensorflow import ops as tf_ops
 
 
 def _fusion_threshold_bytes():
@@ -135,6 +140,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
     for i in present:
         _check_float(tensors[i])
     size = core.get_size()
+    equal_weights = weight is None
     weight = tf.constant(-1.0, tf.float64) if weight is None else tf.cast(weight, tf.float64)
 
     def begin(w):
@@ -151,7 +157,11 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
 
     # Stateful ops are chained by automatic control dependencies in program
     # order: begin, then the buckets in backprop order, then the wait.
-    key = tf.numpy_function(begin, [weight], tf.int64, stateful=True, name="TntGradsBegin")
+    compiled = tf_ops.get()
+    if compiled is None:
+        key = tf.numpy_function(begin, [weight], tf.int64, stateful=True, name="TntGradsBegin")
+    else:  # the compiled ops take this rank's prescale as a tensor
+        key = _compiled_scale(compiled, None if equal_weights else weight, size, name)
     layouts, tokens, arrays_in = [], [], []
     threshold = _fusion_threshold_bytes()
     for b, bucket in enumerate(_buckets(tensors, present)):
@@ -167,8 +177,11 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
                              for a, n in zip(arrays, names)]
             return k
 
-        tokens.append(tf.numpy_function(start, [key, weight] + inputs, tf.int64, stateful=True,
-                                        name="TntGradsStart"))
+        if compiled is None:
+            tokens.append(tf.numpy_function(start, [key, weight] + inputs, tf.int64, stateful=True,
+                                            name="TntGradsStart"))
+        else:
+            tokens.append((compiled.start("allreduce", inputs, names, scale=key), inputs))
         layouts += layout
         arrays_in += inputs
 
@@ -177,8 +190,11 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
             step = _steps.pop(int(k))
         return [h.wait() for h in step.handles]
 
-    reduced = tf.numpy_function(finish, [key] + tokens, [a.dtype for a in arrays_in],
-                                stateful=True, name="TntGradsWait")
+    if compiled is None:
+        reduced = tf.numpy_function(finish, [key] + tokens, [a.dtype for a in arrays_in],
+                                    stateful=True, name="TntGradsWait")
+    else:
+        reduced = [r for token, inputs in tokens for r in compiled.wait(token, inputs)]
     if not isinstance(reduced, (list, tuple)):  # eagerly, one output comes back bare
         reduced = [reduced]
     out = list(tensors)
@@ -195,6 +211,15 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
     return out
 
 
+def _compiled_scale(compiled, weight, size, name):
+    """This rank's prescale w / Σ w (0 if Σ w is 0), as `begin` computes it:
+    the weights are summed by a compiled allreduce of its own."""
+    if weight is None:  # equal weights
+        return tf.constant(1.0 / size, tf.float64)
+    total = compiled.run("allreduce", [tf.reshape(weight, [1])], [f"{name}.w"])[0][0]
+    return tf.where(total > 0, weight / total, tf.constant(0.0, tf.float64))
+
+
 def sum_across_ranks(tensors, name="tnt.sum"):
     """Σ_r t_r for each tensor (any real dtype), computed in float64: metric
     states hold counts and sums whose exact totals matter."""
@@ -205,7 +230,11 @@ def sum_across_ranks(tensors, name="tnt.sum"):
     def reduce(a):
         return collectives.allreduce(a, op="sum", name=name)
 
-    summed = tf.numpy_function(reduce, [flat], tf.float64, stateful=True, name="TntSum")
+    compiled = tf_ops.get()
+    if compiled is None:
+        summed = tf.numpy_function(reduce, [flat], tf.float64, stateful=True, name="TntSum")
+    else:
+        summed = compiled.run("allreduce", [flat], [name])[0]
     summed.set_shape(flat.shape)
     out, offset = [], 0
     for t in tensors:

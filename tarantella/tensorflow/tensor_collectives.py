@@ -4,12 +4,19 @@ The NumPy collectives of tarantella.common take tensors (and nested lists,
 tuples and dicts of tensors, arrays and scalars) but return NumPy arrays;
 these return the same structure with a `tf.Tensor` wherever the input had a
 `tf.Tensor` or `tf.Variable` (of the same dtype), and NumPy values elsewhere.
-Inside a `tf.function` they run as one `tf.numpy_function` (every leaf must
-then be a tensor); eagerly they run at once.
+Inside a `tf.function` (every leaf must then be a tensor) they run as the
+compiled ops, one request per leaf (tarantella/tensorflow/ops), or, on the
+numpy_function path (TNT_TF_OPS), as one `tf.numpy_function`; eagerly they
+run at once.
 """
+import itertools
+
 import tensorflow as tf
 
-from tarantella.common import collectives
+from tarantella.common import collectives, dtypes
+from tarantella.tensorflow import ops as tf_ops
+
+_graph_names = itertools.count()  # unnamed collectives inside tf.function: one name per trace
 
 
 def allreduce(x, op="sum", name=None, prescale=1.0, out=None):
@@ -17,32 +24,46 @@ def allreduce(x, op="sum", name=None, prescale=1.0, out=None):
     tensors; `out=` (a NumPy array) as there."""
     if out is not None:
         return collectives.allreduce(x, op=op, name=name, prescale=prescale, out=out)
-    return _run(x, lambda v: collectives.allreduce(v, op=op, name=name, prescale=prescale))
+    return _run(x, lambda v: collectives.allreduce(v, op=op, name=name, prescale=prescale),
+                kind="allreduce", name=name, op=op, scale=prescale)
 
 
 def broadcast(x, root=0, name=None, out=None):
     """`tnt.broadcast` with tensors back for tensors; `out=` as there."""
     if out is not None:
         return collectives.broadcast(x, root=root, name=name, out=out)
-    return _run(x, lambda v: collectives.broadcast(v, root=root, name=name))
+    return _run(x, lambda v: collectives.broadcast(v, root=root, name=name),
+                kind="broadcast", name=name, root=root)
 
 
 def allgather(x, name=None):
     """`tnt.allgather` with tensors back for tensors."""
-    return _run(x, lambda v: collectives.allgather(v, name=name), gather=True)
+    return _run(x, lambda v: collectives.allgather(v, name=name), kind="allgather", name=name)
 
 
 def _is_tensor(leaf):
     return isinstance(leaf, (tf.Tensor, tf.Variable))
 
 
-def _run(x, collective, gather=False):
+def _run(x, collective, kind, name=None, **options):
     leaves, rebuild = collectives.flatten(x)
     if any(_is_tensor(leaf) for leaf in leaves) and not tf.executing_eagerly():
-        return _run_in_graph(leaves, rebuild, collective, gather)
+        compiled = tf_ops.get()
+        tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
+        if compiled is not None and all(t.dtype.name in dtypes.SUPPORTED for t in tensors):
+            return rebuild(_run_compiled(compiled, tensors, kind, name, options))
+        return _run_in_graph(leaves, rebuild, collective, kind == "allgather")
     values, rebuild_result = collectives.flatten(collective(x))
     return rebuild_result([tf.convert_to_tensor(v, dtype=leaf.dtype) if _is_tensor(leaf) else v
                            for leaf, v in zip(leaves, values)])
+
+
+def _run_compiled(compiled, tensors, kind, name, options):
+    """One request per leaf (a 0-d leaf of an allgather travels as one row)."""
+    base = name if name is not None else f"tf.{kind}.{next(_graph_names)}"
+    if kind == "allgather":
+        tensors = [tf.reshape(t, [1]) if t.shape.rank == 0 else t for t in tensors]
+    return compiled.run(kind, tensors, [f"{base}.{i}" for i in range(len(tensors))], **options)
 
 
 def _run_in_graph(leaves, rebuild, collective, gather):

@@ -1,0 +1,105 @@
+"""Libraries compiled at first use, cached per user (the mpi transport's plugin,
+the TensorFlow ops).
+
+Each library lives in its own folder of $XDG_CACHE_HOME/tarantella/plugins
+(default ~/.cache), named by its caller after everything that went into the
+build (a digest of the sources, the compiler and its flags), so a changed
+input gets a fresh folder and an unchanged one is loaded at once. The cache
+must be this user's alone: the libraries in it are loaded into every rank.
+
+Several ranks start at once: the first takes the folder's lock and builds
+into a temporary file, then renames it into place (atomic, also for a rank
+on another host sharing the home); the others wait on the lock and find it.
+"""
+import fcntl
+import hashlib
+import os
+import shlex
+import subprocess
+import tempfile
+
+from tarantella.common import errors
+
+FAILED = "build.failed"  # next to the library: a build that failed, remembered
+
+
+def cache_root():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tarantella", "plugins")  # made 0700 below ~/.cache
+
+
+def digest(*parts):
+    """A short hex digest of byte or str parts (what names a build folder)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update((part.encode() if isinstance(part, str) else part) + b"\0")
+    return h.hexdigest()[:12]
+
+
+def private_dir(path, what, instead):
+    """Make `path` and refuse it, or the cache above it, if others could write
+    into it. `what` names the library for the messages, `instead` what the user
+    can do when no cache can be had."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise errors.SystemError(
+            f"{what} cannot be built: cannot create {path} ({exc.strerror}): set XDG_CACHE_HOME to a writable "
+            f"folder of your own, or {instead}") from None
+    for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+        st = os.stat(folder)
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise errors.InvalidUsageError(
+                f"the plugin cache {folder} belongs to uid {st.st_uid} with mode {st.st_mode & 0o777:o}: Tarantella "
+                "loads code from it, so it must be this user's and writable by nobody else; fix it or set "
+                "XDG_CACHE_HOME")
+
+
+def check_owned(lib):
+    st = os.stat(lib)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise errors.InvalidUsageError(f"{lib} is not this user's own or others may write it: delete it")
+
+
+def run(cmd, what, **kw):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise errors.SystemError(f"{what}: running {' '.join(map(str, cmd))} failed: {exc}") from None
+
+
+def build_once(folder, lib, cmd, failure, log_note="", remember_failure=False):
+    """Run the compile command `cmd` (whose output argument is the placeholder
+    "{out}") into `folder`/`lib` unless another process did. On failure raise
+    SystemError(failure + the compiler's output + the log's path); with
+    `remember_failure`, later calls raise it again without compiling (delete
+    the folder to try again)."""
+    path = os.path.join(folder, lib)
+    failed = os.path.join(folder, FAILED)
+    with open(os.path.join(folder, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks of this host wait for the first to build
+        if os.path.isfile(path):
+            return path
+        if remember_failure and os.path.isfile(failed):
+            with open(failed) as f:
+                raise errors.SystemError(f.read())
+        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+        os.close(fd)
+        cmd = [tmp if c == "{out}" else c for c in cmd]
+        res = run(cmd, failure)
+        log = os.path.join(folder, "build.log")
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n" + res.stdout + res.stderr)
+            f.write(f"\nexit status {res.returncode}\n{log_note}\n")
+        if res.returncode != 0:
+            os.unlink(tmp)
+            output = (res.stderr + res.stdout).strip()
+            message = (f"{failure} (exit status {res.returncode}); the compiler said:\n{output[-3000:]}\n"
+                       f"(full log: {log})")
+            if remember_failure:
+                with open(failed, "w") as f:
+                    f.write(message + f"\n(this failure is remembered: delete {folder} to try again)")
+            raise errors.SystemError(message)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)  # atomic: a rank on another host sharing this home sees all of it or nothing
+    return path

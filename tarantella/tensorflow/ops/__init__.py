@@ -1,0 +1,112 @@
+"""Tarantella's compiled TensorFlow ops, or why they are not used.
+
+TNT_TF_OPS chooses the path of the gradient allreduce and of the TF-level
+collectives inside a `tf.function`:
+- auto (default): the compiled ops (tnt_ops.cc), built at first use; when
+  they cannot be had (no compiler, no TensorFlow headers, a build error), the
+  `tf.numpy_function` path, with one WARNING that says why;
+- compiled: the compiled ops, and an error when they cannot be had;
+- numpy: the `tf.numpy_function` path.
+
+`get()` answers None for the numpy_function path. Both paths submit the same
+requests (same names, sizes, prescale) to the same core, so they give
+bitwise the same results.
+"""
+import ctypes
+import os
+import threading
+
+import tensorflow as tf
+
+from tarantella.common import config, core, errors
+from tarantella.common.logging import get_logger
+
+MODES = ("auto", "compiled", "numpy")
+_lock = threading.Lock()
+_state = {}  # "ops": the bound ops or None; "why": why not
+
+
+class CompiledOps:
+    """The two ops of tnt_ops.cc, bound to this process's core."""
+
+    def __init__(self, path):
+        self.path = path
+        self._module = tf.load_op_library(path)
+        err = ctypes.create_string_buffer(1024)
+        binder = ctypes.CDLL(path).tnt_tfop_bind
+        binder.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t)
+        if binder(core.library_path().encode(), err, len(err)) != 0:
+            raise errors.InternalError(f"Tarantella's TensorFlow ops ({path}): {err.value.decode()}")
+
+    def start(self, kind, tensors, names, scale=1.0, op="sum", root=0):
+        """A token for `kind` requests of `tensors`, one per tensor, in flight."""
+        if op not in ("sum", "average"):
+            raise errors.InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
+        return self._module.tnt_collective_start(
+            list(tensors), tf.cast(scale, tf.float64), kind=kind, names=list(names),
+            reduce_op={"sum": 0, "average": 1}[op], root=int(root))
+
+    def wait(self, token, tensors, gathered=False):
+        """The results of `token`'s requests: tensors of the inputs' dtypes and
+        shapes (allgather: a first dimension of the gathered size)."""
+        out = self._module.tnt_collective_wait(token, T=[t.dtype for t in tensors])
+        for o, t in zip(out, tensors):
+            o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]) if gathered else t.shape)
+        return list(out)
+
+    def run(self, kind, tensors, names, **kw):
+        return self.wait(self.start(kind, tensors, names, **kw), tensors, gathered=kind == "allgather")
+
+
+def mode():
+    return config.get("TNT_TF_OPS")
+
+
+def get():
+    """The compiled ops, or None for the numpy_function path (see the module docstring)."""
+    core.ensure_initialized()  # the ops run on the core as the NumPy collectives do: started on first use
+    if "ops" in _state:
+        return _state["ops"]
+    with _lock:
+        if "ops" not in _state:
+            _state["ops"], _state["why"] = _load(mode())
+    return _state["ops"]
+
+
+def _load(chosen):
+    if chosen == "numpy":
+        return None, "TNT_TF_OPS=numpy"
+    try:
+        from tarantella.tensorflow.ops import build
+
+        return CompiledOps(build.library()), ""
+    except Exception as exc:  # noqa: BLE001 - any failure to build or load selects the fallback
+        why = str(exc) if isinstance(exc, errors.TarantellaError) else f"{type(exc).__name__}: {exc}"
+        if chosen == "compiled":
+            raise errors.SystemError(f"TNT_TF_OPS=compiled, but Tarantella's TensorFlow ops cannot be used: {why}") \
+                from exc
+        get_logger().warning(
+            "Tarantella's compiled TensorFlow ops cannot be used, so collectives inside tf.function go through "
+            "tf.numpy_function (correct, but slower; set TNT_TF_OPS=numpy to silence this): %s", why)
+        return None, why
+
+
+def status():
+    """(available, detail) without building anything: for `tntrun --version`."""
+    chosen = mode()
+    if chosen == "numpy":
+        return False, "not used: TNT_TF_OPS=numpy"
+    try:
+        from tarantella.tensorflow.ops import build
+
+        path = build.cached()
+        if path:
+            return True, f"built for TensorFlow {tf.__version__}: {path}"
+        folder, cmd = build.plan()
+        failed = os.path.join(folder, build.build_cache.FAILED)
+        if os.path.isfile(failed):
+            with open(failed) as f:
+                return False, f.read().strip()
+        return True, f"built at first use for TensorFlow {tf.__version__} with {cmd[0]} into {folder}"
+    except errors.TarantellaError as exc:
+        return False, str(exc)

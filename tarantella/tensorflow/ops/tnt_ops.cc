@@ -1,0 +1,379 @@
+// Tarantella's TensorFlow ops: a collective as two compiled ops instead of
+// tf.numpy_function calls (builder: tarantella/tensorflow/ops/build.py).
+//
+//   token = TntCollectiveStart(inputs, scale)   submits one request per input
+//   outputs = TntCollectiveWait(token)          completes when they all have
+//
+// Start is a synchronous kernel that returns at once: it allocates each output,
+// hands the input and output buffers to the core (tnt_*_async) and keeps both
+// alive in a registry under the token. Wait is an AsyncOpKernel: it queues the
+// token to one completion thread and returns, so no inter-op thread blocks on
+// communication; that thread calls done() when the core has finished. Both ops
+// are stateful, so automatic control dependencies keep them in program order
+// on every rank; because Start returns at once, the buckets of a step are all
+// in flight together (a single async op per bucket would be chained to the
+// previous bucket's completion instead).
+//
+// The core is the cffi extension tarantella/_core.abi3.so that Python already
+// loaded: tnt_tfop_bind() finds it with dlopen(RTLD_NOLOAD), so every call goes
+// to the same context (rank, transport, engine thread) as the Python API. The
+// ops have CPU kernels only: on a GPU machine TensorFlow copies GPU tensors to
+// the host and back around them (untested on a GPU).
+#include <dlfcn.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "tarantella.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tnt_tf {
+using namespace tensorflow;
+
+// ---- the core's entry points, resolved once in the loaded extension --------
+
+struct CoreApi {
+  decltype(&tnt_allreduce_async) allreduce_async;
+  decltype(&tnt_broadcast_async) broadcast_async;
+  decltype(&tnt_allgather_async) allgather_async;
+  decltype(&tnt_test) test;
+  decltype(&tnt_wait) wait;
+  decltype(&tnt_result_count) result_count;
+  decltype(&tnt_result_copy) result_copy;
+  decltype(&tnt_release) release;
+  decltype(&tnt_last_error) last_error;
+  decltype(&tnt_last_error_rank) last_error_rank;
+  decltype(&tnt_strerror) strerror;
+};
+std::atomic<const CoreApi *> g_api{nullptr};
+
+// Slice of a completion wait: the thread looks at the other queued tokens this
+// often while the oldest is still in flight (the core bounds the wait itself).
+constexpr double kWaitSliceS = 0.01;
+
+Status CoreError(const CoreApi &api, tnt_result_t code, const std::string &what) {
+  std::string msg = "Tarantella " + what + ": " + api.last_error() + " (" + api.strerror(code) + ")";
+  int rank = api.last_error_rank();
+  if ((code == TNT_ERR_PEER_LOST || code == TNT_ERR_TIMEOUT) && rank >= 0)
+    msg += " [rank " + std::to_string(rank) + "]";
+  switch (code) {
+    case TNT_ERR_INVALID_ARGUMENT: return errors::InvalidArgument(msg);
+    case TNT_ERR_INVALID_USAGE:
+    case TNT_ERR_MISMATCH: return errors::FailedPrecondition(msg);
+    case TNT_ERR_PEER_LOST: return errors::Unavailable(msg);
+    case TNT_ERR_TIMEOUT: return errors::DeadlineExceeded(msg);
+    default: return errors::Internal(msg);
+  }
+}
+
+bool CoreDtype(DataType dt, tnt_dtype_t *out) {
+  switch (dt) {
+    case DT_HALF: *out = TNT_FLOAT16; return true;
+    case DT_BFLOAT16: *out = TNT_BFLOAT16; return true;
+    case DT_FLOAT: *out = TNT_FLOAT32; return true;
+    case DT_DOUBLE: *out = TNT_FLOAT64; return true;
+    case DT_INT32: *out = TNT_INT32; return true;
+    case DT_INT64: *out = TNT_INT64; return true;
+    default: return false;
+  }
+}
+
+// ---- requests in flight, between Start and Wait ----------------------------
+
+struct Pending {
+  std::string kind;
+  std::vector<tnt_handle_t> handles;
+  std::vector<Tensor> inputs;   // kept alive: the core reads them until completion
+  std::vector<Tensor> outputs;  // allreduce/broadcast: written by the core
+};
+
+std::mutex g_registry_mu;
+std::unordered_map<int64_t, Pending> g_registry;
+std::atomic<int64_t> g_next_token{1};
+
+// ---- the completion thread -------------------------------------------------
+
+struct Job {
+  Pending pending;
+  OpKernelContext *ctx;
+  AsyncOpKernel::DoneCallback done;
+  size_t next = 0;  // handles before it have completed
+  tnt_result_t failed = TNT_SUCCESS;
+  std::string error;
+};
+
+class Completer {
+ public:
+  static Completer &Get() {
+    static Completer *c = new Completer();  // never destroyed: the thread outlives static destructors
+    return *c;
+  }
+  void Enqueue(Job *job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(job);
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  Completer() { std::thread([this] { Run(); }).detach(); }
+
+  // Advances `job` past its completed handles; true when none is in flight.
+  bool Progress(const CoreApi &api, Job *job, bool block) {
+    while (job->next < job->pending.handles.size()) {
+      tnt_handle_t h = job->pending.handles[job->next];
+      tnt_result_t r = block ? api.wait(h, kWaitSliceS) : api.test(h);
+      if (r == TNT_ERR_TIMEOUT || r == TNT_IN_PROGRESS) {
+        r = api.test(h);  // our slice ended, or the core's own deadline failed it
+        if (r == TNT_IN_PROGRESS) return false;
+      }
+      if (r != TNT_SUCCESS && job->failed == TNT_SUCCESS) {
+        job->failed = r;
+        job->error = std::string(CoreError(api, r, job->pending.kind).message());
+      }
+      job->next++;
+      block = false;
+    }
+    return true;
+  }
+
+  void Finish(const CoreApi &api, Job *job) {
+    Pending &p = job->pending;
+    OpKernelContext *ctx = job->ctx;
+    Status status;
+    if (job->failed != TNT_SUCCESS) {
+      status = Status(CoreError(api, job->failed, p.kind).code(), job->error);
+    } else if (p.kind == "allgather") {
+      for (size_t i = 0; i < p.handles.size() && status.ok(); ++i) {
+        int64_t count = 0;
+        tnt_result_t r = api.result_count(p.handles[i], &count);
+        if (r != TNT_SUCCESS) { status = CoreError(api, r, p.kind); break; }
+        const TensorShape &in = p.inputs[i].shape();
+        TensorShape shape;
+        int64_t row = 1;
+        for (int d = 1; d < in.dims(); ++d) row *= in.dim_size(d);
+        shape.AddDim(row ? count / row : 0);
+        for (int d = 1; d < in.dims(); ++d) shape.AddDim(in.dim_size(d));
+        Tensor *out = nullptr;
+        status = ctx->allocate_output(static_cast<int>(i), shape, &out);
+        if (status.ok() && count > 0) {
+          r = api.result_copy(p.handles[i], out->data());
+          if (r != TNT_SUCCESS) status = CoreError(api, r, p.kind);
+        }
+      }
+    } else {
+      for (size_t i = 0; i < p.outputs.size(); ++i) ctx->set_output(static_cast<int>(i), p.outputs[i]);
+    }
+    for (tnt_handle_t h : p.handles) api.release(h);
+    if (!status.ok()) ctx->SetStatus(status);
+    auto done = std::move(job->done);
+    delete job;
+    done();
+  }
+
+  void Run() {
+    for (;;) {
+      std::vector<Job *> jobs;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !jobs_.empty(); });
+        jobs.assign(jobs_.begin(), jobs_.end());
+      }
+      const CoreApi &api = *g_api.load();
+      std::vector<Job *> finished;
+      // The oldest job blocks for a slice; the others are only tested, so one
+      // that completes first is not held behind it.
+      for (size_t i = 0; i < jobs.size(); ++i)
+        if (Progress(api, jobs[i], i == 0)) finished.push_back(jobs[i]);
+      if (!finished.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (Job *j : finished)
+          for (auto it = jobs_.begin(); it != jobs_.end(); ++it)
+            if (*it == j) { jobs_.erase(it); break; }
+      }
+      for (Job *j : finished) Finish(api, j);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job *> jobs_;
+};
+
+// ---- the ops ---------------------------------------------------------------
+
+REGISTER_OP("TntCollectiveStart")
+    .Input("inputs: T")
+    .Input("scale: double")
+    .Output("token: int64")
+    .Attr("T: list({half, bfloat16, float, double, int32, int64}) >= 1")
+    .Attr("kind: {'allreduce', 'broadcast', 'allgather'}")
+    .Attr("names: list(string)")
+    .Attr("reduce_op: int = 0")
+    .Attr("root: int = 0")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc("Submits one Tarantella collective request per input; `scale` is this "
+         "rank's prescale (allreduce). The token goes to TntCollectiveWait.");
+
+REGISTER_OP("TntCollectiveWait")
+    .Input("token: int64")
+    .Output("outputs: T")
+    .Attr("T: list({half, bfloat16, float, double, int32, int64}) >= 1")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::UnknownShape)
+    .Doc("The results of the requests of a TntCollectiveStart token, once complete.");
+
+class StartOp : public OpKernel {
+ public:
+  explicit StartOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("kind", &kind_));
+    OP_REQUIRES_OK(c, c->GetAttr("names", &names_));
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(c, c->GetAttr("root", &root_));
+  }
+
+  void Compute(OpKernelContext *ctx) override {
+    const CoreApi *api = g_api.load();
+    OP_REQUIRES(ctx, api != nullptr,
+                errors::FailedPrecondition("Tarantella's ops were loaded without binding them to the core: "
+                                           "use tarantella.tensorflow.ops, not tf.load_op_library"));
+    OpInputList inputs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("inputs", &inputs));
+    OP_REQUIRES(ctx, static_cast<size_t>(inputs.size()) == names_.size(),
+                errors::InvalidArgument("TntCollectiveStart: ", inputs.size(), " inputs but ", names_.size(),
+                                        " names"));
+    const double scale = ctx->input(inputs.size()).scalar<double>()();
+    Pending p;
+    p.kind = kind_;
+    Status status;
+    for (int i = 0; i < inputs.size() && status.ok(); ++i) {
+      const Tensor &in = inputs[i];
+      tnt_dtype_t dt;
+      OP_REQUIRES(ctx, CoreDtype(in.dtype(), &dt),
+                  errors::InvalidArgument("Tarantella collectives do not take ", DataTypeString(in.dtype())));
+      tnt_handle_t h = 0;
+      tnt_result_t r;
+      const char *name = names_[i].c_str();
+      if (kind_ == "allgather") {
+        int64_t row = 1;
+        for (int d = 1; d < in.dims(); ++d) row *= in.dim_size(d);
+        r = api->allgather_async(name, in.data(), in.NumElements(), row, dt, &h);
+      } else {
+        Tensor out;
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(in.dtype(), in.shape(), &out));
+        r = kind_ == "allreduce"
+                ? api->allreduce_async(name, in.data(), out.data(), in.NumElements(), dt,
+                                       static_cast<tnt_reduce_op_t>(reduce_op_), scale, &h)
+                : api->broadcast_async(name, in.data(), out.data(), in.NumElements(), dt, root_, &h);
+        if (r == TNT_SUCCESS) p.outputs.push_back(out);
+      }
+      if (r != TNT_SUCCESS) {
+        status = CoreError(*api, r, kind_ + " of " + names_[i]);
+        break;
+      }
+      p.handles.push_back(h);
+      p.inputs.push_back(in);
+    }
+    const int64_t token = g_next_token.fetch_add(1);
+    {
+      // Even after a failed submission the requests already submitted stay
+      // registered: the core may still read and write their buffers.
+      std::lock_guard<std::mutex> lock(g_registry_mu);
+      g_registry.emplace(token, std::move(p));
+    }
+    OP_REQUIRES_OK(ctx, status);
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = token;
+  }
+
+ private:
+  std::string kind_;
+  std::vector<std::string> names_;
+  int reduce_op_ = 0, root_ = 0;
+};
+
+class WaitOp : public AsyncOpKernel {
+ public:
+  explicit WaitOp(OpKernelConstruction *c) : AsyncOpKernel(c) {}
+
+  void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
+    const int64_t token = ctx->input(0).scalar<int64_t>()();
+    auto *job = new Job();
+    {
+      std::lock_guard<std::mutex> lock(g_registry_mu);
+      auto it = g_registry.find(token);
+      if (it == g_registry.end()) {
+        delete job;
+        ctx->SetStatus(errors::InvalidArgument("TntCollectiveWait: unknown or already waited token ", token));
+        done();
+        return;
+      }
+      job->pending = std::move(it->second);
+      g_registry.erase(it);
+    }
+    if (static_cast<int>(job->pending.handles.size()) != num_outputs()) {
+      // a bug of the Python side; the handles are still completed and released
+      job->failed = TNT_ERR_INTERNAL;
+      job->error = "TntCollectiveWait: " + std::to_string(num_outputs()) + " outputs for " +
+                   std::to_string(job->pending.handles.size()) + " requests";
+    }
+    job->ctx = ctx;
+    job->done = std::move(done);
+    Completer::Get().Enqueue(job);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TntCollectiveStart").Device(DEVICE_CPU), StartOp);
+REGISTER_KERNEL_BUILDER(Name("TntCollectiveWait").Device(DEVICE_CPU), WaitOp);
+
+}  // namespace tnt_tf
+
+// Binds the ops to the core that Python loaded from `core_path` (which must
+// already be loaded: RTLD_NOLOAD never loads a second copy). 0 on success,
+// else -1 with a message in `err`.
+extern "C" __attribute__((visibility("default"))) int tnt_tfop_bind(const char *core_path, char *err,
+                                                                    size_t errlen) {
+  void *lib = dlopen(core_path, RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) {
+    snprintf(err, errlen, "the core %s is not loaded in this process: %s", core_path, dlerror());
+    return -1;
+  }
+  auto *api = new tnt_tf::CoreApi();
+  struct Entry { void **slot; const char *name; } entries[] = {
+      {reinterpret_cast<void **>(&api->allreduce_async), "tnt_allreduce_async"},
+      {reinterpret_cast<void **>(&api->broadcast_async), "tnt_broadcast_async"},
+      {reinterpret_cast<void **>(&api->allgather_async), "tnt_allgather_async"},
+      {reinterpret_cast<void **>(&api->test), "tnt_test"},
+      {reinterpret_cast<void **>(&api->wait), "tnt_wait"},
+      {reinterpret_cast<void **>(&api->result_count), "tnt_result_count"},
+      {reinterpret_cast<void **>(&api->result_copy), "tnt_result_copy"},
+      {reinterpret_cast<void **>(&api->release), "tnt_release"},
+      {reinterpret_cast<void **>(&api->last_error), "tnt_last_error"},
+      {reinterpret_cast<void **>(&api->last_error_rank), "tnt_last_error_rank"},
+      {reinterpret_cast<void **>(&api->strerror), "tnt_strerror"},
+  };
+  for (auto &e : entries) {
+    *e.slot = dlsym(lib, e.name);
+    if (*e.slot == nullptr) {
+      snprintf(err, errlen, "the core %s does not export %s (an older core? reinstall Tarantella)", core_path,
+               e.name);
+      delete api;
+      return -1;
+    }
+  }
+  tnt_tf::g_api.store(api);  // the handle stays open: the core is never unloaded
+  return 0;
+}
