@@ -31,8 +31,12 @@ from tf_helpers import run_ranks, run_serial, timeline
 
 # The 2-rank run turns fusion off (TNT_FUSION_THRESHOLD_KB=0) and records a
 # timeline: the results must not change, and every gradient must be reduced
-# on its own (the other runs use the default threshold).
-RUNS = [(1, None), (2, 0), (3, None), (4, None)]
+# on its own (the other runs use the default threshold). Every run uses the
+# compiled TensorFlow ops (TNT_TF_OPS=compiled: no silent fallback), but for
+# "2-fallback": a compiler that fails (CXX=false, a fresh cache) must give one
+# WARNING that names the build error, and the numpy_function path must then
+# train exactly as well.
+RUNS = [(1, None), (2, 0), (2, "fallback"), (3, None), (4, None)]
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +58,18 @@ def _load(out):
     return ranks
 
 
-@pytest.mark.parametrize("n,fusion_kb", RUNS,
-                         ids=[f"{n}" if kb is None else f"{n}-fusion{kb}" for n, kb in RUNS])
+@pytest.mark.parametrize("n,fusion_kb", RUNS, ids=[f"{n}" if kb is None else f"{n}-fallback" if kb == "fallback"
+                                                    else f"{n}-fusion{kb}" for n, kb in RUNS])
 def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
-    env = {} if fusion_kb is None else {"TNT_FUSION_THRESHOLD_KB": fusion_kb,
-                                       "TNT_TIMELINE": os.path.join(tmp_path, "trace.json")}
-    run_ranks(n, "scenarios.py", "--out", tmp_path, env=env)
+    env = {"TNT_TF_OPS": "compiled"} if fusion_kb is None else \
+        {"CXX": "false", "XDG_CACHE_HOME": os.path.join(tmp_path, "cache")} if fusion_kb == "fallback" else \
+        {"TNT_TF_OPS": "compiled", "TNT_FUSION_THRESHOLD_KB": fusion_kb,
+         "TNT_TIMELINE": os.path.join(tmp_path, "trace.json")}
+    result = run_ranks(n, "scenarios.py", "--out", tmp_path, env=env)
+    if fusion_kb == "fallback":
+        warnings = re.findall(r"WARNING.*compiled TensorFlow ops cannot be used.*", result.stdout + result.stderr)
+        assert len(warnings) == 1 and "building Tarantella's TensorFlow ops with false failed" in warnings[0], \
+            result.stdout[-2000:] + result.stderr[-3000:]
     ranks = _load(tmp_path)
     assert len(ranks) == n
     ref_arrays, ref_logs, _ = reference[0]

@@ -1,0 +1,132 @@
+"""The compiled TensorFlow ops: built at first use into the plugin cache (once,
+with several ranks starting together), reused by later processes, and the
+fallback to tf.numpy_function when they cannot be built (TNT_TF_OPS).
+
+test_serial_equivalence trains on both paths; this file covers the build."""
+import json
+import os
+import shutil
+import stat
+
+import pytest
+
+from tf_helpers import run_ranks, run_serial
+
+tf = pytest.importorskip("tensorflow")
+
+from tarantella.common import errors  # noqa: E402
+from tarantella.tensorflow import ops  # noqa: E402
+from tarantella.tensorflow.ops import build  # noqa: E402
+
+
+def _load(out, rank):
+    with open(os.path.join(out, f"rank{rank}.json")) as f:
+        return json.load(f)
+
+
+def test_built_once_at_first_use_then_reused(tmp_path):
+    cache, calls, cxx = tmp_path / "cache", tmp_path / "calls", tmp_path / "counting-c++"
+    real = shutil.which("c++") or shutil.which("g++")
+    if real is None:
+        pytest.skip("no C++ compiler here")
+    cxx.write_text(f'#!/bin/sh\necho x >> {calls}\nexec {real} "$@"\n')
+    cxx.chmod(0o755)
+    env = {"XDG_CACHE_HOME": cache, "TNT_TF_OPS": "compiled", "CXX": cxx}
+    first = tmp_path / "first"
+    first.mkdir()
+    run_ranks(2, "tf_ops_probe.py", "--out", first, env=env)
+    results = [_load(first, r) for r in (0, 1)]
+    library = results[0]["library"]
+    assert library and library == results[1]["library"] and library.startswith(str(cache))
+    folder = os.path.dirname(library)
+    assert os.path.basename(folder).startswith(f"tfops-tf{tf.__version__}-cxx11abi")
+    assert calls.read_text() == "x\n"  # one compile, though both ranks wanted the library
+    for r, result in enumerate(results):
+        assert result["summed"] == [3.0] * 3 and result["broadcast"] == [2.0] * 3
+        assert result["gathered"] == [1.0, 2.0]
+        assert "TntCollectiveStart" in result["op_types"] and "PyFunc" not in result["op_types"], result
+
+    built = os.stat(library)
+    second = tmp_path / "second"
+    second.mkdir()
+    run_serial("tf_ops_probe.py", "--out", second, env=env)
+    again = _load(second, 0)
+    assert again["library"] == library and again["summed"] == [1.0] * 3
+    assert os.stat(library).st_mtime_ns == built.st_mtime_ns and calls.read_text() == "x\n"  # not rebuilt
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+
+
+def test_numpy_mode_uses_numpy_function(tmp_path):
+    run_serial("tf_ops_probe.py", "--out", tmp_path, env={"TNT_TF_OPS": "numpy"})
+    result = _load(tmp_path, 0)
+    assert result["library"] is None and "PyFunc" in result["op_types"]
+    assert "TntCollectiveStart" not in result["op_types"]
+
+
+@pytest.fixture
+def failing_compiler(tmp_path, monkeypatch):
+    """A C++ compiler that counts its calls and fails, and a fresh cache."""
+    calls = tmp_path / "calls"
+    cxx = tmp_path / "broken-c++"
+    cxx.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'fatal error: tensorflow/core/framework/op.h: "
+                   "No such file or directory' >&2\nexit 1\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return calls
+
+
+def test_build_error_is_remembered_and_compiled_mode_refuses(failing_compiler):
+    with pytest.raises(errors.SystemError, match="(?s)TNT_TF_OPS=compiled, but .*broken-c\\+\\+ failed "
+                                                 "\\(exit status 1\\).*No such file or directory"):
+        ops._load("compiled")
+    assert failing_compiler.read_text().count("x") == 1
+    compiled, why = ops._load("auto")  # the fallback, without compiling again
+    assert compiled is None and "op.h: No such file or directory" in why and "delete" in why
+    assert failing_compiler.read_text().count("x") == 1
+    available, detail = ops.status()
+    assert not available and "broken-c++ failed" in detail
+
+
+def test_auto_mode_warns_once_and_falls_back(failing_compiler):
+    import logging
+
+    from tarantella.common.logging import get_logger
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = get_logger()
+    logger.addHandler(handler)
+    try:
+        assert ops._load("auto")[0] is None
+    finally:
+        logger.removeHandler(handler)
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "compiled TensorFlow ops cannot be used" in warnings[0]
+    assert "broken-c++ failed (exit status 1)" in warnings[0]
+
+
+def test_no_compiler_and_numpy_mode(tmp_path, monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(errors.SystemError, match="no C\\+\\+ compiler found"):
+        build.compiler()
+    assert ops._load("numpy") == (None, "TNT_TF_OPS=numpy")
+    monkeypatch.setenv("TNT_TF_OPS", "numpy")
+    assert ops.status() == (False, "not used: TNT_TF_OPS=numpy")
+
+
+def test_bad_switch_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("TNT_TF_OPS", "fast")
+    with pytest.raises(errors.InvalidArgumentError, match="TNT_TF_OPS must be auto \\| compiled \\| numpy"):
+        ops.mode()
+
+
+def test_a_core_error_surfaces_as_a_tensorflow_error():
+    """The kernel maps the core's result to a TF status with the core's message."""
+    compiled = ops.get()
+    if compiled is None:
+        pytest.skip("the compiled ops cannot be built here (see the WARNING)")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Tarantella allreduce of x{300}: .*name"):
+        compiled.run("allreduce", [tf.constant([1.0])], ["x" * 300])

@@ -1,0 +1,33 @@
+"""One rank's view of the compiled TensorFlow ops (test_tf_ops.py): which
+library it loaded, and what the ops computed inside a tf.function."""
+import argparse
+import json
+import os
+
+import tensorflow as tf
+
+import tarantella.tensorflow as tnt
+from tarantella.tensorflow import ops
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rank, size = tnt.get_rank(), tnt.get_size()
+    compiled = ops.get()
+
+    @tf.function
+    def step(x):
+        return tnt.allreduce(x), tnt.broadcast(x, root=size - 1), tnt.allgather(x[:1])
+
+    summed, bcast, gathered = step(tf.fill([3], float(rank + 1)))
+    graph = step.get_concrete_function(tf.TensorSpec([3], tf.float32)).graph
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"library": compiled and compiled.path, "summed": summed.numpy().tolist(),
+                   "broadcast": bcast.numpy().tolist(), "gathered": gathered.numpy().tolist(),
+                   "op_types": sorted({op.type for op in graph.get_operations()})}, f)
+
+
+if __name__ == "__main__":
+    main()
