@@ -281,9 +281,10 @@ def main(argv=None):
         prog = "tntrun"
     parser, args, command = parse(argv, prog)
     if args.version:
-        from tarantella.runner import transports
+        from tarantella.runner import frontend_info, transports
         print(_version())
         print(transports.describe())
+        print(frontend_info.describe())
         return 0
     try:
         if args.cleanup:

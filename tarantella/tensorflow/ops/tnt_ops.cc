@@ -57,9 +57,10 @@ struct CoreApi {
 };
 std::atomic<const CoreApi *> g_api{nullptr};
 
-// Slice of a completion wait: the thread looks at the other queued tokens this
-// often while the oldest is still in flight (the core bounds the wait itself).
-constexpr double kWaitSliceS = 0.01;
+// Slices of a completion wait: the thread looks at the other queued tokens this
+// often while the oldest is still in flight (the core bounds the wait itself);
+// alone, it looks for new ones at the long slice.
+constexpr double kShortSliceS = 0.005, kLongSliceS = 0.05;
 
 Status CoreError(const CoreApi &api, tnt_result_t code, const std::string &what) {
   std::string msg = "Tarantella " + what + ": " + api.last_error() + " (" + api.strerror(code) + ")";
@@ -118,7 +119,11 @@ class Completer {
     static Completer *c = new Completer();  // never destroyed: the thread outlives static destructors
     return *c;
   }
-  void Enqueue(Job *job) {
+  // Finishes `job` at once when its requests are already complete (small
+  // ones on one rank often are), else hands it to the completion thread.
+  void Submit(Job *job) {
+    const CoreApi &api = *g_api.load();
+    if (Progress(api, job, false)) return Finish(api, job);
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs_.push_back(job);
@@ -130,10 +135,11 @@ class Completer {
   Completer() { std::thread([this] { Run(); }).detach(); }
 
   // Advances `job` past its completed handles; true when none is in flight.
-  bool Progress(const CoreApi &api, Job *job, bool block) {
+  // `slice_s` > 0: wait that long for the first one still in flight.
+  static bool Progress(const CoreApi &api, Job *job, double slice_s) {
     while (job->next < job->pending.handles.size()) {
       tnt_handle_t h = job->pending.handles[job->next];
-      tnt_result_t r = block ? api.wait(h, kWaitSliceS) : api.test(h);
+      tnt_result_t r = slice_s > 0 ? api.wait(h, slice_s) : api.test(h);
       if (r == TNT_ERR_TIMEOUT || r == TNT_IN_PROGRESS) {
         r = api.test(h);  // our slice ended, or the core's own deadline failed it
         if (r == TNT_IN_PROGRESS) return false;
@@ -143,12 +149,12 @@ class Completer {
         job->error = std::string(CoreError(api, r, job->pending.kind).message());
       }
       job->next++;
-      block = false;
+      slice_s = 0;
     }
     return true;
   }
 
-  void Finish(const CoreApi &api, Job *job) {
+  static void Finish(const CoreApi &api, Job *job) {
     Pending &p = job->pending;
     OpKernelContext *ctx = job->ctx;
     Status status;
@@ -192,10 +198,12 @@ class Completer {
       }
       const CoreApi &api = *g_api.load();
       std::vector<Job *> finished;
-      // The oldest job blocks for a slice; the others are only tested, so one
-      // that completes first is not held behind it.
+      // The oldest job blocks for a slice (the waiting thread drives the
+      // core's engine meanwhile); the others are only tested, so one that
+      // completes first is not held behind it for long.
+      const double slice_s = jobs.size() > 1 ? kShortSliceS : kLongSliceS;
       for (size_t i = 0; i < jobs.size(); ++i)
-        if (Progress(api, jobs[i], i == 0)) finished.push_back(jobs[i]);
+        if (Progress(api, jobs[i], i == 0 ? slice_s : 0)) finished.push_back(jobs[i]);
       if (!finished.empty()) {
         std::lock_guard<std::mutex> lock(mu_);
         for (Job *j : finished)
@@ -332,7 +340,7 @@ class WaitOp : public AsyncOpKernel {
     }
     job->ctx = ctx;
     job->done = std::move(done);
-    Completer::Get().Enqueue(job);
+    Completer::Get().Submit(job);
   }
 };
 

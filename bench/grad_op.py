@@ -1,0 +1,173 @@
+"""The compiled TensorFlow ops against the tf.numpy_function path, side by side in one run.
+
+    python bench/grad_op.py                 # both parts
+    python bench/grad_op.py --repeats 300
+
+Part 1, one TF-level collective (1 rank, plain python): a tf.function holding
+K allreduces of 4 bytes (tnt.allreduce on a float32 scalar), chained, against
+the same function without them: the cost of one collective call, per path.
+Part 2, the gradient path (2 ranks, tntrun -n 2): tnt's gradient averaging
+(collective_ops.weighted_average, weighted by a micro-batch size, as
+tnt.Model does) of three sets of gradient-shaped tensors inside a
+tf.function, against a function that returns them unchanged: the per-step
+cost of averaging, communication included, per path.
+
+Both paths run in the same process, interleaved, so the machine's load hits
+them alike; medians of --repeats calls. The ratio is compiled / numpy_function
+(below 1: the compiled ops are cheaper).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+# name -> shapes of the tensors (float32): the benchmark models' gradients
+GRADIENTS = {
+    "mlp 10M params, 8 tensors": [(1024, 2304), (2304,), (2304, 2304), (2304,), (2304, 1024), (1024,),
+                                  (1024, 10), (10,)],
+    "cnn 0.7M params, 30 tensors": [(3, 3, 3, 32), (32,)] + [(3, 3, 32, 32), (32,)] * 2 + [
+        (1, 1, 32, 64), (64,), (3, 3, 32, 64), (64,), (3, 3, 64, 64), (64,), (1, 1, 64, 128), (128,),
+        (3, 3, 64, 128), (128,), (3, 3, 128, 128), (128,)] + [(3, 3, 128, 128), (128,)] * 2 + [
+        (128, 10), (10,)] + [(16,)] * 8,
+    "100 small tensors of 1000 floats": [(1000,)] * 100,
+}
+
+
+def _paths():
+    """(compiled ops, a context that selects the numpy_function path while tracing)."""
+    import contextlib
+
+    from tarantella.tensorflow import ops
+
+    compiled = ops._load("compiled")[0]
+
+    @contextlib.contextmanager
+    def numpy_path():
+        saved = dict(ops._state)
+        ops._state.update(ops=None, why="benchmark")
+        try:
+            yield
+        finally:
+            ops._state.clear()
+            ops._state.update(saved)
+
+    ops._state.update(ops=compiled, why="")
+    return compiled, numpy_path
+
+
+def _median_times(functions, args, repeats):
+    """{name: median seconds per call}, the functions called in turn."""
+    import numpy as np
+
+    for f in functions.values():
+        for _ in range(5):
+            f(*args)
+    times = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, f in functions.items():
+            t = time.perf_counter()
+            out = f(*args)
+            _ = [o.numpy() for o in (out if isinstance(out, (list, tuple)) else [out])][:1]
+            times[name].append(time.perf_counter() - t)
+    return {name: float(np.median(ts)) for name, ts in times.items()}
+
+
+def call_worker(args):
+    import tensorflow as tf
+
+    import tarantella.tensorflow as tnt
+
+    _, numpy_path = _paths()
+    k = args.calls
+
+    def chain(x):
+        for _ in range(k):
+            x = tnt.allreduce(x)
+        return x
+
+    baseline = tf.function(lambda x: x * 1.0)
+    compiled = tf.function(chain)
+    numpy_fn = tf.function(chain)
+    x = tf.constant(1.0)
+    compiled(x)
+    with numpy_path():
+        numpy_fn(x)
+    graph_types = {op.type for op in compiled.get_concrete_function(x).graph.get_operations()}
+    assert "TntCollectiveStart" in graph_types and "PyFunc" not in graph_types, graph_types
+    t = _median_times({"none": baseline, "compiled": compiled, "numpy": numpy_fn}, (x,), args.repeats)
+    per = {p: (t[p] - t["none"]) / k * 1e6 for p in ("compiled", "numpy")}
+    print("BENCH " + json.dumps({"us_per_call": per, "calls": k}), flush=True)
+
+
+def grads_worker(args):
+    import numpy as np
+    import tensorflow as tf
+
+    import tarantella as tnt
+    from tarantella.tensorflow import collective_ops
+
+    _, numpy_path = _paths()
+    rank = tnt.get_rank()
+    rows = {}
+    for i, (label, shapes) in enumerate(GRADIENTS.items()):
+        rng = np.random.default_rng(rank)
+        tensors = [tf.constant(rng.normal(size=s).astype("float32")) for s in shapes]
+        weight = tf.constant(32 + rank)
+
+        def average(name):
+            return tf.function(lambda *ts: collective_ops.weighted_average(list(ts), weight, name=name))
+
+        none = tf.function(lambda *ts: [t * 1.0 for t in ts])
+        compiled, numpy_fn = average(f"bench.c{i}"), average(f"bench.n{i}")
+        compiled(*tensors)
+        with numpy_path():
+            numpy_fn(*tensors)
+        ref = [a.numpy() for a in numpy_fn(*tensors)]
+        got = [a.numpy() for a in compiled(*tensors)]
+        assert all(np.array_equal(a, b) for a, b in zip(ref, got)), "the paths disagree"
+        t = _median_times({"none": none, "compiled": compiled, "numpy": numpy_fn}, tensors, args.repeats)
+        rows[label] = {p: (t[p] - t["none"]) * 1e3 for p in ("compiled", "numpy")}
+    if rank == 0:
+        print("BENCH " + json.dumps(rows), flush=True)
+
+
+def _run(cmd, timeout):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TNT_")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    for line in out.stdout.splitlines():
+        if line.startswith("BENCH "):
+            return json.loads(line[6:])
+    sys.exit(f"benchmark failed:\n{(out.stdout + out.stderr)[-3000:]}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=100, help="collectives per function in part 1")
+    parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--worker", choices=("call", "grads"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "call":
+        return call_worker(args)
+    if args.worker == "grads":
+        return grads_worker(args)
+    me = [sys.executable, HERE, "--repeats", str(args.repeats), "--calls", str(args.calls)]
+    call = _run(me + ["--worker", "call"], args.timeout)
+    c, n = call["us_per_call"]["compiled"], call["us_per_call"]["numpy"]
+    print(f"one TF-level collective, 4 B, 1 rank ({args.calls} per tf.function, {args.repeats} repeats):")
+    print(f"  compiled op {c:7.1f} us   numpy_function {n:7.1f} us   ratio {c / n:.2f}")
+    tntrun = shutil.which("tntrun") or "tntrun"
+    grads = _run([tntrun, "-n", "2", "--no-gpu", "--"] + me + ["--worker", "grads"], args.timeout)
+    print(f"gradient averaging per step, 2 ranks ({args.repeats} repeats), over returning the tensors:")
+    for label, row in grads.items():
+        print(f"  {label:34s} compiled op {row['compiled']:7.3f} ms   numpy_function {row['numpy']:7.3f} ms"
+              f"   ratio {row['compiled'] / row['numpy']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
