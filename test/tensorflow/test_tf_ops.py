@@ -67,7 +67,8 @@ def test_a_lost_peer_fails_the_op_with_its_rank(tmp_path):
     result = run_ranks(2, "tf_ops_peer_lost.py", env={"TNT_TF_OPS": "compiled", "TNT_TIMEOUT_S": 20},
                        check=False, runner_args=("--output-on-all-devices",), timeout=120)
     caught = [line for line in result.stdout.splitlines() if "CAUGHT" in line]
-    assert caught and "UnavailableError" in caught[0] and "rank 1" in caught[0], \
+    assert caught and "InternalError" in caught[0] and "Tarantella allreduce: rank 1 aborted (rank 1 fails on " \
+        "purpose)" in caught[0] and "[rank 1]" in caught[0], \
         result.stdout[-2000:] + result.stderr[-2000:]
 
 

@@ -1,11 +1,14 @@
-"""Rank 1 dies before a collective inside a tf.function; rank 0's op must fail
-with a TensorFlow error that names the lost rank (test_tf_ops.py)."""
-import os
+"""Rank 1 fails (tnt's abort, as an uncaught exception does) before a
+collective inside a tf.function; rank 0's op must fail with a TensorFlow
+error that names the failed rank (test_tf_ops.py). Rank 1 stays alive until
+then, so that tntrun does not stop rank 0 first."""
 import sys
+import time
 
 import tensorflow as tf
 
 import tarantella.tensorflow as tnt
+from tarantella.common import core
 
 
 @tf.function
@@ -16,11 +19,13 @@ def step(x):
 step_input = tf.fill([4], 1.0)
 tnt.barrier()
 if tnt.get_rank() == 1:
-    os._exit(3)
+    core.abort("rank 1 fails on purpose")
+    time.sleep(20)
+    sys.exit(0)
 try:
     step(step_input)
 except tf.errors.OpError as exc:
-    print(f"CAUGHT {type(exc).__name__}: {exc.message.splitlines()[0]}", flush=True)
+    print(f"CAUGHT {type(exc).__name__}: {' '.join(exc.message.split())}", flush=True)
     sys.exit(0)
 print("NO ERROR", flush=True)
 sys.exit(1)

@@ -62,6 +62,7 @@ def mode():
     return config.get("TNT_TF_OPS")
 
 
+@tf.autograph.experimental.do_not_convert  # called while a tf.function traces: plain Python
 def get():
     """The compiled ops, or None for the numpy_function path (see the module docstring)."""
     core.ensure_initialized()  # the ops run on the core as the NumPy collectives do: started on first use

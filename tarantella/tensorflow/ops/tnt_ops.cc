@@ -71,7 +71,9 @@ Status CoreError(const CoreApi &api, tnt_result_t code, const std::string &what)
     case TNT_ERR_INVALID_ARGUMENT: return errors::InvalidArgument(msg);
     case TNT_ERR_INVALID_USAGE:
     case TNT_ERR_MISMATCH: return errors::FailedPrecondition(msg);
-    case TNT_ERR_PEER_LOST: return errors::Unavailable(msg);
+    // not Unavailable/Aborted: TensorFlow turns those into InternalError
+    // anyway when a non-communication op returns them
+    case TNT_ERR_PEER_LOST: return errors::Internal(msg);
     case TNT_ERR_TIMEOUT: return errors::DeadlineExceeded(msg);
     default: return errors::Internal(msg);
   }
