@@ -10,13 +10,14 @@ Workloads (synthetic data, micro-batch 32 per process):
 Setups (every process pinned to its own core, one TF thread each):
   keras       plain Keras, 1 process
   tnt1        tnt.Model on 1 rank (tntrun -n 1)
-  tnt2        tnt.Model on 2 ranks (tntrun -n 2), global batch 64
+  tnt2        tnt.Model on 2 ranks (tntrun -n 2), global batch 64, the compiled TF ops
+  tnt2-numpy  the same through tf.numpy_function (TNT_TF_OPS=numpy)
   ceiling     two independent plain-Keras processes at once: what 2 cores give
               with no communication at all (throughputs added)
   mwms        tf.distribute.MultiWorkerMirroredStrategy, 2 local workers, global batch 64
 Throughput is samples/s from the median step time after warm-up. Ratios:
 tnt1/keras (target >= 0.97), tnt2/ceiling (targets: cnn >= 0.95, mlp >= 0.80),
-tnt2/mwms.
+tnt2/mwms, tnt2/tnt2-numpy (the compiled ops against the fallback).
 """
 import argparse
 import json
@@ -67,7 +68,7 @@ def worker(args):
     import keras
     import numpy as np
 
-    processes = 2 if args.setup in ("tnt2", "mwms") else 1
+    processes = 2 if args.setup in ("tnt2", "tnt2-numpy", "mwms") else 1
     global_batch = MICRO * processes
     strategy = None
     if args.setup == "mwms":
@@ -176,7 +177,8 @@ def run_setup(setup, workload, args):
           "--steps", str(args.steps), "--warmup", str(args.warmup)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TNT_")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    if setup in ("tnt1", "tnt2"):
+    if setup in ("tnt1", "tnt2", "tnt2-numpy"):
+        env["TNT_TF_OPS"] = "numpy" if setup == "tnt2-numpy" else "compiled"
         cmd = ["tntrun", "-n", "1" if setup == "tnt1" else "2", "--no-gpu", "--"] + me
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         result = _parse(out.stdout)
@@ -220,7 +222,7 @@ def run_setup(setup, workload, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="cnn,mlp")
-    parser.add_argument("--setups", default="keras,tnt1,tnt2,ceiling,mwms")
+    parser.add_argument("--setups", default="keras,tnt1,tnt2,tnt2-numpy,ceiling,mwms")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--timeout", type=int, default=600)
@@ -247,6 +249,7 @@ def main():
                               else None)
         row["ratios"] = {"tnt1/keras": ratio("tnt1", "keras"), "tnt2/ceiling": ratio("tnt2", "ceiling"),
                          "mwms/ceiling": ratio("mwms", "ceiling"), "tnt2/mwms": ratio("tnt2", "mwms"),
+                         "tnt2/tnt2-numpy": ratio("tnt2", "tnt2-numpy"),
                          "ceiling/keras (2 cores)": ratio("ceiling", "keras")}
         print("     ratios: " + ", ".join(f"{k} {v:.3f}" if v else f"{k} n/a"
                                           for k, v in row["ratios"].items()), flush=True)

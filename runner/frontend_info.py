@@ -1,59 +1,77 @@
 """Whether the TensorFlow frontend's compiled ops can be used here, and GPUs
 (`tntrun --version`, `python -m tarantella.runner.frontend_info`).
 
-The runner never imports TensorFlow: a child Python asks
-tarantella.tensorflow.ops.status() (which builds nothing) and lists the GPUs
-TensorFlow sees, so the answer is the one a rank started now would get.
+The runner never imports TensorFlow (seconds, and a GPU context): the answer
+comes from what is on disk, the way a rank would find it. TNT_TF_OPS, the
+installed TensorFlow's version and headers, the C++ compiler, and the build
+cache: a library built for this TensorFlow version, or a remembered failed
+build. (A rank also keys the cache on the compiler, the flags and the source:
+"built" here means built for this TensorFlow by some earlier run.)
 """
+import glob
+import importlib.metadata
 import importlib.util
-import json
-import subprocess
-import sys
+import os
 
-_PROBE = """
-import json, os
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import tensorflow as tf
-from tarantella.tensorflow import ops
-ok, why = ops.status()
-print("TNT_INFO " + json.dumps({"tf": tf.__version__, "ops": [ok, why],
-                                "gpus": len(tf.config.list_physical_devices("GPU")),
-                                "cuda": bool(tf.test.is_built_with_cuda())}))
-"""
+from tarantella.common import build_cache, errors
+
+_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tf-nightly",
+                  "tf-nightly-cpu")
+_HEADER = os.path.join("include", "tensorflow", "core", "framework", "op_kernel.h")
 
 
-def probe(python=None, timeout=120):
-    """The child's answer as a dict, or {"error": why}."""
-    if importlib.util.find_spec("tensorflow") is None:
-        return {"error": "TensorFlow is not installed (pip install tensorflow)"}
+def _tensorflow(environ):
+    """(version, package folder), or (None, why)."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None, "TensorFlow is not installed (pip install tensorflow): only the NumPy collectives work"
+    for dist in _DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(dist), list(spec.submodule_search_locations)[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown", list(spec.submodule_search_locations)[0]
+
+
+def ops_status(environ=None):
+    """(available, detail) of the compiled ops, without TensorFlow and without building."""
+    environ = os.environ if environ is None else environ
+    mode = environ.get("TNT_TF_OPS", "auto").strip().lower() or "auto"
+    if mode == "numpy":
+        return False, "not used: TNT_TF_OPS=numpy"
+    version, folder = _tensorflow(environ)
+    if version is None:
+        return False, folder
+    built = sorted(glob.glob(os.path.join(build_cache.cache_root(), f"tfops-tf{version}-*", "libtnt-tf-ops.so")),
+                   key=os.path.getmtime)
+    if built:
+        return True, f"built for TensorFlow {version}: {built[-1]}"
+    failed = sorted(glob.glob(os.path.join(build_cache.cache_root(), f"tfops-tf{version}-*", build_cache.FAILED)),
+                    key=os.path.getmtime)
+    if failed:
+        with open(failed[-1]) as f:
+            return False, f"the last build failed: {f.read().strip()}"
+    if not os.path.isfile(os.path.join(folder, _HEADER)):
+        return False, f"TensorFlow {version} has no C++ headers ({os.path.join(folder, _HEADER)} is missing)"
     try:
-        out = subprocess.run([python or sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                             timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": f"asking TensorFlow failed: {exc}"}
-    for line in out.stdout.splitlines():
-        if line.startswith("TNT_INFO "):
-            return json.loads(line[len("TNT_INFO "):])
-    tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": f"importing TensorFlow failed: {tail}"}
+        cxx = build_cache.find_cxx()
+    except errors.TarantellaError as exc:
+        return False, str(exc)
+    return True, f"built at first use for TensorFlow {version} with {cxx[0]} (about 10-20 s, once)"
 
 
-def describe(answer=None):
-    answer = probe() if answer is None else answer
-    lines = ["TensorFlow frontend (TNT_TF_OPS):"]
-    if "error" in answer:
-        lines.append(f"  compiled ops  not available: {answer['error']}")
-        return "\n".join(lines)
-    ok, why = answer["ops"]
-    lines.append(f"  TensorFlow    {answer['tf']}")
-    lines.append(f"  compiled ops  {'available' if ok else 'not available (tf.numpy_function is used)'}: {why}")
-    gpus = answer["gpus"]
-    lines.append(
-        f"  GPUs          {gpus} visible to TensorFlow" + (
-            "; the ops have CPU kernels only: TensorFlow copies GPU gradients to the host and back "
-            "(no CUDA kernel, no NCCL yet)" if gpus else
-            "" if answer["cuda"] else " (this TensorFlow is built without CUDA)"))
-    return "\n".join(lines)
+def describe(environ=None):
+    from tarantella.runner import gpus
+
+    ok, why = ops_status(environ)
+    count = len(gpus.detect(environ))
+    return "\n".join([
+        "TensorFlow frontend (TNT_TF_OPS):",
+        f"  compiled ops  {'available' if ok else 'not available (tf.numpy_function is used)'}: {why}",
+        f"  GPUs          {count} on this host" + (
+            ": the ops have CPU kernels only, so TensorFlow copies GPU gradients to the host and back "
+            "(no CUDA kernel and no NCCL in this release)" if count else ""),
+    ])
 
 
 if __name__ == "__main__":

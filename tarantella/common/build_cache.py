@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 
@@ -26,6 +27,25 @@ FAILED = "build.failed"  # next to the library: a build that failed, remembered
 def cache_root():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "tarantella", "plugins")  # made 0700 below ~/.cache
+
+
+def find_cxx():
+    """The C++ compiler as an argument list ($CXX, else c++, g++ or clang++ on
+    PATH), or raise saying why there is none."""
+    value = os.environ.get("CXX", "").strip()
+    if value:
+        cmd = shlex.split(value)
+        if not shutil.which(cmd[0]):
+            raise errors.InvalidArgumentError(
+                f"CXX={value} is not an executable C++ compiler: point CXX at g++ or clang++, or unset it")
+        return cmd
+    for name in ("c++", "g++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            return [found]
+    raise errors.SystemError(
+        "no C++ compiler found (no $CXX, c++, g++ or clang++ on PATH): install one "
+        "(Debian/Ubuntu: apt-get install g++), or set CXX")
 
 
 def digest(*parts):

@@ -9,8 +9,9 @@ collectives inside a `tf.function`:
 - numpy: the `tf.numpy_function` path.
 
 `get()` answers None for the numpy_function path. Both paths submit the same
-requests (same names, sizes, prescale) to the same core, so they give
-bitwise the same results.
+gradient requests (same names, sizes, prescale) to the same core, so they give
+bitwise the same results for the gradients; the TF-level collectives send
+one request per leaf here, one per dtype on the numpy_function path.
 """
 import ctypes
 import os
@@ -93,9 +94,9 @@ def _load(chosen):
 
 
 def status():
-    """(available, detail) without building anything: for `tntrun --version`."""
-    chosen = mode()
-    if chosen == "numpy":
+    """(available, detail) without building anything (tntrun --version asks
+    runner/frontend_info.py, which answers without TensorFlow)."""
+    if mode() == "numpy":
         return False, "not used: TNT_TF_OPS=numpy"
     try:
         from tarantella.tensorflow.ops import build

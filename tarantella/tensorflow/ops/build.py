@@ -9,7 +9,6 @@ the compiler and the flags. A failed build is remembered there, so the ranks
 of later runs do not each compile again to fail again.
 """
 import os
-import shlex
 import shutil
 
 import tensorflow as tf
@@ -24,20 +23,7 @@ _HEADER = "tensorflow/core/framework/op_kernel.h"
 
 def compiler():
     """The C++ compiler as an argument list, or raise saying why there is none."""
-    value = os.environ.get("CXX", "").strip()
-    if value:
-        cmd = shlex.split(value)
-        if not shutil.which(cmd[0]):
-            raise errors.InvalidArgumentError(
-                f"CXX={value} is not an executable C++ compiler: point CXX at g++ or clang++, or unset it")
-        return cmd
-    for name in ("c++", "g++", "clang++"):
-        found = shutil.which(name)
-        if found:
-            return [found]
-    raise errors.SystemError(
-        "no C++ compiler found (no $CXX, c++, g++ or clang++ on PATH): install one "
-        "(Debian/Ubuntu: apt-get install g++), or set CXX")
+    return build_cache.find_cxx()
 
 
 def tf_flags():

@@ -1,0 +1,71 @@
+"""`tntrun --version`'s TensorFlow lines: whether the compiled ops are built,
+would be built at first use, or why not (runner/frontend_info.py, which never
+imports TensorFlow)."""
+import importlib.util
+import os
+
+import pytest
+
+from tarantella.runner import frontend_info
+from tntrun_helpers import run_tntrun
+
+needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow not installed")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TNT_TF_OPS", raising=False)
+    return tmp_path / "tarantella" / "plugins"
+
+
+def _folder(cache, name="tfops-tf{v}-cxx11abi1-0123456789ab"):
+    version = frontend_info._tensorflow(os.environ)[0]
+    folder = cache / name.format(v=version)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_numpy_mode_says_so(cache):
+    assert frontend_info.ops_status({"TNT_TF_OPS": "numpy"}) == (False, "not used: TNT_TF_OPS=numpy")
+
+
+@needs_tf
+def test_a_built_library_for_this_tensorflow_is_reported(cache):
+    lib = _folder(cache) / "libtnt-tf-ops.so"
+    lib.write_bytes(b"")
+    ok, why = frontend_info.ops_status({})
+    assert ok and why.endswith(str(lib))
+
+
+@needs_tf
+def test_a_remembered_failure_is_reported(cache):
+    (_folder(cache) / "build.failed").write_text("building Tarantella's TensorFlow ops with g++ failed (exit status 1)")
+    ok, why = frontend_info.ops_status({})
+    assert not ok and why == "the last build failed: building Tarantella's TensorFlow ops with g++ failed (exit status 1)"
+
+
+@needs_tf
+def test_no_compiler_is_reported(cache, tmp_path, monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    ok, why = frontend_info.ops_status({})
+    assert not ok and why.startswith("no C++ compiler found")
+
+
+@needs_tf
+def test_otherwise_built_at_first_use(cache, monkeypatch):
+    monkeypatch.setenv("CXX", "g++")
+    if not frontend_info.build_cache.shutil.which("g++"):
+        pytest.skip("no g++")
+    ok, why = frontend_info.ops_status({})
+    assert ok and why.startswith("built at first use for TensorFlow ") and " with g++ " in why
+
+
+def test_version_ends_with_the_frontend(cache):
+    res = run_tntrun(["--version"], env={**os.environ, "TNT_TF_OPS": "numpy"})
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[-3] == "TensorFlow frontend (TNT_TF_OPS):"
+    assert lines[-2] == "  compiled ops  not available (tf.numpy_function is used): not used: TNT_TF_OPS=numpy"
+    assert lines[-1].startswith("  GPUs          ")
