@@ -134,8 +134,8 @@ def mpi_plugin():
     lib = os.path.join(folder, LIBRARY)
     _private_dir(folder)
     if not os.path.isfile(lib):
-        build_cache.build_once(folder, LIBRARY, compile_command(mpicc, src, "{out}"),
-                               f"TNT_TRANSPORT=mpi, but building the mpi transport plugin with {' '.join(mpicc)} failed",
+        failure = f"TNT_TRANSPORT=mpi, but building the mpi transport plugin with {' '.join(mpicc)} failed"
+        build_cache.build_once(folder, LIBRARY, compile_command(mpicc, src, "{out}"), failure,
                                log_note=f"MPI: {json.dumps(mpi, sort_keys=True)}")
     build_cache.check_owned(lib)
     return lib

@@ -40,9 +40,10 @@ def test_a_built_library_for_this_tensorflow_is_reported(cache):
 
 @needs_tf
 def test_a_remembered_failure_is_reported(cache):
-    (_folder(cache) / "build.failed").write_text("building Tarantella's TensorFlow ops with g++ failed (exit status 1)")
+    failure = "building Tarantella's TensorFlow ops with g++ failed (exit status 1)"
+    (_folder(cache) / "build.failed").write_text(failure)
     ok, why = frontend_info.ops_status({})
-    assert not ok and why == "the last build failed: building Tarantella's TensorFlow ops with g++ failed (exit status 1)"
+    assert not ok and why == f"the last build failed: {failure}"
 
 
 @needs_tf
