@@ -9,7 +9,8 @@ the same function without them: the cost of one collective call, per path.
 Part 2, the gradient path (2 ranks, tntrun -n 2): tnt's gradient averaging
 (collective_ops.weighted_average, weighted by a micro-batch size, as
 tnt.Model does) of three sets of gradient-shaped tensors inside a
-tf.function, against a function that returns them unchanged: the per-step
+tf.function, against a function that only makes them (t * 1.0: fresh
+buffers that nothing else holds, as backprop's gradients are): the per-step
 cost of averaging, communication included, per path.
 
 Both paths run in the same process, interleaved, so the machine's load hits
@@ -118,8 +119,11 @@ def grads_worker(args):
         tensors = [tf.constant(rng.normal(size=s).astype("float32")) for s in shapes]
         weight = tf.constant(32 + rank)
 
+        # each function first makes the "gradients" (fresh buffers, as backprop
+        # does: nothing else holds them), then averages them, or not
         def average(name):
-            return tf.function(lambda *ts: collective_ops.weighted_average(list(ts), weight, name=name))
+            return tf.function(lambda *ts: collective_ops.weighted_average([t * 1.0 for t in ts], weight,
+                                                                           name=name))
 
         none = tf.function(lambda *ts: [t * 1.0 for t in ts])
         compiled, numpy_fn = average(f"bench.c{i}"), average(f"bench.n{i}")

@@ -181,7 +181,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
             tokens.append(tf.numpy_function(start, [key, weight] + inputs, tf.int64, stateful=True,
                                             name="TntGradsStart"))
         else:
-            tokens.append((compiled.start("allreduce", inputs, names, scale=key), inputs))
+            tokens.append(compiled.start("allreduce", inputs, names, scale=key))
         layouts += layout
         arrays_in += inputs
 
@@ -194,7 +194,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
         reduced = tf.numpy_function(finish, [key] + tokens, [a.dtype for a in arrays_in],
                                     stateful=True, name="TntGradsWait")
     else:
-        reduced = [r for token, inputs in tokens for r in compiled.wait(token, inputs)]
+        reduced = compiled.wait(tokens, arrays_in)
     if not isinstance(reduced, (list, tuple)):  # eagerly, one output comes back bare
         reduced = [reduced]
     out = list(tensors)

@@ -47,16 +47,17 @@ class CompiledOps:
             list(tensors), tf.cast(scale, tf.float64), kind=kind, names=list(names),
             reduce_op={"sum": 0, "average": 1}[op], root=int(root))
 
-    def wait(self, token, tensors, gathered=False):
-        """The results of `token`'s requests: tensors of the inputs' dtypes and
-        shapes (allgather: a first dimension of the gathered size)."""
-        out = self._module.tnt_collective_wait(token, T=[t.dtype for t in tensors])
+    def wait(self, tokens, tensors, gathered=False):
+        """The results of the requests of `tokens` (one wait for all): tensors
+        of the dtypes and shapes of `tensors`, the inputs of those requests in
+        order (allgather: a first dimension of the gathered size)."""
+        out = self._module.tnt_collective_wait(list(tokens), T=[t.dtype for t in tensors])
         for o, t in zip(out, tensors):
             o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]) if gathered else t.shape)
         return list(out)
 
     def run(self, kind, tensors, names, **kw):
-        return self.wait(self.start(kind, tensors, names, **kw), tensors, gathered=kind == "allgather")
+        return self.wait([self.start(kind, tensors, names, **kw)], tensors, gathered=kind == "allgather")
 
 
 def mode():

@@ -2,7 +2,7 @@
 // tf.numpy_function calls (builder: tarantella/tensorflow/ops/build.py).
 //
 //   token = TntCollectiveStart(inputs, scale)   submits one request per input
-//   outputs = TntCollectiveWait(token)          completes when they all have
+//   outputs = TntCollectiveWait(tokens)         completes when they all have
 //
 // Start is a synchronous kernel that returns at once: it allocates each output,
 // hands the input and output buffers to the core (tnt_*_async) and keeps both
@@ -60,7 +60,7 @@ std::atomic<const CoreApi *> g_api{nullptr};
 // Slices of a completion wait: the thread looks at the other queued tokens this
 // often while the oldest is still in flight (the core bounds the wait itself);
 // alone, it looks for new ones at the long slice.
-constexpr double kShortSliceS = 0.005, kLongSliceS = 0.05;
+constexpr double kShortSliceS = 0.005, kLongSliceS = 1.0;
 
 Status CoreError(const CoreApi &api, tnt_result_t code, const std::string &what) {
   std::string msg = "Tarantella " + what + ": " + api.last_error() + " (" + api.strerror(code) + ")";
@@ -238,12 +238,13 @@ REGISTER_OP("TntCollectiveStart")
          "rank's prescale (allreduce). The token goes to TntCollectiveWait.");
 
 REGISTER_OP("TntCollectiveWait")
-    .Input("token: int64")
+    .Input("tokens: N * int64")
+    .Attr("N: int >= 1")
     .Output("outputs: T")
     .Attr("T: list({half, bfloat16, float, double, int32, int64}) >= 1")
     .SetIsStateful()
     .SetShapeFn(shape_inference::UnknownShape)
-    .Doc("The results of the requests of a TntCollectiveStart token, once complete.");
+    .Doc("The results of the requests of TntCollectiveStart tokens, in order, once complete.");
 
 class StartOp : public OpKernel {
  public:
@@ -281,8 +282,15 @@ class StartOp : public OpKernel {
         for (int d = 1; d < in.dims(); ++d) row *= in.dim_size(d);
         r = api->allgather_async(name, in.data(), in.NumElements(), row, dt, &h);
       } else {
+        // An allreduce may run in place (the core allows in == out): when this
+        // op holds the only reference to an input (a packed bucket, a
+        // gradient nobody else reads), its buffer becomes the output, and a
+        // fresh one (page faults included: ~1 ms per 10 MB here) is saved.
         Tensor out;
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(in.dtype(), in.shape(), &out));
+        if (kind_ == "allreduce")
+          OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_temp({i}, in.dtype(), in.shape(), &out));
+        else
+          OP_REQUIRES_OK(ctx, ctx->allocate_temp(in.dtype(), in.shape(), &out));
         r = kind_ == "allreduce"
                 ? api->allreduce_async(name, in.data(), out.data(), in.NumElements(), dt,
                                        static_cast<tnt_reduce_op_t>(reduce_op_), scale, &h)
@@ -319,26 +327,36 @@ class WaitOp : public AsyncOpKernel {
  public:
   explicit WaitOp(OpKernelConstruction *c) : AsyncOpKernel(c) {}
 
+  // One wait for several tokens (the buckets of a step): one hand-off to the
+  // completion thread instead of one per bucket.
   void ComputeAsync(OpKernelContext *ctx, DoneCallback done) override {
-    const int64_t token = ctx->input(0).scalar<int64_t>()();
     auto *job = new Job();
+    std::string problem;
+    Pending &all = job->pending;
     {
       std::lock_guard<std::mutex> lock(g_registry_mu);
-      auto it = g_registry.find(token);
-      if (it == g_registry.end()) {
-        delete job;
-        ctx->SetStatus(errors::InvalidArgument("TntCollectiveWait: unknown or already waited token ", token));
-        done();
-        return;
+      for (int i = 0; i < ctx->num_inputs(); ++i) {
+        const int64_t token = ctx->input(i).scalar<int64_t>()();
+        auto it = g_registry.find(token);
+        if (it == g_registry.end()) {
+          problem = "unknown or already waited token " + std::to_string(token);
+          continue;
+        }
+        Pending &p = it->second;
+        if (!all.kind.empty() && all.kind != p.kind) problem = "tokens of " + all.kind + " and " + p.kind;
+        all.kind = p.kind;
+        all.handles.insert(all.handles.end(), p.handles.begin(), p.handles.end());
+        all.inputs.insert(all.inputs.end(), p.inputs.begin(), p.inputs.end());
+        all.outputs.insert(all.outputs.end(), p.outputs.begin(), p.outputs.end());
+        g_registry.erase(it);
       }
-      job->pending = std::move(it->second);
-      g_registry.erase(it);
     }
-    if (static_cast<int>(job->pending.handles.size()) != num_outputs()) {
-      // a bug of the Python side; the handles are still completed and released
+    if (problem.empty() && static_cast<int>(all.handles.size()) != num_outputs())
+      problem = std::to_string(num_outputs()) + " outputs for " + std::to_string(all.handles.size()) + " requests";
+    if (!problem.empty()) {
+      // a bug of the Python side; the handles found are still completed and released
       job->failed = TNT_ERR_INTERNAL;
-      job->error = "TntCollectiveWait: " + std::to_string(num_outputs()) + " outputs for " +
-                   std::to_string(job->pending.handles.size()) + " requests";
+      job->error = "TntCollectiveWait: " + problem;
     }
     job->ctx = ctx;
     job->done = std::move(done);
