@@ -194,7 +194,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
         reduced = tf.numpy_function(finish, [key] + tokens, [a.dtype for a in arrays_in],
                                     stateful=True, name="TntGradsWait")
     else:
-        reduced = compiled.wait(tokens, arrays_in)
+        reduced = compiled.wait(tokens, arrays_in, block=True)  # the step's end: see tnt_ops.cc
     if not isinstance(reduced, (list, tuple)):  # eagerly, one output comes back bare
         reduced = [reduced]
     out = list(tensors)

@@ -47,11 +47,12 @@ class CompiledOps:
             list(tensors), tf.cast(scale, tf.float64), kind=kind, names=list(names),
             reduce_op={"sum": 0, "average": 1}[op], root=int(root))
 
-    def wait(self, tokens, tensors, gathered=False):
+    def wait(self, tokens, tensors, gathered=False, block=False):
         """The results of the requests of `tokens` (one wait for all): tensors
         of the dtypes and shapes of `tensors`, the inputs of those requests in
-        order (allgather: a first dimension of the gathered size)."""
-        out = self._module.tnt_collective_wait(list(tokens), T=[t.dtype for t in tensors])
+        order (allgather: a first dimension of the gathered size). `block`:
+        wait in TensorFlow's thread (for the wait that ends a step)."""
+        out = self._module.tnt_collective_wait(list(tokens), T=[t.dtype for t in tensors], block=block)
         for o, t in zip(out, tensors):
             o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]) if gathered else t.shape)
         return list(out)

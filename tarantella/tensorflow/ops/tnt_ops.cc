@@ -122,10 +122,13 @@ class Completer {
     return *c;
   }
   // Finishes `job` at once when its requests are already complete (small
-  // ones on one rank often are), else hands it to the completion thread.
-  void Submit(Job *job) {
+  // ones on one rank often are), or, with `block`, waits for them here;
+  // else hands it to the completion thread.
+  void Submit(Job *job, bool block) {
     const CoreApi &api = *g_api.load();
-    if (Progress(api, job, false)) return Finish(api, job);
+    while (!Progress(api, job, block ? kLongSliceS : 0))
+      if (!block) break;
+    if (job->next == job->pending.handles.size()) return Finish(api, job);
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs_.push_back(job);
@@ -240,6 +243,7 @@ REGISTER_OP("TntCollectiveStart")
 REGISTER_OP("TntCollectiveWait")
     .Input("tokens: N * int64")
     .Attr("N: int >= 1")
+    .Attr("block: bool = false")
     .Output("outputs: T")
     .Attr("T: list({half, bfloat16, float, double, int32, int64}) >= 1")
     .SetIsStateful()
@@ -323,9 +327,13 @@ class StartOp : public OpKernel {
   int reduce_op_ = 0, root_ = 0;
 };
 
+// `block`: wait in the calling TensorFlow thread instead of handing off to the
+// completion thread. For a wait that ends a step (the gradients), where that
+// thread has nothing else to run: on an oversubscribed host the hand-off to a
+// sleeping thread and back cost milliseconds per step (docs/benchmarks.md).
 class WaitOp : public AsyncOpKernel {
  public:
-  explicit WaitOp(OpKernelConstruction *c) : AsyncOpKernel(c) {}
+  explicit WaitOp(OpKernelConstruction *c) : AsyncOpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("block", &block_)); }
 
   // One wait for several tokens (the buckets of a step): one hand-off to the
   // completion thread instead of one per bucket.
@@ -360,8 +368,11 @@ class WaitOp : public AsyncOpKernel {
     }
     job->ctx = ctx;
     job->done = std::move(done);
-    Completer::Get().Submit(job);
+    Completer::Get().Submit(job, block_);
   }
+
+ private:
+  bool block_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TntCollectiveStart").Device(DEVICE_CPU), StartOp);
