@@ -113,7 +113,7 @@ def _layout(tensors, bucket, threshold):
         [([i], None) for i in single]
 
 
-def weighted_average(tensors, weight=None, name="tnt.grads"):
+def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
     """Σ_r w_r·t_r / Σ_r w_r over all ranks, for each tensor of `tensors`.
 
     `weight` is this rank's scalar weight (e.g. its micro-batch size, so that
@@ -121,8 +121,10 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
     micro-batch); None weights every rank equally. The weights are summed
     first (one 8-byte allreduce, started as soon as the weight is known, i.e.
     before backprop), so that each rank can prescale its data by w_r / Σ w:
-    the data then needs a single pass, with no division afterwards.
-    `None` entries are passed through.
+    the data then needs a single pass, with no division afterwards. When the
+    caller already knows Σ_r w_r, it passes it as `total` (a scalar tensor,
+    the same on every rank) and no weight allreduce is made; weight=1 with
+    total=1 is the plain sum. `None` entries are passed through.
 
     The tensors are sent in buckets, in reverse order (backprop order): each
     bucket starts as soon as its own tensors exist, and the result waits for
@@ -136,11 +138,14 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
         _check_float(tensors[i])
     size = core.get_size()
     weight = tf.constant(-1.0, tf.float64) if weight is None else tf.cast(weight, tf.float64)
+    total = tf.constant(-1.0, tf.float64) if total is None else tf.cast(total, tf.float64)
 
-    def begin(w):
-        w = float(w)
+    def begin(w, t):
+        w, t = float(w), float(t)
         if w < 0:  # equal weights
             step = _Step(None, 1.0 / size)
+        elif t >= 0:  # the caller knows the total
+            step = _Step(None, w / t if t > 0 else 0.0)
         else:
             step = _Step(collectives.allreduce_async(np.array([w]), op="sum", name=f"{name}.w"),
                          None)
@@ -151,7 +156,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
 
     # Stateful ops are chained by automatic control dependencies in program
     # order: begin, then the buckets in backprop order, then the wait.
-    key = tf.numpy_function(begin, [weight], tf.int64, stateful=True, name="TntGradsBegin")
+    key = tf.numpy_function(begin, [weight, total], tf.int64, stateful=True, name="TntGradsBegin")
     layouts, tokens, arrays_in = [], [], []
     threshold = _fusion_threshold_bytes()
     for b, bucket in enumerate(_buckets(tensors, present)):

@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from tarantella.common import collectives, config, core
 from tarantella.common.logging import get_logger
-from tarantella.tensorflow import collective_ops, distributed_optimizer
+from tarantella.tensorflow import (collective_ops, distributed_optimizer, global_loss,
+                                   step_context)
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import array_dataset, distribute_dataset
 from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED
@@ -79,6 +80,8 @@ class Model(keras.Model):
                 "Only tnt.ParallelStrategy.DATA is implemented. Received: "
                 f"parallel_strategy={parallel_strategy}")
         kwargs.setdefault("name", model.name)
+        # Keras decides on loss scaling (mixed_float16) from the compiled model's policy
+        kwargs.setdefault("dtype", model.dtype_policy)
         super().__init__(**kwargs)
         self.model = model
         self.parallel_strategy = parallel_strategy
@@ -142,12 +145,21 @@ class Model(keras.Model):
         # which are the same on every rank, so ranks never disagree on a skip.
         distributed_optimizer.DistributedOptimizer(self.optimizer)
         distributed_optimizer.set_gradient_weight(self.optimizer, self._local_batch_weight)
+        global_loss.distribute(self._compile_loss)  # masked, weighted, summed losses: serial
+        distributed_optimizer.set_float16_variables(self.optimizer, self._float16_variables)
         if core.get_size() > 1 and self.jit_compile:
             get_logger().info(
                 "tnt.Model: the train/test steps are not XLA-compiled (jit_compile=False): they "
                 "contain Tarantella's collective ops, which XLA cannot compile.")
             self.jit_compile = False
         self._tnt_synced = False  # broadcast again before the next fit/evaluate/predict
+
+    def _float16_variables(self):
+        """The trainable variables that layers computing in float16 read
+        through an autocast (their gradients are float16 in serial training)."""
+        return [v for layer in self.model._flatten_layers(include_self=True)
+                if layer.compute_dtype == "float16"
+                for v in layer._trainable_variables if getattr(v, "autocast", True)]
 
     def compile_from_config(self, config):
         # Required because compile() is overridden: without it, Keras would
@@ -173,16 +185,19 @@ class Model(keras.Model):
                 return super().train_step(data)
             # A rank whose slice of the last, partial batch is empty must not
             # run the model (some TF kernels, e.g. oneDNN convolutions, fail on
-            # an empty batch); it still takes part in the gradient allreduce
+            # an empty batch); it still takes part in the step's collectives
             # (weight 0) and the metric reduction, in the same order as the rest.
-            return tf.cond(local_batch > 0, lambda: super(Model, self).train_step(data),
-                           self._empty_train_step)
+            with step_context.step(local_batch) as step:
+                return tf.cond(local_batch > 0, lambda: super(Model, self).train_step(data),
+                               lambda: self._empty_train_step(step))
         finally:
             self._tnt_step.local_batch = None
 
-    def _empty_train_step(self):
+    def _empty_train_step(self, step):
         # The real branch is traced first: its apply() recorded which
-        # gradients are None, and this branch must submit the same tensors.
+        # gradients are None, and this branch must submit the same tensors;
+        # the step's own collectives (global loss normalisers, ...) come first.
+        step.replay()
         missing = distributed_optimizer.missing_gradients(self.optimizer)
         variables = self.trainable_variables
         grads = [None if missing and missing[i] else tf.zeros_like(v) for i, v in enumerate(variables)]
@@ -193,8 +208,9 @@ class Model(keras.Model):
         if core.get_size() == 1:
             return super().test_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        return tf.cond(_first_dim(x) > 0, lambda: super(Model, self).test_step(data),
-                       self.get_metrics_result)
+        with step_context.step(_first_dim(x)) as step:
+            return tf.cond(_first_dim(x) > 0, lambda: super(Model, self).test_step(data),
+                           lambda: step.replay() or self.get_metrics_result())
 
     def predict_step(self, data):
         if not self._tnt_distributed_predict:

@@ -120,12 +120,13 @@ def test_gradient_allreduce_overlaps_backprop(runs):
 
 
 def test_default_fusion_packs_small_gradients_into_one_request(runs):
-    """At the default TNT_FUSION_THRESHOLD_KB (1 MiB) the callbacks model's 4
-    gradients (under 1 KiB each) are reduced together: one request, one
-    ALLREDUCE per step. test_serial_equivalence checks that 0 sends each
-    gradient alone."""
+    """At the default TNT_FUSION_THRESHOLD_KB (1 MiB) the small models' 4 or 6
+    gradients (under 1 KiB each) are reduced together: one request per model
+    (tnt.grads.<digest>.b0.0), one ALLREDUCE per step. test_serial_equivalence
+    checks that 0 sends each gradient alone."""
     steps = runs["ranks"][0]["callbacks"]["epochs_run"] * 5  # 90 samples, global batch 20
     for rank in (0, 1):
-        tl = timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.grads.0.b")
-        assert list(tl) == ["tnt.grads.0.b0.0"], sorted(tl)
-        assert len(tl["tnt.grads.0.b0.0"]["ALLREDUCE"]) == steps
+        tl = timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.grads.")
+        assert tl and all(name.endswith(".b0.0") for name in tl), sorted(tl)
+        # the callbacks model (and the same model's later fits and custom loop)
+        assert max(len(phases["ALLREDUCE"]) for phases in tl.values()) >= steps
