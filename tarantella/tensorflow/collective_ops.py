@@ -13,13 +13,49 @@ nothing is pruned.
 
 These ops cannot be XLA-compiled (`PyFunc` has no XLA kernel); see Model.compile.
 """
+import contextlib
+import functools
 import itertools
 import threading
 
 import numpy as np
 import tensorflow as tf
 
-from tarantella.common import collectives, config, core
+from tarantella.common import collectives, config, core, errors
+
+
+_last_error = [None]  # the latest TarantellaError raised inside a collective op
+
+
+def reporting(function):
+    """Wrap the body of a tf.numpy_function: TensorFlow re-raises what it
+    raises as an OpError ("Graph execution error ... PeerLostError: ..."), so
+    remember the TarantellaError itself for collective_errors()."""
+
+    @functools.wraps(function)
+    def wrapper(*args):
+        try:
+            return function(*args)
+        except errors.TarantellaError as exc:
+            _last_error[0] = exc
+            raise
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def collective_errors():
+    """Raise a TarantellaError that a collective op raised inside a TensorFlow
+    function (PeerLostError naming the rank that failed, TimeoutError, ...) as
+    itself, instead of the OpError TensorFlow wraps it in."""
+    _last_error[0] = None
+    try:
+        yield
+    except tf.errors.OpError as exc:
+        error, _last_error[0] = _last_error[0], None
+        if error is None or type(error).__name__ not in str(exc):
+            raise
+        raise error.with_traceback(None) from exc
 
 
 def _fusion_threshold_bytes():
@@ -140,6 +176,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
     weight = tf.constant(-1.0, tf.float64) if weight is None else tf.cast(weight, tf.float64)
     total = tf.constant(-1.0, tf.float64) if total is None else tf.cast(total, tf.float64)
 
+    @reporting
     def begin(w, t):
         w, t = float(w), float(t)
         if w < 0:  # equal weights
@@ -165,6 +202,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
                   else tensors[idx[0]] for idx, dtype in layout]
         names = [f"{name}.b{b}.{k}" for k in range(len(inputs))]
 
+        @reporting
         def start(k, w, *arrays, names=names):
             step = _steps[int(k)]
             scale = step.prescale(float(w))
@@ -177,6 +215,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
         layouts += layout
         arrays_in += inputs
 
+    @reporting
     def finish(k, *tokens):
         with _steps_lock:
             step = _steps.pop(int(k))
@@ -205,6 +244,7 @@ def sum_across_ranks(tensors, name="tnt.sum"):
         return list(tensors)
     flat = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tensors], axis=0)
 
+    @reporting
     def reduce(a):
         return collectives.allreduce(a, op="sum", name=name)
 

@@ -7,8 +7,8 @@ import tensorflow as tf
 
 from tarantella.common import collectives, config, core
 from tarantella.common.logging import get_logger
-from tarantella.tensorflow import (collective_ops, distributed_optimizer, global_loss,
-                                   step_context)
+from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
+                                   global_loss, step_context)
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import array_dataset, distribute_dataset
 from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED
@@ -16,9 +16,6 @@ from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_c
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 from tarantella.tensorflow.save_paths import check_model_path, check_weights_path
-
-_BATCH_NORM_MIN_MICRO_BATCH = 16
-
 
 class _StepState:
     """Per-step values shared between train_step and the optimizer hook; a
@@ -146,6 +143,7 @@ class Model(keras.Model):
         distributed_optimizer.DistributedOptimizer(self.optimizer)
         distributed_optimizer.set_gradient_weight(self.optimizer, self._local_batch_weight)
         global_loss.distribute(self._compile_loss)  # masked, weighted, summed losses: serial
+        batch_normalization.prepare(self.model)  # synchronized=True: global statistics
         distributed_optimizer.set_float16_variables(self.optimizer, self._float16_variables)
         if core.get_size() > 1 and self.jit_compile:
             get_logger().info(
@@ -188,8 +186,21 @@ class Model(keras.Model):
             # an empty batch); it still takes part in the step's collectives
             # (weight 0) and the metric reduction, in the same order as the rest.
             with step_context.step(local_batch) as step:
-                return tf.cond(local_batch > 0, lambda: super(Model, self).train_step(data),
-                               lambda: self._empty_train_step(step))
+                moving = batch_normalization.moving_statistics(
+                    batch_normalization.unsynchronized(self.model))
+
+                def train():
+                    logs = super(Model, self).train_step(data)
+                    # identical weights on every rank (see batch_normalization.py)
+                    batch_normalization.average_moving_statistics(moving, local_batch, step)
+                    return logs
+
+                def skip():
+                    logs = self._empty_train_step(step)
+                    batch_normalization.average_moving_statistics(moving, 0, step)
+                    return logs
+
+                return tf.cond(local_batch > 0, train, skip)
         finally:
             self._tnt_step.local_batch = None
 
@@ -285,15 +296,9 @@ class Model(keras.Model):
         return dataset, int(batch_size), -(-int(batch_size) // size)
 
     def _warn_batch_norm(self, micro_batch_size):
-        if micro_batch_size is None or micro_batch_size >= _BATCH_NORM_MIN_MICRO_BATCH:
-            return
-        if any(isinstance(layer, keras.layers.BatchNormalization)
-               for layer in self.model._flatten_layers(include_self=False)):
-            get_logger().warning(
-                f"The model has BatchNormalization layers and the micro-batch size is "
-                f"{micro_batch_size} (< {_BATCH_NORM_MIN_MICRO_BATCH}): their statistics are "
-                "computed per rank over the micro-batch, so results depend on the number of "
-                "ranks. Use a larger global batch or fewer ranks.")
+        if batch_normalization.prepare(self.model):
+            self.train_function = None  # newly synchronised layers: trace the step again
+        batch_normalization.warn_unsynchronized(self.model, micro_batch_size)
 
     def _sync_weights(self, x):
         """Make every rank start from the master's weights (once after compile
@@ -354,15 +359,15 @@ class Model(keras.Model):
                 "fit", "tnt_validation_micro_batch_size")
             if val is not None:
                 validation_data, validation_batch_size = val[0], None
-                self._warn_batch_norm(val[2])
         self._sync_weights(x)
-        return super().fit(
-            x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
-            callbacks=prepare_callbacks(callbacks), validation_data=validation_data,
-            shuffle=False if train is not None else shuffle, class_weight=class_weight,
-            sample_weight=sample_weight, initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-            validation_batch_size=validation_batch_size, validation_freq=validation_freq)
+        with collective_ops.collective_errors():  # a lost peer as PeerLostError
+            return super().fit(
+                x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
+                callbacks=prepare_callbacks(callbacks), validation_data=validation_data,
+                shuffle=False if train is not None else shuffle, class_weight=class_weight,
+                sample_weight=sample_weight, initial_epoch=initial_epoch,
+                steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                validation_batch_size=validation_batch_size, validation_freq=validation_freq)
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  steps=None, callbacks=None, return_dict=False, tnt_micro_batch_size=None,
@@ -378,12 +383,12 @@ class Model(keras.Model):
                                 tnt_distribute_dataset, "evaluate", "tnt_micro_batch_size")
         if data is not None:
             x, y, sample_weight, batch_size = data[0], None, None, None
-            self._warn_batch_norm(data[2])
         self._sync_weights(x)
-        return super().evaluate(x=x, y=y, batch_size=batch_size, verbose=self._verbose(verbose),
-                                sample_weight=sample_weight, steps=steps,
-                                callbacks=prepare_callbacks(callbacks), return_dict=return_dict,
-                                **kwargs)
+        with collective_ops.collective_errors():
+            return super().evaluate(x=x, y=y, batch_size=batch_size,
+                                    verbose=self._verbose(verbose), sample_weight=sample_weight,
+                                    steps=steps, callbacks=prepare_callbacks(callbacks),
+                                    return_dict=return_dict, **kwargs)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None,
                 tnt_micro_batch_size=None, tnt_distribute_dataset=True):
@@ -398,8 +403,9 @@ class Model(keras.Model):
         if distributed != self._tnt_distributed_predict:
             self._tnt_distributed_predict = distributed
             self.predict_function = None  # retrace with (or without) the gather
-        return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
-                               steps=steps, callbacks=prepare_callbacks(callbacks))
+        with collective_ops.collective_errors():
+            return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
+                                   steps=steps, callbacks=prepare_callbacks(callbacks))
 
     # ---- weights and saving -------------------------------------------------------------------
     def set_weights(self, weights):
@@ -461,6 +467,7 @@ class Model(keras.Model):
 
 
 def _allgather_tensor(tensor):
+    @collective_ops.reporting
     def gather(array):
         return collective_ops.allgather_array(array, name="tnt.predict")
 

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella.common import collectives, core
+from tarantella.tensorflow import collective_ops
 
 _local = threading.local()
 
@@ -36,6 +37,7 @@ _local = threading.local()
 def _allreduce_sum_op(values, name):
     """Σ_r values over all ranks (a 1-D float64 tensor of static length)."""
 
+    @collective_ops.reporting
     def reduce(array):
         return collectives.allreduce(np.ascontiguousarray(array), op="sum", name=name)
 

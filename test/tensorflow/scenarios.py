@@ -81,6 +81,26 @@ def fp16_mlp():
         keras.mixed_precision.set_global_policy("float32")
 
 
+def bn_cnn():
+    """Synchronised batch normalisation: a BatchNormalization layer switched by
+    synchronize_batch_normalization, and a SyncBatchNormalization layer."""
+    import tarantella as tnt
+
+    keras.utils.set_random_seed(7)
+    return tnt.keras.layers.synchronize_batch_normalization(keras.Sequential([
+        keras.Input((12, 12, 1)),
+        keras.layers.Conv2D(8, 3),
+        keras.layers.BatchNormalization(),
+        keras.layers.ReLU(),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(16),
+        tnt.keras.layers.SyncBatchNormalization(momentum=0.8),
+        keras.layers.ReLU(),
+        keras.layers.Dense(10),
+    ]))
+
+
 def sequences(n, seed):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, SEQ + 1, size=n)
@@ -132,7 +152,7 @@ def scenarios(size):
                             compile=dict(metrics=["accuracy"])),
         # per-output losses (cls_loss, val_reg_loss, ...) and EarlyStopping on one of them
         "two_heads": dict(build=two_heads, opt=sgd, B=25, kind="dataset", x=xm,
-                          y={"cls": ym, "reg": xm[:, :1] * 2.0}, sizes=(2, 3), epochs=4,
+                          y={"cls": ym, "reg": xm[:, :1] * 2.0}, sizes=(2, 3), epochs=5,
                           val=(xmv, {"cls": ymv, "reg": xmv[:, :1] * 2.0}),
                           loss=lambda: {"cls": keras.losses.SparseCategoricalCrossentropy(
                               from_logits=True), "reg": "mse"},
@@ -140,7 +160,13 @@ def scenarios(size):
                                        metrics={"cls": ["accuracy"]}),
                           callbacks=lambda: [keras.callbacks.EarlyStopping(
                               monitor="val_reg_loss", mode="min", patience=0,
-                              min_delta=0.05)]),
+                              min_delta=0.3)]),
+        # synchronised BatchNormalization: global batch statistics, serial-equivalent
+        # (tolerance: serial Keras computing the same moments in float64 instead of float32
+        # already ends this far from serial Keras; BN amplifies rounding, see docs/keras.md)
+        "bn_sync": dict(build=bn_cnn, opt=sgd, B=25, kind="dataset", x=xc, y=yc, val=(xcv, ycv),
+                        sizes=(2, 3),
+                        tolerance=dict(rtol=1e-4, atol=1e-5, logs=1e-5, predict=1e-4)),
         # mixed_float16: the loss scale must take the serial decisions
         # (inputs x40: both the per-sample float16 backward values and the float16 sums over
         # the batch reach float16's range; float16 rounding makes the weights differ ~1e-3)

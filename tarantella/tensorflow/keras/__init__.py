@@ -1,4 +1,4 @@
-"""Keras-facing helpers of tarantella.tensorflow (`tnt.keras.callbacks`)."""
-from tarantella.tensorflow.keras import callbacks
+"""Keras-facing helpers of tarantella.tensorflow (`tnt.keras.callbacks`, `tnt.keras.layers`)."""
+from tarantella.tensorflow.keras import callbacks, layers
 
-__all__ = ["callbacks"]
+__all__ = ["callbacks", "layers"]

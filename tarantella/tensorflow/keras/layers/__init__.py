@@ -1,0 +1,5 @@
+"""Keras layers of tarantella.tensorflow (`tnt.keras.layers`)."""
+from tarantella.tensorflow.keras.layers.sync_batch_normalization import (
+    SyncBatchNormalization, synchronize_batch_normalization)
+
+__all__ = ["SyncBatchNormalization", "synchronize_batch_normalization"]
