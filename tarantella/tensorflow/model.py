@@ -8,10 +8,9 @@ import tensorflow as tf
 from tarantella.common import collectives, config, core
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
-                                   global_loss, step_context)
+                                   dropout, global_loss, step_context)
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import array_dataset, distribute_dataset
-from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
@@ -142,8 +141,11 @@ class Model(keras.Model):
         # which are the same on every rank, so ranks never disagree on a skip.
         distributed_optimizer.DistributedOptimizer(self.optimizer)
         distributed_optimizer.set_gradient_weight(self.optimizer, self._local_batch_weight)
-        global_loss.distribute(self._compile_loss)  # masked, weighted, summed losses: serial
+        # masked, weighted, summed losses: serial (the wrapped model's too, if it is compiled)
+        global_loss.distribute(self._compile_loss)
+        global_loss.distribute(getattr(self.model, "_compile_loss", None))
         batch_normalization.prepare(self.model)  # synchronized=True: global statistics
+        dropout.prepare(self.model)  # the serial masks of the global batch, sliced
         distributed_optimizer.set_float16_variables(self.optimizer, self._float16_variables)
         if core.get_size() > 1 and self.jit_compile:
             get_logger().info(
@@ -291,8 +293,8 @@ class Model(keras.Model):
             raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
         data = (x,) if y is None and sample_weight is None else (
             (x, y) if sample_weight is None else (x, y, sample_weight))
-        dataset = array_dataset(data, int(batch_size), core.get_rank(), size, shuffle=bool(shuffle),
-                                seed=DEFAULT_SEED)
+        dataset = array_dataset(data, int(batch_size), core.get_rank(), size,
+                                shuffle=shuffle if shuffle == "batch" else bool(shuffle))
         return dataset, int(batch_size), -(-int(batch_size) // size)
 
     def _warn_batch_norm(self, micro_batch_size):
@@ -314,7 +316,8 @@ class Model(keras.Model):
             else:
                 inputs = tf.nest.map_structure(lambda t: t[:1], x)
             self(inputs)
-        collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
+        collective_ops.broadcast_variables(self.model.weights + dropout.seed_states(self.model),
+                                           root_rank=core.get_master_rank())
         self._tnt_synced = True
 
     def _verbose(self, verbose):

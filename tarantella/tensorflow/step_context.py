@@ -55,6 +55,7 @@ class StepContext:
         self._sizes = None
         self._replaying = False
         self._log = []  # (name, length) of each allreduce, in program order
+        self._on_replay = []  # what the empty branch must also do (advance seed generators)
         self.values = {}  # what parts of the step share (e.g. the loss scale folding)
 
     def allreduce_sum(self, values, purpose):
@@ -103,12 +104,19 @@ class StepContext:
         """This rank's first sample in the global batch (float64)."""
         return tf.reduce_sum(self.sizes()[:core.get_rank()])
 
+    def on_replay(self, function):
+        """Have the empty branch call `function()` too (e.g. draw a seed, so that
+        a random layer's state advances on every rank alike)."""
+        self._on_replay.append(function)
+
     def replay(self):
         """Issue the logged requests with zero contributions (the empty branch).
         Afterwards the context only answers with constants: tensors of the
         real branch's graph cannot be used in this one."""
         for name, length in list(self._log):
             _allreduce_sum_op(tf.zeros([length], tf.float64), name)
+        for function in list(self._on_replay):
+            function()
         self._replaying = True
 
 

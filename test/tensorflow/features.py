@@ -271,6 +271,36 @@ def check_overlap(tnt):
     return {"steps": steps}
 
 
+def check_unseeded_shuffle(tnt):
+    """fit(x, y, shuffle=True) without a global seed, twice: the samples each
+    rank trains on, per step (x is the sample's index)."""
+    tf.random.set_seed(None)
+    seen = []
+
+    def record(t):
+        seen.append(t.numpy()[:, 0].astype(int).tolist())
+        return t
+
+    class Record(keras.layers.Layer):
+        def call(self, t):
+            out = tf.py_function(record, [t], tf.float32)
+            out.set_shape(t.shape)
+            return out
+
+    keras.utils.set_random_seed(3)
+    tf.random.set_seed(None)  # set_random_seed set one
+    inputs = keras.Input((1,))
+    model = tnt.Model(keras.Model(inputs, keras.layers.Dense(1)(Record()(inputs))))
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.arange(30, dtype="float32")[:, None]
+    runs = []
+    for _ in range(2):
+        seen.clear()
+        model.fit(x, np.zeros_like(x), batch_size=7, epochs=2, shuffle=True, verbose=0)
+        runs.append(list(seen))
+    return runs
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -298,6 +328,7 @@ def main():
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)
         results["overlap"] = check_overlap(tnt)
+        results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 
         tb = prepare_callbacks([keras.callbacks.TensorBoard(os.path.join(files, "tb"))])[0]

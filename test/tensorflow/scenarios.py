@@ -48,6 +48,14 @@ def cnn():
     ])
 
 
+def mlp_dropout():
+    keras.utils.set_random_seed(8)
+    inputs = keras.Input((20,))
+    h = keras.layers.Dropout(0.3)(keras.layers.Dense(32, activation="relu")(inputs))
+    h = keras.layers.Dense(16, activation="tanh")(h)
+    return keras.Model(inputs, keras.layers.Dense(10)(h))
+
+
 def sequence_model():
     """Per-timestep classes of padded sequences: the loss is a mean over the
     unmasked steps (Embedding(mask_zero=True), return_sequences=True)."""
@@ -130,6 +138,10 @@ def scenarios(size):
         "cnn_dataset": dict(build=cnn, opt=sgd, B=25, kind="dataset", x=xc, y=yc, val=(xcv, ycv)),
         "mlp_numpy": dict(build=mlp, opt=lambda: keras.optimizers.Adam(1e-2), B=25, kind="numpy",
                           x=xm, y=ym, val=(xmv, ymv)),
+        # fit(x, y, shuffle=True) after keras.utils.set_random_seed (in mlp()): serial
+        # Keras' order (the same permutation every epoch, as Keras 3 does)
+        "mlp_numpy_shuffled": dict(build=mlp, opt=sgd, B=25, kind="numpy", shuffle=True, x=xm,
+                                   y=ym, val=(xmv, ymv), sizes=(2, 3)),
         # an unseeded shuffle: tnt seeds it (42); the reference uses seed=42 explicitly
         "mlp_shuffled": dict(build=mlp, opt=sgd, B=16, kind="shuffled", x=xm, y=ym, val=None),
         "mlp_unbatched": dict(build=mlp, opt=sgd, B=7 * size, micro=7, kind="unbatched", x=xm,
@@ -161,6 +173,10 @@ def scenarios(size):
                           callbacks=lambda: [keras.callbacks.EarlyStopping(
                               monitor="val_reg_loss", mode="min", patience=0,
                               min_delta=0.3)]),
+        # Dropout draws the serial mask of the global batch (4 ranks: one rank's last slice is
+        # empty, yet its seed generator advances like the others')
+        "mlp_dropout": dict(build=mlp_dropout, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
+                            val=(xmv, ymv), sizes=(2, 3, 4), epochs=3),
         # synchronised BatchNormalization: global batch statistics, serial-equivalent
         # (tolerance: serial Keras computing the same moments in float64 instead of float32
         # already ends this far from serial Keras; BN amplifies rounding, see docs/keras.md)
@@ -198,7 +214,7 @@ def run(name, s, reference, out):
             scales.append(float(model.optimizer.dynamic_scale.numpy())))))
     if s["kind"] == "numpy":
         fit_x, fit_y = x, y
-        kw = dict(batch_size=B, shuffle=False)
+        kw = dict(batch_size=B, shuffle=s.get("shuffle", False))
         val_data = val
         eval_args = dict(x=val[0], y=val[1], batch_size=B)
     else:

@@ -165,3 +165,21 @@ def test_default_fusion_packs_small_gradients_into_one_request(runs):
         assert tl and all(name.endswith(".b0.0") for name in tl), sorted(tl)
         # the callbacks model (and the same model's later fits and custom loop)
         assert max(len(phases["ALLREDUCE"]) for phases in tl.values()) >= steps
+
+
+def test_unseeded_numpy_shuffle_is_fresh_per_run_and_the_same_on_every_rank(runs):
+    """fit(x, y, shuffle=True) with no global seed, twice, 30 samples, global
+    batch 7 on 2 ranks: in every epoch the ranks' slices make up a permutation
+    of all samples (every rank shuffled alike), the first run's order differs
+    from the second's, and each run reshuffles every epoch (serial Keras does)."""
+    per_rank = [rank["unseeded_shuffle"] for rank in runs["ranks"]]
+    orders = []
+    for run in range(2):
+        steps = [a + b for a, b in zip(per_rank[0][run], per_rank[1][run])]
+        assert len(steps) == 10, steps  # 2 epochs of 5 steps (7, 7, 7, 7, 2)
+        epochs = [sum(steps[:5], []), sum(steps[5:], [])]
+        for epoch in epochs:
+            assert sorted(epoch) == list(range(30)), epoch
+        assert epochs[0] != epochs[1]
+        orders.append(epochs)
+    assert orders[0] != orders[1]
