@@ -7,8 +7,17 @@ an unbatched dataset with tnt_micro_batch_size, NumPy arrays (with
 validation), and a dataset with an unseeded shuffle. It records the final
 weights, History, evaluate() and predict() on every rank.
 
-Tolerances (float32): weights rtol 1e-5 / atol 1e-6, logs atol 1e-6, predictions
-atol 1e-5. Results cannot be bitwise equal: each rank sums its own part of the
+On 2 and 3 ranks (4 for Dropout) it also runs what needs a global quantity:
+losses with reduction="sum", "mean_with_sample_weight" with sample weights and
+a mask (per-timestep loss of padded sequences), a two-output model (per-output
+losses, loss weights, EarlyStopping on val_reg_loss), Dropout (the serial
+masks), synchronised BatchNormalization, fit(x, y, shuffle=True) after
+set_random_seed, and mixed_float16 (the loss scale of every step must be
+serial Keras').
+
+Tolerances (float32): weights rtol 1e-5 / atol 1e-6, logs atol 1e-6 (rtol
+1e-6), predictions atol 1e-5; a scenario may loosen them ("tolerance": BN
+amplifies rounding, float16 rounds partial sums; see docs/keras.md). Results cannot be bitwise equal: each rank sums its own part of the
 batch before the weighted sum across ranks, so float32 additions are
 associated differently (about 1e-7 relative per step), and about 10 steps of
 momentum SGD / Adam carry that forward. Every rank must hold bitwise the same
