@@ -46,7 +46,7 @@ def _distributed_class(base):
 
             members = {"apply": apply, "scale_loss": scale_loss, "__module__": base.__module__,
                        "__qualname__": base.__qualname__, "_tnt_distributed": True}
-            if hasattr(base, "check_finite"):  # a LossScaleOptimizer
+            if issubclass(base, keras.optimizers.LossScaleOptimizer):
                 members["check_finite"] = check_finite
             cls = type(base.__name__, (base,), members)
             _classes[base] = cls
@@ -56,7 +56,7 @@ def _distributed_class(base):
 def _scales_loss(optimizer):
     """Whether `scale_loss` multiplies the loss (a LossScaleOptimizer under
     mixed precision, or a static `loss_scale_factor`)."""
-    return hasattr(optimizer, "inner_optimizer") and hasattr(optimizer, "dynamic_scale") or \
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or \
         getattr(optimizer, "loss_scale_factor", None) is not None
 
 

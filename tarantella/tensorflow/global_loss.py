@@ -68,10 +68,11 @@ def _parts(loss, y_true, y_pred, sample_weight):
     plain = reduction in _MEANS + (None, "none") or (
         reduction == "mean_with_sample_weight" and sample_weight is None)
     if not _plain_call(loss):
-        if reduction not in _MEANS:
+        if reduction not in _MEANS or mask is not None:
             _warn_once(loss, f"its class overrides __call__, so its normaliser (reduction="
-                       f"{reduction!r}) is taken as proportional to the batch")
-        plain = True
+                       f"{reduction!r}, mask: {mask is not None}) is taken as proportional "
+                       "to the batch")
+        return _Part("mean", value=loss(y_true, y_pred, sample_weight))
     if plain and mask is None:
         return _Part("mean", value=loss(y_true, y_pred, sample_weight))
     dtype = loss.dtype
