@@ -134,7 +134,7 @@ static struct {
 enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
 enum { Q_DATA = 0, Q_CTRL = 1 };
 enum { ID_EXCH = 2, ID_BELL = 3, ID_BEAT = 4, ID_CTRL = 5, ID_RANGES = 6 }; /* id = range * n + source */
-enum { CTRL_BYE = 1, CTRL_ABORT = 2 };
+enum { CTRL_BYE = 1, CTRL_ABORT = 2 }; /* bits: a goodbye after an abort must not overwrite it */
 enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 
 #define REASON_MAX 512
@@ -189,6 +189,8 @@ typedef struct {
   uint32_t *counters; /* [kind * n + source], widened */
   uint32_t *sent;     /* [kind * n + peer]: notifications sent */
   uint32_t beats_sent;
+  uint32_t told; /* CTRL bits sent so far, and the root of an abort */
+  int told_root;
   peer_t *peers;
   /* exchange */
   uint32_t round;
@@ -674,14 +676,14 @@ static void scan_ctrl(gpi2_t *s, double now) {
     if (!v || src < 0 || src >= s->n) continue;
     peer_t *p = &s->peers[src];
     p->last_heard = now;
-    if ((v & 0xff) == CTRL_BYE) {
-      if (p->state == PEER_ALIVE) p->state = PEER_EXITED;
-    } else if ((v & 0xff) == CTRL_ABORT) {
+    if (v & CTRL_ABORT) {
       p->state = PEER_FAILED;
       p->root = (int)((v >> 8) & 0x7fffff) - 1;
       const char *reason = (const char *)s->base + s->off_reasons + (size_t)src * REASON_MAX;
       snprintf(p->reason, sizeof p->reason, "%.*s", REASON_MAX - 1, reason);
       bump_bell(s);
+    } else if ((v & CTRL_BYE) && p->state == PEER_ALIVE) {
+      p->state = PEER_EXITED;
     }
   }
 }
@@ -1113,13 +1115,17 @@ static void gpi2_describe_peer(void *st, int peer, char *out, size_t len) {
  * then give queue 1 up to `wait_s` to deliver it. */
 static void tell_everyone(gpi2_t *s, int what, const char *reason, int root, double wait_s) {
   pthread_mutex_lock(&s->mu);
-  if (reason) snprintf((char *)s->base + s->off_reason_out, REASON_MAX, "%s", reason);
+  if (reason && !(s->told & CTRL_ABORT)) {
+    snprintf((char *)s->base + s->off_reason_out, REASON_MAX, "%s", reason);
+    s->told_root = root;
+  }
+  s->told |= (uint32_t)what;
   for (int r = 0; r < s->n; r++) {
     if (r == s->me || s->peers[r].state == PEER_EXITED || s->peers[r].lost) continue;
-    if (reason)
+    if (what == CTRL_ABORT)
       G.write(s->seg, s->off_reason_out, (gaspi_rank_t)r, s->seg, s->off_reasons + (size_t)s->me * REASON_MAX,
               REASON_MAX, Q_CTRL, CALL_TIMEOUT_MS);
-    gaspi_notification_t v = (gaspi_notification_t)what | ((gaspi_notification_t)(root + 1) << 8);
+    gaspi_notification_t v = s->told | ((gaspi_notification_t)(s->told_root + 1) << 8);
     G.notify(s->seg, (gaspi_rank_t)r, id_of(s, ID_CTRL, s->me), v, Q_CTRL, CALL_TIMEOUT_MS);
   }
   pthread_mutex_unlock(&s->mu);
@@ -1156,11 +1162,16 @@ static void free_state(gpi2_t *s) {
 
 static void gpi2_finalize(void *st) {
   gpi2_t *s = st;
-  tell_everyone(s, CTRL_BYE, NULL, -1, BYE_WAIT_S);
+  pthread_mutex_lock(&s->mu);
+  int failed = s->err_code != TNT_SUCCESS;
+  for (int r = 0; r < s->n; r++) failed |= s->peers[r].lost || s->peers[r].state == PEER_FAILED;
+  pthread_mutex_unlock(&s->mu);
+  /* after a failure nobody waits for goodbyes: a dead peer never sends one */
+  tell_everyone(s, CTRL_BYE, NULL, -1, failed ? 0.1 : BYE_WAIT_S);
   /* a peer may still write into our segment (its goodbye) until we have its
    * own goodbye; a segment deleted under a write would take it into freed
    * memory, so one that is not known quiet is left to the process's end */
-  double until = host->now() + (s->timeout_s < BYE_WAIT_S ? s->timeout_s : BYE_WAIT_S);
+  double until = host->now() + (failed ? 0 : s->timeout_s < BYE_WAIT_S ? s->timeout_s : BYE_WAIT_S);
   int quiet = 0;
   for (;;) {
     pthread_mutex_lock(&s->mu);
