@@ -73,7 +73,8 @@
 typedef int gaspi_return_t;
 typedef unsigned long gaspi_timeout_t;
 typedef unsigned short gaspi_rank_t;
-typedef unsigned char gaspi_segment_id_t, gaspi_queue_id_t, gaspi_group_t, gaspi_state_t;
+typedef unsigned char gaspi_segment_id_t, gaspi_queue_id_t, gaspi_group_t;
+typedef int gaspi_state_t; /* an enum: the state vector holds one int per rank */
 typedef unsigned long gaspi_offset_t, gaspi_size_t;
 typedef unsigned int gaspi_number_t, gaspi_notification_t;
 /* unsigned int since GPI-2 1.6, unsigned short before: passed in a register
