@@ -127,6 +127,9 @@ static struct {
   gaspi_return_t (*notify_reset)(gaspi_segment_id_t, gaspi_notification_id_t, gaspi_notification_t *);
   gaspi_return_t (*wait)(gaspi_queue_id_t, gaspi_timeout_t);
   gaspi_return_t (*state_vec_get)(gaspi_state_t *);
+  gaspi_return_t (*write_notify)(gaspi_segment_id_t, gaspi_offset_t, gaspi_rank_t, gaspi_segment_id_t, gaspi_offset_t,
+                                 gaspi_size_t, gaspi_notification_id_t, gaspi_notification_t, gaspi_queue_id_t,
+                                 gaspi_timeout_t);
   const char *(*error_str)(gaspi_return_t); /* GPI-2's extension; may be absent */
 } G;
 
@@ -187,6 +190,10 @@ typedef struct {
   uint8_t *base; /* the segment */
   size_t window_bytes, off_exch_in, off_reasons, off_exch_out, off_reason_out, off_stage, stage_bytes, seg_bytes;
   size_t stage_head;
+  /* the last put, not yet posted: a notify to the same rank that follows it
+   * (the ring's put + notify) goes out with it as one gaspi_write_notify */
+  int has_pending, pend_peer;
+  size_t pend_loff, pend_roff, pend_len;
   uint32_t *counters; /* [kind * n + source], widened */
   uint32_t *sent;     /* [kind * n + peer]: notifications sent */
   uint32_t beats_sent;
@@ -340,7 +347,7 @@ static const char *const SYMBOLS[] = {
     "gaspi_config_get", "gaspi_config_set", "gaspi_proc_init", "gaspi_proc_rank", "gaspi_proc_num",
     "gaspi_initialized", "gaspi_version", "gaspi_notification_num", "gaspi_segment_alloc", "gaspi_segment_register",
     "gaspi_segment_ptr", "gaspi_segment_delete", "gaspi_barrier", "gaspi_write", "gaspi_notify",
-    "gaspi_notify_waitsome", "gaspi_notify_reset", "gaspi_wait", "gaspi_state_vec_get"};
+    "gaspi_notify_waitsome", "gaspi_notify_reset", "gaspi_wait", "gaspi_state_vec_get", "gaspi_write_notify"};
 
 #define INSTALL_HINT                                                                                               \
   "build GPI-2 (https://github.com/cc-hpc-itwm/GPI-2: ./autogen.sh && ./configure --with-ethernet "              \
@@ -606,8 +613,8 @@ static void drain(gpi2_t *s, gaspi_queue_id_t q) {
          bad >= 0 ? "rank " : "rank (unknown) ", bad, gerr(rc));
 }
 
-typedef struct {
-  int kind; /* 0: write, 1: notify */
+typedef struct post {
+  int kind; /* 0: write, 1: notify, 2: write + notify */
   gaspi_queue_id_t q;
   int peer;
   gaspi_offset_t loff, roff;
@@ -619,6 +626,9 @@ typedef struct {
 static gaspi_return_t post_once(gpi2_t *s, const post_t *p) {
   if (p->kind == 0)
     return G.write(s->seg, p->loff, (gaspi_rank_t)p->peer, s->seg, p->roff, p->len, p->q, CALL_TIMEOUT_MS);
+  if (p->kind == 2)
+    return G.write_notify(s->seg, p->loff, (gaspi_rank_t)p->peer, s->seg, p->roff, p->len, p->id, p->value, p->q,
+                          CALL_TIMEOUT_MS);
   return G.notify(s->seg, (gaspi_rank_t)p->peer, p->id, p->value, p->q, CALL_TIMEOUT_MS);
 }
 
@@ -882,8 +892,18 @@ static int queue_empty(gpi2_t *s, void *arg) {
   return 0;
 }
 
-/* put = copy into the staging area + gaspi_write. The staging area is reused
- * from its start once every write from it is complete (queue 0 empty). */
+/* Post the put held back for a notify (mu held). */
+static tnt_result_t flush_put(gpi2_t *s, double deadline) {
+  if (!s->has_pending) return TNT_SUCCESS;
+  s->has_pending = 0;
+  post_t p = {.kind = 0, .q = Q_DATA, .peer = s->pend_peer, .loff = s->pend_loff, .roff = s->pend_roff,
+              .len = s->pend_len};
+  return post(s, &p, deadline, "sending data");
+}
+
+/* put = copy into the staging area + gaspi_write, held back until the next
+ * call so that a notify to the same rank goes with it. The staging area is
+ * reused from its start once every write from it is complete (queue 0 empty). */
 static tnt_result_t gpi2_put(void *st, int peer, size_t offset, const void *src, size_t len) {
   gpi2_t *s = st;
   char what[64];
@@ -895,8 +915,10 @@ static tnt_result_t gpi2_put(void *st, int peer, size_t offset, const void *src,
   while (len) {
     size_t chunk = len < s->stage_bytes ? len : s->stage_bytes;
     pthread_mutex_lock(&s->mu);
+    tnt_result_t res = flush_put(s, deadline);
     int full = s->stage_head + chunk > s->stage_bytes;
     pthread_mutex_unlock(&s->mu);
+    if (res != TNT_SUCCESS) return res;
     if (full) {
       gaspi_queue_id_t q = Q_DATA;
       tnt_result_t res = poll_until(s, queue_empty, &q, peer, deadline, what);
@@ -907,11 +929,13 @@ static tnt_result_t gpi2_put(void *st, int peer, size_t offset, const void *src,
     pthread_mutex_lock(&s->mu);
     size_t at = s->off_stage + s->stage_head;
     memcpy(s->base + at, src, chunk);
-    post_t p = {.kind = 0, .q = Q_DATA, .peer = peer, .loff = at, .roff = offset, .len = chunk};
-    tnt_result_t res = post(s, &p, deadline, what);
+    s->has_pending = 1;
+    s->pend_peer = peer;
+    s->pend_loff = at;
+    s->pend_roff = offset;
+    s->pend_len = chunk;
     s->stage_head += (chunk + 63) & ~(size_t)63;
     pthread_mutex_unlock(&s->mu);
-    if (res != TNT_SUCCESS) return res;
     src = (const uint8_t *)src + chunk;
     offset += chunk;
     len -= chunk;
@@ -923,8 +947,18 @@ static tnt_result_t gpi2_notify(void *st, int peer, int kind) {
   gpi2_t *s = st;
   pthread_mutex_lock(&s->mu);
   uint32_t count = ++s->sent[kind * s->n + peer];
-  tnt_result_t res = post_notify(s, Q_DATA, peer, id_of(s, kind, s->me), encode(count), host->now() + s->timeout_s,
-                                 kind == TNT_NOTIFY_DATA ? "announcing data" : "returning a slot");
+  const double deadline = host->now() + s->timeout_s;
+  const char *what = kind == TNT_NOTIFY_DATA ? "announcing data" : "returning a slot";
+  tnt_result_t res;
+  if (s->has_pending && s->pend_peer == peer) { /* the put it announces: one request */
+    s->has_pending = 0;
+    post_t p = {.kind = 2, .q = Q_DATA, .peer = peer, .loff = s->pend_loff, .roff = s->pend_roff, .len = s->pend_len,
+                .id = id_of(s, kind, s->me), .value = encode(count)};
+    res = post(s, &p, deadline, what);
+  } else {
+    res = flush_put(s, deadline);
+    if (res == TNT_SUCCESS) res = post_notify(s, Q_DATA, peer, id_of(s, kind, s->me), encode(count), deadline, what);
+  }
   pthread_mutex_unlock(&s->mu);
   return res;
 }
@@ -948,6 +982,10 @@ static int counter_reached(gpi2_t *s, void *arg) {
 static tnt_result_t gpi2_wait(void *st, int kind, int from, uint32_t target, double deadline) {
   gpi2_t *s = st;
   counter_target_t ct = {kind, from, target};
+  pthread_mutex_lock(&s->mu);
+  tnt_result_t flushed = flush_put(s, deadline);
+  pthread_mutex_unlock(&s->mu);
+  if (flushed != TNT_SUCCESS) return flushed;
   char what[96];
   snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
   tnt_result_t res = poll_until(s, counter_reached, &ct, from, deadline, what);
@@ -971,15 +1009,14 @@ static tnt_result_t gpi2_exchange_post(void *st, const void *mine, size_t len, d
   pthread_mutex_lock(&s->mu);
   memcpy(s->base + out, header, sizeof header);
   memcpy(s->base + out + sizeof header, mine, len);
-  tnt_result_t res = TNT_SUCCESS;
+  tnt_result_t res = flush_put(s, deadline);
   const char *what = "sending the negotiation message";
   for (int r = 0; r < s->n && res == TNT_SUCCESS; r++) {
     s->peers[r].exch_got = (r == s->me) || reached(s->peers[r].exch_round, round);
     if (r == s->me) continue;
-    post_t p = {.kind = 0, .q = Q_CTRL, .peer = r, .loff = out, .roff = exch_in_offset(s, round, s->me),
-                .len = sizeof header + len};
+    post_t p = {.kind = 2, .q = Q_CTRL, .peer = r, .loff = out, .roff = exch_in_offset(s, round, s->me),
+                .len = sizeof header + len, .id = id_of(s, ID_EXCH, s->me), .value = encode(round)};
     res = post(s, &p, deadline, what);
-    if (res == TNT_SUCCESS) res = post_notify(s, Q_CTRL, r, id_of(s, ID_EXCH, s->me), encode(round), deadline, what);
   }
   s->missing = 0;
   for (int r = 0; r < s->n; r++) s->missing += !s->peers[r].exch_got;
@@ -1164,7 +1201,7 @@ static void free_state(gpi2_t *s) {
 static void gpi2_finalize(void *st) {
   gpi2_t *s = st;
   pthread_mutex_lock(&s->mu);
-  int failed = s->err_code != TNT_SUCCESS;
+  int failed = flush_put(s, host->now() + 1.0) != TNT_SUCCESS || s->err_code != TNT_SUCCESS;
   for (int r = 0; r < s->n; r++) failed |= s->peers[r].lost || s->peers[r].state == PEER_FAILED;
   pthread_mutex_unlock(&s->mu);
   /* after a failure nobody waits for goodbyes: a dead peer never sends one */
