@@ -25,7 +25,7 @@ INSTALL = {
                  "bin/ directory on PATH, or use --transport mpi",
 }
 # inherited by ranks through the engine besides what tntrun sets itself
-PASS_THROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+PASS_THROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "GPI2_HOME")  # GPI2_HOME: the gpi2 plugin finds GPI-2 by it on every host
 
 
 class EngineMissing(Exception):
@@ -128,4 +128,19 @@ def gaspi_script(env, names, rank_cmd, cwd):
 
 def gaspi(gaspi_run, placement, machinefile, script):
     total = sum(n for _, n in placement)
-    return [gaspi_run, "-n", str(total), "-m", machinefile, script]
+    return [*_bash_if_needed(gaspi_run), "-n", str(total), "-m", machinefile, script]
+
+
+def _bash_if_needed(script):
+    """GPI-2 1.6's gaspi_run says #!/bin/sh but is written for bash (`<<<`, `[[ =~ ]]`):
+    where /bin/sh is another shell (Debian's dash) it fails with "Syntax error: redirection
+    unexpected". Run such a script with bash."""
+    try:
+        with open(script, "rb") as f:
+            first = f.readline()
+    except OSError:
+        return [script]
+    bash = shutil.which("bash")
+    if first.startswith(b"#!") and first.split()[0].endswith(b"/sh") and bash:
+        return [bash, script]
+    return [script]
