@@ -9,8 +9,10 @@ with a message that says what to do. GPI-2 is GPL-3.0 and packaged nowhere:
 these tests run where it is installed ($GPI2_HOME, or /work/gpi2, the folder
 the project's development machine builds it into) and skip, saying so,
 elsewhere (CI)."""
+import ctypes.util
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -62,7 +64,7 @@ def test_every_collective_is_bitwise_identical_on_every_rank(n, cache, tmp_path)
                  env=gpi2_env(cache, TNT_TEST_BIG_BYTES=3 << 20, TNT_LOG_LEVEL="INFO", TNT_TIMEOUT_S=120))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"initialized: rank 0 of {n}, transport gpi2" in res.stderr, res.stderr[-3000:]
-    assert "transport plugin gpi2 loaded" in res.stderr and "GPI-2 1.6" in res.stderr, res.stderr[-3000:]
+    assert re.search(r"transport plugin gpi2 loaded .*: GPI-2 1\.\d", res.stderr), res.stderr[-3000:]
     reps = reports(tmp_path, n)
     for rep in reps:
         assert rep["failures"] == [], rep["failures"]
@@ -225,7 +227,9 @@ INIT = textwrap.dedent("""
 def init_error(cache, **env):
     """What tnt.init() raises on rank 0 of a 2-rank job with TNT_TRANSPORT=gpi2."""
     e = clean_env(TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID="gpi2-error-paths", TNT_TRANSPORT="gpi2",
-                  XDG_CACHE_HOME=cache, TNT_TIMEOUT_S=20, **env)
+                  XDG_CACHE_HOME=cache, TNT_TIMEOUT_S=20)
+    e.pop("GPI2_HOME", None)  # only where a test gives it
+    e.update({k: str(v) for k, v in env.items()})
     res = subprocess.run([sys.executable, "-c", INIT], env=e, capture_output=True, text=True, timeout=120)
     out = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert out, res.stdout + res.stderr
@@ -241,6 +245,7 @@ def test_gpi2_home_without_gpi2_says_where_it_looked(cache, tmp_path):
 
 
 @pytest.mark.skipif(not CC, reason="needs a C compiler (cc) to build the gpi2 plugin")
+@pytest.mark.skipif(bool(ctypes.util.find_library("GPI2")), reason="GPI-2 is installed where the loader looks")
 def test_no_gpi2_on_the_library_path_says_how_to_get_it(cache):
     err = init_error(cache, LD_LIBRARY_PATH="")
     assert err["error"] == "InvalidUsageError", err
