@@ -122,7 +122,9 @@ def gaspi_script(env, names, rank_cmd, cwd):
     for name in list(PASS_THROUGH) + list(names):
         if name in env:
             lines.append(f"export {name}={shlex.quote(env[name])}")
-    lines.append("exec " + shlex.join(rank_cmd) + ' "$@"')
+    # no "$@": the command is whole here, and gaspi_run passes its master rank one empty
+    # argument when it has none ("$GPI2_PRG_ARGS"), which the program would receive
+    lines.append("exec " + shlex.join(rank_cmd))
     return "\n".join(lines) + "\n"
 
 

@@ -8,10 +8,12 @@
  * Model (transport.h) over one GASPI segment per tnt_init, the same layout on
  * every rank:
  *   window | exchange in [2][n] | abort reasons [n] | exchange out [2] | reason out | staging
- * put = copy into staging + gaspi_write into the peer's window; notify =
- * gaspi_notify on the same queue (GPI-2 delivers a queue's requests to one rank
- * in order on every device: a notification is never seen before the writes
- * posted before it); wait = gaspi_notify_reset polled with our own backoff.
+ * put = copy into staging + gaspi_write into the peer's window, held back so
+ * that the notify after it goes out with it as one gaspi_write_notify; else
+ * notify = gaspi_notify on the same queue (GPI-2 delivers a queue's requests
+ * to one rank in order on every device: a notification is never seen before
+ * the writes posted before it); wait = gaspi_notify_reset polled with our own
+ * backoff.
  * GASPI notifications hold a value, not a count, and 0 means "none": a sender
  * sends its running count (31 bits, top bit set so it is never 0) and the
  * receiver widens it back; counters only grow, so a value overwritten before it
