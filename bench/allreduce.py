@@ -5,6 +5,7 @@ copy bandwidth, measured in the same run. Not a test: a table to read.
     python bench/allreduce.py                      # 2 and 4 ranks, 4 B .. 256 MB
     python bench/allreduce.py --ranks 2 --max-bytes 64M --markdown docs/table.md
     python bench/allreduce.py --transport mpi      # Tarantella over its mpi transport, under mpirun
+    python bench/allreduce.py --transport gpi2     # over its gpi2 transport (tntrun; GPI2_HOME set)
 
 Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it: the bytes
 each rank must move in a bandwidth-optimal allreduce, so the figure compares
@@ -98,8 +99,9 @@ def _timed(fn):
 def launch(kind, ranks, sizes, transport="shm"):
     args = [HERE, "--worker", kind, "--sizes", ",".join(map(str, sizes))]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    if kind == "tnt" and transport == "shm":
+    if kind == "tnt" and transport in ("shm", "gpi2"):
         cmd = [sys.executable, "-m", "tarantella.runner", "-n", str(ranks), "--no-gpu", "--", *args]
+        env["TNT_TRANSPORT"] = transport
     else:  # MPI_Allreduce, or Tarantella over its mpi transport: both under mpirun, unbound (two threads a rank)
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(ranks),
                sys.executable, *args]
@@ -136,8 +138,9 @@ def main():
     p.add_argument("--min-bytes", default="4")
     p.add_argument("--max-bytes", default="256M")
     p.add_argument("--markdown", help="also write the table to this file")
-    p.add_argument("--transport", choices=["shm", "mpi"], default="shm",
-                   help="Tarantella's transport: shm (tntrun, default) or mpi (mpirun, TNT_TRANSPORT=mpi)")
+    p.add_argument("--transport", choices=["shm", "mpi", "gpi2"], default="shm",
+                   help="Tarantella's transport: shm (tntrun, default), mpi (mpirun, TNT_TRANSPORT=mpi) or "
+                        "gpi2 (tntrun, TNT_TRANSPORT=gpi2)")
     p.add_argument("--worker", choices=["tnt", "mpi"], help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     a = p.parse_args()

@@ -1,6 +1,6 @@
 /* transport.c - the table of transports, probed in order for TNT_TRANSPORT=auto
- * (NCCL's ncclTransports[] pattern). shm is built in; mpi is a plugin loaded
- * at run time (plugin.c), only when asked for by name: `auto` keeps shm on one
+ * (NCCL's ncclTransports[] pattern). shm is built in; mpi and gpi2 are plugins
+ * loaded at run time (plugin.c), only when asked for by name: `auto` keeps shm on one
  * host (choosing mpi across hosts comes with the hierarchical transport). */
 #include <string.h>
 
@@ -9,8 +9,7 @@
 #include "transport_plugin.h"
 
 static const tnt_transport_t *const transports[] = {&tnt_transport_shm};
-static const char *const plugins[] = {"mpi"};
-static const char *const planned[] = {"gpi2"};
+static const char *const plugins[] = {"mpi", "gpi2"};
 
 static tnt_result_t cannot_serve(const tnt_transport_t *t, const tnt_placement_t *pl) {
   return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
@@ -41,12 +40,6 @@ tnt_result_t tnt_transport_select(const tnt_placement_t *pl, const tnt_params_t 
     *out = t;
     return TNT_SUCCESS;
   }
-  for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
-    if (!strcmp(want, planned[i]))
-      return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
-                      "transport %s is not available in this build of Tarantella yet; use TNT_TRANSPORT=shm (one "
-                      "host) or TNT_TRANSPORT=mpi (under mpirun/srun)",
-                      want);
   return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
                   "no transport can serve this job: %d ranks across several hosts (%d on this one); TNT_TRANSPORT=auto "
                   "does not pick mpi across hosts yet: start the job with mpirun/srun and TNT_TRANSPORT=mpi",

@@ -1,5 +1,11 @@
 """Transports loaded at run time: find or build their plugin (docs/transport.md).
 
+Two plugins: mpi (below) and gpi2. The gpi2 plugin loads GPI-2 itself when the
+transport starts (dlopen: $GPI2_HOME, or libGPI2.so on the library path), so it
+is compiled with the plain C compiler ($TNT_CC, $CC, else cc) and its folder,
+gpi2-abi<N>-<digest>, depends only on its sources and that compiler: the same
+library serves every GPI-2 install. $TNT_GPI2_PLUGIN names one built elsewhere.
+
 The mpi transport is a shared library compiled at first use with the MPI's own
 compiler wrapper (`mpicc`, or $TNT_MPICC / $MPICC) into a per-user cache,
 $XDG_CACHE_HOME/tarantella/plugins (default ~/.cache), in a folder named after
@@ -30,9 +36,11 @@ _PACKAGED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 
 # What the plugin is compiled from, relative to core/ (setup.py ships the same
 # files in tarantella/_plugin_src for installs that are not editable).
-SOURCES = ("src/transport/plugins/mpi.c", "src/transport_plugin.h", "src/transport.h", "src/params.h",
-           "include/tarantella.h")
+SOURCES = ("src/transport/plugins/mpi.c", "src/transport/plugins/gpi2.c", "src/transport_plugin.h",
+           "src/transport.h", "src/params.h", "include/tarantella.h")
+HEADERS = ("src/transport_plugin.h", "src/transport.h", "src/params.h", "include/tarantella.h")
 LIBRARY = "libtnt-transport-mpi.so"
+GPI2_LIBRARY = "libtnt-transport-gpi2.so"
 _VERSION_MACROS = ("OMPI_MAJOR_VERSION", "OMPI_MINOR_VERSION", "OMPI_RELEASE_VERSION", "MPICH_VERSION",
                    "I_MPI_VERSION", "MVAPICH2_VERSION", "MPI_VERSION", "MPI_SUBVERSION")
 
@@ -120,8 +128,8 @@ def _private_dir(path):
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
         raise errors.SystemError(
-            f"the mpi transport's plugin cannot be built: cannot create {path} ({exc.strerror}): set XDG_CACHE_HOME "
-            "to a writable folder of your own, or TNT_MPI_PLUGIN to a plugin built elsewhere") from None
+            f"the transport plugin cannot be built: cannot create {path} ({exc.strerror}): set XDG_CACHE_HOME "
+            "to a writable folder of your own, or TNT_MPI_PLUGIN / TNT_GPI2_PLUGIN to a plugin built elsewhere") from None
     for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
         st = os.stat(folder)
         if st.st_uid != os.getuid() or st.st_mode & 0o022:
@@ -133,7 +141,7 @@ def _private_dir(path):
 
 def build_dir(mpi, src):
     digest = hashlib.sha256()
-    for rel in SOURCES:
+    for rel in ("src/transport/plugins/mpi.c",) + HEADERS:
         with open(os.path.join(src, rel), "rb") as f:
             digest.update(rel.encode() + b"\0" + f.read())
     digest.update(json.dumps(mpi, sort_keys=True).encode())
@@ -163,35 +171,91 @@ def mpi_plugin():
     return lib
 
 
-def _build(mpicc, mpi, src, folder, lib):
+def _build(mpicc, mpi, src, folder, lib, command=compile_command, name="mpi"):
     with open(os.path.join(folder, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks of this host wait for the first to build
         if os.path.isfile(lib):
             return
         fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
         os.close(fd)
-        cmd = compile_command(mpicc, src, tmp)
+        cmd = command(mpicc, src, tmp)
         res = _run(cmd)
         log = os.path.join(folder, "build.log")
         with open(log, "w") as f:
             f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n" + res.stdout + res.stderr)
-            f.write(f"\nexit status {res.returncode}\nMPI: {json.dumps(mpi, sort_keys=True)}\n")
+            f.write(f"\nexit status {res.returncode}\n{name.upper()}: {json.dumps(mpi, sort_keys=True)}\n")
         if res.returncode != 0:
             os.unlink(tmp)
             output = (res.stderr + res.stdout).strip()
             raise errors.SystemError(
-                f"TNT_TRANSPORT=mpi, but building the mpi transport plugin with {' '.join(mpicc)} failed (exit status "
-                f"{res.returncode}); the compiler said:\n{output[-3000:]}\n(full log: {log})")
+                f"TNT_TRANSPORT={name}, but building the {name} transport plugin with {' '.join(mpicc)} failed (exit "
+                f"status {res.returncode}); the compiler said:\n{output[-3000:]}\n(full log: {log})")
         os.chmod(tmp, 0o755)
         os.replace(tmp, lib)  # atomic: a rank on another host sharing this home sees all of it or nothing
 
 
+# ---- gpi2: compiled with the plain C compiler; GPI-2 is found when the transport starts ----
+
+def find_cc():
+    """The C compiler for the gpi2 plugin as an argument list, or raise saying why there is none."""
+    for var in ("TNT_CC", "CC"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            cmd = shlex.split(value)
+            if not shutil.which(cmd[0]):
+                raise errors.InvalidArgumentError(
+                    f"the gpi2 transport: {var}={value} is not an executable C compiler: point {var} at one, or "
+                    "unset it to use cc on PATH")
+            return cmd
+    found = shutil.which("cc") or shutil.which("gcc")
+    if not found:
+        raise errors.InvalidArgumentError(
+            "TNT_TRANSPORT=gpi2, but there is no C compiler (cc) to build the gpi2 transport's plugin with (it is "
+            "compiled once, at first use): install one (Debian/Ubuntu: apt-get install gcc), set TNT_CC, or set "
+            "TNT_GPI2_PLUGIN to a plugin built elsewhere")
+    return [found]
+
+
+def gpi2_compile_command(cc, src, out):
+    return [*cc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
+            "-I", os.path.join(src, "include"), "-I", os.path.join(src, "src"),
+            os.path.join(src, "src", "transport", "plugins", "gpi2.c"), "-o", out, "-lpthread", "-ldl"]
+
+
+def gpi2_plugin():
+    """The path of the gpi2 transport's plugin, built if needed (it holds no
+    GPI-2: the plugin finds GPI-2 when the transport starts and says so if not)."""
+    cc = find_cc()
+    src = source_dir()
+    digest = hashlib.sha256()
+    for rel in ("src/transport/plugins/gpi2.c",) + HEADERS:
+        with open(os.path.join(src, rel), "rb") as f:
+            digest.update(rel.encode() + b"\0" + f.read())
+    compiler = {"cc": os.path.realpath(shutil.which(cc[0])), "args": cc[1:]}
+    digest.update(json.dumps(compiler, sort_keys=True).encode())
+    folder = os.path.join(cache_root(), f"gpi2-abi{abi_version(src)}-{digest.hexdigest()[:12]}")
+    lib = os.path.join(folder, GPI2_LIBRARY)
+    _private_dir(folder)
+    if not os.path.isfile(lib):
+        _build(cc, compiler, src, folder, lib, command=gpi2_compile_command, name="gpi2")
+    st = os.stat(lib)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise errors.InvalidUsageError(f"{lib} is not this user's own or others may write it: delete it")
+    return lib
+
+
+_BUILDERS = {"mpi": ("TNT_MPI_PLUGIN", mpi_plugin), "gpi2": ("TNT_GPI2_PLUGIN", gpi2_plugin)}
+
+
 def prepare(transport=None):
     """Before the core starts: make the plugin of a run-time transport available.
-    A no-op for shm and auto, and when TNT_MPI_PLUGIN is already set."""
+    A no-op for shm and auto, and when TNT_<NAME>_PLUGIN is already set."""
     transport = transport if transport is not None else os.environ.get("TNT_TRANSPORT", "auto").strip()
-    if transport != "mpi" or os.environ.get("TNT_MPI_PLUGIN"):
+    if transport not in _BUILDERS:
         return None
-    path = mpi_plugin()
-    os.environ["TNT_MPI_PLUGIN"] = path
+    var, build = _BUILDERS[transport]
+    if os.environ.get(var):
+        return None
+    path = build()
+    os.environ[var] = path
     return path
