@@ -186,11 +186,30 @@ def _build(mpicc, mpi, src, folder, lib):
         os.replace(tmp, lib)  # atomic: a rank on another host sharing this home sees all of it or nothing
 
 
+# (size, ranks on this host) as the core reads them (core/src/params.c): the launcher's first
+_PLACEMENT = (("TNT_SIZE", "TNT_LOCAL_SIZE"), ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
+              ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"))
+
+
+def spans_hosts(environ=None):
+    """True when the placement says the ranks are on several hosts (auto then needs mpi)."""
+    environ = os.environ if environ is None else environ
+    for size_var, local_var in _PLACEMENT:
+        size = environ.get(size_var, "").strip()
+        if not size:
+            continue
+        local = environ.get(local_var, "").strip()
+        return size.isdigit() and local.isdigit() and 0 < int(local) < int(size)
+    return False
+
+
 def prepare(transport=None):
-    """Before the core starts: make the plugin of a run-time transport available.
-    A no-op for shm and auto, and when TNT_MPI_PLUGIN is already set."""
+    """Before the core starts: make the plugin of a run-time transport available
+    (mpi; auto when the ranks are on several hosts: mpi between them). A no-op
+    otherwise, and when TNT_MPI_PLUGIN is already set."""
     transport = transport if transport is not None else os.environ.get("TNT_TRANSPORT", "auto").strip()
-    if transport != "mpi" or os.environ.get("TNT_MPI_PLUGIN"):
+    wanted = transport == "mpi" or (transport == "auto" and spans_hosts())
+    if not wanted or os.environ.get("TNT_MPI_PLUGIN"):
         return None
     path = mpi_plugin()
     os.environ["TNT_MPI_PLUGIN"] = path

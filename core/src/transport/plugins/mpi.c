@@ -1040,7 +1040,7 @@ static tnt_result_t mpi_wait(void *st, int kind, int from, uint32_t target, doub
   mpi_t *s = st;
   counter_target_t ct = {&s->counters[kind * s->n + from], target};
   char what[96];
-  snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
+  snprintf(what, sizeof what, "waiting for %s from rank %d", kind % 2 == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
   tnt_result_t res = poll_until(s, counter_reached, &ct, from, deadline, what);
   return res == TNT_ERR_TIMEOUT ? timed_out(s, from, what) : res;
 }
