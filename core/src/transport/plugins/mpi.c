@@ -911,13 +911,16 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
     p->local = !strcmp(all[r].node, mine.node) && strcmp(mine.node, "?/?");
     snprintf(p->host, sizeof p->host, "%s", all[r].host);
     p->last_heard = p->last_sent = now;
-    if (p->local) {
+    /* a host is a host name, as for launchers (pids may be comparable across
+     * hosts that share a kernel: the namespaces of a test bed) */
+    if (!strcmp(all[r].host, mine.host)) {
       local_size++;
       if (r < mrank) local_rank++;
     }
   }
   if (local_rank != pl->local_rank || local_size != pl->local_size)
-    LOG(LOG_WARNING, "mpi: rank %d is local rank %d of %d by its environment, but %d of %d by the hosts MPI reports",
+    LOG(LOG_WARNING, "mpi: rank %d is local rank %d of %d by its environment, but %d of %d by the host names ranks "
+        "report",
         pl->rank, pl->local_rank, pl->local_size, local_rank, local_size);
   s->next_beat = now + beat / 4;
   free(all);
