@@ -378,9 +378,12 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
   TNT_CHECK(tnt_topology_discover(c->transport, c->ts, pl, c->params->timeout_s, &c->topo));
   const tnt_topology_t *t = &c->topo;
   const int H = t->hosts, L = tnt_topology_host_size(t, t->host), h = t->host, i = t->index_of[pl->rank];
-  if (H == 1 || L == 1 || !t->uniform) {
+  if (H == 1 || L == 1 || !t->uniform || !c->params->hierarchical) {
     TNT_INFO("allreduce: flat ring over all %d ranks (%s)", pl->size,
-             H == 1 ? "one host" : L == 1 && t->uniform ? "one rank per host" : "hosts hold different numbers of ranks");
+             H == 1                    ? "one host"
+             : !t->uniform             ? "hosts hold different numbers of ranks"
+             : L == 1                  ? "one rank per host"
+                                       : "TNT_HIERARCHICAL=0");
     return TNT_SUCCESS;
   }
   const size_t slot = (size_t)c->params->shm_slot_bytes;

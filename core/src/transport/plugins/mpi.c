@@ -562,7 +562,9 @@ static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const cha
 static tnt_result_t check_gone(mpi_t *s, int r, const char *what) {
   peer_t *p = &s->peers[r];
   if (p->state == PEER_FAILED) return peer_aborted(s, r, what);
-  if (p->state == PEER_EXITED)
+  /* a BYE overtakes the payloads still landing from that rank (it sent them all
+   * before it): not gone until they and the notifications behind them are in */
+  if (p->state == PEER_EXITED && p->n == 0)
     return failf(TNT_ERR_PEER_LOST, r, "rank %d has shut down while rank %d was %s: every rank must make the same "
                  "collective calls before shutdown", r, s->me, what);
   return TNT_SUCCESS;
