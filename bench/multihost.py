@@ -180,6 +180,8 @@ def main():
     p.add_argument("--min-bytes", default="4")
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--markdown", help="also write the table to this file")
+    p.add_argument("--only", default="hier,flat,mpi4,tnt2,mpi2",
+                   help="columns to measure (default: all): hier, flat, mpi4, tnt2, mpi2")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -205,11 +207,13 @@ def main():
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env = bed.env(base=env, OMP_NUM_THREADS="1")
         link = tcp_stream(bed, env)
-        cols = {"hier": run_tnt(bed, env, "hostA:2,hostB:2", sizes),
-                "flat": run_tnt(bed, env, "hostA:2,hostB:2", sizes, "TNT_HIERARCHICAL=0"),
-                "mpi4": run_mpi(bed, env, "hostA:2,hostB:2", exe, sizes),
-                "tnt2": run_tnt(bed, env, "hostA:1,hostB:1", sizes),
-                "mpi2": run_mpi(bed, env, "hostA:1,hostB:1", exe, sizes)}
+        runs = {"hier": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes),
+                "flat": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, "TNT_HIERARCHICAL=0"),
+                "mpi4": lambda: run_mpi(bed, env, "hostA:2,hostB:2", exe, sizes),
+                "tnt2": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes),
+                "mpi2": lambda: run_mpi(bed, env, "hostA:1,hostB:1", exe, sizes)}
+        only = args.only.split(",")
+        cols = {k: run() if k in only else None for k, run in runs.items()}
     finally:
         bed.close()
         shutil.rmtree(work, ignore_errors=True)

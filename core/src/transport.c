@@ -7,7 +7,9 @@
  *   mpi    the plugin, for every byte (same-host pairs included).
  * The placement's local size says whether the ranks share this host: the
  * launcher's (tntrun, mpirun, srun) count of ranks per node. */
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "transport.h"
@@ -75,3 +77,44 @@ tnt_result_t tnt_transport_select(const tnt_placement_t *pl, const tnt_params_t 
 }
 
 int tnt_transport_regions(const tnt_transport_t *t) { return t == &tnt_transport_shm ? 1 : TNT_CHANNELS; }
+
+/* An executable `name` on PATH (or `name` itself when it has a slash). */
+static int on_path(const char *name) {
+  if (strchr(name, '/')) return access(name, X_OK) == 0;
+  const char *path = getenv("PATH");
+  char dir[4096];
+  for (const char *p = path ? path : ""; *p;) {
+    size_t n = strcspn(p, ":");
+    snprintf(dir, sizeof dir, "%.*s/%s", (int)n, p, name);
+    if (n && access(dir, X_OK) == 0) return 1;
+    p += n + (p[n] == ':');
+  }
+  return 0;
+}
+
+const char *tnt_transport_status(const char *name) {
+  static __thread char why[1024];
+  if (!name) return NULL;
+  if (!strcmp(name, "shm")) return "";
+  if (strcmp(name, "mpi")) return NULL; /* not known to this core: the caller asks the machine */
+  const char *lib = getenv("TNT_MPI_PLUGIN");
+  if (lib && *lib) { /* built (by Python, or named by the user): can it be loaded? */
+    const tnt_transport_t *t = NULL;
+    if (tnt_plugin_transport("mpi", &t) == TNT_SUCCESS) return "";
+    snprintf(why, sizeof why, "%s", tnt_last_error());
+    return why;
+  }
+  /* not built yet: it is built at first use with the MPI's compiler wrapper */
+  const char *cc = getenv("TNT_MPICC");
+  if (!cc || !*cc) cc = getenv("MPICC");
+  if (cc && *cc) {
+    char first[1024];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(cc, " "), cc);
+    if (on_path(first)) return "";
+    snprintf(why, sizeof why, "the MPI compiler wrapper %.900s (TNT_MPICC or MPICC) was not found", first);
+    return why;
+  }
+  if (on_path("mpicc")) return "";
+  return "no MPI found (no mpicc on PATH, nor TNT_MPICC / MPICC): install Open MPI (Debian/Ubuntu: apt-get install "
+         "openmpi-bin libopenmpi-dev) or MPICH, or load your cluster's MPI module";
+}
