@@ -29,6 +29,7 @@ typedef struct {
   tnt_topology_t topo;
   int me;
   uint8_t *none_awaited; /* [size] zeros: no rank's clean shutdown is a failure here */
+  double next_check;     /* wait_local's next full check of the remote peers */
 } hier_t;
 
 static const tnt_transport_t *const shm = &tnt_transport_shm;
@@ -113,7 +114,15 @@ static tnt_result_t wait_local(hier_t *h, int kind, int from, uint32_t target, d
     if (until >= deadline) return shm->wait(h->lts, kind, lid(h, from), target, deadline);
     tnt_result_t res = shm->wait(h->lts, kind, lid(h, from), target, until);
     if (res != TNT_ERR_TIMEOUT) return res;
-    TNT_CHECK(h->net->check_peers(h->nts, h->none_awaited)); /* progress, and a lost remote rank ends the wait */
+    /* one round of MPI progress: a wait for a count already reached (our own
+     * counter from ourselves never moves from 0) polls once and returns. The
+     * neighbour we wait for fails its own wait if a remote rank is lost, and
+     * its abort ends ours; full checks of every peer every 0.1 s. */
+    TNT_CHECK(h->net->wait(h->nts, TNT_NOTIFY_DATA, h->me, 0, deadline));
+    if (tnt_now() >= h->next_check) {
+      h->next_check = tnt_now() + 0.1;
+      TNT_CHECK(h->net->check_peers(h->nts, h->none_awaited));
+    }
   }
 }
 
