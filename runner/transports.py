@@ -24,6 +24,7 @@ import sys
 
 NAMES = ("shm", "mpi", "gpi2")
 SHM = "ranks on one host, through POSIX shared memory (/dev/shm)"
+MPI = "ranks on several hosts, through MPI (its plugin is built at first use)"
 INSTALL_MPI = ("install Open MPI (Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev; "
                "RHEL/Fedora: dnf install openmpi openmpi-devel) or MPICH, or load your cluster's "
                "MPI module")
@@ -138,7 +139,11 @@ def status(environ=None, lib=None):
         answer = core_status(name, lib)
         if answer is not None:
             ok, why = answer
-            out.append((name, ok, SHM if ok and name == "shm" else why))
+            if ok and name == "shm":
+                why = SHM
+            elif ok and name == "mpi":  # the core found an MPI: say which, and how it is used
+                why = f"{MPI} (found: {_mpi_found(environ) or 'an MPI compiler wrapper'})"
+            out.append((name, ok, why))
             continue
         if name == "shm":
             out.append((name, True, SHM))
@@ -153,7 +158,8 @@ def describe(environ=None, lib=None):
     lines = ["transports (--transport; TNT_TRANSPORT):"]
     for name, ok, detail in status(environ, lib):
         lines.append(f"  {name:<5} {'available' if ok else 'not available'}: {detail}")
-    lines.append("  auto  shm when every rank is on one host, else mpi, else gpi2")
+    lines.append("  auto  shm when every rank is on one host; across hosts shm within each host and mpi "
+                 "between hosts")
     return "\n".join(lines)
 
 

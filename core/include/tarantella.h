@@ -64,6 +64,11 @@ int tnt_size(void);
 int tnt_local_rank(void);
 int tnt_local_size(void);
 const char *tnt_transport_name(void);
+/* Can transport `name` be used on this machine? "": yes; NULL: a name this core
+ * does not know; else why not, in one line that says what to install or set
+ * (mpi: usable when its plugin loads, or, not built yet, when an MPI compiler
+ * wrapper is found to build it at first use). Needs no tnt_init. */
+const char *tnt_transport_status(const char *name);
 
 /* Collectives. `name` identifies the request across ranks (at most 255 bytes);
  * ranks may submit names in any order. Buffers must stay valid until completion.

@@ -114,7 +114,9 @@ tnt_result_t tnt_init(void) {
   tnt_requests_init(&c->requests, c->pl.size);
   if (c->pl.size > 1) {
     if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS ||
-        (res = c->transport->init(&c->pl, &c->params, (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots,
+        (res = c->transport->init(&c->pl, &c->params,
+                                  (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots *
+                                      (size_t)tnt_transport_regions(c->transport),
                                   &c->ts)) != TNT_SUCCESS) {
       c->transport = NULL;
       goto out;

@@ -78,12 +78,16 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
                            const int64_t *bounds) {
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES)
-    return tnt_allreduce_ring(&c->ring, in, out, count, dt, factor, 1, bounds, op_deadline(c));
+    return c->hier ? tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, op_deadline(c))
+                   : tnt_allreduce_ring(&c->ring, in, out, count, dt, factor, 1, bounds, op_deadline(c));
   const void *src = in;
   if (factor != 1.0) { /* small: scale into the output, then reduce in place */
     tnt_scale(dt, out, in, factor, (size_t)count);
     src = out;
   }
+  if (c->hier)
+    return tnt_allreduce_hier_small(&c->ring, c->topo.members, c->topo.hosts, c->host_ring.size, src, out, count, dt,
+                                    bounds, c->small_scratch, op_deadline(c));
   return tnt_allreduce_small(&c->ring, src, out, count, dt, bounds, c->small_scratch, op_deadline(c));
 }
 
@@ -354,10 +358,46 @@ void tnt_engine_free(tnt_engine_t *c) {
   tnt_pending_free(&c->pending);
   tnt_fusion_free(&c->fusion);
   tnt_ring_teardown(&c->ring);
+  tnt_ring_teardown(&c->host_ring);
+  tnt_ring_teardown(&c->net_ring);
+  tnt_topology_free(&c->topo);
   free(c->small_scratch);
   pthread_mutex_destroy(&c->queue_mu);
   pthread_mutex_destroy(&c->progress);
   memset(c, 0, sizeof *c);
+}
+
+/* The host map, and the two rings of the hierarchical allreduce when every
+ * host holds the same number L > 1 of ranks on more than one host and the
+ * transport has a window region for them. Otherwise (one rank per host, or
+ * uneven hosts such as 3 + 1) every allreduce takes the flat ring, whose links
+ * are shm or network hop by hop: correct, in the flat ring's order. */
+static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
+  const tnt_placement_t *pl = c->pl;
+  if (tnt_transport_regions(c->transport) < TNT_CHANNELS) return tnt_topology_single(pl, &c->topo);
+  TNT_CHECK(tnt_topology_discover(c->transport, c->ts, pl, c->params->timeout_s, &c->topo));
+  const tnt_topology_t *t = &c->topo;
+  const int H = t->hosts, L = tnt_topology_host_size(t, t->host), h = t->host, i = t->index_of[pl->rank];
+  if (H == 1 || L == 1 || !t->uniform || !c->params->hierarchical) {
+    TNT_INFO("allreduce: flat ring over all %d ranks (%s)", pl->size,
+             H == 1                    ? "one host"
+             : !t->uniform             ? "hosts hold different numbers of ranks"
+             : L == 1                  ? "one rank per host"
+                                       : "TNT_HIERARCHICAL=0");
+    return TNT_SUCCESS;
+  }
+  const size_t slot = (size_t)c->params->shm_slot_bytes;
+  const int slots = c->params->shm_slots;
+  TNT_CHECK(tnt_ring_setup_on(&c->host_ring, c->transport, c->ts, i, L, tnt_topology_rank(t, h, (i + 1) % L),
+                              tnt_topology_rank(t, h, (i + L - 1) % L), TNT_CHANNEL_HOST, slot, slots,
+                              c->params->timeout_s));
+  TNT_CHECK(tnt_ring_setup_on(&c->net_ring, c->transport, c->ts, h, H, tnt_topology_rank(t, (h + 1) % H, i),
+                              tnt_topology_rank(t, (h + H - 1) % H, i), TNT_CHANNEL_NET, slot, slots,
+                              c->params->timeout_s));
+  c->hier = 1;
+  TNT_INFO("allreduce: hierarchical, %d hosts x %d ranks (inside the host, then position %d of every host, then "
+           "inside the host again)", H, L, i);
+  return TNT_SUCCESS;
 }
 
 tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
@@ -375,6 +415,7 @@ tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const 
   tnt_pending_init(&c->pending);
   tnt_result_t res = tnt_ring_setup(&c->ring, transport, ts, pl->rank, pl->size, (size_t)params->shm_slot_bytes,
                                     params->shm_slots, params->timeout_s);
+  if (res == TNT_SUCCESS) res = setup_hierarchy(c);
   if (res == TNT_SUCCESS) res = tnt_fusion_init(&c->fusion, pl->size);
   if (res == TNT_SUCCESS) res = tnt_negotiate_setup(&c->neg, pl, params, transport, ts, &c->pending);
   if (res == TNT_SUCCESS) {

@@ -75,6 +75,7 @@ _ROWS = (
     ("TNT_SHM_SLOTS", _CORE),
     ("TNT_CACHE_CAPACITY", _CORE),
     ("TNT_SPIN_US", _CORE),
+    ("TNT_HIERARCHICAL", _CORE),
     Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path"),
     Param("TNT_LOG_LEVEL", "choice", "WARNING", "log level of Tarantella's Python and C logs",
           ("DEBUG", "INFO", "WARNING", "ERROR")),

@@ -247,10 +247,30 @@ def gpi2_plugin():
 _BUILDERS = {"mpi": ("TNT_MPI_PLUGIN", mpi_plugin), "gpi2": ("TNT_GPI2_PLUGIN", gpi2_plugin)}
 
 
+# (size, ranks on this host) as the core reads them (core/src/params.c): the launcher's first
+_PLACEMENT = (("TNT_SIZE", "TNT_LOCAL_SIZE"), ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
+              ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"))
+
+
+def spans_hosts(environ=None):
+    """True when the placement says the ranks are on several hosts (auto then needs mpi)."""
+    environ = os.environ if environ is None else environ
+    for size_var, local_var in _PLACEMENT:
+        size = environ.get(size_var, "").strip()
+        if not size:
+            continue
+        local = environ.get(local_var, "").strip()
+        return size.isdigit() and local.isdigit() and 0 < int(local) < int(size)
+    return False
+
+
 def prepare(transport=None):
-    """Before the core starts: make the plugin of a run-time transport available.
-    A no-op for shm and auto, and when TNT_<NAME>_PLUGIN is already set."""
+    """Before the core starts: make the plugin of a run-time transport available
+    (mpi, gpi2; auto when the ranks are on several hosts: mpi between them).
+    A no-op for shm and auto on one host, and when TNT_<NAME>_PLUGIN is already set."""
     transport = transport if transport is not None else os.environ.get("TNT_TRANSPORT", "auto").strip()
+    if transport == "auto" and spans_hosts():
+        transport = "mpi"
     if transport not in _BUILDERS:
         return None
     var, build = _BUILDERS[transport]

@@ -94,7 +94,11 @@ typedef struct {
   double exch_deadline; /* the bound of the posted round (TNT_TIMEOUT_S after posting) */
   uint32_t bell_seen;
   double spin_s;
+  int *global;         /* [size] job-wide rank of each member, for messages (a group of a larger job) */
 } shm_t;
+
+/* The rank a message names: the job-wide one when this segment serves one host of many. */
+#define G(s, r) ((s)->global[(r)])
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -136,10 +140,11 @@ static int process_dead(pid_t pid) {
 static tnt_result_t peer_aborted(shm_t *s, int r, const char *what) {
   shm_rank_t *p = s->ranks[r];
   int root = atomic_load(&p->root_peer);
-  if (root >= 0 && root != r && root != s->pl.rank)
-    return tnt_fail_peer(root, "rank %d aborted because of rank %d (%s) while rank %d was %s", r, root, p->reason,
-                         s->pl.rank, what);
-  return tnt_fail_peer(r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->pl.rank, what);
+  if (root >= 0 && root != G(s, r) && root != G(s, s->pl.rank))
+    return tnt_fail_peer(root, "rank %d aborted because of rank %d (%s) while rank %d was %s", G(s, r), root,
+                         p->reason, G(s, s->pl.rank), what);
+  return tnt_fail_peer(G(s, r), "rank %d aborted (%s) while rank %d was %s", G(s, r), p->reason, G(s, s->pl.rank),
+                       what);
 }
 
 /* The job-wide failures that cost no system call: a collided segment, an aborted rank. */
@@ -157,12 +162,12 @@ static tnt_result_t check_awaited(shm_t *s, int from, const char *what) {
   shm_rank_t *p = s->ranks[from];
   uint32_t state = atomic_load(&p->state);
   if (state == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
-    return tnt_fail_peer(from, "rank %d (pid %d) died while rank %d was %s", from, (int)atomic_load(&p->pid), s->pl.rank,
-                         what);
+    return tnt_fail_peer(G(s, from), "rank %d (pid %d) died while rank %d was %s", G(s, from),
+                         (int)atomic_load(&p->pid), G(s, s->pl.rank), what);
   if (state == RANK_FAILED) return peer_aborted(s, from, what);
   if (state == RANK_EXITED)
-    return tnt_fail_peer(from, "rank %d has shut down while rank %d was %s: every rank must make the same collective "
-                         "calls before shutdown", from, s->pl.rank, what);
+    return tnt_fail_peer(G(s, from), "rank %d has shut down while rank %d was %s: every rank must make the same "
+                         "collective calls before shutdown", G(s, from), G(s, s->pl.rank), what);
   return TNT_SUCCESS;
 }
 
@@ -173,7 +178,8 @@ static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what
   for (int r = 0; r < s->pl.size; r++) {
     shm_rank_t *p = s->ranks[r];
     if (r != s->pl.rank && atomic_load(&p->state) == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
-      return tnt_fail_peer(r, "rank %d (pid %d) died while rank %d was %s", r, (int)atomic_load(&p->pid), s->pl.rank, what);
+      return tnt_fail_peer(G(s, r), "rank %d (pid %d) died while rank %d was %s", G(s, r), (int)atomic_load(&p->pid),
+                           G(s, s->pl.rank), what);
   }
   TNT_CHECK(check_job(s, what));
   for (int r = 0; r < s->pl.size; r++)
@@ -189,17 +195,18 @@ static void shm_describe_peer(void *st, int peer, char *out, size_t len) {
                       : state == 'D'               ? "is blocked in the kernel (disk or network I/O)"
                       : state == 'X' || state == 'Z' ? "has exited"
                                                    : "is alive but did not answer: it may be hung or busy outside Tarantella";
-  snprintf(out, len, "rank %d (pid %d) %s", peer, (int)pid, doing);
+  snprintf(out, len, "rank %d (pid %d) %s", G(s, peer), (int)pid, doing);
 }
 
 /* The error of a wait that reached its deadline, naming the awaited rank and
  * what its process is doing (a stopped rank is the usual culprit). */
 static tnt_result_t wait_timed_out(shm_t *s, int from, const char *what) {
   if (from < 0)
-    return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->pl.rank, what);
+    return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", G(s, s->pl.rank), what);
   char doing[256];
   shm_describe_peer(s, from, doing, sizeof doing);
-  return tnt_fail_about(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->pl.rank, what, doing);
+  return tnt_fail_about(TNT_ERR_TIMEOUT, G(s, from), "rank %d timed out %s after TNT_TIMEOUT_S: %s", G(s, s->pl.rank),
+                        what, doing);
 }
 
 /* Busy-wait for at most s->spin_s until ready(s, arg); 1 if it became ready. */
@@ -272,10 +279,12 @@ static void shm_free(shm_t *s) {
   free(s->ranks);
   free(s->exch);
   free(s->windows);
+  free(s->global);
   free(s);
 }
 
-static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state) {
+tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
+                                const int *global, void **state) {
   shm_t *s = calloc(1, sizeof *s);
   if (!s) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   s->pl = *pl;
@@ -283,10 +292,12 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
   s->ranks = calloc((size_t)pl->size, sizeof *s->ranks);
   s->exch = calloc((size_t)pl->size, sizeof *s->exch);
   s->windows = calloc((size_t)pl->size, sizeof *s->windows);
-  if (!s->ranks || !s->exch || !s->windows) {
+  s->global = calloc((size_t)pl->size, sizeof *s->global);
+  if (!s->ranks || !s->exch || !s->windows || !s->global) {
     shm_free(s);
     return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   }
+  for (int i = 0; i < pl->size; i++) s->global[i] = global ? global[i] : i;
   s->spin_s = tnt_spin_seconds(params, pl);
   snprintf(s->name, sizeof s->name, "/tnt-%s", pl->job_id);
   s->total = align_up(sizeof(shm_header_t), 4096) + (size_t)pl->size * block_bytes_for(pl->size, window_bytes);
@@ -393,7 +404,7 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
     size_t used = 0;
     for (int r = 0; r < pl->size && used < sizeof missing - 12; r++)
       if (atomic_load(&s->ranks[r]->state) == RANK_EMPTY)
-        used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", r);
+        used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", G(s, r));
     res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d waited %.0f s (TNT_TIMEOUT_S) for ranks [%s] to start: launch every rank "
                    "of the job (TNT_SIZE=%d) with the same TNT_JOB_ID, e.g. with tntrun",
                    pl->rank, params->timeout_s, missing, pl->size);
@@ -411,6 +422,10 @@ fail:
   if (s->fd >= 0) shm_unlink(s->name);
   shm_free(s);
   return res;
+}
+
+static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state) {
+  return tnt_shm_init_group(pl, params, window_bytes, NULL, state);
 }
 
 static tnt_result_t shm_put(void *st, int peer, size_t offset, const void *src, size_t len) {
@@ -433,7 +448,8 @@ static tnt_result_t shm_notify(void *st, int peer, int kind) {
 static tnt_result_t shm_wait(void *st, int kind, int from, uint32_t target, double deadline) {
   shm_t *s = st;
   char what[96];
-  snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
+  snprintf(what, sizeof what, "waiting for %s from rank %d", kind % 2 == TNT_NOTIFY_DATA ? "data" : "a free slot",
+           G(s, from));
   return wait_word(s, &s->ranks[s->pl.rank]->counters[kind * s->pl.size + from], target, from, deadline, what);
 }
 
