@@ -34,6 +34,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -47,6 +48,8 @@
 #define SHM_MAGIC 0x544e5431u /* "TNT1" */
 #define CACHE_LINE 64
 #define SLICE_S 0.1
+#define HOST_LOAD_EVERY_S 0.005 /* how often a spinner re-reads the host's count of runnable threads */
+#define BELL_GRACE_S 200e-6 /* how long a cycle waits for its peers to join by themselves before waking them */
 
 enum { RANK_EMPTY = 0, RANK_ALIVE = 1, RANK_EXITED = 2, RANK_FAILED = 3 };
 
@@ -63,6 +66,10 @@ typedef struct {
   shm_word_t attached;
   _Atomic uint64_t cycle_wanted;
   _Atomic uint32_t collided; /* two processes claimed one rank: the job is void */
+  char pad0[CACHE_LINE];
+  shm_word_t arrived;           /* exchange posts of every rank, all rounds: round r is complete at r * size */
+  _Atomic uint32_t spinners;    /* threads of this host busy-waiting now (at most one per core) */
+  _Atomic uint32_t sleepers;    /* ranks whose driving thread sleeps in an exchange or data wait now */
   char collision[512];
   char pad[CACHE_LINE];
 } shm_header_t;
@@ -93,7 +100,11 @@ typedef struct {
   int exch_posted;     /* this round is published and not yet collected */
   double exch_deadline; /* the bound of the posted round (TNT_TIMEOUT_S after posting) */
   uint32_t bell_seen;
-  double spin_s;
+  double spin_s;       /* TNT_SPIN_US: the longest spin of one wait (spin_allowed decides whether to spin) */
+  long ncpu;
+  int bells_owed;      /* a cycle was asked for: wake the peers' threads if they do not join it by themselves */
+  double load_read_at; /* when host_busy was last read */
+  int host_busy;       /* more runnable threads on the host than cores (any process's) */
 } shm_t;
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -202,15 +213,59 @@ static tnt_result_t wait_timed_out(shm_t *s, int from, const char *what) {
   return tnt_fail_about(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->pl.rank, what, doing);
 }
 
-/* Busy-wait for at most s->spin_s until ready(s, arg); 1 if it became ready. */
+/* Adaptive waiting under a host-wide budget. A waiter spins only while it can
+ * help: fewer threads spin than there are cores, and the ranks that are not
+ * asleep (the one awaited among them) fit on the cores, so a spinner never
+ * takes the core of the rank it waits for. 2 ranks on 2 cores spin (a 4-byte
+ * allreduce costs microseconds); of 8 ranks on 2 cores only the last ones to
+ * arrive spin, the others sleep on a futex and the last arrival wakes them. */
+static int host_has_free_cores(shm_t *s) {
+  /* the kernel's count of runnable threads (/proc/loadavg's "running/total"),
+   * read at most every HOST_LOAD_EVERY_S: other jobs' threads need cores too */
+  double now = tnt_now();
+  if (now - s->load_read_at >= HOST_LOAD_EVERY_S) {
+    s->load_read_at = now;
+    s->host_busy = 0;
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      char buf[128];
+      ssize_t n = read(fd, buf, sizeof buf - 1);
+      close(fd);
+      long running = 0;
+      if (n > 0) {
+        buf[n] = 0;
+        if (sscanf(buf, "%*s %*s %*s %ld/", &running) == 1) s->host_busy = running > s->ncpu;
+      }
+    }
+  }
+  return !s->host_busy;
+}
+
+static int spin_allowed(shm_t *s) {
+  if (s->spin_s <= 0 || !host_has_free_cores(s)) return 0;
+  long awake = (long)s->pl.local_size - (long)atomic_load_explicit(&s->hdr->sleepers, memory_order_relaxed);
+  return awake <= s->ncpu && (long)atomic_load_explicit(&s->hdr->spinners, memory_order_relaxed) < s->ncpu;
+}
+
+/* Busy-wait for at most s->spin_s until ready(s, arg), when spin_allowed; 1 if it became ready. */
 static int spin_until(shm_t *s, int (*ready)(shm_t *, const void *), const void *arg) {
-  if (s->spin_s <= 0) return 0;
+  if (!spin_allowed(s)) return 0;
+  if ((long)atomic_fetch_add(&s->hdr->spinners, 1) >= s->ncpu) { /* lost the race for the last core */
+    atomic_fetch_sub(&s->hdr->spinners, 1);
+    return 0;
+  }
   double until = tnt_now() + s->spin_s;
+  int got = 0;
   for (int i = 0;; i++) {
-    if (ready(s, arg)) return 1;
-    if ((i & 63) == 63 && tnt_now() > until) return 0;
+    if (ready(s, arg)) {
+      got = 1;
+      break;
+    }
+    if ((i & 63) == 63 && tnt_now() > until) break;
     tnt_cpu_relax();
   }
+  atomic_fetch_sub(&s->hdr->spinners, 1);
+  return got;
 }
 
 typedef struct {
@@ -223,28 +278,67 @@ static int word_reached(shm_t *s, const void *arg) {
   return reached(atomic_load_explicit(&wt->word->value, memory_order_acquire), wt->target);
 }
 
-/* Wait until w reaches target. `from` is the rank that bumps it (-1: any rank):
- * after each sleep slice it is checked in full, the others only for aborts. A
- * deadline that is not the operation's own (a caller's shorter wait) ends with
- * TNT_IN_PROGRESS when `resumable`. */
+#define FROM_EXCHANGE (-2) /* wait_word's `from` for an exchange round: the ranks that have not posted it */
+
+/* The first rank that has not posted the current exchange round, else -1. */
+static int first_missing(shm_t *s) {
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank && !reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round)) return r;
+  return -1;
+}
+
+/* Every rank that has not posted the current exchange round, in full (a rank
+ * that posted it and then shut down cleanly did its part: not a failure). */
+static tnt_result_t check_missing(shm_t *s, const char *what) {
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank && !reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round))
+      TNT_CHECK(check_awaited(s, r, what));
+  return TNT_SUCCESS;
+}
+
+/* Wake the background threads of the peers that have not joined a cycle this
+ * rank asked for. Lazily, after the spin: in a steady loop the peers' own
+ * application threads join within microseconds, and a wake-up would only make
+ * a sleeping thread compete with them for the cores. */
+static void pay_bells(shm_t *s) {
+  if (!s->bells_owed) return;
+  s->bells_owed = 0;
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank && !reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round)) bump(&s->ranks[r]->bell);
+}
+
+/* Wait until w reaches target: spin while spin_allowed, then sleep on a futex.
+ * The bells a cycle owes are rung only after BELL_GRACE_S more of sleeping (a
+ * peer that joins by itself needs none). After every SLICE_S of sleep `from`
+ * is checked in full (-1: every rank; FROM_EXCHANGE: the ranks missing from
+ * the current exchange round), the others only for aborts. */
 static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, int from, double deadline, const char *what) {
   word_target_t wt = {w, target};
   if (word_reached(s, &wt) || spin_until(s, word_reached, &wt)) return TNT_SUCCESS;
-  for (int slice = 0;; slice++) {
+  const double start = tnt_now();
+  double bell_at = start + BELL_GRACE_S, next_check = start + SLICE_S;
+  for (;;) {
     uint32_t v = atomic_load(&w->value);
     if (reached(v, target)) return TNT_SUCCESS;
     double now = tnt_now();
-    if (slice > 0) { /* not before the first sleep: most waits end within it */
+    if (s->bells_owed && now >= bell_at) pay_bells(s);
+    if (now >= next_check) { /* not before the first slice: most waits end within it */
+      next_check = now + SLICE_S;
       TNT_CHECK(check_job(s, what));
       if (from >= 0) TNT_CHECK(check_awaited(s, from, what));
+      else if (from == FROM_EXCHANGE) TNT_CHECK(check_missing(s, what));
       else TNT_CHECK(check_all(s, NULL, what));
     }
-    if (now >= deadline) return wait_timed_out(s, from, what);
-    struct timespec ts = tnt_timespec(deadline - now < SLICE_S ? deadline - now : SLICE_S);
+    if (now >= deadline) return wait_timed_out(s, from == FROM_EXCHANGE ? first_missing(s) : from, what);
+    double wake = deadline < next_check ? deadline : next_check;
+    if (s->bells_owed && bell_at < wake) wake = bell_at;
+    struct timespec ts = tnt_timespec(wake - now);
+    atomic_fetch_add(&s->hdr->sleepers, 1); /* counted, so that the last ranks to arrive may spin */
     atomic_fetch_add(&w->waiters, 1);
     v = atomic_load(&w->value);
     if (!reached(v, target)) futex(&w->value, FUTEX_WAIT, v, &ts);
     atomic_fetch_sub(&w->waiters, 1);
+    atomic_fetch_sub(&s->hdr->sleepers, 1);
   }
 }
 
@@ -287,7 +381,9 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
     shm_free(s);
     return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   }
-  s->spin_s = tnt_spin_seconds(params, pl);
+  s->spin_s = params->spin_s; /* spin_allowed decides per wait, from the whole host's state */
+  s->ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  if (s->ncpu < 1) s->ncpu = 1;
   snprintf(s->name, sizeof s->name, "/tnt-%s", pl->job_id);
   s->total = align_up(sizeof(shm_header_t), 4096) + (size_t)pl->size * block_bytes_for(pl->size, window_bytes);
   double deadline = tnt_now() + params->timeout_s;
@@ -438,7 +534,9 @@ static tnt_result_t shm_wait(void *st, int kind, int from, uint32_t target, doub
 }
 
 /* Publish this rank's bytes for the next round (double-buffered: a rank is at
- * most one round ahead of the slowest, so the other buffer is never being read). */
+ * most one round ahead of the slowest, so the other buffer is never being read).
+ * One arrival counter for the host: the last rank to post a round wakes every
+ * sleeper of that round with one system call (no N^2 wake-ups). */
 static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, double deadline) {
   shm_t *s = st;
   if (len > TNT_EXCHANGE_MAX) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
@@ -447,7 +545,10 @@ static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, do
   shm_rank_t *me = s->ranks[s->pl.rank];
   memcpy(s->exch[s->pl.rank] + buf * TNT_EXCHANGE_MAX, mine, len);
   me->exch_len[buf] = (uint32_t)len;
-  bump(&me->exch_seq); /* exch_seq == round now: the release publishes the bytes above */
+  atomic_store_explicit(&me->exch_seq.value, round, memory_order_release); /* publishes the bytes above */
+  uint32_t arrived = atomic_fetch_add(&s->hdr->arrived.value, 1) + 1;
+  if (arrived == round * (uint32_t)s->pl.size && atomic_load(&s->hdr->arrived.waiters))
+    futex(&s->hdr->arrived.value, FUTEX_WAKE, INT_MAX, NULL);
   s->exch_posted = 1;
   s->exch_deadline = deadline;
   return TNT_SUCCESS;
@@ -461,12 +562,11 @@ static tnt_result_t shm_exchange_collect(void *st, void *all, size_t stride, siz
   if (!s->exch_posted) return tnt_fail(TNT_ERR_INTERNAL, "exchange collected before it was posted");
   uint32_t round = s->exch_round, buf = round & 1;
   double deadline = until < s->exch_deadline ? until : s->exch_deadline;
-  for (int r = 0; r < s->pl.size; r++) {
-    if (r == s->pl.rank) continue;
-    tnt_result_t res = wait_word(s, &s->ranks[r]->exch_seq, round, r, deadline, "negotiating with the other ranks");
-    if (res == TNT_ERR_TIMEOUT && deadline < s->exch_deadline) return TNT_IN_PROGRESS;
-    TNT_CHECK(res);
-  }
+  tnt_result_t res = wait_word(s, &s->hdr->arrived, round * (uint32_t)s->pl.size, FROM_EXCHANGE, deadline,
+                               "negotiating with the other ranks");
+  if (res == TNT_ERR_TIMEOUT && deadline < s->exch_deadline) return TNT_IN_PROGRESS;
+  TNT_CHECK(res);
+  s->bells_owed = 0;
   for (int r = 0; r < s->pl.size; r++) {
     shm_rank_t *p = s->ranks[r];
     lens[r] = p->exch_len[buf];
@@ -489,8 +589,7 @@ static void shm_ring_doorbell(void *st, uint64_t cycle) {
   uint64_t cur = atomic_load(&s->hdr->cycle_wanted);
   while (cur < cycle && !atomic_compare_exchange_weak(&s->hdr->cycle_wanted, &cur, cycle)) {
   }
-  for (int r = 0; r < s->pl.size; r++)
-    if (r != s->pl.rank) bump(&s->ranks[r]->bell);
+  s->bells_owed = 1; /* rung by the wait for the cycle's exchange, for the peers that did not join (pay_bells) */
 }
 
 static int bell_rang(shm_t *s, const void *done) {
