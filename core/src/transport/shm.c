@@ -50,6 +50,8 @@
 #define SLICE_S 0.1
 #define HOST_LOAD_EVERY_S 0.005 /* how often a spinner re-reads the host's count of runnable threads */
 #define BELL_GRACE_S 200e-6 /* how long a cycle waits for its peers to join by themselves before waking them */
+#define IDLE_BELL_S 0.1     /* ... and for the peers that sleep with nothing pending */
+#define PENDING_NAP_S 1.0   /* a background thread sleeping no longer than this has requests pending */
 
 enum { RANK_EMPTY = 0, RANK_ALIVE = 1, RANK_EXITED = 2, RANK_FAILED = 3 };
 
@@ -70,6 +72,8 @@ typedef struct {
   shm_word_t arrived;           /* exchange posts of every rank, all rounds: round r is complete at r * size */
   _Atomic uint32_t spinners;    /* threads of this host busy-waiting now (at most one per core) */
   _Atomic uint32_t sleepers;    /* ranks whose driving thread sleeps in an exchange or data wait now */
+  _Atomic uint32_t host_busy;   /* more runnable threads on the host than cores (any process's), as last read */
+  _Atomic int64_t load_read_us; /* when host_busy was last read */
   char collision[512];
   char pad[CACHE_LINE];
 } shm_header_t;
@@ -81,6 +85,7 @@ typedef struct {
   char reason[512];
   uint32_t exch_len[2];
   char pad[CACHE_LINE - 12];
+  _Atomic int64_t nap_until_us; /* while the background thread sleeps on the bell: when it wakes by itself, else 0 */
   shm_word_t bell;      /* doorbell: bumped by peers wanting a cycle and by local requests */
   shm_word_t exch_seq;  /* rounds of exchange this rank has published */
   shm_word_t counters[]; /* [kind * size + source] */
@@ -103,8 +108,6 @@ typedef struct {
   double spin_s;       /* TNT_SPIN_US: the longest spin of one wait (spin_allowed decides whether to spin) */
   long ncpu;
   int bells_owed;      /* a cycle was asked for: wake the peers' threads if they do not join it by themselves */
-  double load_read_at; /* when host_busy was last read */
-  int host_busy;       /* more runnable threads on the host than cores (any process's) */
 } shm_t;
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -221,11 +224,12 @@ static tnt_result_t wait_timed_out(shm_t *s, int from, const char *what) {
  * arrive spin, the others sleep on a futex and the last arrival wakes them. */
 static int host_has_free_cores(shm_t *s) {
   /* the kernel's count of runnable threads (/proc/loadavg's "running/total"),
-   * read at most every HOST_LOAD_EVERY_S: other jobs' threads need cores too */
-  double now = tnt_now();
-  if (now - s->load_read_at >= HOST_LOAD_EVERY_S) {
-    s->load_read_at = now;
-    s->host_busy = 0;
+   * read by one thread of the host at most every HOST_LOAD_EVERY_S: other
+   * jobs' threads need cores too */
+  int64_t now = tnt_now_us(), last = atomic_load_explicit(&s->hdr->load_read_us, memory_order_relaxed);
+  if (now - last >= (int64_t)(HOST_LOAD_EVERY_S * 1e6) &&
+      atomic_compare_exchange_strong(&s->hdr->load_read_us, &last, now)) {
+    uint32_t busy = 0;
     int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
       char buf[128];
@@ -234,11 +238,12 @@ static int host_has_free_cores(shm_t *s) {
       long running = 0;
       if (n > 0) {
         buf[n] = 0;
-        if (sscanf(buf, "%*s %*s %*s %ld/", &running) == 1) s->host_busy = running > s->ncpu;
+        if (sscanf(buf, "%*s %*s %*s %ld/", &running) == 1) busy = running > s->ncpu;
       }
     }
+    atomic_store_explicit(&s->hdr->host_busy, busy, memory_order_relaxed);
   }
-  return !s->host_busy;
+  return !atomic_load_explicit(&s->hdr->host_busy, memory_order_relaxed);
 }
 
 static int spin_allowed(shm_t *s) {
@@ -297,14 +302,22 @@ static tnt_result_t check_missing(shm_t *s, const char *what) {
 }
 
 /* Wake the background threads of the peers that have not joined a cycle this
- * rank asked for. Lazily, after the spin: in a steady loop the peers' own
- * application threads join within microseconds, and a wake-up would only make
- * a sleeping thread compete with them for the cores. */
-static void pay_bells(shm_t *s) {
+ * rank asked for, lazily: in a steady loop the peers' application threads join
+ * within microseconds, and a wake-up would only make a sleeping thread compete
+ * with them for the cores (and run an empty cycle). A peer whose background
+ * thread is awake sees the cycle wanted before it sleeps: no bell. One that
+ * sleeps with requests pending (it wakes within LIVENESS_S by itself) is rung
+ * after BELL_GRACE_S; an idle one (it sleeps for seconds: nothing of its own
+ * waits for this cycle) only after IDLE_BELL_S, for the stall reports. */
+static void pay_bells(shm_t *s, double waited) {
   if (!s->bells_owed) return;
-  s->bells_owed = 0;
-  for (int r = 0; r < s->pl.size; r++)
-    if (r != s->pl.rank && !reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round)) bump(&s->ranks[r]->bell);
+  const int64_t now = tnt_now_us();
+  for (int r = 0; r < s->pl.size; r++) {
+    if (r == s->pl.rank || reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round)) continue;
+    int64_t nap = atomic_load(&s->ranks[r]->nap_until_us);
+    if (nap && (nap - now <= (int64_t)(PENDING_NAP_S * 1e6) || waited >= IDLE_BELL_S)) bump(&s->ranks[r]->bell);
+  }
+  if (waited >= IDLE_BELL_S) s->bells_owed = 0;
 }
 
 /* Wait until w reaches target: spin while spin_allowed, then sleep on a futex.
@@ -321,7 +334,10 @@ static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, int from
     uint32_t v = atomic_load(&w->value);
     if (reached(v, target)) return TNT_SUCCESS;
     double now = tnt_now();
-    if (s->bells_owed && now >= bell_at) pay_bells(s);
+    if (s->bells_owed && now >= bell_at) {
+      pay_bells(s, now - start);
+      bell_at = start + IDLE_BELL_S;
+    }
     if (now >= next_check) { /* not before the first slice: most waits end within it */
       next_check = now + SLICE_S;
       TNT_CHECK(check_job(s, what));
@@ -612,9 +628,13 @@ static void shm_wait_doorbell(void *st, uint64_t done, double deadline) {
     double now = tnt_now();
     if (now >= deadline) return;
     struct timespec ts = tnt_timespec(deadline - now < 1.0 ? deadline - now : 1.0);
+    /* published before the last look at cycle_wanted: a peer that asks for a
+     * cycle after it rings this bell (pay_bells), one that asked before is seen */
+    atomic_store(&s->ranks[s->pl.rank]->nap_until_us, deadline < 1e12 ? (int64_t)(deadline * 1e6) : INT64_MAX);
     atomic_fetch_add(&bell->waiters, 1);
     if (atomic_load(&bell->value) == b && atomic_load(&s->hdr->cycle_wanted) <= done) futex(&bell->value, FUTEX_WAIT, b, &ts);
     atomic_fetch_sub(&bell->waiters, 1);
+    atomic_store(&s->ranks[s->pl.rank]->nap_until_us, 0);
   }
 }
 
