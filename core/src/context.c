@@ -454,8 +454,12 @@ static tnt_result_t allreduce_in(const char *name, const void *in, void *out, in
   pthread_mutex_lock(&c->requests.mu);
   tnt_result_t r = wait_in(*handle, timeout_s);
   tnt_handle_slot_t *h = tnt_requests_get(&c->requests, *handle);
-  if (h && !h->done) r = TNT_IN_PROGRESS; /* the caller's slice ended: it waits on *handle */
-  else if (h) tnt_requests_release(&c->requests, *handle);
+  if (h && !h->done) {
+    r = TNT_IN_PROGRESS; /* the caller's slice ended: it waits on *handle */
+  } else if (h) {
+    r = tnt_requests_result(h); /* done, even if just after the slice ended */
+    tnt_requests_release(&c->requests, *handle);
+  }
   pthread_mutex_unlock(&c->requests.mu);
   return r;
 }
