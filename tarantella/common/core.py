@@ -97,8 +97,19 @@ def is_initialized():
     return _state == "up" and _pid == os.getpid()
 
 
+_forked = False  # set in a fork() child: only then is the pid worth a system call on every collective
+
+
+def _note_fork():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
 def _check_not_forked():
-    if _pid is not None and _pid != os.getpid():
+    if _forked and _pid is not None and _pid != os.getpid():
         raise errors.InvalidUsageError(
             f"Tarantella cannot be used in a forked child process (pid {os.getpid()}; this rank lives in "
             f"pid {_pid}): the child shares its parent's rank. Call collectives from the parent, or start "
