@@ -434,7 +434,11 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
   tnt_response_t *list = NULL;
   int n = 0, cap = 0;
 
-  /* 1. cache bits: sticky readiness per slot */
+  /* 1. cache bits: sticky readiness per slot (a slot can become ready for
+   * every rank only in a cycle that carries a bit for it: `seen`) */
+  const int nwords = cache_words(c);
+  uint64_t seen[nwords > 0 ? nwords : 1];
+  memset(seen, 0, sizeof seen);
   for (int q = 0; q < N; q++) {
     const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
     const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
@@ -442,6 +446,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
     for (uint32_t w = 0; w < hdr->nwords && (int)w < cache_words(c); w++) {
       uint64_t word;
       memcpy(&word, bits + w, sizeof word);
+      seen[w] |= word;
       for (uint64_t b = word; b; b &= b - 1) {
         int slot = (int)w * 64 + __builtin_ctzll(b);
         if (slot >= c->cache_cap) continue;
@@ -484,25 +489,29 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
     }
   }
   /* 2. slots every rank is ready for, in slot order */
-  for (int slot = 0; slot < c->cache_cap; slot++) {
-    tnt_cache_entry_t *e = &c->cache[slot];
-    if (!e->valid || e->nready < N) continue;
-    tnt_response_t r = {0};
-    snprintf(r.name, sizeof r.name, "%s", e->name);
-    r.meta = e->meta;
-    r.cache_slot = slot;
-    if (e->meta.coll == COLL_ALLGATHER) {
-      r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
-      if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-      memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
+  for (int w = 0; w < nwords; w++) {
+    for (uint64_t b = seen[w]; b; b &= b - 1) {
+      const int slot = w * 64 + __builtin_ctzll(b);
+      if (slot >= c->cache_cap) break;
+      tnt_cache_entry_t *e = &c->cache[slot];
+      if (!e->valid || e->nready < N) continue;
+      tnt_response_t r = {0};
+      snprintf(r.name, sizeof r.name, "%s", e->name);
+      r.meta = e->meta;
+      r.cache_slot = slot;
+      if (e->meta.coll == COLL_ALLGATHER) {
+        r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
+        if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+        memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
+      }
+      r.one_round = e->meta.coll == COLL_ALLREDUCE;
+      for (int q = 0; q < N && r.one_round; q++) r.one_round = c->payload_cycle[(size_t)slot * N + q] == stamp;
+      if (r.one_round) atomic_fetch_add(&c->one_round, 1);
+      memset(e->ready, 0, (size_t)N);
+      e->nready = 0;
+      e->last_used = c->cycles;
+      if (push_response(&list, &n, &cap, &r)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
     }
-    r.one_round = e->meta.coll == COLL_ALLREDUCE;
-    for (int q = 0; q < N && r.one_round; q++) r.one_round = c->payload_cycle[(size_t)slot * N + q] == stamp;
-    if (r.one_round) atomic_fetch_add(&c->one_round, 1);
-    memset(e->ready, 0, (size_t)N);
-    e->nready = 0;
-    e->last_used = c->cycles;
-    if (push_response(&list, &n, &cap, &r)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   }
   /* 3. announcements, in rank order */
   int first_new = n;
