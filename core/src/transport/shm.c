@@ -7,10 +7,13 @@
  *                notification counters [kind][source], one cache line each)
  *              | exchange buffers [2][TNT_EXCHANGE_MAX] | receive window
  *
- * Waiting: a futex on the counter word, after a short spin only when there are
- * at least as many cores as local ranks (8 ranks on 2 cores must not spin).
- * Sleeps are cut into slices of 100 ms; after each slice the waiter checks its
- * peers, so a dead peer is seen within ~0.1 s, a hang within the deadline.
+ * Waiting: a futex on the counter word, after a spin of at most TNT_SPIN_US
+ * only under a host-wide budget (spin_allowed: 8 ranks on 2 cores must not
+ * spin, and neither may anyone while other jobs fill the cores). An exchange
+ * round has one arrival counter in the header: only the last rank to post
+ * wakes the sleepers. Doorbells are rung lazily (pay_bells). Sleeps are cut
+ * into slices of 100 ms; after each slice the waiter checks its peers, so a
+ * dead peer is seen within ~0.1 s, a hang within the deadline.
  *
  * Liveness: a waiter checks the peer it waits for after each sleep slice (died,
  * aborted, stopped, or shut down before providing what is awaited), and only
