@@ -9,7 +9,9 @@
  * Execution packs consecutive allreduces of one dtype into the fusion buffer
  * (up to TNT_FUSION_THRESHOLD_KB): each tensor is copied in with its rank's
  * prescale, the buffer is reduced once, and each tensor is copied out (divided
- * by N for "average"). A single allreduce runs straight from input to output.
+ * by N for "average"). A single allreduce runs straight from input to output;
+ * a one-round response (negotiate.c) adds the payloads that came with the
+ * negotiation and needs no data round.
  *
  * Errors: a mismatch fails one request on every rank. A transport error (peer
  * lost, timeout) is fatal: every pending and later request fails with it, and
