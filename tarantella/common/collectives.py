@@ -1,6 +1,8 @@
 """NumPy collectives over the core, mpi4py-style but PEP 8: arrays in, new arrays out.
 
-Each blocking call is its `*_async` twin followed by `wait()`. Names identify a
+Each blocking call is its `*_async` twin followed by `wait()`, but for the
+allreduce of one array: that is one call into the core, which drives the
+collective on the calling thread (the plain call is the fast call). Names identify a
 request across ranks; without a name, each kind of collective numbers its calls
 ("allreduce.0", "allreduce.1", ...), which matches across ranks when every rank
 makes the same calls in the same order.
@@ -217,7 +219,7 @@ def _submit(fn, name, *args):
 
 
 def _output(out, array, what):
-    """A fresh aligned result array, or the caller's `out` after checking it."""
+    """A fresh result array (64-byte aligned when large), or the caller's `out` after checking it."""
     if out is None:
         return _result_like(array)
     if not isinstance(out, np.ndarray) or out.dtype != array.dtype or out.shape != array.shape \
