@@ -263,7 +263,7 @@ def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
     if _is_structure(array):
         _no_out(out, "allreduce")
         return _structure_collective(array, "allreduce", name, lambda a, n: allreduce_async(
-            a, op, n, prescale))
+            a, op, n, prescale), now=lambda a, n: _allreduce_now(a, op, n, prescale, None))
     return _allreduce_now(array, op, name, prescale, out)
 
 
@@ -435,16 +435,29 @@ def _groups(arrays):
     return groups
 
 
-def _structure_collective(structure, kind, name, start):
-    """allreduce or broadcast of a structure: one request per dtype."""
+class _Done:
+    """The outcome of a blocking call where a handle is expected."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def wait(self):
+        return self._value
+
+
+def _structure_collective(structure, kind, name, start, now=None):
+    """allreduce or broadcast of a structure: one request per dtype (with one
+    dtype and a blocking `now`, the blocking call: metrics and losses in a loop)."""
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
-    base = _auto_name(kind, name)
+    base = _auto_name(kind, name)[0].decode()
+    groups = _groups(arrays)
     handles = []
-    for dtype, idx in _groups(arrays).items():
+    for dtype, idx in groups.items():
         flat = np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in idx])
-        handles.append((idx, start(flat, f"{base}.{dtype.name}")))
+        group_name = f"{base}.{dtype.name}"
+        handles.append((idx, _Done(now(flat, group_name)) if now and len(groups) == 1 else start(flat, group_name)))
     results = [None] * len(arrays)
     for idx, handle in handles:
         flat, offset = handle.wait(), 0
@@ -462,7 +475,7 @@ def _allgather_structure(structure, name):
     leaves, rebuild = flatten(structure)
     arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
     arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
-    base = _auto_name("allgather", name)
+    base = _auto_name("allgather", name)[0].decode()
     if not arrays:
         return rebuild([])
     groups = _groups(arrays)

@@ -31,6 +31,15 @@ results = [tnt.allreduce(x) for _ in range(120)]
 seen["loop"] = delta(before)
 seen["loop_ok"] = all((r == np.arange(3) * size + sum(range(size))).all() for r in results)
 
+# 1b. a metrics dict of one dtype (a custom loop's loss and accuracy) is one
+#     blocking request: one round too
+for _ in range(60):
+    tnt.allreduce({"loss": 0.5, "acc": 1.0})
+before = core.stats()
+metrics = [tnt.allreduce({"loss": 0.5 * rank, "acc": 1.0}) for _ in range(30)]
+seen["metrics"] = delta(before)["one_round"]
+seen["metrics_ok"] = all(m == {"loss": 0.5 * sum(range(size)), "acc": float(size)} for m in metrics)
+
 # 2. the same bits as the small path's order: segment j of the result is
 #    c_j + c_(j+1) + ... + c_(j+N-1) (indices mod N), added left to right in float32
 contrib = [np.random.default_rng(q).standard_normal(1000).astype(np.float32) * 3.7 for q in range(size)]

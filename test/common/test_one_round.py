@@ -27,6 +27,10 @@ def test_a_loop_of_plain_calls_is_served_from_the_cache_in_one_round(observed):
         assert o["loop"]["cycles"] >= 120, o["loop"]
 
 
+def test_a_loop_of_metrics_dicts_is_served_in_one_round(observed):
+    assert all(o["metrics"] == 30 and o["metrics_ok"] for o in observed)
+
+
 def test_one_round_adds_in_the_small_paths_order_on_every_rank(observed):
     assert all(o["bits_one_round"] == 4 for o in observed)
     assert all(o["bits"] for o in observed)
