@@ -9,7 +9,9 @@
  * Execution packs consecutive allreduces of one dtype into the fusion buffer
  * (up to TNT_FUSION_THRESHOLD_KB): each tensor is copied in with its rank's
  * prescale, the buffer is reduced once, and each tensor is copied out (divided
- * by N for "average"). A single allreduce runs straight from input to output.
+ * by N for "average"). A single allreduce runs straight from input to output;
+ * a one-round response (negotiate.c) adds the payloads that came with the
+ * negotiation and needs no data round.
  *
  * Errors: a mismatch fails one request on every rank. A transport error (peer
  * lost, timeout) is fatal: every pending and later request fails with it, and
@@ -190,6 +192,18 @@ static tnt_result_t run_one(tnt_engine_t *c, tnt_request_t *req, const tnt_respo
   return TNT_SUCCESS;
 }
 
+/* A one-round allreduce: every rank's scaled payload is in the negotiation's
+ * messages; add them as the small path would (the same bits). */
+static tnt_result_t run_one_round(tnt_engine_t *c, tnt_request_t *req, const tnt_response_t *resp) {
+  const int N = c->pl->size;
+  const void *contrib[N];
+  int64_t t0 = tnt_now_us();
+  for (int q = 0; q < N; q++) contrib[q] = tnt_negotiate_payload(&c->neg, resp->cache_slot, q);
+  tnt_reduce_in_ring_order((tnt_dtype_t)req->meta.dtype, req->out, contrib, req->meta.count, N, NULL);
+  tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), "one round");
+  return TNT_SUCCESS;
+}
+
 static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
   int64_t now = tnt_now_us();
   tnt_request_t *group[256];
@@ -199,6 +213,12 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
     tnt_timeline_event(c->timeline, req->name, "NEGOTIATE", req->submit_us, now, tnt_coll_name(req->meta.coll));
     if (resp[i].error != TNT_SUCCESS) {
       finish(c, req, resp[i].error, resp[i].error_msg ? resp[i].error_msg : "mismatch", -1, NULL, 0, NULL);
+      i++;
+      continue;
+    }
+    if (resp[i].one_round) { /* its payloads came with the negotiation: no data round */
+      TNT_CHECK(run_one_round(c, req, &resp[i]));
+      finish(c, req, TNT_SUCCESS, NULL, -1, NULL, 0, NULL);
       i++;
       continue;
     }
@@ -216,7 +236,8 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
     int ng = 1, j = i + 1;
     group[0] = req;
     const int alone = req->meta.op == TNT_AVERAGE && !is_float((tnt_dtype_t)req->meta.dtype);
-    while (!alone && j < n && ng < 256 && resp[j].error == TNT_SUCCESS && resp[j].meta.coll == COLL_ALLREDUCE &&
+    while (!alone && j < n && ng < 256 && resp[j].error == TNT_SUCCESS && !resp[j].one_round &&
+           resp[j].meta.coll == COLL_ALLREDUCE &&
            resp[j].meta.dtype == req->meta.dtype &&
            !(resp[j].meta.op == TNT_AVERAGE && !is_float((tnt_dtype_t)resp[j].meta.dtype)) &&
            bytes + resp[j].meta.count * (int64_t)esz <= c->params->fusion_threshold_bytes) {
@@ -444,7 +465,7 @@ void tnt_engine_stop(tnt_engine_t *c) {
   }
 }
 
-tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
+static tnt_result_t enqueue(tnt_engine_t *c, tnt_request_t *req) {
   pthread_mutex_lock(&c->queue_mu);
   if (c->stop) {
     pthread_mutex_unlock(&c->queue_mu);
@@ -455,9 +476,16 @@ tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
   else c->queue_head = req;
   c->queue_tail = req;
   pthread_mutex_unlock(&c->queue_mu);
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
+  TNT_CHECK(enqueue(c, req));
   c->transport->wake_local(c->ts);
   return TNT_SUCCESS;
 }
+
+tnt_result_t tnt_engine_submit_driven(tnt_engine_t *c, tnt_request_t *req) { return enqueue(c, req); }
 
 void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   /* cycles is written under the progress lock; a stale read is fine for stats */
@@ -465,6 +493,7 @@ void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   stats->cache_hits = atomic_load(&c->neg.cache_hits);
   stats->announcements = atomic_load(&c->neg.announcements);
   stats->executed = atomic_load(&c->executed);
+  stats->one_round = atomic_load(&c->neg.one_round);
 }
 
 /* Size-1 jobs: every collective is a local copy (no thread, no transport). */

@@ -63,6 +63,10 @@ void tnt_engine_stop(tnt_engine_t *e);
 void tnt_engine_free(tnt_engine_t *e);
 /* Queue a request added to the requests table (fails once the engine stops). */
 tnt_result_t tnt_engine_submit(tnt_engine_t *e, tnt_request_t *req);
+/* The same for a request whose submitting thread waits for it at once and
+ * drives the engine itself: the background thread is not woken (the wait
+ * hands over to it if it stops driving before the request completes). */
+tnt_result_t tnt_engine_submit_driven(tnt_engine_t *e, tnt_request_t *req);
 /* One step by the calling thread if nobody else drives the engine (else
  * TNT_STEP_BUSY); a cycle left BLOCKED at `until` is handed to the thread. */
 int tnt_engine_drive(tnt_engine_t *e, double until);

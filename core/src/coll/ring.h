@@ -98,6 +98,11 @@ tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, con
 tnt_result_t tnt_allreduce_hier_small(tnt_ring_t *flat, const int *rank_at, int H, int L, const void *in, void *out,
                                       int64_t count, tnt_dtype_t dtype, const int64_t *bounds, void *scratch,
                                       double deadline);
+/* out = the N contributions (already scaled) added segment by segment in the
+ * ring's order: segment j is contrib[j] + contrib[j+1] + ... (ring.h's rule),
+ * the same bits on every rank and on every path that adds this way. */
+void tnt_reduce_in_ring_order(tnt_dtype_t dtype, void *out, const void *const *contrib, int64_t count, int N,
+                              const int64_t *bounds);
 tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, size_t bytes, int root, double deadline);
 tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, const int64_t *bytes_per_rank,
                                 double deadline);
