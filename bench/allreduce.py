@@ -1,20 +1,28 @@
-"""Allreduce latency and bus bandwidth: Tarantella side by side with OpenMPI's
-MPI_Allreduce (through mpi4py, when installed) and with this machine's memory-
-copy bandwidth, measured in the same run. Not a test: a table to read.
+"""Allreduce latency and bus bandwidth: Tarantella side by side with MPI_Allreduce
+(Open MPI through mpi4py when installed; Intel MPI and MPICH from the venvs
+that bench/setup_peers.sh makes) and with this machine's memory-copy
+bandwidth, measured in the same run. Not a test: a table to read.
 
     python bench/allreduce.py                      # 2 and 4 ranks, 4 B .. 256 MB
-    python bench/allreduce.py --ranks 2 --max-bytes 64M --markdown docs/table.md
+    python bench/allreduce.py --ranks 2 --sizes 4,64K,1M --rounds 5 --baseline /tmp/old-tree
     python bench/allreduce.py --transport mpi      # Tarantella over its mpi transport, under mpirun
+    python bench/allreduce.py --transport gpi2     # over its gpi2 transport (tntrun; GPI2_HOME set)
 
-Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it: the bytes
-each rank must move in a bandwidth-optimal allreduce, so the figure compares
-across rank counts. Buffers are allocated once per size and reused (both peers
-get the same treatment). float32, sum.
+Tarantella is called three ways, in alternating batches inside one job:
+`plain` is what a user writes, `tnt.allreduce(x)` (unnamed, a fresh result
+array); `named` adds name=; `out` passes out= (no allocation). `--baseline
+DIR` also runs the Tarantella of another source tree (built in place) in the
+same rounds, for before/after ratios. Implementations are interleaved: every
+round launches each of them once, and a figure is the median over the rounds
+of each round's best batch.
+
+Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it. float32, sum.
 """
 import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +30,8 @@ import time
 import numpy as np
 
 HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+VARIANTS = ("plain", "named", "out")
 
 
 def parse_bytes(text):
@@ -38,24 +48,11 @@ def sizes_between(lo, hi):
 
 
 def iterations_for(nbytes):
-    # about 0.1-0.3 s per size on this machine, and at least 5 repetitions
-    return max(5, min(2000, int(2e8 / max(nbytes, 4096))))
+    # about 0.05-0.2 s per batch on this machine, and at least 5 repetitions
+    return max(5, min(3000, int(1e8 / max(nbytes, 2048))))
 
 
-def time_loop(fn, barrier, iters):
-    fn()
-    fn()  # warm: first-touch page faults and the negotiation cache
-    best = float("inf")
-    for _ in range(3):  # best of three batches: the machine is shared and noisy
-        barrier()
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        best = min(best, (time.perf_counter() - t) / iters)
-    return best
-
-
-def worker(kind, sizes):
+def worker(kind, sizes, variants, batches=3):
     if kind == "tnt":
         import tarantella as tnt
 
@@ -65,17 +62,33 @@ def worker(kind, sizes):
 
         comm = MPI.COMM_WORLD
         rank, size, barrier = comm.Get_rank(), comm.Get_size(), comm.Barrier
+        variants = ["mpi"]
     results = []
     for nbytes in sizes:
         x = np.ones(max(1, nbytes // 4), np.float32)
         out = np.empty_like(x)
-        if kind == "tnt":
-            fn = lambda: tnt.allreduce(x, name="bench", out=out)  # noqa: E731
-        else:
-            fn = lambda: comm.Allreduce(x, out, op=MPI.SUM)  # noqa: E731
-        t = time_loop(fn, barrier, iterations_for(nbytes))
-        assert out[0] == size, out[0]
-        results.append({"bytes": x.nbytes, "seconds": t})
+        calls = {
+            "plain": lambda: tnt.allreduce(x),
+            "named": lambda: tnt.allreduce(x, name="bench"),
+            "out": lambda: tnt.allreduce(x, out=out),
+            "mpi": lambda: comm.Allreduce(x, out, op=MPI.SUM),
+        }
+        iters = iterations_for(nbytes)
+        best = {v: float("inf") for v in variants}
+        for v in variants:  # warm: first-touch page faults and the negotiation cache
+            calls[v]()
+            calls[v]()
+        for _ in range(batches):  # variants alternate batch by batch: the machine is shared and noisy
+            for v in variants:
+                fn = calls[v]
+                barrier()
+                t = time.perf_counter()
+                for _ in range(iters):
+                    r = fn()
+                best[v] = min(best[v], (time.perf_counter() - t) / iters)
+                got = out if r is None else r
+                assert got[0] == size, (v, got[0])
+        results.append({"bytes": x.nbytes, "seconds": best})
     if rank == 0:
         print("RESULT " + json.dumps({"kind": kind, "ranks": size, "results": results}), flush=True)
 
@@ -95,32 +108,54 @@ def _timed(fn):
     return time.perf_counter() - t
 
 
-def launch(kind, ranks, sizes, transport="shm"):
-    args = [HERE, "--worker", kind, "--sizes", ",".join(map(str, sizes))]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if kind == "tnt" and transport == "shm":
-        cmd = [sys.executable, "-m", "tarantella.runner", "-n", str(ranks), "--no-gpu", "--", *args]
-    else:  # MPI_Allreduce, or Tarantella over its mpi transport: both under mpirun, unbound (two threads a rank)
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(ranks),
-               sys.executable, *args]
-        if kind == "tnt":
-            env["TNT_TRANSPORT"] = "mpi"
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+def find_peers(venvs):
+    """(label, python, mpiexec) of every MPI to compare against."""
+    peers = []
+    try:
+        import mpi4py  # noqa: F401
+
+        if shutil.which("mpirun"):
+            peers.append(("Open MPI", sys.executable, [shutil.which("mpirun"), "--allow-run-as-root",
+                                                       "--oversubscribe", "--bind-to", "none"]))
+    except ImportError:
+        pass
+    for label, path in venvs:
+        py, mpiexec = os.path.join(path, "bin", "python"), os.path.join(path, "bin", "mpiexec")
+        if os.path.exists(py) and os.path.exists(mpiexec):
+            peers.append((label, py, [mpiexec]))
+    return peers
+
+
+def launch(label, cmd, env, sizes, variants):
+    args = [HERE, "--worker", "mpi" if label.startswith("mpi:") else "tnt", "--sizes", ",".join(map(str, sizes)),
+            "--variants", ",".join(variants)]
+    res = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=1800)
     for line in res.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])["results"]
-    print(f"{kind} on {ranks} ranks failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}", file=sys.stderr)
+    print(f"{label} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}", file=sys.stderr)
     return None
 
 
-def mpi_available():
-    if not shutil.which("mpirun"):
-        return False
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def jobs_for(ranks, transport, baseline, peers):
+    """[(label, command prefix, env)] of every implementation to run each round."""
+    base_env = dict(os.environ, OMP_NUM_THREADS="1")
+    tnt_cmd = [sys.executable, "-m", "tarantella.runner", "-n", str(ranks), "--no-gpu", "--", sys.executable]
+    if transport == "mpi":
+        tnt_cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(ranks),
+                   sys.executable]
+        base_env["TNT_TRANSPORT"] = "mpi"
+    elif transport == "gpi2":
+        base_env["TNT_TRANSPORT"] = "gpi2"
+    jobs = [("tnt", tnt_cmd, base_env)]
+    if baseline:
+        env = dict(base_env, PYTHONPATH=os.path.abspath(baseline))
+        jobs.append(("tnt@baseline", tnt_cmd, env))
+    for label, py, mpiexec in peers:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("PYTHONPATH", None)
+        jobs.append((f"mpi:{label}", mpiexec + ["-n", str(ranks), py], env))
+    return jobs
 
 
 def human(nbytes):
@@ -130,43 +165,82 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
+def figure(seconds, nbytes, ranks):
+    """Latency below 1 MB, bus bandwidth from 1 MB (how the peers' table reads)."""
+    if seconds != seconds:
+        return "-"
+    if nbytes < (1 << 20):
+        return f"{seconds * 1e6:.1f} us"
+    return f"{2 * (ranks - 1) / ranks * nbytes / seconds / 1e9:.2f} GB/s"
+
+
+def table(ranks, sizes, per_job, columns):
+    """Markdown rows: one column per implementation/variant, then the ratios."""
+    def median_of(label, variant, i):
+        runs = [r[i]["seconds"][variant] for r in per_job.get(label, []) if r]
+        return statistics.median(runs) if runs else float("nan")
+
+    heads = [f"{label} {variant}" if not label.startswith("mpi:") else label[4:] for label, variant in columns]
+    peers = [(label, v) for label, v in columns if label.startswith("mpi:")]
+    ratio_heads = ["best peer / tnt plain"] if peers else []
+    if any(label == "tnt@baseline" for label, _ in columns):
+        ratio_heads.append("baseline plain / tnt plain")
+    lines = ["| size | " + " | ".join(heads + ratio_heads) + " |",
+             "| ---: | " + " | ".join("---:" for _ in heads + ratio_heads) + " |"]
+    for i, nbytes in enumerate(sizes):
+        cells = [figure(median_of(label, v, i), nbytes, ranks) for label, v in columns]
+        plain = median_of("tnt", "plain", i)
+        if peers:
+            best = min(((median_of(label, v, i), label[4:]) for label, v in peers), key=lambda t: t[0])
+            cells.append(f"{best[0] / plain:.2f} ({best[1]})")
+        if any(label == "tnt@baseline" for label, _ in columns):
+            cells.append(f"{median_of('tnt@baseline', 'plain', i) / plain:.1f}")
+        lines.append(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", default="2,4", help="comma-separated rank counts (default 2,4)")
     p.add_argument("--min-bytes", default="4")
     p.add_argument("--max-bytes", default="256M")
+    p.add_argument("--sizes", help="comma-separated sizes (4,64K,1M) instead of --min/--max-bytes")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the figure is their median (default 1)")
+    p.add_argument("--variants", default="plain,named,out", help="Tarantella call forms: plain,named,out")
+    p.add_argument("--baseline", metavar="DIR", help="also run the Tarantella of this source tree (built in place)")
+    p.add_argument("--peer-venv", action="append", default=[], metavar="LABEL=DIR",
+                   help="an MPI to compare with: a venv holding mpi4py and that MPI's mpiexec "
+                        "(bench/setup_peers.sh makes 'Intel MPI' and 'MPICH' ones)")
     p.add_argument("--markdown", help="also write the table to this file")
-    p.add_argument("--transport", choices=["shm", "mpi"], default="shm",
-                   help="Tarantella's transport: shm (tntrun, default) or mpi (mpirun, TNT_TRANSPORT=mpi)")
+    p.add_argument("--transport", choices=["shm", "mpi", "gpi2"], default="shm",
+                   help="Tarantella's transport: shm (tntrun, default), mpi (mpirun, TNT_TRANSPORT=mpi) or "
+                        "gpi2 (tntrun, TNT_TRANSPORT=gpi2)")
     p.add_argument("--worker", choices=["tnt", "mpi"], help=argparse.SUPPRESS)
-    p.add_argument("--sizes", help=argparse.SUPPRESS)
     a = p.parse_args()
+    variants = [v for v in a.variants.split(",") if v]
+    if any(v not in VARIANTS for v in variants):
+        p.error(f"--variants takes {', '.join(VARIANTS)}. Received: {a.variants}")
     if a.worker:
-        worker(a.worker, [int(s) for s in a.sizes.split(",")])
+        worker(a.worker, [int(s) for s in a.sizes.split(",")], variants)
         return 0
-    sizes = sizes_between(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes))
-    copy_bw = copy_bandwidth()
-    have_mpi = mpi_available()
+    sizes = [parse_bytes(s) for s in a.sizes.split(",")] if a.sizes else \
+        sizes_between(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes))
     if a.transport == "mpi" and not shutil.which("mpirun"):
         print("--transport mpi needs mpirun (apt-get install openmpi-bin libopenmpi-dev)", file=sys.stderr)
         return 1
+    peers = find_peers([tuple(s.split("=", 1)) for s in a.peer_venv])
+    copy_bw = copy_bandwidth()
     lines = [f"memory copy bandwidth of one core (measured now): {copy_bw / 1e9:.1f} GB/s",
-             "" if have_mpi else "OpenMPI/mpi4py not installed: apt-get install openmpi-bin libopenmpi-dev; "
-                                 "pip install mpi4py", ""]
+             f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} interleaved round(s); "
+             f"peers: {', '.join(label for label, _, _ in peers) or 'none installed'}", ""]
     for ranks in [int(r) for r in a.ranks.split(",")]:
-        tnt = launch("tnt", ranks, sizes, a.transport)
-        mpi = launch("mpi", ranks, sizes) if have_mpi else None
-        factor = 2 * (ranks - 1) / ranks
-        lines += [f"### {ranks} ranks (Tarantella over {a.transport})", "",
-                  "| size | tnt latency | tnt busbw | MPI latency | MPI busbw | tnt/MPI | tnt/copy bw |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for i, nbytes in enumerate(sizes):
-            t = tnt[i]["seconds"] if tnt else float("nan")
-            m = mpi[i]["seconds"] if mpi else float("nan")
-            b = (tnt[i]["bytes"] if tnt else nbytes) * factor
-            lines.append(f"| {human(nbytes)} | {t * 1e6:.1f} us | {b / t / 1e9:.2f} GB/s | "
-                         f"{m * 1e6:.1f} us | {b / m / 1e9:.2f} GB/s | {m / t:.2f} | {b / t / copy_bw:.2f} |")
-        lines.append("")
+        jobs = jobs_for(ranks, a.transport, a.baseline, peers)
+        per_job = {}
+        for _ in range(a.rounds):
+            for label, cmd, env in jobs:
+                per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants))
+        columns = [(label, v) for label, _, _ in jobs for v in (variants if not label.startswith("mpi:") else ["mpi"])]
+        lines += [f"### {ranks} ranks (Tarantella over {a.transport})", "", *table(ranks, sizes, per_job, columns), ""]
     text = "\n".join(lines)
     print(text)
     if a.markdown:

@@ -119,7 +119,8 @@ def build_parser(prog="tntrun"):
                        help="ranks on each host (N, or gpu/cpu/auto)")
     multi.add_argument("--transport", choices=("auto", "shm", "mpi", "gpi2"),
                        help="transport between ranks (TNT_TRANSPORT; default auto: shm on one "
-                            "host, else mpi, else gpi2); gpi2 launches through gaspi_run")
+                            "host; across hosts shm within each host and mpi between hosts); gpi2 "
+                            "launches through gaspi_run")
 
     out = p.add_argument_group("Logging and output")
     out.add_argument("--log-level", type=_log_level, metavar="LEVEL",

@@ -25,7 +25,7 @@ INSTALL = {
                  "bin/ directory on PATH, or use --transport mpi",
 }
 # inherited by ranks through the engine besides what tntrun sets itself
-PASS_THROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+PASS_THROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "GPI2_HOME")  # GPI2_HOME: the gpi2 plugin finds GPI-2 by it on every host
 
 
 class EngineMissing(Exception):
@@ -122,10 +122,27 @@ def gaspi_script(env, names, rank_cmd, cwd):
     for name in list(PASS_THROUGH) + list(names):
         if name in env:
             lines.append(f"export {name}={shlex.quote(env[name])}")
-    lines.append("exec " + shlex.join(rank_cmd) + ' "$@"')
+    # no "$@": the command is whole here, and gaspi_run passes its master rank one empty
+    # argument when it has none ("$GPI2_PRG_ARGS"), which the program would receive
+    lines.append("exec " + shlex.join(rank_cmd))
     return "\n".join(lines) + "\n"
 
 
 def gaspi(gaspi_run, placement, machinefile, script):
     total = sum(n for _, n in placement)
-    return [gaspi_run, "-n", str(total), "-m", machinefile, script]
+    return [*_bash_if_needed(gaspi_run), "-n", str(total), "-m", machinefile, script]
+
+
+def _bash_if_needed(script):
+    """GPI-2 1.6's gaspi_run says #!/bin/sh but is written for bash (`<<<`, `[[ =~ ]]`):
+    where /bin/sh is another shell (Debian's dash) it fails with "Syntax error: redirection
+    unexpected". Run such a script with bash."""
+    try:
+        with open(script, "rb") as f:
+            first = f.readline()
+    except OSError:
+        return [script]
+    bash = shutil.which("bash")
+    if first.startswith(b"#!") and first.split()[0].endswith(b"/sh") and bash:
+        return [bash, script]
+    return [script]

@@ -64,6 +64,11 @@ int tnt_size(void);
 int tnt_local_rank(void);
 int tnt_local_size(void);
 const char *tnt_transport_name(void);
+/* Can transport `name` be used on this machine? "": yes; NULL: a name this core
+ * does not know; else why not, in one line that says what to install or set
+ * (mpi: usable when its plugin loads, or, not built yet, when an MPI compiler
+ * wrapper is found to build it at first use). Needs no tnt_init. */
+const char *tnt_transport_status(const char *name);
 
 /* Collectives. `name` identifies the request across ranks (at most 255 bytes);
  * ranks may submit names in any order. Buffers must stay valid until completion.
@@ -73,6 +78,13 @@ const char *tnt_transport_name(void);
 tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, int64_t count,
                                  tnt_dtype_t dtype, tnt_reduce_op_t op, double prescale,
                                  tnt_handle_t *handle);
+/* Blocking allreduce: tnt_allreduce_async, tnt_wait(timeout_s) and tnt_release
+ * in one call, the calling thread driving the collective (no wake-up of the
+ * background thread in a steady loop). TNT_SUCCESS: `out` holds the result.
+ * TNT_IN_PROGRESS: not complete within timeout_s; *handle is the pending
+ * request (tnt_wait on it, then tnt_release). Any error: nothing to release. */
+tnt_result_t tnt_allreduce(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                           tnt_reduce_op_t op, double prescale, double timeout_s, tnt_handle_t *handle);
 /* broadcast: every rank's out receives root's in (in is read on the root only). */
 tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count,
                                  tnt_dtype_t dtype, int root, tnt_handle_t *handle);
@@ -118,12 +130,14 @@ tnt_result_t tnt_param_check(const char *name, const char *value);
 
 /* What this rank's engine has done so far: negotiation cycles run, requests
  * served from the response cache (one bit each), requests announced in full
- * (name and meta), collectives executed. For tests and tuning; zeros on one rank. */
+ * (name and meta), collectives executed, small allreduces done in one round.
+ * For tests and tuning; zeros on one rank. */
 typedef struct {
   int64_t cycles;
   int64_t cache_hits;
   int64_t announcements;
   int64_t executed;
+  int64_t one_round; /* allreduces whose payload rode with the negotiation: one exchange, no data round */
 } tnt_stats_t;
 tnt_result_t tnt_get_stats(tnt_stats_t *stats);
 

@@ -114,7 +114,9 @@ tnt_result_t tnt_init(void) {
   tnt_requests_init(&c->requests, c->pl.size);
   if (c->pl.size > 1) {
     if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS ||
-        (res = c->transport->init(&c->pl, &c->params, (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots,
+        (res = c->transport->init(&c->pl, &c->params,
+                                  (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots *
+                                      (size_t)tnt_transport_regions(c->transport),
                                   &c->ts)) != TNT_SUCCESS) {
       c->transport = NULL;
       goto out;
@@ -186,7 +188,7 @@ tnt_result_t tnt_abort(const char *reason) {
 /* ---- submission ---- */
 
 /* Queue a request (or run it, on one rank); the caller holds `life`. */
-static tnt_result_t submit(tnt_request_t *req, tnt_handle_t *handle) {
+static tnt_result_t submit(tnt_request_t *req, tnt_handle_t *handle, int driven) {
   tnt_ctx_t *c = &tnt_ctx;
   if (!handle) {
     free(req);
@@ -202,7 +204,7 @@ static tnt_result_t submit(tnt_request_t *req, tnt_handle_t *handle) {
     tnt_execute_local(&c->requests, c->timeline, req);
     return TNT_SUCCESS;
   }
-  r = tnt_engine_submit(&c->engine, req);
+  r = driven ? tnt_engine_submit_driven(&c->engine, req) : tnt_engine_submit(&c->engine, req);
   if (r != TNT_SUCCESS) { /* shutting down: the slot goes back, with the request */
     tnt_requests_complete(&c->requests, req, r, tnt_last_error(), -1, NULL, 0, NULL);
     pthread_mutex_lock(&c->requests.mu);
@@ -234,7 +236,7 @@ static tnt_result_t new_request(const char *name, tnt_coll_t coll, int dtype, in
 }
 
 static tnt_result_t allreduce_async_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                 tnt_reduce_op_t op, double prescale, tnt_handle_t *handle) {
+                                 tnt_reduce_op_t op, double prescale, tnt_handle_t *handle, int driven) {
   tnt_request_t *req = NULL;
   if (op != TNT_SUM && op != TNT_AVERAGE)
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unsupported reduce op %d: use TNT_SUM or TNT_AVERAGE", (int)op);
@@ -251,7 +253,7 @@ static tnt_result_t allreduce_async_in(const char *name, const void *in, void *o
   req->prescale = prescale;
   req->in = in;
   req->out = out;
-  return submit(req, handle);
+  return submit(req, handle, driven);
 }
 
 static tnt_result_t broadcast_async_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
@@ -266,7 +268,7 @@ static tnt_result_t broadcast_async_in(const char *name, const void *in, void *o
   req->meta.root = root;
   req->in = in;
   req->out = out;
-  return submit(req, handle);
+  return submit(req, handle, 0);
 }
 
 static tnt_result_t allgather_async_in(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
@@ -279,13 +281,13 @@ static tnt_result_t allgather_async_in(const char *name, const void *in, int64_t
   TNT_CHECK(new_request(name, COLL_ALLGATHER, dtype, count, &req));
   req->meta.row_elems = row_elems;
   req->in = in;
-  return submit(req, handle);
+  return submit(req, handle, 0);
 }
 
 static tnt_result_t barrier_async_in(const char *name, tnt_handle_t *handle) {
   tnt_request_t *req = NULL;
   TNT_CHECK(new_request(name, COLL_BARRIER, TNT_INT32, 0, &req));
-  return submit(req, handle);
+  return submit(req, handle, 0);
 }
 
 /* ---- completion ---- */
@@ -356,6 +358,9 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
     h = tnt_requests_get(&c->requests, handle);
     if (step != TNT_STEP_WORKED || tnt_now() > deadline) break; /* idle or busy: the background thread goes on */
   }
+  /* a request submitted without waking the background thread (tnt_allreduce)
+   * is its business from here on */
+  if (h && !h->done && c->transport) c->transport->wake_local(c->ts);
   while (h && !h->done) {
     int err = bounded ? pthread_cond_timedwait(&c->requests.done_cond, &c->requests.mu, &until) : pthread_cond_wait(&c->requests.done_cond, &c->requests.mu);
     h = tnt_requests_get(&c->requests, handle); /* the table may have been reallocated, the handle released */
@@ -438,7 +443,32 @@ static tnt_result_t release_in(tnt_handle_t handle) {
 
 tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                  tnt_reduce_op_t op, double prescale, tnt_handle_t *handle) {
-  WITH_CONTEXT(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle));
+  WITH_CONTEXT(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle, 0));
+}
+
+/* Submit and wait in one call, the calling thread driving the engine: in the
+ * steady state of a loop no other thread of this rank wakes up. */
+static tnt_result_t allreduce_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                 tnt_reduce_op_t op, double prescale, double timeout_s, tnt_handle_t *handle) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (!handle) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "handle pointer is NULL");
+  TNT_CHECK(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle, 1));
+  pthread_mutex_lock(&c->requests.mu);
+  tnt_result_t r = wait_in(*handle, timeout_s);
+  tnt_handle_slot_t *h = tnt_requests_get(&c->requests, *handle);
+  if (h && !h->done) {
+    r = TNT_IN_PROGRESS; /* the caller's slice ended: it waits on *handle */
+  } else if (h) {
+    r = tnt_requests_result(h); /* done, even if just after the slice ended */
+    tnt_requests_release(&c->requests, *handle);
+  }
+  pthread_mutex_unlock(&c->requests.mu);
+  return r;
+}
+
+tnt_result_t tnt_allreduce(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                           tnt_reduce_op_t op, double prescale, double timeout_s, tnt_handle_t *handle) {
+  WITH_CONTEXT(allreduce_in(name, in, out, count, dtype, op, prescale, timeout_s, handle));
 }
 
 tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,

@@ -9,7 +9,9 @@
  * Execution packs consecutive allreduces of one dtype into the fusion buffer
  * (up to TNT_FUSION_THRESHOLD_KB): each tensor is copied in with its rank's
  * prescale, the buffer is reduced once, and each tensor is copied out (divided
- * by N for "average"). A single allreduce runs straight from input to output.
+ * by N for "average"). A single allreduce runs straight from input to output;
+ * a one-round response (negotiate.c) adds the payloads that came with the
+ * negotiation and needs no data round.
  *
  * Errors: a mismatch fails one request on every rank. A transport error (peer
  * lost, timeout) is fatal: every pending and later request fails with it, and
@@ -78,12 +80,16 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
                            const int64_t *bounds) {
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES)
-    return tnt_allreduce_ring(&c->ring, in, out, count, dt, factor, 1, bounds, op_deadline(c));
+    return c->hier ? tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, op_deadline(c))
+                   : tnt_allreduce_ring(&c->ring, in, out, count, dt, factor, 1, bounds, op_deadline(c));
   const void *src = in;
   if (factor != 1.0) { /* small: scale into the output, then reduce in place */
     tnt_scale(dt, out, in, factor, (size_t)count);
     src = out;
   }
+  if (c->hier)
+    return tnt_allreduce_hier_small(&c->ring, c->topo.members, c->topo.hosts, c->host_ring.size, src, out, count, dt,
+                                    bounds, c->small_scratch, op_deadline(c));
   return tnt_allreduce_small(&c->ring, src, out, count, dt, bounds, c->small_scratch, op_deadline(c));
 }
 
@@ -186,6 +192,18 @@ static tnt_result_t run_one(tnt_engine_t *c, tnt_request_t *req, const tnt_respo
   return TNT_SUCCESS;
 }
 
+/* A one-round allreduce: every rank's scaled payload is in the negotiation's
+ * messages; add them as the small path would (the same bits). */
+static tnt_result_t run_one_round(tnt_engine_t *c, tnt_request_t *req, const tnt_response_t *resp) {
+  const int N = c->pl->size;
+  const void *contrib[N];
+  int64_t t0 = tnt_now_us();
+  for (int q = 0; q < N; q++) contrib[q] = tnt_negotiate_payload(&c->neg, resp->cache_slot, q);
+  tnt_reduce_in_ring_order((tnt_dtype_t)req->meta.dtype, req->out, contrib, req->meta.count, N, NULL);
+  tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), "one round");
+  return TNT_SUCCESS;
+}
+
 static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
   int64_t now = tnt_now_us();
   tnt_request_t *group[256];
@@ -195,6 +213,12 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
     tnt_timeline_event(c->timeline, req->name, "NEGOTIATE", req->submit_us, now, tnt_coll_name(req->meta.coll));
     if (resp[i].error != TNT_SUCCESS) {
       finish(c, req, resp[i].error, resp[i].error_msg ? resp[i].error_msg : "mismatch", -1, NULL, 0, NULL);
+      i++;
+      continue;
+    }
+    if (resp[i].one_round) { /* its payloads came with the negotiation: no data round */
+      TNT_CHECK(run_one_round(c, req, &resp[i]));
+      finish(c, req, TNT_SUCCESS, NULL, -1, NULL, 0, NULL);
       i++;
       continue;
     }
@@ -212,7 +236,8 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
     int ng = 1, j = i + 1;
     group[0] = req;
     const int alone = req->meta.op == TNT_AVERAGE && !is_float((tnt_dtype_t)req->meta.dtype);
-    while (!alone && j < n && ng < 256 && resp[j].error == TNT_SUCCESS && resp[j].meta.coll == COLL_ALLREDUCE &&
+    while (!alone && j < n && ng < 256 && resp[j].error == TNT_SUCCESS && !resp[j].one_round &&
+           resp[j].meta.coll == COLL_ALLREDUCE &&
            resp[j].meta.dtype == req->meta.dtype &&
            !(resp[j].meta.op == TNT_AVERAGE && !is_float((tnt_dtype_t)resp[j].meta.dtype)) &&
            bytes + resp[j].meta.count * (int64_t)esz <= c->params->fusion_threshold_bytes) {
@@ -354,10 +379,46 @@ void tnt_engine_free(tnt_engine_t *c) {
   tnt_pending_free(&c->pending);
   tnt_fusion_free(&c->fusion);
   tnt_ring_teardown(&c->ring);
+  tnt_ring_teardown(&c->host_ring);
+  tnt_ring_teardown(&c->net_ring);
+  tnt_topology_free(&c->topo);
   free(c->small_scratch);
   pthread_mutex_destroy(&c->queue_mu);
   pthread_mutex_destroy(&c->progress);
   memset(c, 0, sizeof *c);
+}
+
+/* The host map, and the two rings of the hierarchical allreduce when every
+ * host holds the same number L > 1 of ranks on more than one host and the
+ * transport has a window region for them. Otherwise (one rank per host, or
+ * uneven hosts such as 3 + 1) every allreduce takes the flat ring, whose links
+ * are shm or network hop by hop: correct, in the flat ring's order. */
+static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
+  const tnt_placement_t *pl = c->pl;
+  if (tnt_transport_regions(c->transport) < TNT_CHANNELS) return tnt_topology_single(pl, &c->topo);
+  TNT_CHECK(tnt_topology_discover(c->transport, c->ts, pl, c->params->timeout_s, &c->topo));
+  const tnt_topology_t *t = &c->topo;
+  const int H = t->hosts, L = tnt_topology_host_size(t, t->host), h = t->host, i = t->index_of[pl->rank];
+  if (H == 1 || L == 1 || !t->uniform || !c->params->hierarchical) {
+    TNT_INFO("allreduce: flat ring over all %d ranks (%s)", pl->size,
+             H == 1                    ? "one host"
+             : !t->uniform             ? "hosts hold different numbers of ranks"
+             : L == 1                  ? "one rank per host"
+                                       : "TNT_HIERARCHICAL=0");
+    return TNT_SUCCESS;
+  }
+  const size_t slot = (size_t)c->params->shm_slot_bytes;
+  const int slots = c->params->shm_slots;
+  TNT_CHECK(tnt_ring_setup_on(&c->host_ring, c->transport, c->ts, i, L, tnt_topology_rank(t, h, (i + 1) % L),
+                              tnt_topology_rank(t, h, (i + L - 1) % L), TNT_CHANNEL_HOST, slot, slots,
+                              c->params->timeout_s));
+  TNT_CHECK(tnt_ring_setup_on(&c->net_ring, c->transport, c->ts, h, H, tnt_topology_rank(t, (h + 1) % H, i),
+                              tnt_topology_rank(t, (h + H - 1) % H, i), TNT_CHANNEL_NET, slot, slots,
+                              c->params->timeout_s));
+  c->hier = 1;
+  TNT_INFO("allreduce: hierarchical, %d hosts x %d ranks (inside the host, then position %d of every host, then "
+           "inside the host again)", H, L, i);
+  return TNT_SUCCESS;
 }
 
 tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
@@ -375,6 +436,7 @@ tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const 
   tnt_pending_init(&c->pending);
   tnt_result_t res = tnt_ring_setup(&c->ring, transport, ts, pl->rank, pl->size, (size_t)params->shm_slot_bytes,
                                     params->shm_slots, params->timeout_s);
+  if (res == TNT_SUCCESS) res = setup_hierarchy(c);
   if (res == TNT_SUCCESS) res = tnt_fusion_init(&c->fusion, pl->size);
   if (res == TNT_SUCCESS) res = tnt_negotiate_setup(&c->neg, pl, params, transport, ts, &c->pending);
   if (res == TNT_SUCCESS) {
@@ -403,7 +465,7 @@ void tnt_engine_stop(tnt_engine_t *c) {
   }
 }
 
-tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
+static tnt_result_t enqueue(tnt_engine_t *c, tnt_request_t *req) {
   pthread_mutex_lock(&c->queue_mu);
   if (c->stop) {
     pthread_mutex_unlock(&c->queue_mu);
@@ -414,9 +476,16 @@ tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
   else c->queue_head = req;
   c->queue_tail = req;
   pthread_mutex_unlock(&c->queue_mu);
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
+  TNT_CHECK(enqueue(c, req));
   c->transport->wake_local(c->ts);
   return TNT_SUCCESS;
 }
+
+tnt_result_t tnt_engine_submit_driven(tnt_engine_t *c, tnt_request_t *req) { return enqueue(c, req); }
 
 void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   /* cycles is written under the progress lock; a stale read is fine for stats */
@@ -424,6 +493,7 @@ void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   stats->cache_hits = atomic_load(&c->neg.cache_hits);
   stats->announcements = atomic_load(&c->neg.announcements);
   stats->executed = atomic_load(&c->executed);
+  stats->one_round = atomic_load(&c->neg.one_round);
 }
 
 /* Size-1 jobs: every collective is a local copy (no thread, no transport). */

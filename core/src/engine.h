@@ -15,6 +15,7 @@
 #include "pending.h"
 #include "requests.h"
 #include "timeline.h"
+#include "topology.h"
 #include "transport.h"
 
 typedef struct {
@@ -38,7 +39,11 @@ typedef struct {
   tnt_pending_t pending;
   tnt_negotiator_t neg;
   tnt_fusion_t fusion;
-  tnt_ring_t ring;
+  tnt_ring_t ring;             /* every rank, in rank order (channel 0) */
+  tnt_topology_t topo;         /* which ranks share a host */
+  int hier;                    /* allreduce hierarchically: host_ring, then net_ring, then host_ring */
+  tnt_ring_t host_ring;        /* this host's ranks (channel 1) */
+  tnt_ring_t net_ring;         /* the ranks at this rank's position on every host (channel 2) */
   uint8_t *small_scratch;      /* N * TNT_SMALL_ALLREDUCE_BYTES: small allreduces */
   _Atomic int64_t executed;    /* collectives completed by execution (tnt_get_stats) */
 } tnt_engine_t;
@@ -58,6 +63,10 @@ void tnt_engine_stop(tnt_engine_t *e);
 void tnt_engine_free(tnt_engine_t *e);
 /* Queue a request added to the requests table (fails once the engine stops). */
 tnt_result_t tnt_engine_submit(tnt_engine_t *e, tnt_request_t *req);
+/* The same for a request whose submitting thread waits for it at once and
+ * drives the engine itself: the background thread is not woken (the wait
+ * hands over to it if it stops driving before the request completes). */
+tnt_result_t tnt_engine_submit_driven(tnt_engine_t *e, tnt_request_t *req);
 /* One step by the calling thread if nobody else drives the engine (else
  * TNT_STEP_BUSY); a cycle left BLOCKED at `until` is handed to the thread. */
 int tnt_engine_drive(tnt_engine_t *e, double until);

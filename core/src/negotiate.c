@@ -5,6 +5,7 @@
  * computes the same response list with no coordinator:
  *
  *   message = header | cache bit vector | announcements (name + meta)
+ *             | payloads (slot, bytes, data: cached small allreduces)
  *
  * A name seen for the first time is *announced* with its meta (collective,
  * dtype, count, op, root). The table of announced names is identical on every
@@ -19,6 +20,14 @@
  * rank that is waiting for a slow peer sends nothing and sleeps instead of
  * cycling. A changed meta under a cached name is announced, which evicts the
  * slot everywhere and renegotiates it.
+ *
+ * One round: a cached allreduce of at most TNT_ONE_ROUND_BYTES also sends its
+ * payload (scaled by its factor) with the bit, every cycle until it runs. When
+ * every rank's payload is in the cycle that makes the slot ready, the response
+ * is marked one_round and every rank adds the payloads from the messages it
+ * already holds, in the small path's order: no data round. Whether it is
+ * one_round depends only on the messages, which every rank sees alike, so
+ * every rank decides the same; otherwise the data goes the usual way.
  *
  * Nothing read from a peer is trusted: every length, count and field is
  * checked against the message's bounds, and every message carries a digest of
@@ -36,7 +45,7 @@ typedef struct {
   uint32_t proto;       /* TNT_PROTOCOL_VERSION */
   uint32_t n_ann;
   uint32_t nwords;
-  uint32_t pad;
+  uint32_t n_payloads;
   uint64_t prev_digest; /* digest of the sender's responses of the previous cycle */
 } msg_hdr_t;
 
@@ -44,6 +53,13 @@ typedef struct {
   tnt_meta_t meta;
   uint16_t name_len;
 } __attribute__((packed)) ann_hdr_t;
+
+typedef struct {
+  uint32_t slot;
+  uint32_t bytes;
+} payload_hdr_t; /* at an 8-byte boundary, followed by the payload */
+
+static size_t align8(size_t v) { return (v + 7) & ~(size_t)7; }
 
 const char *tnt_coll_name(int coll) {
   static const char *names[] = {"allreduce", "broadcast", "allgather", "barrier"};
@@ -70,6 +86,9 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   }
   tnt_namemap_init(&c->cache_by_name);
   tnt_namemap_init(&c->gtable_by_name);
+  c->payload_at = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_at);
+  c->payload_cycle = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_cycle);
+  if (!c->payload_at || !c->payload_cycle) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   c->msg_out = malloc(TNT_EXCHANGE_MAX);
   c->msg_all = malloc((size_t)TNT_EXCHANGE_MAX * (size_t)c->pl->size);
   c->msg_lens = calloc((size_t)c->pl->size, sizeof(size_t));
@@ -93,6 +112,10 @@ void tnt_negotiate_teardown(tnt_negotiator_t *c) {
   c->ngtable = c->capgtable = 0;
   tnt_namemap_free(&c->cache_by_name);
   tnt_namemap_free(&c->gtable_by_name);
+  free(c->payload_at);
+  free(c->payload_cycle);
+  c->payload_at = NULL;
+  c->payload_cycle = NULL;
   free(c->msg_out);
   free(c->msg_all);
   free(c->msg_lens);
@@ -214,6 +237,41 @@ static void classify_new(tnt_negotiator_t *c) {
   }
 }
 
+/* A cached allreduce whose payload may ride with its bit: small, and not an
+ * integer average (that one runs its own two-part sum). */
+static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
+  const tnt_meta_t *m = &req->meta;
+  if ((req->state != REQ_CACHED_SENT && req->state != REQ_CACHED) || m->coll != COLL_ALLREDUCE) return 0;
+  if (m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64)) return 0;
+  (void)c;
+  return (size_t)m->count * tnt_dtype_size((tnt_dtype_t)m->dtype) <= TNT_ONE_ROUND_BYTES;
+}
+
+/* Append the payloads of the cached small allreduces (after the bits, which
+ * build_message set): each rank's input times its factor (prescale, and 1/N
+ * for a floating-point average), what the small path would send. A payload
+ * that does not fit goes without: its slot then runs the usual way. */
+static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
+  msg_hdr_t *hdr = (msg_hdr_t *)msg;
+  size_t at = align8(used);
+  for (int i = 0; i < c->pending->n; i++) {
+    tnt_request_t *req = c->pending->items[i];
+    if (!rides_with_bit(c, req)) continue;
+    const tnt_dtype_t dt = (tnt_dtype_t)req->meta.dtype;
+    const size_t bytes = (size_t)req->meta.count * tnt_dtype_size(dt);
+    if (at + sizeof(payload_hdr_t) + align8(bytes) > TNT_EXCHANGE_MAX) continue;
+    payload_hdr_t ph = {(uint32_t)req->cache_slot, (uint32_t)bytes};
+    memcpy(msg + at, &ph, sizeof ph);
+    double factor = req->prescale;
+    if (req->meta.op == TNT_AVERAGE) factor /= c->pl->size;
+    if (factor != 1.0) tnt_scale(dt, msg + at + sizeof ph, req->in, factor, (size_t)req->meta.count);
+    else if (bytes) memcpy(msg + at + sizeof ph, req->in, bytes);
+    at += sizeof ph + align8(bytes);
+    hdr->n_payloads++;
+  }
+  return hdr->n_payloads ? at : used;
+}
+
 static size_t build_message(tnt_negotiator_t *c) {
   uint8_t *msg = c->msg_out;
   msg_hdr_t *hdr = (msg_hdr_t *)msg;
@@ -240,7 +298,7 @@ static size_t build_message(tnt_negotiator_t *c) {
       req->state = REQ_ANNOUNCED;
     }
   }
-  return used;
+  return add_payloads(c, msg, used);
 }
 
 static tnt_gentry_t *gtable_get(tnt_negotiator_t *c, const char *name) {
@@ -289,17 +347,17 @@ static uint64_t fnv(uint64_t h, const void *data, size_t len) {
   return h;
 }
 
-/* FNV-1a over the response list, in order: names, errors, and the fields of
+/* FNV-1a over the response list, in order: names, errors, paths, and the fields of
  * each meta that every rank shares (an allgather's count is per rank). */
 static uint64_t responses_digest(const tnt_response_t *list, int n) {
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < n; i++) {
     const tnt_meta_t *m = &list[i].meta;
     int64_t shared[6] = {m->coll, m->dtype, m->op, m->root, m->coll == COLL_ALLGATHER ? 0 : m->count, m->row_elems};
-    int32_t error = list[i].error;
+    int32_t error_and_path[2] = {list[i].error, list[i].one_round};
     h = fnv(h, list[i].name, strlen(list[i].name) + 1);
     h = fnv(h, shared, sizeof shared);
-    h = fnv(h, &error, sizeof error);
+    h = fnv(h, error_and_path, sizeof error_and_path);
   }
   return h;
 }
@@ -344,6 +402,15 @@ static tnt_result_t check_messages(tnt_negotiator_t *c) {
         return tnt_fail(TNT_ERR_INTERNAL, "rank %d announced a name containing a NUL byte", q);
       off += sizeof ah + ah.name_len;
     }
+    if (hdr.n_payloads) off = align8(off);
+    for (uint32_t a = 0; a < hdr.n_payloads; a++) {
+      payload_hdr_t ph;
+      if (off + sizeof ph > len) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a truncated payload header", q);
+      memcpy(&ph, msg + off, sizeof ph);
+      if (ph.slot >= (uint32_t)c->cache_cap || ph.bytes > TNT_ONE_ROUND_BYTES || off + sizeof ph + align8(ph.bytes) > len)
+        return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a malformed payload (slot %u, %u bytes)", q, ph.slot, ph.bytes);
+      off += sizeof ph + align8(ph.bytes);
+    }
     if (off != len) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent %zu bytes after its announcements", q, len - off);
   }
   return TNT_SUCCESS;
@@ -367,7 +434,11 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
   tnt_response_t *list = NULL;
   int n = 0, cap = 0;
 
-  /* 1. cache bits: sticky readiness per slot */
+  /* 1. cache bits: sticky readiness per slot (a slot can become ready for
+   * every rank only in a cycle that carries a bit for it: `seen`) */
+  const int nwords = cache_words(c);
+  uint64_t seen[nwords > 0 ? nwords : 1];
+  memset(seen, 0, sizeof seen);
   for (int q = 0; q < N; q++) {
     const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
     const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
@@ -375,6 +446,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
     for (uint32_t w = 0; w < hdr->nwords && (int)w < cache_words(c); w++) {
       uint64_t word;
       memcpy(&word, bits + w, sizeof word);
+      seen[w] |= word;
       for (uint64_t b = word; b; b &= b - 1) {
         int slot = (int)w * 64 + __builtin_ctzll(b);
         if (slot >= c->cache_cap) continue;
@@ -386,23 +458,60 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
       }
     }
   }
-  /* 2. slots every rank is ready for, in slot order */
-  for (int slot = 0; slot < c->cache_cap; slot++) {
-    tnt_cache_entry_t *e = &c->cache[slot];
-    if (!e->valid || e->nready < N) continue;
-    tnt_response_t r = {0};
-    snprintf(r.name, sizeof r.name, "%s", e->name);
-    r.meta = e->meta;
-    r.cache_slot = slot;
-    if (e->meta.coll == COLL_ALLGATHER) {
-      r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
-      if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-      memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
+  /* 1b. payloads that rode with the bits (checked in size against the slot:
+   * every rank's cache holds the same agreed meta) */
+  const uint64_t stamp = c->cycles + 1;
+  for (int q = 0; q < N; q++) {
+    const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
+    msg_hdr_t hdr;
+    memcpy(&hdr, msg, sizeof hdr);
+    if (!hdr.n_payloads) continue;
+    size_t off = sizeof hdr + sizeof(uint64_t) * hdr.nwords;
+    for (uint32_t a = 0; a < hdr.n_ann; a++) {
+      ann_hdr_t ah;
+      memcpy(&ah, msg + off, sizeof ah);
+      off += sizeof ah + ah.name_len;
     }
-    memset(e->ready, 0, (size_t)N);
-    e->nready = 0;
-    e->last_used = c->cycles;
-    if (push_response(&list, &n, &cap, &r)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+    off = align8(off);
+    for (uint32_t a = 0; a < hdr.n_payloads; a++) {
+      payload_hdr_t ph;
+      memcpy(&ph, msg + off, sizeof ph);
+      const tnt_cache_entry_t *e = &c->cache[ph.slot];
+      if (e->valid) {
+        if (ph.bytes != (uint64_t)e->meta.count * tnt_dtype_size((tnt_dtype_t)e->meta.dtype))
+          return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent %u bytes for '%s' (%lld elements of %s agreed): the ranks have "
+                          "diverged; stopping before any data mixes", q, ph.bytes, e->name, (long long)e->meta.count,
+                          tnt_dtype_name((tnt_dtype_t)e->meta.dtype));
+        c->payload_at[(size_t)ph.slot * N + q] = (uint32_t)(off + sizeof ph);
+        c->payload_cycle[(size_t)ph.slot * N + q] = stamp;
+      }
+      off += sizeof ph + align8(ph.bytes);
+    }
+  }
+  /* 2. slots every rank is ready for, in slot order */
+  for (int w = 0; w < nwords; w++) {
+    for (uint64_t b = seen[w]; b; b &= b - 1) {
+      const int slot = w * 64 + __builtin_ctzll(b);
+      if (slot >= c->cache_cap) break;
+      tnt_cache_entry_t *e = &c->cache[slot];
+      if (!e->valid || e->nready < N) continue;
+      tnt_response_t r = {0};
+      snprintf(r.name, sizeof r.name, "%s", e->name);
+      r.meta = e->meta;
+      r.cache_slot = slot;
+      if (e->meta.coll == COLL_ALLGATHER) {
+        r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
+        if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+        memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
+      }
+      r.one_round = e->meta.coll == COLL_ALLREDUCE;
+      for (int q = 0; q < N && r.one_round; q++) r.one_round = c->payload_cycle[(size_t)slot * N + q] == stamp;
+      if (r.one_round) atomic_fetch_add(&c->one_round, 1);
+      memset(e->ready, 0, (size_t)N);
+      e->nready = 0;
+      e->last_used = c->cycles;
+      if (push_response(&list, &n, &cap, &r)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+    }
   }
   /* 3. announcements, in rank order */
   int first_new = n;
@@ -461,6 +570,10 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
   *responses = list;
   *nresponses = n;
   return TNT_SUCCESS;
+}
+
+const void *tnt_negotiate_payload(const tnt_negotiator_t *c, int slot, int q) {
+  return c->msg_all + (size_t)q * TNT_EXCHANGE_MAX + c->payload_at[(size_t)slot * c->pl->size + q];
 }
 
 void tnt_responses_free(tnt_response_t *responses, int n) {

@@ -42,7 +42,13 @@ typedef struct {
   tnt_result_t error;   /* TNT_ERR_MISMATCH, or success */
   char *error_msg;
   int cache_slot;       /* slot it is (or becomes) cached in, -1 if none */
+  int one_round;        /* every rank's scaled payload rode with this cycle's message: tnt_negotiate_payload */
 } tnt_response_t;
+
+/* A cached allreduce of at most this many bytes carries its (scaled) payload
+ * in the negotiation message beside its readiness bit: when every rank's
+ * payload is in the cycle that makes it ready, the cycle is the only round. */
+#define TNT_ONE_ROUND_BYTES (16 * 1024)
 
 typedef struct {
   const tnt_placement_t *pl;
@@ -64,6 +70,9 @@ typedef struct {
   uint64_t responses_digest;   /* of the last cycle's responses: sent with the next message */
   _Atomic int64_t cache_hits;    /* requests that cost one bit (read by tnt_get_stats) */
   _Atomic int64_t announcements; /* requests announced in full */
+  _Atomic int64_t one_round;     /* allreduces whose payload rode with their readiness bit */
+  uint32_t *payload_at;          /* [cache_cap * size]: offset of rank q's payload for a slot in its message */
+  uint64_t *payload_cycle;       /* [cache_cap * size]: the cycle (+1) that carried it */
 } tnt_negotiator_t;
 
 tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
@@ -79,6 +88,9 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
 void tnt_responses_free(tnt_response_t *responses, int n);
 /* 1 while a cycle is posted and not yet collected. */
 static inline int tnt_negotiate_in_cycle(const tnt_negotiator_t *c) { return c->cycle_posted; }
+/* Rank q's scaled payload for a one_round response of the last cycle (valid
+ * until the next cycle). */
+const void *tnt_negotiate_payload(const tnt_negotiator_t *c, int slot, int q);
 /* awaited[r] = 1 for every peer some pending request still waits for. */
 void tnt_negotiate_awaited(tnt_negotiator_t *c, uint8_t *awaited);
 /* The ranks (as text, e.g. "1, 3") that have not submitted `req` yet, as far as

@@ -22,6 +22,7 @@ typedef struct {
   int shm_slots;                  /* TNT_SHM_SLOTS: pieces in flight per link */
   int cache_capacity;             /* TNT_CACHE_CAPACITY: negotiated names remembered */
   double spin_s;                  /* TNT_SPIN_US: busy-wait before sleeping (only with a core per rank) */
+  int hierarchical;               /* TNT_HIERARCHICAL: allreduce by host, then between hosts (where it applies) */
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);

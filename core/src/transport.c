@@ -1,54 +1,114 @@
-/* transport.c - the table of transports, probed in order for TNT_TRANSPORT=auto
- * (NCCL's ncclTransports[] pattern). shm is built in; mpi is a plugin loaded
- * at run time (plugin.c), only when asked for by name: `auto` keeps shm on one
- * host (choosing mpi across hosts comes with the hierarchical transport). */
+/* transport.c - which transport serves the job (NCCL's ncclTransports[]
+ * pattern: probed in order for TNT_TRANSPORT=auto).
+ *
+ *   auto   every rank on this host: shm. Ranks on several hosts: shm+mpi
+ *          (transport/hier.c: shm within each host, mpi between hosts).
+ *   shm    every rank must be on this host.
+ *   mpi    the plugin, for every byte (same-host pairs included).
+ *   gpi2   the plugin over GPI-2, for every byte (started by gaspi_run or tntrun).
+ * The placement's local size says whether the ranks share this host: the
+ * launcher's (tntrun, mpirun, srun) count of ranks per node. */
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "transport.h"
 #include "transport_plugin.h"
 
-static const tnt_transport_t *const transports[] = {&tnt_transport_shm};
-static const char *const plugins[] = {"mpi"};
-static const char *const planned[] = {"gpi2"};
+static const char *const plugins[] = {"mpi", "gpi2"};
 
 static tnt_result_t cannot_serve(const tnt_transport_t *t, const tnt_placement_t *pl) {
   return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
                   "transport %s cannot serve this job: rank %d of %d sees %d ranks on its host (shm needs every "
-                  "rank on one host); use TNT_TRANSPORT=mpi under mpirun/srun, or start the job on one host",
+                  "rank on one host); use TNT_TRANSPORT=auto (shm within hosts, mpi between them) or "
+                  "TNT_TRANSPORT=mpi under mpirun/srun, or start the job on one host",
                   t->name, pl->rank, pl->size, pl->local_size);
+}
+
+static tnt_result_t select_auto(const tnt_placement_t *pl, const tnt_transport_t **out) {
+  if (tnt_transport_shm.can_serve(pl)) {
+    TNT_INFO("transport shm selected (TNT_TRANSPORT=auto): all %d ranks are on this host", pl->size);
+    *out = &tnt_transport_shm;
+    return TNT_SUCCESS;
+  }
+  const tnt_transport_t *mpi = NULL;
+  if (tnt_plugin_transport("mpi", &mpi) != TNT_SUCCESS) {
+    char why[768];
+    snprintf(why, sizeof why, "%s", tnt_last_error());
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
+                    "the %d ranks of this job are on several hosts (%d on this one): TNT_TRANSPORT=auto needs the "
+                    "mpi transport between hosts, and it cannot be used: %s",
+                    pl->size, pl->local_size, why);
+  }
+  TNT_INFO("transport shm+mpi selected (TNT_TRANSPORT=auto): the %d ranks are on several hosts (%d on this one): "
+           "shm within each host, mpi between hosts",
+           pl->size, pl->local_size);
+  *out = &tnt_transport_hier;
+  return TNT_SUCCESS;
 }
 
 tnt_result_t tnt_transport_select(const tnt_placement_t *pl, const tnt_params_t *params, const tnt_transport_t **out) {
   const char *want = params->transport;
+  if (!strcmp(want, "auto")) return select_auto(pl, out);
+  if (!strcmp(want, "shm")) {
+    if (!tnt_transport_shm.can_serve(pl)) return cannot_serve(&tnt_transport_shm, pl);
+    TNT_INFO("transport shm selected (TNT_TRANSPORT=shm)");
+    *out = &tnt_transport_shm;
+    return TNT_SUCCESS;
+  }
   for (size_t i = 0; i < sizeof plugins / sizeof plugins[0]; i++) {
     if (strcmp(want, plugins[i])) continue;
     const tnt_transport_t *t = NULL;
     TNT_CHECK(tnt_plugin_transport(plugins[i], &t));
     if (!t->can_serve(pl)) return cannot_serve(t, pl);
-    TNT_INFO("transport %s selected (TNT_TRANSPORT=%s)", t->name, want);
+    TNT_INFO("transport %s selected (TNT_TRANSPORT=%s): every byte goes through it, same-host pairs included",
+             t->name, want);
     *out = t;
     return TNT_SUCCESS;
   }
-  for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
-    const tnt_transport_t *t = transports[i];
-    if (strcmp(want, "auto") && strcmp(want, t->name)) continue;
-    if (!t->can_serve(pl)) {
-      if (strcmp(want, "auto")) return cannot_serve(t, pl);
-      continue;
-    }
-    TNT_INFO("transport %s selected (TNT_TRANSPORT=%s)", t->name, want);
-    *out = t;
-    return TNT_SUCCESS;
+  return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unknown transport %s: use auto, shm, mpi or gpi2", want);
+}
+
+int tnt_transport_regions(const tnt_transport_t *t) { return t == &tnt_transport_shm ? 1 : TNT_CHANNELS; }
+
+/* An executable `name` on PATH (or `name` itself when it has a slash). */
+static int on_path(const char *name) {
+  if (strchr(name, '/')) return access(name, X_OK) == 0;
+  const char *path = getenv("PATH");
+  char dir[4096];
+  for (const char *p = path ? path : ""; *p;) {
+    size_t n = strcspn(p, ":");
+    snprintf(dir, sizeof dir, "%.*s/%s", (int)n, p, name);
+    if (n && access(dir, X_OK) == 0) return 1;
+    p += n + (p[n] == ':');
   }
-  for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
-    if (!strcmp(want, planned[i]))
-      return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
-                      "transport %s is not available in this build of Tarantella yet; use TNT_TRANSPORT=shm (one "
-                      "host) or TNT_TRANSPORT=mpi (under mpirun/srun)",
-                      want);
-  return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
-                  "no transport can serve this job: %d ranks across several hosts (%d on this one); TNT_TRANSPORT=auto "
-                  "does not pick mpi across hosts yet: start the job with mpirun/srun and TNT_TRANSPORT=mpi",
-                  pl->size, pl->local_size);
+  return 0;
+}
+
+const char *tnt_transport_status(const char *name) {
+  static __thread char why[1024];
+  if (!name) return NULL;
+  if (!strcmp(name, "shm")) return "";
+  if (strcmp(name, "mpi")) return NULL; /* not known to this core: the caller asks the machine */
+  const char *lib = getenv("TNT_MPI_PLUGIN");
+  if (lib && *lib) { /* built (by Python, or named by the user): can it be loaded? */
+    const tnt_transport_t *t = NULL;
+    if (tnt_plugin_transport("mpi", &t) == TNT_SUCCESS) return "";
+    snprintf(why, sizeof why, "%s", tnt_last_error());
+    return why;
+  }
+  /* not built yet: it is built at first use with the MPI's compiler wrapper */
+  const char *cc = getenv("TNT_MPICC");
+  if (!cc || !*cc) cc = getenv("MPICC");
+  if (cc && *cc) {
+    char first[1024];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(cc, " "), cc);
+    if (on_path(first)) return "";
+    snprintf(why, sizeof why, "the MPI compiler wrapper %.900s (TNT_MPICC or MPICC) was not found", first);
+    return why;
+  }
+  if (on_path("mpicc")) return "";
+  return "no MPI found (no mpicc on PATH, nor TNT_MPICC / MPICC): install Open MPI (Debian/Ubuntu: apt-get install "
+         "openmpi-bin libopenmpi-dev) or MPICH, or load your cluster's MPI module";
 }

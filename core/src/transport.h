@@ -22,7 +22,14 @@
 
 #include "params.h"
 
-enum { TNT_NOTIFY_DATA = 0, TNT_NOTIFY_CREDIT = 1, TNT_NOTIFY_KINDS = 2 };
+/* Counters come in pairs, one pair per *channel*: a ring on channel c uses
+ * kinds DATA + 2c and CREDIT + 2c, and region c of the window (regions of equal
+ * size, window_bytes / regions). Channels keep rings that share a transport
+ * apart: the flat ring (channel 0) and, across hosts, the ring inside a host
+ * (1) and the ring between hosts (2); a peer that is one step ahead in the
+ * next ring can then never overwrite a slot or bump a counter of this one. */
+enum { TNT_NOTIFY_DATA = 0, TNT_NOTIFY_CREDIT = 1, TNT_CHANNELS = 3, TNT_NOTIFY_KINDS = 2 * TNT_CHANNELS };
+enum { TNT_CHANNEL_FLAT = 0, TNT_CHANNEL_HOST = 1, TNT_CHANNEL_NET = 2 };
 #define TNT_EXCHANGE_MAX (64 * 1024) /* bytes per rank per exchange */
 
 typedef struct tnt_transport tnt_transport_t;
@@ -72,6 +79,18 @@ struct tnt_transport {
 };
 
 extern const tnt_transport_t tnt_transport_shm;
+/* shm for a group of ranks: `global[i]` is the job-wide rank of group member i,
+ * used in every message (pl->rank/size are the member's index and the group's
+ * size; pl->job_id must name this group's segment). */
+tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
+                                const int *global, void **state);
+/* shm within each host, mpi between hosts (transport/hier.c). */
+extern const tnt_transport_t tnt_transport_hier;
+/* The window that `peer`'s puts land in (differs per peer for tnt_transport_hier). */
+void *tnt_transport_window_for(const tnt_transport_t *t, void *ts, int peer);
+/* How many window regions (channels) a transport instance gets: 1 on one host
+ * over shm (the flat ring only), TNT_CHANNELS where a hierarchy is possible. */
+int tnt_transport_regions(const tnt_transport_t *t);
 
 /* Pick the transport named by params->transport ("auto": the first that can serve). */
 tnt_result_t tnt_transport_select(const tnt_placement_t *pl, const tnt_params_t *params, const tnt_transport_t **out);

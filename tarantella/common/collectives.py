@@ -1,6 +1,8 @@
 """NumPy collectives over the core, mpi4py-style but PEP 8: arrays in, new arrays out.
 
-Each blocking call is its `*_async` twin followed by `wait()`. Names identify a
+Each blocking call is its `*_async` twin followed by `wait()`, but for the
+allreduce of one array: that is one call into the core, which drives the
+collective on the calling thread (the plain call is the fast call). Names identify a
 request across ranks; without a name, each kind of collective numbers its calls
 ("allreduce.0", "allreduce.1", ...), which matches across ranks when every rank
 makes the same calls in the same order.
@@ -18,6 +20,7 @@ dtypes and shapes (for allgather, but for the first dimension). Any other
 leaf type is a TypeError that names it.
 """
 import itertools
+import math
 import threading
 
 import numpy as np
@@ -43,6 +46,7 @@ _counter_lock = threading.Lock()
 # call depends only on calls before it, so the wait always ends.
 _NAME_WINDOW = 60
 _unnamed_in_flight = {}  # name -> core handle of the last unnamed request of that name
+_unnamed_names = {}  # kind -> the _NAME_WINDOW names, made once (a name costs nothing on the hot path)
 
 
 def _auto_name(kind, name):
@@ -54,20 +58,43 @@ def _auto_name(kind, name):
                 f"Received: name={name!r}")
         return name.encode(), False
     with _counter_lock:
-        counter = _counters.setdefault(kind, itertools.count())
-        return f"{kind}.{next(counter) % _NAME_WINDOW}".encode(), True
+        counter = _counters.get(kind)
+        if counter is None:
+            counter = _counters[kind] = itertools.count()
+            _unnamed_names[kind] = tuple(f"{kind}.{k}".encode() for k in range(_NAME_WINDOW))
+        return _unnamed_names[kind][next(counter) % _NAME_WINDOW], True
+
+
+# Results smaller than this are plain NumPy arrays: TensorFlow copies an
+# unaligned array instead of aliasing it, which costs less than aligning below it.
+_ALIGN_FROM_BYTES = 64 * 1024
 
 
 def aligned_empty(shape, dtype):
     """An uninitialized array whose data is 64-byte aligned."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape) if isinstance(shape, tuple) else int(np.prod(shape, dtype=np.int64))
     raw = np.empty(count * dtype.itemsize + _ALIGN, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % _ALIGN
+    offset = -raw.__array_interface__["data"][0] % _ALIGN
     return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
 
 
+def _result_like(array):
+    """A fresh result array of the input's dtype and shape (aligned when large)."""
+    if array.nbytes < _ALIGN_FROM_BYTES:
+        return np.empty(array.shape, array.dtype)
+    return aligned_empty(array.shape, array.dtype)
+
+
+_dtype_codes = {}  # NumPy dtype -> core code, filled on first use of each dtype
+
+
 def _as_input(array, what):
+    if type(array) is np.ndarray and array.flags.c_contiguous:  # the common case, without a detour
+        code = _dtype_codes.get(array.dtype)
+        if code is None:
+            code = _dtype_codes[array.dtype] = dtypes.core_dtype(array.dtype)
+        return array, code
     if not isinstance(array, np.ndarray):
         try:  # scalars, lists, and anything exposing the array interface
             array = np.asarray(array)
@@ -192,9 +219,9 @@ def _submit(fn, name, *args):
 
 
 def _output(out, array, what):
-    """A fresh aligned result array, or the caller's `out` after checking it."""
+    """A fresh result array (64-byte aligned when large), or the caller's `out` after checking it."""
     if out is None:
-        return aligned_empty(array.shape, array.dtype)
+        return _result_like(array)
     if not isinstance(out, np.ndarray) or out.dtype != array.dtype or out.shape != array.shape \
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise InvalidArgumentError(
@@ -204,11 +231,17 @@ def _output(out, array, what):
     return out
 
 
+def _op_code(op):
+    code = codes.OPS.get(op) if isinstance(op, str) else None
+    if code is None:
+        raise InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
+    return code
+
+
 def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     """Start an allreduce; see allreduce()."""
     lib = core.ensure_initialized()
-    if op not in codes.OPS:
-        raise InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
+    _op_code(op)
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
@@ -230,8 +263,37 @@ def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
     if _is_structure(array):
         _no_out(out, "allreduce")
         return _structure_collective(array, "allreduce", name, lambda a, n: allreduce_async(
-            a, op, n, prescale))
-    return allreduce_async(array, op, name, prescale, out).wait()
+            a, op, n, prescale), now=lambda a, n: _allreduce_now(a, op, n, prescale, None))
+    return _allreduce_now(array, op, name, prescale, out)
+
+
+def _allreduce_now(array, op, name, prescale, out):
+    """The blocking allreduce of one array: one call into the core, which
+    submits, drives the collective on this thread and releases it (the plain
+    call is the fast call: no handle object, no second thread woken)."""
+    lib = core.ensure_initialized()
+    opcode = _op_code(op)
+    array, dt = _as_input(array, "allreduce")
+    out = _output(out, array, "allreduce")
+    name, unnamed = _auto_name("allreduce", name)
+    if _orphans:
+        _reap_orphans()
+    if unnamed and _unnamed_in_flight:
+        earlier = _unnamed_in_flight.pop(name, None)
+        if earlier is not None:
+            _wait_for_earlier(lib, earlier)
+    ffi = core.ffi()
+    handle = ffi.new("tnt_handle_t *")
+    result = lib.tnt_allreduce(name, ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode,
+                               float(prescale), _WAIT_SLICE_S, handle)
+    if result == codes.SUCCESS:
+        return out
+    if result != codes.IN_PROGRESS:
+        core.check(result)
+    # not done within one slice (a slow peer): wait in slices, interruptibly
+    if unnamed:
+        _unnamed_in_flight[name] = handle[0]
+    return Handle(handle[0], lambda h: out, (array, out)).wait()
 
 
 def broadcast_async(array, root=0, name=None, out=None):
@@ -373,16 +435,29 @@ def _groups(arrays):
     return groups
 
 
-def _structure_collective(structure, kind, name, start):
-    """allreduce or broadcast of a structure: one request per dtype."""
+class _Done:
+    """The outcome of a blocking call where a handle is expected."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def wait(self):
+        return self._value
+
+
+def _structure_collective(structure, kind, name, start, now=None):
+    """allreduce or broadcast of a structure: one request per dtype (with one
+    dtype and a blocking `now`, the blocking call: metrics and losses in a loop)."""
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
-    base = _auto_name(kind, name)
+    base = _auto_name(kind, name)[0].decode()
+    groups = _groups(arrays)
     handles = []
-    for dtype, idx in _groups(arrays).items():
+    for dtype, idx in groups.items():
         flat = np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in idx])
-        handles.append((idx, start(flat, f"{base}.{dtype.name}")))
+        group_name = f"{base}.{dtype.name}"
+        handles.append((idx, _Done(now(flat, group_name)) if now and len(groups) == 1 else start(flat, group_name)))
     results = [None] * len(arrays)
     for idx, handle in handles:
         flat, offset = handle.wait(), 0
@@ -400,7 +475,7 @@ def _allgather_structure(structure, name):
     leaves, rebuild = flatten(structure)
     arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
     arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
-    base = _auto_name("allgather", name)
+    base = _auto_name("allgather", name)[0].decode()
     if not arrays:
         return rebuild([])
     groups = _groups(arrays)

@@ -62,10 +62,20 @@ _ROWS = (
           "~/.cache/tarantella/plugins"),
     Param("TNT_MPICC", "str", None,
           "mpi transport: the MPI compiler wrapper that builds its plugin (else $MPICC, else mpicc on PATH)"),
+    Param("TNT_GPI2_HEARTBEAT_S", "float", 1.0,
+          "gpi2 transport: seconds between heartbeats (0.01 to 60); a peer silent for 10 of them is lost"),
+    Param("TNT_GPI2_PORT", "int", None,
+          "gpi2 transport: first TCP port of GPI-2's range on every host (this + local rank, + 256 + local rank, "
+          "+ 512 + local rank); unset: one of 40 ranges chosen by the job id"),
+    Param("TNT_GPI2_PLUGIN", "str", None,
+          "gpi2 transport: path of its plugin library; unset: built at first use with cc into "
+          "~/.cache/tarantella/plugins"),
+    Param("TNT_CC", "str", None, "gpi2 transport: the C compiler that builds its plugin (else $CC, else cc on PATH)"),
     ("TNT_SHM_SLOT_KB", _CORE),
     ("TNT_SHM_SLOTS", _CORE),
     ("TNT_CACHE_CAPACITY", _CORE),
     ("TNT_SPIN_US", _CORE),
+    ("TNT_HIERARCHICAL", _CORE),
     Param("TNT_TF_OPS", "choice", "auto",
           "how collectives inside tf.function reach the core: auto (compiled TensorFlow ops, built at first "
           "use into ~/.cache/tarantella/plugins; tf.numpy_function with a WARNING when they cannot be built), "

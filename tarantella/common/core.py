@@ -106,8 +106,19 @@ def is_initialized():
     return _state == "up" and _pid == os.getpid()
 
 
+_forked = False  # set in a fork() child: only then is the pid worth a system call on every collective
+
+
+def _note_fork():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
 def _check_not_forked():
-    if _pid is not None and _pid != os.getpid():
+    if _forked and _pid is not None and _pid != os.getpid():
         raise errors.InvalidUsageError(
             f"Tarantella cannot be used in a forked child process (pid {os.getpid()}; this rank lives in "
             f"pid {_pid}): the child shares its parent's rank. Call collectives from the parent, or start "
@@ -155,11 +166,12 @@ def get_local_size():
 def stats():
     """What this rank's engine has done so far, as a dict: negotiation `cycles`,
     requests served from the response `cache_hits` (one bit each), requests
-    `announcements` in full, collectives `executed`. Zeros on one rank."""
+    `announcements` in full, collectives `executed`, and allreduces done in
+    `one_round` (their payload rode with the negotiation). Zeros on one rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
-    return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed")}
+    return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed", "one_round")}
 
 
 def get_master_rank():

@@ -1,5 +1,11 @@
 """Transports loaded at run time: find or build their plugin (docs/transport.md).
 
+Two plugins: mpi (below) and gpi2. The gpi2 plugin loads GPI-2 itself when the
+transport starts (dlopen: $GPI2_HOME, or libGPI2.so on the library path), so it
+is compiled with the plain C compiler ($TNT_CC, $CC, else cc) and its folder,
+gpi2-abi<N>-<digest>, depends only on its sources and that compiler: the same
+library serves every GPI-2 install. $TNT_GPI2_PLUGIN names one built elsewhere.
+
 The mpi transport is a shared library compiled at first use with the MPI's own
 compiler wrapper (`mpicc`, or $TNT_MPICC / $MPICC) into a per-user cache,
 $XDG_CACHE_HOME/tarantella/plugins (default ~/.cache), in a folder named after
@@ -13,6 +19,7 @@ the core starts (a user may set it to a plugin built elsewhere: nothing is
 built then). When the plugin cannot be had, the error says why: no MPI found,
 or the compiler's output (kept in build.log next to where the library would be).
 """
+import hashlib
 import json
 import os
 import re
@@ -26,9 +33,11 @@ _PACKAGED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 
 # What the plugin is compiled from, relative to core/ (setup.py ships the same
 # files in tarantella/_plugin_src for installs that are not editable).
-SOURCES = ("src/transport/plugins/mpi.c", "src/transport_plugin.h", "src/transport.h", "src/params.h",
-           "include/tarantella.h")
+SOURCES = ("src/transport/plugins/mpi.c", "src/transport/plugins/gpi2.c", "src/transport_plugin.h",
+           "src/transport.h", "src/params.h", "include/tarantella.h")
+HEADERS = ("src/transport_plugin.h", "src/transport.h", "src/params.h", "include/tarantella.h")
 LIBRARY = "libtnt-transport-mpi.so"
+GPI2_LIBRARY = "libtnt-transport-gpi2.so"
 _VERSION_MACROS = ("OMPI_MAJOR_VERSION", "OMPI_MINOR_VERSION", "OMPI_RELEASE_VERSION", "MPICH_VERSION",
                    "I_MPI_VERSION", "MVAPICH2_VERSION", "MPI_VERSION", "MPI_SUBVERSION")
 
@@ -106,16 +115,16 @@ def cache_root():
 
 
 def _private_dir(path):
-    build_cache.private_dir(path, "the mpi transport's plugin", "TNT_MPI_PLUGIN to a plugin built elsewhere")
+    build_cache.private_dir(path, "the transport plugin", "TNT_MPI_PLUGIN / TNT_GPI2_PLUGIN to a plugin built elsewhere")
 
 
 def build_dir(mpi, src):
-    parts = []
-    for rel in SOURCES:
+    digest = hashlib.sha256()
+    for rel in ("src/transport/plugins/mpi.c",) + HEADERS:
         with open(os.path.join(src, rel), "rb") as f:
-            parts.append(rel.encode() + b"\0" + f.read())
-    parts.append(json.dumps(mpi, sort_keys=True))
-    return os.path.join(cache_root(), f"mpi-{mpi['name']}-abi{abi_version(src)}-{build_cache.digest(*parts)}")
+            digest.update(rel.encode() + b"\0" + f.read())
+    digest.update(json.dumps(mpi, sort_keys=True).encode())
+    return os.path.join(cache_root(), f"mpi-{mpi['name']}-abi{abi_version(src)}-{digest.hexdigest()[:12]}")
 
 
 def compile_command(mpicc, src, out):
@@ -134,19 +143,97 @@ def mpi_plugin():
     lib = os.path.join(folder, LIBRARY)
     _private_dir(folder)
     if not os.path.isfile(lib):
-        failure = f"TNT_TRANSPORT=mpi, but building the mpi transport plugin with {' '.join(mpicc)} failed"
-        build_cache.build_once(folder, LIBRARY, compile_command(mpicc, src, "{out}"), failure,
-                               log_note=f"MPI: {json.dumps(mpi, sort_keys=True)}")
+        _build(mpicc, mpi, src, folder, lib)
     build_cache.check_owned(lib)
     return lib
 
 
+def _build(mpicc, mpi, src, folder, lib, command=compile_command, name="mpi"):
+    failure = f"TNT_TRANSPORT={name}, but building the {name} transport plugin with {' '.join(mpicc)} failed"
+    build_cache.build_once(folder, os.path.basename(lib), command(mpicc, src, "{out}"), failure,
+                           log_note=f"{name.upper()}: {json.dumps(mpi, sort_keys=True)}")
+
+
+# ---- gpi2: compiled with the plain C compiler; GPI-2 is found when the transport starts ----
+
+def find_cc():
+    """The C compiler for the gpi2 plugin as an argument list, or raise saying why there is none."""
+    for var in ("TNT_CC", "CC"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            cmd = shlex.split(value)
+            if not shutil.which(cmd[0]):
+                raise errors.InvalidArgumentError(
+                    f"the gpi2 transport: {var}={value} is not an executable C compiler: point {var} at one, or "
+                    "unset it to use cc on PATH")
+            return cmd
+    found = shutil.which("cc") or shutil.which("gcc")
+    if not found:
+        raise errors.InvalidArgumentError(
+            "TNT_TRANSPORT=gpi2, but there is no C compiler (cc) to build the gpi2 transport's plugin with (it is "
+            "compiled once, at first use): install one (Debian/Ubuntu: apt-get install gcc), set TNT_CC, or set "
+            "TNT_GPI2_PLUGIN to a plugin built elsewhere")
+    return [found]
+
+
+def gpi2_compile_command(cc, src, out):
+    return [*cc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
+            "-I", os.path.join(src, "include"), "-I", os.path.join(src, "src"),
+            os.path.join(src, "src", "transport", "plugins", "gpi2.c"), "-o", out, "-lpthread", "-ldl"]
+
+
+def gpi2_plugin():
+    """The path of the gpi2 transport's plugin, built if needed (it holds no
+    GPI-2: the plugin finds GPI-2 when the transport starts and says so if not)."""
+    cc = find_cc()
+    src = source_dir()
+    digest = hashlib.sha256()
+    for rel in ("src/transport/plugins/gpi2.c",) + HEADERS:
+        with open(os.path.join(src, rel), "rb") as f:
+            digest.update(rel.encode() + b"\0" + f.read())
+    compiler = {"cc": os.path.realpath(shutil.which(cc[0])), "args": cc[1:]}
+    digest.update(json.dumps(compiler, sort_keys=True).encode())
+    folder = os.path.join(cache_root(), f"gpi2-abi{abi_version(src)}-{digest.hexdigest()[:12]}")
+    lib = os.path.join(folder, GPI2_LIBRARY)
+    _private_dir(folder)
+    if not os.path.isfile(lib):
+        _build(cc, compiler, src, folder, lib, command=gpi2_compile_command, name="gpi2")
+    build_cache.check_owned(lib)
+    return lib
+
+
+_BUILDERS = {"mpi": ("TNT_MPI_PLUGIN", mpi_plugin), "gpi2": ("TNT_GPI2_PLUGIN", gpi2_plugin)}
+
+
+# (size, ranks on this host) as the core reads them (core/src/params.c): the launcher's first
+_PLACEMENT = (("TNT_SIZE", "TNT_LOCAL_SIZE"), ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
+              ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"))
+
+
+def spans_hosts(environ=None):
+    """True when the placement says the ranks are on several hosts (auto then needs mpi)."""
+    environ = os.environ if environ is None else environ
+    for size_var, local_var in _PLACEMENT:
+        size = environ.get(size_var, "").strip()
+        if not size:
+            continue
+        local = environ.get(local_var, "").strip()
+        return size.isdigit() and local.isdigit() and 0 < int(local) < int(size)
+    return False
+
+
 def prepare(transport=None):
-    """Before the core starts: make the plugin of a run-time transport available.
-    A no-op for shm and auto, and when TNT_MPI_PLUGIN is already set."""
+    """Before the core starts: make the plugin of a run-time transport available
+    (mpi, gpi2; auto when the ranks are on several hosts: mpi between them).
+    A no-op for shm and auto on one host, and when TNT_<NAME>_PLUGIN is already set."""
     transport = transport if transport is not None else os.environ.get("TNT_TRANSPORT", "auto").strip()
-    if transport != "mpi" or os.environ.get("TNT_MPI_PLUGIN"):
+    if transport == "auto" and spans_hosts():
+        transport = "mpi"
+    if transport not in _BUILDERS:
         return None
-    path = mpi_plugin()
-    os.environ["TNT_MPI_PLUGIN"] = path
+    var, build = _BUILDERS[transport]
+    if os.environ.get(var):
+        return None
+    path = build()
+    os.environ[var] = path
     return path

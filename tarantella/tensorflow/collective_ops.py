@@ -17,14 +17,52 @@ Python calls; TNT_TF_OPS=numpy keeps the numpy_function ops below.
 
 Neither kind can be XLA-compiled (no XLA kernel); see Model.compile.
 """
+import contextlib
+import functools
 import itertools
 import threading
 
 import numpy as np
 import tensorflow as tf
 
-from tarantella.common import collectives, config, core
+from tarantella.common import collectives, config, core, errors
 from tarantella.tensorflow import ops as tf_ops
+
+
+_last_error = [None]  # the latest TarantellaError raised inside a collective op
+
+
+def reporting(function):
+    """Wrap the body of a tf.numpy_function: TensorFlow re-raises what it
+    raises as an OpError ("Graph execution error ... PeerLostError: ..."), so
+    remember the TarantellaError itself for collective_errors()."""
+
+    @functools.wraps(function)
+    def wrapper(*args):
+        try:
+            return function(*args)
+        except errors.TarantellaError as exc:
+            _last_error[0] = exc
+            raise
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def collective_errors():
+    """Raise a TarantellaError that a collective op raised inside a TensorFlow
+    function (PeerLostError naming the rank that failed, TimeoutError, ...) as
+    itself, instead of the OpError TensorFlow wraps it in."""
+    _last_error[0] = None
+    try:
+        yield
+    except tf.errors.OpError as exc:
+        error, _last_error[0] = _last_error[0], None
+        if error is None or type(error).__name__ not in str(exc):
+            error = tf_ops.tarantella_error(exc)  # a compiled op's failure
+            if error is None:
+                raise
+        raise error.with_traceback(None) from exc
 
 
 def _fusion_threshold_bytes():
@@ -118,7 +156,7 @@ def _layout(tensors, bucket, threshold):
         [([i], None) for i in single]
 
 
-def weighted_average(tensors, weight=None, name="tnt.grads"):
+def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
     """Σ_r w_r·t_r / Σ_r w_r over all ranks, for each tensor of `tensors`.
 
     `weight` is this rank's scalar weight (e.g. its micro-batch size, so that
@@ -126,8 +164,10 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
     micro-batch); None weights every rank equally. The weights are summed
     first (one 8-byte allreduce, started as soon as the weight is known, i.e.
     before backprop), so that each rank can prescale its data by w_r / Σ w:
-    the data then needs a single pass, with no division afterwards.
-    `None` entries are passed through.
+    the data then needs a single pass, with no division afterwards. When the
+    caller already knows Σ_r w_r, it passes it as `total` (a scalar tensor,
+    the same on every rank) and no weight allreduce is made; weight=1 with
+    total=1 is the plain sum. `None` entries are passed through.
 
     The tensors are sent in buckets, in reverse order (backprop order): each
     bucket starts as soon as its own tensors exist, and the result waits for
@@ -142,11 +182,16 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
     size = core.get_size()
     equal_weights = weight is None
     weight = tf.constant(-1.0, tf.float64) if weight is None else tf.cast(weight, tf.float64)
+    known_total = total is not None
+    total = tf.constant(-1.0, tf.float64) if total is None else tf.cast(total, tf.float64)
 
-    def begin(w):
-        w = float(w)
+    @reporting
+    def begin(w, t):
+        w, t = float(w), float(t)
         if w < 0:  # equal weights
             step = _Step(None, 1.0 / size)
+        elif t >= 0:  # the caller knows the total
+            step = _Step(None, w / t if t > 0 else 0.0)
         else:
             step = _Step(collectives.allreduce_async(np.array([w]), op="sum", name=f"{name}.w"),
                          None)
@@ -159,9 +204,10 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
     # order: begin, then the buckets in backprop order, then the wait.
     compiled = tf_ops.get()
     if compiled is None:
-        key = tf.numpy_function(begin, [weight], tf.int64, stateful=True, name="TntGradsBegin")
+        key = tf.numpy_function(begin, [weight, total], tf.int64, stateful=True, name="TntGradsBegin")
     else:  # the compiled ops take this rank's prescale as a tensor
-        key = _compiled_scale(compiled, None if equal_weights else weight, size, name)
+        key = _compiled_scale(compiled, None if equal_weights else weight, total if known_total else None,
+                              size, name)
     layouts, tokens, arrays_in = [], [], []
     threshold = _fusion_threshold_bytes()
     for b, bucket in enumerate(_buckets(tensors, present)):
@@ -170,6 +216,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
                   else tensors[idx[0]] for idx, dtype in layout]
         names = [f"{name}.b{b}.{k}" for k in range(len(inputs))]
 
+        @reporting
         def start(k, w, *arrays, names=names):
             step = _steps[int(k)]
             scale = step.prescale(float(w))
@@ -185,6 +232,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
         layouts += layout
         arrays_in += inputs
 
+    @reporting
     def finish(k, *tokens):
         with _steps_lock:
             step = _steps.pop(int(k))
@@ -211,12 +259,14 @@ def weighted_average(tensors, weight=None, name="tnt.grads"):
     return out
 
 
-def _compiled_scale(compiled, weight, size, name):
+def _compiled_scale(compiled, weight, total, size, name):
     """This rank's prescale w / Σ w (0 if Σ w is 0), as `begin` computes it:
-    the weights are summed by a compiled allreduce of its own."""
+    from the caller's `total` when it knows Σ w, else summed by a compiled
+    allreduce of its own."""
     if weight is None:  # equal weights
         return tf.constant(1.0 / size, tf.float64)
-    total = compiled.run("allreduce", [tf.reshape(weight, [1])], [f"{name}.w"])[0][0]
+    if total is None:
+        total = compiled.run("allreduce", [tf.reshape(weight, [1])], [f"{name}.w"])[0][0]
     return tf.where(total > 0, weight / total, tf.constant(0.0, tf.float64))
 
 
@@ -227,6 +277,7 @@ def sum_across_ranks(tensors, name="tnt.sum"):
         return list(tensors)
     flat = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tensors], axis=0)
 
+    @reporting
     def reduce(a):
         return collectives.allreduce(a, op="sum", name=name)
 

@@ -11,16 +11,16 @@ iterations) stays where it is, `isinstance` checks still hold, and saved files
 still say "Adam" (loading them needs no Tarantella).
 """
 import contextlib
-import itertools
+import hashlib
 import threading
 
 import keras
+import tensorflow as tf
 
-from tarantella.tensorflow import collective_ops
+from tarantella.tensorflow import collective_ops, step_context
 
 _classes = {}  # base class -> distributed subclass
 _lock = threading.Lock()
-_ids = itertools.count()
 _recording = threading.local()  # see record_applies()
 
 
@@ -37,17 +37,109 @@ def _distributed_class(base):
                     calls.append((self, trainable_variables, [
                         None if g is None else (shape, g.dtype)
                         for g, shape in zip(grads, shapes)]))
+                weight, total = _weight_and_total(self)
                 grads = collective_ops.weighted_average(
-                    list(grads), weight=self._tnt_weight_fn() if self._tnt_weight_fn else None,
-                    name=self._tnt_name)
-                return super(cls, self).apply(grads, trainable_variables)
+                    list(grads), weight=weight, total=total,
+                    name=self._tnt_name or _default_name(trainable_variables, grads))
+                self._tnt_float16 = _float16_flags(self, trainable_variables)
+                try:
+                    return super(cls, self).apply(grads, trainable_variables)
+                finally:
+                    self._tnt_float16 = None
 
-            cls = type(base.__name__, (base,), {
-                "apply": apply, "__module__": base.__module__, "__qualname__": base.__qualname__,
-                "_tnt_distributed": True,
-            })
+            def scale_loss(self, loss):
+                return _fold_batch_share(self, super(cls, self).scale_loss(loss))
+
+            def check_finite(self, grads):
+                return _serial_finite(self, grads, super(cls, self).check_finite(grads))
+
+            members = {"apply": apply, "scale_loss": scale_loss, "__module__": base.__module__,
+                       "__qualname__": base.__qualname__, "_tnt_distributed": True}
+            if issubclass(base, keras.optimizers.LossScaleOptimizer):
+                members["check_finite"] = check_finite
+            cls = type(base.__name__, (base,), members)
             _classes[base] = cls
         return _classes[base]
+
+
+def _scales_loss(optimizer):
+    """Whether `scale_loss` multiplies the loss (a LossScaleOptimizer under
+    mixed precision, or a static `loss_scale_factor`)."""
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer) or \
+        getattr(optimizer, "loss_scale_factor", None) is not None
+
+
+def _fold_batch_share(optimizer, scaled_loss):
+    """Under loss scaling, a tnt.Model step backpropagates this rank's *share*
+    of the global loss, (b_r / B) · loss_r, and the gradients are then summed.
+
+    With the local mean loss_r (and b_r-weighted averaging afterwards) every
+    intermediate float16 gradient of the backward pass would be B / b_r times
+    its serial value, and overflow where serial training's does not: the loss
+    scale would skip steps that serial training takes. With the share, each
+    sample's backward pass carries the same values as in serial training, and
+    the dynamic loss scale decides on the global gradient, on every rank alike.
+    """
+    context = step_context.current()
+    if context is None or optimizer._tnt_weight_fn is None or not _scales_loss(optimizer):
+        return scaled_loss
+    share = context.local_batch / context.global_batch()
+    context.values["gradients_are_shares"] = True
+    return scaled_loss * tf.cast(share, scaled_loss.dtype)
+
+
+def _float16_flags(optimizer, variables):
+    """For each variable, whether serial training computes its gradient in
+    float16 (read through a float16 autocast), or None when unknown."""
+    float16_variables = getattr(optimizer, "_tnt_float16_variables", None)
+    if float16_variables is None or variables is None:
+        return None
+    ids = {id(v) for v in float16_variables()}
+    return [id(v) in ids for v in variables]
+
+
+def _serial_finite(optimizer, grads, finite):
+    """The loss scale's decision as serial training takes it, on the global
+    gradient: besides a non-finite value, a gradient that serial training
+    computes in float16 (the kernel of a mixed_float16 Dense, summed over the
+    whole batch in one float16 matmul) overflows there when its global value
+    exceeds float16's range, even though every rank's partial sum fits."""
+    flags = getattr(optimizer, "_tnt_float16", None)
+    if not flags:
+        return finite
+    in_range = [tf.reduce_all(tf.math.is_finite(tf.cast(g, tf.float16)))
+                for g, flag in zip(grads, flags) if flag and g is not None]
+    if not in_range:
+        return finite
+    return tf.logical_and(tf.cast(finite, tf.bool), tf.reduce_all(tf.stack(in_range)))
+
+
+def set_float16_variables(optimizer, variables_fn):
+    """Tell the loss scale which variables' gradients serial training
+    computes in float16 (`variables_fn()` lists them, when apply is traced)."""
+    optimizer._tnt_float16_variables = variables_fn
+
+
+def _weight_and_total(optimizer):
+    """(this rank's weight, Σ_r weights or None) for the gradient reduction."""
+    weight = optimizer._tnt_weight_fn() if optimizer._tnt_weight_fn else None
+    context = step_context.current()
+    if context is None or weight is None:
+        return weight, None
+    if context.values.get("gradients_are_shares"):
+        return 1.0, 1.0  # the gradients are shares of the global one: their sum
+    if context.knows_sizes():
+        return weight, context.global_batch()  # no need to sum the weights again
+    return weight, None
+
+
+def _default_name(variables, grads):
+    """A request name that every rank derives alike from what is reduced (the
+    shapes and dtypes of the gradients), never from a per-process counter: a
+    rank that created or loaded an optimizer the others did not (loading a
+    checkpoint on the master only) still names its requests like the rest."""
+    described = ";".join(f"{g.dtype.name}{g.shape}" for g in grads if g is not None)
+    return f"tnt.grads.{hashlib.sha1(described.encode()).hexdigest()[:10]}"
 
 
 def _check_supported(optimizer):
@@ -77,8 +169,8 @@ def DistributedOptimizer(optimizer, name=None):  # noqa: N802 - a class-like fac
     Args:
         optimizer: A `keras.optimizers.Optimizer` instance (not Ftrl).
         name: Optional string naming this optimizer's requests across ranks;
-            by default optimizers are numbered in creation order, which
-            matches across ranks when every rank wraps them in the same order.
+            by default the name is derived from the shapes and dtypes of the
+            gradients (the same on every rank, whatever else a rank created).
 
     Example:
 
@@ -94,7 +186,7 @@ def DistributedOptimizer(optimizer, name=None):  # noqa: N802 - a class-like fac
     if getattr(type(optimizer), "_tnt_distributed", False):
         return optimizer
     optimizer.__class__ = _distributed_class(type(optimizer))
-    optimizer._tnt_name = name or f"tnt.grads.{next(_ids)}"
+    optimizer._tnt_name = name
     optimizer._tnt_weight_fn = None
     return optimizer
 

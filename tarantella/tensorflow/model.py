@@ -9,19 +9,16 @@ import tensorflow as tf
 
 from tarantella.common import collectives, config, core
 from tarantella.common.logging import get_logger
-from tarantella.tensorflow import collective_ops, distributed_optimizer
+from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
+                                   dropout, global_loss, step_context)
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
-from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
 from tarantella.tensorflow.save_paths import check_model_path, check_weights_path
-
-_BATCH_NORM_MIN_MICRO_BATCH = 16
-
 
 class _StepState:
     """Per-step values shared between train_step and the optimizer hook; a
@@ -31,6 +28,7 @@ class _StepState:
         self.local_batch = None
         self.logs = {}  # "train"/"test" -> the structure of the logs the step returns
         self.applies = {}  # "train"/"test" -> the optimizer apply() calls the step made
+        self.replays = {}  # "train"/"test" -> the step context's requests (for replay)
 
 
 def _is_array_like(x):
@@ -93,6 +91,8 @@ class Model(keras.Model):
             raise TypeError("The model is already a tnt.Model. Received: model=tnt.Model")
         parallel_strategy = resolve_strategy(parallel_strategy, model, num_pipeline_stages)
         kwargs.setdefault("name", model.name)
+        # Keras decides on loss scaling (mixed_float16) from the compiled model's policy
+        kwargs.setdefault("dtype", model.dtype_policy)
         super().__init__(**kwargs)
         self.model = model
         self.parallel_strategy = parallel_strategy
@@ -215,6 +215,10 @@ class Model(keras.Model):
         # metrics, ... or Keras' defaults), so it is compiled alike, with the
         # same optimizer object; its files then carry the compile state too.
         self.model.compile(optimizer=self.optimizer, **arguments)
+        # masked, weighted, summed losses: serial (the wrapper's and the wrapped model's)
+        global_loss.distribute(self._compile_loss)
+        global_loss.distribute(getattr(self.model, "_compile_loss", None))
+        self._prepare_layers()
 
     def _compile_own(self, *args, **kwargs):
         """The wrapped model's own compile(); then every optimizer it holds
@@ -230,6 +234,8 @@ class Model(keras.Model):
         for optimizer in optimizers:
             distributed_optimizer._check_supported(optimizer)
             self._distribute_optimizer(optimizer)
+        global_loss.distribute(getattr(self.model, "_compile_loss", None))
+        self._prepare_layers()
         super().compile(optimizer=getattr(self.model, "optimizer", None) or "rmsprop",
                         run_eagerly=self.model.run_eagerly,
                         steps_per_execution=self.model.steps_per_execution,
@@ -238,6 +244,18 @@ class Model(keras.Model):
     def _distribute_optimizer(self, optimizer):
         distributed_optimizer.DistributedOptimizer(optimizer)
         distributed_optimizer.set_gradient_weight(optimizer, self._local_batch_weight)
+        distributed_optimizer.set_float16_variables(optimizer, self._float16_variables)
+
+    def _prepare_layers(self):
+        batch_normalization.prepare(self.model)  # synchronized=True: global statistics
+        dropout.prepare(self.model)  # the serial masks of the global batch, sliced
+
+    def _float16_variables(self):
+        """The trainable variables that layers computing in float16 read
+        through an autocast (their gradients are float16 in serial training)."""
+        return [v for layer in self.model._flatten_layers(include_self=True)
+                if layer.compute_dtype == "float16"
+                for v in layer._trainable_variables if getattr(v, "autocast", True)]
 
     def compile_from_config(self, config):
         # Required because compile() is overridden: without it, Keras would
@@ -265,26 +283,41 @@ class Model(keras.Model):
         local_batch = _first_dim(x)
         self._tnt_step.local_batch = local_batch
         try:
-            logs = self._unless_empty("train", local_batch, lambda: self.model.train_step(data))
+            with step_context.step(local_batch) as step:
+                moving = batch_normalization.moving_statistics(
+                    batch_normalization.unsynchronized(self.model))
+
+                def train():
+                    logs = self.model.train_step(data)
+                    # identical weights on every rank (see batch_normalization.py)
+                    batch_normalization.average_moving_statistics(moving, local_batch, step)
+                    return logs
+
+                def after_skip():
+                    batch_normalization.average_moving_statistics(moving, 0, step)
+
+                logs = self._unless_empty("train", local_batch, train, step, after_skip)
             return self._global_logs(logs, local_batch)
         finally:
             self._tnt_step.local_batch = None
 
-    def _unless_empty(self, kind, local_batch, step):
-        """`step()`'s logs; a rank whose slice of the last, partial batch is
+    def _unless_empty(self, kind, local_batch, run_step, step, after_skip=None):
+        """`run_step()`'s logs; a rank whose slice of the last, partial batch is
         empty does not run the model (some TF kernels, e.g. oneDNN
-        convolutions, fail on an empty batch) but still takes part in the
-        step's gradient allreduces (every optimizer apply() of the step, in
-        the same order, with zero gradients of weight 0), and returns zeros of
-        the logs' structure."""
+        convolutions, fail on an empty batch) but still takes part in every
+        collective of the step, in the same order: the step context's requests
+        (global loss normalisers, synchronised BatchNorm statistics) with zero
+        contributions, every optimizer apply() with zero gradients of weight 0,
+        then `after_skip()`; it returns zeros of the logs' structure."""
         state = self._tnt_step
 
         def run():
             with distributed_optimizer.record_applies() as applies:
-                logs = tf.nest.map_structure(tf.convert_to_tensor, step())
+                logs = tf.nest.map_structure(tf.convert_to_tensor, run_step())
             state.logs[kind] = tf.nest.map_structure(
                 lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
             state.applies[kind] = applies
+            state.replays[kind] = step.requests()
             return logs
 
         def skip():
@@ -292,6 +325,7 @@ class Model(keras.Model):
             # earlier step left what it did (or, at the very first step, the
             # step is taken to be Keras' default: one apply() to all the
             # trainable variables, the metrics' results as logs).
+            step.replay(state.replays.get(kind))
             applies = state.applies.get(kind)
             if applies is None and kind == "train":
                 applies = [(self.optimizer, self.model.trainable_variables,
@@ -299,6 +333,8 @@ class Model(keras.Model):
             for optimizer, variables, grads in applies or []:
                 optimizer.apply([None if g is None else tf.zeros(g[0], g[1]) for g in grads],
                                 variables)
+            if after_skip is not None:
+                after_skip()
             spec = state.logs.get(kind) or tf.nest.map_structure(
                 lambda t: tf.TensorSpec(np.shape(t), tf.as_dtype(t.dtype)),
                 self.model.get_metrics_result())
@@ -322,7 +358,8 @@ class Model(keras.Model):
             return self.model.test_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         local_batch = _first_dim(x)
-        logs = self._unless_empty("test", local_batch, lambda: self.model.test_step(data))
+        with step_context.step(local_batch) as step:
+            logs = self._unless_empty("test", local_batch, lambda: self.model.test_step(data), step)
         return self._global_logs(logs, local_batch)
 
     def predict_step(self, data):
@@ -398,20 +435,14 @@ class Model(keras.Model):
             raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
         data = (x,) if y is None and sample_weight is None else (
             (x, y) if sample_weight is None else (x, y, sample_weight))
-        dataset = array_dataset(data, int(batch_size), core.get_rank(), size, shuffle=bool(shuffle),
-                                seed=DEFAULT_SEED)
+        dataset = array_dataset(data, int(batch_size), core.get_rank(), size,
+                                shuffle=shuffle if shuffle == "batch" else bool(shuffle))
         return dataset, int(batch_size), -(-int(batch_size) // size)
 
     def _warn_batch_norm(self, micro_batch_size):
-        if micro_batch_size is None or micro_batch_size >= _BATCH_NORM_MIN_MICRO_BATCH:
-            return
-        if any(isinstance(layer, keras.layers.BatchNormalization)
-               for layer in self.model._flatten_layers(include_self=False)):
-            get_logger().warning(
-                f"The model has BatchNormalization layers and the micro-batch size is "
-                f"{micro_batch_size} (< {_BATCH_NORM_MIN_MICRO_BATCH}): their statistics are "
-                "computed per rank over the micro-batch, so results depend on the number of "
-                "ranks. Use a larger global batch or fewer ranks.")
+        if batch_normalization.prepare(self.model):
+            self.train_function = None  # newly synchronised layers: trace the step again
+        batch_normalization.warn_unsynchronized(self.model, micro_batch_size)
 
     def _sync_weights(self, x):
         """Make every rank start from the master's weights (once after compile
@@ -427,7 +458,8 @@ class Model(keras.Model):
             else:
                 inputs = tf.nest.map_structure(lambda t: t[:1], x)
             self(inputs)
-        collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
+        collective_ops.broadcast_variables(self.model.weights + dropout.seed_states(self.model),
+                                           root_rank=core.get_master_rank())
         self._tnt_synced = True
 
     def _verbose(self, verbose):
@@ -472,15 +504,15 @@ class Model(keras.Model):
                 "fit", "tnt_validation_micro_batch_size")
             if val is not None:
                 validation_data, validation_batch_size = val[0], None
-                self._warn_batch_norm(val[2])
         self._sync_weights(x)
-        return super().fit(
-            x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
-            callbacks=prepare_callbacks(callbacks), validation_data=validation_data,
-            shuffle=False if train is not None else shuffle, class_weight=class_weight,
-            sample_weight=sample_weight, initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-            validation_batch_size=validation_batch_size, validation_freq=validation_freq)
+        with collective_ops.collective_errors():  # a lost peer as PeerLostError
+            return super().fit(
+                x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
+                callbacks=prepare_callbacks(callbacks), validation_data=validation_data,
+                shuffle=False if train is not None else shuffle, class_weight=class_weight,
+                sample_weight=sample_weight, initial_epoch=initial_epoch,
+                steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                validation_batch_size=validation_batch_size, validation_freq=validation_freq)
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  steps=None, callbacks=None, return_dict=False, tnt_micro_batch_size=None,
@@ -496,12 +528,12 @@ class Model(keras.Model):
                                 tnt_distribute_dataset, "evaluate", "tnt_micro_batch_size")
         if data is not None:
             x, y, sample_weight, batch_size = data[0], None, None, None
-            self._warn_batch_norm(data[2])
         self._sync_weights(x)
-        return super().evaluate(x=x, y=y, batch_size=batch_size, verbose=self._verbose(verbose),
-                                sample_weight=sample_weight, steps=steps,
-                                callbacks=prepare_callbacks(callbacks), return_dict=return_dict,
-                                **kwargs)
+        with collective_ops.collective_errors():
+            return super().evaluate(x=x, y=y, batch_size=batch_size,
+                                    verbose=self._verbose(verbose), sample_weight=sample_weight,
+                                    steps=steps, callbacks=prepare_callbacks(callbacks),
+                                    return_dict=return_dict, **kwargs)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None,
                 tnt_micro_batch_size=None, tnt_distribute_dataset=True):
@@ -514,8 +546,9 @@ class Model(keras.Model):
             x, batch_size = data[0], None
         self._sync_weights(x)
         self._set_distributed_predict(distributed)
-        return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
-                               steps=steps, callbacks=prepare_callbacks(callbacks))
+        with collective_ops.collective_errors():
+            return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
+                                   steps=steps, callbacks=prepare_callbacks(callbacks))
 
     # ---- one global batch at a time -----------------------------------------------------------
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
@@ -668,6 +701,7 @@ def model_from_config(config, custom_objects=None):
 
 
 def _allgather_tensor(tensor):
+    @collective_ops.reporting
     def gather(array):
         return collective_ops.allgather_array(array, name="tnt.predict")
 

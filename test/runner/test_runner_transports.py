@@ -25,7 +25,7 @@ def _by_name(rows):
 def test_the_core_answers_first():
     core = CoreWith({"shm": b"", "mpi": b"", "gpi2": b"libGPI2.so not found on LD_LIBRARY_PATH"})
     rows = _by_name(transports.status(environ={"PATH": ""}, lib=core))
-    assert rows["shm"][0] and rows["mpi"] == (True, "")
+    assert rows["shm"][0] and rows["mpi"][0] and rows["mpi"][1].startswith(transports.MPI)
     assert rows["gpi2"] == (False, "libGPI2.so not found on LD_LIBRARY_PATH")
 
 
@@ -37,20 +37,23 @@ def test_a_core_without_the_query_gets_the_machine_searched(tmp_path):
     rows = _by_name(transports.status(environ={"PATH": path, "GPI2_HOME": str(home)},
                                       lib=object()))
     assert rows["shm"] == (True, transports.SHM)
-    ok, detail = rows["mpi"]
-    assert not ok and detail.startswith(transports.LATER) and "mpirun (Open MPI) 9.9.9" in detail
-    ok, detail = rows["gpi2"]
-    assert not ok and detail.startswith(transports.LATER) and str(home / "lib64") in detail
+    ok, detail = rows["mpi"]  # a launcher but no mpicc: the plugin cannot be built
+    assert not ok and "no mpicc" in detail and "mpirun (Open MPI) 9.9.9" in detail
+    ok, detail = rows["gpi2"]  # GPI-2 but no C compiler on this PATH
+    assert not ok and "no C compiler" in detail and str(home / "lib64") in detail
+    path = fake_bin(tmp_path, mpicc="true", cc="true")
+    rows = _by_name(transports.status(environ={"PATH": path, "GPI2_HOME": str(home)}, lib=object()))
+    assert rows["mpi"][0] and "plugin built at first use with" in rows["mpi"][1]
+    assert rows["gpi2"][0] and str(home / "lib64" / "libGPI2.so") in rows["gpi2"][1]
     # a core that does not know a transport (NULL) leaves it to the search as well
     rows = _by_name(transports.status(environ={"PATH": path}, lib=CoreWith({"shm": b""})))
-    assert rows["mpi"][1].startswith(transports.LATER)
     assert rows["gpi2"] == (False, f"GPI-2 not found: {transports.INSTALL_GPI2}")
 
 
 def test_gpi2_home_without_the_library(tmp_path):
     rows = _by_name(transports.status(environ={"PATH": "", "GPI2_HOME": str(tmp_path)},
                                       lib=object()))
-    assert rows["gpi2"][1].startswith(f"GPI2_HOME={tmp_path} holds no lib*/libGPI2.so")
+    assert rows["gpi2"][1].startswith(f"GPI2_HOME={tmp_path} holds no lib64/libGPI2.so")
 
 
 def test_version_lists_transports(tmp_path):

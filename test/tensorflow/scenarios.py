@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 N_TRAIN, N_VAL = 103, 37  # with B=25: 4 full batches and a last batch of 3 (< 4 ranks)
+SEQ = 6
 
 
 def data(n, shape, classes=10, seed=0):
@@ -120,11 +121,81 @@ def custom_steps():
     return CustomSteps()
 
 
-def compile_(model, optimizer, run_eagerly=False):
+def mlp_dropout():
+    keras.utils.set_random_seed(8)
+    inputs = keras.Input((20,))
+    h = keras.layers.Dropout(0.3)(keras.layers.Dense(32, activation="relu")(inputs))
+    h = keras.layers.Dense(16, activation="tanh")(h)
+    return keras.Model(inputs, keras.layers.Dense(10)(h))
+
+
+def sequence_model():
+    """Per-timestep classes of padded sequences: the loss is a mean over the
+    unmasked steps (Embedding(mask_zero=True), return_sequences=True)."""
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((SEQ,), dtype="int32")
+    h = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+    h = keras.layers.SimpleRNN(8, return_sequences=True)(h)
+    return keras.Model(inputs, keras.layers.Dense(5)(h))
+
+
+def two_heads():
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((20,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    return keras.Model(inputs, {"cls": keras.layers.Dense(10, name="cls")(h),
+                                "reg": keras.layers.Dense(1, name="reg")(h)})
+
+
+def fp16_mlp():
+    """Mixed precision with a large input scale: the first steps' scaled
+    gradients are close to float16's range, so the loss-scale decisions are
+    at stake."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(6)
+        inputs = keras.Input((20,))
+        h = keras.layers.Dense(64, activation="relu")(inputs)
+        h = keras.layers.Dense(64, activation="relu")(h)
+        return keras.Model(inputs, keras.layers.Dense(10, dtype="float32")(h))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def bn_cnn():
+    """Synchronised batch normalisation: a BatchNormalization layer switched by
+    synchronize_batch_normalization, and a SyncBatchNormalization layer."""
+    import tarantella as tnt
+
+    keras.utils.set_random_seed(7)
+    return tnt.keras.layers.synchronize_batch_normalization(keras.Sequential([
+        keras.Input((12, 12, 1)),
+        keras.layers.Conv2D(8, 3),
+        keras.layers.BatchNormalization(),
+        keras.layers.ReLU(),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(16),
+        tnt.keras.layers.SyncBatchNormalization(momentum=0.8),
+        keras.layers.ReLU(),
+        keras.layers.Dense(10),
+    ]))
+
+
+def sequences(n, seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, SEQ + 1, size=n)
+    x = rng.integers(1, 20, size=(n, SEQ)).astype("int32")
+    x[np.arange(SEQ)[None, :] >= lengths[:, None]] = 0  # padding: masked
+    return x, rng.integers(0, 5, size=(n, SEQ)).astype("int32")
+
+
+def compile_(model, optimizer, loss=None, run_eagerly=False, **kwargs):
     model.compile(optimizer=optimizer,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3)],
-                  run_eagerly=run_eagerly)
+                  loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  run_eagerly=run_eagerly,
+                  **(kwargs or dict(metrics=["accuracy",
+                                             keras.metrics.SparseTopKCategoricalAccuracy(k=3)])))
 
 
 def scenarios(size):
@@ -141,6 +212,10 @@ def scenarios(size):
         "cnn_dataset": dict(build=cnn, opt=sgd, B=25, kind="dataset", x=xc, y=yc, val=(xcv, ycv)),
         "mlp_numpy": dict(build=mlp, opt=lambda: keras.optimizers.Adam(1e-2), B=25, kind="numpy",
                           x=xm, y=ym, val=(xmv, ymv)),
+        # fit(x, y, shuffle=True) after keras.utils.set_random_seed (in mlp()): serial
+        # Keras' order (the same permutation every epoch, as Keras 3 does)
+        "mlp_numpy_shuffled": dict(build=mlp, opt=sgd, B=25, kind="numpy", shuffle=True, x=xm,
+                                   y=ym, val=(xmv, ymv), sizes=(2, 3)),
         # an unseeded shuffle: tnt seeds it (42); the reference uses seed=42 explicitly
         "mlp_shuffled": dict(build=mlp, opt=sgd, B=16, kind="shuffled", x=xm, y=ym, val=None),
         "mlp_unbatched": dict(build=mlp, opt=sgd, B=7 * size, micro=7, kind="unbatched", x=xm,
@@ -153,7 +228,55 @@ def scenarios(size):
         # train/test/predict_on_batch, run eagerly, from rank-dependent initial weights
         "mlp_on_batch_eager": dict(build=mlp, opt=sgd, B=25, kind="on_batch", x=xm, y=ym,
                                    val=(xmv, ymv)),
+        # Losses that are not a plain batch mean, run on 2 and 3 ranks only (one rank is
+        # Keras itself; the normalisers are global quantities from 2 ranks on).
+        "loss_sum": dict(build=mlp, opt=lambda: keras.optimizers.SGD(0.002), B=25, kind="dataset",
+                         x=xm, y=ym, val=(xmv, ymv), sizes=(2, 3), loss=lambda: (
+                             keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                        reduction="sum"))),
+        "loss_sample_weight": dict(
+            build=mlp, opt=sgd, B=25, kind="dataset", x=xm, y=ym, sw=weights(N_TRAIN, 7),
+            val=(xmv, ymv, weights(N_VAL, 8)), sizes=(2, 3), loss=lambda: (
+                keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True, reduction="mean_with_sample_weight")),
+            compile=dict(weighted_metrics=["accuracy"])),
+        "loss_masked": dict(build=sequence_model, opt=sgd, B=25, kind="dataset",
+                            x=sequences(N_TRAIN, 9)[0], y=sequences(N_TRAIN, 9)[1],
+                            val=sequences(N_VAL, 10), sizes=(2, 3),
+                            compile=dict(metrics=["accuracy"])),
+        # per-output losses (cls_loss, val_reg_loss, ...) and EarlyStopping on one of them
+        "two_heads": dict(build=two_heads, opt=sgd, B=25, kind="dataset", x=xm,
+                          y={"cls": ym, "reg": xm[:, :1] * 2.0}, sizes=(2, 3), epochs=5,
+                          val=(xmv, {"cls": ymv, "reg": xmv[:, :1] * 2.0}),
+                          loss=lambda: {"cls": keras.losses.SparseCategoricalCrossentropy(
+                              from_logits=True), "reg": "mse"},
+                          compile=dict(loss_weights={"cls": 1.0, "reg": 0.5},
+                                       metrics={"cls": ["accuracy"]}),
+                          callbacks=lambda: [keras.callbacks.EarlyStopping(
+                              monitor="val_reg_loss", mode="min", patience=0,
+                              min_delta=0.3)]),
+        # Dropout draws the serial mask of the global batch (4 ranks: one rank's last slice is
+        # empty, yet its seed generator advances like the others')
+        "mlp_dropout": dict(build=mlp_dropout, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
+                            val=(xmv, ymv), sizes=(2, 3, 4), epochs=3),
+        # synchronised BatchNormalization: global batch statistics, serial-equivalent
+        # (tolerance: serial Keras computing the same moments in float64 instead of float32
+        # already ends this far from serial Keras; BN amplifies rounding, see docs/keras.md)
+        "bn_sync": dict(build=bn_cnn, opt=sgd, B=25, kind="dataset", x=xc, y=yc, val=(xcv, ycv),
+                        sizes=(2, 3),
+                        tolerance=dict(rtol=1e-4, atol=1e-5, logs=1e-5, predict=1e-4)),
+        # mixed_float16: the loss scale must take the serial decisions
+        # (inputs x40: both the per-sample float16 backward values and the float16 sums over
+        # the batch reach float16's range; float16 rounding makes the weights differ ~1e-3)
+        "fp16": dict(build=fp16_mlp, opt=lambda: keras.optimizers.SGD(0.01), B=25,
+                     kind="dataset", x=xm * 40.0, y=ym, val=None, sizes=(2, 3),
+                     compile=dict(), tolerance=dict(rtol=5e-2, atol=2e-2, logs=2e-2, predict=0.5),
+                     record_loss_scale=True),
     }
+
+
+def weights(n, seed):
+    return np.random.default_rng(seed).uniform(0.0, 2.0, size=n).astype("float32")
 
 
 def run(name, s, reference, out):
@@ -164,16 +287,22 @@ def run(name, s, reference, out):
     model = s["build"]()
     if not reference:
         model = tnt.Model(model)
-    compile_(model, s["opt"]())
+    compile_(model, s["opt"](), s["loss"]() if "loss" in s else None, **s.get("compile", {}))
     B, x, y, kw = s["B"], s["x"], s["y"], {}
     val = s["val"]
+    train = (x, y, s["sw"]) if "sw" in s else (x, y)
+    callbacks = s["callbacks"]() if "callbacks" in s else []
+    scales = []
+    if s.get("record_loss_scale"):
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: (
+            scales.append(float(model.optimizer.dynamic_scale.numpy())))))
     if s["kind"] == "numpy":
         fit_x, fit_y = x, y
-        kw = dict(batch_size=B, shuffle=False)
+        kw = dict(batch_size=B, shuffle=s.get("shuffle", False))
         val_data = val
         eval_args = dict(x=val[0], y=val[1], batch_size=B)
     else:
-        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = tf.data.Dataset.from_tensor_slices(train)
         if s["kind"] == "shuffled":
             tf.random.set_seed(None)  # no global seed: an unseeded shuffle is random per process
             ds = ds.shuffle(50, seed=42 if reference else None)
@@ -184,15 +313,24 @@ def run(name, s, reference, out):
         fit_x, fit_y = ds, None
         val_data = tf.data.Dataset.from_tensor_slices(val).batch(B) if val else None
         eval_args = dict(x=val_data) if val else dict(x=tf.data.Dataset.from_tensor_slices(
-            (x, y)).batch(B))
-    history = model.fit(fit_x, fit_y, epochs=2, verbose=0, validation_data=val_data, **kw)
+            train).batch(B))
+    history = model.fit(fit_x, fit_y, epochs=s.get("epochs", 2), verbose=0,
+                        validation_data=val_data, callbacks=callbacks, **kw)
     results = model.evaluate(**eval_args, verbose=0, return_dict=True)
     pred_x = eval_args["x"]
     predictions = model.predict(pred_x, batch_size=B if s["kind"] == "numpy" else None, verbose=0)
     arrays = {f"{name}/w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
-    arrays[f"{name}/predict"] = predictions
-    return arrays, {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
-                    "evaluate": {k: float(v) for k, v in results.items()}}
+    predictions = tf.nest.map_structure(np.asarray, predictions)
+    outputs = predictions.items() if isinstance(predictions, dict) else [("", predictions)]
+    for key, value in outputs:
+        arrays[f"{name}/predict{key}"] = value
+    logs = {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+            "evaluate": {k: float(v) for k, v in results.items()}}
+    if "tolerance" in s:
+        logs["tolerance"] = s["tolerance"]
+    if scales:
+        logs["loss_scale"] = scales
+    return arrays, logs
 
 
 def run_on_batch(name, s, reference):
@@ -295,19 +433,21 @@ def main():
     for name, s in scenarios(size).items():
         if args.only and name not in args.only.split(","):
             continue
+        if not args.reference and size not in s.get("sizes", (size,)):
+            continue
         if args.reference and s["kind"] == "unbatched":
             for n in (1, 2, 3, 4):  # one reference per rank count: the global batch is 7n
                 s2 = dict(s, B=7 * n)
                 a, l = run(name, s2, True, args.out)
                 arrays.update({k.replace(name, f"{name}@{n}"): v for k, v in a.items()})
-                logs[f"{name}@{n}"] = l
+                logs[f"{name}@{n}"] = dict(l, sizes=[n])
             continue
         a, l = run(name, s, args.reference, args.out)
         if s["kind"] == "unbatched":
             a = {k.replace(name, f"{name}@{size}"): v for k, v in a.items()}
             name = f"{name}@{size}"
         arrays.update(a)
-        logs[name] = l
+        logs[name] = dict(l, sizes=list(s.get("sizes", (1, 2, 3, 4))))
     checks = {}
     if not args.reference:
         checks["tensor_collectives"] = tensor_collectives(tnt)

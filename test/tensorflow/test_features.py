@@ -2,6 +2,7 @@
 compared with a serial plain-Keras run of the same script."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -14,8 +15,11 @@ def runs(tmp_path_factory):
     ref = tmp_path_factory.mktemp("serial")
     run_serial("features.py", "--out", ref, "--reference")
     out = tmp_path_factory.mktemp("ranks")
+    # TNT_TIMEOUT_S: a rank that waits for a request the others never submit (a name that
+    # differs between ranks) fails in a minute instead of hanging the test
     run_ranks(2, "features.py", "--out", out,
-              env={"TNT_LOG_LEVEL": "INFO", "TNT_TIMELINE": os.path.join(out, "trace.json")})
+              env={"TNT_LOG_LEVEL": "INFO", "TNT_TIMELINE": os.path.join(out, "trace.json"),
+                   "TNT_TIMEOUT_S": 60})
     load = lambda d, r: json.load(open(os.path.join(d, f"rank{r}.json")))  # noqa: E731
     return {"ref": load(ref, 0), "ranks": [load(out, 0), load(out, 1)], "out": str(out)}
 
@@ -49,6 +53,26 @@ def test_writing_callbacks_run_on_the_master_only(runs):
     assert r0["master_only_batches"] > 0 and r1["master_only_batches"] == 0
     for r in runs["ranks"]:
         assert r["tensorboard"] == [False, "tb"]
+    # a TensorBoard callback in fit wrote its event files, on the master only
+    tb = os.path.join(runs["out"], "files", "tb_fit")
+    assert os.listdir(os.path.join(tb, "train")) and not any(
+        name.startswith("rank_") for name in os.listdir(tb))
+
+
+def test_master_only_callback_failure_ends_every_rank_at_once(tmp_path):
+    """The master's callback raises and the master survives (it handled the
+    error): rank 1 fails within seconds (not TNT_TIMEOUT_S=60) with a
+    PeerLostError that names rank 0 and the callback's error."""
+    result = run_ranks(2, "features.py", "--out", tmp_path, "--callback-failure",
+                       env={"TNT_TIMEOUT_S": 60}, check=False)
+    assert result.returncode != 0
+    master = json.load(open(os.path.join(tmp_path, "failure0.json")))
+    other = json.load(open(os.path.join(tmp_path, "failure1.json")))
+    assert master["error"] == "RuntimeError" and "boom" in master["message"]
+    assert other["error"] == "PeerLostError" and other["rank_blamed"] == 0, other
+    assert "boom in a master-only callback" in other["message"] and "Boom.on_epoch_end" in \
+        other["message"], other["message"]
+    assert other["seconds"] < 30, other
 
 
 def test_aggregate_logs_false_gives_local_logs(runs):
@@ -90,6 +114,7 @@ def test_save_and_load(runs):
         assert s["weights_roundtrip"] and s["from_config_layers"] == 2
         assert s["from_json_is_tnt"] and s["model_from_config_is_tnt"] and s["clone"] == [True, True]
         assert s["set_weights_value"] == 1.0  # the master's values win
+    assert runs["ranks"][0]["save_load"]["master_only_load"] == "SGD"
     files = os.listdir(os.path.join(runs["out"], "files"))
     bad = os.path.join(runs["out"], "files", "no_extension")
     for rank in runs["ranks"]:  # the same error on every rank, naming the user's path
@@ -105,8 +130,18 @@ def test_save_and_load(runs):
 
 def test_warnings_and_xla(runs):
     master = runs["ranks"][0]["misc"]
-    assert master["batch_norm_warning"]
     assert master["jit_compile"] is False and master["xla_info"]
+
+
+def test_unsynchronised_batch_norm_warns_and_ranks_end_alike(runs):
+    """Plain BatchNormalization with micro-batches of 20 and 19: a warning that
+    says its statistics are per rank and how to synchronise them, and both
+    ranks end with bitwise the same weights, moving statistics included."""
+    master = runs["ranks"][0]["misc"]
+    assert master["batch_norm_warning"], "no BatchNormalization warning"
+    assert "micro-batch of 20 samples" in master["batch_norm_warning"][0]
+    assert "synchronized=True" in master["batch_norm_warning"][0]
+    assert runs["ranks"][1]["misc"]["batch_norm_weights"] == master["batch_norm_weights"]
 
 
 def test_gradient_allreduce_overlaps_backprop(runs):
@@ -133,12 +168,33 @@ def test_gradient_allreduce_overlaps_backprop(runs):
 
 
 def test_default_fusion_packs_small_gradients_into_one_request(runs):
-    """At the default TNT_FUSION_THRESHOLD_KB (1 MiB) the callbacks model's 4
-    gradients (under 1 KiB each) are reduced together: one request, one
-    ALLREDUCE per step. test_serial_equivalence checks that 0 sends each
-    gradient alone."""
+    """At the default TNT_FUSION_THRESHOLD_KB (1 MiB) the small models' 4 or 6
+    gradients (under 1 KiB each) are reduced together: one request per model
+    (tnt.grads.<digest>.b0.0), one ALLREDUCE per step. test_serial_equivalence
+    checks that 0 sends each gradient alone."""
     steps = runs["ranks"][0]["callbacks"]["epochs_run"] * 5  # 90 samples, global batch 20
     for rank in (0, 1):
-        tl = timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.grads.0.b")
-        assert list(tl) == ["tnt.grads.0.b0.0"], sorted(tl)
-        assert len(tl["tnt.grads.0.b0.0"]["ALLREDUCE"]) == steps
+        tl = timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt.grads.")
+        # the buckets (not the weights' sum, "<digest>.w"; a digest may start with "b")
+        tl = {name: phases for name, phases in tl.items() if re.search(r"\.b\d+\.\d+$", name)}
+        assert tl and all(name.endswith(".b0.0") for name in tl), sorted(tl)
+        # the callbacks model (and the same model's later fits and custom loop)
+        assert max(len(phases["ALLREDUCE"]) for phases in tl.values()) >= steps
+
+
+def test_unseeded_numpy_shuffle_is_fresh_per_run_and_the_same_on_every_rank(runs):
+    """fit(x, y, shuffle=True) with no global seed, twice, 30 samples, global
+    batch 7 on 2 ranks: in every epoch the ranks' slices make up a permutation
+    of all samples (every rank shuffled alike), the first run's order differs
+    from the second's, and each run reshuffles every epoch (serial Keras does)."""
+    per_rank = [rank["unseeded_shuffle"] for rank in runs["ranks"]]
+    orders = []
+    for run in range(2):
+        steps = [a + b for a, b in zip(per_rank[0][run], per_rank[1][run])]
+        assert len(steps) == 10, steps  # 2 epochs of 5 steps (7, 7, 7, 7, 2)
+        epochs = [sum(steps[:5], []), sum(steps[5:], [])]
+        for epoch in epochs:
+            assert sorted(epoch) == list(range(30)), epoch
+        assert epochs[0] != epochs[1]
+        orders.append(epochs)
+    assert orders[0] != orders[1]

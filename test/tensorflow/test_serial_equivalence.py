@@ -12,8 +12,17 @@ rank-dependent initial weights. It records the final weights, History,
 evaluate() (test_on_batch) and predict() on every rank. It also checks the
 TF-level collectives on nested structures (tensors back for tensors).
 
-Tolerances (float32): weights rtol 1e-5 / atol 1e-6, logs atol 1e-6, predictions
-atol 1e-5. Results cannot be bitwise equal: each rank sums its own part of the
+On 2 and 3 ranks (4 for Dropout) it also runs what needs a global quantity:
+losses with reduction="sum", "mean_with_sample_weight" with sample weights and
+a mask (per-timestep loss of padded sequences), a two-output model (per-output
+losses, loss weights, EarlyStopping on val_reg_loss), Dropout (the serial
+masks), synchronised BatchNormalization, fit(x, y, shuffle=True) after
+set_random_seed, and mixed_float16 (the loss scale of every step must be
+serial Keras').
+
+Tolerances (float32): weights rtol 1e-5 / atol 1e-6, logs atol 1e-6 (rtol
+1e-6), predictions atol 1e-5; a scenario may loosen them ("tolerance": BN
+amplifies rounding, float16 rounds partial sums; see docs/keras.md). Results cannot be bitwise equal: each rank sums its own part of the
 batch before the weighted sum across ranks, so float32 additions are
 associated differently (about 1e-7 relative per step), and about 10 steps of
 momentum SGD / Adam carry that forward. Every rank must hold bitwise the same
@@ -74,16 +83,24 @@ def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
     assert len(ranks) == n
     ref_arrays, ref_logs, _ = reference[0]
     arrays, logs, _ = ranks[0]
-    assert set(logs) == {k for k in ref_logs if "@" not in k or k.endswith(f"@{n}")}
+    assert set(logs) == {k for k, v in ref_logs.items() if n in v["sizes"] and (
+        "@" not in k or k.endswith(f"@{n}"))}
     for key, value in arrays.items():
-        tol = dict(rtol=1e-5, atol=1e-5) if key.endswith("predict") else dict(rtol=1e-5, atol=1e-6)
+        tolerance = ref_logs[key.split("/")[0]].get("tolerance")
+        tol = dict(rtol=1e-5, atol=1e-5) if "/predict" in key else dict(rtol=1e-5, atol=1e-6)
+        if tolerance:
+            tol = dict(rtol=tolerance["rtol"], atol=tolerance["predict" if "/predict" in key
+                                                                else "atol"])
         np.testing.assert_allclose(value, ref_arrays[key], err_msg=key, **tol)
     for name, scenario in logs.items():
+        atol = ref_logs[name].get("tolerance", {}).get("logs", 1e-6)
         for part in ("history", "evaluate"):
             assert scenario[part].keys() == ref_logs[name][part].keys(), (name, part)
             for key, values in scenario[part].items():
-                np.testing.assert_allclose(values, ref_logs[name][part][key], rtol=0, atol=1e-6,
+                np.testing.assert_allclose(values, ref_logs[name][part][key], rtol=1e-6, atol=atol,
                                            err_msg=f"{name} {part} {key}")
+        # mixed precision: the dynamic loss scale took serial training's decisions, step by step
+        assert scenario.get("loss_scale") == ref_logs[name].get("loss_scale"), name
     for r, (other_arrays, other_logs, _) in enumerate(ranks[1:], start=1):
         assert other_logs == logs, f"rank {r} logs differ from rank 0"
         for key, value in arrays.items():
@@ -91,20 +108,21 @@ def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
     for r, (_, _, checks) in enumerate(ranks):  # nested structures through the TF-level collectives
         assert checks["tensor_collectives"] == [], f"rank {r}: {checks['tensor_collectives']}"
     if fusion_kb == 0:
-        _assert_each_gradient_reduced_alone(tmp_path, n, len(logs))
+        _assert_each_gradient_reduced_alone(tmp_path, n)
 
 
-def _assert_each_gradient_reduced_alone(out, n, optimizers):
-    """Every scenario's model has 6 trainable variables, and its optimizer is
-    tnt.grads.<k> (numbered in creation order): with fusion off, each gradient
-    must be its own request (6 per optimizer: the frontend packed nothing) and
-    the core must not fuse requests either (no fusion-buffer copies, no
-    "fused" allreduce), for anything."""
+def _assert_each_gradient_reduced_alone(out, n):
+    """Every scenario's model has 6 trainable variables (the BN CNN 10), and
+    its requests are tnt.grads.<digest of the gradients' shapes>: with fusion
+    off, each gradient must be its own request (6 or 10 per model: the
+    frontend packed nothing) and the core must not fuse requests either (no
+    fusion-buffer copies, no "fused" allreduce), for anything."""
     for rank in range(n):
         tl = timeline(os.path.join(out, f"trace.rank{rank}.json"))
-        grads = [name for name in tl if re.fullmatch(r"tnt\.grads\.\d+\.b\d+\.\d+", name)]
-        per_optimizer = collections.Counter(name.split(".")[2] for name in grads)
-        assert per_optimizer == {str(k): 6 for k in range(optimizers)}, sorted(grads)
+        grads = [name for name in tl if re.fullmatch(r"tnt\.grads\.[0-9a-f]+\.b\d+\.\d+", name)]
+        per_model = collections.Counter(name.split(".")[2] for name in grads)
+        assert per_model and set(per_model.values()) <= {6, 10}, sorted(grads)
+        assert 10 in per_model.values(), sorted(grads)
         for name in grads:
             assert len(tl[name]["ALLREDUCE"]) == len(tl[name]["NEGOTIATE"]) > 0, name
         for name, phases in tl.items():

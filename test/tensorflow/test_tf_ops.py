@@ -64,11 +64,13 @@ def test_numpy_mode_uses_numpy_function(tmp_path):
 
 
 def test_a_lost_peer_fails_the_op_with_its_rank(tmp_path):
+    """A TensorFlow error naming the rank, and collective_errors() (fit's)
+    raises it as the PeerLostError itself, as on the numpy_function path."""
     result = run_ranks(2, "tf_ops_peer_lost.py", env={"TNT_TF_OPS": "compiled", "TNT_TIMEOUT_S": 20},
                        check=False, runner_args=("--output-on-all-devices",), timeout=120)
     caught = [line for line in result.stdout.splitlines() if "CAUGHT" in line]
-    assert caught and "InternalError" in caught[0] and "Tarantella allreduce: rank 1 aborted (rank 1 fails on " \
-        "purpose)" in caught[0] and "[rank 1]" in caught[0], \
+    assert caught and caught[0].startswith("[0] CAUGHT PeerLostError rank=1: rank 1 aborted (rank 1 fails on purpose)")
+    assert "FROM InternalError: " in caught[0] and "[TNT_ERR_PEER_LOST, rank 1]" in caught[0], \
         result.stdout[-2000:] + result.stderr[-2000:]
 
 

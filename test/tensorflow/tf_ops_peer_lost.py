@@ -1,14 +1,16 @@
 """Rank 1 fails (tnt's abort, as an uncaught exception does) before a
 collective inside a tf.function; rank 0's op must fail with a TensorFlow
-error that names the failed rank (test_tf_ops.py). Rank 1 stays alive until
-then, so that tntrun does not stop rank 0 first."""
+error that names the failed rank, which collective_errors() (as tnt.Model's
+fit uses it) raises as the PeerLostError itself (test_tf_ops.py). Rank 1 stays
+alive until then, so that tntrun does not stop rank 0 first."""
 import sys
 import time
 
 import tensorflow as tf
 
 import tarantella.tensorflow as tnt
-from tarantella.common import core
+from tarantella.common import core, errors
+from tarantella.tensorflow import collective_ops
 
 
 @tf.function
@@ -23,9 +25,12 @@ if tnt.get_rank() == 1:
     time.sleep(20)
     sys.exit(0)
 try:
-    step(step_input)
-except tf.errors.OpError as exc:
-    print(f"CAUGHT {type(exc).__name__}: {' '.join(exc.message.split())}", flush=True)
+    with collective_ops.collective_errors():
+        step(step_input)
+except errors.TarantellaError as exc:
+    cause = exc.__cause__
+    print(f"CAUGHT {type(exc).__name__} rank={exc.rank}: {exc} FROM {type(cause).__name__}: "
+          f"{' '.join(cause.message.split())}", flush=True)
     sys.exit(0)
 print("NO ERROR", flush=True)
 sys.exit(1)

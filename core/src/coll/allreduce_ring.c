@@ -68,28 +68,60 @@ static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *
   return TNT_SUCCESS;
 }
 
+static plan_t make_plan(const tnt_ring_t *ring, int64_t count, tnt_dtype_t dtype, double prescale,
+                        const int64_t *bounds) {
+  plan_t p = {count, bounds, ring->size, 1, tnt_dtype_size(dtype), dtype, prescale};
+  int64_t max_seg = 0, slot_elems = (int64_t)(ring->slot_bytes / p.esz);
+  for (int j = 0; j < p.N; j++)
+    if (seg_begin(&p, j + 1) - seg_begin(&p, j) > max_seg) max_seg = seg_begin(&p, j + 1) - seg_begin(&p, j);
+  if (max_seg > 0) p.P = (max_seg + slot_elems - 1) / slot_elems;
+  return p;
+}
+
+/* reduce-scatter: step 0 sends straight from the input (scaled on the way);
+ * the last step completes a segment, so it divides (average) right there and
+ * the allgather spreads the final values: no pass before, none after */
+static tnt_result_t reduce_scatter(tnt_ring_t *ring, const plan_t *p, const uint8_t *src, uint8_t *dst, int divisor,
+                                   double deadline) {
+  const int N = p->N, r = ring->rank;
+  for (int s = 0; s < N - 1; s++)
+    TNT_CHECK(ring_step(ring, p, s == 0 ? src : dst, s == 0 && p->prescale != 1.0, (r - s + 2 * N) % N, dst, src,
+                        s == N - 2 ? divisor : 1, (r - s - 1 + 2 * N) % N, deadline));
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t allgather(tnt_ring_t *ring, const plan_t *p, uint8_t *dst, double deadline) {
+  const int N = p->N, r = ring->rank;
+  for (int s = 0; s < N - 1; s++)
+    TNT_CHECK(ring_step(ring, p, dst, 0, (r + 1 - s + 2 * N) % N, dst, NULL, 1, (r - s + 2 * N) % N, deadline));
+  return TNT_SUCCESS;
+}
+
 tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                 double prescale, int divisor, const int64_t *bounds, double deadline) {
-  const int N = ring->size, r = ring->rank;
-  const uint8_t *src = in;
-  uint8_t *dst = out;
-  plan_t p = {count, bounds, N, 1, tnt_dtype_size(dtype), dtype, prescale};
-  if (N == 1) {
+  if (ring->size == 1) {
     tnt_scale(dtype, out, in, prescale, (size_t)count);
     if (divisor > 1) tnt_divide(dtype, out, out, divisor, (size_t)count);
     return TNT_SUCCESS;
   }
-  int64_t max_seg = 0, slot_elems = (int64_t)(ring->slot_bytes / p.esz);
-  for (int j = 0; j < N; j++)
-    if (seg_begin(&p, j + 1) - seg_begin(&p, j) > max_seg) max_seg = seg_begin(&p, j + 1) - seg_begin(&p, j);
-  if (max_seg > 0) p.P = (max_seg + slot_elems - 1) / slot_elems;
-  /* reduce-scatter: step 0 sends straight from the input (scaled on the way);
-   * the last step completes a segment, so it divides (average) right there and
-   * the allgather spreads the final values: no pass before, none after */
-  for (int s = 0; s < N - 1; s++)
-    TNT_CHECK(ring_step(ring, &p, s == 0 ? src : dst, s == 0 && prescale != 1.0, (r - s + 2 * N) % N, dst, src,
-                        s == N - 2 ? divisor : 1, (r - s - 1 + 2 * N) % N, deadline));
-  for (int s = 0; s < N - 1; s++) /* allgather */
-    TNT_CHECK(ring_step(ring, &p, dst, 0, (r + 1 - s + 2 * N) % N, dst, NULL, 1, (r - s + 2 * N) % N, deadline));
-  return TNT_SUCCESS;
+  plan_t p = make_plan(ring, count, dtype, prescale, bounds);
+  TNT_CHECK(reduce_scatter(ring, &p, in, out, divisor, deadline));
+  return allgather(ring, &p, out, deadline);
+}
+
+tnt_result_t tnt_reduce_scatter_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                     double prescale, const int64_t *bounds, double deadline) {
+  if (ring->size == 1) {
+    tnt_scale(dtype, out, in, prescale, (size_t)count);
+    return TNT_SUCCESS;
+  }
+  plan_t p = make_plan(ring, count, dtype, prescale, bounds);
+  return reduce_scatter(ring, &p, in, out, 1, deadline);
+}
+
+tnt_result_t tnt_allgather_segments_ring(tnt_ring_t *ring, void *out, int64_t count, tnt_dtype_t dtype,
+                                         const int64_t *bounds, double deadline) {
+  if (ring->size == 1) return TNT_SUCCESS;
+  plan_t p = make_plan(ring, count, dtype, 1.0, bounds);
+  return allgather(ring, &p, out, deadline);
 }

@@ -6,28 +6,37 @@
  * contribution in one transport exchange and then adds all N contributions
  * itself, segment j in the ring's order j, j+1, ..., j+N-1 (ring.h): every rank
  * performs the same additions in the same order as the ring would, so a tensor
- * gets the same bits whichever algorithm its fusion group took. */
+ * gets the same bits whichever algorithm its fusion group took. The one-round
+ * path (negotiate.c: payloads that rode with the negotiation) adds the same
+ * way from the negotiation's messages, through tnt_reduce_in_ring_order. */
 #include <string.h>
 
 #include "common.h"
 #include "dtype.h"
 #include "ring.h"
 
-tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                 const int64_t *bounds, void *scratch, double deadline) {
-  const int N = ring->size;
-  const size_t esz = tnt_dtype_size(dtype), bytes = (size_t)count * esz;
-  size_t lens[N];
-  TNT_CHECK(ring->t->exchange(ring->ts, in, bytes, scratch, bytes, lens, deadline));
-  const uint8_t *all = scratch;
+void tnt_reduce_in_ring_order(tnt_dtype_t dtype, void *out, const void *const *contrib, int64_t count, int N,
+                              const int64_t *bounds) {
+  const size_t esz = tnt_dtype_size(dtype);
   uint8_t *dst = out;
   for (int j = 0; j < N; j++) {
     int64_t b = tnt_segment_begin(bounds, count, N, j), len = tnt_segment_begin(bounds, count, N, j + 1) - b;
     if (len <= 0) continue;
     size_t at = (size_t)b * esz;
-    memcpy(dst + at, all + (size_t)j * bytes + at, (size_t)len * esz);
+    memcpy(dst + at, (const uint8_t *)contrib[j] + at, (size_t)len * esz);
     for (int k = 1; k < N; k++)
-      tnt_reduce_sum(dtype, dst + at, dst + at, all + (size_t)((j + k) % N) * bytes + at, (size_t)len);
+      tnt_reduce_sum(dtype, dst + at, dst + at, (const uint8_t *)contrib[(j + k) % N] + at, (size_t)len);
   }
+}
+
+tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                 const int64_t *bounds, void *scratch, double deadline) {
+  const int N = ring->size;
+  const size_t bytes = (size_t)count * tnt_dtype_size(dtype);
+  size_t lens[N];
+  const void *contrib[N];
+  TNT_CHECK(ring->t->exchange(ring->ts, in, bytes, scratch, bytes, lens, deadline));
+  for (int q = 0; q < N; q++) contrib[q] = (const uint8_t *)scratch + (size_t)q * bytes;
+  tnt_reduce_in_ring_order(dtype, out, contrib, count, N, bounds);
   return TNT_SUCCESS;
 }

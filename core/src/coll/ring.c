@@ -7,18 +7,29 @@
 
 tnt_result_t tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
                             int slots, double timeout_s) {
+  return tnt_ring_setup_on(ring, t, ts, rank, size, (rank + 1) % size, (rank + size - 1) % size, TNT_CHANNEL_FLAT,
+                           slot_bytes, slots, timeout_s);
+}
+
+tnt_result_t tnt_ring_setup_on(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int pos, int size, int next,
+                               int prev, int channel, size_t slot_bytes, int slots, double timeout_s) {
   ring->t = t;
   ring->ts = ts;
-  ring->rank = rank;
+  ring->rank = pos;
   ring->size = size;
-  ring->next = (rank + 1) % size;
-  ring->prev = (rank + size - 1) % size;
+  ring->next = next;
+  ring->prev = prev;
+  ring->kind_data = TNT_NOTIFY_DATA + 2 * channel;
+  ring->kind_credit = TNT_NOTIFY_CREDIT + 2 * channel;
   ring->slot_bytes = slot_bytes;
   ring->slots = slots;
   ring->tx_seq = 0;
   ring->rx_seq = 0;
   ring->timeout_s = timeout_s;
-  ring->window = t->window(ts);
+  /* this channel's region of every window: of next's, which we put into, and of
+   * the one prev puts into */
+  ring->region = (size_t)channel * slot_bytes * (size_t)slots;
+  ring->window = (uint8_t *)tnt_transport_window_for(t, ts, prev) + ring->region;
   ring->staging = malloc(slot_bytes);
   return ring->staging ? TNT_SUCCESS : tnt_fail(TNT_ERR_SYSTEM, "out of memory");
 }
@@ -31,22 +42,22 @@ void tnt_ring_teardown(tnt_ring_t *ring) {
 tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline) {
   uint64_t seq = ring->tx_seq;
   if (seq >= (uint64_t)ring->slots) /* slot reuse: piece seq - slots must have been consumed */
-    TNT_CHECK(ring->t->wait(ring->ts, TNT_NOTIFY_CREDIT, ring->next, (uint32_t)(seq - (uint64_t)ring->slots + 1), deadline));
-  size_t offset = (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
+    TNT_CHECK(ring->t->wait(ring->ts, ring->kind_credit, ring->next, (uint32_t)(seq - (uint64_t)ring->slots + 1), deadline));
+  size_t offset = ring->region + (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
   if (len) TNT_CHECK(ring->t->put(ring->ts, ring->next, offset, src, len));
-  TNT_CHECK(ring->t->notify(ring->ts, ring->next, TNT_NOTIFY_DATA));
+  TNT_CHECK(ring->t->notify(ring->ts, ring->next, ring->kind_data));
   ring->tx_seq = seq + 1;
   return TNT_SUCCESS;
 }
 
 tnt_result_t tnt_ring_recv(tnt_ring_t *ring, const void **piece, double deadline) {
   uint64_t seq = ring->rx_seq;
-  TNT_CHECK(ring->t->wait(ring->ts, TNT_NOTIFY_DATA, ring->prev, (uint32_t)(seq + 1), deadline));
+  TNT_CHECK(ring->t->wait(ring->ts, ring->kind_data, ring->prev, (uint32_t)(seq + 1), deadline));
   *piece = ring->window + (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
   return TNT_SUCCESS;
 }
 
 tnt_result_t tnt_ring_release(tnt_ring_t *ring) {
   ring->rx_seq++;
-  return ring->t->notify(ring->ts, ring->prev, TNT_NOTIFY_CREDIT);
+  return ring->t->notify(ring->ts, ring->prev, ring->kind_credit);
 }

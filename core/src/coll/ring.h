@@ -7,7 +7,13 @@
  * bumped by the sender) and CREDIT (pieces consumed, bumped by the receiver).
  * The sender of piece i waits until piece i - slots has been consumed, so up to
  * `slots` pieces are in flight and a slow rank never has its slot overwritten.
- * The counters persist across collectives, so no reset handshake is needed. */
+ * The counters persist across collectives, so no reset handshake is needed.
+ *
+ * A ring is any cyclic order of some of the transport's ranks: `rank`/`size`
+ * are this rank's position in it and its length (what the algorithms use),
+ * `next`/`prev` the transport's ids of the neighbours. Several rings may share
+ * one transport on different channels (transport.h): their own counters and
+ * their own region of the window. */
 #ifndef TNT_RING_H
 #define TNT_RING_H
 
@@ -19,7 +25,9 @@
 typedef struct {
   const tnt_transport_t *t;
   void *ts;
-  int rank, size, next, prev;
+  int rank, size, next, prev; /* position and length; neighbours as transport peer ids */
+  int kind_data, kind_credit; /* this ring's channel's counters */
+  size_t region;              /* where this channel's region starts in every window */
   size_t slot_bytes;
   int slots;
   uint64_t tx_seq; /* pieces put to next */
@@ -31,6 +39,10 @@ typedef struct {
 
 tnt_result_t tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
                             int slots, double timeout_s);
+/* A ring at position `pos` of `size`, its neighbours the transport's ranks
+ * next/prev, on `channel` (tnt_ring_setup: the flat ring of every rank, channel 0). */
+tnt_result_t tnt_ring_setup_on(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int pos, int size, int next,
+                               int prev, int channel, size_t slot_bytes, int slots, double timeout_s);
 void tnt_ring_teardown(tnt_ring_t *ring);
 
 /* Put one piece (len <= slot_bytes) into next's window, waiting for a free slot. */
@@ -62,12 +74,35 @@ static inline int64_t tnt_segment_begin(const int64_t *bounds, int64_t count, in
  * (1: a plain sum); the scaling and the division cost no extra pass. */
 tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                 double prescale, int divisor, const int64_t *bounds, double deadline);
+/* The two halves of tnt_allreduce_ring. After the reduce-scatter, position r
+ * holds the complete segment tnt_ring_owned(ring) = (r + 1) % N in `out` (the
+ * others hold partial sums); the allgather spreads every owned segment. */
+tnt_result_t tnt_reduce_scatter_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                     double prescale, const int64_t *bounds, double deadline);
+tnt_result_t tnt_allgather_segments_ring(tnt_ring_t *ring, void *out, int64_t count, tnt_dtype_t dtype,
+                                         const int64_t *bounds, double deadline);
+static inline int tnt_ring_owned(const tnt_ring_t *ring) { return (ring->rank + 1) % ring->size; }
 /* Allreduce of at most TNT_SMALL_ALLREDUCE_BYTES through one exchange of the
  * (already scaled) inputs, added in the ring's order; scratch holds N * count
  * elements. */
 #define TNT_SMALL_ALLREDUCE_BYTES (16 * 1024)
 tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                  const int64_t *bounds, void *scratch, double deadline);
+/* Allreduce over H hosts of L ranks (allreduce_hier.c): host_ring joins this
+ * host's ranks, net_ring the ranks at this rank's position on every host. */
+tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, const void *in, void *out, int64_t count,
+                                tnt_dtype_t dtype, double prescale, const int64_t *bounds, double deadline);
+/* Its small-buffer path: one exchange over the flat ring's transport of the
+ * (already scaled) inputs, added in tnt_allreduce_hier's order; rank_at[h * L + i]
+ * is the rank at position i of host h; scratch holds N * count elements. */
+tnt_result_t tnt_allreduce_hier_small(tnt_ring_t *flat, const int *rank_at, int H, int L, const void *in, void *out,
+                                      int64_t count, tnt_dtype_t dtype, const int64_t *bounds, void *scratch,
+                                      double deadline);
+/* out = the N contributions (already scaled) added segment by segment in the
+ * ring's order: segment j is contrib[j] + contrib[j+1] + ... (ring.h's rule),
+ * the same bits on every rank and on every path that adds this way. */
+void tnt_reduce_in_ring_order(tnt_dtype_t dtype, void *out, const void *const *contrib, int64_t count, int N,
+                              const int64_t *bounds);
 tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, size_t bytes, int root, double deadline);
 tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, const int64_t *bytes_per_rank,
                                 double deadline);

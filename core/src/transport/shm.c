@@ -7,10 +7,13 @@
  *                notification counters [kind][source], one cache line each)
  *              | exchange buffers [2][TNT_EXCHANGE_MAX] | receive window
  *
- * Waiting: a futex on the counter word, after a short spin only when there are
- * at least as many cores as local ranks (8 ranks on 2 cores must not spin).
- * Sleeps are cut into slices of 100 ms; after each slice the waiter checks its
- * peers, so a dead peer is seen within ~0.1 s, a hang within the deadline.
+ * Waiting: a futex on the counter word, after a spin of at most TNT_SPIN_US
+ * only under a host-wide budget (spin_allowed: 8 ranks on 2 cores must not
+ * spin, and neither may anyone while other jobs fill the cores). An exchange
+ * round has one arrival counter in the header: only the last rank to post
+ * wakes the sleepers. Doorbells are rung lazily (pay_bells). Sleeps are cut
+ * into slices of 100 ms; after each slice the waiter checks its peers, so a
+ * dead peer is seen within ~0.1 s, a hang within the deadline.
  *
  * Liveness: a waiter checks the peer it waits for after each sleep slice (died,
  * aborted, stopped, or shut down before providing what is awaited), and only
@@ -34,6 +37,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -47,6 +51,10 @@
 #define SHM_MAGIC 0x544e5431u /* "TNT1" */
 #define CACHE_LINE 64
 #define SLICE_S 0.1
+#define HOST_LOAD_EVERY_S 0.005 /* how often a spinner re-reads the host's count of runnable threads */
+#define BELL_GRACE_S 200e-6 /* how long a cycle waits for its peers to join by themselves before waking them */
+#define IDLE_BELL_S 0.1     /* ... and for the peers that sleep with nothing pending */
+#define PENDING_NAP_S 1.0   /* a background thread sleeping no longer than this has requests pending */
 
 enum { RANK_EMPTY = 0, RANK_ALIVE = 1, RANK_EXITED = 2, RANK_FAILED = 3 };
 
@@ -63,6 +71,12 @@ typedef struct {
   shm_word_t attached;
   _Atomic uint64_t cycle_wanted;
   _Atomic uint32_t collided; /* two processes claimed one rank: the job is void */
+  char pad0[CACHE_LINE];
+  shm_word_t arrived;           /* exchange posts of every rank, all rounds: round r is complete at r * size */
+  _Atomic uint32_t spinners;    /* threads of this host busy-waiting now (at most one per core) */
+  _Atomic uint32_t sleepers;    /* ranks whose driving thread sleeps in an exchange or data wait now */
+  _Atomic uint32_t host_busy;   /* more runnable threads on the host than cores (any process's), as last read */
+  _Atomic int64_t load_read_us; /* when host_busy was last read */
   char collision[512];
   char pad[CACHE_LINE];
 } shm_header_t;
@@ -74,6 +88,7 @@ typedef struct {
   char reason[512];
   uint32_t exch_len[2];
   char pad[CACHE_LINE - 12];
+  _Atomic int64_t nap_until_us; /* while the background thread sleeps on the bell: when it wakes by itself, else 0 */
   shm_word_t bell;      /* doorbell: bumped by peers wanting a cycle and by local requests */
   shm_word_t exch_seq;  /* rounds of exchange this rank has published */
   shm_word_t counters[]; /* [kind * size + source] */
@@ -93,8 +108,14 @@ typedef struct {
   int exch_posted;     /* this round is published and not yet collected */
   double exch_deadline; /* the bound of the posted round (TNT_TIMEOUT_S after posting) */
   uint32_t bell_seen;
-  double spin_s;
+  double spin_s;       /* TNT_SPIN_US: the longest spin of one wait (spin_allowed decides whether to spin) */
+  long ncpu;
+  int bells_owed;      /* a cycle was asked for: wake the peers' threads if they do not join it by themselves */
+  int *global;         /* [size] job-wide rank of each member, for messages (a group of a larger job) */
 } shm_t;
+
+/* The rank a message names: the job-wide one when this segment serves one host of many. */
+#define G(s, r) ((s)->global[(r)])
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -136,10 +157,11 @@ static int process_dead(pid_t pid) {
 static tnt_result_t peer_aborted(shm_t *s, int r, const char *what) {
   shm_rank_t *p = s->ranks[r];
   int root = atomic_load(&p->root_peer);
-  if (root >= 0 && root != r && root != s->pl.rank)
-    return tnt_fail_peer(root, "rank %d aborted because of rank %d (%s) while rank %d was %s", r, root, p->reason,
-                         s->pl.rank, what);
-  return tnt_fail_peer(r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->pl.rank, what);
+  if (root >= 0 && root != G(s, r) && root != G(s, s->pl.rank))
+    return tnt_fail_peer(root, "rank %d aborted because of rank %d (%s) while rank %d was %s", G(s, r), root,
+                         p->reason, G(s, s->pl.rank), what);
+  return tnt_fail_peer(G(s, r), "rank %d aborted (%s) while rank %d was %s", G(s, r), p->reason, G(s, s->pl.rank),
+                       what);
 }
 
 /* The job-wide failures that cost no system call: a collided segment, an aborted rank. */
@@ -157,12 +179,12 @@ static tnt_result_t check_awaited(shm_t *s, int from, const char *what) {
   shm_rank_t *p = s->ranks[from];
   uint32_t state = atomic_load(&p->state);
   if (state == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
-    return tnt_fail_peer(from, "rank %d (pid %d) died while rank %d was %s", from, (int)atomic_load(&p->pid), s->pl.rank,
-                         what);
+    return tnt_fail_peer(G(s, from), "rank %d (pid %d) died while rank %d was %s", G(s, from),
+                         (int)atomic_load(&p->pid), G(s, s->pl.rank), what);
   if (state == RANK_FAILED) return peer_aborted(s, from, what);
   if (state == RANK_EXITED)
-    return tnt_fail_peer(from, "rank %d has shut down while rank %d was %s: every rank must make the same collective "
-                         "calls before shutdown", from, s->pl.rank, what);
+    return tnt_fail_peer(G(s, from), "rank %d has shut down while rank %d was %s: every rank must make the same "
+                         "collective calls before shutdown", G(s, from), G(s, s->pl.rank), what);
   return TNT_SUCCESS;
 }
 
@@ -173,7 +195,8 @@ static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what
   for (int r = 0; r < s->pl.size; r++) {
     shm_rank_t *p = s->ranks[r];
     if (r != s->pl.rank && atomic_load(&p->state) == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
-      return tnt_fail_peer(r, "rank %d (pid %d) died while rank %d was %s", r, (int)atomic_load(&p->pid), s->pl.rank, what);
+      return tnt_fail_peer(G(s, r), "rank %d (pid %d) died while rank %d was %s", G(s, r), (int)atomic_load(&p->pid),
+                           G(s, s->pl.rank), what);
   }
   TNT_CHECK(check_job(s, what));
   for (int r = 0; r < s->pl.size; r++)
@@ -189,28 +212,75 @@ static void shm_describe_peer(void *st, int peer, char *out, size_t len) {
                       : state == 'D'               ? "is blocked in the kernel (disk or network I/O)"
                       : state == 'X' || state == 'Z' ? "has exited"
                                                    : "is alive but did not answer: it may be hung or busy outside Tarantella";
-  snprintf(out, len, "rank %d (pid %d) %s", peer, (int)pid, doing);
+  snprintf(out, len, "rank %d (pid %d) %s", G(s, peer), (int)pid, doing);
 }
 
 /* The error of a wait that reached its deadline, naming the awaited rank and
  * what its process is doing (a stopped rank is the usual culprit). */
 static tnt_result_t wait_timed_out(shm_t *s, int from, const char *what) {
   if (from < 0)
-    return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->pl.rank, what);
+    return tnt_fail(TNT_ERR_TIMEOUT, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", G(s, s->pl.rank), what);
   char doing[256];
   shm_describe_peer(s, from, doing, sizeof doing);
-  return tnt_fail_about(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->pl.rank, what, doing);
+  return tnt_fail_about(TNT_ERR_TIMEOUT, G(s, from), "rank %d timed out %s after TNT_TIMEOUT_S: %s", G(s, s->pl.rank),
+                        what, doing);
 }
 
-/* Busy-wait for at most s->spin_s until ready(s, arg); 1 if it became ready. */
+/* Adaptive waiting under a host-wide budget. A waiter spins only while it can
+ * help: fewer threads spin than there are cores, and the ranks that are not
+ * asleep (the one awaited among them) fit on the cores, so a spinner never
+ * takes the core of the rank it waits for. 2 ranks on 2 cores spin (a 4-byte
+ * allreduce costs microseconds); of 8 ranks on 2 cores only the last ones to
+ * arrive spin, the others sleep on a futex and the last arrival wakes them. */
+static int host_has_free_cores(shm_t *s) {
+  /* the kernel's count of runnable threads (/proc/loadavg's "running/total"),
+   * read by one thread of the host at most every HOST_LOAD_EVERY_S: other
+   * jobs' threads need cores too */
+  int64_t now = tnt_now_us(), last = atomic_load_explicit(&s->hdr->load_read_us, memory_order_relaxed);
+  if (now - last >= (int64_t)(HOST_LOAD_EVERY_S * 1e6) &&
+      atomic_compare_exchange_strong(&s->hdr->load_read_us, &last, now)) {
+    uint32_t busy = 0;
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      char buf[128];
+      ssize_t n = read(fd, buf, sizeof buf - 1);
+      close(fd);
+      long running = 0;
+      if (n > 0) {
+        buf[n] = 0;
+        if (sscanf(buf, "%*s %*s %*s %ld/", &running) == 1) busy = running > s->ncpu;
+      }
+    }
+    atomic_store_explicit(&s->hdr->host_busy, busy, memory_order_relaxed);
+  }
+  return !atomic_load_explicit(&s->hdr->host_busy, memory_order_relaxed);
+}
+
+static int spin_allowed(shm_t *s) {
+  if (s->spin_s <= 0 || !host_has_free_cores(s)) return 0;
+  long awake = (long)s->pl.local_size - (long)atomic_load_explicit(&s->hdr->sleepers, memory_order_relaxed);
+  return awake <= s->ncpu && (long)atomic_load_explicit(&s->hdr->spinners, memory_order_relaxed) < s->ncpu;
+}
+
+/* Busy-wait for at most s->spin_s until ready(s, arg), when spin_allowed; 1 if it became ready. */
 static int spin_until(shm_t *s, int (*ready)(shm_t *, const void *), const void *arg) {
-  if (s->spin_s <= 0) return 0;
+  if (!spin_allowed(s)) return 0;
+  if ((long)atomic_fetch_add(&s->hdr->spinners, 1) >= s->ncpu) { /* lost the race for the last core */
+    atomic_fetch_sub(&s->hdr->spinners, 1);
+    return 0;
+  }
   double until = tnt_now() + s->spin_s;
+  int got = 0;
   for (int i = 0;; i++) {
-    if (ready(s, arg)) return 1;
-    if ((i & 63) == 63 && tnt_now() > until) return 0;
+    if (ready(s, arg)) {
+      got = 1;
+      break;
+    }
+    if ((i & 63) == 63 && tnt_now() > until) break;
     tnt_cpu_relax();
   }
+  atomic_fetch_sub(&s->hdr->spinners, 1);
+  return got;
 }
 
 typedef struct {
@@ -223,28 +293,78 @@ static int word_reached(shm_t *s, const void *arg) {
   return reached(atomic_load_explicit(&wt->word->value, memory_order_acquire), wt->target);
 }
 
-/* Wait until w reaches target. `from` is the rank that bumps it (-1: any rank):
- * after each sleep slice it is checked in full, the others only for aborts. A
- * deadline that is not the operation's own (a caller's shorter wait) ends with
- * TNT_IN_PROGRESS when `resumable`. */
+#define FROM_EXCHANGE (-2) /* wait_word's `from` for an exchange round: the ranks that have not posted it */
+
+/* The first rank that has not posted the current exchange round, else -1. */
+static int first_missing(shm_t *s) {
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank && !reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round)) return r;
+  return -1;
+}
+
+/* Every rank that has not posted the current exchange round, in full (a rank
+ * that posted it and then shut down cleanly did its part: not a failure). */
+static tnt_result_t check_missing(shm_t *s, const char *what) {
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank && !reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round))
+      TNT_CHECK(check_awaited(s, r, what));
+  return TNT_SUCCESS;
+}
+
+/* Wake the background threads of the peers that have not joined a cycle this
+ * rank asked for, lazily: in a steady loop the peers' application threads join
+ * within microseconds, and a wake-up would only make a sleeping thread compete
+ * with them for the cores (and run an empty cycle). A peer whose background
+ * thread is awake sees the cycle wanted before it sleeps: no bell. One that
+ * sleeps with requests pending (it wakes within LIVENESS_S by itself) is rung
+ * after BELL_GRACE_S; an idle one (it sleeps for seconds: nothing of its own
+ * waits for this cycle) only after IDLE_BELL_S, for the stall reports. */
+static void pay_bells(shm_t *s, double waited) {
+  if (!s->bells_owed) return;
+  const int64_t now = tnt_now_us();
+  for (int r = 0; r < s->pl.size; r++) {
+    if (r == s->pl.rank || reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round)) continue;
+    int64_t nap = atomic_load(&s->ranks[r]->nap_until_us);
+    if (nap && (nap - now <= (int64_t)(PENDING_NAP_S * 1e6) || waited >= IDLE_BELL_S)) bump(&s->ranks[r]->bell);
+  }
+  if (waited >= IDLE_BELL_S) s->bells_owed = 0;
+}
+
+/* Wait until w reaches target: spin while spin_allowed, then sleep on a futex.
+ * The bells a cycle owes are rung only after BELL_GRACE_S more of sleeping (a
+ * peer that joins by itself needs none). After every SLICE_S of sleep `from`
+ * is checked in full (-1: every rank; FROM_EXCHANGE: the ranks missing from
+ * the current exchange round), the others only for aborts. */
 static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, int from, double deadline, const char *what) {
   word_target_t wt = {w, target};
   if (word_reached(s, &wt) || spin_until(s, word_reached, &wt)) return TNT_SUCCESS;
-  for (int slice = 0;; slice++) {
+  const double start = tnt_now();
+  double bell_at = start + BELL_GRACE_S, next_check = start + SLICE_S;
+  for (;;) {
     uint32_t v = atomic_load(&w->value);
     if (reached(v, target)) return TNT_SUCCESS;
     double now = tnt_now();
-    if (slice > 0) { /* not before the first sleep: most waits end within it */
+    if (s->bells_owed && now >= bell_at) {
+      pay_bells(s, now - start);
+      bell_at = start + IDLE_BELL_S;
+    }
+    if (now >= next_check) { /* not before the first slice: most waits end within it */
+      next_check = now + SLICE_S;
       TNT_CHECK(check_job(s, what));
       if (from >= 0) TNT_CHECK(check_awaited(s, from, what));
+      else if (from == FROM_EXCHANGE) TNT_CHECK(check_missing(s, what));
       else TNT_CHECK(check_all(s, NULL, what));
     }
-    if (now >= deadline) return wait_timed_out(s, from, what);
-    struct timespec ts = tnt_timespec(deadline - now < SLICE_S ? deadline - now : SLICE_S);
+    if (now >= deadline) return wait_timed_out(s, from == FROM_EXCHANGE ? first_missing(s) : from, what);
+    double wake = deadline < next_check ? deadline : next_check;
+    if (s->bells_owed && bell_at < wake) wake = bell_at;
+    struct timespec ts = tnt_timespec(wake - now);
+    atomic_fetch_add(&s->hdr->sleepers, 1); /* counted, so that the last ranks to arrive may spin */
     atomic_fetch_add(&w->waiters, 1);
     v = atomic_load(&w->value);
     if (!reached(v, target)) futex(&w->value, FUTEX_WAIT, v, &ts);
     atomic_fetch_sub(&w->waiters, 1);
+    atomic_fetch_sub(&s->hdr->sleepers, 1);
   }
 }
 
@@ -272,10 +392,12 @@ static void shm_free(shm_t *s) {
   free(s->ranks);
   free(s->exch);
   free(s->windows);
+  free(s->global);
   free(s);
 }
 
-static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state) {
+tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
+                                const int *global, void **state) {
   shm_t *s = calloc(1, sizeof *s);
   if (!s) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   s->pl = *pl;
@@ -283,11 +405,15 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
   s->ranks = calloc((size_t)pl->size, sizeof *s->ranks);
   s->exch = calloc((size_t)pl->size, sizeof *s->exch);
   s->windows = calloc((size_t)pl->size, sizeof *s->windows);
-  if (!s->ranks || !s->exch || !s->windows) {
+  s->global = calloc((size_t)pl->size, sizeof *s->global);
+  if (!s->ranks || !s->exch || !s->windows || !s->global) {
     shm_free(s);
     return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   }
-  s->spin_s = tnt_spin_seconds(params, pl);
+  for (int i = 0; i < pl->size; i++) s->global[i] = global ? global[i] : i;
+  s->spin_s = params->spin_s; /* spin_allowed decides per wait, from the whole host's state */
+  s->ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  if (s->ncpu < 1) s->ncpu = 1;
   snprintf(s->name, sizeof s->name, "/tnt-%s", pl->job_id);
   s->total = align_up(sizeof(shm_header_t), 4096) + (size_t)pl->size * block_bytes_for(pl->size, window_bytes);
   double deadline = tnt_now() + params->timeout_s;
@@ -393,7 +519,7 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
     size_t used = 0;
     for (int r = 0; r < pl->size && used < sizeof missing - 12; r++)
       if (atomic_load(&s->ranks[r]->state) == RANK_EMPTY)
-        used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", r);
+        used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", G(s, r));
     res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d waited %.0f s (TNT_TIMEOUT_S) for ranks [%s] to start: launch every rank "
                    "of the job (TNT_SIZE=%d) with the same TNT_JOB_ID, e.g. with tntrun",
                    pl->rank, params->timeout_s, missing, pl->size);
@@ -411,6 +537,10 @@ fail:
   if (s->fd >= 0) shm_unlink(s->name);
   shm_free(s);
   return res;
+}
+
+static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state) {
+  return tnt_shm_init_group(pl, params, window_bytes, NULL, state);
 }
 
 static tnt_result_t shm_put(void *st, int peer, size_t offset, const void *src, size_t len) {
@@ -433,12 +563,15 @@ static tnt_result_t shm_notify(void *st, int peer, int kind) {
 static tnt_result_t shm_wait(void *st, int kind, int from, uint32_t target, double deadline) {
   shm_t *s = st;
   char what[96];
-  snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
+  snprintf(what, sizeof what, "waiting for %s from rank %d", kind % 2 == TNT_NOTIFY_DATA ? "data" : "a free slot",
+           G(s, from));
   return wait_word(s, &s->ranks[s->pl.rank]->counters[kind * s->pl.size + from], target, from, deadline, what);
 }
 
 /* Publish this rank's bytes for the next round (double-buffered: a rank is at
- * most one round ahead of the slowest, so the other buffer is never being read). */
+ * most one round ahead of the slowest, so the other buffer is never being read).
+ * One arrival counter for the host: the last rank to post a round wakes every
+ * sleeper of that round with one system call (no N^2 wake-ups). */
 static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, double deadline) {
   shm_t *s = st;
   if (len > TNT_EXCHANGE_MAX) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
@@ -447,7 +580,10 @@ static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, do
   shm_rank_t *me = s->ranks[s->pl.rank];
   memcpy(s->exch[s->pl.rank] + buf * TNT_EXCHANGE_MAX, mine, len);
   me->exch_len[buf] = (uint32_t)len;
-  bump(&me->exch_seq); /* exch_seq == round now: the release publishes the bytes above */
+  atomic_store_explicit(&me->exch_seq.value, round, memory_order_release); /* publishes the bytes above */
+  uint32_t arrived = atomic_fetch_add(&s->hdr->arrived.value, 1) + 1;
+  if (arrived == round * (uint32_t)s->pl.size && atomic_load(&s->hdr->arrived.waiters))
+    futex(&s->hdr->arrived.value, FUTEX_WAKE, INT_MAX, NULL);
   s->exch_posted = 1;
   s->exch_deadline = deadline;
   return TNT_SUCCESS;
@@ -461,12 +597,11 @@ static tnt_result_t shm_exchange_collect(void *st, void *all, size_t stride, siz
   if (!s->exch_posted) return tnt_fail(TNT_ERR_INTERNAL, "exchange collected before it was posted");
   uint32_t round = s->exch_round, buf = round & 1;
   double deadline = until < s->exch_deadline ? until : s->exch_deadline;
-  for (int r = 0; r < s->pl.size; r++) {
-    if (r == s->pl.rank) continue;
-    tnt_result_t res = wait_word(s, &s->ranks[r]->exch_seq, round, r, deadline, "negotiating with the other ranks");
-    if (res == TNT_ERR_TIMEOUT && deadline < s->exch_deadline) return TNT_IN_PROGRESS;
-    TNT_CHECK(res);
-  }
+  tnt_result_t res = wait_word(s, &s->hdr->arrived, round * (uint32_t)s->pl.size, FROM_EXCHANGE, deadline,
+                               "negotiating with the other ranks");
+  if (res == TNT_ERR_TIMEOUT && deadline < s->exch_deadline) return TNT_IN_PROGRESS;
+  TNT_CHECK(res);
+  s->bells_owed = 0;
   for (int r = 0; r < s->pl.size; r++) {
     shm_rank_t *p = s->ranks[r];
     lens[r] = p->exch_len[buf];
@@ -489,8 +624,7 @@ static void shm_ring_doorbell(void *st, uint64_t cycle) {
   uint64_t cur = atomic_load(&s->hdr->cycle_wanted);
   while (cur < cycle && !atomic_compare_exchange_weak(&s->hdr->cycle_wanted, &cur, cycle)) {
   }
-  for (int r = 0; r < s->pl.size; r++)
-    if (r != s->pl.rank) bump(&s->ranks[r]->bell);
+  s->bells_owed = 1; /* rung by the wait for the cycle's exchange, for the peers that did not join (pay_bells) */
 }
 
 static int bell_rang(shm_t *s, const void *done) {
@@ -513,9 +647,13 @@ static void shm_wait_doorbell(void *st, uint64_t done, double deadline) {
     double now = tnt_now();
     if (now >= deadline) return;
     struct timespec ts = tnt_timespec(deadline - now < 1.0 ? deadline - now : 1.0);
+    /* published before the last look at cycle_wanted: a peer that asks for a
+     * cycle after it rings this bell (pay_bells), one that asked before is seen */
+    atomic_store(&s->ranks[s->pl.rank]->nap_until_us, deadline < 1e12 ? (int64_t)(deadline * 1e6) : INT64_MAX);
     atomic_fetch_add(&bell->waiters, 1);
     if (atomic_load(&bell->value) == b && atomic_load(&s->hdr->cycle_wanted) <= done) futex(&bell->value, FUTEX_WAIT, b, &ts);
     atomic_fetch_sub(&bell->waiters, 1);
+    atomic_store(&s->ranks[s->pl.rank]->nap_until_us, 0);
   }
 }
 

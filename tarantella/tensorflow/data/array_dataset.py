@@ -1,9 +1,24 @@
 """NumPy arrays / tensors as a per-rank dataset, without paying for the other
 ranks' samples: the index pipeline is global (so every rank agrees on the
-order and the batch boundaries), but each rank gathers only its own slice."""
+order and the batch boundaries), but each rank gathers only its own slice.
+
+The order of the samples is serial Keras' (`fit(x, y, shuffle=...)`):
+- no shuffle: in order;
+- shuffle with a TensorFlow global seed (`keras.utils.set_random_seed`,
+  `tf.random.set_seed`) on the master: Keras' own array adapter draws the
+  order of an index array, with the master's seed, so every rank gets the
+  order serial Keras gives with that seed (Keras 3 then repeats the same
+  permutation every epoch, and so do we);
+- shuffle without a global seed: a fresh order every run and every epoch, as
+  in serial Keras, from a seed the master draws and broadcasts, so every rank
+  shuffles alike.
+"""
+import os
+
 import numpy as np
 import tensorflow as tf
 
+from tarantella.common import collectives
 from tarantella.tensorflow.data import batch_slicing
 
 
@@ -16,18 +31,64 @@ def _num_samples(structure):
     return sizes.pop()
 
 
-def array_dataset(data, batch_size, rank, size, shuffle=False, seed=42):
+def _global_seed():
+    from tensorflow.python.eager import context  # no public getter of the global seed
+
+    return context.global_seed()
+
+
+def _keras_order(num_samples, batch_size, shuffle, seed):
+    """The batches of sample indices that serial Keras' fit() draws for arrays
+    of `num_samples` samples under the global seed `seed`."""
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+
+    own = _global_seed()
+    if own != seed:
+        tf.random.set_seed(seed)  # the master's: its order is the one every rank must take
+    try:
+        adapter = ArrayDataAdapter(np.arange(num_samples, dtype=np.int64), batch_size=batch_size,
+                                   shuffle=shuffle)
+        order = adapter.get_tf_dataset()
+    finally:
+        if own != seed:
+            tf.random.set_seed(own)
+    batches = -(-num_samples // batch_size)  # known, as with Keras' own adapter
+    return order.map(lambda *e: e[0]).apply(tf.data.experimental.assert_cardinality(batches))
+
+
+def sample_order(num_samples, batch_size, shuffle, size):
+    """A dataset of global batches of sample indices, the same on every rank
+    (collective on more than one rank when shuffling: the master's seed)."""
+    if shuffle and size > 1:
+        seed = _global_seed()
+        fresh = int.from_bytes(os.urandom(8), "little") >> 1
+        master = collectives.broadcast(
+            np.array([seed is not None, seed or 0, fresh], dtype=np.int64),
+            root=0, name="tnt.shuffle_seed")
+        if master[0]:
+            return _keras_order(num_samples, batch_size, shuffle, int(master[1]))
+        seed = int(master[2])
+    elif shuffle:
+        return _keras_order(num_samples, batch_size, shuffle, _global_seed())
+    indices = tf.data.Dataset.range(num_samples)
+    if shuffle == "batch":  # the order of the batches is kept, each is shuffled
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+        return tf.data.Dataset.zip((indices.batch(batch_size), seeds)).map(
+            tf.random.experimental.stateless_shuffle)
+    if shuffle:
+        indices = indices.shuffle(num_samples, seed=seed, reshuffle_each_iteration=True)
+    return indices.batch(batch_size)
+
+
+def array_dataset(data, batch_size, rank, size, shuffle=False):
     """A dataset of this rank's micro-batches of `data` (a nest of arrays
     whose first dimension is the sample), cut from global batches of
-    `batch_size` samples; with `shuffle`, the sample order is reshuffled every
-    epoch with the same seed on every rank."""
+    `batch_size` samples in the order serial Keras' fit takes them (`shuffle`:
+    False, True or "batch", as in Keras)."""
     data = tf.nest.map_structure(
         lambda t: t if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else tf.convert_to_tensor(t), data)
     n = _num_samples(data)
-    indices = tf.data.Dataset.range(n)
-    if shuffle:
-        indices = indices.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-    indices = indices.batch(batch_size)
+    indices = sample_order(n, batch_size, shuffle, size)
 
     def gather(batch_indices):
         mine = batch_slicing.slice_element(batch_indices, rank, size)

@@ -15,6 +15,7 @@ one request per leaf here, one per dtype on the numpy_function path.
 """
 import ctypes
 import os
+import re
 import threading
 
 import tensorflow as tf
@@ -59,6 +60,23 @@ class CompiledOps:
 
     def run(self, kind, tensors, names, **kw):
         return self.wait([self.start(kind, tensors, names, **kw)], tensors, gathered=kind == "allgather")
+
+
+# the end of a kernel's error message (tnt_ops.cc, CoreError)
+_CORE_ERROR = re.compile(r"Tarantella [^:\n]*: (.*?) \[TNT_(ERR_[A-Z_]+)(?:, rank (\d+))?\]", re.S)
+
+
+def tarantella_error(op_error):
+    """The TarantellaError (PeerLostError naming the rank, ...) that a compiled
+    op's failure stands for, or None for another error."""
+    found = _CORE_ERROR.search(op_error.message or "")
+    if found is None:
+        return None
+    from tarantella.common import codes
+
+    text, code, rank = found.groups()
+    return errors.error_for_code(getattr(codes, code, codes.ERR_INTERNAL), text,
+                                 rank=int(rank) if rank else None)
 
 
 def mode():

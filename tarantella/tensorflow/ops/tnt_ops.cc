@@ -62,11 +62,26 @@ std::atomic<const CoreApi *> g_api{nullptr};
 // alone, it looks for new ones at the long slice.
 constexpr double kShortSliceS = 0.005, kLongSliceS = 1.0;
 
+const char *CodeName(tnt_result_t code) {
+  switch (code) {
+    case TNT_ERR_INVALID_ARGUMENT: return "TNT_ERR_INVALID_ARGUMENT";
+    case TNT_ERR_INVALID_USAGE: return "TNT_ERR_INVALID_USAGE";
+    case TNT_ERR_MISMATCH: return "TNT_ERR_MISMATCH";
+    case TNT_ERR_PEER_LOST: return "TNT_ERR_PEER_LOST";
+    case TNT_ERR_TIMEOUT: return "TNT_ERR_TIMEOUT";
+    case TNT_ERR_SYSTEM: return "TNT_ERR_SYSTEM";
+    default: return "TNT_ERR_INTERNAL";
+  }
+}
+
+// "Tarantella <what>: <the core's message> (<what to do>) [TNT_ERR_<code>, rank <r>]":
+// the bracket lets Python raise the TarantellaError itself (ops.tarantella_error).
 Status CoreError(const CoreApi &api, tnt_result_t code, const std::string &what) {
-  std::string msg = "Tarantella " + what + ": " + api.last_error() + " (" + api.strerror(code) + ")";
+  std::string msg = "Tarantella " + what + ": " + api.last_error() + " (" + api.strerror(code) + ") [" +
+                    CodeName(code);
   int rank = api.last_error_rank();
-  if ((code == TNT_ERR_PEER_LOST || code == TNT_ERR_TIMEOUT) && rank >= 0)
-    msg += " [rank " + std::to_string(rank) + "]";
+  if ((code == TNT_ERR_PEER_LOST || code == TNT_ERR_TIMEOUT) && rank >= 0) msg += ", rank " + std::to_string(rank);
+  msg += "]";
   switch (code) {
     case TNT_ERR_INVALID_ARGUMENT: return errors::InvalidArgument(msg);
     case TNT_ERR_INVALID_USAGE:

@@ -562,7 +562,9 @@ static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const cha
 static tnt_result_t check_gone(mpi_t *s, int r, const char *what) {
   peer_t *p = &s->peers[r];
   if (p->state == PEER_FAILED) return peer_aborted(s, r, what);
-  if (p->state == PEER_EXITED)
+  /* a BYE overtakes the payloads still landing from that rank (it sent them all
+   * before it): not gone until they and the notifications behind them are in */
+  if (p->state == PEER_EXITED && p->n == 0)
     return failf(TNT_ERR_PEER_LOST, r, "rank %d has shut down while rank %d was %s: every rank must make the same "
                  "collective calls before shutdown", r, s->me, what);
   return TNT_SUCCESS;
@@ -911,13 +913,16 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
     p->local = !strcmp(all[r].node, mine.node) && strcmp(mine.node, "?/?");
     snprintf(p->host, sizeof p->host, "%s", all[r].host);
     p->last_heard = p->last_sent = now;
-    if (p->local) {
+    /* a host is a host name, as for launchers (pids may be comparable across
+     * hosts that share a kernel: the namespaces of a test bed) */
+    if (!strcmp(all[r].host, mine.host)) {
       local_size++;
       if (r < mrank) local_rank++;
     }
   }
   if (local_rank != pl->local_rank || local_size != pl->local_size)
-    LOG(LOG_WARNING, "mpi: rank %d is local rank %d of %d by its environment, but %d of %d by the hosts MPI reports",
+    LOG(LOG_WARNING, "mpi: rank %d is local rank %d of %d by its environment, but %d of %d by the host names ranks "
+        "report",
         pl->rank, pl->local_rank, pl->local_size, local_rank, local_size);
   s->next_beat = now + beat / 4;
   free(all);
@@ -1040,7 +1045,7 @@ static tnt_result_t mpi_wait(void *st, int kind, int from, uint32_t target, doub
   mpi_t *s = st;
   counter_target_t ct = {&s->counters[kind * s->n + from], target};
   char what[96];
-  snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
+  snprintf(what, sizeof what, "waiting for %s from rank %d", kind % 2 == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
   tnt_result_t res = poll_until(s, counter_reached, &ct, from, deadline, what);
   return res == TNT_ERR_TIMEOUT ? timed_out(s, from, what) : res;
 }

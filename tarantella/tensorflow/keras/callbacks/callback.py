@@ -108,6 +108,16 @@ def _local_logs(callback, hook, logs):
     return logs
 
 
+def _abort(callback, hook, exc):
+    """A callback that runs on the master only failed: the other ranks are
+    already in the next collective and would wait for the master until
+    TNT_TIMEOUT_S (or forever, if the user catches the error). Abort the core
+    now: every other rank fails at once with a PeerLostError that names the
+    master and this error."""
+    core.abort(f"{type(exc).__name__} in {type(callback).__name__}.{hook}, a callback that runs "
+               f"on the master rank only: {exc}")
+
+
 def _make_hook(hook):
     takes_step = "batch" in hook or "epoch" in hook  # (batch or epoch, logs) vs (logs)
 
@@ -128,6 +138,10 @@ def _make_hook(hook):
             model._tnt_master_only = True
         try:
             return getattr(super(Callback, self), hook)(*args, **kwargs)
+        except Exception as exc:
+            if not self._tnt_run_on_all_ranks:
+                _abort(self, hook, exc)
+            raise
         finally:
             if master_only:
                 model._tnt_master_only = previous

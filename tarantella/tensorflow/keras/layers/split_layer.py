@@ -1,4 +1,4 @@
-"""Layers of the original Tarantella's API (`tnt.keras.layers`)."""
+"""The original Tarantella's SplitLayer (`tnt.keras.layers.SplitLayer`)."""
 import keras
 
 

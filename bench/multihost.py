@@ -1,0 +1,238 @@
+"""Allreduce across hosts on the multi-host test bed (test/multihost/multihost_testbed.py:
+each host a network namespace on one bridge, as a cluster's nodes on one switch), measured
+side by side in one run. Not a test: a table to read. Needs root (namespaces) and Open MPI.
+
+    sudo python bench/multihost.py                       # 4 B .. 64 MB
+    sudo python bench/multihost.py --max-bytes 256M --markdown docs/table.md
+
+Columns, all float32 sums on the same hosts in the same run:
+  - Tarantella on 2 hosts x 2 ranks, hierarchical (the default) and with one flat
+    4-rank ring (TNT_HIERARCHICAL=0);
+  - Open MPI's MPI_Allreduce on the same 2 x 2 ranks (a small C program built here with mpicc:
+    no mpi4py needed), and on 2 x 1 beside Tarantella on 2 x 1;
+  - the link bound: one TCP stream from hostA to hostB.
+Bus bandwidth is 2(N-1)/N x bytes / time (nccl-tests' convention)."""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "test", "multihost"))
+
+MPI_BENCH = r"""
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+/* argv: sizes in bytes; rank 0 prints RESULT {"results": [{"bytes", "seconds"}]} */
+static int iterations(long bytes) { long n = 50000000L / (bytes > 4096 ? bytes : 4096); return n < 3 ? 3 : n > 200 ? 200 : (int)n; }
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (!rank) printf("RESULT {\"results\": [");
+  for (int a = 1; a < argc; a++) {
+    long bytes = atol(argv[a]), n = bytes / 4 > 0 ? bytes / 4 : 1;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    for (long i = 0; i < n; i++) x[i] = 1.0f;
+    int iters = iterations(bytes);
+    double best = 1e30;
+    MPI_Allreduce(x, y, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int b = 0; b < 3; b++) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t = MPI_Wtime();
+      for (int i = 0; i < iters; i++) MPI_Allreduce(x, y, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      t = (MPI_Wtime() - t) / iters;
+      if (t < best) best = t;
+    }
+    if (y[0] != (float)size) { fprintf(stderr, "wrong sum %f\n", y[0]); MPI_Abort(MPI_COMM_WORLD, 1); }
+    if (!rank) printf("%s{\"bytes\": %ld, \"seconds\": %.9f}", a > 1 ? ", " : "", n * 4, best);
+    free(x);
+    free(y);
+  }
+  if (!rank) printf("]}\n");
+  MPI_Finalize();
+  return 0;
+}
+"""
+
+
+def parse_bytes(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
+
+
+def sizes_between(lo, hi):
+    size, out = lo, []
+    while size <= hi:
+        out.append(size)
+        size *= 16 if size < (1 << 20) else 4
+    return out
+
+
+def iterations_for(nbytes):  # the C program's rule: about 0.1-1 s per size on the test bed
+    return max(3, min(200, int(5e7 / max(nbytes, 4096))))
+
+
+def worker(sizes):
+    import tarantella as tnt
+
+    rank, size = tnt.get_rank(), tnt.get_size()
+    results = []
+    for nbytes in sizes:
+        x = np.ones(max(1, nbytes // 4), np.float32)
+        out = np.empty_like(x)
+        tnt.allreduce(x, name="bench", out=out)  # warm: first touch, the negotiation cache
+        best = float("inf")
+        for _ in range(3):
+            tnt.barrier()
+            t = time.perf_counter()
+            for _ in range(iterations_for(nbytes)):
+                tnt.allreduce(x, name="bench", out=out)
+            best = min(best, (time.perf_counter() - t) / iterations_for(nbytes))
+        assert out[0] == size, out[0]
+        results.append({"bytes": x.nbytes, "seconds": best})
+    if rank == 0:
+        print("RESULT " + json.dumps({"results": results}), flush=True)
+
+
+def result_of(res, label):
+    for line in res.stdout.splitlines():
+        at = line.find("RESULT ")
+        if at >= 0:
+            return json.loads(line[at + len("RESULT "):])["results"]
+    print(f"{label} failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}", file=sys.stderr)
+    return None
+
+
+def run_tnt(bed, env, hosts, sizes, *exports):
+    cmd = ["tntrun", "-H", hosts, "--no-gpu", *[a for e in exports for a in ("-x", e)], "--", HERE, "--worker",
+           "--sizes", ",".join(map(str, sizes))]
+    return result_of(bed.run("hostA", cmd, env=env, timeout=1800), f"tarantella {hosts} {exports}")
+
+
+def run_mpi(bed, env, hosts, exe, sizes):
+    n = sum(int(h.split(":")[1]) for h in hosts.split(","))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    # yield when idle: 4 ranks that busy-poll on 2 cores starve each other (Open MPI's own advice
+    # for oversubscribed nodes); Tarantella's waits sleep too
+    cmd = ["mpirun", *root, "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1", "-np", str(n), "--host",
+           hosts, exe, *map(str, sizes)]
+    return result_of(bed.run("hostA", cmd, env=env, timeout=1800), f"MPI_Allreduce {hosts}")
+
+
+def tcp_stream(bed, env, nbytes=1 << 30):
+    """Bytes per second of one TCP stream hostA -> hostB (what one link carries)."""
+    receiver = ("import socket,sys,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+                "s.bind(('0.0.0.0',47123));s.listen(1);print('READY',flush=True)\nc,_=s.accept()\n"
+                f"buf=bytearray(1<<20);got=0;t=None\nwhile got<{nbytes}:\n n=c.recv_into(buf)\n"
+                " t=t or time.perf_counter()\n if not n: break\n got+=n\n"
+                "print(got/(time.perf_counter()-t),flush=True)")
+    proc = bed.popen("hostB", [sys.executable, "-c", receiver], env=env, stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    sender = (f"import socket\ns=socket.create_connection(('{bed.addresses['hostB']}',47123))\n"
+              f"b=bytes(1<<20)\nfor _ in range({nbytes >> 20}): s.sendall(b)\ns.close()")
+    bed.run("hostA", [sys.executable, "-c", sender], env=env, timeout=600)
+    out, _ = proc.communicate(timeout=600)
+    return float(out.strip().splitlines()[-1])
+
+
+def best_of(old, new):
+    if not old or not new:
+        return new or old
+    return [a if a["seconds"] <= b["seconds"] else b for a, b in zip(old, new)]
+
+
+def human(nbytes):
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def cell(results, i, n):
+    if not results:
+        return "failed", None
+    t = results[i]["seconds"]
+    busbw = 2 * (n - 1) / n * results[i]["bytes"] / t / 1e9
+    return f"{t * 1e3:.3f} ms, {busbw:.2f} GB/s", t
+
+
+def table(sizes, cols, link):
+    head = ["size", "hier 2x2", "flat 2x2", "MPI 2x2", "flat/hier", "MPI/hier", "tnt 2x1", "MPI 2x1", "MPI/tnt 2x1"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, nbytes in enumerate(sizes):
+        (h, th), (f, tf), (m, tm) = (cell(cols[k], i, 4) for k in ("hier", "flat", "mpi4"))
+        (t2, tt2), (m2, tm2) = (cell(cols[k], i, 2) for k in ("tnt2", "mpi2"))
+        ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa: E731
+        lines.append(f"| {human(nbytes)} | {h} | {f} | {m} | {ratio(tf, th)} | {ratio(tm, th)} | {t2} | {m2} | "
+                     f"{ratio(tm2, tt2)} |")
+    lines.append(f"\nLink bound (one TCP stream hostA -> hostB): {link / 1e9:.2f} GB/s. Ratios above 1 mean "
+                 "Tarantella's hierarchical allreduce (or Tarantella on 2x1) is faster.")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min-bytes", default="4")
+    p.add_argument("--max-bytes", default="64M")
+    p.add_argument("--markdown", help="also write the table to this file")
+    p.add_argument("--only", default="hier,flat,mpi4,tnt2,mpi2",
+                   help="columns to measure (default: all): hier, flat, mpi4, tnt2, mpi2")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of all columns; the best time of each is kept")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker([int(s) for s in args.sizes.split(",")])
+    from multihost_testbed import Testbed, TestbedUnavailable
+
+    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
+    mpicc = shutil.which("mpicc")
+    if not (mpicc and shutil.which("mpirun")):
+        sys.exit("needs Open MPI: mpirun and mpicc (apt-get install openmpi-bin libopenmpi-dev)")
+    work = tempfile.mkdtemp(prefix="tnt-bench-mh-")
+    exe = os.path.join(work, "mpi_allreduce")
+    with open(exe + ".c", "w") as f:
+        f.write(MPI_BENCH)
+    subprocess.run([mpicc, "-O2", "-o", exe, exe + ".c"], check=True)
+    try:
+        bed = Testbed(["hostA", "hostB"]).start()
+    except TestbedUnavailable as exc:
+        sys.exit(f"cannot make the test bed: {exc}")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TNT_", "OMPI_", "SLURM_", "PMI_"))}
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        env = bed.env(base=env, OMP_NUM_THREADS="1")
+        link = tcp_stream(bed, env)
+        runs = {"hier": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes),
+                "flat": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, "TNT_HIERARCHICAL=0"),
+                "mpi4": lambda: run_mpi(bed, env, "hostA:2,hostB:2", exe, sizes),
+                "tnt2": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes),
+                "mpi2": lambda: run_mpi(bed, env, "hostA:1,hostB:1", exe, sizes)}
+        only = args.only.split(",")
+        cols = {k: None for k in runs}
+        for _ in range(args.repeat):  # rounds of every column in turn: a busy machine hits them alike
+            for k in only:
+                cols[k] = best_of(cols[k], runs[k]())
+    finally:
+        bed.close()
+        shutil.rmtree(work, ignore_errors=True)
+    text = table(sizes, cols, link)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+/* hier.c - the transport of a job spread over several hosts: shm between the
+ * ranks of one host, mpi between hosts (TNT_TRANSPORT=auto picks it when the
+ * placement says the ranks are not all on this host).
+ *
+ * It is the transport of every rank of the job, numbered by job-wide rank, and
+ * routes each call by its peer: a peer on this host goes to the host's shm
+ * segment (its own id there is its position on the host), any other to the
+ * mpi transport (the plugin, over every rank of the job). Whatever is job-wide
+ * goes through mpi: the exchange (negotiation, set-up), the doorbell, liveness
+ * of every rank (mpi checks ranks of the same kernel by pid, the others by
+ * heartbeats). An abort is published on both, so that a rank waiting on shm
+ * for a host neighbour fails as fast as one waiting on the network.
+ *
+ * The segment of host h is /dev/shm/tnt-<job id>-h<h>: hosts of a test bed
+ * share one /dev/shm, real hosts do not, and either way the names differ. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common.h"
+#include "../topology.h"
+#include "../transport.h"
+#include "../transport_plugin.h"
+
+typedef struct {
+  const tnt_transport_t *net;
+  void *nts;
+  void *lts; /* shm over this host's ranks; NULL when the rank is alone on its host */
+  tnt_topology_t topo;
+  int me;
+  uint8_t *none_awaited; /* [size] zeros: no rank's clean shutdown is a failure here */
+  double next_check;     /* wait_local's next full check of the remote peers */
+} hier_t;
+
+static const tnt_transport_t *const shm = &tnt_transport_shm;
+
+/* 1 if `peer` is reached through this host's segment. */
+static int local(const hier_t *h, int peer) { return h->lts && h->topo.host_of[peer] == h->topo.host; }
+static int lid(const hier_t *h, int peer) { return h->topo.index_of[peer]; }
+
+static int hier_can_serve(const tnt_placement_t *pl) { return pl->local_size < pl->size; }
+
+static void hier_free(hier_t *h) {
+  tnt_topology_free(&h->topo);
+  free(h->none_awaited);
+  free(h);
+}
+
+static tnt_result_t hier_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
+                              void **state) {
+  hier_t *h = calloc(1, sizeof *h);
+  if (!h) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  h->me = pl->rank;
+  tnt_result_t res = tnt_plugin_transport("mpi", &h->net);
+  if (res == TNT_SUCCESS) res = h->net->init(pl, params, window_bytes, &h->nts);
+  if (res != TNT_SUCCESS) {
+    hier_free(h);
+    return res;
+  }
+  h->none_awaited = calloc((size_t)pl->size, 1);
+  res = h->none_awaited ? tnt_topology_discover(h->net, h->nts, pl, params->timeout_s, &h->topo)
+                        : tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  const int host = h->topo.host, n_local = res == TNT_SUCCESS ? tnt_topology_host_size(&h->topo, host) : 0;
+  if (res == TNT_SUCCESS && n_local > 1) {
+    tnt_placement_t sub = *pl;
+    sub.rank = sub.local_rank = h->topo.index_of[pl->rank];
+    sub.size = sub.local_size = n_local;
+    snprintf(sub.job_id, sizeof sub.job_id, "%.100s-h%d", pl->job_id, host);
+    res = tnt_shm_init_group(&sub, params, window_bytes, &h->topo.members[h->topo.host_start[host]], &h->lts);
+  }
+  if (res != TNT_SUCCESS) { /* the other hosts' ranks fail at once, not at their timeout */
+    h->net->abort(h->nts, tnt_last_error(), -1);
+    h->net->finalize(h->nts);
+    hier_free(h);
+    return res;
+  }
+  TNT_INFO("transport shm+mpi: host %d of %d, %d ranks here (%s), %d ranks in all", host, h->topo.hosts, n_local,
+           n_local > 1 ? "shm between them" : "alone: every peer over mpi", pl->size);
+  *state = h;
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t hier_put(void *st, int peer, size_t offset, const void *src, size_t len) {
+  hier_t *h = st;
+  return local(h, peer) ? shm->put(h->lts, lid(h, peer), offset, src, len) : h->net->put(h->nts, peer, offset, src, len);
+}
+
+static void *hier_window(void *st) {
+  hier_t *h = st;
+  return h->net->window(h->nts);
+}
+
+void *tnt_transport_window_for(const tnt_transport_t *t, void *ts, int peer) {
+  if (t != &tnt_transport_hier) return t->window(ts);
+  hier_t *h = ts;
+  return local(h, peer) ? shm->window(h->lts) : h->net->window(h->nts);
+}
+
+static tnt_result_t hier_notify(void *st, int peer, int kind) {
+  hier_t *h = st;
+  return local(h, peer) ? shm->notify(h->lts, lid(h, peer), kind) : h->net->notify(h->nts, peer, kind);
+}
+
+/* A wait for a host neighbour, in slices between which MPI makes progress:
+ * MPI moves a message only while its sender calls into it, so a rank waiting
+ * here with a put to another host still in flight would otherwise hold that
+ * host's ranks (and, around a ring, itself) until its next MPI call. The
+ * slices start short, for the put's next piece, and grow to SLICE_MAX_S. */
+#define SLICE_MIN_S 50e-6
+#define SLICE_MAX_S 2e-3
+static tnt_result_t wait_local(hier_t *h, int kind, int from, uint32_t target, double deadline) {
+  for (double slice = SLICE_MIN_S;; slice = slice * 2 < SLICE_MAX_S ? slice * 2 : SLICE_MAX_S) {
+    double until = tnt_now() + slice;
+    if (until >= deadline) return shm->wait(h->lts, kind, lid(h, from), target, deadline);
+    tnt_result_t res = shm->wait(h->lts, kind, lid(h, from), target, until);
+    if (res != TNT_ERR_TIMEOUT) return res;
+    /* one round of MPI progress: a wait for a count already reached (our own
+     * counter from ourselves never moves from 0) polls once and returns. The
+     * neighbour we wait for fails its own wait if a remote rank is lost, and
+     * its abort ends ours; full checks of every peer every 0.1 s. */
+    TNT_CHECK(h->net->wait(h->nts, TNT_NOTIFY_DATA, h->me, 0, deadline));
+    if (tnt_now() >= h->next_check) {
+      h->next_check = tnt_now() + 0.1;
+      TNT_CHECK(h->net->check_peers(h->nts, h->none_awaited));
+    }
+  }
+}
+
+static tnt_result_t hier_wait(void *st, int kind, int from, uint32_t target, double deadline) {
+  hier_t *h = st;
+  return local(h, from) ? wait_local(h, kind, from, target, deadline)
+                        : h->net->wait(h->nts, kind, from, target, deadline);
+}
+
+static tnt_result_t hier_exchange(void *st, const void *mine, size_t len, void *all, size_t stride, size_t *lens,
+                                  double deadline) {
+  hier_t *h = st;
+  return h->net->exchange(h->nts, mine, len, all, stride, lens, deadline);
+}
+
+static tnt_result_t hier_exchange_post(void *st, const void *mine, size_t len, double deadline) {
+  hier_t *h = st;
+  return h->net->exchange_post(h->nts, mine, len, deadline);
+}
+
+static tnt_result_t hier_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
+  hier_t *h = st;
+  return h->net->exchange_collect(h->nts, all, stride, lens, until);
+}
+
+static void hier_ring_doorbell(void *st, uint64_t cycle) {
+  hier_t *h = st;
+  h->net->ring_doorbell(h->nts, cycle);
+}
+
+static int hier_cycle_wanted(void *st, uint64_t done) {
+  hier_t *h = st;
+  return h->net->cycle_wanted(h->nts, done);
+}
+
+static void hier_wait_doorbell(void *st, uint64_t done, double deadline) {
+  hier_t *h = st;
+  h->net->wait_doorbell(h->nts, done, deadline);
+}
+
+static tnt_result_t hier_check_peers(void *st, const uint8_t *awaited) {
+  hier_t *h = st;
+  TNT_CHECK(h->net->check_peers(h->nts, h->none_awaited));
+  if (!h->lts) return TNT_SUCCESS;
+  const int host = h->topo.host, n = tnt_topology_host_size(&h->topo, host);
+  uint8_t mine[n];
+  for (int i = 0; i < n; i++) mine[i] = !awaited || awaited[tnt_topology_rank(&h->topo, host, i)];
+  return shm->check_peers(h->lts, mine);
+}
+
+static void hier_describe_peer(void *st, int peer, char *out, size_t len) {
+  hier_t *h = st;
+  if (local(h, peer)) shm->describe_peer(h->lts, lid(h, peer), out, len);
+  else h->net->describe_peer(h->nts, peer, out, len);
+}
+
+static void hier_wake_local(void *st) {
+  hier_t *h = st;
+  h->net->wake_local(h->nts);
+}
+
+static void hier_abort(void *st, const char *reason, int root_peer) {
+  hier_t *h = st;
+  if (h->lts) shm->abort(h->lts, reason, root_peer);
+  h->net->abort(h->nts, reason, root_peer);
+}
+
+static void hier_finalize(void *st) {
+  hier_t *h = st;
+  if (h->lts) shm->finalize(h->lts);
+  h->net->finalize(h->nts);
+  hier_free(h);
+}
+
+const tnt_transport_t tnt_transport_hier = {
+    .name = "shm+mpi",
+    .can_serve = hier_can_serve,
+    .init = hier_init,
+    .put = hier_put,
+    .window = hier_window,
+    .notify = hier_notify,
+    .wait = hier_wait,
+    .exchange = hier_exchange,
+    .exchange_post = hier_exchange_post,
+    .exchange_collect = hier_exchange_collect,
+    .ring_doorbell = hier_ring_doorbell,
+    .cycle_wanted = hier_cycle_wanted,
+    .wait_doorbell = hier_wait_doorbell,
+    .check_peers = hier_check_peers,
+    .describe_peer = hier_describe_peer,
+    .wake_local = hier_wake_local,
+    .abort = hier_abort,
+    .finalize = hier_finalize,
+};

@@ -1,0 +1,1427 @@
+/* gpi2.c - the gpi2 transport, a plugin (libtnt-transport-gpi2.so) that the
+ * core loads at run time (transport_plugin.h). GPI-2 itself is loaded by this
+ * plugin with dlopen() when the transport starts ($GPI2_HOME/lib64, /lib, or
+ * libGPI2.so on the library path) and its functions are found with dlsym():
+ * the few GASPI declarations below are written from the GASPI specification,
+ * so nothing here is built against GPI-2 (GPL-3.0, packaged nowhere).
+ *
+ * Model (transport.h) over one GASPI segment per tnt_init, the same layout on
+ * every rank:
+ *   window | exchange in [2][n] | abort reasons [n] | exchange out [2] | reason out | staging
+ * put = copy into staging + gaspi_write into the peer's window, held back so
+ * that the notify after it goes out with it as one gaspi_write_notify; else
+ * notify = gaspi_notify on the same queue (GPI-2 delivers a queue's requests
+ * to one rank in order on every device: a notification is never seen before
+ * the writes posted before it); wait = gaspi_notify_reset polled with our own
+ * backoff.
+ * GASPI notifications hold a value, not a count, and 0 means "none": a sender
+ * sends its running count (31 bits, top bit set so it is never 0) and the
+ * receiver widens it back; counters only grow, so a value overwritten before it
+ * was read loses nothing. Notification ids, n ranks:
+ *   [0, 2n) DATA/CREDIT by source | [2n, 3n) EXCH (round) | [3n, 4n) BELL (cycle)
+ *   [4n, 5n) BEAT (heartbeat count) | [5n, 6n) CTRL (BYE, ABORT with its root)
+ * Queue 0 carries puts and their notifications, queue 1 everything else (the
+ * exchange, bells, heartbeats, goodbyes), so that draining one never waits for
+ * the other. A full queue (GASPI_QUEUE_FULL) is drained and the call retried.
+ *
+ * No GASPI call blocks: every call gets a finite timeout, every wait polls
+ * (GASPI_TEST) in a loop that checks the peers and sleeps when idle, as mpi.c
+ * does (GPI-2's own blocking waits spin and never return on a dead peer).
+ *
+ * Failure: GPI-2 marks a rank GASPI_STATE_CORRUPT in its state vector when a
+ * request to it fails (its connection broke: the process died); it does not
+ * watch idle peers, so every rank also sends a BEAT to each peer every
+ * TNT_GPI2_HEARTBEAT_S (default 1 s) from whichever poll loop runs (a send to
+ * a dead process fails, so a killed remote rank is found within about one
+ * heartbeat), and a peer silent for 10 heartbeats is lost (a frozen process, a
+ * host cut off). Ranks on this host are also checked by pid, as shm does.
+ *
+ * GPI-2 itself: initialized once per process (gaspi_proc_init cannot run
+ * twice) and never terminated (gaspi_proc_term waits for peers that may be
+ * dead; exit closes its sockets). Its rank and size come from GASPI_RANK,
+ * GASPI_NRANKS, GASPI_SOCKET and GASPI_MFILE, which gaspi_run sets; a job
+ * started by tntrun on one host gets them from here (a machine file of this
+ * host). Its ethernet device listens on fixed ports (12121 + local rank,
+ * 12121 + 256 + local rank, 19000 + local rank), so two jobs on a host would
+ * collide: every job gets its own range, TNT_GPI2_PORT or one derived from the
+ * job id, checked free before GPI-2 starts. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transport_plugin.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- GASPI, from the specification (types and the calls we make) ---- */
+
+typedef int gaspi_return_t;
+typedef unsigned long gaspi_timeout_t;
+typedef unsigned short gaspi_rank_t;
+typedef unsigned char gaspi_segment_id_t, gaspi_queue_id_t, gaspi_group_t;
+typedef int gaspi_state_t; /* an enum: the state vector holds one int per rank */
+typedef unsigned long gaspi_offset_t, gaspi_size_t;
+typedef unsigned int gaspi_number_t, gaspi_notification_t;
+/* unsigned int since GPI-2 1.6, unsigned short before: passed in a register
+ * either way, and our ids stay below 65536 */
+typedef unsigned int gaspi_notification_id_t;
+enum { GASPI_ERROR = -1, GASPI_SUCCESS = 0, GASPI_TIMEOUT = 1, GASPI_QUEUE_FULL = 23 };
+enum { GASPI_STATE_HEALTHY = 0, GASPI_MEM_INITIALIZED = 1, GASPI_GROUP_ALL = 0, GASPI_ETHERNET = 2 };
+#define GASPI_TEST 0ul
+
+/* GPI-2's gaspi_config_t starts the same in 1.5 and 1.6 (the ports we set);
+ * what follows differs, so the whole struct round-trips through a buffer
+ * larger than either (gaspi_config_set takes it by value: the callee reads its
+ * own size from the start of our copy). */
+typedef struct {
+  unsigned int logger, sn_port, net_info, user_net;
+  int sn_persistent;
+  gaspi_timeout_t sn_timeout;
+  int network_type; /* dev_config */
+  int ib_netdev;
+  unsigned int ib_mtu, ib_port_check;
+  unsigned int tcp_port;
+} gpi2_config_head_t;
+typedef struct {
+  union {
+    gpi2_config_head_t head;
+    unsigned char bytes[1024];
+  };
+} gpi2_config_t;
+
+static struct {
+  gaspi_return_t (*config_get)(gpi2_config_t *);
+  gaspi_return_t (*config_set)(gpi2_config_t);
+  gaspi_return_t (*proc_init)(gaspi_timeout_t);
+  gaspi_return_t (*proc_rank)(gaspi_rank_t *);
+  gaspi_return_t (*proc_num)(gaspi_rank_t *);
+  gaspi_return_t (*initialized)(gaspi_number_t *);
+  gaspi_return_t (*version)(float *);
+  gaspi_return_t (*notification_num)(gaspi_number_t *);
+  gaspi_return_t (*segment_alloc)(gaspi_segment_id_t, gaspi_size_t, int);
+  gaspi_return_t (*segment_register)(gaspi_segment_id_t, gaspi_rank_t, gaspi_timeout_t);
+  gaspi_return_t (*segment_ptr)(gaspi_segment_id_t, void **);
+  gaspi_return_t (*segment_delete)(gaspi_segment_id_t);
+  gaspi_return_t (*barrier)(gaspi_group_t, gaspi_timeout_t);
+  gaspi_return_t (*write)(gaspi_segment_id_t, gaspi_offset_t, gaspi_rank_t, gaspi_segment_id_t, gaspi_offset_t,
+                          gaspi_size_t, gaspi_queue_id_t, gaspi_timeout_t);
+  gaspi_return_t (*notify)(gaspi_segment_id_t, gaspi_rank_t, gaspi_notification_id_t, gaspi_notification_t,
+                           gaspi_queue_id_t, gaspi_timeout_t);
+  gaspi_return_t (*notify_waitsome)(gaspi_segment_id_t, gaspi_notification_id_t, gaspi_number_t,
+                                    gaspi_notification_id_t *, gaspi_timeout_t);
+  gaspi_return_t (*notify_reset)(gaspi_segment_id_t, gaspi_notification_id_t, gaspi_notification_t *);
+  gaspi_return_t (*wait)(gaspi_queue_id_t, gaspi_timeout_t);
+  gaspi_return_t (*state_vec_get)(gaspi_state_t *);
+  gaspi_return_t (*write_notify)(gaspi_segment_id_t, gaspi_offset_t, gaspi_rank_t, gaspi_segment_id_t, gaspi_offset_t,
+                                 gaspi_size_t, gaspi_notification_id_t, gaspi_notification_t, gaspi_queue_id_t,
+                                 gaspi_timeout_t);
+  const char *(*error_str)(gaspi_return_t); /* GPI-2's extension; may be absent */
+} G;
+
+/* ---- constants ---- */
+
+enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
+enum { Q_DATA = 0, Q_CTRL = 1 };
+enum { ID_EXCH = 2, ID_BELL = 3, ID_BEAT = 4, ID_CTRL = 5, ID_RANGES = 6 }; /* id = range * n + source */
+enum { CTRL_BYE = 1, CTRL_ABORT = 2 }; /* bits: a goodbye after an abort must not overwrite it */
+enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
+
+#define REASON_MAX 512
+#define EXCH_SLOT (16 + TNT_EXCHANGE_MAX) /* header (round, length) + message */
+#define SILENT_BEATS 10
+#define PID_CHECK_S 0.1
+#define SLEEP_MIN_S 10e-6
+#define SLEEP_MAX_S 1e-3
+#define SLEEP_FLAT_S 2e-3
+#define BELL_POLL_S 1e-3
+#define YIELD_POLLS 20
+#define CALL_TIMEOUT_MS 100ul /* a posting call's wait for GPI-2's queue lock */
+#define BYE_WAIT_S 2.0
+#define SEGMENT_FIRST 16      /* segment ids of this plugin: SEGMENT_FIRST + generation */
+#define SEGMENT_LAST 250
+#define PORT_LOW 20000        /* the derived port ranges: PORT_LOW + k * PORT_STRIDE */
+#define PORT_STRIDE 1024
+#define PORT_SLOTS 40
+#define MAX_PPN 256           /* GPI-2's ranks per host (its port offsets) */
+#define HELLO_MAGIC 0x544e5447u
+
+typedef struct {
+  int state, root, pid, local;
+  int lost; /* GPI-2 marked it corrupt: a request to it failed */
+  char host[64];
+  char reason[REASON_MAX];
+  double last_heard, last_sent;
+  uint32_t beats_seen;   /* widened BEAT value */
+  uint32_t exch_round;   /* highest exchange round seen */
+  int exch_got;
+} peer_t;
+
+typedef struct {
+  uint32_t magic, abi;
+  int32_t rank, size, pid, seg;
+  double heartbeat_s;
+  uint64_t window_bytes;
+  char host[64];
+  char node[96]; /* boot id and pid namespace: equal means "pids are comparable" */
+} hello_t;
+
+typedef struct {
+  tnt_placement_t pl;
+  int me, n;
+  double timeout_s, spin_s, beat_s, silence_s;
+  int yield_polls;
+  pthread_mutex_t mu; /* every GASPI call and everything below */
+  gaspi_segment_id_t seg;
+  uint8_t *base; /* the segment */
+  size_t window_bytes, off_exch_in, off_reasons, off_exch_out, off_reason_out, off_stage, stage_bytes, seg_bytes;
+  size_t stage_head;
+  /* the last put, not yet posted: a notify to the same rank that follows it
+   * (the ring's put + notify) goes out with it as one gaspi_write_notify */
+  int has_pending, pend_peer;
+  size_t pend_loff, pend_roff, pend_len;
+  uint32_t *counters; /* [kind * n + source], widened */
+  uint32_t *sent;     /* [kind * n + peer]: notifications sent */
+  uint32_t beats_sent;
+  uint32_t told; /* CTRL bits sent so far, and the root of an abort */
+  int told_root;
+  peer_t *peers;
+  /* exchange */
+  uint32_t round;
+  int posted, missing;
+  double exch_deadline;
+  /* doorbell */
+  _Atomic uint64_t cycle_wanted;
+  _Atomic uint32_t bell, bell_waiters;
+  uint32_t bell_seen;
+  double next_beat, next_scan;
+  int segment_ok; /* every peer said goodbye: the segment may be deleted */
+  tnt_result_t err_code;
+  int err_peer;
+  char err[768];
+} gpi2_t;
+
+static const tnt_plugin_host_t *host;
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *gpi2_lib;
+static char gpi2_path[PATH_MAX];
+static int gaspi_up;          /* gaspi_proc_init succeeded in this process */
+static int up_rank, up_size;  /* ... as this rank of this many */
+static int generation;        /* tnt_init calls that made a segment */
+static unsigned port_base;
+static char description[256];
+
+/* ---- core services ---- */
+
+static void logf_(int level, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void logf_(int level, int line, const char *fmt, ...) {
+  if (!host->log_enabled(level)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  host->log(level, "gpi2.c", line, msg);
+}
+#define LOG(level, ...) logf_(level, __LINE__, __VA_ARGS__)
+
+static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return host->fail(code, peer, msg);
+}
+
+static void sticky(gpi2_t *s, tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void sticky(gpi2_t *s, tnt_result_t code, int peer, const char *fmt, ...) {
+  if (s->err_code != TNT_SUCCESS) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->err, sizeof s->err, fmt, ap);
+  va_end(ap);
+  s->err_code = code;
+  s->err_peer = peer;
+}
+
+static const char *gerr(gaspi_return_t rc) {
+  static __thread char buf[64];
+  const char *text = G.error_str ? G.error_str(rc) : NULL;
+  if (text && *text) return text;
+  snprintf(buf, sizeof buf, "GASPI error %d", rc);
+  return buf;
+}
+
+static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
+  return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+static struct timespec timespec_of(double seconds) {
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  return ts;
+}
+
+static void sleep_s(double seconds) {
+  struct timespec ts = timespec_of(seconds);
+  nanosleep(&ts, NULL);
+}
+
+static void bump_bell(gpi2_t *s) {
+  atomic_fetch_add(&s->bell, 1);
+  if (atomic_load(&s->bell_waiters)) futex(&s->bell, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
+
+/* A notification value: the low 31 bits of a count, never 0 (GASPI's "none"). */
+static gaspi_notification_t encode(uint64_t count) { return (gaspi_notification_t)((count & 0x7fffffffu) | 0x80000000u); }
+/* The count `value` stands for, given `ref`, a recent count of the same sender
+ * (less than 2^30 away, either way). */
+static uint64_t widen(uint64_t ref, gaspi_notification_t value) {
+  int32_t delta = (int32_t)(((uint32_t)value - (uint32_t)ref) << 1) >> 1;
+  return ref + (uint64_t)(int64_t)delta;
+}
+
+static gaspi_notification_id_t id_of(gpi2_t *s, int range, int source) {
+  return (gaspi_notification_id_t)(range * s->n + source);
+}
+
+/* Take notification `id` (0: none since the last take). */
+static gaspi_notification_t take(gpi2_t *s, gaspi_notification_id_t id) {
+  gaspi_notification_t v = 0;
+  G.notify_reset(s->seg, id, &v);
+  return v;
+}
+
+/* ---- local peers: the same checks as shm ---- */
+
+static char process_state(pid_t pid) {
+  if (pid <= 0) return '?';
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 'X';
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 'X' : '?';
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return '?';
+  buf[n] = 0;
+  char *paren = strrchr(buf, ')');
+  return paren && paren[1] == ' ' ? paren[2] : '?';
+}
+
+static void node_id(char *out, size_t len) {
+  char boot[64] = "?", ns[64] = "?";
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t n = read(fd, boot, sizeof boot - 1);
+    boot[n > 0 ? n : 0] = 0;
+    close(fd);
+    char *nl = strchr(boot, '\n');
+    if (nl) *nl = 0;
+  }
+  ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  ns[n > 0 ? n : 0] = 0;
+  snprintf(out, len, "%s/%s", boot, ns);
+}
+
+/* ---- GPI-2's library ---- */
+
+static const char *const SYMBOLS[] = {
+    "gaspi_config_get", "gaspi_config_set", "gaspi_proc_init", "gaspi_proc_rank", "gaspi_proc_num",
+    "gaspi_initialized", "gaspi_version", "gaspi_notification_num", "gaspi_segment_alloc", "gaspi_segment_register",
+    "gaspi_segment_ptr", "gaspi_segment_delete", "gaspi_barrier", "gaspi_write", "gaspi_notify",
+    "gaspi_notify_waitsome", "gaspi_notify_reset", "gaspi_wait", "gaspi_state_vec_get", "gaspi_write_notify"};
+
+#define INSTALL_HINT                                                                                               \
+  "build GPI-2 (https://github.com/cc-hpc-itwm/GPI-2: ./autogen.sh && ./configure --with-ethernet "              \
+  "--prefix=DIR && make install) and set GPI2_HOME=DIR, or put libGPI2.so on LD_LIBRARY_PATH"
+
+/* dlopen GPI-2: $GPI2_HOME/lib64 or /lib, else libGPI2.so by the library path.
+ * 0, or -1 with `why`. */
+static int load_gpi2(char *why, size_t len) {
+  if (gpi2_lib) return 0;
+  char tried[1024] = "";
+  const char *home = getenv("GPI2_HOME");
+  void *lib = NULL;
+  if (home && *home) {
+    const char *dirs[] = {"lib64", "lib"};
+    for (int i = 0; i < 2 && !lib; i++) {
+      snprintf(gpi2_path, sizeof gpi2_path, "%s/%s/libGPI2.so", home, dirs[i]);
+      if (access(gpi2_path, F_OK) != 0) {
+        snprintf(tried + strlen(tried), sizeof tried - strlen(tried), "%s%.300s (absent)", tried[0] ? ", " : "",
+                 gpi2_path);
+        continue;
+      }
+      lib = dlopen(gpi2_path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+      if (!lib) {
+        snprintf(why, len, "GPI2_HOME=%s: cannot load %s: %s", home, gpi2_path, dlerror());
+        return -1;
+      }
+    }
+    if (!lib) {
+      snprintf(why, len, "GPI2_HOME=%s holds no GPI-2 library (tried %s): point GPI2_HOME at the folder GPI-2 was "
+               "installed into (its --prefix), or %s", home, tried, INSTALL_HINT);
+      return -1;
+    }
+  } else {
+    snprintf(gpi2_path, sizeof gpi2_path, "libGPI2.so");
+    lib = dlopen(gpi2_path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (!lib) {
+      const char *err = dlerror();
+      snprintf(why, len, "GPI-2 not found: GPI2_HOME is unset and libGPI2.so is not on the library path (%s): %s",
+               err ? err : "dlopen failed", INSTALL_HINT);
+      return -1;
+    }
+    Dl_info info;
+    void *any = dlsym(lib, "gaspi_proc_init");
+    if (any && dladdr(any, &info) && info.dli_fname) snprintf(gpi2_path, sizeof gpi2_path, "%s", info.dli_fname);
+  }
+  void **slots = (void **)&G; /* G's members are the function pointers of SYMBOLS, in its order */
+  _Static_assert(sizeof G == (sizeof SYMBOLS / sizeof SYMBOLS[0] + 1) * sizeof(void *), "G and SYMBOLS differ");
+  for (size_t i = 0; i < sizeof SYMBOLS / sizeof SYMBOLS[0]; i++) {
+    slots[i] = dlsym(lib, SYMBOLS[i]);
+    if (!slots[i]) {
+      snprintf(why, len, "%s is not a GPI-2 library this transport can use: it lacks %s (GPI-2 1.5 or later is "
+               "needed)", gpi2_path, SYMBOLS[i]);
+      memset(&G, 0, sizeof G);
+      return -1;
+    }
+  }
+  G.error_str = (const char *(*)(gaspi_return_t))dlsym(lib, "gaspi_error_str");
+  gpi2_lib = lib;
+  return 0;
+}
+
+/* ---- GPI-2 itself, once per process ---- */
+
+static tnt_result_t read_seconds(const char *name, double dflt, double lo, double hi, const char *meaning, double *out) {
+  const char *raw = getenv(name);
+  *out = dflt;
+  if (!raw || !*raw) return TNT_SUCCESS;
+  char *end = NULL;
+  double v = strtod(raw, &end);
+  if (end == raw || *end || !(v >= lo && v <= hi))
+    return failf(TNT_ERR_INVALID_ARGUMENT, -1, "environment variable %s must be a number between %g and %g (%s). "
+                 "Received: %s=%s", name, lo, hi, meaning, name, raw);
+  *out = v;
+  return TNT_SUCCESS;
+}
+
+/* The first of this job's ports: TNT_GPI2_PORT, else one of PORT_SLOTS ranges
+ * chosen by the job id (every rank of the job derives the same). */
+static tnt_result_t job_ports(const tnt_placement_t *pl, unsigned *out) {
+  const char *raw = getenv("TNT_GPI2_PORT");
+  if (raw && *raw) {
+    char *end = NULL;
+    long v = strtol(raw, &end, 10);
+    if (end == raw || *end || v < 1024 || v > 65535 - 3 * MAX_PPN)
+      return failf(TNT_ERR_INVALID_ARGUMENT, -1, "environment variable TNT_GPI2_PORT must be a port between 1024 and "
+                   "%d: GPI-2 uses TNT_GPI2_PORT + local rank, + %d + local rank and + %d + local rank on every host. "
+                   "Received: TNT_GPI2_PORT=%s", 65535 - 3 * MAX_PPN, MAX_PPN, 2 * MAX_PPN, raw);
+    *out = (unsigned)v;
+    return TNT_SUCCESS;
+  }
+  uint64_t h = 1469598103934665603ull;
+  for (const char *c = pl->job_id; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+  *out = PORT_LOW + (unsigned)(h % PORT_SLOTS) * PORT_STRIDE;
+  return TNT_SUCCESS;
+}
+
+/* GPI-2 gives up on a port it cannot bind with no word why: try ours first. */
+static tnt_result_t check_port_free(unsigned port, const char *what, int from_env) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return TNT_SUCCESS;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as GPI-2 does: TIME_WAIT is fine */
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr = {htonl(INADDR_ANY)}};
+  int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr), err = errno;
+  close(fd);
+  if (rc == 0) return TNT_SUCCESS;
+  return failf(TNT_ERR_INVALID_USAGE, -1,
+               "the gpi2 transport cannot use port %u (%s) on this host: %s. Another GPI-2 job (or program) holds it; "
+               "%s give this job another range with TNT_GPI2_PORT (it uses TNT_GPI2_PORT + local rank, + %d + local "
+               "rank and + %d + local rank)",
+               port, what, strerror(err), from_env ? "TNT_GPI2_PORT is set:" : "the job id chose the range:", MAX_PPN,
+               2 * MAX_PPN);
+}
+
+/* Under gaspi_run the GASPI_* variables are set; a job tntrun started on one
+ * host gets them here, with a machine file that names this host once per rank
+ * (only GPI-2's rank 0 reads it, during gaspi_proc_init). */
+static tnt_result_t gaspi_environment(const tnt_placement_t *pl, char *mfile, size_t len) {
+  mfile[0] = 0;
+  const char *grank = getenv("GASPI_RANK"), *gsize = getenv("GASPI_NRANKS");
+  if (grank && *grank) {
+    if (!gsize || atoi(gsize) != pl->size || atoi(grank) != pl->rank || !getenv("GASPI_MFILE"))
+      return failf(TNT_ERR_INVALID_USAGE, -1,
+                   "the placement disagrees with GPI-2's: GASPI_RANK=%s GASPI_NRANKS=%s (GASPI_MFILE=%s), but this "
+                   "process is rank %d of %d by %s. Under gaspi_run leave TNT_RANK/TNT_SIZE unset (tntrun sets them "
+                   "from GASPI_RANK), or give each process the same rank in both",
+                   grank, gsize ? gsize : "(unset)", getenv("GASPI_MFILE") ? getenv("GASPI_MFILE") : "(unset)",
+                   pl->rank, pl->size, pl->from_launcher ? "TNT_RANK/TNT_SIZE" : "the launcher's variables");
+    return TNT_SUCCESS;
+  }
+  if (pl->local_size != pl->size)
+    return failf(TNT_ERR_INVALID_USAGE, -1,
+                 "the gpi2 transport needs GPI-2's placement (GASPI_RANK, GASPI_NRANKS, GASPI_SOCKET, GASPI_MFILE) for "
+                 "ranks on several hosts (rank %d sees %d of the %d ranks on its host): start the job with "
+                 "`tntrun --transport gpi2 --hostfile HOSTS` (through gaspi_run) or gaspi_run itself",
+                 pl->rank, pl->local_size, pl->size);
+  char num[32];
+  if (pl->rank == 0) {
+    snprintf(mfile, len, "%s/tnt-gpi2-XXXXXX", getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    int fd = mkstemp(mfile);
+    if (fd < 0) {
+      int err = errno;
+      mfile[0] = 0;
+      return failf(TNT_ERR_SYSTEM, -1, "the gpi2 transport cannot write GPI-2's machine file in %s: %s: set TMPDIR "
+                   "to a writable folder", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", strerror(err));
+    }
+    FILE *f = fdopen(fd, "w");
+    for (int r = 0; f && r < pl->size; r++) fputs("localhost\n", f);
+    if (!f || fclose(f) != 0) {
+      unlink(mfile);
+      mfile[0] = 0;
+      return failf(TNT_ERR_SYSTEM, -1, "the gpi2 transport cannot write GPI-2's machine file");
+    }
+    setenv("GASPI_MFILE", mfile, 1);
+  } else {
+    setenv("GASPI_MFILE", "/dev/null", 1); /* read by rank 0 only; GPI-2 wants it set */
+  }
+  snprintf(num, sizeof num, "%d", pl->rank);
+  setenv("GASPI_RANK", num, 1);
+  snprintf(num, sizeof num, "%d", pl->size);
+  setenv("GASPI_NRANKS", num, 1);
+  snprintf(num, sizeof num, "%d", pl->rank); /* one host: the rank is the index among this host's lines */
+  setenv("GASPI_SOCKET", num, 1);
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t ensure_gaspi(const tnt_placement_t *pl, double timeout_s) {
+  pthread_mutex_lock(&init_mu);
+  tnt_result_t res = TNT_SUCCESS;
+  char mfile[PATH_MAX] = "";
+  if (gaspi_up) {
+    if (pl->rank != up_rank || pl->size != up_size)
+      res = failf(TNT_ERR_INVALID_USAGE, -1, "GPI-2 runs in this process as rank %d of %d and cannot start again "
+                  "(gaspi_proc_init runs once per process): this job asks for rank %d of %d", up_rank, up_size,
+                  pl->rank, pl->size);
+    goto out;
+  }
+  gaspi_number_t already = 0;
+  G.initialized(&already);
+  if (already) {
+    res = failf(TNT_ERR_INVALID_USAGE, -1, "GPI-2 was initialized in this process by someone else (gaspi_proc_init): "
+                "the gpi2 transport initializes it itself, with its own ports; do not start GPI-2 beside Tarantella");
+    goto out;
+  }
+  if ((res = job_ports(pl, &port_base)) != TNT_SUCCESS) goto out;
+  if ((res = gaspi_environment(pl, mfile, sizeof mfile)) != TNT_SUCCESS) goto out;
+  int local = atoi(getenv("GASPI_SOCKET") ? getenv("GASPI_SOCKET") : "0");
+  if (local < 0 || local >= MAX_PPN) {
+    res = failf(TNT_ERR_INVALID_USAGE, -1, "GASPI_SOCKET=%d: GPI-2 runs at most %d ranks per host", local, MAX_PPN);
+    goto out;
+  }
+  gpi2_config_t conf;
+  memset(&conf, 0, sizeof conf);
+  G.config_get(&conf);
+  int from_env = getenv("TNT_GPI2_PORT") && *getenv("TNT_GPI2_PORT");
+  conf.head.sn_port = port_base;
+  conf.head.sn_timeout = (gaspi_timeout_t)(timeout_s * 1000);
+  conf.head.logger = 0; /* GPI-2's logger would send rank output to a daemon */
+  int ethernet = conf.head.network_type == GASPI_ETHERNET;
+  if (ethernet) conf.head.tcp_port = port_base + 2 * MAX_PPN;
+  if ((res = check_port_free(port_base + (unsigned)local, "GPI-2's service port", from_env)) != TNT_SUCCESS ||
+      (res = check_port_free(port_base + MAX_PPN + (unsigned)local, "GPI-2's start-up port", from_env)) != TNT_SUCCESS ||
+      (ethernet && (res = check_port_free(conf.head.tcp_port + (unsigned)local, "GPI-2's ethernet device", from_env)) !=
+                       TNT_SUCCESS))
+    goto out;
+  gaspi_return_t rc = G.config_set(conf);
+  if (rc != GASPI_SUCCESS) {
+    res = failf(TNT_ERR_SYSTEM, -1, "gaspi_config_set failed: %s", gerr(rc));
+    goto out;
+  }
+  double t0 = host->now();
+  rc = G.proc_init((gaspi_timeout_t)(timeout_s * 1000));
+  if (rc != GASPI_SUCCESS) {
+    res = failf(rc == GASPI_TIMEOUT ? TNT_ERR_TIMEOUT : TNT_ERR_SYSTEM, -1,
+                "gaspi_proc_init failed after %.1f s (%s) as GPI-2 rank %s of %s on ports %u.. : %s",
+                host->now() - t0, gerr(rc), getenv("GASPI_RANK"), getenv("GASPI_NRANKS"), port_base,
+                rc == GASPI_TIMEOUT ? "the other ranks did not come within TNT_TIMEOUT_S (every rank must call "
+                                      "tnt.init(), with the same TNT_GPI2_PORT or job id)"
+                                    : "see GPI-2's own message above, if any (GPI-2's debug library, libGPI2-dbg.so, "
+                                      "says more)");
+    goto out;
+  }
+  gaspi_rank_t grank = 0, gnum = 0;
+  G.proc_rank(&grank);
+  G.proc_num(&gnum);
+  if (grank != pl->rank || gnum != pl->size) {
+    res = failf(TNT_ERR_INVALID_USAGE, -1, "GPI-2 made this process rank %d of %d, but the placement says rank %d of "
+                "%d: the machine file's order must be the ranks' order", grank, gnum, pl->rank, pl->size);
+    goto out;
+  }
+  gaspi_up = 1;
+  up_rank = pl->rank;
+  up_size = pl->size;
+  LOG(LOG_INFO, "gpi2: GPI-2 initialized in %.2f s, rank %d of %d, ports from %u (%s device)", host->now() - t0, grank,
+      gnum, port_base, ethernet ? "ethernet" : "infiniband/other");
+out:
+  if (mfile[0]) unlink(mfile);
+  pthread_mutex_unlock(&init_mu);
+  return res;
+}
+
+/* ---- posting, with a full queue drained and retried ---- */
+
+/* The rank a failed queue names: GPI-2's state vector (-1: none marked). */
+static int corrupt_rank(gpi2_t *s) {
+  gaspi_state_t *vec = calloc((size_t)s->n, sizeof *vec);
+  int bad = -1;
+  if (vec && G.state_vec_get(vec) == GASPI_SUCCESS)
+    for (int r = 0; r < s->n && bad < 0; r++)
+      if (r != s->me && vec[r] != GASPI_STATE_HEALTHY) bad = r;
+  free(vec);
+  return bad;
+}
+
+/* Collect finished requests of queue q (mu held); a failed one is sticky. */
+static void drain(gpi2_t *s, gaspi_queue_id_t q) {
+  gaspi_return_t rc = G.wait(q, GASPI_TEST);
+  if (rc == GASPI_SUCCESS || rc == GASPI_TIMEOUT) return;
+  int bad = corrupt_rank(s);
+  if (bad >= 0 && s->peers[bad].state != PEER_ALIVE) return; /* it left or aborted: check_gone says so */
+  if (bad >= 0) s->peers[bad].lost = 1;
+  sticky(s, TNT_ERR_PEER_LOST, bad, "a request of rank %d to %s%d failed (%s): GPI-2 lost the connection", s->me,
+         bad >= 0 ? "rank " : "rank (unknown) ", bad, gerr(rc));
+}
+
+typedef struct post {
+  int kind; /* 0: write, 1: notify, 2: write + notify */
+  gaspi_queue_id_t q;
+  int peer;
+  gaspi_offset_t loff, roff;
+  gaspi_size_t len;
+  gaspi_notification_id_t id;
+  gaspi_notification_t value;
+} post_t;
+
+static gaspi_return_t post_once(gpi2_t *s, const post_t *p) {
+  if (p->kind == 0)
+    return G.write(s->seg, p->loff, (gaspi_rank_t)p->peer, s->seg, p->roff, p->len, p->q, CALL_TIMEOUT_MS);
+  if (p->kind == 2)
+    return G.write_notify(s->seg, p->loff, (gaspi_rank_t)p->peer, s->seg, p->roff, p->len, p->id, p->value, p->q,
+                          CALL_TIMEOUT_MS);
+  return G.notify(s->seg, (gaspi_rank_t)p->peer, p->id, p->value, p->q, CALL_TIMEOUT_MS);
+}
+
+static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const char *what);
+
+/* Post a request (mu held); a full queue is drained until the deadline. */
+static tnt_result_t post(gpi2_t *s, const post_t *p, double deadline, const char *what) {
+  double sleep = SLEEP_MIN_S;
+  for (;;) {
+    gaspi_return_t rc = post_once(s, p);
+    if (rc == GASPI_SUCCESS) {
+      s->peers[p->peer].last_sent = host->now();
+      return TNT_SUCCESS;
+    }
+    if (rc != GASPI_QUEUE_FULL && rc != GASPI_TIMEOUT) {
+      int bad = corrupt_rank(s);
+      return failf(TNT_ERR_PEER_LOST, bad >= 0 ? bad : p->peer, "rank %d could not send to rank %d while %s: %s "
+                   "(GPI-2 lost the connection to rank %d: its process or host died)", s->me, p->peer, what, gerr(rc),
+                   bad >= 0 ? bad : p->peer);
+    }
+    drain(s, p->q);
+    double now = host->now();
+    if (s->err_code != TNT_SUCCESS) return failf(s->err_code, s->err_peer, "%s (while rank %d was %s)", s->err, s->me, what);
+    tnt_result_t res = check_alive(s, p->peer, now, 1, what);
+    if (res != TNT_SUCCESS) return res;
+    if (now >= deadline)
+      return failf(TNT_ERR_TIMEOUT, p->peer, "rank %d timed out %s: GPI-2's queue %d stayed full for TNT_TIMEOUT_S",
+                   s->me, what, p->q);
+    pthread_mutex_unlock(&s->mu);
+    sleep_s(sleep);
+    sleep = sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : sleep * 2;
+    pthread_mutex_lock(&s->mu);
+  }
+}
+
+static tnt_result_t post_notify(gpi2_t *s, gaspi_queue_id_t q, int peer, gaspi_notification_id_t id,
+                                gaspi_notification_t value, double deadline, const char *what) {
+  post_t p = {.kind = 1, .q = q, .peer = peer, .id = id, .value = value};
+  return post(s, &p, deadline, what);
+}
+
+/* A notification that must not wait (heartbeats, bells, goodbyes): a full
+ * queue drops it, as a lost heartbeat would be (the next one goes out). */
+static void post_quiet(gpi2_t *s, int peer, gaspi_notification_id_t id, gaspi_notification_t value) {
+  gaspi_return_t rc = G.notify(s->seg, (gaspi_rank_t)peer, id, value, Q_CTRL, GASPI_TEST);
+  if (rc == GASPI_SUCCESS) s->peers[peer].last_sent = host->now();
+}
+
+/* ---- progress: what every poll does (mu held) ---- */
+
+static void scan_ctrl(gpi2_t *s, double now) {
+  gaspi_notification_id_t first = 0;
+  while (G.notify_waitsome(s->seg, id_of(s, ID_CTRL, 0), (gaspi_number_t)s->n, &first, GASPI_TEST) == GASPI_SUCCESS) {
+    int src = (int)first - ID_CTRL * s->n;
+    gaspi_notification_t v = take(s, first);
+    if (!v || src < 0 || src >= s->n) continue;
+    peer_t *p = &s->peers[src];
+    p->last_heard = now;
+    if (v & CTRL_ABORT) {
+      p->state = PEER_FAILED;
+      p->root = (int)((v >> 8) & 0x7fffff) - 1;
+      const char *reason = (const char *)s->base + s->off_reasons + (size_t)src * REASON_MAX;
+      snprintf(p->reason, sizeof p->reason, "%.*s", REASON_MAX - 1, reason);
+      bump_bell(s);
+    } else if ((v & CTRL_BYE) && p->state == PEER_ALIVE) {
+      p->state = PEER_EXITED;
+    }
+  }
+}
+
+static void scan_bells(gpi2_t *s) {
+  gaspi_notification_id_t first = 0;
+  while (G.notify_waitsome(s->seg, id_of(s, ID_BELL, 0), (gaspi_number_t)s->n, &first, GASPI_TEST) == GASPI_SUCCESS) {
+    gaspi_notification_t v = take(s, first);
+    if (!v) continue;
+    uint64_t cur = atomic_load(&s->cycle_wanted), cycle = widen(cur, v);
+    while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
+    }
+    bump_bell(s);
+  }
+}
+
+static void progress(gpi2_t *s) {
+  double now = host->now();
+  scan_bells(s);
+  drain(s, Q_CTRL); /* the exchange and the bells fill it every cycle */
+  if (now < s->next_scan) return;
+  s->next_scan = now + s->beat_s / 8;
+  drain(s, Q_DATA);
+  scan_ctrl(s, now);
+  for (int r = 0; r < s->n; r++) {
+    if (r == s->me) continue;
+    gaspi_notification_t v = take(s, id_of(s, ID_BEAT, r));
+    if (v) {
+      s->peers[r].beats_seen = (uint32_t)widen(s->peers[r].beats_seen, v);
+      s->peers[r].last_heard = now;
+    }
+  }
+  if (now >= s->next_beat) {
+    s->beats_sent++;
+    for (int r = 0; r < s->n; r++)
+      if (r != s->me && s->peers[r].state == PEER_ALIVE) post_quiet(s, r, id_of(s, ID_BEAT, s->me), encode(s->beats_sent));
+    s->next_beat = now + s->beat_s;
+  }
+}
+
+/* ---- peers' health (mu held) ---- */
+
+static tnt_result_t peer_aborted(gpi2_t *s, int r, const char *what) {
+  peer_t *p = &s->peers[r];
+  if (p->root >= 0 && p->root != r && p->root != s->me)
+    return failf(TNT_ERR_PEER_LOST, p->root, "rank %d aborted because of rank %d (%s) while rank %d was %s", r, p->root,
+                 p->reason, s->me, what);
+  return failf(TNT_ERR_PEER_LOST, r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->me, what);
+}
+
+static const char *local_doing(const peer_t *p) {
+  if (!p->local) return "";
+  char st = process_state(p->pid);
+  return st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
+         : st == 'D'               ? "is blocked in the kernel (disk or network I/O)"
+         : st == 'X' || st == 'Z'  ? "has exited"
+                                   : "is alive but did not answer: it may be hung or busy outside Tarantella";
+}
+
+static void describe(gpi2_t *s, int r, char *out, size_t len) {
+  peer_t *p = &s->peers[r];
+  const char *doing = local_doing(p);
+  snprintf(out, len, "rank %d (pid %d on %s) %s%swas last heard from %.1f s ago", r, p->pid, p->host, doing,
+           doing[0] ? "; it " : "", host->now() - p->last_heard);
+}
+
+static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const char *what) {
+  peer_t *p = &s->peers[r];
+  if (p->state != PEER_ALIVE) return TNT_SUCCESS; /* an aborted or departed rank: check_gone */
+  if (pids && p->local) {
+    char st = process_state(p->pid);
+    if (st == 'X' || st == 'Z')
+      return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) died while rank %d was %s", r, p->pid, p->host, s->me,
+                   what);
+  }
+  if (pids && !p->lost) {
+    gaspi_state_t *vec = calloc((size_t)s->n, sizeof *vec);
+    p->lost = vec && G.state_vec_get(vec) == GASPI_SUCCESS && vec[r] != GASPI_STATE_HEALTHY;
+    free(vec);
+  }
+  if (p->lost)
+    return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) is unreachable while rank %d was %s: GPI-2 lost its "
+                 "connection to it (its process or host died)", r, p->pid, p->host, s->me, what);
+  if (now - p->last_heard > s->silence_s) {
+    const char *doing = local_doing(p);
+    return failf(TNT_ERR_PEER_LOST, r,
+                 "rank %d (pid %d on %s) sent nothing for %.1f s while rank %d was %s: its process or host died, or "
+                 "it hangs%s%s (every rank sends a heartbeat every %g s, TNT_GPI2_HEARTBEAT_S; %d missed mean lost)",
+                 r, p->pid, p->host, now - p->last_heard, s->me, what, doing[0] ? "; it " : "", doing, s->beat_s,
+                 SILENT_BEATS);
+  }
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t check_gone(gpi2_t *s, int r, const char *what) {
+  peer_t *p = &s->peers[r];
+  if (p->state == PEER_FAILED) return peer_aborted(s, r, what);
+  if (p->state == PEER_EXITED)
+    return failf(TNT_ERR_PEER_LOST, r, "rank %d has shut down while rank %d was %s: every rank must make the same "
+                 "collective calls before shutdown", r, s->me, what);
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t check_job(gpi2_t *s, const char *what) {
+  if (s->err_code != TNT_SUCCESS) return failf(s->err_code, s->err_peer, "%s (while rank %d was %s)", s->err, s->me, what);
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && s->peers[r].state == PEER_FAILED) return peer_aborted(s, r, what);
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t check_all(gpi2_t *s, const uint8_t *awaited, int pids, const char *what) {
+  double now = host->now();
+  tnt_result_t res;
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && (res = check_alive(s, r, now, pids, what)) != TNT_SUCCESS) return res;
+  if ((res = check_job(s, what)) != TNT_SUCCESS) return res;
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && (!awaited || awaited[r]) && (res = check_gone(s, r, what)) != TNT_SUCCESS) return res;
+  return TNT_SUCCESS;
+}
+
+/* ---- waiting ---- */
+
+typedef int (*ready_fn)(gpi2_t *s, void *arg); /* mu held */
+
+typedef struct {
+  int idle;
+  double start, sleep;
+} backoff_t;
+
+/* Spin (with a core to spare), yield (with a core per local rank), then sleep
+ * SLEEP_MIN_S at a time for SLEEP_FLAT_S, then twice as long up to SLEEP_MAX_S:
+ * mpi.c's measured schedule. */
+static void backoff_pause(gpi2_t *s, backoff_t *b, double now) {
+  if (b->idle++ == 0) {
+    b->start = now;
+    b->sleep = SLEEP_MIN_S;
+  }
+  if (now < b->start + s->spin_s) return;
+  if (b->idle <= s->yield_polls) {
+    sched_yield();
+    return;
+  }
+  sleep_s(b->sleep);
+  if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
+}
+
+/* Poll until ready(), a failure, or `deadline` (TNT_ERR_TIMEOUT, no message).
+ * `from`: the rank that must act (-1: any), checked in full. */
+static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, double deadline, const char *what) {
+  backoff_t b = {0};
+  double next_pids = host->now() + PID_CHECK_S;
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    int ok = ready(s, arg);
+    tnt_result_t res = TNT_SUCCESS;
+    double now = host->now();
+    if (!ok) {
+      progress(s);
+      int pids = now >= next_pids;
+      if (pids) next_pids = now + PID_CHECK_S;
+      if (from >= 0) {
+        res = check_alive(s, from, now, pids, what);
+        if (res == TNT_SUCCESS) res = check_job(s, what);
+        if (res == TNT_SUCCESS) res = check_gone(s, from, what);
+      } else {
+        res = check_all(s, NULL, pids, what);
+      }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (ok) return TNT_SUCCESS;
+    if (res != TNT_SUCCESS) return res;
+    if (now >= deadline) return TNT_ERR_TIMEOUT;
+    backoff_pause(s, &b, now);
+  }
+}
+
+static tnt_result_t timed_out(gpi2_t *s, int from, const char *what) {
+  if (from < 0) return failf(TNT_ERR_TIMEOUT, -1, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->me, what);
+  char doing[320];
+  pthread_mutex_lock(&s->mu);
+  describe(s, from, doing, sizeof doing);
+  pthread_mutex_unlock(&s->mu);
+  return failf(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->me, what, doing);
+}
+
+/* ---- data ---- */
+
+static void *gpi2_window(void *st) { return ((gpi2_t *)st)->base; }
+
+static int queue_empty(gpi2_t *s, void *arg) {
+  gaspi_return_t rc = G.wait(*(gaspi_queue_id_t *)arg, GASPI_TEST);
+  if (rc == GASPI_SUCCESS) return 1;
+  if (rc != GASPI_TIMEOUT) drain(s, *(gaspi_queue_id_t *)arg); /* records the failure */
+  return 0;
+}
+
+/* Post the put held back for a notify (mu held). */
+static tnt_result_t flush_put(gpi2_t *s, double deadline) {
+  if (!s->has_pending) return TNT_SUCCESS;
+  s->has_pending = 0;
+  post_t p = {.kind = 0, .q = Q_DATA, .peer = s->pend_peer, .loff = s->pend_loff, .roff = s->pend_roff,
+              .len = s->pend_len};
+  return post(s, &p, deadline, "sending data");
+}
+
+/* put = copy into the staging area + gaspi_write, held back until the next
+ * call so that a notify to the same rank goes with it. The staging area is
+ * reused from its start once every write from it is complete (queue 0 empty). */
+static tnt_result_t gpi2_put(void *st, int peer, size_t offset, const void *src, size_t len) {
+  gpi2_t *s = st;
+  char what[64];
+  snprintf(what, sizeof what, "sending data to rank %d", peer);
+  if (offset > s->window_bytes || len > s->window_bytes - offset)
+    return failf(TNT_ERR_INTERNAL, peer, "a put of %zu bytes at offset %zu overflows the window of %zu bytes", len,
+                 offset, s->window_bytes);
+  const double deadline = host->now() + s->timeout_s;
+  while (len) {
+    size_t chunk = len < s->stage_bytes ? len : s->stage_bytes;
+    pthread_mutex_lock(&s->mu);
+    tnt_result_t res = flush_put(s, deadline);
+    int full = s->stage_head + chunk > s->stage_bytes;
+    pthread_mutex_unlock(&s->mu);
+    if (res != TNT_SUCCESS) return res;
+    if (full) {
+      gaspi_queue_id_t q = Q_DATA;
+      tnt_result_t res = poll_until(s, queue_empty, &q, peer, deadline, what);
+      if (res == TNT_ERR_TIMEOUT) return timed_out(s, peer, what);
+      if (res != TNT_SUCCESS) return res;
+      s->stage_head = 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    size_t at = s->off_stage + s->stage_head;
+    memcpy(s->base + at, src, chunk);
+    s->has_pending = 1;
+    s->pend_peer = peer;
+    s->pend_loff = at;
+    s->pend_roff = offset;
+    s->pend_len = chunk;
+    s->stage_head += (chunk + 63) & ~(size_t)63;
+    pthread_mutex_unlock(&s->mu);
+    src = (const uint8_t *)src + chunk;
+    offset += chunk;
+    len -= chunk;
+  }
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t gpi2_notify(void *st, int peer, int kind) {
+  gpi2_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  uint32_t count = ++s->sent[kind * s->n + peer];
+  const double deadline = host->now() + s->timeout_s;
+  const char *what = kind == TNT_NOTIFY_DATA ? "announcing data" : "returning a slot";
+  tnt_result_t res;
+  if (s->has_pending && s->pend_peer == peer) { /* the put it announces: one request */
+    s->has_pending = 0;
+    post_t p = {.kind = 2, .q = Q_DATA, .peer = peer, .loff = s->pend_loff, .roff = s->pend_roff, .len = s->pend_len,
+                .id = id_of(s, kind, s->me), .value = encode(count)};
+    res = post(s, &p, deadline, what);
+  } else {
+    res = flush_put(s, deadline);
+    if (res == TNT_SUCCESS) res = post_notify(s, Q_DATA, peer, id_of(s, kind, s->me), encode(count), deadline, what);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return res;
+}
+
+typedef struct {
+  int kind, from;
+  uint32_t target;
+} counter_target_t;
+
+static int counter_reached(gpi2_t *s, void *arg) {
+  counter_target_t *ct = arg;
+  uint32_t *c = &s->counters[ct->kind * s->n + ct->from];
+  if (reached(*c, ct->target)) return 1;
+  gaspi_notification_t v = take(s, id_of(s, ct->kind, ct->from));
+  if (!v) return 0;
+  *c = (uint32_t)widen(*c, v);
+  s->peers[ct->from].last_heard = host->now();
+  return reached(*c, ct->target);
+}
+
+static tnt_result_t gpi2_wait(void *st, int kind, int from, uint32_t target, double deadline) {
+  gpi2_t *s = st;
+  counter_target_t ct = {kind, from, target};
+  pthread_mutex_lock(&s->mu);
+  tnt_result_t flushed = flush_put(s, deadline);
+  pthread_mutex_unlock(&s->mu);
+  if (flushed != TNT_SUCCESS) return flushed;
+  char what[96];
+  snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
+  tnt_result_t res = poll_until(s, counter_reached, &ct, from, deadline, what);
+  return res == TNT_ERR_TIMEOUT ? timed_out(s, from, what) : res;
+}
+
+/* ---- exchange: a slot per source and round parity in every rank's segment ---- */
+
+static size_t exch_in_offset(gpi2_t *s, uint32_t round, int src) {
+  return s->off_exch_in + ((size_t)(round & 1) * (size_t)s->n + (size_t)src) * EXCH_SLOT;
+}
+
+static tnt_result_t gpi2_exchange_post(void *st, const void *mine, size_t len, double deadline) {
+  gpi2_t *s = st;
+  if (len > TNT_EXCHANGE_MAX) return failf(TNT_ERR_INTERNAL, -1, "exchange of %zu bytes is too large", len);
+  if (s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange posted twice");
+  uint32_t round = s->round + 1;
+  /* round - 2 used this buffer: every peer has it (it went on to round - 1) */
+  size_t out = s->off_exch_out + (size_t)(round & 1) * EXCH_SLOT;
+  uint32_t header[4] = {round, (uint32_t)len, 0, 0};
+  pthread_mutex_lock(&s->mu);
+  memcpy(s->base + out, header, sizeof header);
+  memcpy(s->base + out + sizeof header, mine, len);
+  tnt_result_t res = flush_put(s, deadline);
+  const char *what = "sending the negotiation message";
+  for (int r = 0; r < s->n && res == TNT_SUCCESS; r++) {
+    s->peers[r].exch_got = (r == s->me) || reached(s->peers[r].exch_round, round);
+    if (r == s->me) continue;
+    post_t p = {.kind = 2, .q = Q_CTRL, .peer = r, .loff = out, .roff = exch_in_offset(s, round, s->me),
+                .len = sizeof header + len, .id = id_of(s, ID_EXCH, s->me), .value = encode(round)};
+    res = post(s, &p, deadline, what);
+  }
+  s->missing = 0;
+  for (int r = 0; r < s->n; r++) s->missing += !s->peers[r].exch_got;
+  pthread_mutex_unlock(&s->mu);
+  if (res != TNT_SUCCESS) return res;
+  s->round = round;
+  s->posted = 1;
+  s->exch_deadline = deadline;
+  return TNT_SUCCESS;
+}
+
+static int exchange_arrived(gpi2_t *s, void *arg) {
+  for (int r = 0; r < s->n && s->missing; r++) {
+    peer_t *p = &s->peers[r];
+    if (p->exch_got) continue;
+    gaspi_notification_t v = take(s, id_of(s, ID_EXCH, r));
+    if (!v) continue;
+    p->exch_round = (uint32_t)widen(p->exch_round, v);
+    p->last_heard = host->now();
+    if (reached(p->exch_round, s->round)) {
+      p->exch_got = 1;
+      s->missing--;
+    }
+  }
+  return s->missing == 0;
+}
+
+static tnt_result_t gpi2_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
+  gpi2_t *s = st;
+  if (!s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange collected before it was posted");
+  double deadline = until < s->exch_deadline ? until : s->exch_deadline;
+  const char *what = "negotiating with the other ranks";
+  tnt_result_t res = poll_until(s, exchange_arrived, NULL, -1, deadline, what);
+  if (res == TNT_ERR_TIMEOUT) {
+    if (deadline < s->exch_deadline) return TNT_IN_PROGRESS;
+    int first = -1;
+    for (int r = 0; r < s->n && first < 0; r++)
+      if (!s->peers[r].exch_got) first = r;
+    return timed_out(s, first, what);
+  }
+  if (res != TNT_SUCCESS) return res;
+  for (int r = 0; r < s->n; r++) {
+    const uint8_t *slot = s->base + (r == s->me ? s->off_exch_out + (size_t)(s->round & 1) * EXCH_SLOT
+                                                : exch_in_offset(s, s->round, r));
+    uint32_t header[4];
+    memcpy(header, slot, sizeof header);
+    if (header[0] != s->round || header[1] > TNT_EXCHANGE_MAX || header[1] > stride)
+      return failf(TNT_ERR_INTERNAL, r, "rank %d's negotiation message is from round %u with %u bytes (expected round "
+                   "%u, at most %zu bytes): is every rank running the same release of Tarantella?",
+                   r, header[0], header[1], s->round, stride);
+    lens[r] = header[1];
+    if (lens[r]) memcpy((uint8_t *)all + (size_t)r * stride, slot + sizeof header, lens[r]);
+  }
+  s->posted = 0;
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t gpi2_exchange(void *st, const void *mine, size_t len, void *all, size_t stride, size_t *lens,
+                                  double deadline) {
+  if (len > stride) return failf(TNT_ERR_INTERNAL, -1, "exchange of %zu bytes is too large", len);
+  tnt_result_t res = gpi2_exchange_post(st, mine, len, deadline);
+  if (res != TNT_SUCCESS) return res;
+  return gpi2_exchange_collect(st, all, stride, lens, deadline);
+}
+
+/* ---- doorbell ---- */
+
+static void gpi2_ring_doorbell(void *st, uint64_t cycle) {
+  gpi2_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  uint64_t cur = atomic_load(&s->cycle_wanted);
+  while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
+  }
+  /* a bell must arrive (a peer's idle thread waits for it): a full queue is
+   * drained; a failure is reported by the next wait */
+  double deadline = host->now() + s->timeout_s;
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && s->peers[r].state == PEER_ALIVE && !s->peers[r].lost &&
+        post_notify(s, Q_CTRL, r, id_of(s, ID_BELL, s->me), encode(cycle), deadline, "ringing the doorbell") !=
+            TNT_SUCCESS)
+      sticky(s, TNT_ERR_PEER_LOST, r, "rank %d could not ring rank %d's doorbell", s->me, r);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static int gpi2_cycle_wanted(void *st, uint64_t done) { return atomic_load(&((gpi2_t *)st)->cycle_wanted) > done; }
+
+/* Sleep on the futex (a local request wakes it at once); poll GPI-2's
+ * notifications for peers' bells every BELL_POLL_S at most. */
+static void gpi2_wait_doorbell(void *st, uint64_t done, double deadline) {
+  gpi2_t *s = st;
+  double sleep = SLEEP_MIN_S;
+  for (;;) {
+    uint32_t b = atomic_load(&s->bell);
+    if (b != s->bell_seen || atomic_load(&s->cycle_wanted) > done) {
+      s->bell_seen = b;
+      return;
+    }
+    double now = host->now();
+    if (now >= deadline) return;
+    pthread_mutex_lock(&s->mu);
+    progress(s);
+    pthread_mutex_unlock(&s->mu);
+    if (atomic_load(&s->bell) != b || atomic_load(&s->cycle_wanted) > done) continue;
+    double d = deadline - now < sleep ? deadline - now : sleep;
+    struct timespec ts = timespec_of(d);
+    atomic_fetch_add(&s->bell_waiters, 1);
+    if (atomic_load(&s->bell) == b) futex(&s->bell, FUTEX_WAIT, b, &ts);
+    atomic_fetch_sub(&s->bell_waiters, 1);
+    sleep = sleep * 2 > BELL_POLL_S ? BELL_POLL_S : sleep * 2;
+  }
+}
+
+static void gpi2_wake_local(void *st) { bump_bell((gpi2_t *)st); }
+
+/* ---- health, abort, shutdown ---- */
+
+static tnt_result_t gpi2_check_peers(void *st, const uint8_t *awaited) {
+  gpi2_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  progress(s);
+  tnt_result_t res = check_all(s, awaited, 1, "waiting for the other ranks to submit the same collectives");
+  pthread_mutex_unlock(&s->mu);
+  return res;
+}
+
+static void gpi2_describe_peer(void *st, int peer, char *out, size_t len) {
+  gpi2_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  describe(s, peer, out, len);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Send CTRL `what` (BYE, or ABORT after the reason) to every peer still there,
+ * then give queue 1 up to `wait_s` to deliver it. */
+static void tell_everyone(gpi2_t *s, int what, const char *reason, int root, double wait_s) {
+  pthread_mutex_lock(&s->mu);
+  if (reason && !(s->told & CTRL_ABORT)) {
+    snprintf((char *)s->base + s->off_reason_out, REASON_MAX, "%s", reason);
+    s->told_root = root;
+  }
+  s->told |= (uint32_t)what;
+  for (int r = 0; r < s->n; r++) {
+    if (r == s->me || s->peers[r].state == PEER_EXITED || s->peers[r].lost) continue;
+    if (what == CTRL_ABORT)
+      G.write(s->seg, s->off_reason_out, (gaspi_rank_t)r, s->seg, s->off_reasons + (size_t)s->me * REASON_MAX,
+              REASON_MAX, Q_CTRL, CALL_TIMEOUT_MS);
+    gaspi_notification_t v = s->told | ((gaspi_notification_t)(s->told_root + 1) << 8);
+    G.notify(s->seg, (gaspi_rank_t)r, id_of(s, ID_CTRL, s->me), v, Q_CTRL, CALL_TIMEOUT_MS);
+  }
+  pthread_mutex_unlock(&s->mu);
+  double until = host->now() + wait_s;
+  gaspi_queue_id_t q = Q_CTRL;
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    int done = G.wait(q, GASPI_TEST) != GASPI_TIMEOUT;
+    pthread_mutex_unlock(&s->mu);
+    if (done || host->now() >= until) return;
+    sleep_s(SLEEP_MAX_S);
+  }
+}
+
+static void gpi2_abort(void *st, const char *reason, int root_peer) {
+  gpi2_t *s = st;
+  tell_everyone(s, CTRL_ABORT, reason ? reason : "aborted", root_peer < 0 ? s->me : root_peer, 1.0);
+}
+
+static int everyone_left(gpi2_t *s, void *arg) {
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && s->peers[r].state == PEER_ALIVE) return 0;
+  return 1;
+}
+
+static void free_state(gpi2_t *s) {
+  if (!s) return;
+  free(s->counters);
+  free(s->sent);
+  free(s->peers);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+static void gpi2_finalize(void *st) {
+  gpi2_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  int failed = flush_put(s, host->now() + 1.0) != TNT_SUCCESS || s->err_code != TNT_SUCCESS;
+  for (int r = 0; r < s->n; r++) failed |= s->peers[r].lost || s->peers[r].state == PEER_FAILED;
+  pthread_mutex_unlock(&s->mu);
+  /* after a failure nobody waits for goodbyes: a dead peer never sends one */
+  tell_everyone(s, CTRL_BYE, NULL, -1, failed ? 0.1 : BYE_WAIT_S);
+  /* a peer may still write into our segment (its goodbye) until we have its
+   * own goodbye; a segment deleted under a write would take it into freed
+   * memory, so one that is not known quiet is left to the process's end */
+  double until = host->now() + (failed ? 0 : s->timeout_s < BYE_WAIT_S ? s->timeout_s : BYE_WAIT_S);
+  int quiet = 0;
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    scan_ctrl(s, host->now());
+    quiet = everyone_left(s, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (quiet || host->now() >= until) break;
+    sleep_s(SLEEP_MAX_S);
+  }
+  int clean = quiet;
+  for (int r = 0; r < s->n; r++) clean &= r == s->me || s->peers[r].state == PEER_EXITED;
+  pthread_mutex_lock(&s->mu);
+  if (clean && G.wait(Q_DATA, GASPI_TEST) == GASPI_SUCCESS && G.wait(Q_CTRL, GASPI_TEST) == GASPI_SUCCESS)
+    G.segment_delete(s->seg);
+  else
+    LOG(LOG_DEBUG, "gpi2: segment %d kept until exit (not every peer said goodbye)", s->seg);
+  pthread_mutex_unlock(&s->mu);
+  free_state(s);
+}
+
+/* ---- set-up ---- */
+
+static tnt_result_t make_segment(gpi2_t *s, double deadline) {
+  if (SEGMENT_FIRST + generation > SEGMENT_LAST)
+    return failf(TNT_ERR_INVALID_USAGE, -1, "the gpi2 transport has started %d times in this process and GPI-2 has no "
+                 "segment ids left: call tnt.init() fewer times", generation);
+  s->seg = (gaspi_segment_id_t)(SEGMENT_FIRST + generation++); /* every rank counts alike: tnt_init is collective */
+  gaspi_return_t rc = G.segment_alloc(s->seg, s->seg_bytes, GASPI_MEM_INITIALIZED);
+  if (rc != GASPI_SUCCESS)
+    return failf(TNT_ERR_SYSTEM, -1, "gaspi_segment_alloc of %zu bytes failed: %s", s->seg_bytes, gerr(rc));
+  void *ptr = NULL;
+  G.segment_ptr(s->seg, &ptr);
+  s->base = ptr;
+  /* gaspi_segment_create would also do this, but through an all-gather on a
+   * fixed port (23333) that two jobs on one host would share */
+  for (int r = 0; r < s->n; r++) {
+    if (r == s->me) continue;
+    double left = deadline - host->now();
+    rc = G.segment_register(s->seg, (gaspi_rank_t)r, (gaspi_timeout_t)((left > 0 ? left : 0) * 1000));
+    if (rc != GASPI_SUCCESS)
+      return failf(rc == GASPI_TIMEOUT ? TNT_ERR_TIMEOUT : TNT_ERR_PEER_LOST, r,
+                   "rank %d could not make its GPI-2 segment known to rank %d: %s", s->me, r, gerr(rc));
+  }
+  double left = deadline - host->now();
+  rc = G.barrier(GASPI_GROUP_ALL, (gaspi_timeout_t)((left > 0 ? left : 0) * 1000));
+  if (rc != GASPI_SUCCESS)
+    return failf(rc == GASPI_TIMEOUT ? TNT_ERR_TIMEOUT : TNT_ERR_SYSTEM, -1,
+                 "rank %d: the other ranks did not finish setting up the gpi2 transport within TNT_TIMEOUT_S (%s)",
+                 s->me, gerr(rc));
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t check_hellos(gpi2_t *s, const hello_t *all, const size_t *lens) {
+  for (int q = 0; q < s->n; q++) {
+    const hello_t *h = &all[q];
+    if (lens[q] != sizeof *h || h->magic != HELLO_MAGIC || h->abi != TNT_PLUGIN_ABI_VERSION)
+      return failf(TNT_ERR_INVALID_USAGE, -1, "GPI-2 rank %d runs another release of Tarantella's gpi2 transport "
+                   "(plugin ABI %u, here %d): give every rank the same installation", q,
+                   lens[q] == sizeof *h ? h->abi : 0, TNT_PLUGIN_ABI_VERSION);
+    if (h->rank != q || h->size != s->n || h->seg != s->seg || h->window_bytes != s->window_bytes)
+      return failf(TNT_ERR_INVALID_USAGE, -1, "GPI-2 rank %d (pid %d on %s) is rank %d of %d with segment %d and a "
+                   "%llu-byte window by its settings; here rank %d of %d, segment %d, %zu bytes: give every rank the "
+                   "same TNT_* settings", q, h->pid, h->host, h->rank, h->size, h->seg,
+                   (unsigned long long)h->window_bytes, s->me, s->n, s->seg, s->window_bytes);
+    if (h->heartbeat_s != s->beat_s)
+      return failf(TNT_ERR_INVALID_USAGE, -1, "the ranks disagree on TNT_GPI2_HEARTBEAT_S (rank %d: %g, rank %d: %g): "
+                   "give every rank the same environment", s->me, s->beat_s, q, h->heartbeat_s);
+  }
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state) {
+  double beat;
+  tnt_result_t res = read_seconds("TNT_GPI2_HEARTBEAT_S", 1.0, 0.01, 60,
+                                  "seconds between the gpi2 transport's heartbeats; 10 missed ones mean a peer is lost",
+                                  &beat);
+  if (res != TNT_SUCCESS) return res;
+  if (pl->size > 10000)
+    return failf(TNT_ERR_INVALID_USAGE, -1, "the gpi2 transport serves at most 10000 ranks (GPI-2's notification ids)");
+  if ((res = ensure_gaspi(pl, params->timeout_s)) != TNT_SUCCESS) return res;
+  gaspi_number_t nids = 0;
+  G.notification_num(&nids);
+  if ((long)nids < (long)ID_RANGES * pl->size)
+    return failf(TNT_ERR_INVALID_USAGE, -1, "GPI-2 offers %u notifications per segment; the gpi2 transport needs %d for "
+                 "%d ranks", nids, ID_RANGES * pl->size, pl->size);
+  double deadline = host->now() + params->timeout_s;
+  gpi2_t *s = calloc(1, sizeof *s);
+  if (!s) return failf(TNT_ERR_SYSTEM, -1, "out of memory");
+  pthread_mutex_init(&s->mu, NULL);
+  s->pl = *pl;
+  s->me = pl->rank;
+  s->n = pl->size;
+  s->timeout_s = params->timeout_s;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  s->spin_s = (ncpu > 0 && 2L * pl->local_size <= ncpu) ? params->spin_s : 0.0;
+  s->yield_polls = (ncpu > 0 && pl->local_size <= ncpu) ? YIELD_POLLS : 0;
+  s->beat_s = beat;
+  s->silence_s = SILENT_BEATS * beat;
+  s->window_bytes = window_bytes;
+  s->stage_bytes = 2 * window_bytes < (1u << 20) ? (1u << 20) : 2 * window_bytes;
+  size_t n = (size_t)s->n;
+  s->off_exch_in = (window_bytes + 4095) & ~(size_t)4095;
+  s->off_reasons = s->off_exch_in + 2 * n * EXCH_SLOT;
+  s->off_exch_out = s->off_reasons + n * REASON_MAX;
+  s->off_reason_out = s->off_exch_out + 2 * EXCH_SLOT;
+  s->off_stage = (s->off_reason_out + REASON_MAX + 4095) & ~(size_t)4095;
+  s->seg_bytes = s->off_stage + s->stage_bytes;
+  s->counters = calloc(n * TNT_NOTIFY_KINDS, sizeof *s->counters);
+  s->sent = calloc(n * TNT_NOTIFY_KINDS, sizeof *s->sent);
+  s->peers = calloc(n, sizeof *s->peers);
+  if (!s->counters || !s->sent || !s->peers) {
+    free_state(s);
+    return failf(TNT_ERR_SYSTEM, -1, "out of memory");
+  }
+  pthread_mutex_lock(&init_mu);
+  res = make_segment(s, deadline);
+  pthread_mutex_unlock(&init_mu);
+  if (res != TNT_SUCCESS) {
+    free_state(s); /* the segment, if any, stays: a peer may write into it */
+    return res;
+  }
+  double now = host->now();
+  for (int r = 0; r < s->n; r++) {
+    s->peers[r].root = -1;
+    s->peers[r].last_heard = s->peers[r].last_sent = now;
+  }
+  s->next_beat = now + beat;
+  /* the first exchange introduces the ranks */
+  hello_t mine;
+  memset(&mine, 0, sizeof mine);
+  mine.magic = HELLO_MAGIC;
+  mine.abi = TNT_PLUGIN_ABI_VERSION;
+  mine.rank = pl->rank;
+  mine.size = pl->size;
+  mine.pid = (int32_t)getpid();
+  mine.seg = s->seg;
+  mine.heartbeat_s = beat;
+  mine.window_bytes = window_bytes;
+  gethostname(mine.host, sizeof mine.host - 1);
+  node_id(mine.node, sizeof mine.node);
+  hello_t *all = calloc(n, sizeof *all);
+  size_t *lens = calloc(n, sizeof *lens);
+  res = all && lens ? gpi2_exchange(s, &mine, sizeof mine, all, sizeof mine, lens, deadline)
+                    : failf(TNT_ERR_SYSTEM, -1, "out of memory");
+  if (res == TNT_SUCCESS) res = check_hellos(s, all, lens);
+  int local_size = 0;
+  for (int r = 0; res == TNT_SUCCESS && r < s->n; r++) {
+    peer_t *p = &s->peers[r];
+    p->pid = all[r].pid;
+    p->local = !strcmp(all[r].node, mine.node) && strcmp(mine.node, "?/?");
+    local_size += p->local;
+    snprintf(p->host, sizeof p->host, "%s", all[r].host);
+  }
+  free(all);
+  free(lens);
+  if (res != TNT_SUCCESS) {
+    free_state(s);
+    return res;
+  }
+  *state = s;
+  LOG(LOG_INFO, "gpi2: %d ranks, %d on this host, segment %d of %zu bytes (window %zu), heartbeat %g s, %s", s->n,
+      local_size, s->seg, s->seg_bytes, window_bytes, beat, description);
+  return TNT_SUCCESS;
+}
+
+static int gpi2_can_serve(const tnt_placement_t *pl) { return pl->size >= 1; }
+
+static const tnt_transport_t transport = {
+    .name = "gpi2",
+    .can_serve = gpi2_can_serve,
+    .init = gpi2_init,
+    .put = gpi2_put,
+    .window = gpi2_window,
+    .notify = gpi2_notify,
+    .wait = gpi2_wait,
+    .exchange = gpi2_exchange,
+    .exchange_post = gpi2_exchange_post,
+    .exchange_collect = gpi2_exchange_collect,
+    .ring_doorbell = gpi2_ring_doorbell,
+    .cycle_wanted = gpi2_cycle_wanted,
+    .wait_doorbell = gpi2_wait_doorbell,
+    .check_peers = gpi2_check_peers,
+    .describe_peer = gpi2_describe_peer,
+    .wake_local = gpi2_wake_local,
+    .abort = gpi2_abort,
+    .finalize = gpi2_finalize,
+};
+
+static const tnt_plugin_t plugin = {
+    TNT_PLUGIN_SIZES,
+    .caps = TNT_TRANSPORT_CAP_MULTI_HOST | TNT_TRANSPORT_CAP_ONE_SIDED | TNT_TRANSPORT_CAP_HEARTBEAT,
+    .name = "gpi2",
+    .description = description,
+    .transport = &transport,
+};
+
+EXPORT const tnt_plugin_t *tnt_transport_plugin_v1(const tnt_plugin_host_t *h, char *why, size_t why_len) {
+  if (!h || h->abi_version != TNT_PLUGIN_ABI_VERSION || h->struct_size < sizeof(tnt_plugin_host_t)) {
+    snprintf(why, why_len, "the core offers plugin ABI %u (%u-byte host table); this plugin was built for ABI %d",
+             h ? h->abi_version : 0, h ? h->struct_size : 0, TNT_PLUGIN_ABI_VERSION);
+    return NULL;
+  }
+  host = h;
+  pthread_mutex_lock(&init_mu);
+  int rc = load_gpi2(why, why_len);
+  if (rc == 0 && !description[0]) {
+    float v = 0;
+    G.version(&v);
+    snprintf(description, sizeof description, "GPI-2 %g (%.200s)", v, gpi2_path);
+  }
+  pthread_mutex_unlock(&init_mu);
+  return rc == 0 ? &plugin : NULL;
+}

@@ -1,0 +1,160 @@
+"""Batch normalisation over the global batch: the statistics of all ranks' samples."""
+import threading
+
+import keras
+import tensorflow as tf
+
+from tarantella.common import core
+from tarantella.tensorflow import step_context
+
+
+def _gradient_weight(context):
+    """The weight w_r this rank's gradients get when they are combined across
+    ranks (Σ_r w_r g_r): b_r / B in a tnt.Model step, 1 when the step
+    backpropagates shares of the global loss (loss scaling), 1/N elsewhere
+    (DistributedOptimizer's equal weights)."""
+    if context is None:
+        return tf.constant(1.0 / core.get_size(), tf.float64)
+    if context.values.get("gradients_are_shares"):
+        return tf.constant(1.0, tf.float64)
+    return tf.math.divide_no_nan(context.local_batch, context.global_batch())
+
+
+def global_moments(inputs, axes, mask=None):
+    """Mean and variance of `inputs` over `axes` and over every rank's samples
+    (float32 in, float32 out), differentiable.
+
+    Each rank computes its count n_r, mean m_r and variance v_r in float32 (as
+    tf.nn.moments), then one float64 allreduce sums [n_r, n_r m_r,
+    n_r (v_r + m_r^2)]: mean = Σ n_r m_r / n, variance = Σ n_r (v_r + m_r^2) / n
+    - mean^2, without the cancellation a float32 E[x^2] - E[x]^2 would have.
+    The backward pass sums the ranks' gradients with respect to the (shared)
+    mean and variance, weighted as the parameter gradients are, so that each
+    sample's gradient is the one serial training gives it.
+    """
+    context = step_context.current()
+    channels = inputs.shape[-1]
+    if mask is None:
+        weights = tf.ones_like(inputs)
+    else:
+        weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), inputs.dtype), tf.shape(inputs))
+
+    @tf.custom_gradient
+    def moments(x):
+        count = tf.reduce_sum(weights, axis=axes)
+        local_mean = tf.math.divide_no_nan(tf.reduce_sum(weights * x, axis=axes), count)
+        centred = weights * tf.square(x - local_mean)
+        local_var = tf.math.divide_no_nan(tf.reduce_sum(centred, axis=axes), count)
+        n, m, v = (tf.cast(t, tf.float64) for t in (count, local_mean, local_var))
+        stats = tf.concat([n, n * m, n * (v + tf.square(m))], 0)
+        summed = _sum(context, stats, "batch_norm")
+        total = summed[:channels]
+        mean = tf.math.divide_no_nan(summed[channels:2 * channels], total)
+        var = tf.maximum(tf.math.divide_no_nan(summed[2 * channels:], total) - tf.square(mean), 0.0)
+        mean32, var32 = tf.cast(mean, x.dtype), tf.cast(var, x.dtype)
+
+        def grad(grad_mean, grad_var):
+            weight = _gradient_weight(step_context.current())
+            upstream = tf.concat([tf.cast(grad_mean, tf.float64), tf.cast(grad_var, tf.float64)], 0)
+            upstream = tf.math.divide_no_nan(_sum(step_context.current(), weight * upstream,
+                                                  "batch_norm_grad"), weight)
+            per_count = tf.math.divide_no_nan(upstream, tf.concat([total, total], 0))
+            d_mean, d_var = tf.cast(per_count[:channels], x.dtype), tf.cast(per_count[channels:],
+                                                                           x.dtype)
+            return weights * (d_mean + 2.0 * d_var * (x - mean32))
+
+        return (mean32, var32), grad
+
+    # one count per channel keeps the request's layout the same for any mask
+    return moments(inputs)
+
+
+def _sum(context, values, purpose):
+    if context is not None:
+        return context.sum_with_sizes(values, purpose)
+    return step_context.allreduce_sum(values, purpose)
+
+
+def sync_moments(layer, inputs, mask):
+    """`BatchNormalization._moments` over the global batch (see global_moments)."""
+    axes = [a for a in range(len(inputs.shape)) if a != layer.axis % len(inputs.shape)]
+    if layer.axis % len(inputs.shape) != len(inputs.shape) - 1:
+        perm = axes + [layer.axis % len(inputs.shape)]
+        inputs = tf.transpose(inputs, perm)
+        if mask is not None:
+            raise NotImplementedError("SyncBatchNormalization with a mask needs axis=-1")
+        axes = list(range(len(inputs.shape) - 1))
+    return global_moments(inputs, axes, mask)
+
+
+@keras.saving.register_keras_serializable(package="tarantella")
+class SyncBatchNormalization(keras.layers.BatchNormalization):
+    """`keras.layers.BatchNormalization` whose training statistics are those of
+    the global batch, over all ranks (Horovod's `SyncBatchNormalization`).
+
+    It is `BatchNormalization(synchronized=True)`: in a `tnt.Model`, every
+    `BatchNormalization` layer created with `synchronized=True` is synchronised
+    across ranks the same way, and `synchronize_batch_normalization(model)`
+    switches every BatchNormalization layer of an existing model. On one rank,
+    or outside training, it is exactly BatchNormalization.
+
+    Each training step then costs two small allreduces per layer (the
+    statistics in the forward pass, their gradients in the backward pass); in
+    exchange the model trains as serial Keras does with the global batch, and
+    every rank keeps the same moving statistics.
+
+    Example:
+
+    ```python
+    x = keras.layers.Conv2D(32, 3)(x)
+    x = tnt.keras.layers.SyncBatchNormalization()(x)
+    ```
+    """
+
+    def __init__(self, *args, synchronized=True, **kwargs):
+        super().__init__(*args, synchronized=synchronized, **kwargs)
+
+    def _moments(self, inputs, mask):
+        if self.synchronized and core.get_size() > 1:
+            return sync_moments(self, inputs, mask)
+        return super()._moments(inputs, mask)
+
+
+_classes = {}
+_lock = threading.Lock()
+
+
+def synchronized_class(base):
+    """A subclass of the BatchNormalization class `base` (same name and
+    module, so saved files stay plain Keras) whose statistics are global when
+    the layer is `synchronized`."""
+    with _lock:
+        if base not in _classes:
+            def _moments(self, inputs, mask):
+                if self.synchronized and core.get_size() > 1:
+                    return sync_moments(self, inputs, mask)
+                return super(cls, self)._moments(inputs, mask)
+
+            cls = type(base.__name__, (base,), {
+                "_moments": _moments, "__module__": base.__module__,
+                "__qualname__": base.__qualname__, "_tnt_synchronized": True})
+            _classes[base] = cls
+        return _classes[base]
+
+
+def synchronize_batch_normalization(model):
+    """Make every BatchNormalization layer of `model` synchronised across ranks
+    (`synchronized=True`), in place; returns `model`. Call it before
+    `tnt.Model(model)` or before `compile`.
+
+    Example:
+
+    ```python
+    model = tnt.Model(tnt.keras.layers.synchronize_batch_normalization(
+        keras.applications.ResNet50(weights=None)))
+    ```
+    """
+    for layer in model._flatten_layers(include_self=True):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.synchronized = True
+    return model

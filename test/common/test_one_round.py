@@ -1,0 +1,57 @@
+"""Small allreduces in one round: in a steady loop the payload rides with the
+readiness bit of the negotiation (counted by core.stats()['one_round'], not
+timed), every rank adds in the small path's order (the same bits everywhere),
+other cases take the usual paths, and a mismatch on that path fails on every rank."""
+import json
+
+import pytest
+
+from core_helpers import tntrun
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one_round")
+    n = 3
+    res = tntrun(n, "rank_one_round.py", out)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return [json.load(open(out / f"rank{r}.json")) for r in range(n)]
+
+
+def test_a_loop_of_plain_calls_is_served_from_the_cache_in_one_round(observed):
+    for o in observed:
+        assert o["loop_ok"]
+        assert o["loop"]["announcements"] == 0, o["loop"]
+        assert o["loop"]["cache_hits"] == 120, o["loop"]
+        assert o["loop"]["one_round"] == 120, o["loop"]
+        assert o["loop"]["cycles"] >= 120, o["loop"]
+
+
+def test_a_loop_of_metrics_dicts_is_served_in_one_round(observed):
+    assert all(o["metrics"] == 30 and o["metrics_ok"] for o in observed)
+
+
+def test_one_round_adds_in_the_small_paths_order_on_every_rank(observed):
+    assert all(o["bits_one_round"] == 4 for o in observed)
+    assert all(o["bits"] for o in observed)
+    assert all(o["avg_close"] for o in observed)
+    assert len({o["avg_hex"] for o in observed}) == 1
+
+
+def test_integer_average_and_large_payloads_take_their_own_paths(observed):
+    assert all(o["other_paths"] == 0 and o["other_ok"] for o in observed)
+
+
+def test_a_late_peer_is_waited_for(observed):
+    assert all(o["late_ok"] for o in observed)
+
+
+@pytest.mark.parametrize("label,words", [
+    ("size", ["'hot'", "float32[5]", "float32[4]", "rank 0", "ranks 1, 2"]),
+    ("kind", ["'hot-kind'", "allreduce", "broadcast"]),
+])
+def test_mismatch_on_the_one_round_path_fails_on_every_rank(observed, label, words):
+    for o in observed:
+        for w in words:
+            assert w in o[label], (w, o[label])
+    assert all(o["after"] == [True, True, True] for o in observed)

@@ -1,0 +1,68 @@
+"""Run inside every rank of a job spread over the test bed's hosts (started by tntrun -H or
+by mpirun directly), so that one launch checks many things:
+
+1. every collective x dtype x awkward size (test/common/rank_collectives.py: results against
+   NumPy, a digest of each in OUTDIR/rank<r>.json for the test to compare ranks bit for bit);
+2. fusion: tensors of awkward sizes reduced one at a time, then submitted together (the core
+   fuses them into one buffer, which takes the large-buffer path even for the small ones)
+   give the same bits: the order of additions depends on the tensor alone;
+3. where the rank ran (host name, transport), in OUTDIR/host<r>.json.
+
+    rank_multihost.py OUTDIR collectives [BIG_BYTES]
+    rank_multihost.py OUTDIR kill        the job id in OUTDIR/job, then test/common/rank_failures.py
+                                         kill: the last rank SIGKILLs itself in an allreduce, the
+                                         others print what they raised (JSON on stdout)
+
+BIG_BYTES is an argument, not an environment variable: mpirun forwards only the variables
+it is told to (-x) to other hosts."""
+import hashlib
+import json
+import os
+import runpy
+import socket
+import sys
+
+import numpy as np
+
+import tarantella as tnt
+from tarantella.common import core
+
+outdir, mode = sys.argv[1], sys.argv[2]
+COMMON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common")
+if mode == "kill":
+    with open(os.path.join(outdir, "job"), "w") as f:
+        f.write(os.environ["TNT_JOB_ID"])
+    sys.argv = [os.path.join(COMMON, "rank_failures.py"), "kill"]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    sys.exit(0)
+os.environ["TNT_TEST_BIG_BYTES"] = sys.argv[3] if len(sys.argv) > 3 else str(3 << 20)
+tnt.init()
+rank = tnt.get_rank()
+
+
+def digest(a):
+    return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).hexdigest()
+
+
+SIZES = [1, 17, 1000, 3001, 4099, 20_000, 100_003]  # both sides of the 16 KB small-buffer path
+ROUNDS = 4
+alone, fused, failures = {}, {}, []
+for dtype in (np.float32, np.float16):
+    xs = [np.random.default_rng([77, rank, i]).standard_normal(n).astype(dtype) for i, n in enumerate(SIZES)]
+    for i, x in enumerate(xs):
+        alone[f"{np.dtype(dtype).name}-{i}"] = digest(tnt.allreduce(x, name=f"alone-{i}"))
+    for r in range(ROUNDS):  # submitted at once: fused in groups that differ from round to round
+        handles = [tnt.allreduce_async(x, name=f"fused-{r}-{i}") for i, x in enumerate(xs)]
+        for i, h in enumerate(handles):
+            key = f"{np.dtype(dtype).name}-{i}"
+            fused[key] = digest(h.wait())
+            if fused[key] != alone[key]:
+                failures.append(f"{key} (size {SIZES[i]}) fused in round {r} differs from its result alone")
+
+with open(os.path.join(outdir, f"host{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "host": socket.gethostname(), "local_rank": tnt.get_local_rank(),
+               "transport": core.ffi().string(core.lib().tnt_transport_name()).decode(),
+               "alone": alone, "failures": failures}, f)
+
+sys.argv = [os.path.join(COMMON, "rank_collectives.py"), outdir]
+runpy.run_path(sys.argv[0], run_name="__main__")

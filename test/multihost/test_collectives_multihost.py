@@ -1,0 +1,142 @@
+"""Ranks spread over several hosts of the test bed (network namespaces with their own names,
+multihost_testbed.py): TNT_TRANSPORT=auto takes shm within each host and mpi between hosts,
+and the allreduce is hierarchical where every host holds several ranks.
+
+One launch per placement checks everything rank_multihost.py runs (every collective x dtype x
+awkward size, bitwise identical on every rank; the same bits fused or alone): 2 hosts x 2
+ranks (hierarchical), 3 hosts x 1 rank (flat ring over mpi) and 3 + 1 ranks (uneven: flat
+ring, shm or mpi hop by hop), the last started by mpirun directly, without tntrun. Then a
+rank SIGKILLed on one host: every rank on every host raises naming it, tntrun ends the job,
+and nothing is left in /dev/shm or running on any host."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from multihost_helpers import job_env, nothing_left
+from multihost_testbed import Testbed, TestbedUnavailable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RANK = os.path.join(HERE, "rank_multihost.py")
+MPIRUN = shutil.which("mpirun")
+
+
+def _openmpi():
+    if not (MPIRUN and shutil.which("mpicc")):
+        return False
+    out = subprocess.run([MPIRUN, "--version"], capture_output=True, text=True)
+    return "Open MPI" in out.stdout + out.stderr
+
+
+pytestmark = pytest.mark.skipif(not _openmpi(), reason="needs Open MPI (mpirun, mpicc: apt-get install "
+                                "openmpi-bin libopenmpi-dev): the transport between hosts is mpi")
+
+
+@pytest.fixture(scope="module")
+def bed():
+    """Three hosts (the session's `multihost` fixture has two)."""
+    testbed = Testbed(["hostA", "hostB", "hostC"])
+    try:
+        testbed.start()
+    except TestbedUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield testbed
+    finally:
+        testbed.close()
+
+
+def env_for(bed, tmp_path):
+    env = job_env(tmp_path)
+    # this interpreter's tntrun (the installed one), wherever PATH would look first
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return bed.env(base=env, TNT_LOG_LEVEL="INFO")
+
+
+def tntrun(bed, tmp_path, layout, *args):
+    return bed.run("hostA", ["tntrun", "-H", layout, "--no-gpu", "--output-on-all-devices", "--", RANK,
+                             str(tmp_path), *args], env=env_for(bed, tmp_path), cwd=str(tmp_path), timeout=600)
+
+
+def mpirun(bed, tmp_path, layout, *args):
+    n = sum(int(h.split(":")[1]) for h in layout.split(","))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return bed.run("hostA", [MPIRUN, *root, "--bind-to", "none", "-np", str(n), "--host", layout,
+                             "-x", "PATH", "-x", "TNT_LOG_LEVEL", sys.executable, RANK, str(tmp_path), *args],
+                   env=env_for(bed, tmp_path), cwd=str(tmp_path), timeout=600)
+
+
+def hosts_of(layout):
+    """[host of rank r] for a --host list (ranks fill the hosts in order)."""
+    return [h.split(":")[0] for h in layout.split(",") for _ in range(int(h.split(":")[1]))]
+
+
+def json_lines(text):
+    found = []
+    for line in text.splitlines():
+        at = line.find("{")
+        if at >= 0:
+            try:
+                found.append(json.loads(line[at:]))
+            except ValueError:
+                pass
+    return found
+
+
+def shm_names(job):
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"tnt-{job}"))
+
+
+@pytest.mark.parametrize("layout, launcher, scheme", [
+    ("hostA:2,hostB:2", tntrun, "allreduce: hierarchical, 2 hosts x 2 ranks"),
+    ("hostA:1,hostB:1,hostC:1", tntrun, "allreduce: flat ring over all 3 ranks (one rank per host)"),
+    ("hostA:3,hostB:1", mpirun, "allreduce: flat ring over all 4 ranks (hosts hold different numbers of ranks)"),
+], ids=["2x2-tntrun", "3x1-tntrun", "3+1-mpirun"])
+def test_every_collective_across_hosts(bed, tmp_path, layout, launcher, scheme):
+    res = launcher(bed, tmp_path, layout, "collectives")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    n = len(hosts_of(layout))
+    # auto chose shm within hosts and mpi between them, and said why (rank 0 logs at INFO)
+    assert re.search(r"transport shm\+mpi selected \(TNT_TRANSPORT=auto\): the %d ranks are on several hosts" % n,
+                     res.stderr), res.stderr[-3000:]
+    assert scheme in res.stderr, res.stderr[-3000:]
+    where = [json.load(open(tmp_path / f"host{r}.json")) for r in range(n)]
+    assert [w["host"] for w in where] == hosts_of(layout)
+    assert {w["transport"] for w in where} == {"shm+mpi"}
+    for w in where:
+        assert w["failures"] == [], w["failures"]  # fused or alone: the same bits
+    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(n)]
+    for rep in reports:
+        assert rep["failures"] == [], rep["failures"]
+    first = reports[0]["results"]
+    assert len(first) > 100  # every dtype x size x collective produced a digest
+    for rep, w in zip(reports[1:], where[1:]):
+        differing = [k for k in first if rep["results"].get(k) != first[k]]
+        assert not differing, f"rank {rep['rank']} differs from rank 0 on {differing[:5]}"
+        assert w["alone"] == where[0]["alone"]
+    assert shm_names(reports[0]["job"]) == []
+    assert nothing_left(bed, bed.hosts)
+
+
+def test_a_rank_killed_on_one_host_is_named_on_every_host(bed, tmp_path):
+    # rank 3 (hostB) SIGKILLs itself inside an allreduce: rank 2 shares its host (shm),
+    # ranks 0 and 1 are on hostA (mpi)
+    res = tntrun(bed, tmp_path, "hostA:2,hostB:2", "kill")
+    assert res.returncode != 0
+    by_rank = {}
+    for line in json_lines(res.stdout):
+        by_rank.setdefault(line["rank"], []).append(line)
+    assert sorted(by_rank) == [0, 1, 2], res.stdout[-3000:] + res.stderr[-3000:]
+    for r, (first, later) in by_rank.items():
+        assert first["error"] == "PeerLostError", first
+        assert first["peer"] == 3 and "rank 3 (pid" in first["message"] and "on hostB" in first["message"], first
+        assert "died" in first["message"], first
+        assert first["seconds"] < 5, first
+        assert later["later"] == "PeerLostError", later
+    assert "tntrun: " in res.stderr and "FAILED" in res.stderr  # tntrun ended the job with its report
+    assert shm_names(open(tmp_path / "job").read()) == []
+    assert nothing_left(bed, bed.hosts)
