@@ -116,7 +116,9 @@ def _assert_each_gradient_reduced_alone(out, n):
     its requests are tnt.grads.<digest of the gradients' shapes>: with fusion
     off, each gradient must be its own request (6 or 10 per model: the
     frontend packed nothing) and the core must not fuse requests either (no
-    fusion-buffer copies, no "fused" allreduce), for anything."""
+    fusion-buffer copies, no "fused" allreduce), for anything. A small request
+    may run in one round (e.g. the weights' sum, whose ranks submit together
+    on the compiled ops' path): that is not fusion."""
     for rank in range(n):
         tl = timeline(os.path.join(out, f"trace.rank{rank}.json"))
         grads = [name for name in tl if re.fullmatch(r"tnt\.grads\.[0-9a-f]+\.b\d+\.\d+", name)]
@@ -127,4 +129,6 @@ def _assert_each_gradient_reduced_alone(out, n):
             assert len(tl[name]["ALLREDUCE"]) == len(tl[name]["NEGOTIATE"]) > 0, name
         for name, phases in tl.items():
             assert "MEMCPY_IN_FUSION_BUFFER" not in phases, name
-            assert all(detail is None for _, _, detail in phases.get("ALLREDUCE", [])), name
+            # "one round" (a small request whose data came with the negotiation,
+            # as timing allows) is not fusion; "N tensors, M bytes fused" is
+            assert all(detail in (None, "one round") for _, _, detail in phases.get("ALLREDUCE", [])), name
