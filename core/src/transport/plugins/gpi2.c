@@ -156,9 +156,13 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define BYE_WAIT_S 2.0
 #define SEGMENT_FIRST 16      /* segment ids of this plugin: SEGMENT_FIRST + generation */
 #define SEGMENT_LAST 250
-#define PORT_LOW 20000        /* the derived port ranges: PORT_LOW + k * PORT_STRIDE */
-#define PORT_STRIDE 1024
-#define PORT_SLOTS 40
+/* The derived port ranges, PORT_LOW + k * PORT_STRIDE, lie below Linux's
+ * ephemeral ports (32768-60999 by default), which any outgoing connection may
+ * take, GPI-2's own included; fixed, not read from this host's settings:
+ * every host of a job must derive the same range. */
+#define PORT_LOW 10240
+#define PORT_STRIDE (3 * MAX_PPN)
+#define PORT_SLOTS 29
 #define MAX_PPN 256           /* GPI-2's ranks per host (its port offsets) */
 #define HELLO_MAGIC 0x544e5447u
 
