@@ -11,7 +11,8 @@ by mpirun directly), so that one launch checks many things:
     rank_multihost.py OUTDIR collectives [BIG_BYTES]
     rank_multihost.py OUTDIR kill        the job id in OUTDIR/job, then test/common/rank_failures.py
                                          kill: the last rank SIGKILLs itself in an allreduce, the
-                                         others print what they raised (JSON on stdout)
+                                         others print what they raised (JSON on stdout); in a
+                                         child, whose end this process shows 3 s later
 
 BIG_BYTES is an argument, not an environment variable: mpirun forwards only the variables
 it is told to (-x) to other hosts."""
@@ -21,6 +22,7 @@ import os
 import runpy
 import socket
 import sys
+import time
 
 import numpy as np
 
@@ -30,11 +32,21 @@ from tarantella.common import core
 outdir, mode = sys.argv[1], sys.argv[2]
 COMMON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common")
 if mode == "kill":
+    # The rank runs in a child; this process, which the launcher watches, ends 3 s after it,
+    # the same way: mpirun stops every rank as soon as one ends badly, and would otherwise
+    # stop the survivors before they can show what they raised.
     with open(os.path.join(outdir, "job"), "w") as f:
         f.write(os.environ["TNT_JOB_ID"])
-    sys.argv = [os.path.join(COMMON, "rank_failures.py"), "kill"]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-    sys.exit(0)
+    child = os.fork()
+    if child == 0:  # exits as any rank does (its SystemExit; Tarantella shuts down at exit)
+        sys.argv = [os.path.join(COMMON, "rank_failures.py"), "kill"]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        sys.exit(0)
+    _, status = os.waitpid(child, 0)
+    time.sleep(3)
+    if os.WIFSIGNALED(status):
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    sys.exit(os.WEXITSTATUS(status))
 os.environ["TNT_TEST_BIG_BYTES"] = sys.argv[3] if len(sys.argv) > 3 else str(3 << 20)
 tnt.init()
 rank = tnt.get_rank()

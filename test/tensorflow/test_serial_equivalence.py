@@ -69,7 +69,15 @@ def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
     env = {} if fusion_kb is None else {"TNT_FUSION_THRESHOLD_KB": fusion_kb,
                                        "TNT_TIMELINE": os.path.join(tmp_path, "trace.json")}
     run_ranks(n, "scenarios.py", "--out", tmp_path, env=env)
-    ranks = _load(tmp_path)
+    assert_same_as_serial(reference, _load(tmp_path), n)
+    if fusion_kb == 0:
+        _assert_each_gradient_reduced_alone(tmp_path, n)
+
+
+def assert_same_as_serial(reference, ranks, n):
+    """The ranks' results (_load) against serial Keras's, within the tolerances above, and
+    bitwise the same on every rank; returns rank 0's logs. Also used across hosts
+    (test/multihost/test_keras_multihost.py)."""
     assert len(ranks) == n
     ref_arrays, ref_logs, _ = reference[0]
     arrays, logs, _ = ranks[0]
@@ -97,8 +105,7 @@ def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
             assert np.array_equal(other_arrays[key], value), f"rank {r}: {key} differs"
     for r, (_, _, checks) in enumerate(ranks):  # nested structures through the TF-level collectives
         assert checks["tensor_collectives"] == [], f"rank {r}: {checks['tensor_collectives']}"
-    if fusion_kb == 0:
-        _assert_each_gradient_reduced_alone(tmp_path, n)
+    return logs
 
 
 def _assert_each_gradient_reduced_alone(out, n):
