@@ -199,7 +199,12 @@ static tnt_result_t run_one_round(tnt_engine_t *c, tnt_request_t *req, const tnt
   const void *contrib[N];
   int64_t t0 = tnt_now_us();
   for (int q = 0; q < N; q++) contrib[q] = tnt_negotiate_payload(&c->neg, resp->cache_slot, q);
-  tnt_reduce_in_ring_order((tnt_dtype_t)req->meta.dtype, req->out, contrib, req->meta.count, N, NULL);
+  /* the order of the data path this tensor would otherwise take: the same bits either way */
+  if (c->hier)
+    TNT_CHECK(tnt_reduce_in_hier_order((tnt_dtype_t)req->meta.dtype, req->out, contrib, req->meta.count,
+                                       c->topo.members, c->topo.hosts, c->host_ring.size, NULL));
+  else
+    tnt_reduce_in_ring_order((tnt_dtype_t)req->meta.dtype, req->out, contrib, req->meta.count, N, NULL);
   tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), "one round");
   return TNT_SUCCESS;
 }

@@ -5,13 +5,15 @@ by mpirun directly), so that one launch checks many things:
    NumPy, a digest of each in OUTDIR/rank<r>.json for the test to compare ranks bit for bit);
 2. fusion: tensors of awkward sizes reduced one at a time, then submitted together (the core
    fuses them into one buffer, which takes the large-buffer path even for the small ones)
-   give the same bits: the order of additions depends on the tensor alone;
+   give the same bits: the order of additions depends on the tensor alone; so does calling
+   the same name again (cached: a small one goes in one round, its payload in the negotiation);
 3. where the rank ran (host name, transport), in OUTDIR/host<r>.json.
 
     rank_multihost.py OUTDIR collectives [BIG_BYTES]
     rank_multihost.py OUTDIR kill        the job id in OUTDIR/job, then test/common/rank_failures.py
                                          kill: the last rank SIGKILLs itself in an allreduce, the
-                                         others print what they raised (JSON on stdout)
+                                         others print what they raised (JSON on stdout); in a
+                                         child, whose end this process shows 3 s later
 
 BIG_BYTES is an argument, not an environment variable: mpirun forwards only the variables
 it is told to (-x) to other hosts."""
@@ -21,6 +23,7 @@ import os
 import runpy
 import socket
 import sys
+import time
 
 import numpy as np
 
@@ -30,11 +33,21 @@ from tarantella.common import core
 outdir, mode = sys.argv[1], sys.argv[2]
 COMMON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common")
 if mode == "kill":
+    # The rank runs in a child; this process, which the launcher watches, ends 3 s after it,
+    # the same way: mpirun stops every rank as soon as one ends badly, and would otherwise
+    # stop the survivors before they can show what they raised.
     with open(os.path.join(outdir, "job"), "w") as f:
         f.write(os.environ["TNT_JOB_ID"])
-    sys.argv = [os.path.join(COMMON, "rank_failures.py"), "kill"]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-    sys.exit(0)
+    child = os.fork()
+    if child == 0:  # exits as any rank does (its SystemExit; Tarantella shuts down at exit)
+        sys.argv = [os.path.join(COMMON, "rank_failures.py"), "kill"]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        sys.exit(0)
+    _, status = os.waitpid(child, 0)
+    time.sleep(3)
+    if os.WIFSIGNALED(status):
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    sys.exit(os.WEXITSTATUS(status))
 os.environ["TNT_TEST_BIG_BYTES"] = sys.argv[3] if len(sys.argv) > 3 else str(3 << 20)
 tnt.init()
 rank = tnt.get_rank()
@@ -47,10 +60,18 @@ def digest(a):
 SIZES = [1, 17, 1000, 3001, 4099, 20_000, 100_003]  # both sides of the 16 KB small-buffer path
 ROUNDS = 4
 alone, fused, failures = {}, {}, []
+one_round = 0  # calls that took the one-round path (their payload in the negotiation)
 for dtype in (np.float32, np.float16):
     xs = [np.random.default_rng([77, rank, i]).standard_normal(n).astype(dtype) for i, n in enumerate(SIZES)]
     for i, x in enumerate(xs):
         alone[f"{np.dtype(dtype).name}-{i}"] = digest(tnt.allreduce(x, name=f"alone-{i}"))
+    before = core.stats()["one_round"]
+    for i, x in enumerate(xs):  # the same names again: cached, so the small ones may go in one round
+        key = f"{np.dtype(dtype).name}-{i}"
+        for _ in range(3):
+            if digest(tnt.allreduce(x, name=f"alone-{i}")) != alone[key]:
+                failures.append(f"{key} (size {SIZES[i]}) called again differs from its first result")
+    one_round += core.stats()["one_round"] - before
     for r in range(ROUNDS):  # submitted at once: fused in groups that differ from round to round
         handles = [tnt.allreduce_async(x, name=f"fused-{r}-{i}") for i, x in enumerate(xs)]
         for i, h in enumerate(handles):
@@ -62,7 +83,7 @@ for dtype in (np.float32, np.float16):
 with open(os.path.join(outdir, f"host{rank}.json"), "w") as f:
     json.dump({"rank": rank, "host": socket.gethostname(), "local_rank": tnt.get_local_rank(),
                "transport": core.ffi().string(core.lib().tnt_transport_name()).decode(),
-               "alone": alone, "failures": failures}, f)
+               "alone": alone, "failures": failures, "one_round": one_round}, f)
 
 sys.argv = [os.path.join(COMMON, "rank_collectives.py"), outdir]
 runpy.run_path(sys.argv[0], run_name="__main__")

@@ -1,17 +1,23 @@
 """The gpi2 transport across hosts, on the test bed: `tntrun --transport gpi2 -H ...` runs on
 hostA and starts the ranks through GPI-2's gaspi_run, which reaches hostB through the ssh
 stand-in, as on a cluster. Every collective x dtype x awkward size, bitwise identical on every
-rank and to shm on one host. Skips where GPI-2 is not installed (GPI2_HOME, or /work/gpi2:
+rank and to shm on one host; and a host cut off from the others (its link taken down) named by
+its silence on the other host within seconds. Skips where GPI-2 is not installed (GPI2_HOME, or /work/gpi2:
 GPI-2 is GPL-3.0 and packaged nowhere) or the test bed cannot be made (not root)."""
 import json
 import os
+import secrets
+import select
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 from multihost_helpers import job_env, nothing_left
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 COMMON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common")
 sys.path.insert(0, COMMON)
@@ -58,3 +64,51 @@ def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hos
     differing = [k for k in first if other.get(k) != first[k]]
     assert not differing, f"gpi2 across hosts and shm differ on {differing[:5]}"
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
+
+def next_json(proc, timeout):
+    """The next JSON line of `proc`'s stdout within `timeout` seconds (None: none came)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, end - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stdout.readline()
+        if not line:
+            return None
+        if line.startswith("{"):
+            return json.loads(line)
+    return None
+
+
+def test_host_cut_off_is_named_by_its_silence(multihost, tmp_path):
+    # the ranks are started on their hosts directly, with the GASPI_* placement gaspi_run
+    # would give them, so that each one's own error can be read; once both run, hostB's
+    # link goes down: its TCP connections stay open (no error from GPI-2), its pid is alive
+    # (one pid namespace), only its silence tells: 10 missed heartbeats of 0.2 s
+    machines = tmp_path / "machines"
+    machines.write_text("hostA\nhostB\n")
+    job, procs = secrets.token_hex(16), []
+    for rank, host in enumerate(("hostA", "hostB")):
+        env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TRANSPORT="gpi2", TNT_RANK=str(rank),
+                            TNT_SIZE="2", TNT_LOCAL_RANK="0", TNT_LOCAL_SIZE="1", TNT_JOB_ID=job,
+                            GASPI_RANK=str(rank), GASPI_NRANKS="2", GASPI_SOCKET="0", GASPI_MFILE=str(machines),
+                            TNT_GPI2_HEARTBEAT_S="0.2", TNT_TIMEOUT_S="60")
+        procs.append(multihost.popen(host, [sys.executable, os.path.join(HERE, "rank_cut.py")], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    link = ["ip", "-n", multihost.netns("hostB"), "link", "set", "eth0"]
+    try:
+        for proc in procs:
+            assert next_json(proc, 120) == {"rank": procs.index(proc), "ready": True}, proc.stderr.read()[-3000:]
+        subprocess.run(link + ["down"], check=True)
+        cut = time.monotonic()
+        for rank, proc in enumerate(procs):
+            got = next_json(proc, 30)
+            assert got and got["error"] == "PeerLostError" and got["peer"] == 1 - rank, got
+            assert f"rank {1 - rank} (pid" in got["message"] and "sent nothing" in got["message"], got
+            assert time.monotonic() - cut < 15, got  # far inside TNT_TIMEOUT_S (60 s)
+    finally:
+        subprocess.run(link + ["up"], check=False)  # the test bed is the session's
+        for proc in procs:
+            proc.kill()
+            proc.communicate()

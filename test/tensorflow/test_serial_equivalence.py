@@ -79,7 +79,15 @@ def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
         warnings = re.findall(r"WARNING.*compiled TensorFlow ops cannot be used.*", result.stdout + result.stderr)
         assert len(warnings) == 1 and "building Tarantella's TensorFlow ops with false failed" in warnings[0], \
             result.stdout[-2000:] + result.stderr[-3000:]
-    ranks = _load(tmp_path)
+    assert_same_as_serial(reference, _load(tmp_path), n)
+    if fusion_kb == 0:
+        _assert_each_gradient_reduced_alone(tmp_path, n)
+
+
+def assert_same_as_serial(reference, ranks, n):
+    """The ranks' results (_load) against serial Keras's, within the tolerances above, and
+    bitwise the same on every rank; returns rank 0's logs. Also used across hosts
+    (test/multihost/test_keras_multihost.py)."""
     assert len(ranks) == n
     ref_arrays, ref_logs, _ = reference[0]
     arrays, logs, _ = ranks[0]
@@ -107,8 +115,7 @@ def test_same_as_serial_keras(reference, tmp_path, n, fusion_kb):
             assert np.array_equal(other_arrays[key], value), f"rank {r}: {key} differs"
     for r, (_, _, checks) in enumerate(ranks):  # nested structures through the TF-level collectives
         assert checks["tensor_collectives"] == [], f"rank {r}: {checks['tensor_collectives']}"
-    if fusion_kb == 0:
-        _assert_each_gradient_reduced_alone(tmp_path, n)
+    return logs
 
 
 def _assert_each_gradient_reduced_alone(out, n):

@@ -47,16 +47,12 @@ tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, con
   return tnt_allgather_segments_ring(host_ring, out, count, dtype, lb, deadline);
 }
 
-tnt_result_t tnt_allreduce_hier_small(tnt_ring_t *flat, const int *rank_at, int H, int L, const void *in, void *out,
-                                      int64_t count, tnt_dtype_t dtype, const int64_t *bounds, void *scratch,
-                                      double deadline) {
-  const int N = flat->size;
-  const size_t esz = tnt_dtype_size(dtype), bytes = (size_t)count * esz;
-  size_t lens[N];
-  TNT_CHECK(flat->t->exchange(flat->ts, in, bytes, scratch, bytes, lens, deadline));
-  const uint8_t *all = scratch;
+tnt_result_t tnt_reduce_in_hier_order(tnt_dtype_t dtype, void *out, const void *const *contrib, int64_t count,
+                                      const int *rank_at, int H, int L, const int64_t *bounds) {
+  const int N = H * L;
+  const size_t esz = tnt_dtype_size(dtype);
   uint8_t *dst = out;
-  uint8_t *part = malloc(bytes ? bytes : 1); /* one host's partial sum */
+  uint8_t *part = malloc(count > 0 ? (size_t)count * esz : 1); /* one host's partial sum */
   if (!part) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   for (int s = 0; s < L; s++)
     for (int k = 0; k < H; k++) {
@@ -67,12 +63,24 @@ tnt_result_t tnt_allreduce_hier_small(tnt_ring_t *flat, const int *rank_at, int 
       for (int j = 0; j < H; j++) {
         const int h = (k + j) % H;
         uint8_t *acc = j == 0 ? dst + at : part;
-        memcpy(acc, all + (size_t)rank_at[h * L + s] * bytes + at, (size_t)len * esz);
+        memcpy(acc, (const uint8_t *)contrib[rank_at[h * L + s]] + at, (size_t)len * esz);
         for (int i = 1; i < L; i++)
-          tnt_reduce_sum(dtype, acc, acc, all + (size_t)rank_at[h * L + (s + i) % L] * bytes + at, (size_t)len);
+          tnt_reduce_sum(dtype, acc, acc, (const uint8_t *)contrib[rank_at[h * L + (s + i) % L]] + at, (size_t)len);
         if (j > 0) tnt_reduce_sum(dtype, dst + at, dst + at, part, (size_t)len);
       }
     }
   free(part);
   return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_allreduce_hier_small(tnt_ring_t *flat, const int *rank_at, int H, int L, const void *in, void *out,
+                                      int64_t count, tnt_dtype_t dtype, const int64_t *bounds, void *scratch,
+                                      double deadline) {
+  const int N = flat->size;
+  const size_t bytes = (size_t)count * tnt_dtype_size(dtype);
+  size_t lens[N];
+  TNT_CHECK(flat->t->exchange(flat->ts, in, bytes, scratch, bytes, lens, deadline));
+  const void *contrib[N];
+  for (int q = 0; q < N; q++) contrib[q] = (const uint8_t *)scratch + (size_t)q * bytes;
+  return tnt_reduce_in_hier_order(dtype, out, contrib, count, rank_at, H, L, bounds);
 }

@@ -95,6 +95,10 @@ tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, con
 /* Its small-buffer path: one exchange over the flat ring's transport of the
  * (already scaled) inputs, added in tnt_allreduce_hier's order; rank_at[h * L + i]
  * is the rank at position i of host h; scratch holds N * count elements. */
+/* out = the N contributions (already scaled) added in tnt_allreduce_hier's
+ * order (the one-round path adds the negotiation's payloads this way). */
+tnt_result_t tnt_reduce_in_hier_order(tnt_dtype_t dtype, void *out, const void *const *contrib, int64_t count,
+                                      const int *rank_at, int H, int L, const int64_t *bounds);
 tnt_result_t tnt_allreduce_hier_small(tnt_ring_t *flat, const int *rank_at, int H, int L, const void *in, void *out,
                                       int64_t count, tnt_dtype_t dtype, const int64_t *bounds, void *scratch,
                                       double deadline);

@@ -47,6 +47,7 @@
 
 #include "common.h"
 #include "transport.h"
+#include "process_state.h"
 
 #define SHM_MAGIC 0x544e5431u /* "TNT1" */
 #define CACHE_LINE 64
@@ -130,25 +131,9 @@ static void bump(shm_word_t *w) {
 
 static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
-/* The scheduler state letter of a process ('R', 'S', 'T' stopped, 'Z' zombie...),
- * 'X' when it is gone, '?' when it cannot be read. */
-static char process_state(pid_t pid) {
-  if (pid <= 0) return '?';
-  if (kill(pid, 0) != 0 && errno == ESRCH) return 'X';
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? 'X' : '?';
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return '?';
-  buf[n] = 0;
-  char *paren = strrchr(buf, ')');
-  return paren && paren[1] == ' ' ? paren[2] : '?';
-}
 
 static int process_dead(pid_t pid) {
-  char st = process_state(pid);
+  char st = tnt_process_state(pid);
   return st == 'X' || st == 'Z';
 }
 
@@ -207,7 +192,7 @@ static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what
 static void shm_describe_peer(void *st, int peer, char *out, size_t len) {
   shm_t *s = st;
   pid_t pid = atomic_load(&s->ranks[peer]->pid);
-  char state = process_state(pid);
+  char state = tnt_process_state(pid);
   const char *doing = state == 'T' || state == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
                       : state == 'D'               ? "is blocked in the kernel (disk or network I/O)"
                       : state == 'X' || state == 'Z' ? "has exited"

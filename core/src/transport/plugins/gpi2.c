@@ -67,6 +67,7 @@
 #include <unistd.h>
 
 #include "transport_plugin.h"
+#include "../process_state.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -156,9 +157,13 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define BYE_WAIT_S 2.0
 #define SEGMENT_FIRST 16      /* segment ids of this plugin: SEGMENT_FIRST + generation */
 #define SEGMENT_LAST 250
-#define PORT_LOW 20000        /* the derived port ranges: PORT_LOW + k * PORT_STRIDE */
-#define PORT_STRIDE 1024
-#define PORT_SLOTS 40
+/* The derived port ranges, PORT_LOW + k * PORT_STRIDE, lie below Linux's
+ * ephemeral ports (32768-60999 by default), which any outgoing connection may
+ * take, GPI-2's own included; fixed, not read from this host's settings:
+ * every host of a job must derive the same range. */
+#define PORT_LOW 10240
+#define PORT_STRIDE (3 * MAX_PPN)
+#define PORT_SLOTS 29
 #define MAX_PPN 256           /* GPI-2's ranks per host (its port offsets) */
 #define HELLO_MAGIC 0x544e5447u
 
@@ -313,20 +318,6 @@ static gaspi_notification_t take(gpi2_t *s, gaspi_notification_id_t id) {
 
 /* ---- local peers: the same checks as shm ---- */
 
-static char process_state(pid_t pid) {
-  if (pid <= 0) return '?';
-  if (kill(pid, 0) != 0 && errno == ESRCH) return 'X';
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? 'X' : '?';
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return '?';
-  buf[n] = 0;
-  char *paren = strrchr(buf, ')');
-  return paren && paren[1] == ' ' ? paren[2] : '?';
-}
 
 static void node_id(char *out, size_t len) {
   char boot[64] = "?", ns[64] = "?";
@@ -749,7 +740,7 @@ static tnt_result_t peer_aborted(gpi2_t *s, int r, const char *what) {
 
 static const char *local_doing(const peer_t *p) {
   if (!p->local) return "";
-  char st = process_state(p->pid);
+  char st = tnt_process_state(p->pid);
   return st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
          : st == 'D'               ? "is blocked in the kernel (disk or network I/O)"
          : st == 'X' || st == 'Z'  ? "has exited"
@@ -767,7 +758,7 @@ static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const ch
   peer_t *p = &s->peers[r];
   if (p->state != PEER_ALIVE) return TNT_SUCCESS; /* an aborted or departed rank: check_gone */
   if (pids && p->local) {
-    char st = process_state(p->pid);
+    char st = tnt_process_state(p->pid);
     if (st == 'X' || st == 'Z')
       return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) died while rank %d was %s", r, p->pid, p->host, s->me,
                    what);

@@ -61,6 +61,7 @@
 #include <unistd.h>
 
 #include "transport_plugin.h"
+#include "../process_state.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -242,20 +243,6 @@ static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - t
 
 /* ---- local peers: the same checks as shm ---- */
 
-static char process_state(pid_t pid) {
-  if (pid <= 0) return '?';
-  if (kill(pid, 0) != 0 && errno == ESRCH) return 'X';
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? 'X' : '?';
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return '?';
-  buf[n] = 0;
-  char *paren = strrchr(buf, ')');
-  return paren && paren[1] == ' ' ? paren[2] : '?';
-}
 
 /* The kernel (boot id) and pid namespace of this process: ranks that share
  * them can see each other's pids. */
@@ -523,7 +510,7 @@ static tnt_result_t peer_aborted(mpi_t *s, int r, const char *what) {
 /* What a local peer's process is doing ("" for a remote one: we cannot tell). */
 static const char *local_doing(const peer_t *p) {
   if (!p->local) return "";
-  char st = process_state(p->pid);
+  char st = tnt_process_state(p->pid);
   return st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
          : st == 'D'               ? "is blocked in the kernel (disk or network I/O)"
          : st == 'X' || st == 'Z'  ? "has exited"
@@ -543,7 +530,7 @@ static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const cha
   peer_t *p = &s->peers[r];
   if (p->state != PEER_ALIVE) return TNT_SUCCESS;
   if (pids && p->local) {
-    char st = process_state(p->pid);
+    char st = tnt_process_state(p->pid);
     if (st == 'X' || st == 'Z')
       return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) died while rank %d was %s", r, p->pid, p->host, s->me,
                    what);

@@ -1,0 +1,35 @@
+/* process_state.h - what a local peer's process is doing, from /proc.
+ *
+ * Header-only (static inline) because it is compiled into the core (shm.c) and
+ * into the run-time transport plugins (plugins/mpi.c, plugins/gpi2.c), which
+ * cannot link against the core: tarantella/common/plugins.py ships it with
+ * their sources and includes it in their build digest. */
+#ifndef TNT_PROCESS_STATE_H
+#define TNT_PROCESS_STATE_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* The scheduler state letter of a process ('R', 'S', 'T' stopped, 'Z' zombie...),
+ * 'X' when it is gone, '?' when it cannot be read. */
+static inline char tnt_process_state(pid_t pid) {
+  if (pid <= 0) return '?';
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 'X';
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 'X' : '?';
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return '?';
+  buf[n] = 0;
+  char *paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  return paren && paren[1] == ' ' ? paren[2] : '?';
+}
+
+#endif

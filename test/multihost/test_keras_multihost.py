@@ -1,0 +1,45 @@
+"""Keras serial equivalence across hosts: test/tensorflow/scenarios.py (every training
+scenario of test_serial_equivalence.py) on 2 hosts x 2 ranks of the test bed, through
+tntrun -H with TNT_TRANSPORT=auto (shm within each host, mpi between them, the hierarchical
+allreduce), ends where serial Keras ends, with bitwise the same results on every rank. One
+launch: TensorFlow takes seconds per process to start."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TF_TESTS = os.path.join(HERE, "..", "tensorflow")
+sys.path.insert(0, TF_TESTS)
+
+pytest.importorskip("tensorflow", reason="needs TensorFlow (the Keras frontend)")
+
+import test_serial_equivalence as serial  # noqa: E402
+from multihost_helpers import nothing_left  # noqa: E402
+from tf_helpers import clean_env, run_serial  # noqa: E402
+
+
+def _openmpi():
+    mpirun = shutil.which("mpirun")
+    if not (mpirun and shutil.which("mpicc")):
+        return False
+    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True)
+    return "Open MPI" in out.stdout + out.stderr
+
+
+@pytest.mark.skipif(not _openmpi(), reason="needs Open MPI (mpirun, mpicc): the transport between hosts is mpi")
+def test_keras_across_two_hosts_of_two_ranks_is_serial_keras(multihost, tmp_path_factory):
+    ref = tmp_path_factory.mktemp("reference")
+    run_serial("scenarios.py", "--out", ref, "--reference")
+    out = tmp_path_factory.mktemp("multihost")
+    env = clean_env(TNT_LOG_LEVEL="INFO")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    res = multihost.run("hostA", ["tntrun", "-H", "hostA:2,hostB:2", "--no-gpu", "--", sys.executable,
+                                  os.path.join(TF_TESTS, "scenarios.py"), "--out", str(out)],
+                        env=multihost.env(base=env), cwd=str(out), timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    assert "allreduce: hierarchical, 2 hosts x 2 ranks" in res.stderr, res.stderr[-3000:]
+    serial.assert_same_as_serial(serial._load(str(ref)), serial._load(str(out)), 4)
+    assert nothing_left(multihost, multihost.hosts)
