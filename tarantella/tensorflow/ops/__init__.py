@@ -10,7 +10,7 @@ collectives inside a `tf.function`:
 
 `get()` answers None for the numpy_function path. Both paths submit the same
 gradient requests (same names, sizes, prescale) to the same core, so they give
-bitwise the same results for the gradients; the TF-level collectives send
+bitwise the same gradients (bench/grad_op.py checks it); the TF-level collectives send
 one request per leaf here, one per dtype on the numpy_function path.
 """
 import ctypes
@@ -42,11 +42,13 @@ class CompiledOps:
 
     def start(self, kind, tensors, names, scale=1.0, op="sum", root=0):
         """A token for `kind` requests of `tensors`, one per tensor, in flight."""
-        if op not in ("sum", "average"):
+        from tarantella.common import codes
+
+        if op not in codes.OPS:
             raise errors.InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
         return self._module.tnt_collective_start(
             list(tensors), tf.cast(scale, tf.float64), kind=kind, names=list(names),
-            reduce_op={"sum": 0, "average": 1}[op], root=int(root))
+            reduce_op=int(codes.OPS[op]), root=int(root))
 
     def wait(self, tokens, tensors, gathered=False, block=False):
         """The results of the requests of `tokens` (one wait for all): tensors
