@@ -140,7 +140,9 @@ static struct {
 
 enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
 enum { Q_DATA = 0, Q_CTRL = 1 };
-enum { ID_EXCH = 2, ID_BELL = 3, ID_BEAT = 4, ID_CTRL = 5, ID_RANGES = 6 }; /* id = range * n + source */
+/* Notification ids: id = range * n + source. Ranges 0 .. TNT_NOTIFY_KINDS-1 are
+ * the core's counter kinds (DATA and CREDIT of each channel), the rest ours. */
+enum { ID_EXCH = TNT_NOTIFY_KINDS, ID_BELL, ID_BEAT, ID_CTRL, ID_RANGES };
 enum { CTRL_BYE = 1, CTRL_ABORT = 2 }; /* bits: a goodbye after an abort must not overwrite it */
 enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 
