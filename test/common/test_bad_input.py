@@ -92,10 +92,12 @@ def test_bad_placement():
     raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID is unset", "tntrun"], TNT_RANK=0, TNT_SIZE=2)
 
 
-def test_transport_not_available_yet():
-    # (mpi is available where an MPI is: test_mpi_transport.py)
-    raises("tnt.init()", "InvalidArgumentError", ["transport gpi2 is not available"],
-           TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID="x", TNT_TRANSPORT="gpi2")
+def test_unknown_transport_is_refused_naming_the_choices():
+    # (mpi and gpi2 are available where their engines are: test_mpi_transport.py,
+    # test_gpi2_transport.py)
+    raises("tnt.init()", "InvalidArgumentError", ["TNT_TRANSPORT must be one of auto, shm, mpi, gpi2",
+                                                  "TNT_TRANSPORT=nccl"],
+           TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID="x", TNT_TRANSPORT="nccl")
 
 
 def test_plain_python_is_rank_0_of_1():
