@@ -32,4 +32,13 @@ static inline char tnt_process_state(pid_t pid) {
   return paren && paren[1] == ' ' ? paren[2] : '?';
 }
 
+/* What a peer process in `state` (tnt_process_state) is doing, for errors that
+ * name a rank that did not answer. */
+static inline const char *tnt_process_doing(char state) {
+  return state == 'T' || state == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
+         : state == 'D'               ? "is blocked in the kernel (disk or network I/O)"
+         : state == 'X' || state == 'Z' ? "has exited"
+                                      : "is alive but did not answer: it may be hung or busy outside Tarantella";
+}
+
 #endif

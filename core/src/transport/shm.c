@@ -192,12 +192,7 @@ static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what
 static void shm_describe_peer(void *st, int peer, char *out, size_t len) {
   shm_t *s = st;
   pid_t pid = atomic_load(&s->ranks[peer]->pid);
-  char state = tnt_process_state(pid);
-  const char *doing = state == 'T' || state == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
-                      : state == 'D'               ? "is blocked in the kernel (disk or network I/O)"
-                      : state == 'X' || state == 'Z' ? "has exited"
-                                                   : "is alive but did not answer: it may be hung or busy outside Tarantella";
-  snprintf(out, len, "rank %d (pid %d) %s", G(s, peer), (int)pid, doing);
+  snprintf(out, len, "rank %d (pid %d) %s", G(s, peer), (int)pid, tnt_process_doing(tnt_process_state(pid)));
 }
 
 /* The error of a wait that reached its deadline, naming the awaited rank and

@@ -68,6 +68,7 @@
 
 #include "transport_plugin.h"
 #include "../process_state.h"
+#include "plugin_util.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -150,9 +151,6 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define EXCH_SLOT (16 + TNT_EXCHANGE_MAX) /* header (round, length) + message */
 #define SILENT_BEATS 10
 #define PID_CHECK_S 0.1
-#define SLEEP_MIN_S 10e-6
-#define SLEEP_MAX_S 1e-3
-#define SLEEP_FLAT_S 2e-3
 #define BELL_POLL_S 1e-3
 #define YIELD_POLLS 20
 #define CALL_TIMEOUT_MS 100ul /* a posting call's wait for GPI-2's queue lock */
@@ -277,20 +275,6 @@ static const char *gerr(gaspi_return_t rc) {
   return buf;
 }
 
-static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
-  return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
-}
-
-static struct timespec timespec_of(double seconds) {
-  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-  return ts;
-}
-
-static void sleep_s(double seconds) {
-  struct timespec ts = timespec_of(seconds);
-  nanosleep(&ts, NULL);
-}
-
 static void bump_bell(gpi2_t *s) {
   atomic_fetch_add(&s->bell, 1);
   if (atomic_load(&s->bell_waiters)) futex(&s->bell, FUTEX_WAKE, INT_MAX, NULL);
@@ -320,21 +304,6 @@ static gaspi_notification_t take(gpi2_t *s, gaspi_notification_id_t id) {
 
 /* ---- local peers: the same checks as shm ---- */
 
-
-static void node_id(char *out, size_t len) {
-  char boot[64] = "?", ns[64] = "?";
-  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    ssize_t n = read(fd, boot, sizeof boot - 1);
-    boot[n > 0 ? n : 0] = 0;
-    close(fd);
-    char *nl = strchr(boot, '\n');
-    if (nl) *nl = 0;
-  }
-  ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-  ns[n > 0 ? n : 0] = 0;
-  snprintf(out, len, "%s/%s", boot, ns);
-}
 
 /* ---- GPI-2's library ---- */
 
@@ -742,11 +711,7 @@ static tnt_result_t peer_aborted(gpi2_t *s, int r, const char *what) {
 
 static const char *local_doing(const peer_t *p) {
   if (!p->local) return "";
-  char st = tnt_process_state(p->pid);
-  return st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
-         : st == 'D'               ? "is blocked in the kernel (disk or network I/O)"
-         : st == 'X' || st == 'Z'  ? "has exited"
-                                   : "is alive but did not answer: it may be hung or busy outside Tarantella";
+  return tnt_process_doing(tnt_process_state(p->pid));
 }
 
 static void describe(gpi2_t *s, int r, char *out, size_t len) {
@@ -815,28 +780,6 @@ static tnt_result_t check_all(gpi2_t *s, const uint8_t *awaited, int pids, const
 
 typedef int (*ready_fn)(gpi2_t *s, void *arg); /* mu held */
 
-typedef struct {
-  int idle;
-  double start, sleep;
-} backoff_t;
-
-/* Spin (with a core to spare), yield (with a core per local rank), then sleep
- * SLEEP_MIN_S at a time for SLEEP_FLAT_S, then twice as long up to SLEEP_MAX_S:
- * mpi.c's measured schedule. */
-static void backoff_pause(gpi2_t *s, backoff_t *b, double now) {
-  if (b->idle++ == 0) {
-    b->start = now;
-    b->sleep = SLEEP_MIN_S;
-  }
-  if (now < b->start + s->spin_s) return;
-  if (b->idle <= s->yield_polls) {
-    sched_yield();
-    return;
-  }
-  sleep_s(b->sleep);
-  if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
-}
-
 /* Poll until ready(), a failure, or `deadline` (TNT_ERR_TIMEOUT, no message).
  * `from`: the rank that must act (-1: any), checked in full. */
 static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, double deadline, const char *what) {
@@ -863,7 +806,7 @@ static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, d
     if (ok) return TNT_SUCCESS;
     if (res != TNT_SUCCESS) return res;
     if (now >= deadline) return TNT_ERR_TIMEOUT;
-    backoff_pause(s, &b, now);
+    backoff_pause(&b, s->spin_s, s->yield_polls, now);
   }
 }
 

@@ -62,6 +62,7 @@
 
 #include "transport_plugin.h"
 #include "../process_state.h"
+#include "plugin_util.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -73,17 +74,8 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define REASON_MAX 512
 #define SILENT_BEATS 10     /* heartbeats a peer may miss before it is lost */
 #define PID_CHECK_S 0.1     /* how often a waiter checks local peers' pids */
-#ifndef SLEEP_MIN_S
-#define SLEEP_MIN_S 10e-6   /* first idle sleep of a wait */
-#endif
-#ifndef SLEEP_MAX_S
-#define SLEEP_MAX_S 1e-3    /* longest idle sleep of a wait */
-#endif
 #ifndef BELL_POLL_S
 #define BELL_POLL_S 1e-3    /* longest sleep of the idle doorbell between polls of MPI */
-#endif
-#ifndef SLEEP_FLAT_S
-#define SLEEP_FLAT_S 2e-3   /* a wait polls at the shortest sleep this long before it backs off */
 #endif
 #ifndef YIELD_POLLS
 #define YIELD_POLLS 20      /* with a core per local rank: polls that yield before a wait sleeps */
@@ -220,20 +212,6 @@ static void sticky(mpi_t *s, tnt_result_t code, int peer, const char *fmt, ...) 
   s->err_peer = peer;
 }
 
-static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
-  return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
-}
-
-static struct timespec timespec_of(double seconds) {
-  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-  return ts;
-}
-
-static void sleep_s(double seconds) {
-  struct timespec ts = timespec_of(seconds);
-  nanosleep(&ts, NULL);
-}
-
 static void bump_bell(mpi_t *s) {
   atomic_fetch_add(&s->bell, 1);
   if (atomic_load(&s->bell_waiters)) futex(&s->bell, FUTEX_WAKE, INT_MAX, NULL);
@@ -243,23 +221,6 @@ static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - t
 
 /* ---- local peers: the same checks as shm ---- */
 
-
-/* The kernel (boot id) and pid namespace of this process: ranks that share
- * them can see each other's pids. */
-static void node_id(char *out, size_t len) {
-  char boot[64] = "?", ns[64] = "?";
-  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    ssize_t n = read(fd, boot, sizeof boot - 1);
-    boot[n > 0 ? n : 0] = 0;
-    close(fd);
-    char *nl = strchr(boot, '\n');
-    if (nl) *nl = 0;
-  }
-  ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-  ns[n > 0 ? n : 0] = 0;
-  snprintf(out, len, "%s/%s", boot, ns);
-}
 
 /* ---- control messages ---- */
 
@@ -510,11 +471,7 @@ static tnt_result_t peer_aborted(mpi_t *s, int r, const char *what) {
 /* What a local peer's process is doing ("" for a remote one: we cannot tell). */
 static const char *local_doing(const peer_t *p) {
   if (!p->local) return "";
-  char st = tnt_process_state(p->pid);
-  return st == 'T' || st == 't' ? "is stopped (SIGSTOP or a debugger): resume it with SIGCONT or kill it"
-         : st == 'D'               ? "is blocked in the kernel (disk or network I/O)"
-         : st == 'X' || st == 'Z'  ? "has exited"
-                                   : "is alive but did not answer: it may be hung or busy outside Tarantella";
+  return tnt_process_doing(tnt_process_state(p->pid));
 }
 
 static void describe(mpi_t *s, int r, char *out, size_t len) {
@@ -583,28 +540,6 @@ static tnt_result_t check_all(mpi_t *s, const uint8_t *awaited, int pids, const 
 
 typedef int (*ready_fn)(mpi_t *s, void *arg); /* mu held, after progress */
 
-typedef struct {
-  int idle;
-  double start, sleep;
-} backoff_t;
-
-/* Spin (only with a core to spare), then sleep SLEEP_MIN_S at a time for
- * SLEEP_FLAT_S (what a peer in the same collective usually takes), then twice
- * as long each time up to SLEEP_MAX_S. */
-static void backoff_pause(mpi_t *s, backoff_t *b, double now) {
-  if (b->idle++ == 0) {
-    b->start = now;
-    b->sleep = SLEEP_MIN_S;
-  }
-  if (now < b->start + s->spin_s) return; /* poll again at once */
-  if (b->idle <= s->yield_polls) { /* a peer in the same collective is usually microseconds away */
-    sched_yield();
-    return;
-  }
-  sleep_s(b->sleep);
-  if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
-}
-
 /* Poll until ready(), a failure, or `deadline` (then TNT_ERR_TIMEOUT, with no
  * message: the caller names what it waited for). `from` is the rank that must
  * act (-1: any rank): it is checked in full, the others for aborts. */
@@ -632,7 +567,7 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
     if (ok) return TNT_SUCCESS;
     if (res != TNT_SUCCESS) return res;
     if (now >= deadline) return TNT_ERR_TIMEOUT;
-    backoff_pause(s, &b, now);
+    backoff_pause(&b, s->spin_s, s->yield_polls, now);
   }
 }
 

@@ -1,0 +1,81 @@
+/* plugin_util.h - what every run-time transport plugin needs and cannot take
+ * from the core it does not link against: futex, sleeps, the identity of this
+ * node, and the backoff of a polled wait.
+ *
+ * Header-only (static inline), shared by plugins/mpi.c and plugins/gpi2.c;
+ * tarantella/common/plugins.py ships it with their sources and includes it in
+ * their build digest. */
+#ifndef TNT_PLUGIN_UTIL_H
+#define TNT_PLUGIN_UTIL_H
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SLEEP_MIN_S 10e-6  /* first idle sleep of a wait */
+#define SLEEP_MAX_S 1e-3   /* longest idle sleep of a wait */
+#define SLEEP_FLAT_S 2e-3  /* a wait polls at the shortest sleep this long before it backs off */
+
+static inline long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
+  return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+static inline struct timespec timespec_of(double seconds) {
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  return ts;
+}
+
+static inline void sleep_s(double seconds) {
+  struct timespec ts = timespec_of(seconds);
+  nanosleep(&ts, NULL);
+}
+
+/* The kernel (boot id) and pid namespace of this process: ranks that share
+ * them can see each other's pids. */
+static inline void node_id(char *out, size_t len) {
+  char boot[64] = "?", ns[64] = "?";
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t n = read(fd, boot, sizeof boot - 1);
+    boot[n > 0 ? n : 0] = 0;
+    close(fd);
+    char *nl = strchr(boot, '\n');
+    if (nl) *nl = 0;
+  }
+  ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  ns[n > 0 ? n : 0] = 0;
+  snprintf(out, len, "%s/%s", boot, ns);
+}
+
+/* One polled wait's idle state (zero it before the wait). */
+typedef struct {
+  int idle;
+  double start, sleep;
+} backoff_t;
+
+/* Spin for spin_s (only set with a core to spare), yield for yield_polls polls
+ * (a peer in the same collective is usually microseconds away), then sleep
+ * SLEEP_MIN_S at a time for SLEEP_FLAT_S, then twice as long each time up to
+ * SLEEP_MAX_S. */
+static inline void backoff_pause(backoff_t *b, double spin_s, int yield_polls, double now) {
+  if (b->idle++ == 0) {
+    b->start = now;
+    b->sleep = SLEEP_MIN_S;
+  }
+  if (now < b->start + spin_s) return; /* poll again at once */
+  if (b->idle <= yield_polls) {
+    sched_yield();
+    return;
+  }
+  sleep_s(b->sleep);
+  if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
+}
+
+#endif
