@@ -5,7 +5,8 @@ with MPI_Allreduce (mpi4py) as the reference. Not a test: a table to read.
     python bench/transports.py --transports shm,gpi2 --rounds 5 --markdown t.md
 
 Each round runs every transport once (bench/allreduce.py's worker: best of three
-batches, float32 sum) and the table keeps each one's best round, so that a
+batches of the plain call `tnt.allreduce(x)`, float32 sum) and the table keeps
+each one's best round, so that a
 busy moment of a shared machine hurts every column alike. gpi2 needs GPI-2
 (GPI2_HOME); mpi and MPI_Allreduce need mpirun (and mpi4py for the latter).
 """
@@ -31,14 +32,17 @@ def main():
     names = [t for t in a.transports.split(",") if t]
     if "mpi" in names and not shutil.which("mpirun"):
         names.remove("mpi")
-    columns = names + (["MPI_Allreduce"] if allreduce.mpi_available() else [])
+    # (column, label, command prefix, env, variant): bench/allreduce.py's jobs, one per transport
+    jobs = [(c, *allreduce.jobs_for(a.ranks, c, None, [])[0], "plain") for c in names]
+    jobs += [("MPI_Allreduce", *job, "mpi")  # Open MPI through mpi4py, when both are here
+             for job in allreduce.jobs_for(a.ranks, "shm", None, allreduce.find_peers([]))[1:]]
+    columns = [c for c, *_ in jobs]
     best = {c: [float("inf")] * len(sizes) for c in columns}
     for _ in range(a.rounds):
-        for c in columns:
-            res = allreduce.launch("mpi", a.ranks, sizes) if c == "MPI_Allreduce" else \
-                allreduce.launch("tnt", a.ranks, sizes, c)
+        for c, label, cmd, env, variant in jobs:
+            res = allreduce.launch(label, cmd, env, sizes, ["plain"])
             for i, r in enumerate(res or []):
-                best[c][i] = min(best[c][i], r["seconds"])
+                best[c][i] = min(best[c][i], r["seconds"][variant])
     lines = [f"{a.ranks} ranks, float32 sum, best of {a.rounds} interleaved rounds", "",
              "| size | " + " | ".join(columns) + " | " + " | ".join(f"{c}/shm" for c in columns if c != "shm") + " |",
              "| ---: |" + " ---: |" * (2 * len(columns) - ("shm" in columns))]
