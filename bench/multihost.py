@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,9 @@ import numpy as np
 HERE = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "test", "multihost"))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from allreduce import human, parse_bytes  # noqa: E402  (bench/allreduce.py's, the same units)
 
 MPI_BENCH = r"""
 #include <mpi.h>
@@ -64,11 +66,6 @@ int main(int argc, char **argv) {
   return 0;
 }
 """
-
-
-def parse_bytes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
 
 
 def sizes_between(lo, hi):
@@ -150,13 +147,6 @@ def best_of(old, new):
     if not old or not new:
         return new or old
     return [a if a["seconds"] <= b["seconds"] else b for a, b in zip(old, new)]
-
-
-def human(nbytes):
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
 
 
 def cell(results, i, n):
