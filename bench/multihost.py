@@ -111,10 +111,13 @@ def result_of(res, label):
     return None
 
 
-def run_tnt(bed, env, hosts, sizes, *exports):
-    cmd = ["tntrun", "-H", hosts, "--no-gpu", *[a for e in exports for a in ("-x", e)], "--", HERE, "--worker",
-           "--sizes", ",".join(map(str, sizes))]
-    return result_of(bed.run("hostA", cmd, env=env, timeout=1800), f"tarantella {hosts} {exports}")
+def run_tnt(bed, env, hosts, sizes, *exports, tree=None):
+    """Tarantella on `hosts`; `tree`: the source tree (built in place) of another Tarantella."""
+    cmd = [sys.executable, "-m", "tarantella.runner", "-H", hosts, "--no-gpu",
+           *[a for e in exports for a in ("-x", e)], "--", HERE, "--worker", "--sizes", ",".join(map(str, sizes))]
+    if tree:
+        env = dict(env, PYTHONPATH=os.path.abspath(tree))
+    return result_of(bed.run("hostA", cmd, env=env, timeout=1800), f"tarantella {hosts} {exports} {tree or ''}")
 
 
 def run_mpi(bed, env, hosts, exe, sizes):
@@ -158,16 +161,23 @@ def cell(results, i, n):
 
 
 def table(sizes, cols, link):
-    head = ["size", "hier 2x2", "flat 2x2", "MPI 2x2", "flat/hier", "MPI/hier", "tnt 2x1", "MPI 2x1", "MPI/tnt 2x1"]
+    head = ["size", "hier 2x2", "flat 2x2", "MPI 2x2", "flat/hier", "MPI/hier", "tnt 2x1", "MPI 2x1", "MPI/tnt 2x1",
+            "tnt 2x1 / link"]
+    base = [k for k in ("hier@base", "tnt2@base") if cols.get(k)]
+    head += [f"{k} / {k.split('@')[0]}" for k in base]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, nbytes in enumerate(sizes):
         (h, th), (f, tf), (m, tm) = (cell(cols[k], i, 4) for k in ("hier", "flat", "mpi4"))
         (t2, tt2), (m2, tm2) = (cell(cols[k], i, 2) for k in ("tnt2", "mpi2"))
         ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa: E731
+        of_link = f"{nbytes / tt2 / link:.2f}" if tt2 else "-"  # 2 ranks: bus bandwidth = bytes / time
+        extra = [ratio(cell(cols[k], i, 4 if k.startswith("hier") else 2)[1],
+                       cell(cols[k.split("@")[0]], i, 4 if k.startswith("hier") else 2)[1]) for k in base]
         lines.append(f"| {human(nbytes)} | {h} | {f} | {m} | {ratio(tf, th)} | {ratio(tm, th)} | {t2} | {m2} | "
-                     f"{ratio(tm2, tt2)} |")
+                     f"{ratio(tm2, tt2)} | {of_link} |" + "".join(f" {e} |" for e in extra))
     lines.append(f"\nLink bound (one TCP stream hostA -> hostB): {link / 1e9:.2f} GB/s. Ratios above 1 mean "
-                 "Tarantella's hierarchical allreduce (or Tarantella on 2x1) is faster.")
+                 "Tarantella's hierarchical allreduce (or Tarantella on 2x1) is faster"
+                 + (" (x@base / x: this tree is that much faster than the baseline's)." if base else "."))
     return "\n".join(lines)
 
 
@@ -177,8 +187,13 @@ def main():
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--markdown", help="also write the table to this file")
     p.add_argument("--only", default="hier,flat,mpi4,tnt2,mpi2",
-                   help="columns to measure (default: all): hier, flat, mpi4, tnt2, mpi2")
+                   help="columns to measure (default: all): hier, flat, mpi4, tnt2, mpi2 (and, with --baseline, "
+                   "hier@base, tnt2@base)")
+    p.add_argument("--baseline", metavar="DIR", help="also run the Tarantella of this source tree (built in place: "
+                   "python setup.py build_ext --inplace) in the same rounds, as columns hier@base and tnt2@base")
     p.add_argument("--repeat", type=int, default=1, help="rounds of all columns; the best time of each is kept")
+    p.add_argument("--tnt-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting for every Tarantella column (repeatable), e.g. TNT_SHM_SLOT_KB=1024")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -204,12 +219,17 @@ def main():
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env = bed.env(base=env, OMP_NUM_THREADS="1")
         link = tcp_stream(bed, env)
-        runs = {"hier": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes),
-                "flat": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, "TNT_HIERARCHICAL=0"),
+        x = args.tnt_env
+        runs = {"hier": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, *x),
+                "flat": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, "TNT_HIERARCHICAL=0", *x),
                 "mpi4": lambda: run_mpi(bed, env, "hostA:2,hostB:2", exe, sizes),
-                "tnt2": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes),
-                "mpi2": lambda: run_mpi(bed, env, "hostA:1,hostB:1", exe, sizes)}
+                "tnt2": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes, *x),
+                "mpi2": lambda: run_mpi(bed, env, "hostA:1,hostB:1", exe, sizes),
+                "hier@base": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, *x, tree=args.baseline),
+                "tnt2@base": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes, *x, tree=args.baseline)}
         only = args.only.split(",")
+        if args.baseline and "--only" not in sys.argv:
+            only += ["hier@base", "tnt2@base"]
         cols = {k: None for k in runs}
         for _ in range(args.repeat):  # rounds of every column in turn: a busy machine hits them alike
             for k in only:

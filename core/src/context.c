@@ -324,21 +324,6 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
   }
   tnt_handle_slot_t *h = tnt_requests_get(&c->requests, handle);
   if (!h) return bad_handle(handle);
-  if (!h->done && c->spin_s > 0) {
-    /* small collectives complete within microseconds: spin on the completion
-     * counter briefly to save the condition variable's sleep and wake-up */
-    double spin_until = tnt_now() + c->spin_s;
-    while (h && !h->done && tnt_now() < spin_until) {
-      uint64_t seen = atomic_load(&c->requests.completions);
-      pthread_mutex_unlock(&c->requests.mu);
-      for (int i = 0; i < 4096 && atomic_load(&c->requests.completions) == seen; i++) {
-        tnt_cpu_relax();
-        if ((i & 63) == 63 && tnt_now() > spin_until) break;
-      }
-      pthread_mutex_lock(&c->requests.mu);
-      h = tnt_requests_get(&c->requests, handle);
-    }
-  }
   /* Drive the engine ourselves while nobody else does: a blocking collective
    * then needs no hand-off to the background thread and no wake-up back. A
    * cycle still waiting for other ranks at our deadline is left to the
@@ -361,6 +346,23 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
   /* a request submitted without waking the background thread (tnt_allreduce)
    * is its business from here on */
   if (h && !h->done && c->transport) c->transport->wake_local(c->ts);
+  if (h && !h->done && c->spin_s > 0) {
+    /* another thread drives (or was just woken to): small collectives complete
+     * within microseconds, so spin on the completion counter briefly to save
+     * the condition variable's sleep and wake-up. Only here, after driving:
+     * a caller that drives its own collective has nobody to wait for. */
+    double spin_until = tnt_now() + c->spin_s;
+    while (h && !h->done && tnt_now() < spin_until) {
+      uint64_t seen = atomic_load(&c->requests.completions);
+      pthread_mutex_unlock(&c->requests.mu);
+      for (int i = 0; i < 4096 && atomic_load(&c->requests.completions) == seen; i++) {
+        tnt_cpu_relax();
+        if ((i & 63) == 63 && tnt_now() > spin_until) break;
+      }
+      pthread_mutex_lock(&c->requests.mu);
+      h = tnt_requests_get(&c->requests, handle);
+    }
+  }
   while (h && !h->done) {
     int err = bounded ? pthread_cond_timedwait(&c->requests.done_cond, &c->requests.mu, &until) : pthread_cond_wait(&c->requests.done_cond, &c->requests.mu);
     h = tnt_requests_get(&c->requests, handle); /* the table may have been reallocated, the handle released */

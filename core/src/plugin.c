@@ -97,7 +97,8 @@ static tnt_result_t check_plugin(const char *name, const char *path, const tnt_p
     return tnt_fail(TNT_ERR_INVALID_USAGE, "%s is the plugin of transport '%s', not of '%s': check TNT_%s_PLUGIN",
                     path, p->name ? p->name : "(unnamed)", name, name);
   const tnt_transport_t *t = p->transport;
-  if (!t || !t->name || strcmp(t->name, name) || !t->can_serve || !t->init || !t->put || !t->window || !t->notify ||
+  if (!t || !t->name || strcmp(t->name, name) || !t->can_serve || !t->init || !t->put || !t->fence ||
+      !t->send_buffer || !t->window || !t->notify ||
       !t->wait || !t->exchange || !t->exchange_post || !t->exchange_collect || !t->ring_doorbell ||
       !t->cycle_wanted || !t->wait_doorbell || !t->check_peers || !t->describe_peer || !t->wake_local ||
       !t->abort || !t->finalize)

@@ -1,8 +1,11 @@
 /* transport.h - the one interface between the collective algorithms and whatever
  * carries the bytes (docs/transport.md explains it).
  *
- * Model: every rank exposes a receive *window* of window_bytes. A rank `put`s a
- * block into a peer's window at an offset, then `notify`s the peer, which
+ * Model (interface version 2): every rank exposes a receive *window* of
+ * window_bytes. A rank `put`s a block into a peer's window at an offset
+ * (asynchronously: `fence` says when the source may be reused, and
+ * `send_buffer` lends the transport's registered memory to write a piece
+ * into), then `notify`s the peer, which
  * increments one of the peer's counters (kind, source rank); the peer `wait`s
  * until that counter reaches a target value. Counters only grow, so a wait never
  * misses a notification. This is GPI-2's write + notify + waitsome one to one,
@@ -39,8 +42,21 @@ struct tnt_transport {
   /* 1 if this transport can serve the placement (e.g. shm: every rank on this host). */
   int (*can_serve)(const tnt_placement_t *pl);
   tnt_result_t (*init)(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state);
-  /* Copy len bytes from src into `peer`'s window at `offset`. */
+  /* Start copying len bytes from src into `peer`'s window at `offset`. Asynchronous:
+   * src must stay unchanged until the next fence(peer) (shm copies at once; mpi
+   * sends from src; gpi2 writes from its registered segment). A src returned by
+   * send_buffer(peer, offset, len) costs no copy. */
   tnt_result_t (*put)(void *state, int peer, size_t offset, const void *src, size_t len);
+  /* Local completion: every put to `peer` so far has left its source, which the
+   * caller may now change. Ordering with the peer is notify's job, not this. */
+  tnt_result_t (*fence)(void *state, int peer, double deadline);
+  /* Memory of the transport's own that a piece bound for (peer, offset, len) may be
+   * written into before its put, so that scaling or reduction writes straight
+   * into what the engine sends (shm: the peer's window itself; gpi2: its
+   * registered segment; mpi: a send buffer). The caller must have waited for the
+   * slot at (peer, offset) to be free, and must put from it before asking for
+   * another. NULL: none here, stage the piece in memory of your own. */
+  void *(*send_buffer)(void *state, int peer, size_t offset, size_t len);
   /* Pointer to this rank's own window (what peers put into). */
   void *(*window)(void *state);
   /* Increment counter (kind, my rank) at `peer`; ordered after earlier puts to that peer. */

@@ -27,8 +27,12 @@
 
 #include "transport.h"
 
-#define TNT_PLUGIN_ABI_VERSION 1
+#define TNT_PLUGIN_ABI_VERSION 2
 #define TNT_PLUGIN_ENTRY_PREFIX "tnt_transport_plugin_v"
+/* The entry a plugin built from these headers exports: tnt_transport_plugin_v<ABI>. */
+#define TNT_PLUGIN_ENTRY_NAME_(v) tnt_transport_plugin_v##v
+#define TNT_PLUGIN_ENTRY_NAME(v) TNT_PLUGIN_ENTRY_NAME_(v)
+#define TNT_PLUGIN_ENTRY TNT_PLUGIN_ENTRY_NAME(TNT_PLUGIN_ABI_VERSION)
 
 /* What a transport can do, for selection and logs. */
 enum {

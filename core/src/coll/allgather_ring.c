@@ -34,5 +34,5 @@ tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, con
       TNT_CHECK(tnt_ring_release(ring));
     }
   }
-  return TNT_SUCCESS;
+  return tnt_ring_flush(ring, deadline);
 }

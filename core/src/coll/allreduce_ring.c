@@ -49,9 +49,12 @@ static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *
     int64_t pb, pl;
     tnt_piece(sb, sl, k, p->P, &pb, &pl);
     const uint8_t *piece_out = from + pb * (int64_t)p->esz;
-    if (scale_out) { /* through a cache-resident staging slot, not a pass over the input */
-      tnt_scale(p->dtype, ring->staging, piece_out, p->prescale, (size_t)pl);
-      piece_out = ring->staging;
+    if (scale_out) { /* scaled straight into what is sent (the transport's buffer, else a
+                      * cache-resident staging slot), not a pass over the input */
+      uint8_t *buf;
+      TNT_CHECK(tnt_ring_stage(ring, (size_t)pl * p->esz, deadline, &buf));
+      tnt_scale(p->dtype, buf, piece_out, p->prescale, (size_t)pl);
+      piece_out = buf;
     }
     TNT_CHECK(tnt_ring_send(ring, piece_out, (size_t)pl * p->esz, deadline));
     const void *piece;
@@ -87,14 +90,16 @@ static tnt_result_t reduce_scatter(tnt_ring_t *ring, const plan_t *p, const uint
   for (int s = 0; s < N - 1; s++)
     TNT_CHECK(ring_step(ring, p, s == 0 ? src : dst, s == 0 && p->prescale != 1.0, (r - s + 2 * N) % N, dst, src,
                         s == N - 2 ? divisor : 1, (r - s - 1 + 2 * N) % N, deadline));
-  return TNT_SUCCESS;
+  /* what was sent may be written next: the allgather overwrites segments sent
+   * as partial sums (and, in place, the input) */
+  return tnt_ring_flush(ring, deadline);
 }
 
 static tnt_result_t allgather(tnt_ring_t *ring, const plan_t *p, uint8_t *dst, double deadline) {
   const int N = p->N, r = ring->rank;
   for (int s = 0; s < N - 1; s++)
     TNT_CHECK(ring_step(ring, p, dst, 0, (r + 1 - s + 2 * N) % N, dst, NULL, 1, (r - s + 2 * N) % N, deadline));
-  return TNT_SUCCESS;
+  return tnt_ring_flush(ring, deadline); /* the caller owns dst once we return */
 }
 
 tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,

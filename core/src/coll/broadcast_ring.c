@@ -1,7 +1,7 @@
 /* broadcast_ring.c - pipelined chain broadcast: root -> root+1 -> ... -> root-1.
  *
- * The message is cut into pieces of one window slot; each rank forwards a piece
- * to its successor before copying it out, so the chain streams and the time is
+ * The message is cut into pieces of one window slot; each rank copies a piece
+ * out and forwards it to its successor at once, so the chain streams and the time is
  * about bytes/bandwidth + N pieces of latency, whatever N is. */
 #include <string.h>
 
@@ -22,9 +22,11 @@ tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, siz
     }
     const void *piece;
     TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
-    if (pos < N - 1) TNT_CHECK(tnt_ring_send(ring, piece, (size_t)pl, deadline));
+    /* forwarded from out, not from the window: the put is asynchronous, and the
+     * window slot goes back to prev at once */
     memcpy((uint8_t *)out + pb, piece, (size_t)pl);
     TNT_CHECK(tnt_ring_release(ring));
+    if (pos < N - 1) TNT_CHECK(tnt_ring_send(ring, (const uint8_t *)out + pb, (size_t)pl, deadline));
   }
-  return TNT_SUCCESS;
+  return tnt_ring_flush(ring, deadline);
 }

@@ -25,6 +25,7 @@ tnt_result_t tnt_ring_setup_on(tnt_ring_t *ring, const tnt_transport_t *t, void 
   ring->slots = slots;
   ring->tx_seq = 0;
   ring->rx_seq = 0;
+  ring->slot_free_for = 0;
   ring->timeout_s = timeout_s;
   /* this channel's region of every window: of next's, which we put into, and of
    * the one prev puts into */
@@ -39,15 +40,45 @@ void tnt_ring_teardown(tnt_ring_t *ring) {
   ring->staging = NULL;
 }
 
-tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline) {
+/* Wait until the slot of the next piece is free at next: piece seq - slots has
+ * been consumed. Once per piece (tnt_ring_stage may have waited already). */
+static tnt_result_t wait_slot(tnt_ring_t *ring, double deadline) {
   uint64_t seq = ring->tx_seq;
-  if (seq >= (uint64_t)ring->slots) /* slot reuse: piece seq - slots must have been consumed */
+  if (ring->slot_free_for == seq + 1) return TNT_SUCCESS;
+  if (seq >= (uint64_t)ring->slots)
     TNT_CHECK(ring->t->wait(ring->ts, ring->kind_credit, ring->next, (uint32_t)(seq - (uint64_t)ring->slots + 1), deadline));
-  size_t offset = ring->region + (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
-  if (len) TNT_CHECK(ring->t->put(ring->ts, ring->next, offset, src, len));
+  ring->slot_free_for = seq + 1;
+  return TNT_SUCCESS;
+}
+
+static size_t slot_offset(const tnt_ring_t *ring, uint64_t seq) {
+  return ring->region + (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
+}
+
+tnt_result_t tnt_ring_stage(tnt_ring_t *ring, size_t len, double deadline, uint8_t **buf) {
+  TNT_CHECK(wait_slot(ring, deadline));
+  void *lent = ring->t->send_buffer(ring->ts, ring->next, slot_offset(ring, ring->tx_seq), len);
+  *buf = lent ? (uint8_t *)lent : ring->staging;
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline) {
+  TNT_CHECK(wait_slot(ring, deadline));
+  uint64_t seq = ring->tx_seq;
+  if (len) TNT_CHECK(ring->t->put(ring->ts, ring->next, slot_offset(ring, seq), src, len));
   TNT_CHECK(ring->t->notify(ring->ts, ring->next, ring->kind_data));
   ring->tx_seq = seq + 1;
+  /* the put is asynchronous: memory of the ring's own (the staging slot, reused
+   * by the next piece; a received piece forwarded from the window, whose slot is
+   * released next) must have left before it changes */
+  const uint8_t *from = src, *win = ring->window;
+  int ours = from == ring->staging || (from >= win && from < win + ring->slot_bytes * (size_t)ring->slots);
+  if (len && ours) TNT_CHECK(ring->t->fence(ring->ts, ring->next, deadline));
   return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_ring_flush(tnt_ring_t *ring, double deadline) {
+  return ring->size > 1 ? ring->t->fence(ring->ts, ring->next, deadline) : TNT_SUCCESS;
 }
 
 tnt_result_t tnt_ring_recv(tnt_ring_t *ring, const void **piece, double deadline) {

@@ -3,8 +3,11 @@
  * Every collective here moves data around one ring: rank r puts pieces into the
  * window of next = r+1 and receives pieces from prev = r-1. The window is cut
  * into `slots` slots of `slot_bytes`; piece number i of the link goes to slot
- * i % slots. Flow control is one counter each way: DATA (pieces delivered,
- * bumped by the sender) and CREDIT (pieces consumed, bumped by the receiver).
+ * i % slots. Puts are asynchronous (transport.h): a piece's source may change
+ * only after a fence, which the ring takes for its own memory and
+ * tnt_ring_flush for the caller's. Flow control is one counter each way: DATA
+ * (pieces delivered, bumped by the sender) and CREDIT (pieces consumed, bumped
+ * by the receiver).
  * The sender of piece i waits until piece i - slots has been consumed, so up to
  * `slots` pieces are in flight and a slow rank never has its slot overwritten.
  * The counters persist across collectives, so no reset handshake is needed.
@@ -32,6 +35,7 @@ typedef struct {
   int slots;
   uint64_t tx_seq; /* pieces put to next */
   uint64_t rx_seq; /* pieces consumed from prev */
+  uint64_t slot_free_for; /* tx_seq + 1 once the slot of piece tx_seq is known to be free */
   double timeout_s;
   uint8_t *window;
   uint8_t *staging; /* one slot: a piece scaled on its way out */
@@ -45,8 +49,19 @@ tnt_result_t tnt_ring_setup_on(tnt_ring_t *ring, const tnt_transport_t *t, void 
                                int prev, int channel, size_t slot_bytes, int slots, double timeout_s);
 void tnt_ring_teardown(tnt_ring_t *ring);
 
-/* Put one piece (len <= slot_bytes) into next's window, waiting for a free slot. */
+/* Put one piece (len <= slot_bytes) into next's window, waiting for a free slot.
+ * The put is asynchronous: a buffer of the caller's must stay unchanged until
+ * tnt_ring_flush (the ring's own staging slot and window are handled here). */
 tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline);
+/* Wait for the next piece's slot at next, and say where to write the piece so
+ * that sending it costs no copy: the transport's send buffer (registered
+ * memory, or next's window itself over shm) or the ring's staging slot. Then
+ * tnt_ring_send(ring, *buf, len). */
+tnt_result_t tnt_ring_stage(tnt_ring_t *ring, size_t len, double deadline, uint8_t **buf);
+/* Local completion of every piece sent so far: the caller's buffers that were
+ * sent from may change. Every collective calls it before it returns or writes
+ * over what it sent. */
+tnt_result_t tnt_ring_flush(tnt_ring_t *ring, double deadline);
 /* Wait for the next piece from prev; *piece points into this rank's window. */
 tnt_result_t tnt_ring_recv(tnt_ring_t *ring, const void **piece, double deadline);
 /* Give the slot of the last received piece back to prev. */

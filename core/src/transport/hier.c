@@ -85,6 +85,17 @@ static tnt_result_t hier_put(void *st, int peer, size_t offset, const void *src,
   return local(h, peer) ? shm->put(h->lts, lid(h, peer), offset, src, len) : h->net->put(h->nts, peer, offset, src, len);
 }
 
+static tnt_result_t hier_fence(void *st, int peer, double deadline) {
+  hier_t *h = st;
+  return local(h, peer) ? shm->fence(h->lts, lid(h, peer), deadline) : h->net->fence(h->nts, peer, deadline);
+}
+
+static void *hier_send_buffer(void *st, int peer, size_t offset, size_t len) {
+  hier_t *h = st;
+  return local(h, peer) ? shm->send_buffer(h->lts, lid(h, peer), offset, len)
+                        : h->net->send_buffer(h->nts, peer, offset, len);
+}
+
 static void *hier_window(void *st) {
   hier_t *h = st;
   return h->net->window(h->nts);
@@ -202,6 +213,8 @@ const tnt_transport_t tnt_transport_hier = {
     .can_serve = hier_can_serve,
     .init = hier_init,
     .put = hier_put,
+    .fence = hier_fence,
+    .send_buffer = hier_send_buffer,
     .window = hier_window,
     .notify = hier_notify,
     .wait = hier_wait,

@@ -866,7 +866,7 @@ static tnt_result_t gpi2_put(void *st, int peer, size_t offset, const void *src,
     }
     pthread_mutex_lock(&s->mu);
     size_t at = s->off_stage + s->stage_head;
-    memcpy(s->base + at, src, chunk);
+    if (src != s->base + at) memcpy(s->base + at, src, chunk); /* else lent by send_buffer: in place */
     s->has_pending = 1;
     s->pend_peer = peer;
     s->pend_loff = at;
@@ -879,6 +879,36 @@ static tnt_result_t gpi2_put(void *st, int peer, size_t offset, const void *src,
     len -= chunk;
   }
   return TNT_SUCCESS;
+}
+
+/* A put's source is copied into the segment before put returns: nothing of the
+ * caller's is read later. */
+static tnt_result_t gpi2_fence(void *st, int peer, double deadline) {
+  (void)st, (void)peer, (void)deadline;
+  return TNT_SUCCESS;
+}
+
+/* The place in the staging area (registered memory) where the next put will
+ * be copied to: a piece scaled into it is written by gaspi_write from there,
+ * with no copy. NULL when it does not fit the staging area in one piece, or the
+ * area could not be drained (put reports why). */
+static void *gpi2_send_buffer(void *st, int peer, size_t offset, size_t len) {
+  gpi2_t *s = st;
+  (void)offset;
+  if (len > s->stage_bytes) return NULL;
+  pthread_mutex_lock(&s->mu);
+  tnt_result_t res = flush_put(s, host->now() + s->timeout_s);
+  int full = s->stage_head + len > s->stage_bytes;
+  pthread_mutex_unlock(&s->mu);
+  if (res != TNT_SUCCESS) return NULL;
+  if (full) {
+    gaspi_queue_id_t q = Q_DATA;
+    char what[64];
+    snprintf(what, sizeof what, "sending data to rank %d", peer);
+    if (poll_until(s, queue_empty, &q, peer, host->now() + s->timeout_s, what) != TNT_SUCCESS) return NULL;
+    s->stage_head = 0;
+  }
+  return s->base + s->off_stage + s->stage_head;
 }
 
 static tnt_result_t gpi2_notify(void *st, int peer, int kind) {
@@ -1320,6 +1350,8 @@ static const tnt_transport_t transport = {
     .can_serve = gpi2_can_serve,
     .init = gpi2_init,
     .put = gpi2_put,
+    .fence = gpi2_fence,
+    .send_buffer = gpi2_send_buffer,
     .window = gpi2_window,
     .notify = gpi2_notify,
     .wait = gpi2_wait,
@@ -1344,7 +1376,7 @@ static const tnt_plugin_t plugin = {
     .transport = &transport,
 };
 
-EXPORT const tnt_plugin_t *tnt_transport_plugin_v1(const tnt_plugin_host_t *h, char *why, size_t why_len) {
+EXPORT const tnt_plugin_t *TNT_PLUGIN_ENTRY(const tnt_plugin_host_t *h, char *why, size_t why_len) {
   if (!h || h->abi_version != TNT_PLUGIN_ABI_VERSION || h->struct_size < sizeof(tnt_plugin_host_t)) {
     snprintf(why, why_len, "the core offers plugin ABI %u (%u-byte host table); this plugin was built for ABI %d",
              h ? h->abi_version : 0, h ? h->struct_size : 0, TNT_PLUGIN_ABI_VERSION);

@@ -7,15 +7,19 @@
  * give a freed one's context id to the next, and a message still in flight
  * to it, a peer's BYE, would land there), three tags:
  *   CTRL     small control messages, received in arrival order by a probe loop:
- *            PUT(offset, len), NOTIFY(kind), BELL(cycle), BEAT, BYE, ABORT(root, reason)
+ *            PUT(offset, len[, kind]), NOTIFY(kind), BELL(cycle), BEAT, BYE, ABORT(root, reason)
  *   PAYLOAD  the bytes of a PUT, received straight into the window at the offset
  *            its PUT announced (the receiver posts the receive when it reads the
  *            PUT; MPI keeps the two streams of one sender in order)
  *   EXCH     the exchange's message, one to every rank, probed per source
  * A NOTIFY from a sender is applied only after every payload that sender put
  * before it has landed (a per-sender FIFO), which is what "ordered after
- * earlier puts" means. put() returns once MPI has sent the payload, so the
- * caller may reuse its buffer, as with shm's memcpy.
+ * earlier puts" means. put() sends straight from the caller's buffer and
+ * returns at once (interface version 2: fence() waits until the sends to a
+ * peer have left); its PUT is held back until the next call for that peer, so
+ * that the notify after it travels in the same message, PUT(offset, len, kind).
+ * send_buffer() lends a buffer of the plugin's own per peer, so a piece the
+ * ring scales on its way out needs no staging copy.
  *
  * No MPI call blocks: every wait polls (MPI_Test / MPI_Improbe) in a loop that
  * drains the control messages, checks the peers and sleeps when idle, 10 us
@@ -74,6 +78,7 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define REASON_MAX 512
 #define SILENT_BEATS 10     /* heartbeats a peer may miss before it is lost */
 #define PID_CHECK_S 0.1     /* how often a waiter checks local peers' pids */
+#define BELL_GRACE_S 200e-6 /* how long a cycle waits for its peers to join by themselves before ringing them */
 #ifndef BELL_POLL_S
 #define BELL_POLL_S 1e-3    /* longest sleep of the idle doorbell between polls of MPI */
 #endif
@@ -83,16 +88,12 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #ifndef THREAD_LEVEL
 #define THREAD_LEVEL MPI_THREAD_MULTIPLE /* what we ask of an MPI we initialize (the application may use it too) */
 #endif
-#ifndef PUT_COPY_MAX
-#define PUT_COPY_MAX (1u << 20) /* puts up to this size are copied and sent in the background */
-#endif
-#define PUT_INFLIGHT_MAX 64 /* copied puts in flight at most */
 #define BYE_WAIT_S 2.0      /* finalize: how long our last messages may take to leave */
 #define HELLO_MAGIC 0x544e544du
 
 typedef struct {
   uint32_t type;
-  int32_t a;  /* NOTIFY: kind; ABORT: root peer */
+  int32_t a;  /* NOTIFY: kind; PUT: the kind it notifies, -1 none; ABORT: root peer */
   uint64_t b; /* PUT: offset; BELL: cycle */
   uint64_t c; /* PUT: length */
 } ctrl_t;
@@ -113,6 +114,16 @@ typedef struct {
   uint8_t *exch; /* this round's exchange message from this peer */
   size_t exch_len, exch_cap;
   int exch_got;
+  /* puts to this peer: sends in flight from the caller's memory (the ranges, so
+   * that send_buffer lends no range still being sent), and the PUT held back
+   * for the notify that follows it */
+  MPI_Request *sends;
+  const uint8_t **send_at;
+  size_t *send_len;
+  int nsends, capsends;
+  int held;
+  uint64_t held_offset, held_len;
+  uint8_t *lent; /* send_buffer's memory for this peer: a window's worth, made on first use */
 } peer_t;
 
 /* What every rank tells every rank at set-up. */
@@ -139,11 +150,10 @@ typedef struct {
   MPI_Request *sreq;
   uint8_t *sbuf; /* [nslots][CTRL_MAX] */
   int *sfree, *sidx, nslots, nfree;
-  /* copied puts in flight: requests side by side for MPI_Testsome */
-  MPI_Request *preq;
-  uint8_t **pbuf;
-  size_t *pcap;
-  int *pidx, npb, pactive;
+  int sending;  /* puts in flight, over every peer */
+  int receiving; /* payload receives posted, not yet landed */
+  int *tidx;    /* MPI_Testsome's indices, for the largest peer list */
+  int tidx_cap;
   /* exchange: two rounds of sends may be in flight */
   uint8_t *exch_out[2];
   size_t exch_out_len[2];
@@ -152,7 +162,12 @@ typedef struct {
   int posted, missing;
   double exch_deadline;
   /* doorbell */
-  _Atomic uint64_t cycle_wanted;
+  /* cycles asked for: by this rank's own engine (cycle_wanted) and by peers'
+   * bells (peer_wanted). Only the latter wake the idle thread: the thread that
+   * asked for a cycle here runs it itself. */
+  _Atomic uint64_t cycle_wanted, peer_wanted;
+  uint64_t bells_owed; /* a cycle asked for here, whose bells are not rung yet (0: none) */
+  double bells_since;
   _Atomic uint32_t bell, bell_waiters;
   uint32_t bell_seen;
   double next_beat;
@@ -276,17 +291,38 @@ static tnt_result_t send_failed(mpi_t *s, int peer, int rc) {
   return failf(TNT_ERR_PEER_LOST, peer, "rank %d could not send to rank %d: %s", s->me, peer, mpi_err(rc, e));
 }
 
-/* Give back the buffers of copied puts MPI has sent. */
-static void reap_puts(mpi_t *s) {
-  if (!s->pactive) return;
+/* Forget the puts to peer r that MPI has sent (mu held). */
+static void reap_sends(mpi_t *s, int r) {
+  peer_t *p = &s->peers[r];
+  if (!p->nsends) return;
+  if (s->tidx_cap < p->nsends) {
+    int *t = realloc(s->tidx, (size_t)p->capsends * sizeof *t);
+    if (!t) return; /* tried again at the next poll */
+    s->tidx = t;
+    s->tidx_cap = p->capsends;
+  }
   int outcount = 0;
-  int rc = MPI_Testsome(s->npb, s->preq, &outcount, s->pidx, MPI_STATUSES_IGNORE);
+  int rc = MPI_Testsome(p->nsends, p->sends, &outcount, s->tidx, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) {
     char e[MPI_MAX_ERROR_STRING];
-    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: data could not be sent: %s", s->me, mpi_err(rc, e));
+    sticky(s, TNT_ERR_PEER_LOST, r, "rank %d: data could not be sent to rank %d: %s", s->me, r, mpi_err(rc, e));
     return;
   }
-  if (outcount != MPI_UNDEFINED) s->pactive -= outcount;
+  if (outcount == MPI_UNDEFINED || outcount == 0) return;
+  int k = 0; /* compact: keep the ones still in flight, in order */
+  for (int i = 0; i < p->nsends; i++)
+    if (p->sends[i] != MPI_REQUEST_NULL) {
+      p->sends[k] = p->sends[i];
+      p->send_at[k] = p->send_at[i];
+      p->send_len[k] = p->send_len[i];
+      k++;
+    }
+  s->sending -= p->nsends - k;
+  p->nsends = k;
+}
+
+static void reap_puts(mpi_t *s) {
+  for (int r = 0; s->sending && r < s->n; r++) reap_sends(s, r);
 }
 
 /* Give back the slots of control messages MPI has sent. */
@@ -320,6 +356,26 @@ static op_t *push_op(mpi_t *s, peer_t *p) {
   return op;
 }
 
+/* A notification from src: counted at once, or after the payloads before it. */
+static void notify_from(mpi_t *s, int src, int kind) {
+  peer_t *p = &s->peers[src];
+  if (kind < 0 || kind >= TNT_NOTIFY_KINDS) {
+    sticky(s, TNT_ERR_INTERNAL, src, "rank %d sent a notification of unknown kind %d", src, kind);
+    return;
+  }
+  if (p->n == 0) {
+    s->counters[kind * s->n + src]++;
+    return;
+  }
+  op_t *op = push_op(s, p);
+  if (!op) {
+    sticky(s, TNT_ERR_SYSTEM, -1, "out of memory");
+    return;
+  }
+  op->kind = kind;
+  op->req = MPI_REQUEST_NULL;
+}
+
 static void handle_ctrl(mpi_t *s, int src, const uint8_t *buf, int len, double now) {
   peer_t *p = &s->peers[src];
   p->last_heard = now;
@@ -343,29 +399,16 @@ static void handle_ctrl(mpi_t *s, int src, const uint8_t *buf, int len, double n
         char e[MPI_MAX_ERROR_STRING];
         op->req = MPI_REQUEST_NULL;
         sticky(s, TNT_ERR_PEER_LOST, src, "rank %d could not receive from rank %d: %s", s->me, src, mpi_err(rc, e));
-      }
-      break;
-    }
-    case CTRL_NOTIFY:
-      if (c.a < 0 || c.a >= TNT_NOTIFY_KINDS) {
-        sticky(s, TNT_ERR_INTERNAL, src, "rank %d sent a notification of unknown kind %d", src, (int)c.a);
         return;
       }
-      if (p->n == 0) {
-        s->counters[c.a * s->n + src]++;
-      } else {
-        op_t *op = push_op(s, p);
-        if (!op) {
-          sticky(s, TNT_ERR_SYSTEM, -1, "out of memory");
-          return;
-        }
-        op->kind = c.a;
-        op->req = MPI_REQUEST_NULL;
-      }
+      s->receiving++;
+      if (c.a >= 0) notify_from(s, src, c.a); /* the notify that rode with it */
       break;
+    }
+    case CTRL_NOTIFY: notify_from(s, src, c.a); break;
     case CTRL_BELL: {
-      uint64_t cur = atomic_load(&s->cycle_wanted);
-      while (cur < c.b && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, c.b)) {
+      uint64_t cur = atomic_load(&s->peer_wanted);
+      while (cur < c.b && !atomic_compare_exchange_weak(&s->peer_wanted, &cur, c.b)) {
       }
       bump_bell(s);
       break;
@@ -400,6 +443,7 @@ static void drain(mpi_t *s, int r) {
         return;
       }
       if (!done) return;
+      s->receiving--;
     } else {
       s->counters[op->kind * s->n + r]++;
     }
@@ -550,6 +594,7 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
     pthread_mutex_lock(&s->mu);
     progress(s);
     int ok = ready(s, arg);
+    int moving = s->sending || s->receiving;
     tnt_result_t res = TNT_SUCCESS;
     double now = host->now();
     if (!ok) {
@@ -567,7 +612,12 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
     if (ok) return TNT_SUCCESS;
     if (res != TNT_SUCCESS) return res;
     if (now >= deadline) return TNT_ERR_TIMEOUT;
-    backoff_pause(&b, s->spin_s, s->yield_polls, now);
+    if (moving) {
+      moving_pause(now);
+      b.idle = 0; /* the backoff starts afresh once the data has landed */
+    } else {
+      backoff_pause(&b, s->spin_s, s->yield_polls, now);
+    }
   }
 }
 
@@ -685,8 +735,13 @@ static tnt_result_t read_heartbeat(double *out) {
 static void free_state(mpi_t *s) {
   if (!s) return;
   for (int r = 0; s->peers && r < s->n; r++) {
-    free(s->peers[r].ops);
-    free(s->peers[r].exch);
+    peer_t *p = &s->peers[r];
+    free(p->ops);
+    free(p->exch);
+    free(p->sends);
+    free(p->send_at);
+    free(p->send_len);
+    free(p->lent);
   }
   free(s->peers);
   free(s->counters);
@@ -695,11 +750,7 @@ static void free_state(mpi_t *s) {
   free(s->sbuf);
   free(s->sfree);
   free(s->sidx);
-  for (int i = 0; i < s->npb; i++) free(s->pbuf[i]);
-  free(s->preq);
-  free(s->pbuf);
-  free(s->pcap);
-  free(s->pidx);
+  free(s->tidx);
   for (int b = 0; b < 2; b++) {
     free(s->exch_out[b]);
     free(s->exch_req[b]);
@@ -865,90 +916,132 @@ static int mpi_can_serve(const tnt_placement_t *pl) { return pl->size >= 1; }
 
 static void *mpi_window(void *st) { return ((mpi_t *)st)->window; }
 
-static int put_slot_free(mpi_t *s, void *arg) { return s->pactive < PUT_INFLIGHT_MAX; }
-
-/* A buffer for a copied put of `len` bytes (mu held): a free one, grown if
- * needed; -1 when out of memory. */
-static int put_buffer(mpi_t *s, size_t len) {
-  int best = -1;
-  for (int i = 0; i < s->npb; i++)
-    if (s->preq[i] == MPI_REQUEST_NULL && (best < 0 || s->pcap[i] > s->pcap[best])) best = i;
-  if (best < 0) {
-    int n = s->npb + 1;
-    MPI_Request *preq = realloc(s->preq, (size_t)n * sizeof *preq);
-    if (preq) s->preq = preq;
-    uint8_t **pbuf = realloc(s->pbuf, (size_t)n * sizeof *pbuf);
-    if (pbuf) s->pbuf = pbuf;
-    size_t *pcap = realloc(s->pcap, (size_t)n * sizeof *pcap);
-    if (pcap) s->pcap = pcap;
-    int *pidx = realloc(s->pidx, (size_t)n * sizeof *pidx);
-    if (pidx) s->pidx = pidx;
-    if (!preq || !pbuf || !pcap || !pidx) return -1;
-    best = s->npb++;
-    s->preq[best] = MPI_REQUEST_NULL;
-    s->pbuf[best] = NULL;
-    s->pcap[best] = 0;
-  }
-  if (s->pcap[best] < len) {
-    uint8_t *buf = realloc(s->pbuf[best], len);
-    if (!buf) return -1;
-    s->pbuf[best] = buf;
-    s->pcap[best] = len;
-  }
-  return best;
+/* Send the PUT held back for peer r, with no notify (mu held). */
+static int flush_held(mpi_t *s, int r) {
+  peer_t *p = &s->peers[r];
+  if (!p->held) return MPI_SUCCESS;
+  p->held = 0;
+  return send_ctrl(s, r, CTRL_PUT, -1, p->held_offset, p->held_len, NULL);
 }
 
-/* A put of up to PUT_COPY_MAX bytes is copied and sent in the background (the
- * receiver takes it when it next polls); a larger one is sent from the
- * caller's buffer, and put returns when MPI is done with it. */
+static int grow_sends(peer_t *p) {
+  int cap = p->capsends ? 2 * p->capsends : 16;
+  MPI_Request *sends = realloc(p->sends, (size_t)cap * sizeof *sends);
+  if (sends) p->sends = sends;
+  const uint8_t **at = realloc(p->send_at, (size_t)cap * sizeof *at);
+  if (at) p->send_at = at;
+  size_t *len = realloc(p->send_len, (size_t)cap * sizeof *len);
+  if (len) p->send_len = len;
+  if (!sends || !at || !len) return -1;
+  p->capsends = cap;
+  return 0;
+}
+
+/* The payload goes now, from the caller's memory (no copy: fence() says when
+ * it has left); its PUT waits for the notify that follows, so that one control
+ * message carries both. MPI keeps a sender's payloads in order, and the
+ * receiver posts their receives in the order of the PUTs. */
 static tnt_result_t mpi_put(void *st, int peer, size_t offset, const void *src, size_t len) {
   mpi_t *s = st;
   if (!len) return TNT_SUCCESS;
   if (len > INT_MAX) return failf(TNT_ERR_INTERNAL, -1, "a put of %zu bytes is too large for MPI", len);
-  char what[64];
-  snprintf(what, sizeof what, "sending data to rank %d", peer);
-  const double deadline = host->now() + s->timeout_s;
-  tnt_result_t res;
-  if (len <= PUT_COPY_MAX) {
-    res = poll_until(s, put_slot_free, NULL, peer, deadline, what);
-    if (res == TNT_ERR_TIMEOUT) return timed_out(s, peer, what);
-    if (res != TNT_SUCCESS) return res;
-  }
+  peer_t *p = &s->peers[peer];
   pthread_mutex_lock(&s->mu);
-  MPI_Request req = MPI_REQUEST_NULL, *preq = &req;
-  int rc = -1;
-  if (len <= PUT_COPY_MAX) {
-    int i = put_buffer(s, len);
-    if (i >= 0) {
-      memcpy(s->pbuf[i], src, len);
-      src = s->pbuf[i];
-      preq = &s->preq[i];
-      rc = MPI_SUCCESS;
-    }
-  } else {
-    rc = MPI_SUCCESS;
+  int rc = flush_held(s, peer);
+  if (rc == MPI_SUCCESS && p->nsends == p->capsends && grow_sends(p)) rc = -1;
+  if (rc == MPI_SUCCESS) rc = MPI_Isend(src, (int)len, MPI_BYTE, peer, TAG_PAYLOAD, s->comm, &p->sends[p->nsends]);
+  if (rc == MPI_SUCCESS) {
+    p->send_at[p->nsends] = src;
+    p->send_len[p->nsends++] = len;
+    s->sending++;
+    p->held = 1;
+    p->held_offset = offset;
+    p->held_len = len;
+    p->last_sent = host->now();
   }
-  if (rc == MPI_SUCCESS) rc = send_ctrl(s, peer, CTRL_PUT, 0, offset, len, NULL);
-  if (rc == MPI_SUCCESS) rc = MPI_Isend(src, (int)len, MPI_BYTE, peer, TAG_PAYLOAD, s->comm, preq);
-  if (rc == MPI_SUCCESS && preq != &req) s->pactive++;
-  res = rc == MPI_SUCCESS ? TNT_SUCCESS : send_failed(s, peer, rc);
+  tnt_result_t res = rc == MPI_SUCCESS ? TNT_SUCCESS : send_failed(s, peer, rc);
   pthread_mutex_unlock(&s->mu);
-  if (res != TNT_SUCCESS || preq != &req) return res;
-  res = poll_until(s, request_done, &req, peer, deadline, what);
+  return res;
+}
+
+static int sent_to(mpi_t *s, void *arg) {
+  int r = *(int *)arg;
+  if (r >= 0) return s->peers[r].nsends == 0;
+  return s->sending == 0;
+}
+
+/* Cancel the sends to `peer` (-1: every peer) still in flight (mu held): after
+ * a failure the caller's memory is no longer ours to read. */
+static void cancel_sends(mpi_t *s, int peer) {
+  for (int r = 0; r < s->n; r++) {
+    peer_t *p = &s->peers[r];
+    if (peer >= 0 && r != peer) continue;
+    for (int i = 0; i < p->nsends; i++)
+      if (p->sends[i] != MPI_REQUEST_NULL) {
+        MPI_Cancel(&p->sends[i]);
+        MPI_Request_free(&p->sends[i]);
+      }
+    s->sending -= p->nsends;
+    p->nsends = 0;
+  }
+}
+
+static tnt_result_t mpi_fence(void *st, int peer, double deadline) {
+  mpi_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  int rc = MPI_SUCCESS, bad = -1;
+  for (int r = 0; r < s->n && rc == MPI_SUCCESS; r++)
+    if (peer < 0 || r == peer) rc = flush_held(s, bad = r);
+  int done = sent_to(s, &peer);
+  pthread_mutex_unlock(&s->mu);
+  if (rc != MPI_SUCCESS) return send_failed(s, bad, rc);
+  if (done) return TNT_SUCCESS;
+  char what[64] = "sending data";
+  if (peer >= 0) snprintf(what, sizeof what, "sending data to rank %d", peer);
+  tnt_result_t res = poll_until(s, sent_to, &peer, peer, deadline, what);
   if (res == TNT_ERR_TIMEOUT) res = timed_out(s, peer, what);
-  if (res != TNT_SUCCESS && req != MPI_REQUEST_NULL) { /* the caller's buffer is not ours after we return */
+  if (res != TNT_SUCCESS) {
     pthread_mutex_lock(&s->mu);
-    MPI_Cancel(&req);
-    MPI_Request_free(&req);
+    cancel_sends(s, peer);
     pthread_mutex_unlock(&s->mu);
   }
   return res;
 }
 
+/* A window's worth of memory per peer, lent at the offset the piece goes to:
+ * the ring reuses an offset only after the peer has consumed the piece there,
+ * so its send has normally completed; one still in flight over the range
+ * (tested once, never waited for) makes the ring stage the piece itself. */
+static void *mpi_send_buffer(void *st, int peer, size_t offset, size_t len) {
+  mpi_t *s = st;
+  if (offset > s->window_bytes || len > s->window_bytes - offset) return NULL;
+  peer_t *p = &s->peers[peer];
+  void *out = NULL;
+  pthread_mutex_lock(&s->mu);
+  if (!p->lent) p->lent = malloc(s->window_bytes);
+  if (p->lent) {
+    reap_sends(s, peer);
+    const uint8_t *a = p->lent + offset, *b = a + len;
+    int busy = 0;
+    for (int i = 0; i < p->nsends && !busy; i++)
+      busy = p->send_at[i] < b && p->send_at[i] + p->send_len[i] > a;
+    if (!busy) out = p->lent + offset;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return out;
+}
+
 static tnt_result_t mpi_notify(void *st, int peer, int kind) {
   mpi_t *s = st;
+  peer_t *p = &s->peers[peer];
   pthread_mutex_lock(&s->mu);
-  int rc = send_ctrl(s, peer, CTRL_NOTIFY, kind, 0, 0, NULL);
+  int rc;
+  if (p->held) { /* the put it announces: one message */
+    p->held = 0;
+    rc = send_ctrl(s, peer, CTRL_PUT, kind, p->held_offset, p->held_len, NULL);
+  } else {
+    rc = send_ctrl(s, peer, CTRL_NOTIFY, kind, 0, 0, NULL);
+  }
   pthread_mutex_unlock(&s->mu);
   return rc == MPI_SUCCESS ? TNT_SUCCESS : send_failed(s, peer, rc);
 }
@@ -1019,6 +1112,8 @@ static tnt_result_t mpi_exchange_post(void *st, const void *mine, size_t len, do
   return TNT_SUCCESS;
 }
 
+static void pay_bells(mpi_t *s, double now);
+
 /* Receive what has arrived of this round (mu held); 1 when every rank's is here. */
 static int exchange_arrived(mpi_t *s, void *arg) {
   for (int r = 0; r < s->n && s->missing; r++) {
@@ -1053,6 +1148,8 @@ static int exchange_arrived(mpi_t *s, void *arg) {
     p->last_heard = host->now();
     s->missing--;
   }
+  if (!s->missing) s->bells_owed = 0; /* everyone joined by themselves */
+  else pay_bells(s, host->now());
   return s->missing == 0;
 }
 
@@ -1093,18 +1190,36 @@ static tnt_result_t mpi_exchange(void *st, const void *mine, size_t len, void *a
 
 /* ---- doorbell ---- */
 
+/* Lazy, as shm's: the cycle's exchange follows at once, and a peer already
+ * driving a cycle of its own (the usual case: every rank submits the same
+ * collectives) needs no bell, whose arrival would only wake its idle
+ * background thread for nothing. The exchange's wait rings the bells of the
+ * peers that have not joined after BELL_GRACE_S (pay_bells). */
 static void mpi_ring_doorbell(void *st, uint64_t cycle) {
   mpi_t *s = st;
   pthread_mutex_lock(&s->mu);
   uint64_t cur = atomic_load(&s->cycle_wanted);
   while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
   }
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && s->peers[r].state == PEER_ALIVE) send_ctrl(s, r, CTRL_BELL, 0, cycle, 0, NULL);
+  if (!s->bells_owed) s->bells_since = host->now();
+  s->bells_owed = cycle;
   pthread_mutex_unlock(&s->mu);
 }
 
-static int mpi_cycle_wanted(void *st, uint64_t done) { return atomic_load(&((mpi_t *)st)->cycle_wanted) > done; }
+/* Ring the bells a cycle owes to the peers whose message of this round has not
+ * come (mu held). */
+static void pay_bells(mpi_t *s, double now) {
+  if (!s->bells_owed || now < s->bells_since + BELL_GRACE_S) return;
+  for (int r = 0; r < s->n; r++)
+    if (r != s->me && !s->peers[r].exch_got && s->peers[r].state == PEER_ALIVE)
+      send_ctrl(s, r, CTRL_BELL, 0, s->bells_owed, 0, NULL);
+  s->bells_owed = 0;
+}
+
+static int mpi_cycle_wanted(void *st, uint64_t done) {
+  mpi_t *s = st;
+  return atomic_load(&s->cycle_wanted) > done || atomic_load(&s->peer_wanted) > done;
+}
 
 /* Sleep on the futex (a local request wakes it at once); poll MPI for peers'
  * bells and send heartbeats every BELL_POLL_S at most. */
@@ -1113,7 +1228,7 @@ static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
   double sleep = SLEEP_MIN_S;
   for (;;) {
     uint32_t b = atomic_load(&s->bell);
-    if (b != s->bell_seen || atomic_load(&s->cycle_wanted) > done) {
+    if (b != s->bell_seen || atomic_load(&s->peer_wanted) > done) {
       s->bell_seen = b;
       return;
     }
@@ -1122,7 +1237,7 @@ static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
     pthread_mutex_lock(&s->mu);
     progress(s);
     pthread_mutex_unlock(&s->mu);
-    if (atomic_load(&s->bell) != b || atomic_load(&s->cycle_wanted) > done) continue;
+    if (atomic_load(&s->bell) != b || atomic_load(&s->peer_wanted) > done) continue;
     double d = deadline - now < sleep ? deadline - now : sleep;
     struct timespec ts = timespec_of(d);
     atomic_fetch_add(&s->bell_waiters, 1);
@@ -1166,7 +1281,7 @@ static void mpi_abort(void *st, const char *reason, int root_peer) {
 static int all_sent(mpi_t *s, void *arg) {
   int flag = 0;
   reap(s);
-  if (s->nfree != s->nslots || s->pactive) return 0;
+  if (s->nfree != s->nslots || s->sending) return 0;
   for (int b = 0; b < 2; b++) {
     MPI_Testall(s->n, s->exch_req[b], &flag, MPI_STATUSES_IGNORE);
     if (!flag) return 0;
@@ -1177,8 +1292,10 @@ static int all_sent(mpi_t *s, void *arg) {
 static void mpi_finalize(void *st) {
   mpi_t *s = st;
   pthread_mutex_lock(&s->mu);
-  for (int r = 0; r < s->n; r++)
+  for (int r = 0; r < s->n; r++) {
+    flush_held(s, r);
     if (r != s->me && s->peers[r].state == PEER_ALIVE) send_ctrl(s, r, CTRL_BYE, 0, 0, 0, NULL);
+  }
   pthread_mutex_unlock(&s->mu);
   /* let the last messages leave (over TCP they go only while we call MPI) */
   double until = host->now() + (s->timeout_s < BYE_WAIT_S ? s->timeout_s : BYE_WAIT_S);
@@ -1206,11 +1323,10 @@ static void mpi_finalize(void *st) {
   for (int b = 0; b < 2; b++)
     for (int r = 0; r < s->n; r++)
       if (s->exch_req[b][r] != MPI_REQUEST_NULL) MPI_Request_free(&s->exch_req[b][r]);
-  for (int i = 0; i < s->npb; i++) /* a send still pending (its peer is gone) keeps its buffer */
-    if (s->preq[i] != MPI_REQUEST_NULL) {
-      MPI_Cancel(&s->preq[i]);
-      MPI_Request_free(&s->preq[i]);
-      s->pbuf[i] = NULL;
+  for (int r = 0; r < s->n; r++)
+    if (s->peers[r].nsends) { /* its peer is gone: MPI may still read the lent buffer, which stays */
+      s->peers[r].lent = NULL;
+      cancel_sends(s, r);
     }
   /* the communicator is never freed: Open MPI gives a freed communicator's
    * context id to the next one, and a message still in flight to this one (a
@@ -1224,6 +1340,8 @@ static const tnt_transport_t transport = {
     .can_serve = mpi_can_serve,
     .init = mpi_init,
     .put = mpi_put,
+    .fence = mpi_fence,
+    .send_buffer = mpi_send_buffer,
     .window = mpi_window,
     .notify = mpi_notify,
     .wait = mpi_wait,
@@ -1248,7 +1366,7 @@ static const tnt_plugin_t plugin = {
     .transport = &transport,
 };
 
-EXPORT const tnt_plugin_t *tnt_transport_plugin_v1(const tnt_plugin_host_t *h, char *why, size_t why_len) {
+EXPORT const tnt_plugin_t *TNT_PLUGIN_ENTRY(const tnt_plugin_host_t *h, char *why, size_t why_len) {
   if (!h || h->abi_version != TNT_PLUGIN_ABI_VERSION || h->struct_size < sizeof(tnt_plugin_host_t)) {
     snprintf(why, why_len, "the core offers plugin ABI %u (%u-byte host table); this plugin was built for ABI %d",
              h ? h->abi_version : 0, h ? h->struct_size : 0, TNT_PLUGIN_ABI_VERSION);

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,6 +53,53 @@ static inline void node_id(char *out, size_t len) {
   ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
   ns[n > 0 ? n : 0] = 0;
   snprintf(out, len, "%s/%s", boot, ns);
+}
+
+/* Whether the machine has a core to spare: the kernel's count of runnable
+ * threads (/proc/loadavg's "running/total", the whole machine's, whatever
+ * namespace we are in) is at most the number of cores. Read by one thread of
+ * the process at most every 5 ms; the answer in between is the last one. */
+static inline int host_has_free_cores(double now) {
+  static _Atomic long read_at_us;
+  static _Atomic int free_cores = 1;
+  static long ncpu;
+  long us = (long)(now * 1e6), last = atomic_load_explicit(&read_at_us, memory_order_relaxed);
+  if (us - last >= 5000 && atomic_compare_exchange_strong(&read_at_us, &last, us)) {
+    if (!ncpu) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      char buf[128];
+      ssize_t n = read(fd, buf, sizeof buf - 1);
+      close(fd);
+      long running = 0;
+      if (n > 0) {
+        buf[n] = 0;
+        if (sscanf(buf, "%*s %*s %*s %ld/", &running) == 1) atomic_store(&free_cores, running <= ncpu);
+      }
+    }
+  }
+  return atomic_load_explicit(&free_cores, memory_order_relaxed);
+}
+
+#define MOVING_SLEEP_S 2e-6 /* a wait's poll interval while its data is on the wire and no core is free */
+
+/* The pause of a wait whose data is on the wire: an engine such as MPI over
+ * TCP moves bytes only while its process calls into it, so polling slowly
+ * there throttles the stream to what one poll moves per sleep. Yield while the
+ * machine has a core to spare (the only thread that wants ours runs at once),
+ * else sleep briefly, with this thread's timer slack cut to 1 us so that the
+ * sleep is a few microseconds and not the default 50. */
+static inline void moving_pause(double now) {
+  static __thread int slack_cut;
+  if (host_has_free_cores(now)) {
+    sched_yield();
+    return;
+  }
+  if (!slack_cut) {
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    slack_cut = 1;
+  }
+  sleep_s(MOVING_SLEEP_S);
 }
 
 /* One polled wait's idle state (zero it before the wait). */
