@@ -199,6 +199,19 @@ for bad, name in ((["text"], "str"), ({"k": None}, "NoneType"), ([{1, 2}], "set"
 if "tensorflow" in sys.modules:
     failures.append("the framework-neutral collectives imported TensorFlow")
 
+# Puts are asynchronous (transport interface 2): a buffer sent from may change the moment a
+# collective returns, and the allgather writes over segments the reduce-scatter sent from. A
+# transport or ring that let a send outlive the collective would hand the peers garbage here.
+reuse = np.empty(min(big, 2 << 20) // 4, np.float32)
+for i in range(12):
+    reuse[:] = rank + 1 + i
+    tnt.allreduce(reuse, out=reuse, name="reuse-at-once")  # in place: the allgather overwrites what was sent
+    want = sum(q + 1 + i for q in range(size))
+    if not np.all(reuse == want):
+        failures.append(f"reuse-at-once {i}: {np.unique(reuse)[:4]} instead of {want}")
+        break
+    reuse[:] = np.nan  # at once: a send still in flight would carry this
+
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "size": size, "results": results, "failures": failures,
                "job": os.environ.get("TNT_JOB_ID")}, f)

@@ -15,7 +15,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -81,25 +80,18 @@ static inline int host_has_free_cores(double now) {
   return atomic_load_explicit(&free_cores, memory_order_relaxed);
 }
 
-#define MOVING_SLEEP_S 2e-6 /* a wait's poll interval while its data is on the wire and no core is free */
-
 /* The pause of a wait whose data is on the wire: an engine such as MPI over
- * TCP moves bytes only while its process calls into it, so polling slowly
- * there throttles the stream to what one poll moves per sleep. Yield while the
- * machine has a core to spare (the only thread that wants ours runs at once),
- * else sleep briefly, with this thread's timer slack cut to 1 us so that the
- * sleep is a few microseconds and not the default 50. */
+ * TCP moves bytes only while its process calls into it, so a poll that sleeps
+ * longer and longer throttles the stream to what one poll moves per sleep.
+ * Poll again after a yield while the machine has a core to spare (a spinner
+ * under the host-wide budget: the yielding threads count as running, so
+ * oversubscribed ranks stop yielding by themselves), else after the shortest
+ * sleep, without the backoff's growth. */
 static inline void moving_pause(double now) {
-  static __thread int slack_cut;
-  if (host_has_free_cores(now)) {
+  if (host_has_free_cores(now))
     sched_yield();
-    return;
-  }
-  if (!slack_cut) {
-    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-    slack_cut = 1;
-  }
-  sleep_s(MOVING_SLEEP_S);
+  else
+    sleep_s(SLEEP_MIN_S);
 }
 
 /* One polled wait's idle state (zero it before the wait). */
