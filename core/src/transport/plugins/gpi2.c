@@ -212,7 +212,10 @@ typedef struct {
   int posted, missing;
   double exch_deadline;
   /* doorbell */
-  _Atomic uint64_t cycle_wanted;
+  /* cycles asked for: by this rank's own engine (cycle_wanted) and by peers'
+   * bells (peer_wanted). Only the latter wake the idle thread: the thread that
+   * asked for a cycle here runs it itself. */
+  _Atomic uint64_t cycle_wanted, peer_wanted;
   _Atomic uint32_t bell, bell_waiters;
   uint32_t bell_seen;
   double next_beat, next_scan;
@@ -668,8 +671,8 @@ static void scan_bells(gpi2_t *s) {
   while (G.notify_waitsome(s->seg, id_of(s, ID_BELL, 0), (gaspi_number_t)s->n, &first, GASPI_TEST) == GASPI_SUCCESS) {
     gaspi_notification_t v = take(s, first);
     if (!v) continue;
-    uint64_t cur = atomic_load(&s->cycle_wanted), cycle = widen(cur, v);
-    while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
+    uint64_t cur = atomic_load(&s->peer_wanted), cycle = widen(cur, v);
+    while (cur < cycle && !atomic_compare_exchange_weak(&s->peer_wanted, &cur, cycle)) {
     }
     bump_bell(s);
   }
@@ -1069,7 +1072,10 @@ static void gpi2_ring_doorbell(void *st, uint64_t cycle) {
   pthread_mutex_unlock(&s->mu);
 }
 
-static int gpi2_cycle_wanted(void *st, uint64_t done) { return atomic_load(&((gpi2_t *)st)->cycle_wanted) > done; }
+static int gpi2_cycle_wanted(void *st, uint64_t done) {
+  gpi2_t *s = st;
+  return atomic_load(&s->cycle_wanted) > done || atomic_load(&s->peer_wanted) > done;
+}
 
 /* Sleep on the futex (a local request wakes it at once); poll GPI-2's
  * notifications for peers' bells every BELL_POLL_S at most. */
@@ -1078,7 +1084,7 @@ static void gpi2_wait_doorbell(void *st, uint64_t done, double deadline) {
   double sleep = SLEEP_MIN_S;
   for (;;) {
     uint32_t b = atomic_load(&s->bell);
-    if (b != s->bell_seen || atomic_load(&s->cycle_wanted) > done) {
+    if (b != s->bell_seen || atomic_load(&s->peer_wanted) > done) {
       s->bell_seen = b;
       return;
     }
@@ -1087,7 +1093,7 @@ static void gpi2_wait_doorbell(void *st, uint64_t done, double deadline) {
     pthread_mutex_lock(&s->mu);
     progress(s);
     pthread_mutex_unlock(&s->mu);
-    if (atomic_load(&s->bell) != b || atomic_load(&s->cycle_wanted) > done) continue;
+    if (atomic_load(&s->bell) != b || atomic_load(&s->peer_wanted) > done) continue;
     double d = deadline - now < sleep ? deadline - now : sleep;
     struct timespec ts = timespec_of(d);
     atomic_fetch_add(&s->bell_waiters, 1);
