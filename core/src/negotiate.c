@@ -21,7 +21,7 @@
  * cycling. A changed meta under a cached name is announced, which evicts the
  * slot everywhere and renegotiates it.
  *
- * One round: a cached allreduce of at most TNT_ONE_ROUND_BYTES also sends its
+ * One round: a cached allreduce of at most tnt_one_round_bytes also sends its
  * payload (scaled by its factor) with the bit, every cycle until it runs. When
  * every rank's payload is in the cycle that makes the slot ready, the response
  * is marked one_round and every rank adds the payloads from the messages it
@@ -89,8 +89,10 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   c->payload_at = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_at);
   c->payload_cycle = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_cycle);
   if (!c->payload_at || !c->payload_cycle) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-  c->msg_out = malloc(TNT_EXCHANGE_MAX);
-  c->msg_all = malloc((size_t)TNT_EXCHANGE_MAX * (size_t)c->pl->size);
+  c->one_round_bytes = tnt_one_round_bytes(transport, pl->size);
+  c->msg_max = c->one_round_bytes + TNT_MESSAGE_ROOM;
+  c->msg_out = malloc(c->msg_max);
+  c->msg_all = malloc((size_t)c->msg_max * (size_t)c->pl->size);
   c->msg_lens = calloc((size_t)c->pl->size, sizeof(size_t));
   if (!c->msg_out || !c->msg_all || !c->msg_lens) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   return TNT_SUCCESS;
@@ -237,14 +239,21 @@ static void classify_new(tnt_negotiator_t *c) {
   }
 }
 
+size_t tnt_one_round_bytes(const tnt_transport_t *t, int size) {
+  /* on one host the round is a read of shared memory per rank, and the ring
+   * costs no network latency: only small payloads ride (measured in the
+   * previous release); across hosts a 64 KiB allreduce on 2 ranks took 0.13 ms
+   * on the ring and 0.07 ms in one round (bench/multihost.py) */
+  return t == &tnt_transport_shm || size > 4 ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
+}
+
 /* A cached allreduce whose payload may ride with its bit: small, and not an
  * integer average (that one runs its own two-part sum). */
 static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
   const tnt_meta_t *m = &req->meta;
   if ((req->state != REQ_CACHED_SENT && req->state != REQ_CACHED) || m->coll != COLL_ALLREDUCE) return 0;
   if (m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64)) return 0;
-  (void)c;
-  return (size_t)m->count * tnt_dtype_size((tnt_dtype_t)m->dtype) <= TNT_ONE_ROUND_BYTES;
+  return (size_t)m->count * tnt_dtype_size((tnt_dtype_t)m->dtype) <= c->one_round_bytes;
 }
 
 /* Append the payloads of the cached small allreduces (after the bits, which
@@ -259,7 +268,7 @@ static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
     if (!rides_with_bit(c, req)) continue;
     const tnt_dtype_t dt = (tnt_dtype_t)req->meta.dtype;
     const size_t bytes = (size_t)req->meta.count * tnt_dtype_size(dt);
-    if (at + sizeof(payload_hdr_t) + align8(bytes) > TNT_EXCHANGE_MAX) continue;
+    if (at + sizeof(payload_hdr_t) + align8(bytes) > c->msg_max) continue;
     payload_hdr_t ph = {(uint32_t)req->cache_slot, (uint32_t)bytes};
     memcpy(msg + at, &ph, sizeof ph);
     double factor = req->prescale;
@@ -289,7 +298,7 @@ static size_t build_message(tnt_negotiator_t *c) {
       req->state = REQ_CACHED_SENT;
     } else if (req->state == REQ_TO_ANNOUNCE) {
       size_t nlen = strlen(req->name);
-      if (used + sizeof(ann_hdr_t) + nlen > TNT_EXCHANGE_MAX) continue; /* the rest goes next cycle */
+      if (used + sizeof(ann_hdr_t) + nlen > c->msg_max) continue; /* the rest goes next cycle */
       ann_hdr_t ah = {req->meta, (uint16_t)nlen};
       memcpy(msg + used, &ah, sizeof ah);
       memcpy(msg + used + sizeof ah, req->name, nlen);
@@ -373,7 +382,7 @@ static tnt_result_t check_messages(tnt_negotiator_t *c) {
   const int N = c->pl->size;
   const msg_hdr_t *mine = (const msg_hdr_t *)c->msg_out;
   for (int q = 0; q < N; q++) {
-    const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
+    const uint8_t *msg = c->msg_all + (size_t)q * c->msg_max;
     size_t len = c->msg_lens[q];
     msg_hdr_t hdr;
     if (len < sizeof hdr) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a truncated negotiation message (%zu bytes)", q, len);
@@ -407,7 +416,7 @@ static tnt_result_t check_messages(tnt_negotiator_t *c) {
       payload_hdr_t ph;
       if (off + sizeof ph > len) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a truncated payload header", q);
       memcpy(&ph, msg + off, sizeof ph);
-      if (ph.slot >= (uint32_t)c->cache_cap || ph.bytes > TNT_ONE_ROUND_BYTES || off + sizeof ph + align8(ph.bytes) > len)
+      if (ph.slot >= (uint32_t)c->cache_cap || ph.bytes > c->one_round_bytes || off + sizeof ph + align8(ph.bytes) > len)
         return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a malformed payload (slot %u, %u bytes)", q, ph.slot, ph.bytes);
       off += sizeof ph + align8(ph.bytes);
     }
@@ -426,7 +435,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
     TNT_CHECK(c->transport->exchange_post(c->ts, c->msg_out, c->msg_out_len, tnt_now() + c->params->timeout_s));
     c->cycle_posted = 1;
   }
-  tnt_result_t res = c->transport->exchange_collect(c->ts, c->msg_all, TNT_EXCHANGE_MAX, c->msg_lens, until);
+  tnt_result_t res = c->transport->exchange_collect(c->ts, c->msg_all, c->msg_max, c->msg_lens, until);
   if (res != TNT_SUCCESS) return res; /* TNT_IN_PROGRESS: resumed by the next step */
   c->cycle_posted = 0;
   size_t len = c->msg_out_len;
@@ -440,7 +449,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
   uint64_t seen[nwords > 0 ? nwords : 1];
   memset(seen, 0, sizeof seen);
   for (int q = 0; q < N; q++) {
-    const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
+    const uint8_t *msg = c->msg_all + (size_t)q * c->msg_max;
     const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
     const uint64_t *bits = (const uint64_t *)(msg + sizeof *hdr);
     for (uint32_t w = 0; w < hdr->nwords && (int)w < cache_words(c); w++) {
@@ -462,7 +471,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
    * every rank's cache holds the same agreed meta) */
   const uint64_t stamp = c->cycles + 1;
   for (int q = 0; q < N; q++) {
-    const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
+    const uint8_t *msg = c->msg_all + (size_t)q * c->msg_max;
     msg_hdr_t hdr;
     memcpy(&hdr, msg, sizeof hdr);
     if (!hdr.n_payloads) continue;
@@ -516,7 +525,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
   /* 3. announcements, in rank order */
   int first_new = n;
   for (int q = 0; q < N; q++) {
-    const uint8_t *msg = c->msg_all + (size_t)q * TNT_EXCHANGE_MAX;
+    const uint8_t *msg = c->msg_all + (size_t)q * c->msg_max;
     const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
     size_t off = sizeof *hdr + sizeof(uint64_t) * hdr->nwords;
     for (uint32_t a = 0; a < hdr->n_ann; a++) {
@@ -573,7 +582,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
 }
 
 const void *tnt_negotiate_payload(const tnt_negotiator_t *c, int slot, int q) {
-  return c->msg_all + (size_t)q * TNT_EXCHANGE_MAX + c->payload_at[(size_t)slot * c->pl->size + q];
+  return c->msg_all + (size_t)q * c->msg_max + c->payload_at[(size_t)slot * c->pl->size + q];
 }
 
 void tnt_responses_free(tnt_response_t *responses, int n) {

@@ -49,6 +49,18 @@ typedef struct {
  * in the negotiation message beside its readiness bit: when every rank's
  * payload is in the cycle that makes it ready, the cycle is the only round. */
 #define TNT_ONE_ROUND_BYTES (16 * 1024)
+/* ... and across hosts, for up to 4 ranks: there the ring pays 2(N-1) network
+ * latencies where the one round pays one, and the one round's N-1 copies of
+ * the payload are at most twice the ring's bytes. */
+#define TNT_ONE_ROUND_NET_BYTES (64 * 1024)
+/* What a negotiation message holds beside its payloads: header, readiness
+ * bits, announcements (those that do not fit go in the next cycle). */
+#define TNT_MESSAGE_ROOM (48 * 1024)
+
+/* The one-round limit of a job (the same on every rank: it depends on the
+ * transport and the size, which every rank agrees on). */
+size_t tnt_one_round_bytes(const tnt_transport_t *t, int size);
+_Static_assert(TNT_ONE_ROUND_NET_BYTES + TNT_MESSAGE_ROOM <= TNT_EXCHANGE_MAX, "a negotiation message must fit an exchange");
 
 typedef struct {
   const tnt_placement_t *pl;
@@ -63,6 +75,8 @@ typedef struct {
   int cache_cap;
   tnt_namemap_t cache_by_name;
   uint64_t cycles;             /* cycles completed */
+  size_t one_round_bytes;      /* tnt_one_round_bytes */
+  size_t msg_max;              /* bytes of one rank's message at most: one_round_bytes + TNT_MESSAGE_ROOM */
   uint8_t *msg_out, *msg_all;  /* exchange buffers */
   size_t *msg_lens;
   size_t msg_out_len;

@@ -33,7 +33,7 @@
  * next ring can then never overwrite a slot or bump a counter of this one. */
 enum { TNT_NOTIFY_DATA = 0, TNT_NOTIFY_CREDIT = 1, TNT_CHANNELS = 3, TNT_NOTIFY_KINDS = 2 * TNT_CHANNELS };
 enum { TNT_CHANNEL_FLAT = 0, TNT_CHANNEL_HOST = 1, TNT_CHANNEL_NET = 2 };
-#define TNT_EXCHANGE_MAX (64 * 1024) /* bytes per rank per exchange */
+#define TNT_EXCHANGE_MAX (128 * 1024) /* bytes per rank per exchange (the negotiation's message, with one-round payloads) */
 
 typedef struct tnt_transport tnt_transport_t;
 
