@@ -70,8 +70,20 @@ def describe(environ=None):
         f"  compiled ops  {'available' if ok else 'not available (tf.numpy_function is used)'}: {why}",
         f"  GPUs          {count} on this host" + (
             ": the ops have CPU kernels only, so TensorFlow copies GPU gradients to the host and back "
-            "(no CUDA kernel and no NCCL in this release)" if count else ""),
+            "(no CUDA kernel in this release; NCCL is loaded and checked, not used yet)" if count else ""),
+        f"  NCCL          {nccl_line()}",
     ])
+
+
+def nccl_line():
+    """Whether the core can load NCCL here (it is not used for collectives yet: docs/gpus.md)."""
+    try:
+        from tarantella.common import nccl
+
+        ok, why = nccl.status()
+    except Exception as exc:  # noqa: BLE001 - an info command reports, it does not fail
+        return f"not checked ({exc})"
+    return "available" if ok else f"not available: {why}"
 
 
 if __name__ == "__main__":

@@ -69,6 +69,10 @@ const char *tnt_transport_name(void);
  * (mpi: usable when its plugin loads, or, not built yet, when an MPI compiler
  * wrapper is found to build it at first use). Needs no tnt_init. */
 const char *tnt_transport_status(const char *name);
+/* NCCL (the collectives of GPU tensors, loaded at run time): "" when it can be
+ * used on this machine, else why not, in one line that says what to install or
+ * set. Needs no tnt_init and no GPU (whether a GPU is there is asked apart). */
+const char *tnt_nccl_status(void);
 
 /* Collectives. `name` identifies the request across ranks (at most 255 bytes);
  * ranks may submit names in any order. Buffers must stay valid until completion.

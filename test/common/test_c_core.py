@@ -17,7 +17,8 @@ import pytest
 from core_helpers import clean_env
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
-PROGRAMS = ["test_core", "test_ranks", "test_edges"]
+PROGRAMS = ["test_core", "test_ranks", "test_edges", "test_nccl"]
+NCCL_STAND_INS = ["ok", "old", "partial", "dup", "async-error", "hang"]  # core/Makefile's STANDINS
 BUILDS = ["plain", "asan", "tsan"]
 pytestmark = pytest.mark.skipif(not shutil.which("make") or not shutil.which("cc"),
                                 reason="needs make and a C compiler")
@@ -53,6 +54,7 @@ def builds(tmp_path_factory):
                 args = [f"BUILD={out}", *(f"{out}/{p}" for p in PROGRAMS)]
                 if kind == "plain":
                     args.append(f"{out}/libtarantella.so")
+                    args += [f"{out}/nccl-{v}.so" for v in NCCL_STAND_INS]
                 else:
                     args.append(f"SANITIZE={kind}")
                 res = make(*args)
@@ -94,6 +96,14 @@ def test_c_ranks_program_under_valgrind(build):
                "--error-exitcode=3", "--trace-children=yes", str(build / "test_ranks"), "2"])
     assert res.stdout.strip() == "2 passed, 0 failed"
     assert "==" not in res.stderr, res.stderr  # valgrind -q prints nothing unless it found something
+
+
+def test_nccl_loader_against_stand_in_libraries(build):
+    """core/test/test_nccl.c: a missing, old or incomplete libnccl.so.2 is refused saying why and what to
+    install; a failed or never-ending communicator set-up is aborted with NCCL's own words or at the
+    deadline; a working one is non-blocking. No GPU: the libraries are stand-ins built by core/Makefile."""
+    res = run([str(build / "test_nccl"), str(build)])
+    assert res.stdout.strip().splitlines()[-1] == "7 passed, 0 failed", res.stdout + res.stderr
 
 
 # ---- test_edges: one function per case (the expected behaviour is in core/test/test_edges.c) ----

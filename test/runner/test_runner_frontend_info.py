@@ -3,6 +3,8 @@ would be built at first use, or why not (runner/frontend_info.py, which never
 imports TensorFlow)."""
 import importlib.util
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -67,6 +69,27 @@ def test_version_ends_with_the_frontend(cache):
     res = run_tntrun(["--version"], env={**os.environ, "TNT_TF_OPS": "numpy"})
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[-3] == "TensorFlow frontend (TNT_TF_OPS):"
-    assert lines[-2] == "  compiled ops  not available (tf.numpy_function is used): not used: TNT_TF_OPS=numpy"
-    assert lines[-1].startswith("  GPUs          ")
+    assert lines[-4] == "TensorFlow frontend (TNT_TF_OPS):"
+    assert lines[-3] == "  compiled ops  not available (tf.numpy_function is used): not used: TNT_TF_OPS=numpy"
+    assert lines[-2].startswith("  GPUs          ")
+    assert lines[-1].startswith("  NCCL          ")
+
+
+CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
+
+
+def test_nccl_line_says_why_not_or_available(tmp_path):
+    """Each answer in its own process: the core loads NCCL once per process."""
+    missing = run_tntrun(["--version"], env={**os.environ, "TNT_NCCL_LIBRARY": "/nonexistent/libnccl.so.2"})
+    assert missing.returncode == 0, missing.stderr
+    assert ("  NCCL          not available: NCCL cannot be loaded from /nonexistent/libnccl.so.2"
+            in missing.stdout), missing.stdout
+    assert "pip install nvidia-nccl-cu12" in missing.stdout
+    cc = shutil.which("cc")
+    if not cc:
+        pytest.skip("no C compiler to build the stand-in NCCL")
+    standin = tmp_path / "libnccl.so.2"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", os.path.join(CORE, "test", "nccl_standin.c"), "-o", str(standin)], check=True)
+    found = run_tntrun(["--version"], env={**os.environ, "TNT_NCCL_LIBRARY": str(standin)})
+    assert "  NCCL          available" in found.stdout, found.stdout

@@ -1,0 +1,144 @@
+/* test_nccl.c - the NCCL loader (src/gpu/nccl.c) against stand-ins of
+ * libnccl.so.2 built from test/nccl_standin.c: a missing library, one too old,
+ * one without a function, a set-up that fails, one that never ends (aborted at
+ * the deadline), and one that works. No GPU, no CUDA. Each case runs in a child
+ * process: NCCL is loaded once per process. argv[1]: the folder of the
+ * stand-ins. Prints "N passed, N failed". */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "gpu/nccl.h"
+
+static const char *dir;
+static int passed, failed;
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      fprintf(stderr, "FAILED %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+              tnt_last_error());                                                     \
+      _exit(1);                                                                      \
+    }                                                                                \
+  } while (0)
+
+static void use(const char *standin) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, standin);
+  setenv("TNT_NCCL_LIBRARY", path, 1);
+}
+
+static int counter(const char *standin, const char *name) { /* the stand-in NCCL loaded: the same instance */
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, standin);
+  void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  int *v = lib ? dlsym(lib, name) : NULL;
+  return v ? *v : -1000;
+}
+
+static void missing_library(void) {
+  setenv("TNT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  CHECK(tnt_nccl_load() == TNT_ERR_INVALID_USAGE);
+  CHECK(strstr(tnt_last_error(), "NCCL cannot be loaded from /nonexistent/libnccl.so.2"));
+  CHECK(strstr(tnt_last_error(), "pip install nvidia-nccl-cu12"));
+  CHECK(strstr(tnt_nccl_status(), "cannot be loaded")); /* the reason stays */
+  CHECK(tnt_nccl_version() == 0);
+}
+
+static void too_old(void) {
+  use("nccl-old.so");
+  CHECK(tnt_nccl_load() == TNT_ERR_INVALID_USAGE);
+  CHECK(strstr(tnt_last_error(), "NCCL 2.12.3 at "));
+  CHECK(strstr(tnt_last_error(), "needs 2.14 or newer"));
+}
+
+static void function_missing(void) {
+  use("nccl-partial.so");
+  CHECK(tnt_nccl_load() == TNT_ERR_INVALID_USAGE);
+  CHECK(strstr(tnt_last_error(), "has no ncclCommGetAsyncError"));
+}
+
+static void init_fails(void) {
+  use("nccl-dup.so");
+  char id[TNT_NCCL_ID_BYTES];
+  CHECK(tnt_nccl_unique_id(id) == TNT_SUCCESS);
+  tnt_nccl_comm_t *comm = (void *)1;
+  CHECK(tnt_nccl_comm_init(1, 2, id, tnt_now() + 5, &comm) == TNT_ERR_SYSTEM);
+  CHECK(comm == NULL);
+  /* NCCL's own words: the code and its last error line */
+  CHECK(strstr(tnt_last_error(), "rank 1 could not join its NCCL communicator of 2 ranks: invalid usage"));
+  CHECK(strstr(tnt_last_error(), "Duplicate GPU detected"));
+  CHECK(counter("nccl-dup.so", "standin_aborts") == 1);
+}
+
+static void setup_fails_later(void) {
+  use("nccl-async-error.so");
+  char id[TNT_NCCL_ID_BYTES];
+  CHECK(tnt_nccl_unique_id(id) == TNT_SUCCESS);
+  tnt_nccl_comm_t *comm;
+  CHECK(tnt_nccl_comm_init(0, 2, id, tnt_now() + 5, &comm) == TNT_ERR_SYSTEM);
+  CHECK(strstr(tnt_last_error(), "NCCL failed while setting up its communicator of 2 ranks: unhandled system error"));
+  CHECK(counter("nccl-async-error.so", "standin_aborts") == 1);
+}
+
+static void setup_never_ends(void) {
+  use("nccl-hang.so");
+  char id[TNT_NCCL_ID_BYTES];
+  CHECK(tnt_nccl_unique_id(id) == TNT_SUCCESS);
+  tnt_nccl_comm_t *comm;
+  double start = tnt_now();
+  CHECK(tnt_nccl_comm_init(0, 4, id, start + 0.3, &comm) == TNT_ERR_TIMEOUT);
+  double took = tnt_now() - start;
+  CHECK(took >= 0.3 && took < 3.0); /* a bound, not a timing: it must end */
+  CHECK(strstr(tnt_last_error(), "did not set up its communicator of 4 ranks within TNT_TIMEOUT_S"));
+  CHECK(counter("nccl-hang.so", "standin_aborts") == 1);
+}
+
+static void works(void) {
+  use("nccl-ok.so");
+  CHECK(tnt_nccl_load() == TNT_SUCCESS);
+  CHECK(tnt_nccl_status()[0] == 0);
+  CHECK(tnt_nccl_version() == 22703);
+  char id[TNT_NCCL_ID_BYTES];
+  CHECK(tnt_nccl_unique_id(id) == TNT_SUCCESS);
+  tnt_nccl_comm_t *comm = NULL;
+  CHECK(tnt_nccl_comm_init(2, 3, id, tnt_now() + 5, &comm) == TNT_SUCCESS && comm);
+  CHECK(counter("nccl-ok.so", "standin_blocking") == 0); /* non-blocking: every wait has our deadline */
+  CHECK(counter("nccl-ok.so", "standin_nranks") == 3 && counter("nccl-ok.so", "standin_rank") == 2);
+  CHECK(counter("nccl-ok.so", "standin_id_ok") == 1);
+  tnt_nccl_comm_destroy(comm);
+  CHECK(counter("nccl-ok.so", "standin_destroys") == 1 && counter("nccl-ok.so", "standin_aborts") == 0);
+}
+
+static void run(const char *name, void (*fn)(void)) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(30); /* a case that hangs fails instead */
+    fn();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  printf("%s: %s\n", name, ok ? "passed" : "FAILED");
+  ok ? passed++ : failed++;
+}
+
+int main(int argc, char **argv) {
+  dir = argc > 1 ? argv[1] : "build";
+  run("missing_library", missing_library);
+  run("too_old", too_old);
+  run("function_missing", function_missing);
+  run("init_fails", init_fails);
+  run("setup_fails_later", setup_fails_later);
+  run("setup_never_ends", setup_never_ends);
+  run("works", works);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed != 0;
+}

@@ -1,0 +1,38 @@
+"""Where NCCL is and whether the core can use it (the core loads it at run time:
+core/src/gpu/nccl.c). `tensorflow[and-cuda]` installs NCCL as the wheel
+nvidia-nccl-cu12 (nvidia/nccl/lib/libnccl.so.2), which is not on the library
+path: the core is pointed at it through TNT_NCCL_LIBRARY unless the user set it."""
+import importlib.util
+import os
+
+
+def wheel_library():
+    """The libnccl.so.2 of the nvidia-nccl-cu12 wheel, or None."""
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "lib", "libnccl.so.2")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def point_core_at_wheel(environ=None):
+    """Set TNT_NCCL_LIBRARY to the wheel's library when the user has not chosen one."""
+    environ = os.environ if environ is None else environ
+    if not environ.get("TNT_NCCL_LIBRARY"):
+        path = wheel_library()
+        if path:
+            environ["TNT_NCCL_LIBRARY"] = path
+
+
+def status():
+    """(available, why not): what the core says of NCCL on this machine (no GPU needed to ask)."""
+    from tarantella.common import core
+
+    point_core_at_wheel()
+    lib, ffi = core.lib(), core.ffi()
+    why = ffi.string(lib.tnt_nccl_status()).decode("utf-8", "replace")
+    return not why, why
