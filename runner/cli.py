@@ -100,6 +100,10 @@ def build_parser(prog="tntrun"):
                         metavar="N", help="number of ranks on this host (with --hostfile: the total)")
     single.add_argument("--no-gpu", "--no-gpus", dest="no_gpu", action="store_true",
                         help="run on CPUs only and hide the GPUs from the ranks")
+    single.add_argument("--ranks-per-gpu", type=_positive_int, default=1, metavar="K",
+                        help="put K ranks on each GPU (rank r on GPU r // K), for small models on a "
+                             "large GPU or tests on one GPU; GPU tensors then go through host memory "
+                             "(NCCL refuses two ranks on one GPU). Default 1")
     single.add_argument("--python-interpreter", metavar="CMD", default=None,
                         help='interpreter that runs PROGRAM (default: the Python running tntrun); '
                              '"" runs PROGRAM as an executable; may have arguments, e.g. '
@@ -238,19 +242,20 @@ def _local_plan(args, command, job_id, private_dir):
         size = size or 1  # the CPU was asked for: one rank, and nothing to warn about
     elif size is None:
         if gpu_ids:
-            size = len(gpu_ids)
+            size = len(gpu_ids) * args.ranks_per_gpu
         else:
             size = 1
             _warn("no GPU found: running 1 rank on the CPU (use -n N for N ranks, --no-gpu to "
                   "silence this)")
     if gpu_ids and not args.no_gpu:
-        if size <= len(gpu_ids):
-            gpu_of = lambda r: gpu_ids[r]  # noqa: E731 - one GPU per rank
-        else:
-            _warn(f"-n {size} is more than the {len(gpu_ids)} GPU(s) of this host: running "
-                  f"all {size} ranks on CPUs (use -n {len(gpu_ids)} for one rank per GPU, "
-                  "--no-gpu to silence this)")
-            gpu_of = lambda r: ""  # noqa: E731
+        per = args.ranks_per_gpu
+        if size > per * len(gpu_ids):
+            places = (f"the {len(gpu_ids)} GPU(s) of this host" if per == 1 else
+                      f"{len(gpu_ids)} GPU(s) x {per} ranks (--ranks-per-gpu {per})")
+            _warn(f"-n {size} is more than {places}: running all {size} ranks on CPUs (use "
+                  f"-n {per * len(gpu_ids)}, --ranks-per-gpu {-(-size // len(gpu_ids))} to share the "
+                  "GPUs, or --no-gpu to silence this)")
+        gpu_of = lambda r: gpus.gpu_for(r, size, gpu_ids, per)  # noqa: E731
     cores = environment.usable_cores()
     if size > cores and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"

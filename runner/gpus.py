@@ -49,3 +49,20 @@ def detect(environ=None):
             named = named[:named.index("-1")]
         ids = named[:count]
     return ids
+
+
+def gpu_for(local_rank, local_size, ids, per_gpu=1):
+    """CUDA_VISIBLE_DEVICES of a rank: GPU local_rank // per_gpu when the host's ranks fit on its
+    GPUs (per_gpu ranks on each), else "" (more ranks than places: every rank on the CPU)."""
+    if not ids or local_size > per_gpu * len(ids):
+        return ""
+    return ids[local_rank // per_gpu]
+
+
+def rank_gpu_env(env, gpu):
+    """Put a rank on `gpu` ("" hides every GPU). A rank given a GPU grows its memory as it needs
+    it (TF_FORCE_GPU_ALLOW_GROWTH), unless the user chose: TensorFlow otherwise takes nearly all
+    of a GPU's memory in the first process that touches it, and ranks sharing it then fail."""
+    env["CUDA_VISIBLE_DEVICES"] = gpu
+    if gpu and "TF_FORCE_GPU_ALLOW_GROWTH" not in env:
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"

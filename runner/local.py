@@ -5,7 +5,7 @@ import shutil
 import sys
 import tempfile
 
-from tarantella.runner import jobs, report, shm
+from tarantella.runner import gpus, jobs, report, shm
 from tarantella.runner.supervise import ProcSpec, Supervisor
 
 
@@ -24,7 +24,7 @@ def rank_specs(argv_of, env, size, private_dir, output_on_all, gpu_of=None, pin_
             rank_env["TNT_ERROR_FILE"] = error_file
         gpu = gpu_of(rank) if gpu_of else None
         if gpu is not None:
-            rank_env["CUDA_VISIBLE_DEVICES"] = gpu
+            gpus.rank_gpu_env(rank_env, gpu)
         shown = output_on_all or rank == 0
         specs.append(ProcSpec(
             argv=argv_of(rank), env=rank_env, label=str(rank), rank=rank, local_rank=rank,

@@ -204,6 +204,8 @@ def build(args, command, job_id, workdir):
     wrapper = [sys.executable, "-m", "tarantella.runner.rank", "--report", f"--size={total}"]
     if per_node:
         wrapper.append(f"--per-node={per_node}")
+    if args.ranks_per_gpu != 1:
+        wrapper.append(f"--ranks-per-gpu={args.ranks_per_gpu}")
     for flag, on in (("--output-all", args.output_on_all_devices), ("--no-gpu", args.no_gpu),
                      ("--pin-cpu", args.pin_to_socket), ("--pin-memory", args.pin_memory_to_socket)):
         if on:

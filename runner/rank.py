@@ -224,6 +224,7 @@ def main(argv=None):
     p.add_argument("--size", type=int)
     p.add_argument("--output-all", action="store_true")
     p.add_argument("--no-gpu", action="store_true")
+    p.add_argument("--ranks-per-gpu", type=int, default=1)
     p.add_argument("--pin-cpu", action="store_true")
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--report", action="store_true",
@@ -239,8 +240,9 @@ def main(argv=None):
     else:
         ids = gpus.detect(env)
         if ids:
-            # one GPU per rank, or none for every rank when ranks outnumber GPUs (CPU run)
-            env["CUDA_VISIBLE_DEVICES"] = ids[local_rank] if local_size <= len(ids) else ""
+            # one GPU per rank (or per --ranks-per-gpu ranks), or none for every rank when
+            # ranks outnumber the places (a CPU run)
+            gpus.rank_gpu_env(env, gpus.gpu_for(local_rank, local_size, ids, opts.ranks_per_gpu))
     if opts.pin_cpu or opts.pin_memory:
         command = pinning.pinned_argv_of(command, opts.pin_cpu, opts.pin_memory, local_size)(local_rank)
     # only the master's output is shown; stderr stays, so errors of any rank reach the engine

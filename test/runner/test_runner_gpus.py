@@ -1,4 +1,7 @@
 """GPU detection from a fake device listing (never real hardware), and what ranks get."""
+import subprocess
+import sys
+
 from tntrun_helpers import import_runner, run_tntrun, runner_env
 
 import_runner()
@@ -32,14 +35,34 @@ def test_detect_respects_cuda_visible_devices(tmp_path):
 
 
 RANK = "print(os.environ['TNT_RANK'], repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n"
+GROWTH = ("print(os.environ['TNT_RANK'], repr(os.environ.get('CUDA_VISIBLE_DEVICES')), "
+          "os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH'))\n")
 
 
 def test_one_rank_per_gpu_by_default(script, tmp_path):
     env = runner_env(TNT_GPU_LISTING=_listing(tmp_path))
-    res = run_tntrun(["--output-on-all-devices", "--", script(RANK)], env=env)
+    res = run_tntrun(["--output-on-all-devices", "--", script(GROWTH)], env=env)
     assert res.returncode == 0, res.stderr
-    assert sorted(res.stdout.splitlines()) == ["[0] 0 '0'", "[1] 1 '1'"]
+    # every rank on a GPU grows its memory as it needs it: no rank takes a whole GPU
+    assert sorted(res.stdout.splitlines()) == ["[0] 0 '0' true", "[1] 1 '1' true"]
     assert "WARNING" not in res.stderr
+
+
+def test_ranks_share_gpus_when_asked(script, tmp_path):
+    env = runner_env(TNT_GPU_LISTING=_listing(tmp_path))
+    res = run_tntrun(["--ranks-per-gpu", "2", "--output-on-all-devices", "--", script(GROWTH)], env=env)
+    assert res.returncode == 0, res.stderr  # no -n: 2 ranks on each of the 2 GPUs
+    assert sorted(res.stdout.splitlines()) == ["[0] 0 '0' true", "[1] 1 '0' true", "[2] 2 '1' true",
+                                               "[3] 3 '1' true"]
+    res = run_tntrun(["-n", "3", "--ranks-per-gpu", "2", "--output-on-all-devices", "--", script(RANK)], env=env)
+    assert sorted(res.stdout.splitlines()) == ["[0] 0 '0'", "[1] 1 '0'", "[2] 2 '1'"]
+    res = run_tntrun(["-n", "5", "--ranks-per-gpu", "2", "--", script(RANK)], env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "0 ''"
+    assert "WARNING: -n 5 is more than 2 GPU(s) x 2 ranks (--ranks-per-gpu 2)" in res.stderr
+    assert "--ranks-per-gpu 3 to share the GPUs" in res.stderr
+    chosen = run_tntrun(["-n", "2", "--output-on-all-devices", "-x", "TF_FORCE_GPU_ALLOW_GROWTH=false", "--",
+                         script(GROWTH)], env=env)
+    assert sorted(chosen.stdout.splitlines()) == ["[0] 0 '0' false", "[1] 1 '1' false"]  # the user's choice stays
 
 
 def test_more_ranks_than_gpus_warns_and_runs_on_cpus(script, tmp_path):
@@ -64,3 +87,15 @@ def test_no_gpu_present(script):
     assert "WARNING: no GPU found: running 1 rank on the CPU" in res.stderr
     res = run_tntrun(["-n", "2", "--", script(RANK)])
     assert res.returncode == 0 and "WARNING" not in res.stderr
+
+
+def test_rank_wrapper_shares_gpus_on_other_hosts(tmp_path):
+    """What a rank started by mpirun/srun/gaspi_run on another host does with --ranks-per-gpu."""
+    env = runner_env(TNT_GPU_LISTING=_listing(tmp_path), GASPI_RANK="3")
+    show = ("import os; print(os.environ['TNT_LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES'], "
+            "os.environ['TF_FORCE_GPU_ALLOW_GROWTH'])")
+    res = subprocess.run([sys.executable, "-m", "tarantella.runner.rank", "--size=4", "--per-node=4",
+                          "--ranks-per-gpu=2", "--output-all", "--", sys.executable, "-c", show],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["3", "1", "true"]  # local rank 3 of 4, two per GPU: GPU 1
