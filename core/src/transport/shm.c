@@ -47,6 +47,7 @@
 
 #include "common.h"
 #include "transport.h"
+#include "host_load.h"
 #include "process_state.h"
 
 #define SHM_MAGIC 0x544e5431u /* "TNT1" */
@@ -219,19 +220,7 @@ static int host_has_free_cores(shm_t *s) {
   int64_t now = tnt_now_us(), last = atomic_load_explicit(&s->hdr->load_read_us, memory_order_relaxed);
   if (now - last >= (int64_t)(HOST_LOAD_EVERY_S * 1e6) &&
       atomic_compare_exchange_strong(&s->hdr->load_read_us, &last, now)) {
-    uint32_t busy = 0;
-    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      char buf[128];
-      ssize_t n = read(fd, buf, sizeof buf - 1);
-      close(fd);
-      long running = 0;
-      if (n > 0) {
-        buf[n] = 0;
-        if (sscanf(buf, "%*s %*s %*s %ld/", &running) == 1) busy = running > s->ncpu;
-      }
-    }
-    atomic_store_explicit(&s->hdr->host_busy, busy, memory_order_relaxed);
+    atomic_store_explicit(&s->hdr->host_busy, tnt_running_threads() > s->ncpu, memory_order_relaxed);
   }
   return !atomic_load_explicit(&s->hdr->host_busy, memory_order_relaxed);
 }

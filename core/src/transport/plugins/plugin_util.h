@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../host_load.h"
+
 #define SLEEP_MIN_S 10e-6  /* first idle sleep of a wait */
 #define SLEEP_MAX_S 1e-3   /* longest idle sleep of a wait */
 #define SLEEP_FLAT_S 2e-3  /* a wait polls at the shortest sleep this long before it backs off */
@@ -65,17 +67,8 @@ static inline int host_has_free_cores(double now) {
   long us = (long)(now * 1e6), last = atomic_load_explicit(&read_at_us, memory_order_relaxed);
   if (us - last >= 5000 && atomic_compare_exchange_strong(&read_at_us, &last, us)) {
     if (!ncpu) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      char buf[128];
-      ssize_t n = read(fd, buf, sizeof buf - 1);
-      close(fd);
-      long running = 0;
-      if (n > 0) {
-        buf[n] = 0;
-        if (sscanf(buf, "%*s %*s %*s %ld/", &running) == 1) atomic_store(&free_cores, running <= ncpu);
-      }
-    }
+    long running = tnt_running_threads();
+    if (running >= 0) atomic_store(&free_cores, running <= ncpu);
   }
   return atomic_load_explicit(&free_cores, memory_order_relaxed);
 }
