@@ -11,6 +11,7 @@ from tarantella.common import collectives, config, core
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
                                    dropout, global_loss, step_context)
+from tarantella.tensorflow import ops as tf_ops
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
@@ -701,6 +702,11 @@ def model_from_config(config, custom_objects=None):
 
 
 def _allgather_tensor(tensor):
+    """The rank-ordered concatenation of every rank's rows (predict's outputs)."""
+    compiled = tf_ops.get()
+    if compiled is not None:
+        return compiled.run("allgather", [tensor], ["tnt.predict"])[0]
+
     @collective_ops.reporting
     def gather(array):
         return collective_ops.allgather_array(array, name="tnt.predict")

@@ -30,12 +30,17 @@ import tensorflow as tf
 
 from tarantella.common import collectives, core
 from tarantella.tensorflow import collective_ops
+from tarantella.tensorflow import ops as tf_ops
 
 _local = threading.local()
 
 
 def _allreduce_sum_op(values, name):
-    """Σ_r values over all ranks (a 1-D float64 tensor of static length)."""
+    """Σ_r values over all ranks (a 1-D float64 tensor of static length): the
+    compiled op where it is available, else a tf.numpy_function (TNT_TF_OPS)."""
+    compiled = tf_ops.get()
+    if compiled is not None:
+        return compiled.run("allreduce", [values], [name])[0]
 
     @collective_ops.reporting
     def reduce(array):

@@ -1,5 +1,5 @@
 /* gpu/nccl.h - NCCL, loaded at run time: the collectives of GPU tensors when
- * every rank has a GPU of its own (docs/gpus.md).
+ * every rank has a GPU of its own (docs/gpus.md: not used by a collective yet).
  *
  * Nothing of NCCL or CUDA is needed to build or install the core: the library
  * is dlopen()ed on first use ($TNT_NCCL_LIBRARY, set by the Python package to
