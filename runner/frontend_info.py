@@ -71,8 +71,16 @@ def describe(environ=None):
         f"  GPUs          {count} on this host" + (
             ": the ops have CPU kernels only, so TensorFlow copies GPU gradients to the host and back "
             "(no CUDA kernel in this release; NCCL is loaded and checked, not used yet)" if count else ""),
+        f"  CUDA runtime  {cuda_line()}",
         f"  NCCL          {nccl_line()}",
     ])
+
+
+def cuda_line():
+    from tarantella.common import nccl
+
+    found, where = nccl.cuda_runtime()
+    return f"found: {where}" if found else f"not found: {where}"
 
 
 def nccl_line():

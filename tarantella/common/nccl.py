@@ -6,17 +6,34 @@ import importlib.util
 import os
 
 
-def wheel_library():
-    """The libnccl.so.2 of the nvidia-nccl-cu12 wheel, or None."""
+def _wheel_file(package, name):
+    """lib/<name> of an NVIDIA wheel's package (nvidia.nccl, nvidia.cuda_runtime), or None."""
     try:
-        spec = importlib.util.find_spec("nvidia.nccl")
+        spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return None
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, "lib", "libnccl.so.2")
+        path = os.path.join(folder, "lib", name)
         if os.path.exists(path):
             return path
     return None
+
+
+def wheel_library():
+    """The libnccl.so.2 of the nvidia-nccl-cu12 wheel, or None."""
+    return _wheel_file("nvidia.nccl", "libnccl.so.2")
+
+
+def cuda_runtime():
+    """(found, where or why not) of the CUDA runtime a GPU path would load: the
+    nvidia-cuda-runtime-cu12 wheel's (tensorflow[and-cuda]), else the system's."""
+    import ctypes.util
+
+    path = _wheel_file("nvidia.cuda_runtime", "libcudart.so.12") or ctypes.util.find_library("cudart")
+    if path:
+        return True, path
+    return False, ("libcudart not found: pip install 'tensorflow[and-cuda]' (it brings "
+                   "nvidia-cuda-runtime-cu12), or install the CUDA toolkit")
 
 
 def point_core_at_wheel(environ=None):

@@ -69,9 +69,10 @@ def test_version_ends_with_the_frontend(cache):
     res = run_tntrun(["--version"], env={**os.environ, "TNT_TF_OPS": "numpy"})
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[-4] == "TensorFlow frontend (TNT_TF_OPS):"
-    assert lines[-3] == "  compiled ops  not available (tf.numpy_function is used): not used: TNT_TF_OPS=numpy"
-    assert lines[-2].startswith("  GPUs          ")
+    assert lines[-5] == "TensorFlow frontend (TNT_TF_OPS):"
+    assert lines[-4] == "  compiled ops  not available (tf.numpy_function is used): not used: TNT_TF_OPS=numpy"
+    assert lines[-3].startswith("  GPUs          ")
+    assert lines[-2].startswith("  CUDA runtime  found: ") or lines[-2].startswith("  CUDA runtime  not found: ")
     assert lines[-1].startswith("  NCCL          ")
 
 
