@@ -499,6 +499,8 @@ void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   stats->announcements = atomic_load(&c->neg.announcements);
   stats->executed = atomic_load(&c->executed);
   stats->one_round = atomic_load(&c->neg.one_round);
+  stats->bit_rounds = atomic_load(&c->neg.bit_rounds);
+  stats->full_rounds = atomic_load(&c->neg.full_rounds);
 }
 
 /* Size-1 jobs: every collective is a local copy (no thread, no transport). */

@@ -7,6 +7,7 @@
 
 #include <stdatomic.h>
 
+#include "and_allreduce.h"
 #include "namemap.h"
 #include "params.h"
 #include "pending.h"
@@ -67,10 +68,16 @@ typedef struct {
   size_t *msg_lens;
   size_t msg_out_len;
   int cycle_posted;            /* this cycle's message is published, not yet collected */
+  int cycle_bits;              /* the cycle in flight is a bit round (else full) */
+  int next_full;               /* the kind of the next cycle, agreed by every rank in this one */
+  uint64_t *bits_out, *bits_and; /* a bit round's words: this rank's, every rank's AND */
+  tnt_and_scratch_t and_scratch; /* for a transport with no AND of its own: the exchange buffers */
   uint64_t responses_digest;   /* of the last cycle's responses: sent with the next message */
   _Atomic int64_t cache_hits;    /* requests that cost one bit (read by tnt_get_stats) */
   _Atomic int64_t announcements; /* requests announced in full */
   _Atomic int64_t one_round;     /* allreduces whose payload rode with their readiness bit */
+  _Atomic int64_t bit_rounds;    /* cycles that were an AND of readiness bits */
+  _Atomic int64_t full_rounds;   /* cycles that exchanged every rank's message */
   uint32_t *payload_at;          /* [cache_cap * size]: offset of rank q's payload for a slot in its message */
   uint64_t *payload_cycle;       /* [cache_cap * size]: the cycle (+1) that carried it */
 } tnt_negotiator_t;
