@@ -12,6 +12,8 @@
  *            its PUT announced (the receiver posts the receive when it reads the
  *            PUT; MPI keeps the two streams of one sender in order)
  *   EXCH     the exchange's message, one to every rank, probed per source
+ *   AND      one step of the AND-allreduce (the negotiation's bit round):
+ *            recursive doubling, log2(N) messages per rank per round
  * A NOTIFY from a sender is applied only after every payload that sender put
  * before it has landed (a per-sender FIFO), which is what "ordered after
  * earlier puts" means. put() returns once MPI has sent the payload, so the
@@ -67,7 +69,7 @@
 #define EXPORT __attribute__((visibility("default")))
 
 enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
-enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303 };
+enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303, TAG_AND = 7304 };
 enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BELL, CTRL_BEAT, CTRL_BYE, CTRL_ABORT };
 enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 
@@ -151,6 +153,16 @@ typedef struct {
   uint32_t round;
   int posted, missing;
   double exch_deadline;
+  /* AND-allreduce (recursive doubling): a round is steps 0 (fold in the rank
+   * above the largest power of two), 1..log2 P (pairs), log2 P + 1 (hand the
+   * result back up); two rounds of sends may be in flight, a buffer per step */
+  uint64_t *and_acc, *and_rbuf;   /* [1 + and_cap]: header word (round, step), then the words */
+  uint64_t *and_sbuf[2];          /* [and_steps][1 + and_cap] per round parity */
+  MPI_Request *and_req[2];        /* [and_steps] per round parity */
+  int and_cap, and_nwords, and_steps, and_pow, and_log;
+  int and_posted, and_step, and_sent, and_partner;
+  uint32_t and_round;
+  double and_deadline;
   /* doorbell */
   _Atomic uint64_t cycle_wanted;
   _Atomic uint32_t bell, bell_waiters;
@@ -703,7 +715,11 @@ static void free_state(mpi_t *s) {
   for (int b = 0; b < 2; b++) {
     free(s->exch_out[b]);
     free(s->exch_req[b]);
+    free(s->and_sbuf[b]);
+    free(s->and_req[b]);
   }
+  free(s->and_acc);
+  free(s->and_rbuf);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -1091,6 +1107,188 @@ static tnt_result_t mpi_exchange(void *st, const void *mine, size_t len, void *a
   return mpi_exchange_collect(s, all, stride, lens, deadline);
 }
 
+/* ---- AND-allreduce: the negotiation's bit round ----
+ *
+ * Recursive doubling among the largest power of two P <= N ranks; a rank
+ * r >= P first hands its words to r - P and gets the result back from it at
+ * the end. Each step's message carries (round, step) in its first word: MPI
+ * keeps one sender's messages in order per tag and a sender sends a receiver
+ * at most one per round, so the next message from the partner is the expected
+ * one; anything else means the ranks diverged. */
+
+static uint64_t and_tag(uint32_t round, int step) { return (uint64_t)round << 8 | (uint64_t)step; }
+
+/* The partner of `step` (-1: none: this rank skips the step). */
+static int and_partner(const mpi_t *s, int step) {
+  const int r = s->me;
+  if (step == 0) return r >= s->and_pow ? r - s->and_pow : (r + s->and_pow < s->n ? r + s->and_pow : -1);
+  if (step <= s->and_log) return r < s->and_pow ? r ^ (1 << (step - 1)) : -1;
+  return r >= s->and_pow ? r - s->and_pow : (r + s->and_pow < s->n ? r + s->and_pow : -1);
+}
+
+/* Does this rank send / receive in `step`? (above P: send in 0, receive in the last) */
+static int and_sends(const mpi_t *s, int step) {
+  if (s->me >= s->and_pow) return step == 0;
+  return step > 0 && and_partner(s, step) >= 0;
+}
+static int and_receives(const mpi_t *s, int step) {
+  if (s->me >= s->and_pow) return step == s->and_log + 1;
+  return step <= s->and_log && and_partner(s, step) >= 0;
+}
+
+static tnt_result_t and_buffers(mpi_t *s, int nwords) {
+  if (nwords <= s->and_cap) return TNT_SUCCESS;
+  int P = 1, L = 0;
+  while (2 * P <= s->n) P *= 2, L++;
+  s->and_pow = P;
+  s->and_log = L;
+  s->and_steps = L + 2;
+  const size_t w = (size_t)nwords + 1;
+  free(s->and_acc);
+  free(s->and_rbuf);
+  s->and_acc = calloc(w, sizeof(uint64_t));
+  s->and_rbuf = calloc(w, sizeof(uint64_t));
+  for (int b = 0; b < 2; b++) {
+    free(s->and_sbuf[b]);
+    free(s->and_req[b]);
+    s->and_sbuf[b] = calloc(w * (size_t)s->and_steps, sizeof(uint64_t));
+    s->and_req[b] = malloc((size_t)s->and_steps * sizeof(MPI_Request));
+    for (int k = 0; s->and_req[b] && k < s->and_steps; k++) s->and_req[b][k] = MPI_REQUEST_NULL;
+  }
+  if (!s->and_acc || !s->and_rbuf || !s->and_sbuf[0] || !s->and_sbuf[1] || !s->and_req[0] || !s->and_req[1]) {
+    s->and_cap = 0;
+    return failf(TNT_ERR_SYSTEM, -1, "out of memory");
+  }
+  s->and_cap = nwords;
+  return TNT_SUCCESS;
+}
+
+static int and_sends_done(mpi_t *s, void *arg) {
+  int flag = 0;
+  if (MPI_Testall(s->and_steps, (MPI_Request *)arg, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: sending a bit round failed", s->me);
+    return 0;
+  }
+  return flag;
+}
+
+/* Send the running AND for this step (mu held); 0 on failure (sticky). */
+static int and_send(mpi_t *s) {
+  const int step = s->and_step, peer = and_partner(s, step);
+  const size_t w = (size_t)s->and_nwords + 1;
+  uint64_t *buf = s->and_sbuf[s->and_round & 1] + (size_t)step * w;
+  buf[0] = and_tag(s->and_round, step);
+  memcpy(buf + 1, s->and_acc + 1, (size_t)s->and_nwords * sizeof(uint64_t));
+  int rc = MPI_Isend(buf, (int)(w * sizeof(uint64_t)), MPI_BYTE, peer, TAG_AND, s->comm,
+                     &s->and_req[s->and_round & 1][step]);
+  if (rc != MPI_SUCCESS) {
+    char e[MPI_MAX_ERROR_STRING];
+    s->and_req[s->and_round & 1][step] = MPI_REQUEST_NULL;
+    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not send a bit round to rank %d: %s", s->me, peer, mpi_err(rc, e));
+    return 0;
+  }
+  s->peers[peer].last_sent = host->now();
+  return 1;
+}
+
+/* Take the partner's message of this step if it is here (mu held): 1 when
+ * taken (ANDed in, or the result itself in the last step above P). */
+static int and_receive(mpi_t *s) {
+  const int step = s->and_step, peer = and_partner(s, step);
+  int flag = 0;
+  MPI_Message msg;
+  MPI_Status st;
+  if (MPI_Improbe(peer, TAG_AND, s->comm, &flag, &msg, &st) != MPI_SUCCESS) {
+    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not probe for rank %d's bit round", s->me, peer);
+    return 0;
+  }
+  if (!flag) return 0;
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  const size_t w = (size_t)s->and_nwords + 1;
+  if (count != (int)(w * sizeof(uint64_t))) {
+    uint8_t *junk = malloc(count > 0 ? (size_t)count : 1);
+    MPI_Mrecv(junk, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+    free(junk);
+    sticky(s, TNT_ERR_INTERNAL, peer, "rank %d sent a bit round of %d bytes, rank %d expected %zu: the ranks have "
+           "diverged (different TNT_* settings or library versions?)", peer, count, s->me, w * sizeof(uint64_t));
+    return 0;
+  }
+  if (MPI_Mrecv(s->and_rbuf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not receive rank %d's bit round", s->me, peer);
+    return 0;
+  }
+  s->peers[peer].last_heard = host->now();
+  if (s->and_rbuf[0] != and_tag(s->and_round, step)) {
+    sticky(s, TNT_ERR_INTERNAL, peer, "rank %d sent step %u of bit round %u, rank %d expected step %d of round %u: the "
+           "ranks have diverged", peer, (unsigned)(s->and_rbuf[0] & 0xff), (unsigned)(s->and_rbuf[0] >> 8), s->me,
+           step, s->and_round);
+    return 0;
+  }
+  for (size_t k = 1; k < w; k++) s->and_acc[k] &= s->and_rbuf[k];
+  return 1;
+}
+
+/* Advance the round as far as the messages that arrived allow (mu held);
+ * 1 when this rank holds the result. */
+static int and_advance(mpi_t *s, void *arg) {
+  while (s->and_step < s->and_steps) {
+    const int step = s->and_step;
+    s->and_partner = and_partner(s, step);
+    if (and_sends(s, step) && !s->and_sent) {
+      if (!and_send(s)) return 0;
+      s->and_sent = 1;
+    }
+    if (and_receives(s, step) && !and_receive(s)) return 0;
+    s->and_step++;
+    s->and_sent = 0;
+  }
+  return 1;
+}
+
+static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, double deadline) {
+  mpi_t *s = st;
+  if (s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round posted twice");
+  if (nwords < 1) return failf(TNT_ERR_INTERNAL, -1, "a bit round of %d words", nwords);
+  if (nwords > s->and_cap && s->and_cap) return failf(TNT_ERR_INTERNAL, -1, "a bit round grew to %d words", nwords);
+  tnt_result_t res = and_buffers(s, nwords);
+  if (res != TNT_SUCCESS) return res;
+  uint32_t round = s->and_round + 1;
+  /* the sends of round - 2 used these buffers: every rank has taken them (the
+   * result of round - 1 needed every rank to have finished round - 2) */
+  res = poll_until(s, and_sends_done, s->and_req[round & 1], -1, deadline, "sending a bit round");
+  if (res == TNT_ERR_TIMEOUT) return timed_out(s, -1, "sending a bit round");
+  if (res != TNT_SUCCESS) return res;
+  pthread_mutex_lock(&s->mu);
+  s->and_round = round;
+  s->and_nwords = nwords;
+  s->and_acc[0] = 0;
+  memcpy(s->and_acc + 1, mine, (size_t)nwords * sizeof *mine);
+  s->and_step = 0;
+  s->and_sent = 0;
+  s->and_posted = 1;
+  s->and_deadline = deadline;
+  and_advance(s, NULL); /* the first send leaves now */
+  pthread_mutex_unlock(&s->mu);
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t mpi_and_collect(void *st, uint64_t *out, double until) {
+  mpi_t *s = st;
+  if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
+  double deadline = until < s->and_deadline ? until : s->and_deadline;
+  const char *what = "in a bit round of the negotiation";
+  tnt_result_t res = poll_until(s, and_advance, NULL, -1, deadline, what);
+  if (res == TNT_ERR_TIMEOUT) {
+    if (deadline < s->and_deadline) return TNT_IN_PROGRESS;
+    return timed_out(s, s->and_partner, what);
+  }
+  if (res != TNT_SUCCESS) return res;
+  memcpy(out, s->and_acc + 1, (size_t)s->and_nwords * sizeof *out);
+  s->and_posted = 0;
+  return TNT_SUCCESS;
+}
+
 /* ---- doorbell ---- */
 
 static void mpi_ring_doorbell(void *st, uint64_t cycle) {
@@ -1238,6 +1436,8 @@ static const tnt_transport_t transport = {
     .wake_local = mpi_wake_local,
     .abort = mpi_abort,
     .finalize = mpi_finalize,
+    .and_post = mpi_and_post,
+    .and_collect = mpi_and_collect,
 };
 
 static const tnt_plugin_t plugin = {
