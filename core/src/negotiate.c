@@ -141,6 +141,7 @@ void tnt_negotiate_teardown(tnt_negotiator_t *c) {
 }
 
 int tnt_negotiate_has_news(tnt_negotiator_t *c) {
+  if (c->refresh) return 1;
   for (int i = 0; i < c->pending->n; i++) {
     int s = c->pending->items[i]->state;
     if (s == REQ_NEW || s == REQ_TO_ANNOUNCE || s == REQ_CACHED) return 1;
@@ -340,6 +341,7 @@ static void build_bits(tnt_negotiator_t *c) {
       req->state = REQ_CACHED_SENT;
     }
   }
+  if (c->refresh) flags |= WANT_FULL;
   v[BIT_FLAGS] = ~(uint64_t)flags;
   v[BIT_DIGEST] = c->responses_digest;
   v[BIT_DIGEST_NOT] = ~c->responses_digest;
@@ -574,6 +576,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
 static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, int *next_full) {
   const int N = c->pl->size;
   TNT_CHECK(check_messages(c));
+  c->refresh = 0; /* every rank's bits are in: the per-rank readiness is current */
   tnt_response_t *list = NULL;
   int n = 0, cap = 0;
   *next_full = 0;

@@ -37,6 +37,9 @@ for step in range(steps):
         ok &= bool((h.wait() == total + size * (int(name[5]) + step)).all())
 seen["gradients"] = delta(before, core.stats())
 seen["gradients_steps"] = steps * len(grads)
+# the counters before the sync: no rank can start the next part (a new name:
+# full rounds) before this rank has submitted the sync (a cached name: a bit round)
+ok &= bool((tnt.allreduce(grads["layer0/kernel"], name="layer0/kernel") == total).all())
 seen["gradients_ok"] = ok
 
 # 2. a new name in the middle of the steady state: announced in a full round

@@ -7,7 +7,7 @@
  * give a freed one's context id to the next, and a message still in flight
  * to it, a peer's BYE, would land there), three tags:
  *   CTRL     small control messages, received in arrival order by a probe loop:
- *            PUT(offset, len), NOTIFY(kind), BELL(cycle), BEAT, BYE, ABORT(root, reason)
+ *            PUT(offset, len), NOTIFY(kind), BEAT, BYE, ABORT(root, reason)
  *   PAYLOAD  the bytes of a PUT, received straight into the window at the offset
  *            its PUT announced (the receiver posts the receive when it reads the
  *            PUT; MPI keeps the two streams of one sender in order)
@@ -23,7 +23,8 @@
  * drains the control messages, checks the peers and sleeps when idle, 10 us
  * doubling up to 1 ms (spinning first only when every local rank has two cores,
  * as shm does); the doorbell sleeps on a futex that a local request wakes at
- * once, polling MPI for peers' bells every 1 ms at most. All MPI calls of a
+ * once, polling MPI every 1 ms at most for a peer's first message of the next
+ * cycle (the doorbell: no bell messages). All MPI calls of a
  * process go through one mutex: the engine's progress lock already keeps its
  * threads apart, but wait_doorbell (the idle thread), abort and describe_peer
  * run beside it.
@@ -70,7 +71,7 @@
 
 enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
 enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303, TAG_AND = 7304 };
-enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BELL, CTRL_BEAT, CTRL_BYE, CTRL_ABORT };
+enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BEAT = 4, CTRL_BYE, CTRL_ABORT }; /* 3 was BELL: see the doorbell */
 enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 
 #define REASON_MAX 512
@@ -95,7 +96,7 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 typedef struct {
   uint32_t type;
   int32_t a;  /* NOTIFY: kind; ABORT: root peer */
-  uint64_t b; /* PUT: offset; BELL: cycle */
+  uint64_t b; /* PUT: offset */
   uint64_t c; /* PUT: length */
 } ctrl_t;
 #define CTRL_MAX (sizeof(ctrl_t) + REASON_MAX)
@@ -151,7 +152,8 @@ typedef struct {
   size_t exch_out_len[2];
   MPI_Request *exch_req[2];
   uint32_t round;
-  int posted, missing;
+  _Atomic int posted; /* read by the idle thread's doorbell (mu held) */
+  int missing;
   double exch_deadline;
   /* AND-allreduce (recursive doubling): a round is steps 0 (fold in the rank
    * above the largest power of two), 1..log2 P (pairs), log2 P + 1 (hand the
@@ -160,7 +162,8 @@ typedef struct {
   uint64_t *and_sbuf[2];          /* [and_steps][1 + and_cap] per round parity */
   MPI_Request *and_req[2];        /* [and_steps] per round parity */
   int and_cap, and_nwords, and_steps, and_pow, and_log;
-  int and_posted, and_step, and_sent, and_partner;
+  _Atomic int and_posted;
+  int and_step, and_sent, and_partner;
   uint32_t and_round;
   double and_deadline;
   /* doorbell */
@@ -375,13 +378,6 @@ static void handle_ctrl(mpi_t *s, int src, const uint8_t *buf, int len, double n
         op->req = MPI_REQUEST_NULL;
       }
       break;
-    case CTRL_BELL: {
-      uint64_t cur = atomic_load(&s->cycle_wanted);
-      while (cur < c.b && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, c.b)) {
-      }
-      bump_bell(s);
-      break;
-    }
     case CTRL_BEAT: break;
     case CTRL_BYE:
       if (p->state == PEER_ALIVE) p->state = PEER_EXITED;
@@ -1110,7 +1106,7 @@ static tnt_result_t mpi_exchange(void *st, const void *mine, size_t len, void *a
 /* ---- AND-allreduce: the negotiation's bit round ----
  *
  * Recursive doubling among the largest power of two P <= N ranks; a rank
- * r >= P first hands its words to r - P and gets the result back from it at
+ * r >= P first swaps words with r - P and gets the result back from it at
  * the end. Each step's message carries (round, step) in its first word: MPI
  * keeps one sender's messages in order per tag and a sender sends a receiver
  * at most one per round, so the next message from the partner is the expected
@@ -1126,13 +1122,16 @@ static int and_partner(const mpi_t *s, int step) {
   return r >= s->and_pow ? r - s->and_pow : (r + s->and_pow < s->n ? r + s->and_pow : -1);
 }
 
-/* Does this rank send / receive in `step`? (above P: send in 0, receive in the last) */
+/* Does this rank send / receive in `step`? Step 0 goes both ways, though
+ * the rank above P needs nothing from below: that message is its doorbell
+ * (it learns of the cycle from it, as every other rank does from its first
+ * partner; see the doorbell). Above P: receive the result in the last step. */
 static int and_sends(const mpi_t *s, int step) {
   if (s->me >= s->and_pow) return step == 0;
-  return step > 0 && and_partner(s, step) >= 0;
+  return and_partner(s, step) >= 0;
 }
 static int and_receives(const mpi_t *s, int step) {
-  if (s->me >= s->and_pow) return step == s->and_log + 1;
+  if (s->me >= s->and_pow) return step == 0 || step == s->and_log + 1;
   return step <= s->and_log && and_partner(s, step) >= 0;
 }
 
@@ -1291,21 +1290,39 @@ static tnt_result_t mpi_and_collect(void *st, uint64_t *out, double until) {
 
 /* ---- doorbell ---- */
 
+/* The doorbell is the cycle's own first message: a rank with news posts its
+ * round right after ringing, and a rank that is between rounds and finds a
+ * peer's exchange or bit-round message waiting knows that a peer started the
+ * next cycle (a round ends only when all its messages are in, and no peer can
+ * be two rounds ahead). So ringing sends nothing: a full round reaches every
+ * rank at once, a bit round wakes the sleeping ranks along its recursive
+ * doubling (log2 N hops), and the steady state sends no all-to-all bells. */
+static int peer_started_round(mpi_t *s) { /* mu held */
+  if (atomic_load(&s->posted) || atomic_load(&s->and_posted)) return 0;
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, TAG_AND, s->comm, &flag, MPI_STATUS_IGNORE);
+  if (!flag) MPI_Iprobe(MPI_ANY_SOURCE, TAG_EXCH, s->comm, &flag, MPI_STATUS_IGNORE);
+  return flag;
+}
+
 static void mpi_ring_doorbell(void *st, uint64_t cycle) {
   mpi_t *s = st;
-  pthread_mutex_lock(&s->mu);
   uint64_t cur = atomic_load(&s->cycle_wanted);
   while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
   }
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && s->peers[r].state == PEER_ALIVE) send_ctrl(s, r, CTRL_BELL, 0, cycle, 0, NULL);
-  pthread_mutex_unlock(&s->mu);
 }
 
-static int mpi_cycle_wanted(void *st, uint64_t done) { return atomic_load(&((mpi_t *)st)->cycle_wanted) > done; }
+static int mpi_cycle_wanted(void *st, uint64_t done) {
+  mpi_t *s = st;
+  if (atomic_load(&s->cycle_wanted) > done) return 1;
+  pthread_mutex_lock(&s->mu);
+  int started = peer_started_round(s);
+  pthread_mutex_unlock(&s->mu);
+  return started;
+}
 
 /* Sleep on the futex (a local request wakes it at once); poll MPI for peers'
- * bells and send heartbeats every BELL_POLL_S at most. */
+ * rounds and send heartbeats every BELL_POLL_S at most. */
 static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
   mpi_t *s = st;
   double sleep = SLEEP_MIN_S;
@@ -1319,7 +1336,9 @@ static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
     if (now >= deadline) return;
     pthread_mutex_lock(&s->mu);
     progress(s);
+    int started = peer_started_round(s);
     pthread_mutex_unlock(&s->mu);
+    if (started) return;
     if (atomic_load(&s->bell) != b || atomic_load(&s->cycle_wanted) > done) continue;
     double d = deadline - now < sleep ? deadline - now : sleep;
     struct timespec ts = timespec_of(d);
