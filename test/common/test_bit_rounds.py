@@ -2,7 +2,8 @@
 AND-allreduce of readiness bits (a *bit round*), not an exchange of every
 rank's message (a *full round*). Counted by core.stats()["bit_rounds"] and
 ["full_rounds"] (not timed), on shm through tntrun and over the mpi transport
-under mpirun (recursive doubling, 3 ranks folding one in and 4 ranks); the
+under mpirun (recursive doubling, 3 ranks folding one in and 4 ranks), and
+over gpi2 where GPI-2 is installed (the core's AND over its exchange); the
 results of every loop are checked. A new name in the steady state is announced
 in a full round, small allreduces keep riding with full rounds (one round per
 call), and TNT_BIT_ROUNDS=0 makes every cycle a full round. The divergence
@@ -13,6 +14,7 @@ import subprocess
 import pytest
 
 from core_helpers import tntrun
+from test_gpi2_transport import gpi2_env, needs_gpi2
 from test_mpi_transport import cache, mpi_env, mpirun_cmd, needs_mpi  # noqa: F401 (cache is a fixture)
 
 
@@ -55,3 +57,11 @@ def test_steady_state_is_bit_rounds_over_mpi(n, cache, tmp_path):  # noqa: F811
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_steady_state(reports_of(tmp_path, n))
+
+
+@needs_gpi2
+def test_steady_state_is_bit_rounds_over_gpi2(cache, tmp_path):  # noqa: F811
+    res = tntrun(3, "rank_bit_rounds.py", tmp_path, runner_args=("--transport", "gpi2"), timeout=300,
+                 env=gpi2_env(cache, TNT_TIMEOUT_S=120))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    check_steady_state(reports_of(tmp_path, 3))
