@@ -7,6 +7,7 @@ table to read.
 
     python bench/negotiation.py                         # shm, 2, 4 and 8 ranks
     python bench/negotiation.py --transport mpi --ranks 4
+    GPI2_HOME=/opt/gpi2 python bench/negotiation.py --transport gpi2 --ranks 4
     python bench/negotiation.py --names 8 --rounds 7    # 8 tensors per step
 
 Each job runs its loop in batches and reports rank 0's best batch; the two
@@ -74,7 +75,8 @@ def launch(cmd, env, args, bits):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--transport", default="shm", choices=("shm", "mpi"))
+    ap.add_argument("--transport", default="shm", choices=("shm", "mpi", "gpi2"),
+                    help="gpi2 needs GPI2_HOME (or GPI-2 on the library path)")
     ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts")
     ap.add_argument("--bytes", type=int, default=64 << 10, help="bytes per tensor (default 64 KiB)")
     ap.add_argument("--names", type=int, default=1, help="tensors per step")
@@ -86,12 +88,12 @@ def main():
     print(f"transport {args.transport}, {args.names} x {args.bytes} B cached allreduce(s) per step, "
           f"median of {args.rounds} rounds (each: best of 5 batches of {args.iters} steps)")
     print(f"{'ranks':>5} | {'bit rounds us/call':>18} | {'full rounds us/call':>19} | {'full / bit':>10} | "
-          f"{'cycles/call (bit)':>17} | {'bit share':>9}")
+          f"{'cycles/call bit, full':>21} | {'bit share':>9}")
     for ranks in map(int, args.ranks.split(",")):
-        (_, cmd, env), = jobs_for(ranks, "mpi" if args.transport == "mpi" else "shm", None, [])
+        (_, cmd, env), = jobs_for(ranks, args.transport, None, [])
         if args.transport == "mpi":
             env = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        else:
+        elif args.transport == "shm":
             env = dict(env, TNT_TRANSPORT="shm")
         got = {label: [] for label, _ in SETTINGS}
         last = {}
@@ -105,8 +107,9 @@ def main():
             print(f"{ranks:>5} | failed")
             continue
         bit, full = (statistics.median(got[label]) for label, _ in SETTINGS)
-        print(f"{ranks:>5} | {bit * 1e6:>18.1f} | {full * 1e6:>19.1f} | {full / bit:>10.2f} | "
-              f"{last['bit rounds']['cycles_per_call']:>17.2f} | {last['bit rounds']['bit_share']:>9.2f}", flush=True)
+        cycles = f"{last['bit rounds']['cycles_per_call']:.2f}, {last['full rounds']['cycles_per_call']:.2f}"
+        print(f"{ranks:>5} | {bit * 1e6:>18.1f} | {full * 1e6:>19.1f} | {full / bit:>10.2f} | {cycles:>21} | "
+              f"{last['bit rounds']['bit_share']:>9.2f}", flush=True)
 
 
 if __name__ == "__main__":
