@@ -1,8 +1,8 @@
 /* negotiate.c - the decentralized negotiation of one cycle.
  *
  * Every rank sends the same kind of message and receives everyone's (one
- * transport exchange), then runs the same deterministic merge, so every rank
- * computes the same response list with no coordinator:
+ * transport exchange: a full round), then runs the same deterministic merge, so
+ * every rank computes the same response list with no coordinator:
  *
  *   message = header | cache bit vector | announcements (name + meta)
  *             | payloads (slot, bytes, data: cached small allreduces)
@@ -28,6 +28,14 @@
  * already holds, in the small path's order: no data round. Whether it is
  * one_round depends only on the messages, which every rank sees alike, so
  * every rank decides the same; otherwise the data goes the usual way.
+ *
+ * Bit rounds: the cycle above is a *full round*. Once every name is cached, a
+ * cycle needs only the AND of the cache bit vectors, so it is a *bit round*:
+ * one AND-allreduce (and_allreduce.h) of ~flags | digest | ~digest | bits.
+ * Which kind the next cycle is follows from this cycle's outcome, identical
+ * everywhere: full when some rank set WANT_FULL (a name to announce, a
+ * payload to carry, a stall to diagnose), else bits. docs/design.md, "Bit
+ * rounds".
  *
  * Nothing read from a peer is trusted: every length, count and field is
  * checked against the message's bounds, and every message carries a digest of

@@ -1387,6 +1387,8 @@ static int all_sent(mpi_t *s, void *arg) {
   for (int b = 0; b < 2; b++) {
     MPI_Testall(s->n, s->exch_req[b], &flag, MPI_STATUSES_IGNORE);
     if (!flag) return 0;
+    if (s->and_req[b]) MPI_Testall(s->and_steps, s->and_req[b], &flag, MPI_STATUSES_IGNORE);
+    if (!flag) return 0;
   }
   return 1;
 }
@@ -1423,6 +1425,12 @@ static void mpi_finalize(void *st) {
   for (int b = 0; b < 2; b++)
     for (int r = 0; r < s->n; r++)
       if (s->exch_req[b][r] != MPI_REQUEST_NULL) MPI_Request_free(&s->exch_req[b][r]);
+  for (int b = 0; b < 2 && s->and_cap; b++) /* a bit-round send still pending (its peer is gone) keeps its buffers */
+    for (int k = 0; k < s->and_steps; k++)
+      if (s->and_req[b][k] != MPI_REQUEST_NULL) {
+        MPI_Request_free(&s->and_req[b][k]);
+        s->and_sbuf[b] = NULL;
+      }
   for (int i = 0; i < s->npb; i++) /* a send still pending (its peer is gone) keeps its buffer */
     if (s->preq[i] != MPI_REQUEST_NULL) {
       MPI_Cancel(&s->preq[i]);
