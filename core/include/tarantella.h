@@ -142,6 +142,8 @@ typedef struct {
   int64_t announcements;
   int64_t executed;
   int64_t one_round; /* allreduces whose payload rode with the negotiation: one exchange, no data round */
+  int64_t bit_rounds;  /* cycles that were one AND-allreduce of readiness bits (every name cached) */
+  int64_t full_rounds; /* cycles that exchanged every rank's full message */
 } tnt_stats_t;
 tnt_result_t tnt_get_stats(tnt_stats_t *stats);
 

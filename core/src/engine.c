@@ -281,8 +281,11 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
                             tnt_coll_name(req->meta.coll), req->name, c->pl->rank, age, missing, c->params->timeout_s,
                             doing[0] ? "; " : "", doing);
     }
-    if (!req->stall_warned) {
+    if (!req->stall_warned) { /* first a full round, so that the warning knows who is missing */
       req->stall_warned = 1;
+      tnt_negotiate_refresh(&c->neg);
+    } else if (req->stall_warned == 1 && !tnt_negotiate_refreshing(&c->neg)) {
+      req->stall_warned = 2;
       TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]; it fails at TNT_TIMEOUT_S=%g s", tnt_coll_name(req->meta.coll),
                req->name, age, missing, c->params->timeout_s);
     }
@@ -499,6 +502,8 @@ void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   stats->announcements = atomic_load(&c->neg.announcements);
   stats->executed = atomic_load(&c->executed);
   stats->one_round = atomic_load(&c->neg.one_round);
+  stats->bit_rounds = atomic_load(&c->neg.bit_rounds);
+  stats->full_rounds = atomic_load(&c->neg.full_rounds);
 }
 
 /* Size-1 jobs: every collective is a local copy (no thread, no transport). */

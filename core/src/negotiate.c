@@ -1,8 +1,8 @@
 /* negotiate.c - the decentralized negotiation of one cycle.
  *
  * Every rank sends the same kind of message and receives everyone's (one
- * transport exchange), then runs the same deterministic merge, so every rank
- * computes the same response list with no coordinator:
+ * transport exchange: a full round), then runs the same deterministic merge, so
+ * every rank computes the same response list with no coordinator:
  *
  *   message = header | cache bit vector | announcements (name + meta)
  *             | payloads (slot, bytes, data: cached small allreduces)
@@ -29,6 +29,14 @@
  * one_round depends only on the messages, which every rank sees alike, so
  * every rank decides the same; otherwise the data goes the usual way.
  *
+ * Bit rounds: the cycle above is a *full round*. Once every name is cached, a
+ * cycle needs only the AND of the cache bit vectors, so it is a *bit round*:
+ * one AND-allreduce (and_allreduce.h) of ~flags | digest | ~digest | bits.
+ * Which kind the next cycle is follows from this cycle's outcome, identical
+ * everywhere: full when some rank set WANT_FULL (a name to announce, a
+ * payload to carry, a stall to diagnose), else bits. docs/design.md, "Bit
+ * rounds".
+ *
  * Nothing read from a peer is trusted: every length, count and field is
  * checked against the message's bounds, and every message carries a digest of
  * the responses its sender computed in the previous cycle. Ranks that stopped
@@ -47,7 +55,16 @@ typedef struct {
   uint32_t nwords;
   uint32_t n_payloads;
   uint64_t prev_digest; /* digest of the sender's responses of the previous cycle */
+  uint32_t flags;       /* WANT_FULL */
+  uint32_t reserved;
 } msg_hdr_t;
+
+/* A rank's word of flags; in a bit round it is sent inverted, so that the AND
+ * of every rank's word has a flag clear when some rank set it (an OR). */
+enum { WANT_FULL = 1u << 0 }; /* this rank has something only a full round carries: the next cycle is full */
+/* A bit round's words: ~flags, the digest and its complement (the AND equals
+ * both of this rank's only if every rank sent the same digest), cache bits. */
+enum { BIT_FLAGS = 0, BIT_DIGEST = 1, BIT_DIGEST_NOT = 2, BIT_HEAD = 3 };
 
 typedef struct {
   tnt_meta_t meta;
@@ -95,6 +112,11 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   c->msg_all = malloc((size_t)c->msg_max * (size_t)c->pl->size);
   c->msg_lens = calloc((size_t)c->pl->size, sizeof(size_t));
   if (!c->msg_out || !c->msg_all || !c->msg_lens) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  c->bits_out = calloc((size_t)(BIT_HEAD + cache_words(c)), sizeof *c->bits_out);
+  c->bits_and = calloc((size_t)(BIT_HEAD + cache_words(c)), sizeof *c->bits_and);
+  if (!c->bits_out || !c->bits_and) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  c->and_scratch = (tnt_and_scratch_t){c->msg_all, c->msg_max, c->msg_lens, c->pl->size, 0};
+  c->next_full = 1; /* the first cycle checks protocol and cache size in full */
   return TNT_SUCCESS;
 }
 
@@ -121,11 +143,15 @@ void tnt_negotiate_teardown(tnt_negotiator_t *c) {
   free(c->msg_out);
   free(c->msg_all);
   free(c->msg_lens);
+  free(c->bits_out);
+  free(c->bits_and);
+  c->bits_out = c->bits_and = NULL;
   c->msg_out = c->msg_all = NULL;
   c->msg_lens = NULL;
 }
 
 int tnt_negotiate_has_news(tnt_negotiator_t *c) {
+  if (c->refresh) return 1;
   for (int i = 0; i < c->pending->n; i++) {
     int s = c->pending->items[i]->state;
     if (s == REQ_NEW || s == REQ_TO_ANNOUNCE || s == REQ_CACHED) return 1;
@@ -307,7 +333,35 @@ static size_t build_message(tnt_negotiator_t *c) {
       req->state = REQ_ANNOUNCED;
     }
   }
-  return add_payloads(c, msg, used);
+  used = add_payloads(c, msg, used);
+  for (int i = 0; i < c->pending->n; i++)
+    if (c->pending->items[i]->state == REQ_TO_ANNOUNCE) hdr->flags |= WANT_FULL; /* did not fit */
+  if (hdr->n_payloads) hdr->flags |= WANT_FULL; /* a payload rides until it runs: keep carrying it */
+  return used;
+}
+
+/* A bit round's words: every cached request's bit (sticky: sent every round
+ * until it runs), except a small allreduce's, whose payload only a full round
+ * carries: it, and a name to announce, ask for the next cycle to be full. */
+static void build_bits(tnt_negotiator_t *c) {
+  const int nwords = cache_words(c);
+  uint64_t *v = c->bits_out;
+  uint32_t flags = 0;
+  memset(v, 0, sizeof *v * (size_t)(BIT_HEAD + nwords));
+  for (int i = 0; i < c->pending->n; i++) {
+    tnt_request_t *req = c->pending->items[i];
+    if (req->state == REQ_TO_ANNOUNCE || rides_with_bit(c, req)) {
+      flags |= WANT_FULL;
+      if (req->state == REQ_CACHED_SENT) req->state = REQ_CACHED; /* news: this rank rings for the full cycle */
+    } else if (req->state == REQ_CACHED || req->state == REQ_CACHED_SENT) {
+      v[BIT_HEAD + req->cache_slot / 64] |= 1ull << (req->cache_slot % 64);
+      req->state = REQ_CACHED_SENT;
+    }
+  }
+  if (c->refresh) flags |= WANT_FULL;
+  v[BIT_FLAGS] = ~(uint64_t)flags;
+  v[BIT_DIGEST] = c->responses_digest;
+  v[BIT_DIGEST_NOT] = ~c->responses_digest;
 }
 
 static tnt_gentry_t *gtable_get(tnt_negotiator_t *c, const char *name) {
@@ -425,24 +479,129 @@ static tnt_result_t check_messages(tnt_negotiator_t *c) {
   return TNT_SUCCESS;
 }
 
-tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, double until) {
+/* Publish this rank's part of the cycle: a full message, or a bit round's words. */
+static tnt_result_t post_cycle(tnt_negotiator_t *c) {
+  const double deadline = tnt_now() + c->params->timeout_s;
+  classify_new(c);
+  c->cycle_bits = !c->next_full;
+  if (c->cycle_bits) {
+    build_bits(c);
+    return tnt_and_post(c->transport, c->ts, &c->and_scratch, c->bits_out, BIT_HEAD + cache_words(c), deadline);
+  }
+  c->msg_out_len = build_message(c);
+  return c->transport->exchange_post(c->ts, c->msg_out, c->msg_out_len, deadline);
+}
+
+/* Push a response for every valid slot whose bit is set in `ready` and that
+ * every rank is ready for (nready == N), in slot order. `payloads`: check
+ * whether every rank's payload came in this cycle (one_round). */
+static tnt_result_t ready_slots(tnt_negotiator_t *c, const uint64_t *ready, int payloads, tnt_response_t **list, int *n,
+                                int *cap) {
   const int N = c->pl->size;
+  const uint64_t stamp = c->cycles + 1;
+  for (int w = 0; w < cache_words(c); w++) {
+    for (uint64_t b = ready[w]; b; b &= b - 1) {
+      const int slot = w * 64 + __builtin_ctzll(b);
+      if (slot >= c->cache_cap) break;
+      tnt_cache_entry_t *e = &c->cache[slot];
+      if (!e->valid || e->nready < N) continue;
+      tnt_response_t r = {0};
+      snprintf(r.name, sizeof r.name, "%s", e->name);
+      r.meta = e->meta;
+      r.cache_slot = slot;
+      if (e->meta.coll == COLL_ALLGATHER) {
+        r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
+        if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+        memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
+      }
+      r.one_round = payloads && e->meta.coll == COLL_ALLREDUCE;
+      for (int q = 0; q < N && r.one_round; q++) r.one_round = c->payload_cycle[(size_t)slot * N + q] == stamp;
+      if (r.one_round) atomic_fetch_add(&c->one_round, 1);
+      memset(e->ready, 0, (size_t)N);
+      e->nready = 0;
+      e->last_used = c->cycles;
+      if (push_response(list, n, cap, &r)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+    }
+  }
+  return TNT_SUCCESS;
+}
+
+/* A bit round's outcome: the slots whose bit every rank set, after the check
+ * that every rank computed the same responses last cycle. */
+static tnt_result_t merge_bits(tnt_negotiator_t *c, tnt_response_t **list, int *n, int *next_full) {
+  const uint64_t *v = c->bits_and;
+  if (v[BIT_DIGEST] != c->bits_out[BIT_DIGEST] || v[BIT_DIGEST_NOT] != c->bits_out[BIT_DIGEST_NOT])
+    return tnt_fail(TNT_ERR_INTERNAL, "rank %d and another rank computed different collectives in negotiation cycle "
+                    "%llu (a bit round): the ranks have diverged (different TNT_* settings or library versions?); "
+                    "stopping before any data mixes", c->pl->rank, (unsigned long long)c->cycles);
+  *next_full = !(v[BIT_FLAGS] & WANT_FULL);
+  /* every rank's bit: the sticky per-rank readiness of the full rounds is all set */
+  for (int w = 0; w < cache_words(c); w++) {
+    for (uint64_t b = v[BIT_HEAD + w]; b; b &= b - 1) {
+      const int slot = w * 64 + __builtin_ctzll(b);
+      if (slot >= c->cache_cap || !c->cache[slot].valid) continue;
+      memset(c->cache[slot].ready, 1, (size_t)c->pl->size);
+      c->cache[slot].nready = c->pl->size;
+    }
+  }
+  int cap = 0;
+  return ready_slots(c, v + BIT_HEAD, 0, list, n, &cap);
+}
+
+static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, int *next_full);
+
+tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, double until) {
   *responses = NULL;
   *nresponses = 0;
   if (!c->cycle_posted) {
-    classify_new(c);
-    c->msg_out_len = build_message(c);
-    TNT_CHECK(c->transport->exchange_post(c->ts, c->msg_out, c->msg_out_len, tnt_now() + c->params->timeout_s));
+    TNT_CHECK(post_cycle(c));
     c->cycle_posted = 1;
   }
-  tnt_result_t res = c->transport->exchange_collect(c->ts, c->msg_all, c->msg_max, c->msg_lens, until);
+  tnt_result_t res = c->cycle_bits
+                         ? tnt_and_collect(c->transport, c->ts, &c->and_scratch, c->bits_and, until)
+                         : c->transport->exchange_collect(c->ts, c->msg_all, c->msg_max, c->msg_lens, until);
   if (res != TNT_SUCCESS) return res; /* TNT_IN_PROGRESS: resumed by the next step */
   c->cycle_posted = 0;
-  size_t len = c->msg_out_len;
+  tnt_response_t *list = NULL;
+  int n = 0, next_full = 1;
+  res = c->cycle_bits ? merge_bits(c, &list, &n, &next_full) : merge_full(c, &list, &n, &next_full);
+  if (res != TNT_SUCCESS) {
+    tnt_responses_free(list, n);
+    return res;
+  }
+  atomic_fetch_add(c->cycle_bits ? &c->bit_rounds : &c->full_rounds, 1);
+  if (tnt_log_enabled(TNT_LOG_DEBUG)) {
+    char names[512];
+    size_t used = 0;
+    names[0] = 0;
+    for (int i = 0; i < n && used < sizeof names - 64; i++)
+      used += (size_t)snprintf(names + used, sizeof names - used, "%s%s%s", i ? " " : "", list[i].name,
+                               list[i].error ? "(error)" : "");
+    TNT_DEBUG("cycle %llu (%s round): %d responses: %s; next round %s", (unsigned long long)c->cycles,
+              c->cycle_bits ? "bit" : "full", n, names, next_full ? "full" : "bit");
+  }
+  /* the next cycle's kind is part of what every rank must agree on */
+  c->next_full = next_full || !c->params->bit_rounds;
+  c->responses_digest = responses_digest(list, n) ^ (uint64_t)c->next_full;
+  __atomic_fetch_add(&c->cycles, 1, __ATOMIC_RELAXED); /* read by tnt_get_stats on any thread */
+  *responses = list;
+  *nresponses = n;
+  return TNT_SUCCESS;
+}
+
+/* A full round's outcome: cache bits, payloads and announcements of every rank. */
+static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, int *next_full) {
+  const int N = c->pl->size;
   TNT_CHECK(check_messages(c));
+  c->refresh = 0; /* every rank's bits are in: the per-rank readiness is current */
   tnt_response_t *list = NULL;
   int n = 0, cap = 0;
-
+  *next_full = 0;
+  for (int q = 0; q < N; q++) {
+    msg_hdr_t hdr;
+    memcpy(&hdr, c->msg_all + (size_t)q * c->msg_max, sizeof hdr);
+    if (hdr.flags & WANT_FULL) *next_full = 1;
+  }
   /* 1. cache bits: sticky readiness per slot (a slot can become ready for
    * every rank only in a cycle that carries a bit for it: `seen`) */
   const int nwords = cache_words(c);
@@ -498,30 +657,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
     }
   }
   /* 2. slots every rank is ready for, in slot order */
-  for (int w = 0; w < nwords; w++) {
-    for (uint64_t b = seen[w]; b; b &= b - 1) {
-      const int slot = w * 64 + __builtin_ctzll(b);
-      if (slot >= c->cache_cap) break;
-      tnt_cache_entry_t *e = &c->cache[slot];
-      if (!e->valid || e->nready < N) continue;
-      tnt_response_t r = {0};
-      snprintf(r.name, sizeof r.name, "%s", e->name);
-      r.meta = e->meta;
-      r.cache_slot = slot;
-      if (e->meta.coll == COLL_ALLGATHER) {
-        r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
-        if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-        memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
-      }
-      r.one_round = e->meta.coll == COLL_ALLREDUCE;
-      for (int q = 0; q < N && r.one_round; q++) r.one_round = c->payload_cycle[(size_t)slot * N + q] == stamp;
-      if (r.one_round) atomic_fetch_add(&c->one_round, 1);
-      memset(e->ready, 0, (size_t)N);
-      e->nready = 0;
-      e->last_used = c->cycles;
-      if (push_response(&list, &n, &cap, &r)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-    }
-  }
+  TNT_CHECK(ready_slots(c, seen, 1, &list, &n, &cap));
   /* 3. announcements, in rank order */
   int first_new = n;
   for (int q = 0; q < N; q++) {
@@ -565,17 +701,7 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
   /* 4. remember what was newly agreed */
   for (int i = first_new; i < n; i++)
     if (list[i].error == TNT_SUCCESS && list[i].meta.coll != COLL_BARRIER) list[i].cache_slot = cache_insert(c, &list[i]);
-  if (tnt_log_enabled(TNT_LOG_DEBUG)) {
-    char names[512];
-    size_t used = 0;
-    names[0] = 0;
-    for (int i = 0; i < n && used < sizeof names - 64; i++)
-      used += (size_t)snprintf(names + used, sizeof names - used, "%s%s%s", i ? " " : "", list[i].name,
-                               list[i].error ? "(error)" : "");
-    TNT_DEBUG("cycle %llu: sent %zu bytes; %d responses: %s", (unsigned long long)c->cycles, len, n, names);
-  }
-  c->responses_digest = responses_digest(list, n);
-  __atomic_fetch_add(&c->cycles, 1, __ATOMIC_RELAXED); /* read by tnt_get_stats on any thread */
+  TNT_DEBUG("cycle %llu: sent %zu bytes", (unsigned long long)c->cycles, c->msg_out_len);
   *responses = list;
   *nresponses = n;
   return TNT_SUCCESS;

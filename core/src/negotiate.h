@@ -7,6 +7,7 @@
 
 #include <stdatomic.h>
 
+#include "and_allreduce.h"
 #include "namemap.h"
 #include "params.h"
 #include "pending.h"
@@ -81,10 +82,17 @@ typedef struct {
   size_t *msg_lens;
   size_t msg_out_len;
   int cycle_posted;            /* this cycle's message is published, not yet collected */
+  int cycle_bits;              /* the cycle in flight is a bit round (else full) */
+  int next_full;               /* the kind of the next cycle, agreed by every rank in this one */
+  int refresh;                 /* this rank wants a full round: who is ready for what, for a stall report */
+  uint64_t *bits_out, *bits_and; /* a bit round's words: this rank's, every rank's AND */
+  tnt_and_scratch_t and_scratch; /* for a transport with no AND of its own: the exchange buffers */
   uint64_t responses_digest;   /* of the last cycle's responses: sent with the next message */
   _Atomic int64_t cache_hits;    /* requests that cost one bit (read by tnt_get_stats) */
   _Atomic int64_t announcements; /* requests announced in full */
   _Atomic int64_t one_round;     /* allreduces whose payload rode with their readiness bit */
+  _Atomic int64_t bit_rounds;    /* cycles that were an AND of readiness bits */
+  _Atomic int64_t full_rounds;   /* cycles that exchanged every rank's message */
   uint32_t *payload_at;          /* [cache_cap * size]: offset of rank q's payload for a slot in its message */
   uint64_t *payload_cycle;       /* [cache_cap * size]: the cycle (+1) that carried it */
 } tnt_negotiator_t;
@@ -94,6 +102,10 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
 void tnt_negotiate_teardown(tnt_negotiator_t *c);
 /* 1 when this rank has something the others have not heard of yet. */
 int tnt_negotiate_has_news(tnt_negotiator_t *c);
+/* Bit rounds tell every rank only which slots all ranks are ready for; a stall
+ * report needs who is missing: ask for a full round (news until one is done). */
+static inline void tnt_negotiate_refresh(tnt_negotiator_t *c) { c->refresh = 1; }
+static inline int tnt_negotiate_refreshing(const tnt_negotiator_t *c) { return c->refresh; }
 /* Run one cycle: exchange, merge, and fill *responses (caller frees with
  * tnt_responses_free). Fails on transport errors and on ranks that diverged.
  * TNT_IN_PROGRESS when the other ranks did not answer by `until` (a caller's

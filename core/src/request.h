@@ -35,7 +35,7 @@ typedef struct tnt_request {
   int cache_slot;  /* when REQ_CACHED */
   double submit_time;
   int64_t submit_us;
-  int stall_warned;
+  int stall_warned; /* 1: a full round asked for (engine.c check_stalls), 2: warned */
   struct tnt_request *next; /* the engine's submission queue */
 } tnt_request_t;
 

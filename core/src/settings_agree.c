@@ -19,7 +19,7 @@ typedef struct {
   int64_t value;
 } setting_t;
 
-enum { N_SETTINGS = 8 };
+enum { N_SETTINGS = 9 };
 
 static void collect(const tnt_placement_t *pl, const tnt_params_t *p, int64_t out[N_SETTINGS], const char *names[N_SETTINGS]) {
   const setting_t table[N_SETTINGS] = {
@@ -31,6 +31,7 @@ static void collect(const tnt_placement_t *pl, const tnt_params_t *p, int64_t ou
       {"TNT_SHM_SLOTS", p->shm_slots},
       {"small-allreduce threshold (bytes, the Tarantella release)", TNT_SMALL_ALLREDUCE_BYTES},
       {"TNT_HIERARCHICAL (its order of additions)", p->hierarchical},
+      {"TNT_BIT_ROUNDS (which kind each negotiation cycle is)", p->bit_rounds},
   };
   for (int i = 0; i < N_SETTINGS; i++) {
     out[i] = table[i].value;

@@ -92,6 +92,14 @@ struct tnt_transport {
    * whose loss caused it (-1: this rank itself), so peers name the root cause. */
   void (*abort)(void *state, const char *reason, int root_peer);
   void (*finalize)(void *state);
+  /* Bitwise AND of `nwords` 64-bit words over every rank (the negotiation's
+   * bit round: docs/design.md), in two halves like the exchange: post bounded
+   * by `deadline`, collect until `until` (TNT_IN_PROGRESS) or the post's
+   * deadline (TNT_ERR_TIMEOUT). Collective, in the same order on every rank
+   * as the exchanges. NULL: the core ANDs the words of an exchange instead
+   * (and_allreduce.c), which is what shared memory does best anyway. */
+  tnt_result_t (*and_post)(void *state, const uint64_t *mine, int nwords, double deadline);
+  tnt_result_t (*and_collect)(void *state, uint64_t *out, double until);
 };
 
 extern const tnt_transport_t tnt_transport_shm;

@@ -1,7 +1,8 @@
 /* test_edges.c - the core at the edges of its contract, each edge once found
  * broken: one handle shared by threads, a handle slot reused 2^31 and 2^32
  * times, shutdown under a waiter, the timeouts of tnt_wait, fork() after
- * tnt_init, and a rank that leaves as soon as its part of a broadcast is done.
+ * tnt_init, a rank that leaves as soon as its part of a broadcast is done, and
+ * ranks that diverge while the negotiation is in bit rounds.
  * The comment above each case states the behaviour it expects and the defect
  * it was written against.
  *
@@ -707,6 +708,52 @@ static int root_leaves_after_broadcast_rank(int r) {
   return failed;
 }
 
+/* ---- f. ranks that diverge in the steady state ---- */
+
+/* diverged_in_a_bit_round: two ranks run a cached 64 KiB allreduce until the
+ * negotiation is in bit rounds (an AND of readiness bits, no messages); then
+ * rank 1's record of the last cycle's responses is changed, as a rank that
+ * computed other responses would have it, and both submit once more.
+ * Expected: that allreduce fails on both ranks with TNT_ERR_INTERNAL and a
+ * message that says the ranks have diverged, in a bit round: a bit round
+ * carries the digest and its complement, whose AND equals a rank's own only
+ * when every rank sent the same. Written with the bit rounds, which no longer
+ * send the full message that the digest check used to read. */
+static int diverged_rank(int r) {
+  enum { COUNT = 16384 };
+  int failed = 0;
+  float *in = calloc(COUNT, sizeof *in), *out = calloc(COUNT, sizeof *out);
+  CHECK(in && out);
+  tnt_handle_t h;
+  CHECK(init_and_sync() == 0);
+  for (int i = 0; i < 6; i++) {
+    CHECK(tnt_allreduce_async("grad", in, out, COUNT, TNT_FLOAT32, TNT_SUM, 1.0, &h) == TNT_SUCCESS);
+    CHECK(tnt_wait(h, -1) == TNT_SUCCESS && tnt_release(h) == TNT_SUCCESS);
+  }
+  tnt_stats_t st;
+  CHECK(tnt_get_stats(&st) == TNT_SUCCESS);
+  CHECK(st.bit_rounds > 0, "%lld bit rounds in a steady loop", (long long)st.bit_rounds);
+  if (r == 1) {
+    pthread_mutex_lock(&tnt_ctx.engine.progress);
+    int bits_next = !tnt_ctx.engine.neg.next_full && !tnt_ctx.engine.neg.cycle_posted;
+    tnt_ctx.engine.neg.responses_digest ^= 1u << 7;
+    pthread_mutex_unlock(&tnt_ctx.engine.progress);
+    CHECK(bits_next, "the next cycle is not a bit round");
+    post(TO_RANK0);
+  } else {
+    CHECK(await_post(TO_RANK0) == 0);
+  }
+  CHECK(tnt_allreduce_async("grad", in, out, COUNT, TNT_FLOAT32, TNT_SUM, 1.0, &h) == TNT_SUCCESS);
+  tnt_result_t res = tnt_wait(h, -1);
+  EXPECT(res == TNT_ERR_INTERNAL, "the allreduce after the divergence returned %d", (int)res);
+  EXPECT(strstr(tnt_last_error(), "diverged") && strstr(tnt_last_error(), "bit round"), "error: %s", tnt_last_error());
+  tnt_release(h);
+  tnt_finalize();
+  free(in);
+  free(out);
+  return failed;
+}
+
 /* ---- the driver ---- */
 
 typedef struct {
@@ -730,6 +777,7 @@ static const edge_case_t cases[] = {
     /* 64 slots of 64 KiB: the root can put the whole message and leave at once */
     {.name = "root_leaves_after_broadcast", .nranks = 3, .rank_main = root_leaves_after_broadcast_rank, .jobs = 10,
      .env = {"TNT_SHM_SLOTS=64", "TNT_SHM_SLOT_KB=64"}},
+    {.name = "diverged_in_a_bit_round", .nranks = 2, .rank_main = diverged_rank},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 

@@ -61,17 +61,19 @@ SIZES = [1, 17, 1000, 3001, 4099, 20_000, 100_003]  # both sides of the 16 KB sm
 ROUNDS = 4
 alone, fused, failures = {}, {}, []
 one_round = 0  # calls that took the one-round path (their payload in the negotiation)
+bit_rounds = 0  # negotiation cycles that were one AND of readiness bits (cached names, no payload)
 for dtype in (np.float32, np.float16):
     xs = [np.random.default_rng([77, rank, i]).standard_normal(n).astype(dtype) for i, n in enumerate(SIZES)]
     for i, x in enumerate(xs):
         alone[f"{np.dtype(dtype).name}-{i}"] = digest(tnt.allreduce(x, name=f"alone-{i}"))
-    before = core.stats()["one_round"]
+    before, bits_before = core.stats()["one_round"], core.stats()["bit_rounds"]
     for i, x in enumerate(xs):  # the same names again: cached, so the small ones may go in one round
         key = f"{np.dtype(dtype).name}-{i}"
         for _ in range(3):
             if digest(tnt.allreduce(x, name=f"alone-{i}")) != alone[key]:
                 failures.append(f"{key} (size {SIZES[i]}) called again differs from its first result")
     one_round += core.stats()["one_round"] - before
+    bit_rounds += core.stats()["bit_rounds"] - bits_before
     for r in range(ROUNDS):  # submitted at once: fused in groups that differ from round to round
         handles = [tnt.allreduce_async(x, name=f"fused-{r}-{i}") for i, x in enumerate(xs)]
         for i, h in enumerate(handles):
@@ -83,7 +85,8 @@ for dtype in (np.float32, np.float16):
 with open(os.path.join(outdir, f"host{rank}.json"), "w") as f:
     json.dump({"rank": rank, "host": socket.gethostname(), "local_rank": tnt.get_local_rank(),
                "transport": core.ffi().string(core.lib().tnt_transport_name()).decode(),
-               "alone": alone, "failures": failures, "one_round": one_round}, f)
+               "alone": alone, "failures": failures, "one_round": one_round,
+               "bit_rounds": bit_rounds}, f)
 
 sys.argv = [os.path.join(COMMON, "rank_collectives.py"), outdir]
 runpy.run_path(sys.argv[0], run_name="__main__")

@@ -114,6 +114,8 @@ def test_every_collective_across_hosts(bed, tmp_path, layout, launcher, scheme):
     for w in where:
         assert w["failures"] == [], w["failures"]  # fused, alone or in one round: the same bits
     print("one-round calls per rank:", [w["one_round"] for w in where])
+    # the large cached names called again negotiate in bit rounds (an AND across hosts)
+    assert all(w["bit_rounds"] > 0 for w in where), [w["bit_rounds"] for w in where]
     reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(n)]
     for rep in reports:
         assert rep["failures"] == [], rep["failures"]

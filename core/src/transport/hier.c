@@ -208,6 +208,19 @@ static void hier_finalize(void *st) {
   hier_free(h);
 }
 
+/* The bit round: the network transport's AND over every rank (recursive
+ * doubling in mpi), the same job-wide path as the exchange. */
+static tnt_result_t hier_and_post(void *st, const uint64_t *mine, int nwords, double deadline) {
+  hier_t *h = st;
+  if (!h->net->and_post) return tnt_fail(TNT_ERR_INTERNAL, "transport %s has no AND-allreduce", h->net->name);
+  return h->net->and_post(h->nts, mine, nwords, deadline);
+}
+
+static tnt_result_t hier_and_collect(void *st, uint64_t *out, double until) {
+  hier_t *h = st;
+  return h->net->and_collect(h->nts, out, until);
+}
+
 const tnt_transport_t tnt_transport_hier = {
     .name = "shm+mpi",
     .can_serve = hier_can_serve,
@@ -229,4 +242,6 @@ const tnt_transport_t tnt_transport_hier = {
     .wake_local = hier_wake_local,
     .abort = hier_abort,
     .finalize = hier_finalize,
+    .and_post = hier_and_post,
+    .and_collect = hier_and_collect,
 };

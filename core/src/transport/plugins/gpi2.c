@@ -7,7 +7,7 @@
  *
  * Model (transport.h) over one GASPI segment per tnt_init, the same layout on
  * every rank:
- *   window | exchange in [2][n] | abort reasons [n] | exchange out [2] | reason out | staging
+ *   window | exchange in [2][n] | abort reasons [n] | exchange out [2] | reason out | AND out [2][steps] | staging
  * put = copy into staging + gaspi_write into the peer's window, held back so
  * that the notify after it goes out with it as one gaspi_write_notify; else
  * notify = gaspi_notify on the same queue (GPI-2 delivers a queue's requests
@@ -18,7 +18,7 @@
  * sends its running count (31 bits, top bit set so it is never 0) and the
  * receiver widens it back; counters only grow, so a value overwritten before it
  * was read loses nothing. Notification ids, n ranks:
- *   [0, 2n) DATA/CREDIT by source | [2n, 3n) EXCH (round) | [3n, 4n) BELL (cycle)
+ *   [0, 2n) DATA/CREDIT by source | [2n, 3n) EXCH (round) | [3n, 4n) BELL (round)
  *   [4n, 5n) BEAT (heartbeat count) | [5n, 6n) CTRL (BYE, ABORT with its root)
  * Queue 0 carries puts and their notifications, queue 1 everything else (the
  * exchange, bells, heartbeats, goodbyes), so that draining one never waits for
@@ -207,15 +207,21 @@ typedef struct {
   uint32_t told; /* CTRL bits sent so far, and the root of an abort */
   int told_root;
   peer_t *peers;
-  /* exchange */
+  /* exchange, and the bit round's AND (recursive doubling), which shares its
+   * round count and its slots: a cycle is one or the other */
   uint32_t round;
   int posted, missing;
   double exch_deadline;
+  size_t off_and_out;
+  int and_pow, and_log, and_steps, and_nwords, and_step, and_sent, and_partner, and_posted;
+  tnt_result_t and_err;
+  uint64_t *and_acc; /* [nwords] */
+  double and_deadline;
+  uint32_t bell_round; /* highest round a peer rang for (the rank above P's wake) */
   /* doorbell */
-  /* cycles asked for: by this rank's own engine (cycle_wanted) and by peers'
-   * bells (peer_wanted). Only the latter wake the idle thread: the thread that
-   * asked for a cycle here runs it itself. */
-  _Atomic uint64_t cycle_wanted, peer_wanted;
+  /* a cycle asked for by this rank's own engine: the thread that asked runs
+   * it, so it does not wake the idle thread (peers' rounds do: the doorbell) */
+  _Atomic uint64_t cycle_wanted;
   _Atomic uint32_t bell, bell_waiters;
   uint32_t bell_seen;
   double next_beat, next_scan;
@@ -671,9 +677,8 @@ static void scan_bells(gpi2_t *s) {
   while (G.notify_waitsome(s->seg, id_of(s, ID_BELL, 0), (gaspi_number_t)s->n, &first, GASPI_TEST) == GASPI_SUCCESS) {
     gaspi_notification_t v = take(s, first);
     if (!v) continue;
-    uint64_t cur = atomic_load(&s->peer_wanted), cycle = widen(cur, v);
-    while (cur < cycle && !atomic_compare_exchange_weak(&s->peer_wanted, &cur, cycle)) {
-    }
+    uint32_t round = (uint32_t)widen(s->round, v);
+    if ((int32_t)(round - s->bell_round) > 0) s->bell_round = round;
     bump_bell(s);
   }
 }
@@ -991,12 +996,13 @@ static tnt_result_t gpi2_exchange_post(void *st, const void *mine, size_t len, d
   }
   s->missing = 0;
   for (int r = 0; r < s->n; r++) s->missing += !s->peers[r].exch_got;
+  if (res == TNT_SUCCESS) {
+    s->round = round; /* under mu: the idle thread's doorbell compares with it */
+    s->posted = 1;
+    s->exch_deadline = deadline;
+  }
   pthread_mutex_unlock(&s->mu);
-  if (res != TNT_SUCCESS) return res;
-  s->round = round;
-  s->posted = 1;
-  s->exch_deadline = deadline;
-  return TNT_SUCCESS;
+  return res;
 }
 
 static int exchange_arrived(gpi2_t *s, void *arg) {
@@ -1004,10 +1010,11 @@ static int exchange_arrived(gpi2_t *s, void *arg) {
     peer_t *p = &s->peers[r];
     if (p->exch_got) continue;
     gaspi_notification_t v = take(s, id_of(s, ID_EXCH, r));
-    if (!v) continue;
-    p->exch_round = (uint32_t)widen(p->exch_round, v);
-    p->last_heard = host->now();
-    if (reached(p->exch_round, s->round)) {
+    if (v) {
+      p->exch_round = (uint32_t)widen(p->exch_round, v);
+      p->last_heard = host->now();
+    }
+    if (reached(p->exch_round, s->round)) { /* taken here, or by the doorbell's scan */
       p->exch_got = 1;
       s->missing--;
     }
@@ -1041,7 +1048,141 @@ static tnt_result_t gpi2_exchange_collect(void *st, void *all, size_t stride, si
     lens[r] = header[1];
     if (lens[r]) memcpy((uint8_t *)all + (size_t)r * stride, slot + sizeof header, lens[r]);
   }
+  pthread_mutex_lock(&s->mu);
   s->posted = 0;
+  pthread_mutex_unlock(&s->mu);
+  return TNT_SUCCESS;
+}
+
+/* ---- AND-allreduce: the negotiation's bit round ----
+ *
+ * Recursive doubling among the largest power of two P <= N ranks, as in
+ * mpi.c: step 0 folds rank r + P into r, steps 1..log2 P pair the ranks, the
+ * last step hands the result back up to r + P. A step's message is a
+ * write_notify into the partner's exchange slot for this rank (the same slot,
+ * notification and round count as an exchange: a cycle is one or the other),
+ * with (round, length, step) in its header; a rank sends each partner at most
+ * one message per round, so "its notification reached this round" means
+ * "its message of this round is in". Rank r + P learns of the cycle from a
+ * bare BELL notification of r (its wake), since its data comes only at the
+ * end. Each step's outgoing words have their own buffer (GASPI writes from
+ * registered memory, asynchronously), two rounds of them. */
+
+static int and_partner(const gpi2_t *s, int step) {
+  const int r = s->me, P = s->and_pow;
+  if (step >= 1 && step <= s->and_log) return r < P ? r ^ (1 << (step - 1)) : -1;
+  return r >= P ? r - P : (r + P < s->n ? r + P : -1);
+}
+static int and_sends(const gpi2_t *s, int step) {
+  if (s->me >= s->and_pow) return step == 0;
+  return step > 0 && and_partner(s, step) >= 0; /* step 0: only the wake, sent at post */
+}
+static int and_receives(const gpi2_t *s, int step) {
+  if (s->me >= s->and_pow) return step == s->and_log + 1;
+  return step <= s->and_log && and_partner(s, step) >= 0;
+}
+
+static tnt_result_t and_send(gpi2_t *s) {
+  const int step = s->and_step, peer = and_partner(s, step);
+  const size_t len = (size_t)s->and_nwords * sizeof(uint64_t);
+  const size_t out = s->off_and_out + ((size_t)(s->round & 1) * (size_t)s->and_steps + (size_t)step) * EXCH_SLOT;
+  uint32_t header[4] = {s->round, (uint32_t)len, (uint32_t)step, 0};
+  memcpy(s->base + out, header, sizeof header);
+  memcpy(s->base + out + sizeof header, s->and_acc, len);
+  post_t p = {.kind = 2, .q = Q_CTRL, .peer = peer, .loff = out, .roff = exch_in_offset(s, s->round, s->me),
+              .len = sizeof header + len, .id = id_of(s, ID_EXCH, s->me), .value = encode(s->round)};
+  return post(s, &p, s->and_deadline, "sending a bit round");
+}
+
+/* The partner's message of this step, if in (mu held): ANDed into the words. */
+static int and_receive(gpi2_t *s) {
+  const int step = s->and_step, peer = and_partner(s, step);
+  peer_t *p = &s->peers[peer];
+  gaspi_notification_t v = take(s, id_of(s, ID_EXCH, peer));
+  if (v) {
+    p->exch_round = (uint32_t)widen(p->exch_round, v);
+    p->last_heard = host->now();
+  }
+  if (!reached(p->exch_round, s->round)) return 0;
+  const uint8_t *slot = s->base + exch_in_offset(s, s->round, peer);
+  uint32_t header[4];
+  memcpy(header, slot, sizeof header);
+  const size_t len = (size_t)s->and_nwords * sizeof(uint64_t);
+  if (header[0] != s->round || header[1] != len || header[2] != (uint32_t)step) {
+    sticky(s, TNT_ERR_INTERNAL, peer, "rank %d sent round %u step %u of %u bytes where rank %d expected round %u step "
+           "%d of %zu bytes in a bit round: the ranks have diverged", peer, header[0], header[2], header[1], s->me,
+           s->round, step, len);
+    return 0;
+  }
+  for (int w = 0; w < s->and_nwords; w++) {
+    uint64_t x;
+    memcpy(&x, slot + sizeof header + (size_t)w * sizeof x, sizeof x);
+    s->and_acc[w] &= x;
+  }
+  return 1;
+}
+
+/* Advance as far as the arrived messages allow (mu held); 1 when done, or
+ * when a send failed (and_err). */
+static int and_advance(gpi2_t *s, void *arg) {
+  while (s->and_step < s->and_steps) {
+    s->and_partner = and_partner(s, s->and_step);
+    if (and_sends(s, s->and_step) && !s->and_sent) {
+      if ((s->and_err = and_send(s)) != TNT_SUCCESS) return 1; /* its error is this thread's last: reported */
+      s->and_sent = 1;
+    }
+    if (and_receives(s, s->and_step) && !and_receive(s)) return 0;
+    s->and_step++;
+    s->and_sent = 0;
+  }
+  return 1;
+}
+
+static tnt_result_t gpi2_and_post(void *st, const uint64_t *mine, int nwords, double deadline) {
+  gpi2_t *s = st;
+  if (s->and_posted || s->posted) return failf(TNT_ERR_INTERNAL, -1, "bit round posted twice");
+  if (nwords < 1 || (size_t)nwords * sizeof(uint64_t) > TNT_EXCHANGE_MAX)
+    return failf(TNT_ERR_INTERNAL, -1, "a bit round of %d words", nwords);
+  uint64_t *acc = realloc(s->and_acc, (size_t)nwords * sizeof *acc);
+  if (!acc) return failf(TNT_ERR_SYSTEM, -1, "out of memory");
+  pthread_mutex_lock(&s->mu);
+  s->and_acc = acc;
+  memcpy(acc, mine, (size_t)nwords * sizeof *acc);
+  s->and_nwords = nwords;
+  s->round++; /* round - 2 used these buffers and slots: every rank is past it */
+  s->and_step = 0;
+  s->and_sent = 0;
+  s->and_deadline = deadline;
+  s->and_posted = 1;
+  s->and_err = TNT_SUCCESS;
+  tnt_result_t res = flush_put(s, deadline);
+  if (res == TNT_SUCCESS && s->me < s->and_pow && s->me + s->and_pow < s->n) /* wake the rank folded in */
+    res = post_notify(s, Q_CTRL, s->me + s->and_pow, id_of(s, ID_BELL, s->me), encode(s->round), deadline,
+                      "sending a bit round");
+  if (res == TNT_SUCCESS) {
+    and_advance(s, NULL); /* the first message leaves now */
+    res = s->and_err;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return res;
+}
+
+static tnt_result_t gpi2_and_collect(void *st, uint64_t *out, double until) {
+  gpi2_t *s = st;
+  if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
+  double deadline = until < s->and_deadline ? until : s->and_deadline;
+  const char *what = "in a bit round of the negotiation";
+  tnt_result_t res = poll_until(s, and_advance, NULL, -1, deadline, what);
+  if (res == TNT_ERR_TIMEOUT) {
+    if (deadline < s->and_deadline) return TNT_IN_PROGRESS;
+    return timed_out(s, s->and_partner, what);
+  }
+  if (res == TNT_SUCCESS) res = s->and_err;
+  if (res != TNT_SUCCESS) return res;
+  pthread_mutex_lock(&s->mu);
+  memcpy(out, s->and_acc, (size_t)s->and_nwords * sizeof *out);
+  s->and_posted = 0;
+  pthread_mutex_unlock(&s->mu);
   return TNT_SUCCESS;
 }
 
@@ -1055,36 +1196,53 @@ static tnt_result_t gpi2_exchange(void *st, const void *mine, size_t len, void *
 
 /* ---- doorbell ---- */
 
+/* The doorbell is the cycle's own first message, as in mpi.c: a rank with
+ * news posts its round right after ringing, and a rank between rounds that
+ * holds a peer's exchange or AND message of a later round (or the wake of
+ * the rank below it, see the AND) runs the cycle. No bells to every rank. */
 static void gpi2_ring_doorbell(void *st, uint64_t cycle) {
   gpi2_t *s = st;
-  pthread_mutex_lock(&s->mu);
   uint64_t cur = atomic_load(&s->cycle_wanted);
   while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
   }
-  /* a bell must arrive (a peer's idle thread waits for it): a full queue is
-   * drained; a failure is reported by the next wait */
-  double deadline = host->now() + s->timeout_s;
+}
+
+/* Take the exchange notifications that arrived (mu held): a peer's message of
+ * a round after the last one this rank posted means the peer started a cycle. */
+static int peer_started_round(gpi2_t *s) {
+  gaspi_notification_id_t first = 0;
+  while (G.notify_waitsome(s->seg, id_of(s, ID_EXCH, 0), (gaspi_number_t)s->n, &first, GASPI_TEST) == GASPI_SUCCESS) {
+    int src = (int)first - ID_EXCH * s->n;
+    gaspi_notification_t v = take(s, first);
+    if (!v || src < 0 || src >= s->n) continue;
+    s->peers[src].exch_round = (uint32_t)widen(s->peers[src].exch_round, v);
+    s->peers[src].last_heard = host->now();
+  }
+  if (s->posted || s->and_posted) return 0;
+  if ((int32_t)(s->bell_round - s->round) > 0) return 1;
   for (int r = 0; r < s->n; r++)
-    if (r != s->me && s->peers[r].state == PEER_ALIVE && !s->peers[r].lost &&
-        post_notify(s, Q_CTRL, r, id_of(s, ID_BELL, s->me), encode(cycle), deadline, "ringing the doorbell") !=
-            TNT_SUCCESS)
-      sticky(s, TNT_ERR_PEER_LOST, r, "rank %d could not ring rank %d's doorbell", s->me, r);
-  pthread_mutex_unlock(&s->mu);
+    if (r != s->me && (int32_t)(s->peers[r].exch_round - s->round) > 0) return 1;
+  return 0;
 }
 
 static int gpi2_cycle_wanted(void *st, uint64_t done) {
   gpi2_t *s = st;
-  return atomic_load(&s->cycle_wanted) > done || atomic_load(&s->peer_wanted) > done;
+  if (atomic_load(&s->cycle_wanted) > done) return 1;
+  pthread_mutex_lock(&s->mu);
+  progress(s);
+  int started = peer_started_round(s);
+  pthread_mutex_unlock(&s->mu);
+  return started;
 }
 
 /* Sleep on the futex (a local request wakes it at once); poll GPI-2's
- * notifications for peers' bells every BELL_POLL_S at most. */
+ * notifications for peers' rounds every BELL_POLL_S at most. */
 static void gpi2_wait_doorbell(void *st, uint64_t done, double deadline) {
   gpi2_t *s = st;
   double sleep = SLEEP_MIN_S;
   for (;;) {
     uint32_t b = atomic_load(&s->bell);
-    if (b != s->bell_seen || atomic_load(&s->peer_wanted) > done) {
+    if (b != s->bell_seen) { /* a local request, or a handed-over cycle */
       s->bell_seen = b;
       return;
     }
@@ -1092,8 +1250,10 @@ static void gpi2_wait_doorbell(void *st, uint64_t done, double deadline) {
     if (now >= deadline) return;
     pthread_mutex_lock(&s->mu);
     progress(s);
+    int started = peer_started_round(s);
     pthread_mutex_unlock(&s->mu);
-    if (atomic_load(&s->bell) != b || atomic_load(&s->peer_wanted) > done) continue;
+    if (started) return;
+    if (atomic_load(&s->bell) != b) continue;
     double d = deadline - now < sleep ? deadline - now : sleep;
     struct timespec ts = timespec_of(d);
     atomic_fetch_add(&s->bell_waiters, 1);
@@ -1168,6 +1328,7 @@ static void free_state(gpi2_t *s) {
   free(s->counters);
   free(s->sent);
   free(s->peers);
+  free(s->and_acc);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -1289,7 +1450,11 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   s->off_reasons = s->off_exch_in + 2 * n * EXCH_SLOT;
   s->off_exch_out = s->off_reasons + n * REASON_MAX;
   s->off_reason_out = s->off_exch_out + 2 * EXCH_SLOT;
-  s->off_stage = (s->off_reason_out + REASON_MAX + 4095) & ~(size_t)4095;
+  s->and_pow = 1;
+  while (2 * s->and_pow <= s->n) s->and_pow *= 2, s->and_log++;
+  s->and_steps = s->and_log + 2;
+  s->off_and_out = (s->off_reason_out + REASON_MAX + 4095) & ~(size_t)4095;
+  s->off_stage = (s->off_and_out + 2 * (size_t)s->and_steps * EXCH_SLOT + 4095) & ~(size_t)4095;
   s->seg_bytes = s->off_stage + s->stage_bytes;
   s->counters = calloc(n * TNT_NOTIFY_KINDS, sizeof *s->counters);
   s->sent = calloc(n * TNT_NOTIFY_KINDS, sizeof *s->sent);
@@ -1372,6 +1537,8 @@ static const tnt_transport_t transport = {
     .wake_local = gpi2_wake_local,
     .abort = gpi2_abort,
     .finalize = gpi2_finalize,
+    .and_post = gpi2_and_post,
+    .and_collect = gpi2_and_collect,
 };
 
 static const tnt_plugin_t plugin = {

@@ -7,11 +7,13 @@
  * give a freed one's context id to the next, and a message still in flight
  * to it, a peer's BYE, would land there), three tags:
  *   CTRL     small control messages, received in arrival order by a probe loop:
- *            PUT(offset, len[, kind]), NOTIFY(kind), BELL(cycle), BEAT, BYE, ABORT(root, reason)
+ *            PUT(offset, len[, kind]), NOTIFY(kind), BEAT, BYE, ABORT(root, reason)
  *   PAYLOAD  the bytes of a PUT, received straight into the window at the offset
  *            its PUT announced (the receiver posts the receive when it reads the
  *            PUT; MPI keeps the two streams of one sender in order)
  *   EXCH     the exchange's message, one to every rank, probed per source
+ *   AND      one step of the AND-allreduce (the negotiation's bit round):
+ *            recursive doubling, log2(N) messages per rank per round
  * A NOTIFY from a sender is applied only after every payload that sender put
  * before it has landed (a per-sender FIFO), which is what "ordered after
  * earlier puts" means. put() sends straight from the caller's buffer and
@@ -25,7 +27,8 @@
  * drains the control messages, checks the peers and sleeps when idle, 10 us
  * doubling up to 1 ms (spinning first only when every local rank has two cores,
  * as shm does); the doorbell sleeps on a futex that a local request wakes at
- * once, polling MPI for peers' bells every 1 ms at most. All MPI calls of a
+ * once, polling MPI every 1 ms at most for a peer's first message of the next
+ * cycle (the doorbell: no bell messages). All MPI calls of a
  * process go through one mutex: the engine's progress lock already keeps its
  * threads apart, but wait_doorbell (the idle thread), abort and describe_peer
  * run beside it.
@@ -71,14 +74,13 @@
 #define EXPORT __attribute__((visibility("default")))
 
 enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
-enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303 };
-enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BELL, CTRL_BEAT, CTRL_BYE, CTRL_ABORT };
+enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303, TAG_AND = 7304 };
+enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BEAT = 4, CTRL_BYE, CTRL_ABORT }; /* 3 was BELL: see the doorbell */
 enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 
 #define REASON_MAX 512
 #define SILENT_BEATS 10     /* heartbeats a peer may miss before it is lost */
 #define PID_CHECK_S 0.1     /* how often a waiter checks local peers' pids */
-#define BELL_GRACE_S 200e-6 /* how long a cycle waits for its peers to join by themselves before ringing them */
 #ifndef BELL_POLL_S
 #define BELL_POLL_S 1e-3    /* longest sleep of the idle doorbell between polls of MPI */
 #endif
@@ -94,7 +96,7 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 typedef struct {
   uint32_t type;
   int32_t a;  /* NOTIFY: kind; PUT: the kind it notifies, -1 none; ABORT: root peer */
-  uint64_t b; /* PUT: offset; BELL: cycle */
+  uint64_t b; /* PUT: offset */
   uint64_t c; /* PUT: length */
 } ctrl_t;
 #define CTRL_MAX (sizeof(ctrl_t) + REASON_MAX)
@@ -159,15 +161,24 @@ typedef struct {
   size_t exch_out_len[2];
   MPI_Request *exch_req[2];
   uint32_t round;
-  int posted, missing;
+  _Atomic int posted; /* read by the idle thread's doorbell (mu held) */
+  int missing;
   double exch_deadline;
+  /* AND-allreduce (recursive doubling): a round is steps 0 (fold in the rank
+   * above the largest power of two), 1..log2 P (pairs), log2 P + 1 (hand the
+   * result back up); two rounds of sends may be in flight, a buffer per step */
+  uint64_t *and_acc, *and_rbuf;   /* [1 + and_cap]: header word (round, step), then the words */
+  uint64_t *and_sbuf[2];          /* [and_steps][1 + and_cap] per round parity */
+  MPI_Request *and_req[2];        /* [and_steps] per round parity */
+  int and_cap, and_nwords, and_steps, and_pow, and_log;
+  _Atomic int and_posted;
+  int and_step, and_sent, and_partner;
+  uint32_t and_round;
+  double and_deadline;
   /* doorbell */
-  /* cycles asked for: by this rank's own engine (cycle_wanted) and by peers'
-   * bells (peer_wanted). Only the latter wake the idle thread: the thread that
-   * asked for a cycle here runs it itself. */
-  _Atomic uint64_t cycle_wanted, peer_wanted;
-  uint64_t bells_owed; /* a cycle asked for here, whose bells are not rung yet (0: none) */
-  double bells_since;
+  /* a cycle asked for by this rank's own engine: the thread that asked runs
+   * it, so it does not wake the idle thread (peers' rounds do: the doorbell) */
+  _Atomic uint64_t cycle_wanted;
   _Atomic uint32_t bell, bell_waiters;
   uint32_t bell_seen;
   double next_beat;
@@ -406,13 +417,6 @@ static void handle_ctrl(mpi_t *s, int src, const uint8_t *buf, int len, double n
       break;
     }
     case CTRL_NOTIFY: notify_from(s, src, c.a); break;
-    case CTRL_BELL: {
-      uint64_t cur = atomic_load(&s->peer_wanted);
-      while (cur < c.b && !atomic_compare_exchange_weak(&s->peer_wanted, &cur, c.b)) {
-      }
-      bump_bell(s);
-      break;
-    }
     case CTRL_BEAT: break;
     case CTRL_BYE:
       if (p->state == PEER_ALIVE) p->state = PEER_EXITED;
@@ -754,7 +758,11 @@ static void free_state(mpi_t *s) {
   for (int b = 0; b < 2; b++) {
     free(s->exch_out[b]);
     free(s->exch_req[b]);
+    free(s->and_sbuf[b]);
+    free(s->and_req[b]);
   }
+  free(s->and_acc);
+  free(s->and_rbuf);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -1112,8 +1120,6 @@ static tnt_result_t mpi_exchange_post(void *st, const void *mine, size_t len, do
   return TNT_SUCCESS;
 }
 
-static void pay_bells(mpi_t *s, double now);
-
 /* Receive what has arrived of this round (mu held); 1 when every rank's is here. */
 static int exchange_arrived(mpi_t *s, void *arg) {
   for (int r = 0; r < s->n && s->missing; r++) {
@@ -1148,8 +1154,6 @@ static int exchange_arrived(mpi_t *s, void *arg) {
     p->last_heard = host->now();
     s->missing--;
   }
-  if (!s->missing) s->bells_owed = 0; /* everyone joined by themselves */
-  else pay_bells(s, host->now());
   return s->missing == 0;
 }
 
@@ -1188,47 +1192,232 @@ static tnt_result_t mpi_exchange(void *st, const void *mine, size_t len, void *a
   return mpi_exchange_collect(s, all, stride, lens, deadline);
 }
 
+/* ---- AND-allreduce: the negotiation's bit round ----
+ *
+ * Recursive doubling among the largest power of two P <= N ranks; a rank
+ * r >= P first swaps words with r - P and gets the result back from it at
+ * the end. Each step's message carries (round, step) in its first word: MPI
+ * keeps one sender's messages in order per tag and a sender sends a receiver
+ * at most one per round, so the next message from the partner is the expected
+ * one; anything else means the ranks diverged. */
+
+static uint64_t and_tag(uint32_t round, int step) { return (uint64_t)round << 8 | (uint64_t)step; }
+
+/* The partner of `step` (-1: none: this rank skips the step). */
+static int and_partner(const mpi_t *s, int step) {
+  const int r = s->me;
+  if (step == 0) return r >= s->and_pow ? r - s->and_pow : (r + s->and_pow < s->n ? r + s->and_pow : -1);
+  if (step <= s->and_log) return r < s->and_pow ? r ^ (1 << (step - 1)) : -1;
+  return r >= s->and_pow ? r - s->and_pow : (r + s->and_pow < s->n ? r + s->and_pow : -1);
+}
+
+/* Does this rank send / receive in `step`? Step 0 goes both ways, though
+ * the rank above P needs nothing from below: that message is its doorbell
+ * (it learns of the cycle from it, as every other rank does from its first
+ * partner; see the doorbell). Above P: receive the result in the last step. */
+static int and_sends(const mpi_t *s, int step) {
+  if (s->me >= s->and_pow) return step == 0;
+  return and_partner(s, step) >= 0;
+}
+static int and_receives(const mpi_t *s, int step) {
+  if (s->me >= s->and_pow) return step == 0 || step == s->and_log + 1;
+  return step <= s->and_log && and_partner(s, step) >= 0;
+}
+
+static tnt_result_t and_buffers(mpi_t *s, int nwords) {
+  if (nwords <= s->and_cap) return TNT_SUCCESS;
+  int P = 1, L = 0;
+  while (2 * P <= s->n) P *= 2, L++;
+  s->and_pow = P;
+  s->and_log = L;
+  s->and_steps = L + 2;
+  const size_t w = (size_t)nwords + 1;
+  free(s->and_acc);
+  free(s->and_rbuf);
+  s->and_acc = calloc(w, sizeof(uint64_t));
+  s->and_rbuf = calloc(w, sizeof(uint64_t));
+  for (int b = 0; b < 2; b++) {
+    free(s->and_sbuf[b]);
+    free(s->and_req[b]);
+    s->and_sbuf[b] = calloc(w * (size_t)s->and_steps, sizeof(uint64_t));
+    s->and_req[b] = malloc((size_t)s->and_steps * sizeof(MPI_Request));
+    for (int k = 0; s->and_req[b] && k < s->and_steps; k++) s->and_req[b][k] = MPI_REQUEST_NULL;
+  }
+  if (!s->and_acc || !s->and_rbuf || !s->and_sbuf[0] || !s->and_sbuf[1] || !s->and_req[0] || !s->and_req[1]) {
+    s->and_cap = 0;
+    return failf(TNT_ERR_SYSTEM, -1, "out of memory");
+  }
+  s->and_cap = nwords;
+  return TNT_SUCCESS;
+}
+
+static int and_sends_done(mpi_t *s, void *arg) {
+  int flag = 0;
+  if (MPI_Testall(s->and_steps, (MPI_Request *)arg, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: sending a bit round failed", s->me);
+    return 0;
+  }
+  return flag;
+}
+
+/* Send the running AND for this step (mu held); 0 on failure (sticky). */
+static int and_send(mpi_t *s) {
+  const int step = s->and_step, peer = and_partner(s, step);
+  const size_t w = (size_t)s->and_nwords + 1;
+  uint64_t *buf = s->and_sbuf[s->and_round & 1] + (size_t)step * w;
+  buf[0] = and_tag(s->and_round, step);
+  memcpy(buf + 1, s->and_acc + 1, (size_t)s->and_nwords * sizeof(uint64_t));
+  int rc = MPI_Isend(buf, (int)(w * sizeof(uint64_t)), MPI_BYTE, peer, TAG_AND, s->comm,
+                     &s->and_req[s->and_round & 1][step]);
+  if (rc != MPI_SUCCESS) {
+    char e[MPI_MAX_ERROR_STRING];
+    s->and_req[s->and_round & 1][step] = MPI_REQUEST_NULL;
+    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not send a bit round to rank %d: %s", s->me, peer, mpi_err(rc, e));
+    return 0;
+  }
+  s->peers[peer].last_sent = host->now();
+  return 1;
+}
+
+/* Take the partner's message of this step if it is here (mu held): 1 when
+ * taken (ANDed in, or the result itself in the last step above P). */
+static int and_receive(mpi_t *s) {
+  const int step = s->and_step, peer = and_partner(s, step);
+  int flag = 0;
+  MPI_Message msg;
+  MPI_Status st;
+  if (MPI_Improbe(peer, TAG_AND, s->comm, &flag, &msg, &st) != MPI_SUCCESS) {
+    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not probe for rank %d's bit round", s->me, peer);
+    return 0;
+  }
+  if (!flag) return 0;
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  const size_t w = (size_t)s->and_nwords + 1;
+  if (count != (int)(w * sizeof(uint64_t))) {
+    uint8_t *junk = malloc(count > 0 ? (size_t)count : 1);
+    MPI_Mrecv(junk, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+    free(junk);
+    sticky(s, TNT_ERR_INTERNAL, peer, "rank %d sent a bit round of %d bytes, rank %d expected %zu: the ranks have "
+           "diverged (different TNT_* settings or library versions?)", peer, count, s->me, w * sizeof(uint64_t));
+    return 0;
+  }
+  if (MPI_Mrecv(s->and_rbuf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not receive rank %d's bit round", s->me, peer);
+    return 0;
+  }
+  s->peers[peer].last_heard = host->now();
+  if (s->and_rbuf[0] != and_tag(s->and_round, step)) {
+    sticky(s, TNT_ERR_INTERNAL, peer, "rank %d sent step %u of bit round %u, rank %d expected step %d of round %u: the "
+           "ranks have diverged", peer, (unsigned)(s->and_rbuf[0] & 0xff), (unsigned)(s->and_rbuf[0] >> 8), s->me,
+           step, s->and_round);
+    return 0;
+  }
+  for (size_t k = 1; k < w; k++) s->and_acc[k] &= s->and_rbuf[k];
+  return 1;
+}
+
+/* Advance the round as far as the messages that arrived allow (mu held);
+ * 1 when this rank holds the result. */
+static int and_advance(mpi_t *s, void *arg) {
+  while (s->and_step < s->and_steps) {
+    const int step = s->and_step;
+    s->and_partner = and_partner(s, step);
+    if (and_sends(s, step) && !s->and_sent) {
+      if (!and_send(s)) return 0;
+      s->and_sent = 1;
+    }
+    if (and_receives(s, step) && !and_receive(s)) return 0;
+    s->and_step++;
+    s->and_sent = 0;
+  }
+  return 1;
+}
+
+static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, double deadline) {
+  mpi_t *s = st;
+  if (s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round posted twice");
+  if (nwords < 1) return failf(TNT_ERR_INTERNAL, -1, "a bit round of %d words", nwords);
+  if (nwords > s->and_cap && s->and_cap) return failf(TNT_ERR_INTERNAL, -1, "a bit round grew to %d words", nwords);
+  tnt_result_t res = and_buffers(s, nwords);
+  if (res != TNT_SUCCESS) return res;
+  uint32_t round = s->and_round + 1;
+  /* the sends of round - 2 used these buffers: every rank has taken them (the
+   * result of round - 1 needed every rank to have finished round - 2) */
+  res = poll_until(s, and_sends_done, s->and_req[round & 1], -1, deadline, "sending a bit round");
+  if (res == TNT_ERR_TIMEOUT) return timed_out(s, -1, "sending a bit round");
+  if (res != TNT_SUCCESS) return res;
+  pthread_mutex_lock(&s->mu);
+  s->and_round = round;
+  s->and_nwords = nwords;
+  s->and_acc[0] = 0;
+  memcpy(s->and_acc + 1, mine, (size_t)nwords * sizeof *mine);
+  s->and_step = 0;
+  s->and_sent = 0;
+  s->and_posted = 1;
+  s->and_deadline = deadline;
+  and_advance(s, NULL); /* the first send leaves now */
+  pthread_mutex_unlock(&s->mu);
+  return TNT_SUCCESS;
+}
+
+static tnt_result_t mpi_and_collect(void *st, uint64_t *out, double until) {
+  mpi_t *s = st;
+  if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
+  double deadline = until < s->and_deadline ? until : s->and_deadline;
+  const char *what = "in a bit round of the negotiation";
+  tnt_result_t res = poll_until(s, and_advance, NULL, -1, deadline, what);
+  if (res == TNT_ERR_TIMEOUT) {
+    if (deadline < s->and_deadline) return TNT_IN_PROGRESS;
+    return timed_out(s, s->and_partner, what);
+  }
+  if (res != TNT_SUCCESS) return res;
+  memcpy(out, s->and_acc + 1, (size_t)s->and_nwords * sizeof *out);
+  s->and_posted = 0;
+  return TNT_SUCCESS;
+}
+
 /* ---- doorbell ---- */
 
-/* Lazy, as shm's: the cycle's exchange follows at once, and a peer already
- * driving a cycle of its own (the usual case: every rank submits the same
- * collectives) needs no bell, whose arrival would only wake its idle
- * background thread for nothing. The exchange's wait rings the bells of the
- * peers that have not joined after BELL_GRACE_S (pay_bells). */
+/* The doorbell is the cycle's own first message: a rank with news posts its
+ * round right after ringing, and a rank that is between rounds and finds a
+ * peer's exchange or bit-round message waiting knows that a peer started the
+ * next cycle (a round ends only when all its messages are in, and no peer can
+ * be two rounds ahead). So ringing sends nothing: a full round reaches every
+ * rank at once, a bit round wakes the sleeping ranks along its recursive
+ * doubling (log2 N hops), and the steady state sends no all-to-all bells. */
+static int peer_started_round(mpi_t *s) { /* mu held */
+  if (atomic_load(&s->posted) || atomic_load(&s->and_posted)) return 0;
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, TAG_AND, s->comm, &flag, MPI_STATUS_IGNORE);
+  if (!flag) MPI_Iprobe(MPI_ANY_SOURCE, TAG_EXCH, s->comm, &flag, MPI_STATUS_IGNORE);
+  return flag;
+}
+
 static void mpi_ring_doorbell(void *st, uint64_t cycle) {
   mpi_t *s = st;
-  pthread_mutex_lock(&s->mu);
   uint64_t cur = atomic_load(&s->cycle_wanted);
   while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
   }
-  if (!s->bells_owed) s->bells_since = host->now();
-  s->bells_owed = cycle;
-  pthread_mutex_unlock(&s->mu);
-}
-
-/* Ring the bells a cycle owes to the peers whose message of this round has not
- * come (mu held). */
-static void pay_bells(mpi_t *s, double now) {
-  if (!s->bells_owed || now < s->bells_since + BELL_GRACE_S) return;
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && !s->peers[r].exch_got && s->peers[r].state == PEER_ALIVE)
-      send_ctrl(s, r, CTRL_BELL, 0, s->bells_owed, 0, NULL);
-  s->bells_owed = 0;
 }
 
 static int mpi_cycle_wanted(void *st, uint64_t done) {
   mpi_t *s = st;
-  return atomic_load(&s->cycle_wanted) > done || atomic_load(&s->peer_wanted) > done;
+  if (atomic_load(&s->cycle_wanted) > done) return 1;
+  pthread_mutex_lock(&s->mu);
+  int started = peer_started_round(s);
+  pthread_mutex_unlock(&s->mu);
+  return started;
 }
 
 /* Sleep on the futex (a local request wakes it at once); poll MPI for peers'
- * bells and send heartbeats every BELL_POLL_S at most. */
+ * rounds and send heartbeats every BELL_POLL_S at most. */
 static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
   mpi_t *s = st;
   double sleep = SLEEP_MIN_S;
   for (;;) {
     uint32_t b = atomic_load(&s->bell);
-    if (b != s->bell_seen || atomic_load(&s->peer_wanted) > done) {
+    if (b != s->bell_seen) { /* a local request, or a handed-over cycle */
       s->bell_seen = b;
       return;
     }
@@ -1236,8 +1425,10 @@ static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
     if (now >= deadline) return;
     pthread_mutex_lock(&s->mu);
     progress(s);
+    int started = peer_started_round(s);
     pthread_mutex_unlock(&s->mu);
-    if (atomic_load(&s->bell) != b || atomic_load(&s->peer_wanted) > done) continue;
+    if (started) return;
+    if (atomic_load(&s->bell) != b) continue;
     double d = deadline - now < sleep ? deadline - now : sleep;
     struct timespec ts = timespec_of(d);
     atomic_fetch_add(&s->bell_waiters, 1);
@@ -1285,6 +1476,8 @@ static int all_sent(mpi_t *s, void *arg) {
   for (int b = 0; b < 2; b++) {
     MPI_Testall(s->n, s->exch_req[b], &flag, MPI_STATUSES_IGNORE);
     if (!flag) return 0;
+    if (s->and_req[b]) MPI_Testall(s->and_steps, s->and_req[b], &flag, MPI_STATUSES_IGNORE);
+    if (!flag) return 0;
   }
   return 1;
 }
@@ -1328,6 +1521,12 @@ static void mpi_finalize(void *st) {
       s->peers[r].lent = NULL;
       cancel_sends(s, r);
     }
+  for (int b = 0; b < 2 && s->and_cap; b++) /* a bit-round send still pending (its peer is gone) keeps its buffers */
+    for (int k = 0; k < s->and_steps; k++)
+      if (s->and_req[b][k] != MPI_REQUEST_NULL) {
+        MPI_Request_free(&s->and_req[b][k]);
+        s->and_sbuf[b] = NULL;
+      }
   /* the communicator is never freed: Open MPI gives a freed communicator's
    * context id to the next one, and a message still in flight to this one (a
    * peer's BYE) would land in the communicator of the next tnt_init */
@@ -1356,6 +1555,8 @@ static const tnt_transport_t transport = {
     .wake_local = mpi_wake_local,
     .abort = mpi_abort,
     .finalize = mpi_finalize,
+    .and_post = mpi_and_post,
+    .and_collect = mpi_and_collect,
 };
 
 static const tnt_plugin_t plugin = {
