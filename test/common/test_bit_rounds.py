@@ -3,7 +3,7 @@ AND-allreduce of readiness bits (a *bit round*), not an exchange of every
 rank's message (a *full round*). Counted by core.stats()["bit_rounds"] and
 ["full_rounds"] (not timed), on shm through tntrun and over the mpi transport
 under mpirun (recursive doubling, 3 ranks folding one in and 4 ranks), and
-over gpi2 where GPI-2 is installed (the core's AND over its exchange); the
+over gpi2 where GPI-2 is installed (recursive doubling over write_notify); the
 results of every loop are checked. A new name in the steady state is announced
 in a full round, small allreduces keep riding with full rounds (one round per
 call), and TNT_BIT_ROUNDS=0 makes every cycle a full round. The divergence
