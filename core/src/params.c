@@ -21,7 +21,7 @@ typedef struct {
   const char *doc;
 } num_param_t;
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_SIMD, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
@@ -37,6 +37,9 @@ static const num_param_t num_params[P_COUNT] = {
     [P_HIER] = {"TNT_HIERARCHICAL", 1, 0, 1, 1,
                 "1: across hosts with the same number of ranks each, allreduce inside each host, then between "
                 "hosts; 0: one flat ring"},
+    [P_SIMD] = {"TNT_SIMD", 1, 0, 1, 1,
+                "1: float16/bfloat16 sums and scaling use the CPU's F16C/AVX2 or AVX-512 instructions where it has "
+                "them; 0: portable scalar code (the same bits, slower)"},
 };
 
 /* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */
@@ -104,6 +107,8 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   p->spin_s = v * 1e-6;
   TNT_CHECK(read_num(P_HIER, &v));
   p->hierarchical = (int)v;
+  TNT_CHECK(read_num(P_SIMD, &v));
+  p->simd = (int)v;
 
   const char *lvl = getenv("TNT_LOG_LEVEL"); /* the same rule as Python's logging: no silent default */
   if (lvl && *lvl) {

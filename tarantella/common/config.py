@@ -76,6 +76,7 @@ _ROWS = (
     ("TNT_CACHE_CAPACITY", _CORE),
     ("TNT_SPIN_US", _CORE),
     ("TNT_HIERARCHICAL", _CORE),
+    ("TNT_SIMD", _CORE),
     Param("TNT_TF_OPS", "choice", "auto",
           "how collectives inside tf.function reach the core: auto (compiled TensorFlow ops, built at first "
           "use into ~/.cache/tarantella/plugins; tf.numpy_function with a WARNING when they cannot be built), "

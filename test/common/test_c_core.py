@@ -17,7 +17,7 @@ import pytest
 from core_helpers import clean_env
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
-PROGRAMS = ["test_core", "test_ranks", "test_edges"]
+PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges"]
 BUILDS = ["plain", "asan", "tsan"]
 pytestmark = pytest.mark.skipif(not shutil.which("make") or not shutil.which("cc"),
                                 reason="needs make and a C compiler")
@@ -80,6 +80,12 @@ def run(cmd):
 @pytest.mark.parametrize("kind", BUILDS)
 def test_c_core_program(builds, kind):
     assert run([str(builds(kind) / "test_core")]).stdout.strip().endswith("0 failed")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_c_half_program(builds, kind):
+    # the vector float16/bfloat16 kernels against the scalar code, bit for bit
+    assert run([str(builds(kind) / "test_half")]).stdout.strip().endswith(" 0 failed")
 
 
 @pytest.mark.parametrize("kind", BUILDS)
