@@ -25,13 +25,15 @@ void tnt_divide(tnt_dtype_t dtype, void *dst, const void *src, int divisor, size
  * three steps cost one pass over memory. */
 void tnt_reduce_scaled(tnt_dtype_t dtype, void *dst, const void *a, const void *b, double factor, int divisor, size_t n);
 
-/* Which code does float16/bfloat16 arithmetic. Every level gives the same bits
- * (core/test/test_half.c); the vector ones are several times faster. */
+/* Which code does float16/bfloat16 arithmetic (the values of TNT_SIMD). Every
+ * level gives the same bits (core/test/test_half.c); the vector ones are several
+ * times faster. */
 typedef enum { TNT_HALF_SCALAR, TNT_HALF_AVX2, TNT_HALF_AVX512 } tnt_half_level_t;
 /* The fastest level this CPU (and OS) supports: AVX-512F, F16C + AVX2, or scalar. */
 tnt_half_level_t tnt_half_level_best(void);
-/* Use `level` from now on, process-wide (a level above the best, or invalid,
- * means the best); returns the level in use. tnt_init applies TNT_SIMD with it. */
+/* Use `level` from now on, process-wide (one above the best this CPU has, or an
+ * invalid one, means the best); returns the level in use. tnt_init applies
+ * TNT_SIMD with it. */
 tnt_half_level_t tnt_half_level_set(tnt_half_level_t level);
 /* The level in use (the best until one is set). */
 tnt_half_level_t tnt_half_level(void);

@@ -37,9 +37,9 @@ static const num_param_t num_params[P_COUNT] = {
     [P_HIER] = {"TNT_HIERARCHICAL", 1, 0, 1, 1,
                 "1: across hosts with the same number of ranks each, allreduce inside each host, then between "
                 "hosts; 0: one flat ring"},
-    [P_SIMD] = {"TNT_SIMD", 1, 0, 1, 1,
-                "1: float16/bfloat16 sums and scaling use the CPU's F16C/AVX2 or AVX-512 instructions where it has "
-                "them; 0: portable scalar code (the same bits, slower)"},
+    [P_SIMD] = {"TNT_SIMD", 2, 0, 2, 1,
+                "float16/bfloat16 sums and scaling: 2: AVX-512F or F16C+AVX2, the best the CPU has; 1: at most "
+                "F16C+AVX2; 0: portable scalar code (every level gives the same bits)"},
 };
 
 /* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */

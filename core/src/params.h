@@ -23,7 +23,7 @@ typedef struct {
   int cache_capacity;             /* TNT_CACHE_CAPACITY: negotiated names remembered */
   double spin_s;                  /* TNT_SPIN_US: busy-wait before sleeping (only with a core per rank) */
   int hierarchical;               /* TNT_HIERARCHICAL: allreduce by host, then between hosts (where it applies) */
-  int simd;                       /* TNT_SIMD: vector float16/bfloat16 kernels where the CPU has them */
+  int simd;                       /* TNT_SIMD: the highest float16/bfloat16 kernel level (tnt_half_level_t) */
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);

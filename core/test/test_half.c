@@ -183,8 +183,22 @@ static void test_levels(void) {
 #endif
 }
 
+/* tnt_init applies TNT_SIMD (a serial job: no placement variables) */
+static void test_environment_sets_the_level(void) {
+  setenv("TNT_SIMD", "0", 1);
+  EXPECT(tnt_init() == TNT_SUCCESS && tnt_half_level() == TNT_HALF_SCALAR);
+  EXPECT(tnt_finalize() == TNT_SUCCESS);
+  setenv("TNT_SIMD", "2", 1);
+  EXPECT(tnt_init() == TNT_SUCCESS && tnt_half_level() == tnt_half_level_best());
+  EXPECT(tnt_finalize() == TNT_SUCCESS);
+  setenv("TNT_SIMD", "3", 1);
+  EXPECT(tnt_init() == TNT_ERR_INVALID_ARGUMENT && strstr(tnt_last_error(), "TNT_SIMD") != NULL);
+  unsetenv("TNT_SIMD");
+}
+
 int main(void) {
   test_levels();
+  test_environment_sets_the_level();
   test_known_results();
   test_every_length_and_a_large_one();
   test_every_value();
