@@ -167,11 +167,14 @@ def stats():
     """What this rank's engine has done so far, as a dict: negotiation `cycles`,
     requests served from the response `cache_hits` (one bit each), requests
     `announcements` in full, collectives `executed`, and allreduces done in
-    `one_round` (their payload rode with the negotiation). Zeros on one rank."""
+    `one_round` (their payload rode with the negotiation), and `bytes_reduced`,
+    the payload of the allreduces completed (count x element size of this
+    rank's input: gradient compression halves it). Zeros on one rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
-    return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed", "one_round")}
+    return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed", "one_round",
+                                          "bytes_reduced")}
 
 
 def get_master_rank():
