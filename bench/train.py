@@ -23,7 +23,8 @@ tnt1/keras (target >= 0.97), tnt2/ceiling (targets: cnn >= 0.95, mlp >= 0.80),
 tnt2/mwms, tnt2/tnt2-numpy (the compiled ops against the fallback),
 tnt2-fp16/ceiling and tnt2-fp16/tnt2 (what compression buys). With --rounds N
 every setup runs N times, interleaved (round 1: every setup, round 2: ...),
-and a figure is the median of its rounds.
+a figure is the median of its rounds and a ratio the median of the rounds'
+ratios.
 """
 import argparse
 import json
@@ -263,9 +264,16 @@ def main():
                      f"ms, {result['params'] / 1e6:.2f}M params)" if result
                      else f"failed: {row[setup]['error']}")
             print(f"{workload:4s} {setup:10s} {shown}", flush=True)
-        ratio = lambda a, b: (row[a]["samples_per_s"] / row[b]["samples_per_s"]  # noqa: E731
-                              if "samples_per_s" in row.get(a, {}) and "samples_per_s" in row.get(b, {})
-                              else None)
+        def ratio(a, b):
+            """The median over rounds of each round's ratio (rounds interleave: both ran under
+            the same outside load), or the ratio of the two figures."""
+            if "samples_per_s" not in row.get(a, {}) or "samples_per_s" not in row.get(b, {}):
+                return None
+            ra, rb = row[a]["rounds"], row[b]["rounds"]
+            if len(ra) != len(rb):
+                return row[a]["samples_per_s"] / row[b]["samples_per_s"]
+            return sorted(x / y for x, y in zip(ra, rb))[(len(ra) - 1) // 2]
+
         row["ratios"] = {"tnt1/keras": ratio("tnt1", "keras"), "tnt2/ceiling": ratio("tnt2", "ceiling"),
                          "mwms/ceiling": ratio("mwms", "ceiling"), "tnt2/mwms": ratio("tnt2", "mwms"),
                          "tnt2/tnt2-numpy": ratio("tnt2", "tnt2-numpy"),
