@@ -7,6 +7,7 @@ bandwidth, measured in the same run. Not a test: a table to read.
     python bench/allreduce.py --ranks 2 --sizes 4,64K,1M --rounds 5 --baseline /tmp/old-tree
     python bench/allreduce.py --transport mpi      # Tarantella over its mpi transport, under mpirun
     python bench/allreduce.py --transport gpi2     # over its gpi2 transport (tntrun; GPI2_HOME set)
+    python bench/allreduce.py --ranks 2 --sizes 16M,64M --dtype float16 --simd 0,1  # vector vs scalar kernels
 
 Tarantella is called three ways, in alternating batches inside one job:
 `plain` is what a user writes, `tnt.allreduce(x)` (unnamed, a fresh result
@@ -16,7 +17,14 @@ same rounds, for before/after ratios. Implementations are interleaved: every
 round launches each of them once, and a figure is the median over the rounds
 of each round's best batch.
 
-Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it. float32, sum.
+`--dtype float16` or `bfloat16` reduces half-precision buffers (the MPI peers
+are left out: MPI has no sum of them), and `--simd 0,1` also runs this tree
+with TNT_SIMD=0 (the portable scalar float16/bfloat16 kernels) and TNT_SIMD=1
+(at most F16C+AVX2) beside the default (AVX-512 where the CPU has it), in the
+same rounds, for the ratios.
+
+Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it. Sum; float32
+unless --dtype says otherwise.
 """
 import argparse
 import json
@@ -52,7 +60,7 @@ def iterations_for(nbytes):
     return max(5, min(3000, int(1e8 / max(nbytes, 2048))))
 
 
-def worker(kind, sizes, variants, batches=3):
+def worker(kind, sizes, variants, dtype="float32", batches=3):
     if kind == "tnt":
         import tarantella as tnt
 
@@ -65,7 +73,8 @@ def worker(kind, sizes, variants, batches=3):
         variants = ["mpi"]
     results = []
     for nbytes in sizes:
-        x = np.ones(max(1, nbytes // 4), np.float32)
+        np_dtype = np.dtype(dtype) if dtype != "bfloat16" else np.dtype(__import__("ml_dtypes").bfloat16)
+        x = np.ones(max(1, nbytes // np_dtype.itemsize), np_dtype)
         out = np.empty_like(x)
         calls = {
             "plain": lambda: tnt.allreduce(x),
@@ -126,9 +135,9 @@ def find_peers(venvs):
     return peers
 
 
-def launch(label, cmd, env, sizes, variants):
+def launch(label, cmd, env, sizes, variants, dtype="float32"):
     args = [HERE, "--worker", "mpi" if label.startswith("mpi:") else "tnt", "--sizes", ",".join(map(str, sizes)),
-            "--variants", ",".join(variants)]
+            "--variants", ",".join(variants), "--dtype", dtype]
     res = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=1800)
     for line in res.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -137,7 +146,7 @@ def launch(label, cmd, env, sizes, variants):
     return None
 
 
-def jobs_for(ranks, transport, baseline, peers):
+def jobs_for(ranks, transport, baseline, peers, simd_levels=()):
     """[(label, command prefix, env)] of every implementation to run each round."""
     base_env = dict(os.environ, OMP_NUM_THREADS="1")
     tnt_cmd = [sys.executable, "-m", "tarantella.runner", "-n", str(ranks), "--no-gpu", "--", sys.executable]
@@ -151,6 +160,8 @@ def jobs_for(ranks, transport, baseline, peers):
     if baseline:
         env = dict(base_env, PYTHONPATH=os.path.abspath(baseline))
         jobs.append(("tnt@baseline", tnt_cmd, env))
+    for level in simd_levels:  # the same tree with other float16/bfloat16 kernels
+        jobs.append((f"tnt@TNT_SIMD={level}", tnt_cmd, dict(base_env, TNT_SIMD=str(level))))
     for label, py, mpiexec in peers:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         env.pop("PYTHONPATH", None)
@@ -185,6 +196,8 @@ def table(ranks, sizes, per_job, columns):
     ratio_heads = ["best peer / tnt plain"] if peers else []
     if any(label == "tnt@baseline" for label, _ in columns):
         ratio_heads.append("baseline plain / tnt plain")
+    simd_jobs = sorted({label for label, _ in columns if label.startswith("tnt@TNT_SIMD=")})
+    ratio_heads += [f"{label[4:]} / tnt" for label in simd_jobs]
     lines = ["| size | " + " | ".join(heads + ratio_heads) + " |",
              "| ---: | " + " | ".join("---:" for _ in heads + ratio_heads) + " |"]
     for i, nbytes in enumerate(sizes):
@@ -195,6 +208,7 @@ def table(ranks, sizes, per_job, columns):
             cells.append(f"{best[0] / plain:.2f} ({best[1]})")
         if any(label == "tnt@baseline" for label, _ in columns):
             cells.append(f"{median_of('tnt@baseline', 'plain', i) / plain:.1f}")
+        cells += [f"{median_of(label, 'plain', i) / plain:.2f}" for label in simd_jobs]
         lines.append(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -215,30 +229,35 @@ def main():
     p.add_argument("--transport", choices=["shm", "mpi", "gpi2"], default="shm",
                    help="Tarantella's transport: shm (tntrun, default), mpi (mpirun, TNT_TRANSPORT=mpi) or "
                         "gpi2 (tntrun, TNT_TRANSPORT=gpi2)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="element type of the buffers (default float32; the MPI peers only run float32)")
+    p.add_argument("--simd", default="", metavar="LEVELS",
+                   help="also run with these TNT_SIMD levels (0: scalar float16/bfloat16 kernels, 1: at most "
+                        "F16C+AVX2), e.g. 0,1, for the ratios to the default")
     p.add_argument("--worker", choices=["tnt", "mpi"], help=argparse.SUPPRESS)
     a = p.parse_args()
     variants = [v for v in a.variants.split(",") if v]
     if any(v not in VARIANTS for v in variants):
         p.error(f"--variants takes {', '.join(VARIANTS)}. Received: {a.variants}")
     if a.worker:
-        worker(a.worker, [int(s) for s in a.sizes.split(",")], variants)
+        worker(a.worker, [int(s) for s in a.sizes.split(",")], variants, a.dtype)
         return 0
     sizes = [parse_bytes(s) for s in a.sizes.split(",")] if a.sizes else \
         sizes_between(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes))
     if a.transport == "mpi" and not shutil.which("mpirun"):
         print("--transport mpi needs mpirun (apt-get install openmpi-bin libopenmpi-dev)", file=sys.stderr)
         return 1
-    peers = find_peers([tuple(s.split("=", 1)) for s in a.peer_venv])
+    peers = find_peers([tuple(s.split("=", 1)) for s in a.peer_venv]) if a.dtype == "float32" else []
     copy_bw = copy_bandwidth()
     lines = [f"memory copy bandwidth of one core (measured now): {copy_bw / 1e9:.1f} GB/s",
              f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} interleaved round(s); "
-             f"peers: {', '.join(label for label, _, _ in peers) or 'none installed'}", ""]
+             f"peers: {', '.join(label for label, _, _ in peers) or 'none'}; {a.dtype}", ""]
     for ranks in [int(r) for r in a.ranks.split(",")]:
-        jobs = jobs_for(ranks, a.transport, a.baseline, peers)
+        jobs = jobs_for(ranks, a.transport, a.baseline, peers, [int(v) for v in a.simd.split(",") if v])
         per_job = {}
         for _ in range(a.rounds):
             for label, cmd, env in jobs:
-                per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants))
+                per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants, a.dtype))
         columns = [(label, v) for label, _, _ in jobs for v in (variants if not label.startswith("mpi:") else ["mpi"])]
         lines += [f"### {ranks} ranks (Tarantella over {a.transport})", "", *table(ranks, sizes, per_job, columns), ""]
     text = "\n".join(lines)

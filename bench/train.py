@@ -3,6 +3,7 @@ ceiling and MultiWorkerMirroredStrategy, side by side in one run.
 
     python bench/train.py                      # both workloads, every setup
     python bench/train.py --workloads cnn --steps 40
+    python bench/train.py --workloads mlp --setups tnt2,tnt2-fp16,tnt2-bf16,ceiling --rounds 3
 
 Workloads (synthetic data, micro-batch 32 per process):
   cnn  a ResNet-style CNN of about 0.7M parameters on 32x32x3 images
@@ -12,12 +13,18 @@ Setups (every process pinned to its own core, one TF thread each):
   tnt1        tnt.Model on 1 rank (tntrun -n 1)
   tnt2        tnt.Model on 2 ranks (tntrun -n 2), global batch 64, the compiled TF ops
   tnt2-numpy  the same through tf.numpy_function (TNT_TF_OPS=numpy)
+  tnt2-fp16   tnt2 with gradient compression: tnt.Model(compression=tnt.Compression.fp16)
+  tnt2-bf16   the same with tnt.Compression.bf16
   ceiling     two independent plain-Keras processes at once: what 2 cores give
               with no communication at all (throughputs added)
   mwms        tf.distribute.MultiWorkerMirroredStrategy, 2 local workers, global batch 64
 Throughput is samples/s from the median step time after warm-up. Ratios:
 tnt1/keras (target >= 0.97), tnt2/ceiling (targets: cnn >= 0.95, mlp >= 0.80),
-tnt2/mwms, tnt2/tnt2-numpy (the compiled ops against the fallback).
+tnt2/mwms, tnt2/tnt2-numpy (the compiled ops against the fallback),
+tnt2-fp16/ceiling and tnt2-fp16/tnt2 (what compression buys). With --rounds N
+every setup runs N times, interleaved (round 1: every setup, round 2: ...),
+a figure is the median of its rounds and a ratio the median of the rounds'
+ratios.
 """
 import argparse
 import json
@@ -68,7 +75,7 @@ def worker(args):
     import keras
     import numpy as np
 
-    processes = 2 if args.setup in ("tnt2", "tnt2-numpy", "mwms") else 1
+    processes = 2 if args.setup.startswith("tnt2") or args.setup == "mwms" else 1
     global_batch = MICRO * processes
     strategy = None
     if args.setup == "mwms":
@@ -80,7 +87,8 @@ def worker(args):
         if args.setup.startswith("tnt"):
             import tarantella as tnt
 
-            model = tnt.Model(model)
+            compression = {"tnt2-fp16": tnt.Compression.fp16, "tnt2-bf16": tnt.Compression.bf16}
+            model = tnt.Model(model, compression=compression.get(args.setup))
         model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
@@ -177,7 +185,7 @@ def run_setup(setup, workload, args):
           "--steps", str(args.steps), "--warmup", str(args.warmup)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TNT_")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    if setup in ("tnt1", "tnt2", "tnt2-numpy"):
+    if setup.startswith("tnt"):
         env["TNT_TF_OPS"] = "numpy" if setup == "tnt2-numpy" else "compiled"
         cmd = ["tntrun", "-n", "1" if setup == "tnt1" else "2", "--no-gpu", "--"] + me
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -222,7 +230,8 @@ def run_setup(setup, workload, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="cnn,mlp")
-    parser.add_argument("--setups", default="keras,tnt1,tnt2,tnt2-numpy,ceiling,mwms")
+    parser.add_argument("--setups", default="keras,tnt1,tnt2,tnt2-fp16,tnt2-numpy,ceiling,mwms")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; a figure is their median")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--timeout", type=int, default=600)
@@ -235,21 +244,42 @@ def main():
         args.setup = args.worker
         return worker(args)
     results = {}
+    setups = args.setups.split(",")
     for workload in args.workloads.split(","):
         row = results.setdefault(workload, {})
-        for setup in args.setups.split(","):
-            result, error = run_setup(setup, workload, args)
-            row[setup] = result if result else {"error": (error or "").strip().splitlines()[-1:]}
+        runs = {setup: [] for setup in setups}
+        for _ in range(args.rounds):
+            for setup in setups:
+                result, error = run_setup(setup, workload, args)
+                if result:
+                    runs[setup].append(result)
+                else:
+                    row[setup] = {"error": (error or "").strip().splitlines()[-1:]}
+        for setup in setups:
+            if runs[setup]:  # the round of median throughput
+                ordered = sorted(runs[setup], key=lambda r: r["samples_per_s"])
+                row[setup] = dict(ordered[(len(ordered) - 1) // 2], rounds=[r["samples_per_s"] for r in runs[setup]])
+            result = row[setup] if runs[setup] else None
             shown = (f"{result['samples_per_s']:9.1f} samples/s  (step {result['step_s'] * 1e3:7.1f} "
                      f"ms, {result['params'] / 1e6:.2f}M params)" if result
                      else f"failed: {row[setup]['error']}")
-            print(f"{workload:4s} {setup:8s} {shown}", flush=True)
-        ratio = lambda a, b: (row[a]["samples_per_s"] / row[b]["samples_per_s"]  # noqa: E731
-                              if "samples_per_s" in row.get(a, {}) and "samples_per_s" in row.get(b, {})
-                              else None)
+            print(f"{workload:4s} {setup:10s} {shown}", flush=True)
+        def ratio(a, b):
+            """The median over rounds of each round's ratio (rounds interleave: both ran under
+            the same outside load), or the ratio of the two figures."""
+            if "samples_per_s" not in row.get(a, {}) or "samples_per_s" not in row.get(b, {}):
+                return None
+            ra, rb = row[a]["rounds"], row[b]["rounds"]
+            if len(ra) != len(rb):
+                return row[a]["samples_per_s"] / row[b]["samples_per_s"]
+            return sorted(x / y for x, y in zip(ra, rb))[(len(ra) - 1) // 2]
+
         row["ratios"] = {"tnt1/keras": ratio("tnt1", "keras"), "tnt2/ceiling": ratio("tnt2", "ceiling"),
                          "mwms/ceiling": ratio("mwms", "ceiling"), "tnt2/mwms": ratio("tnt2", "mwms"),
                          "tnt2/tnt2-numpy": ratio("tnt2", "tnt2-numpy"),
+                         "tnt2-fp16/ceiling": ratio("tnt2-fp16", "ceiling"),
+                         "tnt2-fp16/tnt2": ratio("tnt2-fp16", "tnt2"),
+                         "tnt2-bf16/ceiling": ratio("tnt2-bf16", "ceiling"),
                          "ceiling/keras (2 cores)": ratio("ceiling", "keras")}
         print("     ratios: " + ", ".join(f"{k} {v:.3f}" if v else f"{k} n/a"
                                           for k, v in row["ratios"].items()), flush=True)

@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 
 # names served by the TensorFlow frontend, imported lazily (PEP 562)
 _FRONTEND = (
-    "Model", "Sequential", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape", "optimizers",
+    "Model", "Sequential", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape", "Compression",
+    "optimizers",
     "models", "keras", "data", "broadcast_variables",
     # the original Tarantella's collectives classes (tensors back for tensors)
     "TensorAllreducer", "TensorBroadcaster", "TensorAllgatherer",

@@ -134,7 +134,8 @@ tnt_result_t tnt_param_check(const char *name, const char *value);
 
 /* What this rank's engine has done so far: negotiation cycles run, requests
  * served from the response cache (one bit each), requests announced in full
- * (name and meta), collectives executed, small allreduces done in one round.
+ * (name and meta), collectives executed, small allreduces done in one round,
+ * bytes allreduced (what gradient compression halves).
  * For tests and tuning; zeros on one rank. */
 typedef struct {
   int64_t cycles;
@@ -144,6 +145,7 @@ typedef struct {
   int64_t one_round; /* allreduces whose payload rode with the negotiation: one exchange, no data round */
   int64_t bit_rounds;  /* cycles that were one AND-allreduce of readiness bits (every name cached) */
   int64_t full_rounds; /* cycles that exchanged every rank's full message */
+  int64_t bytes_reduced; /* payload of the allreduces completed: count x element size, this rank's input */
 } tnt_stats_t;
 tnt_result_t tnt_get_stats(tnt_stats_t *stats);
 

@@ -110,6 +110,7 @@ tnt_result_t tnt_init(void) {
   if ((res = tnt_placement_read(&c->pl)) != TNT_SUCCESS) goto out;
   tnt_log_init(c->pl.rank);
   if ((res = tnt_params_read(&c->params)) != TNT_SUCCESS) goto out;
+  tnt_half_level_set((tnt_half_level_t)c->params.simd); /* clamped to what the CPU has */
   if ((res = tnt_timeline_open(&c->timeline, c->params.timeline, c->pl.rank, c->pl.size)) != TNT_SUCCESS) goto out;
   tnt_requests_init(&c->requests, c->pl.size);
   if (c->pl.size > 1) {

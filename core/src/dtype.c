@@ -1,11 +1,15 @@
 /* dtype.c - reduction kernels. Written as plain loops over restrict pointers so
- * that -O3 vectorizes them; float16/bfloat16 convert in software (portable, and
- * the memory traffic dominates anyway). Integer sums and (whole) prescales wrap
- * (two's complement), with no undefined behaviour. */
+ * that -O3 vectorizes them. float16/bfloat16 go to the vector kernels of
+ * half_simd.c where the CPU has F16C/AVX2 or AVX-512 (chosen once, or forced by
+ * TNT_SIMD / tnt_half_level_set), else convert in software (half.h); both give
+ * the same bits. Integer sums and (whole) prescales wrap (two's complement),
+ * with no undefined behaviour. */
 #include "dtype.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "half.h"
 
 int tnt_dtype_valid(int d) { return d >= TNT_FLOAT16 && d <= TNT_INT64; }
 
@@ -26,61 +30,42 @@ const char *tnt_dtype_name(tnt_dtype_t d) {
   return tnt_dtype_valid(d) ? names[d] : "invalid";
 }
 
-static inline float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else { /* subnormal: normalize */
-      exp = 127 - 15 + 1;
-      while (!(man & 0x400)) { man <<= 1; exp--; }
-      bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+/* ---- which code does float16/bfloat16 arithmetic ---- */
+
+static int half_level = -1; /* a tnt_half_level_t; -1 until the first use. Atomic: any thread may read it. */
+
+tnt_half_level_t tnt_half_level_best(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init(); /* also checks that the OS saves the vector registers (XGETBV) */
+  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (avx2 && __builtin_cpu_supports("avx512f")) return TNT_HALF_AVX512;
+  if (avx2) return TNT_HALF_AVX2;
+#endif
+  return TNT_HALF_SCALAR;
+}
+
+tnt_half_level_t tnt_half_level_set(tnt_half_level_t level) {
+  tnt_half_level_t best = tnt_half_level_best();
+  if ((int)level > (int)best || (int)level < 0) level = best;
+  __atomic_store_n(&half_level, (int)level, __ATOMIC_RELAXED);
+  return level;
+}
+
+tnt_half_level_t tnt_half_level(void) {
+  int level = __atomic_load_n(&half_level, __ATOMIC_RELAXED);
+  return level >= 0 ? (tnt_half_level_t)level : tnt_half_level_set(tnt_half_level_best());
+}
+
+/* 1 when a vector kernel did the whole pass, 0 when the caller's scalar loop must. */
+static int half_vector(tnt_dtype_t dtype, void *dst, const void *b, const tnt_half_op_t *op, size_t n) {
+  const int bf16 = dtype == TNT_BFLOAT16;
+  if (dtype != TNT_FLOAT16 && dtype != TNT_BFLOAT16) return 0;
+  switch (tnt_half_level()) {
+    case TNT_HALF_AVX512: tnt_half_apply_avx512(bf16, dst, b, op, n); return 1;
+    case TNT_HALF_AVX2: tnt_half_apply_avx2(bf16, dst, b, op, n); return 1;
+    case TNT_HALF_SCALAR: break;
   }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-static inline uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000;
-  int32_t exp = (int32_t)((x >> 23) & 0xff);
-  uint32_t man = x & 0x7fffff;
-  if (exp == 255) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0)); /* inf / nan */
-  int32_t e = exp - 127 + 15;
-  if (e >= 31) return (uint16_t)(sign | 0x7c00);                         /* overflow -> inf */
-  if (e <= 0) {                                                          /* subnormal or zero */
-    if (e < -10) return (uint16_t)sign;
-    man |= 0x800000;
-    uint32_t shift = (uint32_t)(14 - e);
-    uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1))) half++;
-    return (uint16_t)(sign | half);
-  }
-  uint32_t half = (uint32_t)(e << 10) | (man >> 13), rem = man & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* may carry into the exponent: correct */
-  return (uint16_t)(sign | half);
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
-  x += 0x7fff + ((x >> 16) & 1);
-  return (uint16_t)(x >> 16);
+  return 0;
 }
 
 #define SUM_LOOP(T, UT)                                                              \
@@ -91,6 +76,7 @@ static inline uint16_t f32_to_bf16(float f) {
   } while (0)
 
 void tnt_reduce_sum(tnt_dtype_t dtype, void *dst, const void *a, const void *b, size_t n) {
+  if (half_vector(dtype, dst, b, &(tnt_half_op_t){.a = a}, n)) return;
   switch (dtype) {
     case TNT_FLOAT32: SUM_LOOP(float, float); break;
     case TNT_FLOAT64: SUM_LOOP(double, double); break;
@@ -99,13 +85,13 @@ void tnt_reduce_sum(tnt_dtype_t dtype, void *dst, const void *a, const void *b, 
     case TNT_FLOAT16: {
       uint16_t *d = dst;
       const uint16_t *x = a, *y = b;
-      for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(f16_to_f32(x[i]) + f16_to_f32(y[i]));
+      for (size_t i = 0; i < n; i++) d[i] = tnt_f32_to_f16(tnt_f16_to_f32(x[i]) + tnt_f16_to_f32(y[i]));
       break;
     }
     case TNT_BFLOAT16: {
       uint16_t *d = dst;
       const uint16_t *x = a, *y = b;
-      for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
+      for (size_t i = 0; i < n; i++) d[i] = tnt_f32_to_bf16(tnt_bf16_to_f32(x[i]) + tnt_bf16_to_f32(y[i]));
       break;
     }
   }
@@ -126,6 +112,7 @@ void tnt_reduce_sum(tnt_dtype_t dtype, void *dst, const void *a, const void *b, 
   } while (0)
 
 void tnt_scale(tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n) {
+  if (half_vector(dtype, dst, src, &(tnt_half_op_t){.scale = 1, .factor = factor}, n)) return;
   switch (dtype) {
     case TNT_FLOAT32: SCALE_LOOP(float); break;
     case TNT_FLOAT64: SCALE_LOOP(double); break;
@@ -146,13 +133,13 @@ void tnt_scale(tnt_dtype_t dtype, void *dst, const void *src, double factor, siz
     case TNT_FLOAT16: {
       uint16_t *d = dst;
       const uint16_t *s = src;
-      for (size_t i = 0; i < n; i++) d[i] = f32_to_f16((float)(f16_to_f32(s[i]) * factor));
+      for (size_t i = 0; i < n; i++) d[i] = tnt_f32_to_f16((float)(tnt_f16_to_f32(s[i]) * factor));
       break;
     }
     case TNT_BFLOAT16: {
       uint16_t *d = dst;
       const uint16_t *s = src;
-      for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16((float)(bf16_to_f32(s[i]) * factor));
+      for (size_t i = 0; i < n; i++) d[i] = tnt_f32_to_bf16((float)(tnt_bf16_to_f32(s[i]) * factor));
       break;
     }
   }
@@ -164,6 +151,7 @@ static int64_t floor_div(int64_t a, int64_t b) {
 }
 
 void tnt_divide(tnt_dtype_t dtype, void *dst, const void *src, int divisor, size_t n) {
+  if (half_vector(dtype, dst, src, &(tnt_half_op_t){.divide = 1, .divisor = divisor}, n)) return;
   switch (dtype) {
     case TNT_INT32: {
       int32_t *d = dst;
@@ -192,13 +180,13 @@ void tnt_divide(tnt_dtype_t dtype, void *dst, const void *src, int divisor, size
     case TNT_FLOAT16: {
       uint16_t *d = dst;
       const uint16_t *s = src;
-      for (size_t i = 0; i < n; i++) d[i] = f32_to_f16(f16_to_f32(s[i]) / (float)divisor);
+      for (size_t i = 0; i < n; i++) d[i] = tnt_f32_to_f16(tnt_f16_to_f32(s[i]) / (float)divisor);
       break;
     }
     case TNT_BFLOAT16: {
       uint16_t *d = dst;
       const uint16_t *s = src;
-      for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(bf16_to_f32(s[i]) / (float)divisor);
+      for (size_t i = 0; i < n; i++) d[i] = tnt_f32_to_bf16(tnt_bf16_to_f32(s[i]) / (float)divisor);
       break;
     }
   }
@@ -228,6 +216,8 @@ void tnt_reduce_scaled(tnt_dtype_t dtype, void *dst, const void *a, const void *
     SCALED_LOOP(double);
     return;
   }
+  const tnt_half_op_t op = {.a = a, .scale = factor != 1.0, .factor = factor, .divide = divisor > 1, .divisor = divisor};
+  if (half_vector(dtype, dst, b, &op, n)) return; /* one pass in registers, the same roundings */
   uint64_t scaled[BLOCK]; /* 16 KiB: one block of the largest dtype stays in L1 */
   const size_t esz = tnt_dtype_size(dtype);
   for (size_t done = 0; done < n; done += BLOCK) {

@@ -35,7 +35,11 @@
 static void finish(tnt_engine_t *c, tnt_request_t *req, tnt_result_t res, const char *msg, int peer, void *buf,
                    int64_t count, const int64_t *rank_counts) {
   tnt_pending_remove(&c->pending, req);
-  if (res == TNT_SUCCESS) atomic_fetch_add(&c->executed, 1);
+  if (res == TNT_SUCCESS) {
+    atomic_fetch_add(&c->executed, 1);
+    if (req->meta.coll == COLL_ALLREDUCE)
+      atomic_fetch_add(&c->bytes_reduced, req->meta.count * (int64_t)tnt_dtype_size((tnt_dtype_t)req->meta.dtype));
+  }
   tnt_requests_complete(c->requests, req, res, msg, peer, buf, count, rank_counts);
 }
 
@@ -504,6 +508,7 @@ void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   stats->one_round = atomic_load(&c->neg.one_round);
   stats->bit_rounds = atomic_load(&c->neg.bit_rounds);
   stats->full_rounds = atomic_load(&c->neg.full_rounds);
+  stats->bytes_reduced = atomic_load(&c->bytes_reduced);
 }
 
 /* Size-1 jobs: every collective is a local copy (no thread, no transport). */

@@ -46,6 +46,7 @@ typedef struct {
   tnt_ring_t net_ring;         /* the ranks at this rank's position on every host (channel 2) */
   uint8_t *small_scratch;      /* N * TNT_SMALL_ALLREDUCE_BYTES: small allreduces */
   _Atomic int64_t executed;    /* collectives completed by execution (tnt_get_stats) */
+  _Atomic int64_t bytes_reduced; /* their allreduces' count x element size (tnt_get_stats) */
 } tnt_engine_t;
 
 /* WORKED: ran a cycle; IDLE: nothing to do; STOP: shut down; BLOCKED: a cycle

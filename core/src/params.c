@@ -21,7 +21,7 @@ typedef struct {
   const char *doc;
 } num_param_t;
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
@@ -40,6 +40,9 @@ static const num_param_t num_params[P_COUNT] = {
     [P_BITS] = {"TNT_BIT_ROUNDS", 1, 0, 1, 1,
                 "1: a negotiation cycle in which every name is cached is one AND-allreduce of readiness bits; "
                 "0: every cycle exchanges every rank's full message (for comparison)"},
+    [P_SIMD] = {"TNT_SIMD", 2, 0, 2, 1,
+                "float16/bfloat16 sums and scaling: 2: AVX-512F or F16C+AVX2, the best the CPU has; 1: at most "
+                "F16C+AVX2; 0: portable scalar code (every level gives the same bits)"},
 };
 
 /* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */
@@ -109,6 +112,8 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   p->hierarchical = (int)v;
   TNT_CHECK(read_num(P_BITS, &v));
   p->bit_rounds = (int)v;
+  TNT_CHECK(read_num(P_SIMD, &v));
+  p->simd = (int)v;
 
   const char *lvl = getenv("TNT_LOG_LEVEL"); /* the same rule as Python's logging: no silent default */
   if (lvl && *lvl) {

@@ -24,6 +24,7 @@ typedef struct {
   double spin_s;                  /* TNT_SPIN_US: busy-wait before sleeping (only with a core per rank) */
   int hierarchical;               /* TNT_HIERARCHICAL: allreduce by host, then between hosts (where it applies) */
   int bit_rounds;                 /* TNT_BIT_ROUNDS: steady-state cycles are an AND of bits (0: always full rounds) */
+  int simd;                       /* TNT_SIMD: the highest float16/bfloat16 kernel level (tnt_half_level_t) */
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);

@@ -77,10 +77,14 @@ _ROWS = (
     ("TNT_SPIN_US", _CORE),
     ("TNT_HIERARCHICAL", _CORE),
     ("TNT_BIT_ROUNDS", _CORE),
+    ("TNT_SIMD", _CORE),
     Param("TNT_TF_OPS", "choice", "auto",
           "how collectives inside tf.function reach the core: auto (compiled TensorFlow ops, built at first "
           "use into ~/.cache/tarantella/plugins; tf.numpy_function with a WARNING when they cannot be built), "
           "compiled (an error instead), numpy (always tf.numpy_function)", ("auto", "compiled", "numpy")),
+    Param("TNT_NCCL_LIBRARY", "str", None,
+          "the NCCL library the core loads (2.14 or newer; default: the nvidia-nccl-cu12 wheel's, else "
+          "libnccl.so.2 on the library path); `tntrun --version` says whether it loads"),
     Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path"),
     Param("TNT_LOG_LEVEL", "choice", "WARNING", "log level of Tarantella's Python and C logs",
           ("DEBUG", "INFO", "WARNING", "ERROR")),

@@ -169,12 +169,14 @@ def stats():
     `announcements` in full, collectives `executed`, and allreduces done in
     `one_round` (their payload rode with the negotiation); cycles that were
     `bit_rounds` (one AND of readiness bits: every name cached) and
-    `full_rounds` (every rank's whole message). Zeros on one rank."""
+    `full_rounds` (every rank's whole message), and `bytes_reduced`, the
+    payload of the allreduces completed (count x element size of this rank's
+    input: gradient compression halves it). Zeros on one rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
     return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed", "one_round",
-                                         "bit_rounds", "full_rounds")}
+                                         "bit_rounds", "full_rounds", "bytes_reduced")}
 
 
 def get_master_rank():

@@ -14,6 +14,7 @@ from tarantella.common import (barrier, get_local_rank, get_master_rank, get_ran
                                get_size, init, is_master_rank, shutdown)
 from tarantella.tensorflow import data, keras, models, optimizers  # noqa: E402
 from tarantella.tensorflow.collective_ops import broadcast_variables  # noqa: E402
+from tarantella.tensorflow.compression import Compression  # noqa: E402
 from tarantella.tensorflow.distributed_gradient_tape import DistributedGradientTape  # noqa: E402
 from tarantella.tensorflow.distributed_optimizer import DistributedOptimizer  # noqa: E402
 from tarantella.tensorflow.model import Model, Sequential  # noqa: E402
@@ -23,7 +24,7 @@ from tarantella.tensorflow.tensor_collectives import (  # noqa: E402
 
 __all__ = [
     "Model", "Sequential", "ParallelStrategy", "DistributedOptimizer", "DistributedGradientTape",
-    "broadcast_variables", "data", "keras", "models", "optimizers", "allgather", "allreduce",
+    "Compression", "broadcast_variables", "data", "keras", "models", "optimizers", "allgather", "allreduce",
     "barrier", "broadcast", "get_local_rank", "get_master_rank", "get_rank", "get_size", "init",
     "is_master_rank", "shutdown", "TensorAllreducer", "TensorBroadcaster", "TensorAllgatherer",
 ]

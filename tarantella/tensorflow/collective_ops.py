@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella.common import collectives, config, core, errors
+from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow import ops as tf_ops
 
 
@@ -156,7 +157,7 @@ def _layout(tensors, bucket, threshold):
         [([i], None) for i in single]
 
 
-def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
+def weighted_average(tensors, weight=None, name="tnt.grads", total=None, compression=None):
     """Σ_r w_r·t_r / Σ_r w_r over all ranks, for each tensor of `tensors`.
 
     `weight` is this rank's scalar weight (e.g. its micro-batch size, so that
@@ -172,6 +173,9 @@ def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
     The tensors are sent in buckets, in reverse order (backprop order): each
     bucket starts as soon as its own tensors exist, and the result waits for
     all of them.
+
+    `compression` (tnt.Compression.fp16 / bf16; None or none: exact) casts
+    float32 tensors to 16 bits for the allreduce and the results back.
     """
     tensors = [None if t is None else _as_dense(t) for t in tensors]
     present = [i for i, t in enumerate(tensors) if t is not None]
@@ -179,6 +183,11 @@ def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
         return list(tensors)
     for i in present:
         _check_float(tensors[i])
+    compressor = compression_lib.resolve(compression)
+    originals, contexts = tensors, {}
+    tensors = list(tensors)
+    for i in present:
+        tensors[i], contexts[i] = compressor.compress(originals[i])
     size = core.get_size()
     equal_weights = weight is None
     weight = tf.constant(-1.0, tf.float64) if weight is None else tf.cast(weight, tf.float64)
@@ -256,7 +265,7 @@ def weighted_average(tensors, weight=None, name="tnt.grads", total=None):
             n = tensors[i].shape.num_elements()
             out[i] = tf.reshape(flat[offset:offset + n], tensors[i].shape)
             offset += n
-    return out
+    return [t if i not in contexts else compressor.decompress(t, contexts[i]) for i, t in enumerate(out)]
 
 
 def _compiled_scale(compiled, weight, total, size, name):

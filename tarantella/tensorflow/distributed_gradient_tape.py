@@ -2,6 +2,7 @@
 import tensorflow as tf
 
 from tarantella.tensorflow import collective_ops
+from tarantella.tensorflow import compression as compression_lib
 
 
 class DistributedGradientTape:
@@ -16,6 +17,9 @@ class DistributedGradientTape:
     Args:
         tape: A `tf.GradientTape`, used as a context manager as usual.
         name: Optional string naming the requests across ranks.
+        compression: `tnt.Compression.none` (the default: exact), `fp16` or
+            `bf16` (float32 gradients travel as 16-bit floats; see
+            docs/keras.md, "Gradient compression").
 
     Example:
 
@@ -28,13 +32,14 @@ class DistributedGradientTape:
     ```
     """
 
-    def __init__(self, tape, name="tnt.tape"):
+    def __init__(self, tape, name="tnt.tape", compression=compression_lib.Compression.none):
         if not isinstance(tape, tf.GradientTape):
             raise TypeError(
                 "DistributedGradientTape expects a tf.GradientTape. Received: "
                 f"tape={tape!r} (of type {type(tape).__name__})")
         self._tape = tape
         self._name = name
+        self._compression = compression_lib.resolve(compression)
 
     def __enter__(self):
         self._tape.__enter__()
@@ -52,5 +57,6 @@ class DistributedGradientTape:
         uneven micro-batches still give the serial mean gradient."""
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(grads)
-        averaged = collective_ops.weighted_average(flat, weight=weight, name=self._name)
+        averaged = collective_ops.weighted_average(flat, weight=weight, name=self._name,
+                                                   compression=self._compression)
         return tf.nest.pack_sequence_as(grads, averaged)

@@ -18,6 +18,7 @@ import keras
 import tensorflow as tf
 
 from tarantella.tensorflow import collective_ops, step_context
+from tarantella.tensorflow import compression as compression_lib
 
 _classes = {}  # base class -> distributed subclass
 _lock = threading.Lock()
@@ -40,7 +41,8 @@ def _distributed_class(base):
                 weight, total = _weight_and_total(self)
                 grads = collective_ops.weighted_average(
                     list(grads), weight=weight, total=total,
-                    name=self._tnt_name or _default_name(trainable_variables, grads))
+                    name=self._tnt_name or _default_name(trainable_variables, grads),
+                    compression=self._tnt_compression)
                 self._tnt_float16 = _float16_flags(self, trainable_variables)
                 try:
                     return super(cls, self).apply(grads, trainable_variables)
@@ -156,7 +158,7 @@ def _check_supported(optimizer):
             "training. Use another optimizer. Received: optimizer=Ftrl")
 
 
-def DistributedOptimizer(optimizer, name=None):  # noqa: N802 - a class-like factory, as in Horovod
+def DistributedOptimizer(optimizer, name=None, compression=compression_lib.Compression.none):  # noqa: N802 - as Horovod
     """Make `optimizer` average its gradients across all ranks before applying them.
 
     The optimizer is modified in place and returned. Use it in a custom
@@ -171,6 +173,11 @@ def DistributedOptimizer(optimizer, name=None):  # noqa: N802 - a class-like fac
         name: Optional string naming this optimizer's requests across ranks;
             by default the name is derived from the shapes and dtypes of the
             gradients (the same on every rank, whatever else a rank created).
+        compression: `tnt.Compression.none` (the default: exact),
+            `tnt.Compression.fp16` or `tnt.Compression.bf16` (float32
+            gradients travel as 16-bit floats: half the bytes, rounded; see
+            docs/keras.md, "Gradient compression"). Every rank must choose
+            the same.
 
     Example:
 
@@ -183,12 +190,20 @@ def DistributedOptimizer(optimizer, name=None):  # noqa: N802 - a class-like fac
     ```
     """
     _check_supported(optimizer)
+    compressor = compression_lib.resolve(compression)
     if getattr(type(optimizer), "_tnt_distributed", False):
         return optimizer
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer._tnt_name = name
     optimizer._tnt_weight_fn = None
+    optimizer._tnt_compression = compressor
     return optimizer
+
+
+def set_compression(optimizer, compressor):
+    """Send this distributed optimizer's gradients compressed by `compressor`
+    (a class of tnt.Compression)."""
+    optimizer._tnt_compression = compression_lib.resolve(compressor)
 
 
 def set_gradient_weight(optimizer, weight_fn):

@@ -12,6 +12,7 @@ from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
                                    dropout, global_loss, step_context)
 from tarantella.tensorflow import ops as tf_ops
+from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
@@ -71,6 +72,11 @@ class Model(keras.Model):
             `PIPELINING`, or `ALL` with `SplitLayer` layers, is an error.
         num_pipeline_stages: The original Tarantella's argument: 1 (the
             default) is accepted; more stages need pipelining (an error).
+        compression: How gradients travel: `tnt.Compression.none` (exact),
+            `fp16` or `bf16` (float32 gradients as 16-bit floats: half the
+            bytes, rounded; see docs/keras.md, "Gradient compression"). The
+            default, None, is exact, or what a `tnt.DistributedOptimizer`
+            passed to `compile` was given.
 
     Example:
 
@@ -83,7 +89,7 @@ class Model(keras.Model):
     """
 
     def __init__(self, model, parallel_strategy=ParallelStrategy.DATA, num_pipeline_stages=1,
-                 **kwargs):
+                 compression=None, **kwargs):
         if not isinstance(model, keras.Model):
             raise TypeError(
                 "tnt.Model expects a keras.Model instance. Received: "
@@ -91,12 +97,14 @@ class Model(keras.Model):
         if isinstance(model, Model):
             raise TypeError("The model is already a tnt.Model. Received: model=tnt.Model")
         parallel_strategy = resolve_strategy(parallel_strategy, model, num_pipeline_stages)
+        compressor = None if compression is None else compression_lib.resolve(compression)
         kwargs.setdefault("name", model.name)
         # Keras decides on loss scaling (mixed_float16) from the compiled model's policy
         kwargs.setdefault("dtype", model.dtype_policy)
         super().__init__(**kwargs)
         self.model = model
         self.parallel_strategy = parallel_strategy
+        self._tnt_compression = compressor
         self._tnt_step = _StepState()
         self._tnt_synced = False
         self._tnt_master_only = False
@@ -244,6 +252,8 @@ class Model(keras.Model):
 
     def _distribute_optimizer(self, optimizer):
         distributed_optimizer.DistributedOptimizer(optimizer)
+        if self._tnt_compression is not None:
+            distributed_optimizer.set_compression(optimizer, self._tnt_compression)
         distributed_optimizer.set_gradient_weight(optimizer, self._local_batch_weight)
         distributed_optimizer.set_float16_variables(optimizer, self._float16_variables)
 

@@ -22,8 +22,9 @@ def delta(before, after):
     return {k: after[k] - before[k] for k in after}
 
 
-# 1. gradients: 64 KiB allreduces under three names, cached after the first step
-grads = {f"layer{i}/kernel": np.full(16384, rank + i, np.float32) for i in range(3)}
+# 1. gradients: 128 KiB allreduces under three names (above every one-round limit: 64 KiB
+#    across hosts), cached after the first step
+grads = {f"layer{i}/kernel": np.full(32768, rank + i, np.float32) for i in range(3)}
 ok = True
 for step in range(3):  # warm-up: announce, then settle
     for name, x in grads.items():
@@ -44,7 +45,7 @@ seen["gradients_ok"] = ok
 
 # 2. a new name in the middle of the steady state: announced in a full round
 before = core.stats()
-out = tnt.allreduce(np.full(16384, rank, np.float32), name="late/bias")
+out = tnt.allreduce(np.full(32768, rank, np.float32), name="late/bias")
 seen["late_ok"] = bool((out == total).all())
 for name, x in grads.items():
     ok &= bool((tnt.allreduce(x, name=name) == total + size * int(name[5])).all())

@@ -17,7 +17,7 @@ import pytest
 from core_helpers import clean_env
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
-PROGRAMS = ["test_core", "test_ranks", "test_edges", "test_nccl"]
+PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges", "test_nccl"]
 NCCL_STAND_INS = ["ok", "old", "partial", "dup", "async-error", "hang"]  # core/Makefile's STANDINS
 BUILDS = ["plain", "asan", "tsan"]
 pytestmark = pytest.mark.skipif(not shutil.which("make") or not shutil.which("cc"),
@@ -82,6 +82,12 @@ def run(cmd):
 @pytest.mark.parametrize("kind", BUILDS)
 def test_c_core_program(builds, kind):
     assert run([str(builds(kind) / "test_core")]).stdout.strip().endswith("0 failed")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_c_half_program(builds, kind):
+    # the vector float16/bfloat16 kernels against the scalar code, bit for bit
+    assert run([str(builds(kind) / "test_half")]).stdout.strip().endswith(" 0 failed")
 
 
 @pytest.mark.parametrize("kind", BUILDS)
@@ -166,3 +172,8 @@ def test_edges_fork_child_exit(builds, kind):
 @pytest.mark.parametrize("kind", BUILDS)
 def test_edges_root_leaves_after_broadcast(builds, kind):
     edge_case(builds, kind, "root_leaves_after_broadcast")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_diverged_in_a_bit_round(builds, kind):
+    edge_case(builds, kind, "diverged_in_a_bit_round")
