@@ -81,6 +81,9 @@ _ROWS = (
           "use into ~/.cache/tarantella/plugins; tf.numpy_function with a WARNING when they cannot be built), "
           "compiled (an error instead), numpy (always tf.numpy_function)", ("auto", "compiled", "numpy")),
     Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path"),
+    Param("TNT_STARTUP_LOG", "str", None,
+          "append when each step of starting the job happened (tntrun and every rank, one line per event) to "
+          "this file, to measure the time to the first training step (bench/startup.py)"),
     Param("TNT_LOG_LEVEL", "choice", "WARNING", "log level of Tarantella's Python and C logs",
           ("DEBUG", "INFO", "WARNING", "ERROR")),
     Param("TNT_LOG_ON_ALL_DEVICES", "bool", False, "log on every rank, not only the master rank"),

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella.common import collectives, config, core
+from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
                                    dropout, global_loss, step_context)
@@ -274,6 +275,7 @@ class Model(keras.Model):
         return self._tnt_step.local_batch
 
     def train_step(self, data):
+        mark("fit: tracing the train step")  # Python runs here only while TensorFlow traces
         if core.get_size() == 1:
             return self.model.train_step(data)  # exactly Keras
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
@@ -479,6 +481,7 @@ class Model(keras.Model):
         `tnt_micro_batch_size`, or arrays with `batch_size` the global batch
         size. Returns the History of global logs on every rank."""
         self._assert_compile_called("fit")
+        mark("fit: begin")
         if validation_split and validation_data is None:
             if not _is_array_like(x):
                 raise ValueError(
@@ -504,7 +507,9 @@ class Model(keras.Model):
                 "fit", "tnt_validation_micro_batch_size")
             if val is not None:
                 validation_data, validation_batch_size = val[0], None
+        mark("fit: datasets distributed")
         self._sync_weights(x)
+        mark("fit: weights in sync")
         with collective_ops.collective_errors():  # a lost peer as PeerLostError
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
