@@ -3,6 +3,7 @@ training step, plain Keras against tntrun, side by side in interleaved rounds.
 
     python bench/startup.py                  # 5 rounds of every setup
     python bench/startup.py --rounds 9 --setups keras,tnt2
+    python bench/startup.py --before /tmp/before   # adds tnt2-before: another source tree
 
 Setups (a tiny Keras MLP trained with fit() on NumPy arrays; TF_CPP_MIN_LOG_LEVEL=3):
   keras   plain Keras, `python bench/startup.py --worker keras`, one process
@@ -10,6 +11,10 @@ Setups (a tiny Keras MLP trained with fit() on NumPy arrays; TF_CPP_MIN_LOG_LEVE
           2-process job on this host (two TensorFlow imports share the cores)
   tnt1    `tntrun -n 1 -- bench/startup.py --worker tnt` (tnt.Model)
   tnt2    `tntrun -n 2 -- ...`: the slowest rank's first step counts
+  tnt2-before  tnt2 with the Tarantella of the tree given by --before DIR (e.g.
+          the commit before a change: `git worktree add DIR COMMIT`, then
+          `cp tarantella/_core.abi3.so DIR/tarantella/` and
+          `ln -s ../runner DIR/tarantella/runner`), run through PYTHONPATH
 A launch's time is from just before the driver starts the command to the end
 of the first training step (a callback's on_train_batch_end) of its slowest
 process. Every round launches every setup once, in a rotated order; the
@@ -19,7 +24,10 @@ plain Keras and against the 2-process floor.
 The breakdown comes from TNT_STARTUP_LOG (tarantella/common/startup_log.py):
 tntrun, Tarantella and the worker each append when a step of the start-up
 happened; for every event the table shows the median time since launch at
-which the last process reached it.
+which the last process reached it. TensorFlow's import dominates the total
+and moves by seconds on a loaded machine, so the time from the end of the
+slowest process's imports to its first step is shown too: that is where
+Tarantella adds work of its own.
 """
 import time
 
@@ -33,8 +41,9 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-SETUPS = ("keras", "keras2", "tnt1", "tnt2")
+SETUPS = ("keras", "keras2", "tnt1", "tnt2", "tnt2-before")
 FIRST_STEP = "worker: first step done"
+IMPORTED = "worker: tensorflow and keras imported"
 
 
 def _mark(event, when=None):
@@ -72,25 +81,28 @@ def worker(kind):
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[FirstStep()])
 
 
-def _commands(setup):
+def _commands(setup, before):
     me = [sys.executable, HERE, "--worker"]
-    tntrun = [os.path.join(os.path.dirname(sys.executable), "tntrun")]
     if setup == "keras":
         return [(me + ["keras"], {})]
     if setup == "keras2":
         return [(me + ["keras"], {"BENCH_LABEL": f"keras{i}"}) for i in range(2)]
-    ranks = {"tnt1": "1", "tnt2": "2"}[setup]
-    return [(tntrun + ["-n", ranks, "--", HERE, "--worker", "tnt"], {})]
+    ranks = {"tnt1": "1", "tnt2": "2", "tnt2-before": "2"}[setup]
+    job = ["-n", ranks, "--", HERE, "--worker", "tnt"]
+    if setup == "tnt2-before":
+        path = os.pathsep.join(p for p in (before, os.environ.get("PYTHONPATH")) if p)
+        return [([sys.executable, "-m", "tarantella.runner"] + job, {"PYTHONPATH": path})]
+    return [([os.path.join(os.path.dirname(sys.executable), "tntrun")] + job, {})]
 
 
-def launch(setup, folder):
+def launch(setup, folder, before=None):
     """(seconds to the slowest process's first step, {event: seconds since launch}) of one launch."""
     log = os.path.join(folder, f"{setup}-{time.monotonic_ns()}.log")
     base = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TNT_STARTUP_LOG=log)
     base.pop("TNT_RANK", None)
     t0 = time.time()
     procs = [subprocess.Popen(argv, env=dict(base, **extra), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for argv, extra in _commands(setup)]
+                              stderr=subprocess.STDOUT, text=True) for argv, extra in _commands(setup, before)]
     for p in procs:
         out, _ = p.communicate()
         if p.returncode != 0:
@@ -102,11 +114,11 @@ def launch(setup, folder):
         # per event: when the last process reached it (the first time each did)
         events.setdefault(event, {}).setdefault(label, float(when) - t0)
     events = {k: max(v.values()) for k, v in events.items()}
-    expected = {"keras": 1, "keras2": 2, "tnt1": 1, "tnt2": 2}[setup]
+    expected = 1 if setup in ("keras", "tnt1") else 2
     processes = sum(1 for _, _, event in lines if event == FIRST_STEP)
     if processes != expected:
         sys.exit(f"{setup}: {processes} processes reported a first step, expected {expected} ({log})")
-    return events[FIRST_STEP], events
+    return events[FIRST_STEP], events[FIRST_STEP] - events[IMPORTED], events
 
 
 def main():
@@ -115,15 +127,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--setups", default=",".join(SETUPS),
                     help=f"comma-separated, of {', '.join(SETUPS)}")
+    ap.add_argument("--before", metavar="DIR",
+                    help="a source tree whose Tarantella runs as setup tnt2-before (see above)")
     ap.add_argument("--worker", choices=("keras", "tnt"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker)
-    setups = [s for s in args.setups.split(",") if s]
+    setups = [s for s in args.setups.split(",") if s and (s != "tnt2-before" or args.before)]
     unknown = sorted(set(setups) - set(SETUPS))
     if unknown:
         ap.error(f"unknown setup(s) {unknown}: choose from {', '.join(SETUPS)}")
     totals = {s: [] for s in setups}
+    tails = {s: [] for s in setups}
     phases = {s: {} for s in setups}
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
@@ -131,23 +146,17 @@ def main():
         for r in range(args.rounds):
             order = setups[r % len(setups):] + setups[:r % len(setups)]
             for setup in order:
-                total, events = launch(setup, folder)
+                total, tail, events = launch(setup, folder, args.before)
                 totals[setup].append(total)
+                tails[setup].append(tail)
                 for event, when in events.items():
                     phases[setup].setdefault(event, []).append(when)
             print(f"round {r + 1}: " + ", ".join(f"{s} {totals[s][-1]:.2f} s" for s in setups)
                   + f" (load {os.getloadavg()[0]:.2f})", flush=True)
-    med = {s: statistics.median(v) for s, v in totals.items()}
-    print(f"\n# load average {os.getloadavg()[0]:.2f} at the end; medians of {args.rounds} rounds, "
-          "launch to the end of the slowest process's first training step\n")
-    print("| setup | median | min-max | - keras | / keras | - keras2 (floor) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for s in setups:
-        vs_keras = (f"{med[s] - med['keras']:+.2f} s", f"{med[s] / med['keras']:.2f}") \
-            if "keras" in med else ("", "")
-        vs_floor = f"{med[s] - med['keras2']:+.2f} s" if "keras2" in med else ""
-        print(f"| {s} | {med[s]:.2f} s | {min(totals[s]):.2f}-{max(totals[s]):.2f} | "
-              f"{vs_keras[0]} | {vs_keras[1]} | {vs_floor} |")
+    print(f"\n# load average {os.getloadavg()[0]:.2f} at the end; medians of {args.rounds} rounds")
+    _table("launch to the end of the slowest process's first training step", totals, setups)
+    _table("end of the slowest process's imports (TensorFlow, Keras, Tarantella) to its first step",
+           tails, setups)
     print("\n# when the last process reached each step (median seconds since launch)\n")
     # in the order of the rightmost setup that has the event (tnt2's, when it runs)
     events = sorted({e for s in setups for e in phases[s]},
@@ -157,6 +166,19 @@ def main():
     for e in events:
         cells = [f"{statistics.median(phases[s][e]):.2f}" if e in phases[s] else "" for s in setups]
         print(f"| {e} | " + " | ".join(cells) + " |")
+
+
+def _table(title, figures, setups):
+    med = {s: statistics.median(v) for s, v in figures.items()}
+    print(f"\n{title}:\n")
+    print("| setup | median | min-max | - keras | / keras | - keras2 (floor) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for s in setups:
+        vs_keras = (f"{med[s] - med['keras']:+.2f} s", f"{med[s] / med['keras']:.2f}") \
+            if "keras" in med else ("", "")
+        vs_floor = f"{med[s] - med['keras2']:+.2f} s" if "keras2" in med else ""
+        print(f"| {s} | {med[s]:.2f} s | {min(figures[s]):.2f}-{max(figures[s]):.2f} | "
+              f"{vs_keras[0]} | {vs_keras[1]} | {vs_floor} |")
 
 
 if __name__ == "__main__":

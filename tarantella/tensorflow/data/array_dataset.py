@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tarantella.common import collectives
 from tarantella.tensorflow.data import batch_slicing
+from tarantella.tensorflow.data.batch_slicing import plain_tf as _plain_tf
 
 
 def _num_samples(structure):
@@ -53,7 +54,7 @@ def _keras_order(num_samples, batch_size, shuffle, seed):
         if own != seed:
             tf.random.set_seed(own)
     batches = -(-num_samples // batch_size)  # known, as with Keras' own adapter
-    return order.map(lambda *e: e[0]).apply(tf.data.experimental.assert_cardinality(batches))
+    return order.map(_plain_tf(lambda *e: e[0])).apply(tf.data.experimental.assert_cardinality(batches))
 
 
 def sample_order(num_samples, batch_size, shuffle, size):
@@ -90,6 +91,7 @@ def array_dataset(data, batch_size, rank, size, shuffle=False):
     n = _num_samples(data)
     indices = sample_order(n, batch_size, shuffle, size)
 
+    @_plain_tf
     def gather(batch_indices):
         mine = batch_slicing.slice_element(batch_indices, rank, size)
         return tf.nest.map_structure(lambda t: tf.gather(t, mine), data)
