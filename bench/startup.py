@@ -158,9 +158,10 @@ def main():
     _table("end of the slowest process's imports (TensorFlow, Keras, Tarantella) to its first step",
            tails, setups)
     print("\n# when the last process reached each step (median seconds since launch)\n")
-    # in the order of the rightmost setup that has the event (tnt2's, when it runs)
+    # in tnt2's order where it has the event, else in the first setup's that has it
+    order = sorted(setups, key=lambda s: s != "tnt2")
     events = sorted({e for s in setups for e in phases[s]},
-                    key=lambda e: [statistics.median(phases[s][e]) for s in setups if e in phases[s]][-1])
+                    key=lambda e: [statistics.median(phases[s][e]) for s in order if e in phases[s]][0])
     print("| step | " + " | ".join(setups) + " |")
     print("| --- |" + " ---: |" * len(setups))
     for e in events:
