@@ -23,7 +23,7 @@ from tarantella.tensorflow.data import batch_slicing
 from tarantella.tensorflow.data.batch_slicing import plain_tf as _plain_tf
 
 
-def _num_samples(structure):
+def sample_count(structure):
     sizes = {int(np.shape(t)[0]) for t in tf.nest.flatten(structure)}
     if len(sizes) != 1:
         raise ValueError(
@@ -88,7 +88,7 @@ def array_dataset(data, batch_size, rank, size, shuffle=False):
     False, True or "batch", as in Keras)."""
     data = tf.nest.map_structure(
         lambda t: t if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else tf.convert_to_tensor(t), data)
-    n = _num_samples(data)
+    n = sample_count(data)
     indices = sample_order(n, batch_size, shuffle, size)
 
     @_plain_tf
