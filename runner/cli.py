@@ -277,7 +277,7 @@ def _print_dry_run(specs, base_env):
 
 
 def main(argv=None):
-    mark("tntrun: main")
+    mark("tntrun: main", label="tntrun")
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "tntrun"
     if prog not in ("tntrun", "tarantella"):

@@ -248,7 +248,7 @@ class Supervisor:
                 f"cannot start {spec.argv[0]!r}: permission denied. Make it executable "
                 f"(chmod +x {spec.argv[0]}) or run it through an interpreter with --python-interpreter"
             ) from exc
-        mark(f"tntrun: started rank {spec.label}")
+        mark(f"tntrun: started rank {spec.label}", label="tntrun")
         label = spec.label.encode()
         prefix = b"[" + label + b"] " if spec.prefix else b""
         if proc.stdout is not None:

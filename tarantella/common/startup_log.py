@@ -3,21 +3,21 @@ time from `tntrun` to the first training step (bench/startup.py reads it).
 
 Unset (the default), `mark()` costs one dictionary lookup. Set to a path, the
 launcher and every rank append one line per event to that file:
-"<label>\\t<time.time()>\\t<event>", label being the rank or "tntrun". The
-lines are short single writes to a file opened for appending, so the ranks'
-lines do not interleave.
+"<label>\\t<time.time()>\\t<event>", label being the rank ("tntrun" for the
+launcher, "serial" for a process outside a job). The lines are short single
+writes to a file opened for appending, so the ranks' lines do not interleave.
 """
 import os
 import time
 
 
-def mark(event):
+def mark(event, label=None):
     """Record that `event` happens now (nothing when TNT_STARTUP_LOG is unset)."""
     path = os.environ.get("TNT_STARTUP_LOG")
     if not path:
         return
     now = time.time()
-    label = os.environ.get("TNT_RANK", "tntrun")
+    label = label or os.environ.get("TNT_RANK", "serial")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
