@@ -16,6 +16,7 @@ import sys
 
 from tarantella.common import config
 from tarantella.common.errors import InvalidArgumentError
+from tarantella.common.startup_log import mark
 from tarantella.runner import command as cmd
 from tarantella.runner import environment, gpus, local
 from tarantella.runner.environment import UsageError
@@ -281,6 +282,7 @@ def _print_dry_run(specs, base_env):
 
 
 def main(argv=None):
+    mark("tntrun: main", label="tntrun")
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "tntrun"
     if prog not in ("tntrun", "tarantella"):

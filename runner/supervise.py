@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 
+from tarantella.common.startup_log import mark
 from tarantella.runner import jobs
 
 TAIL_BYTES = 64 * 1024  # what is kept of each process's stderr for the failure report
@@ -247,6 +248,7 @@ class Supervisor:
                 f"cannot start {spec.argv[0]!r}: permission denied. Make it executable "
                 f"(chmod +x {spec.argv[0]}) or run it through an interpreter with --python-interpreter"
             ) from exc
+        mark(f"tntrun: started rank {spec.label}", label="tntrun")
         label = spec.label.encode()
         prefix = b"[" + label + b"] " if spec.prefix else b""
         if proc.stdout is not None:

@@ -1,21 +1,43 @@
 """Framework-neutral Tarantella: the rank API and NumPy collectives over the C core.
 
 Nothing here imports TensorFlow (a PyTorch or JAX frontend can sit beside
-tarantella/tensorflow/ later).
+tarantella/tensorflow/ later). The names below are imported on first access
+(PEP 562): the launcher `tntrun` imports tarantella.common's small modules
+(config, errors) and must not pay for NumPy and the compiled core before it
+starts the ranks.
 """
-from tarantella.common.collectives import (Handle, TensorAllgatherer, TensorAllreducer,  # noqa: F401
-                                           TensorBroadcaster, allgather, allgather_async,
-                                           allreduce, allreduce_async, barrier, barrier_async,
-                                           broadcast, broadcast_async)
-from tarantella.common.core import (get_local_rank, get_local_size, get_master_rank, get_rank,
-                                    get_size, init, is_initialized, is_master_rank, shutdown)
 from tarantella.common import error_file as _error_file
-from tarantella.common.errors import (InternalError, InvalidArgumentError, InvalidUsageError,
-                                      MismatchError, PeerLostError, TarantellaError, TimeoutError)
 
 # an uncaught exception aborts the core (peers fail fast) and, under tntrun,
 # lands in TNT_ERROR_FILE for the failure report, even before init()
 _error_file.install()
+
+# name -> the module of tarantella.common that defines it
+_LAZY = {
+    **dict.fromkeys(("Handle", "TensorAllgatherer", "TensorAllreducer", "TensorBroadcaster",
+                     "allgather", "allgather_async", "allreduce", "allreduce_async", "barrier",
+                     "barrier_async", "broadcast", "broadcast_async"), "collectives"),
+    **dict.fromkeys(("get_local_rank", "get_local_size", "get_master_rank", "get_rank", "get_size",
+                     "init", "is_initialized", "is_master_rank", "shutdown"), "core"),
+    **dict.fromkeys(("InternalError", "InvalidArgumentError", "InvalidUsageError", "MismatchError",
+                     "PeerLostError", "TarantellaError", "TimeoutError"), "errors"),
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tarantella.common' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"tarantella.common.{module}"), name)
+    globals()[name] = value  # later accesses are plain attribute reads
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 # The original Tarantella's TensorAllreducer, TensorBroadcaster and
 # TensorAllgatherer are here too, but not in __all__: `tnt.TensorAllreducer`

@@ -86,6 +86,9 @@ _ROWS = (
           "the NCCL library the core loads (2.14 or newer; default: the nvidia-nccl-cu12 wheel's, else "
           "libnccl.so.2 on the library path); `tntrun --version` says whether it loads"),
     Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path"),
+    Param("TNT_STARTUP_LOG", "str", None,
+          "append when each step of starting the job happened (tntrun and every rank, one line per event) to "
+          "this file, to measure the time to the first training step (bench/startup.py)"),
     Param("TNT_LOG_LEVEL", "choice", "WARNING", "log level of Tarantella's Python and C logs",
           ("DEBUG", "INFO", "WARNING", "ERROR")),
     Param("TNT_LOG_ON_ALL_DEVICES", "bool", False, "log on every rank, not only the master rank"),

@@ -11,6 +11,7 @@ import sys
 import threading
 
 from tarantella.common import codes, errors
+from tarantella.common.startup_log import mark
 
 _lock = threading.Lock()
 _lib = None
@@ -77,6 +78,7 @@ def init():
         if _state == "up":
             _check_not_forked()
             return
+        mark("tnt.init: begin")
         lib_, _ = _load()
         from tarantella.common import plugins
 
@@ -84,6 +86,7 @@ def init():
         check(lib_.tnt_init())
         _state = "up"
         _pid = os.getpid()
+        mark("tnt.init: connected")
     from tarantella.common import logging as tnt_logging
     from tarantella.common import error_file
 

@@ -8,7 +8,10 @@ use against the installed TensorFlow (tarantella/tensorflow/ops), or, where
 they cannot be built, through `tf.numpy_function` ops over the NumPy
 collectives of tarantella.common (TNT_TF_OPS chooses).
 """
-from tarantella.tensorflow import _version_check  # noqa: F401 - fails early on an old TF
+from tarantella.common.startup_log import mark
+
+mark("import tarantella.tensorflow: begin")
+from tarantella.tensorflow import _version_check  # noqa: F401,E402 - fails early on an old TF
 
 from tarantella.common import (barrier, get_local_rank, get_master_rank, get_rank,  # noqa: E402
                                get_size, init, is_master_rank, shutdown)
@@ -28,3 +31,4 @@ __all__ = [
     "barrier", "broadcast", "get_local_rank", "get_master_rank", "get_rank", "get_size", "init",
     "is_master_rank", "shutdown", "TensorAllreducer", "TensorBroadcaster", "TensorAllgatherer",
 ]
+mark("import tarantella.tensorflow: done")

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella.common import collectives, config, core
+from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
                                    dropout, global_loss, step_context)
@@ -16,6 +17,7 @@ from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
+from tarantella.tensorflow.data.array_dataset import sample_count
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
@@ -31,6 +33,9 @@ class _StepState:
         self.logs = {}  # "train"/"test" -> the structure of the logs the step returns
         self.applies = {}  # "train"/"test" -> the optimizer apply() calls the step made
         self.replays = {}  # "train"/"test" -> the step context's requests (for replay)
+        # whether a rank's slice of a training batch can be empty: known False
+        # only for arrays whose batches all have a sample for every rank
+        self.train_may_be_empty = True
 
 
 def _is_array_like(x):
@@ -285,6 +290,7 @@ class Model(keras.Model):
         return self._tnt_step.local_batch
 
     def train_step(self, data):
+        mark("fit: tracing the train step")  # Python runs here only while TensorFlow traces
         if core.get_size() == 1:
             return self.model.train_step(data)  # exactly Keras
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
@@ -307,7 +313,10 @@ class Model(keras.Model):
                 def after_skip():
                     batch_normalization.average_moving_statistics(moving, 0, step)
 
-                logs = self._unless_empty("train", local_batch, train, step, after_skip)
+                if self._tnt_step.train_may_be_empty:
+                    logs = self._unless_empty("train", local_batch, train, step, after_skip)
+                else:  # no empty-slice branch: a smaller graph to trace (bench/startup.py)
+                    logs = train()
             return self._global_logs(logs, local_batch)
         finally:
             self._tnt_step.local_batch = None
@@ -406,9 +415,17 @@ class Model(keras.Model):
                 for k, v in self.model.get_metrics_result().items()}
 
     # ---- data distribution --------------------------------------------------------------------
+    def _train_may_be_empty(self, possible):
+        """Say whether a rank's slice of a coming training batch can be empty;
+        the train step is traced again when that changes."""
+        if self._tnt_step.train_may_be_empty != possible:
+            self._tnt_step.train_may_be_empty = possible
+            self.train_function = None
+
     def _distribute(self, x, y, sample_weight, batch_size, shuffle, micro_batch_size, distribute,
                     what, kwarg_name):
-        """(dataset, global_batch, micro_batch) for this rank."""
+        """(dataset, global_batch, micro_batch, whether a rank's slice of a
+        batch can be empty) for this rank."""
         if not distribute:
             get_logger().info(
                 f"tnt.Model.{what}: tnt_distribute_dataset=False, so the data is used as given: "
@@ -425,7 +442,7 @@ class Model(keras.Model):
                     "Do not pass `batch_size` with a tf.data.Dataset: batch the dataset with the "
                     f"global batch size instead. Received: batch_size={batch_size}")
             d = distribute_dataset(x, micro_batch_size=micro_batch_size, what=kwarg_name)
-            return d.dataset, d.global_batch_size, d.micro_batch_size
+            return d.dataset, d.global_batch_size, d.micro_batch_size, True
         if x is None or not _is_array_like(x):
             raise TypeError(
                 f"tnt.Model.{what} distributes tf.data.Dataset objects and NumPy arrays / tensors. "
@@ -448,7 +465,9 @@ class Model(keras.Model):
             (x, y) if sample_weight is None else (x, y, sample_weight))
         dataset = array_dataset(data, int(batch_size), core.get_rank(), size,
                                 shuffle=shuffle if shuffle == "batch" else bool(shuffle))
-        return dataset, int(batch_size), -(-int(batch_size) // size)
+        last = sample_count(data) % int(batch_size)  # the last batch's samples (0: a full batch)
+        may_be_empty = batch_size < size or 0 < last < size
+        return dataset, int(batch_size), -(-int(batch_size) // size), may_be_empty
 
     def _warn_batch_norm(self, micro_batch_size):
         if batch_normalization.prepare(self.model):
@@ -490,6 +509,7 @@ class Model(keras.Model):
         `tnt_micro_batch_size`, or arrays with `batch_size` the global batch
         size. Returns the History of global logs on every rank."""
         self._assert_compile_called("fit")
+        mark("fit: begin")
         if validation_split and validation_data is None:
             if not _is_array_like(x):
                 raise ValueError(
@@ -499,6 +519,7 @@ class Model(keras.Model):
                 (x, y, sample_weight), validation_split)
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
+        self._train_may_be_empty(train is None or train[3])
         if train is not None:
             x, global_batch, micro_batch = train[0], train[1], train[2]
             y = sample_weight = batch_size = None
@@ -515,7 +536,9 @@ class Model(keras.Model):
                 "fit", "tnt_validation_micro_batch_size")
             if val is not None:
                 validation_data, validation_batch_size = val[0], None
+        mark("fit: datasets distributed")
         self._sync_weights(x)
+        mark("fit: weights in sync")
         with collective_ops.collective_errors():  # a lost peer as PeerLostError
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
@@ -566,6 +589,7 @@ class Model(keras.Model):
         """`keras.Model.train_on_batch` on a global batch: every rank passes the
         same batch and trains on its slice; the logs are global."""
         self._assert_compile_called("train_on_batch")
+        self._train_may_be_empty(True)  # any batch, even one smaller than the ranks
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
         return super().train_on_batch(x, y, sample_weight=sample_weight,

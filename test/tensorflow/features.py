@@ -245,6 +245,44 @@ def own_compile(tnt, reference):
     return {"history": [float(v) for v in history.history["loss"]], "weights": weights(model)}
 
 
+def _traced_step_has_a_cond(model):
+    """Whether the train function Keras traced last contains a tf.cond (tnt's
+    empty-slice branch: a tiny Dense model has no other)."""
+    def find(f):  # Keras keeps the tf.function in a closure of its own wrapper
+        if hasattr(f, "_list_all_concrete_functions"):
+            return f
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                found = find(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+            if found is not None:
+                return found
+    graph = find(model.train_function)._list_all_concrete_functions()[-1].graph
+    ops = list(graph.get_operations()) + [
+        op for f in graph._functions.values() for op in f.graph.get_operations()]
+    return any(op.type in ("If", "StatelessIf") for op in ops)
+
+
+def array_fits(tnt, reference):
+    """fit() on arrays three times: batches with a sample for every rank (the
+    step is traced without the empty-slice branch), then a last batch of 1
+    that leaves rank 1 an empty slice (traced again, with it), then full
+    batches again."""
+    keras.utils.set_random_seed(7)
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    history, conds = [], []
+    for n in (80, 81, 80):
+        x, y = data(n, seed=n)
+        h = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+        history.append(float(h.history["loss"][0]))
+        conds.append(None if reference else _traced_step_has_a_cond(model))
+    return {"history": history, "weights": weights(model), "empty_slice_branch": conds}
+
+
 def check_misc(tnt, files):
     out = {}
     records = []
@@ -374,6 +412,7 @@ def main():
     results["loop_optimizer"] = custom_loop(tnt, args.reference, tape_mode=False)
     results["loop_tape"] = custom_loop(tnt, args.reference, tape_mode=True)
     results["own_compile"] = own_compile(tnt, args.reference)
+    results["array_fits"] = array_fits(tnt, args.reference)
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)

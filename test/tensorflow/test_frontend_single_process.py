@@ -436,3 +436,37 @@ def test_from_tensors_of_a_batch_counts_as_batched():
     parts = [list(distribute_dataset(ds, rank=r, size=4).dataset)[0][1].numpy().tolist()
              for r in range(4)]
     assert parts == [[0, 1], [2, 3], [4], [5]]
+
+
+def test_tarantellas_dataset_functions_are_not_converted_by_autograph(monkeypatch):
+    """tf.data converts every map function with AutoGraph unless told not to;
+    Tarantella's own (the rank's slice, the seeded order) are plain TensorFlow
+    and skip it (a measurable part of a job's start, bench/startup.py). The
+    user's map functions are still converted."""
+    from tensorflow.python.autograph.impl import api
+
+    from tarantella.tensorflow.data.array_dataset import array_dataset
+
+    converted = []
+    real = api._convert_actual
+
+    def recording(entity, program_ctx):
+        converted.append(getattr(entity, "__module__", "") or "")
+        return real(entity, program_ctx)
+
+    monkeypatch.setattr(api, "_convert_actual", recording)
+
+    def user_map(i):
+        return i * 2 if i > 0 else i  # Python control flow over a tensor: needs AutoGraph
+
+    def pipeline():
+        return tf.data.Dataset.range(10).map(user_map).batch(4)
+
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    outputs = [list(distribute_dataset(pipeline(), rank=1, size=2).dataset),
+               list(distribute_dataset(pipeline(), rank=1, size=2, slice_early=False).dataset),
+               list(array_dataset((x,), 4, 1, 2)), list(array_dataset((x,), 4, 0, 1, shuffle=True))]
+    assert [len(o) for o in outputs] == [3, 3, 3, 3]
+    np.testing.assert_array_equal(outputs[0][0], [4, 6])  # rank 1's half of [0, 2, 4, 6]
+    assert __name__ in converted, converted  # the user's function was converted
+    assert not [m for m in converted if m.startswith("tarantella")], converted

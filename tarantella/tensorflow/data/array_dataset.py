@@ -20,9 +20,10 @@ import tensorflow as tf
 
 from tarantella.common import collectives
 from tarantella.tensorflow.data import batch_slicing
+from tarantella.tensorflow.data.batch_slicing import plain_tf as _plain_tf
 
 
-def _num_samples(structure):
+def sample_count(structure):
     sizes = {int(np.shape(t)[0]) for t in tf.nest.flatten(structure)}
     if len(sizes) != 1:
         raise ValueError(
@@ -53,7 +54,7 @@ def _keras_order(num_samples, batch_size, shuffle, seed):
         if own != seed:
             tf.random.set_seed(own)
     batches = -(-num_samples // batch_size)  # known, as with Keras' own adapter
-    return order.map(lambda *e: e[0]).apply(tf.data.experimental.assert_cardinality(batches))
+    return order.map(_plain_tf(lambda *e: e[0])).apply(tf.data.experimental.assert_cardinality(batches))
 
 
 def sample_order(num_samples, batch_size, shuffle, size):
@@ -87,9 +88,10 @@ def array_dataset(data, batch_size, rank, size, shuffle=False):
     False, True or "batch", as in Keras)."""
     data = tf.nest.map_structure(
         lambda t: t if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else tf.convert_to_tensor(t), data)
-    n = _num_samples(data)
+    n = sample_count(data)
     indices = sample_order(n, batch_size, shuffle, size)
 
+    @_plain_tf
     def gather(batch_indices):
         mine = batch_slicing.slice_element(batch_indices, rank, size)
         return tf.nest.map_structure(lambda t: tf.gather(t, mine), data)

@@ -10,6 +10,12 @@ exact for every batch size, including the last, partial batch of an epoch
 """
 import tensorflow as tf
 
+# For the functions Tarantella gives tf.data's map(): plain TensorFlow, without
+# Python control flow over tensors, so AutoGraph need not convert them (tf.data
+# converts every map function by default: 0.1-0.4 s of a job's start, measured
+# by bench/startup.py).
+plain_tf = tf.autograph.experimental.do_not_convert
+
 
 def micro_batch_size(global_batch_size, rank, size):
     return global_batch_size // size + (1 if rank < global_batch_size % size else 0)

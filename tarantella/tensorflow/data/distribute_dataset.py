@@ -71,8 +71,9 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
     if rebuilt is not None:
         dataset = rebuilt
     elif size > 1:
-        dataset = dataset.map(lambda *e: batch_slicing.slice_element(e[0] if len(e) == 1 else e,
-                                                                     rank, size),
+        dataset = dataset.map(batch_slicing.plain_tf(
+                                  lambda *e: batch_slicing.slice_element(e[0] if len(e) == 1 else e,
+                                                                         rank, size)),
                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     micro = None

@@ -91,6 +91,7 @@ def rebuild(dataset, rank, size):
             sample = _apply(wrapper, sample)
         return sample
 
+    @batch_slicing.plain_tf  # the user's functions are already traced (wrappers)
     def map_slice(*element):
         element = element[0] if len(element) == 1 else element
         mine = batch_slicing.slice_element(element, rank, size)

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tarantella.common import config, core, errors
 from tarantella.common.logging import get_logger
+from tarantella.common.startup_log import mark
 
 MODES = ("auto", "compiled", "numpy")
 _lock = threading.Lock()
@@ -93,7 +94,9 @@ def get():
         return _state["ops"]
     with _lock:
         if "ops" not in _state:
+            mark("compiled ops: load begin")
             _state["ops"], _state["why"] = _load(mode())
+            mark("compiled ops: loaded" if _state["ops"] else "compiled ops: none")
     return _state["ops"]
 
 
