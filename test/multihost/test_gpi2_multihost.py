@@ -7,7 +7,6 @@ GPI-2 is GPL-3.0 and packaged nowhere) or the test bed cannot be made (not root)
 import json
 import os
 import secrets
-import select
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import time
 
 import pytest
 
-from multihost_helpers import job_env, nothing_left
+from multihost_helpers import cut_off, job_env, next_json, nothing_left
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -76,21 +75,6 @@ def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hos
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
 
 
-def next_json(proc, timeout):
-    """The next JSON line of `proc`'s stdout within `timeout` seconds (None: none came)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, end - time.monotonic()))
-        if not ready:
-            break
-        line = proc.stdout.readline()
-        if not line:
-            return None
-        if line.startswith("{"):
-            return json.loads(line)
-    return None
-
-
 def test_host_cut_off_is_named_by_its_silence(multihost, tmp_path):
     # the ranks are started on their hosts directly, with the GASPI_* placement gaspi_run
     # would give them, so that each one's own error can be read; once both run, hostB's
@@ -106,19 +90,17 @@ def test_host_cut_off_is_named_by_its_silence(multihost, tmp_path):
                             TNT_GPI2_HEARTBEAT_S="0.2", TNT_TIMEOUT_S="60")
         procs.append(multihost.popen(host, [sys.executable, os.path.join(HERE, "rank_cut.py")], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    link = ["ip", "-n", multihost.netns("hostB"), "link", "set", "eth0"]
     try:
         for proc in procs:
-            assert next_json(proc, 120) == {"rank": procs.index(proc), "ready": True}, proc.stderr.read()[-3000:]
-        subprocess.run(link + ["down"], check=True)
-        cut = time.monotonic()
-        for rank, proc in enumerate(procs):
-            got = next_json(proc, 30)
-            assert got and got["error"] == "PeerLostError" and got["peer"] == 1 - rank, got
-            assert f"rank {1 - rank} (pid" in got["message"] and "sent nothing" in got["message"], got
-            assert time.monotonic() - cut < 15, got  # far inside TNT_TIMEOUT_S (60 s)
+            ready = next_json(proc, 120)
+            assert ready and ready["rank"] == procs.index(proc) and ready["ready"], proc.stderr.read()[-3000:]
+        with cut_off(multihost, "hostB") as cut:
+            for rank, proc in enumerate(procs):
+                got = next_json(proc, 30)
+                assert got and got["error"] == "PeerLostError" and got["peer"] == 1 - rank, got
+                assert f"rank {1 - rank} (pid" in got["message"] and "sent nothing" in got["message"], got
+                assert time.monotonic() - cut < 15, got  # far inside TNT_TIMEOUT_S (60 s)
     finally:
-        subprocess.run(link + ["up"], check=False)  # the test bed is the session's
         for proc in procs:
             proc.kill()
             proc.communicate()
