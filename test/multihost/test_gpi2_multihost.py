@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from multihost_helpers import cut_off, job_env, next_json, nothing_left
+from multihost_helpers import cut_off, job_env, next_json, nothing_left, root_cause
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -104,3 +104,23 @@ def test_host_cut_off_is_named_by_its_silence(multihost, tmp_path):
         for proc in procs:
             proc.kill()
             proc.communicate()
+
+
+def test_a_rank_killed_on_hostB_is_the_root_cause(multihost, tmp_path):
+    # rank 1 (hostB) SIGKILLs itself in an allreduce; rank 0 raises, naming it, and exits 3.
+    # The wrapper's record of rank 1 reaches tntrun on gaspi_run's stdout (its ssh commands
+    # end in 2>&1): without it the report named rank 0, the only failure tntrun had heard of
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    res = multihost.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--transport", "gpi2", "--",
+                                  os.path.join(COMMON, "rank_failures.py"), "kill"],
+                        env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 128 + 9, res.stdout[-3000:] + res.stderr[-3000:]
+    root = root_cause(res.stderr)
+    assert root.startswith("  rank:    1 (local_rank 0)\n  host:    hostB\n"), res.stderr[-3000:]
+    assert "  exit:    signal 9 (SIGKILL)\n" in root, root
+    assert "gaspi_run (on hostA" in res.stderr
+    assert "\x1e" not in res.stdout + res.stderr  # the records themselves are not shown
+    said = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
+    assert said[0]["rank"] == 0 and said[0]["peer"] == 1, said  # rank 0 named it
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
