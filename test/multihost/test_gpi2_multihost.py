@@ -124,3 +124,43 @@ def test_a_rank_killed_on_hostB_is_the_root_cause(multihost, tmp_path):
     said = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
     assert said[0]["rank"] == 0 and said[0]["peer"] == 1, said  # rank 0 named it
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
+
+def bare_gaspi_run(bed, tmp_path, hosts, transport):
+    """`gaspi_run -m MACHINEFILE -n N PROGRAM` on hostA, no tntrun: PROGRAM is a script that
+    sets what a user's shell profile would on every host (gaspi_run forwards no environment)
+    and runs rank_bare.py. Not `python` itself: when its rank 0 fails, gaspi_run runs
+    `killall -9 PROGRAM` on every host, which would end every python of the machine here
+    (one pid namespace)."""
+    out = tmp_path / "bare"
+    out.mkdir()
+    machines = tmp_path / "machines"
+    machines.write_text("".join(h + "\n" for h in hosts))
+    program = tmp_path / f"tnt-bare-{secrets.token_hex(4)}.sh"
+    program.write_text(f"#!/bin/sh\nexport GPI2_HOME={GPI2_HOME} TNT_TRANSPORT={transport} TNT_LOG_LEVEL=INFO\n"
+                       f"exec {sys.executable} {os.path.join(HERE, 'rank_bare.py')} {out}\n")
+    program.chmod(0o755)
+    env = job_env(tmp_path)
+    res = bed.run("hostA", ["bash", os.path.join(GPI2_HOME, "bin", "gaspi_run"), "-m", str(machines),
+                            "-n", str(len(hosts)), str(program)], env=bed.env(base=env), cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    found = [json.load(open(out / f"bare{r}.json")) for r in range(len(hosts))]
+    assert nothing_left(bed, bed.hosts), {h: bed.pids(h) for h in bed.hosts}
+    return found, res
+
+
+def test_ranks_gaspi_run_started_find_their_placement_across_hosts(multihost, tmp_path):
+    # auto: gpi2 (no MPI runs under gaspi_run), with the reason at INFO
+    found, res = bare_gaspi_run(multihost, tmp_path, ["hostA", "hostA", "hostB"], "auto")
+    assert [(f["rank"], f["size"], f["local_rank"], f["local_size"], f["host"]) for f in found] == [
+        (0, 3, 0, 2, "hostA"), (1, 3, 1, 2, "hostA"), (2, 3, 0, 1, "hostB")]
+    assert {f["transport"] for f in found} == {"gpi2"} and {f["sum"] for f in found} == {6.0}
+    assert all(f["tnt_env"] == [] for f in found)  # no TNT_RANK: GPI-2's own variables
+    assert "transport gpi2 selected (TNT_TRANSPORT=auto)" in res.stdout + res.stderr
+    assert "hostB" in [c["host"] for c in multihost.ssh_calls()]
+
+
+def test_ranks_gaspi_run_started_on_one_host(multihost, tmp_path):
+    found, _ = bare_gaspi_run(multihost, tmp_path, ["hostA", "hostA"], "gpi2")
+    assert [(f["rank"], f["size"], f["local_rank"], f["local_size"]) for f in found] == [(0, 2, 0, 2), (1, 2, 1, 2)]
+    assert {f["transport"] for f in found} == {"gpi2"} and {f["sum"] for f in found} == {3.0}
