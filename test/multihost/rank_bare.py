@@ -1,4 +1,5 @@
-"""Run on every rank that gaspi_run starts by itself, without tntrun (test_gpi2_multihost.py):
+"""Run on every rank that gaspi_run or srun starts by itself, without tntrun (test_gpi2_multihost.py,
+test_slurm.py):
 what the rank found (rank, size, local rank and size, job id, transport, host) and one
 allreduce of its rank number, as JSON in OUTDIR/bare<rank>.json.
 
