@@ -1,11 +1,13 @@
 """The gpi2 transport across hosts, on the test bed: `tntrun --transport gpi2 -H ...` runs on
 hostA and starts the ranks through GPI-2's gaspi_run, which reaches hostB through the ssh
 stand-in, as on a cluster. Every collective x dtype x awkward size, bitwise identical on every
-rank and to shm on one host; and a host cut off from the others (its link taken down) named by
-its silence on the other host within seconds. Skips where GPI-2 is not installed (GPI2_HOME, or /work/gpi2:
+rank and to shm on one host; a host cut off from the others (its link taken down): all its
+ranks named by their silence on the other host within seconds; a rank SIGKILLed on hostB named
+first in tntrun's report; and ranks gaspi_run starts without tntrun. Skips where GPI-2 is not installed (GPI2_HOME, or /work/gpi2:
 GPI-2 is GPL-3.0 and packaged nowhere) or the test bed cannot be made (not root)."""
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -76,18 +78,20 @@ def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hos
 
 
 def test_host_cut_off_is_named_by_its_silence(multihost, tmp_path):
-    # the ranks are started on their hosts directly, with the GASPI_* placement gaspi_run
-    # would give them, so that each one's own error can be read; once both run, hostB's
-    # link goes down: its TCP connections stay open (no error from GPI-2), its pid is alive
-    # (one pid namespace), only its silence tells: 10 missed heartbeats of 0.2 s
+    # 2 hosts x 2 ranks started on their hosts directly, with the GASPI_* placement gaspi_run
+    # would give them, so that each one's own error can be read; once all run, hostB's link
+    # goes down: its TCP connections stay open (no error from GPI-2), its pids are alive (one
+    # pid namespace), only silence tells: 10 missed heartbeats of 0.2 s. Each rank names
+    # both ranks of the other host
+    hosts = ["hostA", "hostA", "hostB", "hostB"]
     machines = tmp_path / "machines"
-    machines.write_text("hostA\nhostB\n")
+    machines.write_text("".join(h + "\n" for h in hosts))
     job, procs = secrets.token_hex(16), []
-    for rank, host in enumerate(("hostA", "hostB")):
+    for rank, host in enumerate(hosts):
         env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TRANSPORT="gpi2", TNT_RANK=str(rank),
-                            TNT_SIZE="2", TNT_LOCAL_RANK="0", TNT_LOCAL_SIZE="1", TNT_JOB_ID=job,
-                            GASPI_RANK=str(rank), GASPI_NRANKS="2", GASPI_SOCKET="0", GASPI_MFILE=str(machines),
-                            TNT_GPI2_HEARTBEAT_S="0.2", TNT_TIMEOUT_S="60")
+                            TNT_SIZE="4", TNT_LOCAL_RANK=str(rank % 2), TNT_LOCAL_SIZE="2", TNT_JOB_ID=job,
+                            GASPI_RANK=str(rank), GASPI_NRANKS="4", GASPI_SOCKET=str(rank % 2),
+                            GASPI_MFILE=str(machines), TNT_GPI2_HEARTBEAT_S="0.2", TNT_TIMEOUT_S="60")
         procs.append(multihost.popen(host, [sys.executable, os.path.join(HERE, "rank_cut.py")], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
@@ -96,9 +100,12 @@ def test_host_cut_off_is_named_by_its_silence(multihost, tmp_path):
             assert ready and ready["rank"] == procs.index(proc) and ready["ready"], proc.stderr.read()[-3000:]
         with cut_off(multihost, "hostB") as cut:
             for rank, proc in enumerate(procs):
+                other = [2, 3] if rank < 2 else [0, 1]
                 got = next_json(proc, 30)
-                assert got and got["error"] == "PeerLostError" and got["peer"] == 1 - rank, got
-                assert f"rank {1 - rank} (pid" in got["message"] and "sent nothing" in got["message"], got
+                assert got and got["error"] == "PeerLostError" and got["peer"] in other, got
+                named = [int(r) for r in re.findall(r"(\d+) \(pid \d+\)", got["message"].split(" sent nothing")[0])]
+                assert named == other and "sent nothing" in got["message"], got
+                assert f"on {hosts[other[0]]} sent nothing" in got["message"], got
                 assert time.monotonic() - cut < 15, got  # far inside TNT_TIMEOUT_S (60 s)
     finally:
         for proc in procs:

@@ -481,46 +481,9 @@ static void describe(mpi_t *s, int r, char *out, size_t len) {
            doing[0] ? "; it " : "", host->now() - p->last_heard);
 }
 
-/* A host cut off silences all its ranks at once, but their last heartbeats
- * came at slightly different times: when `r` crosses the bound, the others of
- * the same loss have been silent for nearly as long. Every rank silent for
- * half the bound is named with it, grouped by host: "ranks 2 (pid 71), 3 (pid
- * 72) on hostB" (`r` first; a healthy peer is silent for about one heartbeat).
- * Returns how many are named. */
-static int name_silent(mpi_t *s, int r, double now, char *out, size_t len) {
-  int named = 0, count = 0;
-  size_t at = 0;
-  out[0] = 0;
-  uint8_t *done = calloc((size_t)s->n, 1);
-  for (int k = -1; k < s->n; k++) { /* k = -1: r's host first */
-    int lead = k < 0 ? r : k;
-    if (lead == s->me || (done && done[lead]) || s->peers[lead].state != PEER_ALIVE ||
-        now - s->peers[lead].last_heard <= s->silence_s / 2)
-      continue;
-    const char *hostname = s->peers[lead].host;
-    char ranks[384] = "";
-    size_t rat = 0;
-    int here = 0;
-    for (int q = 0; q < s->n; q++) {
-      peer_t *p = &s->peers[q];
-      if (q == s->me || (done && done[q]) || p->state != PEER_ALIVE || strcmp(p->host, hostname) ||
-          now - p->last_heard <= s->silence_s / 2)
-        continue;
-      if (done) done[q] = 1;
-      if (rat < sizeof ranks)
-        rat += (size_t)snprintf(ranks + rat, sizeof ranks - rat, "%s%d (pid %d)", here ? ", " : "", q, p->pid);
-      here++;
-    }
-    if (at < len)
-      at += (size_t)snprintf(out + at, len - at, "%s%s %s on %s", named ? " and " : "", here > 1 ? "ranks" : "rank",
-                             ranks, hostname);
-    named++;
-    count += here;
-    if (!done) break; /* out of memory: r alone */
-  }
-  free(done);
-  if (!count) snprintf(out, len, "rank %d (pid %d on %s)", r, s->peers[r].pid, s->peers[r].host);
-  return count ? count : 1;
+static void view_peer(void *st, int r, peer_view_t *out) {
+  const peer_t *p = &((mpi_t *)st)->peers[r];
+  *out = (peer_view_t){p->state == PEER_ALIVE, p->pid, p->host, p->last_heard};
 }
 
 /* Is peer r alive (mu held)? Dead local pids only when `pids` (a system call
@@ -535,15 +498,10 @@ static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const cha
                    what);
   }
   if (now - p->last_heard > s->silence_s) {
-    const char *doing = local_doing(p);
-    char who[512];
-    int count = name_silent(s, r, now, who, sizeof who);
-    return failf(TNT_ERR_PEER_LOST, r,
-                 "%s sent nothing for %.1f s while rank %d was %s: %s process or host died, %s cut off, or %s "
-                 "hang%s%s%s (every rank sends a heartbeat every %g s, TNT_MPI_HEARTBEAT_S; %d missed mean lost)",
-                 who, now - p->last_heard, s->me, what, count > 1 ? "their" : "its", count > 1 ? "they are" : "it is",
-                 count > 1 ? "they" : "it", count > 1 ? "" : "s", doing[0] ? "; it " : "", doing, s->beat_s,
-                 SILENT_BEATS);
+    char msg[1024];
+    silent_message(s, view_peer, s->n, s->me, r, now, s->silence_s, what, local_doing(p), s->beat_s,
+                   "TNT_MPI_HEARTBEAT_S", SILENT_BEATS, msg, sizeof msg);
+    return failf(TNT_ERR_PEER_LOST, r, "%s", msg);
   }
   return TNT_SUCCESS;
 }
