@@ -65,6 +65,22 @@ def same_process(pid, start):
     return pid is not None and start is not None and process_start_time(pid) == start
 
 
+def descendants(pid):
+    """[(pid, start time)] of every process below `pid` now, also those in other process
+    groups (Open MPI's ssh children call setpgid, so killing mpirun's group misses them)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields:
+            children.setdefault(int(fields[1]), []).append((int(entry), int(fields[19])))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
 def program_key(command, cwd):
     """What identifies "the same PROGRAM": the absolute path of the script (after an
     interpreter the user may have written), or its name when it is not a file."""

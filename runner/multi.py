@@ -13,6 +13,9 @@ from tarantella.runner.rank import slurm_tasks_per_node
 from tarantella.runner.supervise import JobResult, ProcResult, ProcSpec, root_cause
 
 
+ENGINE_SETTLE_S = 10.0  # how long an engine may take to end the job after a rank failed
+
+
 def _per_node(args):
     """Ranks per host from --n-per-node (N, gpu, cpu or auto), or None."""
     value = args.n_per_node
@@ -270,14 +273,29 @@ def ranks_job(job, records, engine_name):
     the root cause is the rank that failed first on its own (named with its host), not the
     engine, and tntrun exits with that rank's status (srun would say 143 for the ranks it
     stopped); else the engine's job unchanged."""
-    if job.root_cause is None or not records or job.interrupted_by is not None:
+    if (job.root_cause is None and not job.stalled) or not records or job.interrupted_by is not None:
         return job
     results = rank_results(records)
     root = root_cause(results, report.error_of, lambda res: getattr(res, "stopped_at", None))
     if root is None:
         return job
     return JobResult(results=results, root_cause=root, started_at=job.started_at,
-                     engine=job.root_cause, stopped_by=engine_name)
+                     engine=job.root_cause or job.results[0], stopped_by=engine_name, stalled=job.stalled)
+
+
+def stall_watch(collector, engine_name, seconds=ENGINE_SETTLE_S):
+    """A local.run `watch`: at a rank's first failure record, the engine gets `seconds` to
+    end the job on every host, as mpirun and srun do at once; if it has not, tntrun stops it
+    (SIGTERM, SIGKILL after the grace period), and the ranks it could still reach with it.
+    Where a host was cut off, its daemon cannot be reached: the ranks there end on their own
+    (they name the silent hosts' ranks within the heartbeat bound and exit)."""
+    def watch(supervisor):
+        def on_record(record):
+            host = record.get("host") or "?"
+            supervisor.stall_after(f"rank {record.get('rank')} failed on {host} and {engine_name} had not ended "
+                                   f"the job {seconds:g} s later", seconds)
+        collector.on_record = on_record
+    return watch
 
 
 def run(args, command, job_id):
@@ -301,12 +319,15 @@ def run(args, command, job_id):
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         collector = rank_report.Collector(job_id)
-        name = os.path.basename(plan.argv[0])
+        name = "gaspi_run" if plan.engine == "gaspi_run" else os.path.basename(plan.argv[0])  # not bash
+        # gaspi_run's ssh commands end in 2>&1: the remote ranks' records come on its stdout
         spec = ProcSpec(argv=plan.argv, env=plan.env, label=name, host=platform.node(),
-                        stdin=True, stderr_filter=rank_report.MarkerFilter(collector))
+                        stdin=True, stderr_filter=rank_report.MarkerFilter(collector),
+                        stdout_filter=(rank_report.MarkerFilter(collector)
+                                       if plan.engine == "gaspi_run" else None))
         return local.run([spec], job_id, program=command[0], command=command,
                          one_line=(args.log_level == "ERROR"), private_dir=private_dir,
-                         files=list(plan.files),
+                         files=list(plan.files), watch=stall_watch(collector, name),
                          translate=lambda job: ranks_job(job, collector.records, name))
     except engines.EngineMissing as exc:
         print(f"tntrun: error: {exc}", file=sys.stderr)

@@ -32,13 +32,15 @@ import time
 
 from tarantella.runner import gpus, pinning, rank_report
 
-# (rank, size, local rank, local size) variables of each engine, most specific first
+# (rank, size, local rank, local size) variables of each engine, most specific first;
+# GPI-2's before Slurm's: gaspi_run in an sbatch script inherits the script's SLURM_PROCID=0
+# (core/src/params.c reads them in the same order)
 _ENGINES = (
+    ("GASPI_RANK", "GASPI_NRANKS", None, None),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
     ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
-    ("GASPI_RANK", "GASPI_NRANKS", None, None),
 )
 TAIL_BYTES = 64 * 1024
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

@@ -46,11 +46,12 @@ def write(record, job_id, fd=2):
 class Collector:
     """Rebuilds the records of one job from marker lines (any thread)."""
 
-    def __init__(self, job_id):
+    def __init__(self, job_id, on_record=None):
         self.job = job_id[:12].encode()
         self._parts = {}
         self.records = []
         self._lock = threading.Lock()
+        self.on_record = on_record  # called with each record once it is whole
 
     def take(self, text):
         """`text` starts at MARK (one line); True if it was a record line of this job."""
@@ -62,6 +63,7 @@ class Collector:
             index, count = (int(x) for x in words[3].split(b"/"))
         except ValueError:
             return False
+        record = None
         with self._lock:
             parts = self._parts.setdefault(rank, {})
             parts[index] = words[4]
@@ -74,6 +76,10 @@ class Collector:
                     return True
                 if isinstance(record, dict):
                     self.records.append(record)
+                else:
+                    record = None
+        if record is not None and self.on_record is not None:
+            self.on_record(record)
         return True
 
 

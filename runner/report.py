@@ -126,6 +126,8 @@ def format_failure(job, program):
         out += ["-" * WIDTH, f"{engine.spec.label} (on {engine.spec.host or '?'}, pid {engine.pid}) "
                 f"ended with {describe_exit(engine.returncode)}; tntrun exits with the "
                 "root cause's status"]
+        if getattr(job, "stalled", None):
+            out.append(f"tntrun stopped {engine.spec.label}: {job.stalled}")
     out.append("=" * WIDTH)
     return "\n".join(out)
 

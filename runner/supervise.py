@@ -60,6 +60,8 @@ class ProcSpec:
     cwd: object = None
     stderr_filter: object = None  # feed(bytes) -> bytes to show, flush() -> bytes: takes
                                   # the ranks' failure records out of an engine's stderr
+    stdout_filter: object = None  # the same for its stdout (gaspi_run's remote ranks'
+                                  # stderr arrives there: its ssh commands end in 2>&1)
 
 
 @dataclasses.dataclass
@@ -83,6 +85,8 @@ class JobResult:
     engine: object = None         # across hosts: the engine's ProcResult, when `results`
                                   # are the ranks it ran (their records, from their hosts)
     stopped_by: str = "tntrun"    # who stopped the ranks that are marked `stopped`
+    stalled: object = None        # why tntrun stopped processes that had not failed (an
+                                  # engine that did not end the job after a rank failed)
 
     @property
     def exit_code(self):
@@ -228,8 +232,8 @@ class Supervisor:
     # -- starting ---------------------------------------------------------------------------
     def _start_one(self, index, spec):
         stdout = None
-        if spec.prefix or not spec.show_stdout:
-            stdout = subprocess.PIPE if spec.show_stdout else subprocess.DEVNULL
+        if spec.prefix or not spec.show_stdout or spec.stdout_filter is not None:
+            stdout = subprocess.PIPE if spec.show_stdout or spec.stdout_filter is not None else subprocess.DEVNULL
         try:
             proc = subprocess.Popen(
                 spec.argv, env=spec.env, cwd=spec.cwd,
@@ -252,7 +256,8 @@ class Supervisor:
         label = spec.label.encode()
         prefix = b"[" + label + b"] " if spec.prefix else b""
         if proc.stdout is not None:
-            self._forwarders.append(_Forwarder(proc.stdout, 1, True, prefix, self._writer, False))
+            self._forwarders.append(_Forwarder(proc.stdout, 1, spec.show_stdout, prefix, self._writer, False,
+                                               spec.stdout_filter))
         err = _Forwarder(proc.stderr, 2, spec.show_stderr, prefix, self._writer, True,
                          spec.stderr_filter)
         self._forwarders.append(err)
@@ -270,6 +275,13 @@ class Supervisor:
 
     def _on_signal(self, signum, frame):
         self._events.put(("signal", signum, time.time()))
+
+    def stall_after(self, reason, seconds):
+        """Stop the job if it has not ended `seconds` from now (any thread): across hosts a
+        rank reported its failure, and the engine must end the job, but may not (mpirun
+        waits for a daemon on a host that was cut off, gaspi_run for ranks that hang).
+        `reason` says why, in tntrun's message and the report."""
+        self._events.put(("stall", (reason, seconds), time.time()))
 
     # -- running ----------------------------------------------------------------------------
     def run(self):
@@ -294,15 +306,23 @@ class Supervisor:
                 self.on_started(self._procs)
             running = set(range(len(self._procs)))
             settle_until = None  # set by a failure caused by a peer: wait for that peer
+            stall = None  # (reason, monotonic deadline) of stall_after
             while running:
-                timeout = None if settle_until is None else max(settle_until - time.monotonic(), 0)
+                ends = [t for t in (settle_until, stall and stall[1]) if t is not None]
+                timeout = max(min(ends) - time.monotonic(), 0) if ends else None
                 try:
                     kind, value, when = self._events.get(timeout=timeout)
                 except queue.Empty:
+                    if stall and time.monotonic() >= stall[1] and (settle_until is None or settle_until > stall[1]):
+                        job.stalled = stall[0]
                     break  # no process failed on its own in time: stop the rest
                 if kind == "signal":
                     job.interrupted_by = value
                     break
+                if kind == "stall":
+                    if stall is None:
+                        stall = (value[0], time.monotonic() + value[1])
+                    continue
                 running.discard(value)
                 res = results[value]
                 res.returncode, res.ended_at = self._procs[value].returncode, when
@@ -318,7 +338,7 @@ class Supervisor:
             job.root_cause = self._root_cause(results)
             if running:
                 reason = (f"received {signal.Signals(job.interrupted_by).name}: stopping every process"
-                          if job.interrupted_by else
+                          if job.interrupted_by else f"{job.stalled}: stopping it" if job.stalled else
                           f"{_who(job.root_cause.spec)} failed: stopping the other processes")
                 if self.on_stopping:
                     self.on_stopping(reason)
@@ -349,6 +369,9 @@ class Supervisor:
         (SIGSTOP, a debugger) would only act on SIGTERM once continued, that is after the
         grace period: its group gets SIGKILL at once."""
         self._stopped_at = time.time()
+        # an engine stopped while its job hangs (mpirun waiting for a host that was cut off)
+        # leaves its ssh children behind, in groups of their own: they are ended with it
+        below = [p for i in running if self.specs[i].rank is None for p in jobs.descendants(self._procs[i].pid)]
         for i in running:
             frozen = jobs.is_stopped(self._procs[i].pid)
             self._signal_group(i, signal.SIGKILL if frozen else signal.SIGTERM)
@@ -377,6 +400,12 @@ class Supervisor:
             if value in results_by_index:
                 res = results_by_index[value]
                 res.returncode, res.ended_at = self._procs[value].returncode, when
+        for pid, start in below:
+            if jobs.same_process(pid, start):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def _kill_leftovers(self):
         """Anything still alive in a rank's process group (a child the rank started and left

@@ -135,7 +135,7 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
 
 /* An integer variable, or -1 when unset; -2 when set but not a non-negative integer. */
 static long env_int(const char *name) {
-  const char *raw = getenv(name);
+  const char *raw = name ? getenv(name) : NULL;
   if (!raw || !*raw) return -1;
   char *end = NULL;
   errno = 0;
@@ -148,22 +148,73 @@ typedef struct {
   const char *rank, *size, *local_rank, *local_size, *engine;
 } placement_source_t;
 
-/* The launcher's variables first, then the engines' (DESIGN.md "Environment contract"). */
+/* The launcher's variables first, then the engines' (DESIGN.md "Environment contract").
+ * GPI-2's before Slurm's: gaspi_run inside an sbatch script inherits the
+ * script's SLURM_PROCID=0, which is no rank of its job. GPI-2 gives no local
+ * variables: see gaspi_local. */
 static const placement_source_t sources[] = {
     {"TNT_RANK", "TNT_SIZE", "TNT_LOCAL_RANK", "TNT_LOCAL_SIZE", "tntrun"},
+    {"GASPI_RANK", "GASPI_NRANKS", NULL, NULL, "GPI-2"},
     {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm"},
     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OpenMPI"},
     {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI"},
 };
 
+/* The local rank and size of a rank gaspi_run started: gaspi_run exports only
+ * GASPI_RANK, GASPI_NRANKS, GASPI_SOCKET (the index among this host's ranks)
+ * and GASPI_MFILE, its machine file (one host per line, rank r on line r).
+ * The file is in /tmp of the host gaspi_run ran on: where it can be read, the
+ * ranks named on the line of this rank are this host's; where it cannot (a
+ * host of a cluster without a shared /tmp), GASPI_SOCKET gives the local rank
+ * and the local size is only known to be larger (a warning says so). */
+static void gaspi_local(tnt_placement_t *pl) {
+  long socket = env_int("GASPI_SOCKET");
+  pl->local_rank = socket >= 0 ? (int)socket : 0;
+  pl->local_size = pl->local_rank + 1;
+  const char *path = getenv("GASPI_MFILE");
+  FILE *f = path && *path ? fopen(path, "r") : NULL;
+  if (!f) {
+    TNT_WARN("GPI-2's machine file GASPI_MFILE=%s cannot be read on this host: local rank %d from GASPI_SOCKET, "
+             "the number of ranks on this host is unknown (get_local_size() says %d)",
+             path ? path : "(unset)", pl->local_rank, pl->local_size);
+    return;
+  }
+  char line[256], mine[256] = "";
+  char(*hosts)[256] = calloc((size_t)pl->size, sizeof *hosts);
+  int n = 0;
+  while (hosts && n < pl->size && fgets(line, sizeof line, f)) {
+    line[strcspn(line, " \t\r\n")] = 0;
+    if (line[0]) snprintf(hosts[n++], sizeof hosts[0], "%s", line);
+  }
+  fclose(f);
+  if (hosts && n == pl->size) {
+    snprintf(mine, sizeof mine, "%s", hosts[pl->rank]);
+    int before = 0, same = 0;
+    for (int r = 0; r < n; r++)
+      if (!strcmp(hosts[r], mine)) {
+        before += r < pl->rank;
+        same++;
+      }
+    pl->local_rank = before;
+    pl->local_size = same;
+  } else if (hosts) {
+    TNT_WARN("GPI-2's machine file GASPI_MFILE=%s names %d ranks, GASPI_NRANKS=%d: local rank %d from GASPI_SOCKET",
+             path, n, pl->size, pl->local_rank);
+  }
+  free(hosts);
+}
+
 /* A job id every rank of an engine-launched job derives alike. It is guessable,
  * but the objects it names are owner-only; tntrun always passes a random one. */
 static void engine_job_id(char *out, size_t len) {
+  /* gaspi_run's machine file is a fresh mktemp name per job; its folder may be
+   * written differently on the first host (readlink -f on the others) */
   const char *keys[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_orte_ess_jobid", "OMPI_MCA_ess_base_jobid",
-                        "PMIX_NAMESPACE", "PMI_JOBID", NULL};
+                        "PMIX_NAMESPACE", "PMI_JOBID", "GASPI_MFILE", NULL};
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; keys[i]; i++) {
     const char *v = getenv(keys[i]);
+    if (v && !strcmp(keys[i], "GASPI_MFILE") && strrchr(v, '/')) v = strrchr(v, '/') + 1;
     for (const char *c = v ? v : ""; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
     h = (h ^ (uint64_t)i) * 1099511628211ull;
   }
@@ -189,6 +240,7 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
     pl->size = (int)size;
     pl->local_rank = lrank >= 0 ? (int)lrank : (int)rank;
     pl->local_size = lsize >= 1 ? (int)lsize : (int)size;
+    if (!s->local_rank) gaspi_local(pl);
     pl->from_launcher = (i == 0);
     const char *job = getenv("TNT_JOB_ID");
     if (job && *job) {

@@ -2,7 +2,8 @@
  * pattern: probed in order for TNT_TRANSPORT=auto).
  *
  *   auto   every rank on this host: shm. Ranks on several hosts: shm+mpi
- *          (transport/hier.c: shm within each host, mpi between hosts).
+ *          (transport/hier.c: shm within each host, mpi between hosts), or
+ *          gpi2 for ranks that gaspi_run started (GASPI_RANK set: no MPI runs).
  *   shm    every rank must be on this host.
  *   mpi    the plugin, for every byte (same-host pairs included).
  *   gpi2   the plugin over GPI-2, for every byte (started by gaspi_run or tntrun).
@@ -30,6 +31,23 @@ static tnt_result_t select_auto(const tnt_placement_t *pl, const tnt_transport_t
   if (tnt_transport_shm.can_serve(pl)) {
     TNT_INFO("transport shm selected (TNT_TRANSPORT=auto): all %d ranks are on this host", pl->size);
     *out = &tnt_transport_shm;
+    return TNT_SUCCESS;
+  }
+  const char *gaspi = getenv("GASPI_RANK");
+  if (gaspi && *gaspi) {
+    const tnt_transport_t *gpi2 = NULL;
+    if (tnt_plugin_transport("gpi2", &gpi2) != TNT_SUCCESS) {
+      char why[768];
+      snprintf(why, sizeof why, "%s", tnt_last_error());
+      return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
+                      "the %d ranks of this job are on several hosts (%d on this one) and were started by gaspi_run "
+                      "(GASPI_RANK is set): TNT_TRANSPORT=auto needs the gpi2 transport, and it cannot be used: %s",
+                      pl->size, pl->local_size, why);
+    }
+    TNT_INFO("transport gpi2 selected (TNT_TRANSPORT=auto): the %d ranks are on several hosts (%d on this one) and "
+             "were started by gaspi_run (GASPI_RANK is set, no MPI runs): gpi2 for every byte",
+             pl->size, pl->local_size);
+    *out = gpi2;
     return TNT_SUCCESS;
   }
   const tnt_transport_t *mpi = NULL;

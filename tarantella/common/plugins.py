@@ -226,10 +226,15 @@ def spans_hosts(environ=None):
 
 def prepare(transport=None):
     """Before the core starts: make the plugin of a run-time transport available
-    (mpi, gpi2; auto when the ranks are on several hosts: mpi between them).
+    (mpi, gpi2; auto when the ranks are on several hosts: mpi between them, or gpi2 when
+    gaspi_run started them).
     A no-op for shm and auto on one host, and when TNT_<NAME>_PLUGIN is already set."""
     transport = transport if transport is not None else os.environ.get("TNT_TRANSPORT", "auto").strip()
-    if transport == "auto" and spans_hosts():
+    if transport == "auto" and os.environ.get("GASPI_RANK") and not os.environ.get("TNT_RANK"):
+        # started by gaspi_run: the core takes gpi2 across hosts (and shm on one host, which
+        # the machine file may tell only the core: the plugin is made ready either way)
+        transport = "gpi2" if os.environ.get("GASPI_NRANKS", "1").strip() not in ("", "1") else "auto"
+    elif transport == "auto" and spans_hosts():
         transport = "mpi"
     if transport not in _BUILDERS:
         return None

@@ -1,7 +1,10 @@
 """Helpers of the multi-host tests (a unique module name, like multihost_testbed)."""
+import contextlib
 import json
 import os
+import select
 import shutil
+import subprocess
 import tempfile
 import time
 
@@ -49,3 +52,31 @@ def nothing_left(bed, hosts, keep=()):
             return True
         time.sleep(0.2)
     return False
+
+
+def next_json(proc, timeout):
+    """The next JSON line of `proc`'s stdout within `timeout` seconds (None: none came)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, end - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stdout.readline()
+        if not line:
+            return None
+        if line.startswith("{"):
+            return json.loads(line)
+    return None
+
+
+@contextlib.contextmanager
+def cut_off(bed, host):
+    """`host`'s link taken down for the block, and up again after it whatever happened (the
+    test bed is the session's): its TCP connections stay open and its processes alive, as
+    when a cable is pulled; only silence tells."""
+    link = ["ip", "-n", bed.netns(host), "link", "set", "eth0"]
+    subprocess.run(link + ["down"], check=True)
+    try:
+        yield time.monotonic()
+    finally:
+        subprocess.run(link + ["up"], check=False)

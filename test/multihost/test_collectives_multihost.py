@@ -7,17 +7,21 @@ awkward size, bitwise identical on every rank; the same bits fused or alone): 2 
 ranks (hierarchical), 3 hosts x 1 rank (flat ring over mpi) and 3 + 1 ranks (uneven: flat
 ring, shm or mpi hop by hop), the last started by mpirun directly, without tntrun. Then a
 rank SIGKILLed on one host: every rank on every host raises naming it, tntrun ends the job
-with that rank as the root cause, and nothing is left in /dev/shm or running on any host."""
+with that rank as the root cause, and nothing is left in /dev/shm or running on any host.
+Last, a host cut off (its link taken down) under auto (shm+mpi) and --transport mpi: every
+rank on either side names all the ranks of the other within TNT_TIMEOUT_S + 2 s, and tntrun
+ends the job although mpirun, waiting for its daemon beyond the cut, would not."""
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from multihost_helpers import job_env, nothing_left
+from multihost_helpers import cut_off, job_env, nothing_left
 from multihost_testbed import Testbed, TestbedUnavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -150,3 +154,53 @@ def test_a_rank_killed_on_one_host_is_named_on_every_host(bed, tmp_path):
     assert "  exit:    signal 9 (SIGKILL)\n" in root, root
     assert shm_names(open(tmp_path / "job").read()) == []
     assert nothing_left(bed, bed.hosts)
+
+
+def ready_ranks(out):
+    return [f for f in os.listdir(out) if f.startswith("rank") and open(os.path.join(out, f)).read()]
+
+
+@pytest.mark.parametrize("transport", ["auto", "mpi"])
+def test_a_host_cut_off_is_named_on_every_other_host(bed, tmp_path, transport):
+    # hostB's link goes down while the 2 x 2 ranks reduce: no connection breaks (no RST, no
+    # error from Open MPI), mpirun's daemon on hostB is cut off from mpirun; only silence
+    # tells, 10 missed heartbeats of 0.2 s. The ranks of each side must name both ranks of the
+    # other, in files (hostB's output cannot cross the cut)
+    out = tmp_path / "cut"
+    out.mkdir()
+    env = env_for(bed, tmp_path)
+    env.update(TNT_MPI_HEARTBEAT_S="0.2", TNT_TIMEOUT_S="10")
+    proc = bed.popen("hostA", ["tntrun", "-H", "hostA:2,hostB:2", "--no-gpu", "--transport", transport,
+                               "-x", "TNT_MPI_HEARTBEAT_S", "-x", "TNT_TIMEOUT_S", "--",
+                               os.path.join(HERE, "rank_cut.py"), str(out)],
+                     env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):
+            if len(ready_ranks(out)) == 4 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert len(ready_ranks(out)) == 4, proc.communicate(timeout=60)
+        with cut_off(bed, "hostB"):
+            _, err = proc.communicate(timeout=120)  # tntrun ended the job (it stopped mpirun)
+            # nothing left on hostA, and on hostB (its ranks ended on their own, tntrun ended
+            # the daemon mpirun had started there) while the link is still down
+            assert nothing_left(bed, bed.hosts), {h: bed.pids(h) for h in bed.hosts}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, err[-3000:]
+    other = {"hostA": "ranks 2 (pid {}), 3 (pid {}) on hostB", "hostB": "ranks 0 (pid {}), 1 (pid {}) on hostA"}
+    pids = {}
+    lines = {r: [json.loads(ln) for ln in open(out / f"rank{r}.json")] for r in range(4)}
+    for r, (ready, got) in lines.items():
+        assert ready["ready"] and got["error"] == "PeerLostError", got
+        assert got["seconds"] < 10 + 2, got  # within TNT_TIMEOUT_S + 2 s
+        pids[r] = re.findall(r"(\d+) \(pid (\d+)\)", got["message"])
+        assert [int(q) for q, _ in pids[r]] == ([2, 3] if r < 2 else [0, 1]), got["message"]
+        assert "sent nothing for" in got["message"] and "cut off" in got["message"], got["message"]
+    assert pids[0] == pids[1] and pids[2] == pids[3]
+    # tntrun stopped mpirun, and said why; a rank of hostA is the root cause
+    assert "and mpirun had not ended the job 10 s later: stopping it" in err, err[-3000:]
+    assert "  host:    hostA\n" in err[err.index("Root cause"):], err[-3000:]
+    assert shm_names(lines[0][0]["job"]) == []

@@ -1,13 +1,14 @@
 """The gpi2 transport across hosts, on the test bed: `tntrun --transport gpi2 -H ...` runs on
 hostA and starts the ranks through GPI-2's gaspi_run, which reaches hostB through the ssh
 stand-in, as on a cluster. Every collective x dtype x awkward size, bitwise identical on every
-rank and to shm on one host; and a host cut off from the others (its link taken down) named by
-its silence on the other host within seconds. Skips where GPI-2 is not installed (GPI2_HOME, or /work/gpi2:
+rank and to shm on one host; a host cut off from the others (its link taken down): all its
+ranks named by their silence on the other host within seconds; a rank SIGKILLed on hostB named
+first in tntrun's report; and ranks gaspi_run starts without tntrun. Skips where GPI-2 is not installed (GPI2_HOME, or /work/gpi2:
 GPI-2 is GPL-3.0 and packaged nowhere) or the test bed cannot be made (not root)."""
 import json
 import os
+import re
 import secrets
-import select
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from multihost_helpers import job_env, nothing_left
+from multihost_helpers import cut_off, job_env, next_json, nothing_left, root_cause
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -76,49 +77,97 @@ def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hos
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
 
 
-def next_json(proc, timeout):
-    """The next JSON line of `proc`'s stdout within `timeout` seconds (None: none came)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, end - time.monotonic()))
-        if not ready:
-            break
-        line = proc.stdout.readline()
-        if not line:
-            return None
-        if line.startswith("{"):
-            return json.loads(line)
-    return None
-
-
 def test_host_cut_off_is_named_by_its_silence(multihost, tmp_path):
-    # the ranks are started on their hosts directly, with the GASPI_* placement gaspi_run
-    # would give them, so that each one's own error can be read; once both run, hostB's
-    # link goes down: its TCP connections stay open (no error from GPI-2), its pid is alive
-    # (one pid namespace), only its silence tells: 10 missed heartbeats of 0.2 s
+    # 2 hosts x 2 ranks started on their hosts directly, with the GASPI_* placement gaspi_run
+    # would give them, so that each one's own error can be read; once all run, hostB's link
+    # goes down: its TCP connections stay open (no error from GPI-2), its pids are alive (one
+    # pid namespace), only silence tells: 10 missed heartbeats of 0.2 s. Each rank names
+    # both ranks of the other host
+    hosts = ["hostA", "hostA", "hostB", "hostB"]
     machines = tmp_path / "machines"
-    machines.write_text("hostA\nhostB\n")
+    machines.write_text("".join(h + "\n" for h in hosts))
     job, procs = secrets.token_hex(16), []
-    for rank, host in enumerate(("hostA", "hostB")):
+    for rank, host in enumerate(hosts):
         env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TRANSPORT="gpi2", TNT_RANK=str(rank),
-                            TNT_SIZE="2", TNT_LOCAL_RANK="0", TNT_LOCAL_SIZE="1", TNT_JOB_ID=job,
-                            GASPI_RANK=str(rank), GASPI_NRANKS="2", GASPI_SOCKET="0", GASPI_MFILE=str(machines),
-                            TNT_GPI2_HEARTBEAT_S="0.2", TNT_TIMEOUT_S="60")
+                            TNT_SIZE="4", TNT_LOCAL_RANK=str(rank % 2), TNT_LOCAL_SIZE="2", TNT_JOB_ID=job,
+                            GASPI_RANK=str(rank), GASPI_NRANKS="4", GASPI_SOCKET=str(rank % 2),
+                            GASPI_MFILE=str(machines), TNT_GPI2_HEARTBEAT_S="0.2", TNT_TIMEOUT_S="60")
         procs.append(multihost.popen(host, [sys.executable, os.path.join(HERE, "rank_cut.py")], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    link = ["ip", "-n", multihost.netns("hostB"), "link", "set", "eth0"]
     try:
         for proc in procs:
-            assert next_json(proc, 120) == {"rank": procs.index(proc), "ready": True}, proc.stderr.read()[-3000:]
-        subprocess.run(link + ["down"], check=True)
-        cut = time.monotonic()
-        for rank, proc in enumerate(procs):
-            got = next_json(proc, 30)
-            assert got and got["error"] == "PeerLostError" and got["peer"] == 1 - rank, got
-            assert f"rank {1 - rank} (pid" in got["message"] and "sent nothing" in got["message"], got
-            assert time.monotonic() - cut < 15, got  # far inside TNT_TIMEOUT_S (60 s)
+            ready = next_json(proc, 120)
+            assert ready and ready["rank"] == procs.index(proc) and ready["ready"], proc.stderr.read()[-3000:]
+        with cut_off(multihost, "hostB") as cut:
+            for rank, proc in enumerate(procs):
+                other = [2, 3] if rank < 2 else [0, 1]
+                got = next_json(proc, 30)
+                assert got and got["error"] == "PeerLostError" and got["peer"] in other, got
+                named = [int(r) for r in re.findall(r"(\d+) \(pid \d+\)", got["message"].split(" sent nothing")[0])]
+                assert named == other and "sent nothing" in got["message"], got
+                assert f"on {hosts[other[0]]} sent nothing" in got["message"], got
+                assert time.monotonic() - cut < 15, got  # far inside TNT_TIMEOUT_S (60 s)
     finally:
-        subprocess.run(link + ["up"], check=False)  # the test bed is the session's
         for proc in procs:
             proc.kill()
             proc.communicate()
+
+
+def test_a_rank_killed_on_hostB_is_the_root_cause(multihost, tmp_path):
+    # rank 1 (hostB) SIGKILLs itself in an allreduce; rank 0 raises, naming it, and exits 3.
+    # The wrapper's record of rank 1 reaches tntrun on gaspi_run's stdout (its ssh commands
+    # end in 2>&1): without it the report named rank 0, the only failure tntrun had heard of
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    res = multihost.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--transport", "gpi2", "--",
+                                  os.path.join(COMMON, "rank_failures.py"), "kill"],
+                        env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 128 + 9, res.stdout[-3000:] + res.stderr[-3000:]
+    root = root_cause(res.stderr)
+    assert root.startswith("  rank:    1 (local_rank 0)\n  host:    hostB\n"), res.stderr[-3000:]
+    assert "  exit:    signal 9 (SIGKILL)\n" in root, root
+    assert "gaspi_run (on hostA" in res.stderr
+    assert "\x1e" not in res.stdout + res.stderr  # the records themselves are not shown
+    said = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
+    assert said[0]["rank"] == 0 and said[0]["peer"] == 1, said  # rank 0 named it
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
+
+def bare_gaspi_run(bed, tmp_path, hosts, transport):
+    """`gaspi_run -m MACHINEFILE -n N PROGRAM` on hostA, no tntrun: PROGRAM is a script that
+    sets what a user's shell profile would on every host (gaspi_run forwards no environment)
+    and runs rank_bare.py. Not `python` itself: when its rank 0 fails, gaspi_run runs
+    `killall -9 PROGRAM` on every host, which would end every python of the machine here
+    (one pid namespace)."""
+    out = tmp_path / "bare"
+    out.mkdir()
+    machines = tmp_path / "machines"
+    machines.write_text("".join(h + "\n" for h in hosts))
+    program = tmp_path / f"tnt-bare-{secrets.token_hex(4)}.sh"
+    program.write_text(f"#!/bin/sh\nexport GPI2_HOME={GPI2_HOME} TNT_TRANSPORT={transport} TNT_LOG_LEVEL=INFO\n"
+                       f"exec {sys.executable} {os.path.join(HERE, 'rank_bare.py')} {out}\n")
+    program.chmod(0o755)
+    env = job_env(tmp_path)
+    res = bed.run("hostA", ["bash", os.path.join(GPI2_HOME, "bin", "gaspi_run"), "-m", str(machines),
+                            "-n", str(len(hosts)), str(program)], env=bed.env(base=env), cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    found = [json.load(open(out / f"bare{r}.json")) for r in range(len(hosts))]
+    assert nothing_left(bed, bed.hosts), {h: bed.pids(h) for h in bed.hosts}
+    return found, res
+
+
+def test_ranks_gaspi_run_started_find_their_placement_across_hosts(multihost, tmp_path):
+    # auto: gpi2 (no MPI runs under gaspi_run), with the reason at INFO
+    found, res = bare_gaspi_run(multihost, tmp_path, ["hostA", "hostA", "hostB"], "auto")
+    assert [(f["rank"], f["size"], f["local_rank"], f["local_size"], f["host"]) for f in found] == [
+        (0, 3, 0, 2, "hostA"), (1, 3, 1, 2, "hostA"), (2, 3, 0, 1, "hostB")]
+    assert {f["transport"] for f in found} == {"gpi2"} and {f["sum"] for f in found} == {6.0}
+    assert all(f["tnt_env"] == [] for f in found)  # no TNT_RANK: GPI-2's own variables
+    assert "transport gpi2 selected (TNT_TRANSPORT=auto)" in res.stdout + res.stderr
+    assert "hostB" in [c["host"] for c in multihost.ssh_calls()]
+
+
+def test_ranks_gaspi_run_started_on_one_host(multihost, tmp_path):
+    found, _ = bare_gaspi_run(multihost, tmp_path, ["hostA", "hostA"], "gpi2")
+    assert [(f["rank"], f["size"], f["local_rank"], f["local_size"]) for f in found] == [(0, 2, 0, 2), (1, 2, 1, 2)]
+    assert {f["transport"] for f in found} == {"gpi2"} and {f["sum"] for f in found} == {3.0}

@@ -1,8 +1,11 @@
-"""tntrun inside a Slurm allocation, on a real Slurm cluster on the test bed (slurm_cluster.py):
+"""tntrun (and srun alone) inside a Slurm allocation, on a real Slurm cluster on the test bed (slurm_cluster.py):
 slurmctld and munged on the login host `slurmctl`, a slurmd on hostA and on hostB. A plain
 `tntrun -- probe.py` given to `salloc -N 2` must use both nodes through srun, and a failed
 rank must be reported with its own exit status, not srun's."""
+import json
+import os
 import shutil
+import sys
 
 import pytest
 
@@ -10,6 +13,8 @@ import multihost_testbed
 import slurm_cluster
 from multihost_helpers import job_env, nothing_left, placement, probes, root_cause
 from multihost_testbed import TestbedUnavailable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("tntrun"),
@@ -64,3 +69,22 @@ def test_the_failed_rank_and_its_own_status_not_sruns(cluster, tmp_path):
     assert "  exit:    exit code 3\n" in root
     assert "rank 2 fails on purpose on hostB" in root
     assert "srun (on slurmctl" in res.stderr
+
+
+
+def test_ranks_srun_started_find_their_placement_and_reduce(cluster, tmp_path):
+    # srun itself, no tntrun: the core reads Slurm's variables (SLURM_PROCID, SLURM_NTASKS,
+    # SLURM_LOCALID, SLURM_NTASKS_PER_NODE) and reduces over shm. On one node: across nodes
+    # the mpi transport needs MPI started by srun, which this machine cannot do (Debian's
+    # Open MPI has no Slurm PMI; with --mpi=pmix both slurmstepds make the same PMIx folder in
+    # the test bed's shared /tmp), see docs/cli.md
+    out = tmp_path / "bare"
+    out.mkdir()
+    res = salloc(cluster, tmp_path, ["-N", "1", "--ntasks-per-node=2", "srun", sys.executable,
+                                     os.path.join(HERE, "rank_bare.py"), str(out)])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    found = [json.load(open(out / f"bare{r}.json")) for r in range(2)]
+    assert [(f["rank"], f["size"], f["local_rank"], f["local_size"]) for f in found] == [(0, 2, 0, 2), (1, 2, 1, 2)]
+    assert found[0]["host"] == found[1]["host"] and found[0]["host"] in ("hostA", "hostB")
+    assert {f["transport"] for f in found} == {"shm"} and {f["sum"] for f in found} == {3.0}
+    assert all(f["tnt_env"] == [] for f in found)  # no TNT_RANK: Slurm's own variables

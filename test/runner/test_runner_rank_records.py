@@ -153,3 +153,40 @@ def test_without_records_the_engine_stays_the_root_cause():
     stopped = [{"rank": 0, "host": "n1", "returncode": -15, "ended_at": 2.0, "stopped": True,
                 "stopped_at": 1.0}]
     assert multi.ranks_job(job, stopped, "mpirun") is job
+
+
+@pytest.mark.parametrize("stream", ["stderr", "stdout"])
+def test_an_engine_that_does_not_end_the_job_is_stopped(tmp_path, stream, capfd):
+    # an engine whose rank 3 failed on hostB but which goes on (mpirun waiting for a daemon
+    # beyond a cut link), with a child in a process group of its own (as Open MPI's ssh
+    # children are): tntrun stops both, names rank 3 and says why. The record comes on
+    # stderr (mpirun, srun) or stdout (gaspi_run's remote ranks)
+    from tarantella.runner import local
+
+    fd = 2 if stream == "stderr" else 1
+    child_pid = tmp_path / "child"
+    engine = ("import os, subprocess, sys, time\n"
+              "from tarantella.runner import rank_report\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(100)'], start_new_session=True)\n"
+              f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+              f"rank_report.write({{'rank': 3, 'host': 'hostB', 'returncode': -9, 'ended_at': time.time()}}, {JOB!r}, fd={fd})\n"
+              "time.sleep(100)\n")
+    collector = rank_report.Collector(JOB)
+    spec = ProcSpec(argv=[sys.executable, "-c", engine], env=runner_env(), label="mpirun", host="hostA",
+                    stderr_filter=rank_report.MarkerFilter(collector),
+                    stdout_filter=rank_report.MarkerFilter(collector))
+    code = local.run([spec], JOB, "train.py", ["train.py"], watch=multi.stall_watch(collector, "mpirun", 1.0),
+                     translate=lambda job: multi.ranks_job(job, collector.records, "mpirun"))
+    err = capfd.readouterr().err
+    assert code == 128 + 9, err
+    assert "tntrun: rank 3 failed on hostB and mpirun had not ended the job 1 s later: stopping it" in err
+    root = err.split("Root cause")[1].split("-" * 72)[0]
+    assert "rank:    3" in root and "host:    hostB" in root
+    assert "tntrun stopped mpirun: rank 3 failed on hostB" in err
+    pid = int(child_pid.read_text())
+    for _ in range(50):  # SIGKILLed: gone (reaped by init) at once
+        if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the engine's child {pid} outlived it")

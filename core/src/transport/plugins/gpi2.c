@@ -729,6 +729,11 @@ static void describe(gpi2_t *s, int r, char *out, size_t len) {
            doing[0] ? "; it " : "", host->now() - p->last_heard);
 }
 
+static void view_peer(void *st, int r, peer_view_t *out) {
+  const peer_t *p = &((gpi2_t *)st)->peers[r];
+  *out = (peer_view_t){p->state == PEER_ALIVE, p->pid, p->host, p->last_heard};
+}
+
 static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const char *what) {
   peer_t *p = &s->peers[r];
   if (p->state != PEER_ALIVE) return TNT_SUCCESS; /* an aborted or departed rank: check_gone */
@@ -747,12 +752,10 @@ static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const ch
     return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) is unreachable while rank %d was %s: GPI-2 lost its "
                  "connection to it (its process or host died)", r, p->pid, p->host, s->me, what);
   if (now - p->last_heard > s->silence_s) {
-    const char *doing = local_doing(p);
-    return failf(TNT_ERR_PEER_LOST, r,
-                 "rank %d (pid %d on %s) sent nothing for %.1f s while rank %d was %s: its process or host died, or "
-                 "it hangs%s%s (every rank sends a heartbeat every %g s, TNT_GPI2_HEARTBEAT_S; %d missed mean lost)",
-                 r, p->pid, p->host, now - p->last_heard, s->me, what, doing[0] ? "; it " : "", doing, s->beat_s,
-                 SILENT_BEATS);
+    char msg[1024];
+    silent_message(s, view_peer, s->n, s->me, r, now, s->silence_s, what, local_doing(p), s->beat_s,
+                   "TNT_GPI2_HEARTBEAT_S", SILENT_BEATS, msg, sizeof msg);
+    return failf(TNT_ERR_PEER_LOST, r, "%s", msg);
   }
   return TNT_SUCCESS;
 }

@@ -1,6 +1,6 @@
 /* plugin_util.h - what every run-time transport plugin needs and cannot take
  * from the core it does not link against: futex, sleeps, the identity of this
- * node, and the backoff of a polled wait.
+ * node, the backoff of a polled wait, and the message naming silent peers.
  *
  * Header-only (static inline), shared by plugins/mpi.c and plugins/gpi2.c;
  * tarantella/common/plugins.py ships it with their sources and includes it in
@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -109,6 +110,66 @@ static inline void backoff_pause(backoff_t *b, double spin_s, int yield_polls, d
   }
   sleep_s(b->sleep);
   if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
+}
+
+/* A peer as silent_message sees it (the plugins' peer records differ). */
+typedef struct {
+  int alive, pid;
+  const char *host;
+  double last_heard;
+} peer_view_t;
+typedef void (*peer_view_fn)(void *state, int peer, peer_view_t *out);
+
+/* The message of peer `r` silent past `bound` seconds. A host cut off silences
+ * all its ranks at once, but their last heartbeats came at slightly different
+ * times: when `r` crosses the bound, the others of the same loss have been
+ * silent for nearly as long. Every peer silent for half the bound is named
+ * with it, grouped by host, r's host first: "ranks 2 (pid 71), 3 (pid 72) on
+ * hostB sent nothing for 2.0 s while rank 0 was ...: their process or host
+ * died, ..." (a healthy peer is silent for about one heartbeat). `doing` is
+ * what r's process is doing where that can be told ("" else), `beat_var` the
+ * heartbeat's variable. */
+static inline void silent_message(void *state, peer_view_fn view, int n, int me, int r, double now, double bound,
+                                  const char *what, const char *doing, double beat_s, const char *beat_var,
+                                  int beats, char *out, size_t len) {
+  char who[512] = "";
+  size_t at = 0;
+  int named = 0, count = 0;
+  uint8_t *done = calloc((size_t)n, 1);
+  peer_view_t lead, q;
+  for (int k = -1; done && k < n; k++) { /* k = -1: r's host first */
+    int l = k < 0 ? r : k;
+    view(state, l, &lead);
+    if (l == me || done[l] || !lead.alive || now - lead.last_heard <= bound / 2) continue;
+    char ranks[384] = "";
+    size_t rat = 0;
+    int here = 0;
+    for (int p = 0; p < n; p++) {
+      view(state, p, &q);
+      if (p == me || done[p] || !q.alive || strcmp(q.host, lead.host) || now - q.last_heard <= bound / 2) continue;
+      done[p] = 1;
+      if (rat < sizeof ranks)
+        rat += (size_t)snprintf(ranks + rat, sizeof ranks - rat, "%s%d (pid %d)", here ? ", " : "", p, q.pid);
+      here++;
+    }
+    if (at < sizeof who)
+      at += (size_t)snprintf(who + at, sizeof who - at, "%s%s %s on %s", named ? " and " : "",
+                             here > 1 ? "ranks" : "rank", ranks, lead.host);
+    named++;
+    count += here;
+  }
+  free(done);
+  view(state, r, &lead);
+  if (!count) { /* out of memory: r alone */
+    snprintf(who, sizeof who, "rank %d (pid %d) on %s", r, lead.pid, lead.host);
+    count = 1;
+  }
+  int many = count > 1;
+  snprintf(out, len,
+           "%s sent nothing for %.1f s while rank %d was %s: %s process or host died, %s cut off, or %s hang%s%s%s "
+           "(every rank sends a heartbeat every %g s, %s; %d missed mean lost)",
+           who, now - lead.last_heard, me, what, many ? "their" : "its", many ? "they are" : "it is",
+           many ? "they" : "it", many ? "" : "s", doing[0] ? "; it " : "", doing, beat_s, beat_var, beats);
 }
 
 #endif
