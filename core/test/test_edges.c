@@ -743,11 +743,15 @@ static int diverged_rank(int r) {
   } else {
     CHECK(await_post(TO_RANK0) == 0);
   }
-  CHECK(tnt_allreduce_async("grad", in, out, COUNT, TNT_FLOAT32, TNT_SUM, 1.0, &h) == TNT_SUCCESS);
-  tnt_result_t res = tnt_wait(h, -1);
+  /* the peer's round may reach this rank's idle thread first (its message is
+   * the doorbell): then the engine has failed before this rank submits */
+  tnt_result_t res = tnt_allreduce_async("grad", in, out, COUNT, TNT_FLOAT32, TNT_SUM, 1.0, &h);
+  if (res == TNT_SUCCESS) {
+    res = tnt_wait(h, -1);
+    tnt_release(h);
+  }
   EXPECT(res == TNT_ERR_INTERNAL, "the allreduce after the divergence returned %d", (int)res);
   EXPECT(strstr(tnt_last_error(), "diverged") && strstr(tnt_last_error(), "bit round"), "error: %s", tnt_last_error());
-  tnt_release(h);
   tnt_finalize();
   free(in);
   free(out);
