@@ -619,8 +619,12 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
     if (ok) return TNT_SUCCESS;
     if (res != TNT_SUCCESS) return res;
     if (now >= deadline) return TNT_ERR_TIMEOUT;
-    if (moving) {
-      moving_pause(now);
+    if (moving && host_has_free_cores(now)) {
+      /* bytes on the wire: MPI over TCP moves them only while we call into it,
+       * and a growing sleep throttles the stream; poll again after a yield (a
+       * spinner under the host-wide budget: yielding threads count as running,
+       * so oversubscribed ranks fall back to sleeping by themselves) */
+      sched_yield();
       b.idle = 0; /* the backoff starts afresh once the data has landed */
     } else {
       backoff_pause(&b, s->spin_s, s->yield_polls, now);

@@ -74,20 +74,6 @@ static inline int host_has_free_cores(double now) {
   return atomic_load_explicit(&free_cores, memory_order_relaxed);
 }
 
-/* The pause of a wait whose data is on the wire: an engine such as MPI over
- * TCP moves bytes only while its process calls into it, so a poll that sleeps
- * longer and longer throttles the stream to what one poll moves per sleep.
- * Poll again after a yield while the machine has a core to spare (a spinner
- * under the host-wide budget: the yielding threads count as running, so
- * oversubscribed ranks stop yielding by themselves), else after the shortest
- * sleep, without the backoff's growth. */
-static inline void moving_pause(double now) {
-  if (host_has_free_cores(now))
-    sched_yield();
-  else
-    sleep_s(SLEEP_MIN_S);
-}
-
 /* One polled wait's idle state (zero it before the wait). */
 typedef struct {
   int idle;
