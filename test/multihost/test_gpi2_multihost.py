@@ -17,6 +17,7 @@ import time
 import pytest
 
 from multihost_helpers import cut_off, job_env, next_json, nothing_left, root_cause
+from multihost_testbed import Testbed, TestbedUnavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -34,8 +35,33 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(scope="module")
+def bed3():
+    """Three hosts (the session's `multihost` fixture has two)."""
+    testbed = Testbed(["hostA", "hostB", "hostC"])
+    try:
+        testbed.start()
+    except TestbedUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield testbed
+    finally:
+        testbed.close()
+
+
 @pytest.mark.parametrize("hosts,n", [("hostA:1,hostB:1", 2), ("hostA:2,hostB:2", 4)])
 def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hosts, n):
+    check_collectives(multihost, tmp_path, hosts, n)
+
+
+@pytest.mark.parametrize("hosts,n", [("hostA:1,hostB:1,hostC:1", 3), ("hostA:3,hostB:1", 4)], ids=["3x1", "3+1"])
+def test_collectives_across_three_hosts_and_uneven_hosts(bed3, tmp_path, hosts, n):
+    check_collectives(bed3, tmp_path, hosts, n)
+
+
+def check_collectives(multihost, tmp_path, hosts, n):
+    """Every collective x dtype x awkward size over gpi2 on `hosts`, bitwise identical on every rank
+    and to the same scheme over another transport."""
     env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TEST_BIG_BYTES=str(3 << 20),
                         TNT_TIMEOUT_S="120")
     env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")  # gaspi_run
@@ -60,7 +86,8 @@ def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hos
     # the same bits. One rank per host: the flat ring, as shm runs it on one host. Two per
     # host: the hierarchical allreduce (its channels over gpi2), as auto (shm+mpi) runs it
     # on the same hosts; its order of additions is not the flat ring's.
-    hierarchical = n > len(hosts.split(","))
+    counts = {int(h.split(":")[1]) for h in hosts.split(",")}
+    hierarchical = len(counts) == 1 and counts.pop() > 1  # hosts alike, several ranks each
     assert ("allreduce: hierarchical" in res.stderr) == hierarchical, res.stderr[-3000:]
     other_out = tmp_path / "other"
     other_out.mkdir()
