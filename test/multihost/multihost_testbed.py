@@ -298,17 +298,27 @@ try:
 except ImportError:  # used without pytest (bench/)
     pytest = None
 
+def _fixture_bed(hosts):
+    """A started Testbed of `hosts` for a fixture (skips where namespaces cannot be made,
+    saying why), closed when the fixture ends."""
+    bed = Testbed(hosts)
+    try:
+        bed.start()
+    except TestbedUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield bed
+    finally:
+        bed.close()
+
+
 if pytest is not None:
     @pytest.fixture(scope="session")
     def multihost():
-        """A Testbed with hosts hostA and hostB for the whole session (skips where
-        namespaces cannot be made, saying why)."""
-        bed = Testbed(["hostA", "hostB"])
-        try:
-            bed.start()
-        except TestbedUnavailable as exc:
-            pytest.skip(str(exc))
-        try:
-            yield bed
-        finally:
-            bed.close()
+        """A Testbed with hosts hostA and hostB for the whole session."""
+        yield from _fixture_bed(["hostA", "hostB"])
+
+    @pytest.fixture(scope="module")
+    def multihost3():
+        """A Testbed with hosts hostA, hostB and hostC, for the tests of one module."""
+        yield from _fixture_bed(["hostA", "hostB", "hostC"])

@@ -17,7 +17,6 @@ import time
 import pytest
 
 from multihost_helpers import cut_off, job_env, next_json, nothing_left, root_cause
-from multihost_testbed import Testbed, TestbedUnavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,28 +34,14 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def bed3():
-    """Three hosts (the session's `multihost` fixture has two)."""
-    testbed = Testbed(["hostA", "hostB", "hostC"])
-    try:
-        testbed.start()
-    except TestbedUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        yield testbed
-    finally:
-        testbed.close()
-
-
 @pytest.mark.parametrize("hosts,n", [("hostA:1,hostB:1", 2), ("hostA:2,hostB:2", 4)])
 def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hosts, n):
     check_collectives(multihost, tmp_path, hosts, n)
 
 
 @pytest.mark.parametrize("hosts,n", [("hostA:1,hostB:1,hostC:1", 3), ("hostA:3,hostB:1", 4)], ids=["3x1", "3+1"])
-def test_collectives_across_three_hosts_and_uneven_hosts(bed3, tmp_path, hosts, n):
-    check_collectives(bed3, tmp_path, hosts, n)
+def test_collectives_across_three_hosts_and_uneven_hosts(multihost3, tmp_path, hosts, n):
+    check_collectives(multihost3, tmp_path, hosts, n)
 
 
 def check_collectives(multihost, tmp_path, hosts, n):
