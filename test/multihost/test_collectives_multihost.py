@@ -186,11 +186,16 @@ def test_a_host_cut_off_is_named_on_every_other_host(bed, tmp_path, transport):
     for r, (ready, got) in lines.items():
         assert ready["ready"] and got["error"] == "PeerLostError", got
         assert got["seconds"] < 10 + 2, got  # within TNT_TIMEOUT_S + 2 s
+        if r >= 2:
+            # the cut-off host's own ranks name a rank of hostA: silent, or, since the test bed's
+            # hosts share one pid namespace, gone once it raised and exited (whichever they see first)
+            assert re.search(r"\branks? [01]\b", got["message"]) and "hostA" in got["message"], got["message"]
+            continue
         pids[r] = re.findall(r"(\d+) \(pid (\d+)\)", got["message"])
-        assert [int(q) for q, _ in pids[r]] == ([2, 3] if r < 2 else [0, 1]), got["message"]
-        assert ("on hostB" if r < 2 else "on hostA") in got["message"], got["message"]  # named by host
+        assert [int(q) for q, _ in pids[r]] == [2, 3], got["message"]  # every unreachable rank
+        assert "on hostB" in got["message"], got["message"]  # named by host
         assert "sent nothing for" in got["message"] and "cut off" in got["message"], got["message"]
-    assert pids[0] == pids[1] and pids[2] == pids[3]
+    assert pids[0] == pids[1]
     # tntrun stopped mpirun, and said why; a rank of hostA is the root cause
     assert "and mpirun had not ended the job 10 s later: stopping it" in err, err[-3000:]
     assert "  host:    hostA\n" in err[err.index("Root cause"):], err[-3000:]
