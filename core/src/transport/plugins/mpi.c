@@ -642,15 +642,6 @@ static tnt_result_t timed_out(mpi_t *s, int from, const char *what) {
   return failf(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->me, what, doing);
 }
 
-static int request_done(mpi_t *s, void *arg) {
-  int done = 0;
-  if (MPI_Test((MPI_Request *)arg, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: a send failed", s->me);
-    return 0;
-  }
-  return done;
-}
-
 /* A request of set-up, before the state exists. */
 static tnt_result_t wait_setup(MPI_Request *req, double deadline) {
   double sleep = SLEEP_MIN_S;
