@@ -7,17 +7,9 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "expect.h"
 #include "tarantella.h"
 
-static int passed, failed;
-#define EXPECT(cond)                                                   \
-  do {                                                                 \
-    if (cond) passed++;                                                \
-    else {                                                             \
-      failed++;                                                        \
-      fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                  \
-  } while (0)
 
 static uint16_t f16_bits(float f) {
   uint16_t out;

@@ -13,17 +13,9 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "expect.h"
 #include "tarantella.h"
 
-static int passed, failed;
-#define EXPECT(cond)                                                   \
-  do {                                                                 \
-    if (cond) passed++;                                                \
-    else {                                                             \
-      failed++;                                                        \
-      fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                  \
-  } while (0)
 
 /* Awkward float16 and bfloat16 bit patterns: signed zeros, the subnormal range's
  * ends, the largest finite values, infinities, NaNs of every kind, and pairs whose
