@@ -27,6 +27,20 @@ static tnt_result_t cannot_serve(const tnt_transport_t *t, const tnt_placement_t
                   t->name, pl->rank, pl->size, pl->local_size);
 }
 
+/* The plugin transport `name` that auto needs for a job on several hosts, or
+ * an error that says why auto wanted it (`started`, `role`) and why it cannot
+ * be used (the loader's own error). */
+static tnt_result_t plugin_for_auto(const char *name, const tnt_placement_t *pl, const char *started,
+                                    const char *role, const tnt_transport_t **out) {
+  if (tnt_plugin_transport(name, out) == TNT_SUCCESS) return TNT_SUCCESS;
+  char why[768];
+  snprintf(why, sizeof why, "%s", tnt_last_error());
+  return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
+                  "the %d ranks of this job are on several hosts (%d on this one)%s: TNT_TRANSPORT=auto needs the %s "
+                  "transport%s, and it cannot be used: %s",
+                  pl->size, pl->local_size, started, name, role, why);
+}
+
 static tnt_result_t select_auto(const tnt_placement_t *pl, const tnt_transport_t **out) {
   if (tnt_transport_shm.can_serve(pl)) {
     TNT_INFO("transport shm selected (TNT_TRANSPORT=auto): all %d ranks are on this host", pl->size);
@@ -36,14 +50,7 @@ static tnt_result_t select_auto(const tnt_placement_t *pl, const tnt_transport_t
   const char *gaspi = getenv("GASPI_RANK");
   if (gaspi && *gaspi) {
     const tnt_transport_t *gpi2 = NULL;
-    if (tnt_plugin_transport("gpi2", &gpi2) != TNT_SUCCESS) {
-      char why[768];
-      snprintf(why, sizeof why, "%s", tnt_last_error());
-      return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
-                      "the %d ranks of this job are on several hosts (%d on this one) and were started by gaspi_run "
-                      "(GASPI_RANK is set): TNT_TRANSPORT=auto needs the gpi2 transport, and it cannot be used: %s",
-                      pl->size, pl->local_size, why);
-    }
+    TNT_CHECK(plugin_for_auto("gpi2", pl, " and were started by gaspi_run (GASPI_RANK is set)", "", &gpi2));
     TNT_INFO("transport gpi2 selected (TNT_TRANSPORT=auto): the %d ranks are on several hosts (%d on this one) and "
              "were started by gaspi_run (GASPI_RANK is set, no MPI runs): gpi2 for every byte",
              pl->size, pl->local_size);
@@ -51,14 +58,7 @@ static tnt_result_t select_auto(const tnt_placement_t *pl, const tnt_transport_t
     return TNT_SUCCESS;
   }
   const tnt_transport_t *mpi = NULL;
-  if (tnt_plugin_transport("mpi", &mpi) != TNT_SUCCESS) {
-    char why[768];
-    snprintf(why, sizeof why, "%s", tnt_last_error());
-    return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
-                    "the %d ranks of this job are on several hosts (%d on this one): TNT_TRANSPORT=auto needs the "
-                    "mpi transport between hosts, and it cannot be used: %s",
-                    pl->size, pl->local_size, why);
-  }
+  TNT_CHECK(plugin_for_auto("mpi", pl, "", " between hosts", &mpi));
   TNT_INFO("transport shm+mpi selected (TNT_TRANSPORT=auto): the %d ranks are on several hosts (%d on this one): "
            "shm within each host, mpi between hosts",
            pl->size, pl->local_size);

@@ -298,6 +298,18 @@ def test_library_that_is_not_a_plugin_is_refused(tmp_path):
     assert "is not a Tarantella transport plugin" in err["message"], err
 
 
+def test_auto_across_hosts_without_a_usable_mpi_says_why(tmp_path):
+    """A rank whose job spans hosts (local size < size) under auto needs the mpi plugin between hosts."""
+    e = clean_env(TNT_RANK=0, TNT_SIZE=2, TNT_LOCAL_RANK=0, TNT_LOCAL_SIZE=1, TNT_JOB_ID="auto-no-mpi",
+                  TNT_TRANSPORT="auto", TNT_MPI_PLUGIN="/nonexistent/libtnt-transport-mpi.so")
+    res = subprocess.run([sys.executable, "-c", INIT], env=e, capture_output=True, text=True, timeout=120)
+    err = json_lines(res.stdout)[0]
+    assert err["error"] == "InvalidArgumentError", err
+    assert err["message"].startswith("the 2 ranks of this job are on several hosts (1 on this one): "
+                                     "TNT_TRANSPORT=auto needs the mpi transport between hosts, and it cannot be "
+                                     "used: the mpi transport plugin TNT_MPI_PLUGIN=/nonexistent/"), err
+
+
 def test_no_mpi_found_says_so(tmp_path):
     err = init_error(PATH=str(tmp_path), XDG_CACHE_HOME=tmp_path)  # no mpicc on this PATH
     assert err["error"] == "InvalidArgumentError", err
