@@ -1,7 +1,8 @@
 """Where NCCL is and whether the core can use it (the core loads it at run time:
-core/src/gpu/nccl.c). `tensorflow[and-cuda]` installs NCCL as the wheel
-nvidia-nccl-cu12 (nvidia/nccl/lib/libnccl.so.2), which is not on the library
-path: the core is pointed at it through TNT_NCCL_LIBRARY unless the user set it."""
+core/src/gpu/nccl.c), and where the CUDA runtime beside it is. `tensorflow[and-cuda]`
+installs both as NVIDIA wheels (nvidia/nccl/lib/libnccl.so.2,
+nvidia/cuda_runtime/lib/libcudart.so.12), which are not on the library path: the
+core is pointed at NCCL through TNT_NCCL_LIBRARY unless the user set it."""
 import importlib.util
 import os
 
