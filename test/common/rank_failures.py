@@ -15,6 +15,10 @@ mode = sys.argv[1]
 rank, size = tnt.get_rank(), tnt.get_size()
 victim = size - 1
 x = np.ones(4 << 20, np.float32)  # 16 MB: a rank dies in the middle of moving it
+if mode == "kill-one-round":
+    # 64 KB under one name: cached after the first call, so its payload rides in the
+    # negotiation message (over the network, a message above MPI's eager limit)
+    x = np.ones(16 << 10, np.float32)
 
 
 def report(exc, since):
@@ -30,6 +34,9 @@ try:
             if mode == "kill":
                 h = tnt.allreduce_async(x, name=f"step{i}")
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif mode == "kill-one-round":
+                h = tnt.allreduce_async(x, name="step")
+                os.kill(os.getpid(), signal.SIGKILL)
             elif mode == "stop":
                 h = tnt.allreduce_async(x, name=f"step{i}")
                 os.kill(os.getpid(), signal.SIGSTOP)
@@ -40,7 +47,7 @@ try:
                 # our own submission then fails at once
                 time.sleep(float(os.environ["TNT_TIMEOUT_S"]) + 2)
         start = time.monotonic()
-        tnt.allreduce(x, name=f"step{i}")
+        tnt.allreduce(x, name="step" if mode == "kill-one-round" else f"step{i}")
     print(json.dumps({"rank": rank, "error": None}), flush=True)
 except tnt.TarantellaError as exc:
     report(exc, start)

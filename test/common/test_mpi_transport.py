@@ -135,6 +135,19 @@ def test_killed_rank_is_named_on_every_other_rank(cache):
 
 
 @needs_mpi
+def test_rank_killed_during_a_one_round_exchange_is_named(cache):
+    # it dies in the exchange that carries its cached 64 KB allreduce's payload (one
+    # round): the others, receiving its negotiation message, fail as fast, naming it
+    res, by_rank = run_failures(cache, 3, "kill-one-round", {"TNT_TIMEOUT_S": 60})
+    assert sorted(by_rank) == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
+    for r, (first, later) in by_rank.items():
+        assert first["error"] == "PeerLostError", first
+        assert first["peer"] == 2 and "rank 2" in first["message"] and "died" in first["message"], first
+        assert first["seconds"] < 5, first
+        assert later["later"] == "PeerLostError" and later["seconds"] < 1.0, later
+
+
+@needs_mpi
 def test_aborting_rank_is_named_with_its_reason(cache):
     res, by_rank = run_failures(cache, 3, "exception", {"TNT_TIMEOUT_S": 60})
     assert sorted(by_rank) == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
