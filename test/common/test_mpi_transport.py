@@ -122,29 +122,29 @@ def run_failures(cache, n, mode, env):
     return res, by_rank
 
 
-@needs_mpi
-def test_killed_rank_is_named_on_every_other_rank(cache):
-    res, by_rank = run_failures(cache, 3, "kill", {"TNT_TIMEOUT_S": 60})
+def assert_killed_rank_named(cache, mode):
+    """Rank 2 of 3 kills itself (rank_failures.py's `mode`): both others raise PeerLostError naming it as
+    dead within 5 s (a local peer's pid is watched: far sooner than the heartbeats, 10 s, or TNT_TIMEOUT_S),
+    and a later call fails at once."""
+    res, by_rank = run_failures(cache, 3, mode, {"TNT_TIMEOUT_S": 60})
     assert sorted(by_rank) == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
     for r, (first, later) in by_rank.items():
         assert first["error"] == "PeerLostError", first
         assert first["peer"] == 2 and "rank 2" in first["message"] and "died" in first["message"], first
-        # a local peer's pid is watched: far sooner than the heartbeats (10 s) or TNT_TIMEOUT_S
         assert first["seconds"] < 5, first
         assert later["later"] == "PeerLostError" and later["seconds"] < 1.0, later
+
+
+@needs_mpi
+def test_killed_rank_is_named_on_every_other_rank(cache):
+    assert_killed_rank_named(cache, "kill")
 
 
 @needs_mpi
 def test_rank_killed_during_a_one_round_exchange_is_named(cache):
     # it dies in the exchange that carries its cached 64 KB allreduce's payload (one
-    # round): the others, receiving its negotiation message, fail as fast, naming it
-    res, by_rank = run_failures(cache, 3, "kill-one-round", {"TNT_TIMEOUT_S": 60})
-    assert sorted(by_rank) == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
-    for r, (first, later) in by_rank.items():
-        assert first["error"] == "PeerLostError", first
-        assert first["peer"] == 2 and "rank 2" in first["message"] and "died" in first["message"], first
-        assert first["seconds"] < 5, first
-        assert later["later"] == "PeerLostError" and later["seconds"] < 1.0, later
+    # round): the others, receiving its negotiation message, fail as fast
+    assert_killed_rank_named(cache, "kill-one-round")
 
 
 @needs_mpi
