@@ -222,8 +222,7 @@ typedef struct {
   /* a cycle asked for by this rank's own engine: the thread that asked runs
    * it, so it does not wake the idle thread (peers' rounds do: the doorbell) */
   _Atomic uint64_t cycle_wanted;
-  _Atomic uint32_t bell, bell_waiters;
-  uint32_t bell_seen;
+  doorbell_t door; /* woken by a local request (wake_local) */
   double next_beat, next_scan;
   int segment_ok; /* every peer said goodbye: the segment may be deleted */
   tnt_result_t err_code;
@@ -284,10 +283,7 @@ static const char *gerr(gaspi_return_t rc) {
   return buf;
 }
 
-static void bump_bell(gpi2_t *s) {
-  atomic_fetch_add(&s->bell, 1);
-  if (atomic_load(&s->bell_waiters)) futex(&s->bell, FUTEX_WAKE, INT_MAX, NULL);
-}
+static void bump_bell(gpi2_t *s) { doorbell_ring_local(&s->door); }
 
 static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
@@ -1238,32 +1234,22 @@ static int gpi2_cycle_wanted(void *st, uint64_t done) {
   return started;
 }
 
-/* Sleep on the futex (a local request wakes it at once); poll GPI-2's
- * notifications for peers' rounds every BELL_POLL_S at most. */
-static void gpi2_wait_doorbell(void *st, uint64_t done, double deadline) {
+/* Whether a peer's round has begun (polling the engine first): the doorbell's
+ * question between its sleeps. */
+static int peer_round_begun(void *st) {
   gpi2_t *s = st;
-  double sleep = SLEEP_MIN_S;
-  for (;;) {
-    uint32_t b = atomic_load(&s->bell);
-    if (b != s->bell_seen) { /* a local request, or a handed-over cycle */
-      s->bell_seen = b;
-      return;
-    }
-    double now = host->now();
-    if (now >= deadline) return;
-    pthread_mutex_lock(&s->mu);
-    progress(s);
-    int started = peer_started_round(s);
-    pthread_mutex_unlock(&s->mu);
-    if (started) return;
-    if (atomic_load(&s->bell) != b) continue;
-    double d = deadline - now < sleep ? deadline - now : sleep;
-    struct timespec ts = timespec_of(d);
-    atomic_fetch_add(&s->bell_waiters, 1);
-    if (atomic_load(&s->bell) == b) futex(&s->bell, FUTEX_WAIT, b, &ts);
-    atomic_fetch_sub(&s->bell_waiters, 1);
-    sleep = sleep * 2 > BELL_POLL_S ? BELL_POLL_S : sleep * 2;
-  }
+  pthread_mutex_lock(&s->mu);
+  progress(s);
+  int started = peer_started_round(s);
+  pthread_mutex_unlock(&s->mu);
+  return started;
+}
+
+/* The idle thread's wait: it polls GPI-2's notifications for peers' rounds
+ * every BELL_POLL_S at most. */
+static void gpi2_wait_doorbell(void *st, uint64_t done, double deadline) {
+  (void)done; /* a cycle this rank asked for is run by the thread that asked (cycle_wanted) */
+  doorbell_wait(&((gpi2_t *)st)->door, deadline, BELL_POLL_S, host->now, peer_round_begun, st);
 }
 
 static void gpi2_wake_local(void *st) { bump_bell((gpi2_t *)st); }

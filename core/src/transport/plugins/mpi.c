@@ -180,8 +180,7 @@ typedef struct {
   /* a cycle asked for by this rank's own engine: the thread that asked runs
    * it, so it does not wake the idle thread (peers' rounds do: the doorbell) */
   _Atomic uint64_t cycle_wanted;
-  _Atomic uint32_t bell, bell_waiters;
-  uint32_t bell_seen;
+  doorbell_t door; /* woken by a local request (wake_local) */
   double next_beat;
   /* a failure seen by progress (which cannot return one), reported by the next wait */
   tnt_result_t err_code;
@@ -239,10 +238,7 @@ static void sticky(mpi_t *s, tnt_result_t code, int peer, const char *fmt, ...) 
   s->err_peer = peer;
 }
 
-static void bump_bell(mpi_t *s) {
-  atomic_fetch_add(&s->bell, 1);
-  if (atomic_load(&s->bell_waiters)) futex(&s->bell, FUTEX_WAKE, INT_MAX, NULL);
-}
+static void bump_bell(mpi_t *s) { doorbell_ring_local(&s->door); }
 
 static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
@@ -1441,32 +1437,22 @@ static int mpi_cycle_wanted(void *st, uint64_t done) {
   return started;
 }
 
-/* Sleep on the futex (a local request wakes it at once); poll MPI for peers'
- * rounds and send heartbeats every BELL_POLL_S at most. */
-static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
+/* Whether a peer's round has begun (polling the engine first): the doorbell's
+ * question between its sleeps. */
+static int peer_round_begun(void *st) {
   mpi_t *s = st;
-  double sleep = SLEEP_MIN_S;
-  for (;;) {
-    uint32_t b = atomic_load(&s->bell);
-    if (b != s->bell_seen) { /* a local request, or a handed-over cycle */
-      s->bell_seen = b;
-      return;
-    }
-    double now = host->now();
-    if (now >= deadline) return;
-    pthread_mutex_lock(&s->mu);
-    progress(s);
-    int started = peer_started_round(s);
-    pthread_mutex_unlock(&s->mu);
-    if (started) return;
-    if (atomic_load(&s->bell) != b) continue;
-    double d = deadline - now < sleep ? deadline - now : sleep;
-    struct timespec ts = timespec_of(d);
-    atomic_fetch_add(&s->bell_waiters, 1);
-    if (atomic_load(&s->bell) == b) futex(&s->bell, FUTEX_WAIT, b, &ts);
-    atomic_fetch_sub(&s->bell_waiters, 1);
-    sleep = sleep * 2 > BELL_POLL_S ? BELL_POLL_S : sleep * 2;
-  }
+  pthread_mutex_lock(&s->mu);
+  progress(s);
+  int started = peer_started_round(s);
+  pthread_mutex_unlock(&s->mu);
+  return started;
+}
+
+/* The idle thread's wait: it polls MPI for peers' rounds, and sends heartbeats
+ * (progress), every BELL_POLL_S at most. */
+static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
+  (void)done; /* a cycle this rank asked for is run by the thread that asked (cycle_wanted) */
+  doorbell_wait(&((mpi_t *)st)->door, deadline, BELL_POLL_S, host->now, peer_round_begun, st);
 }
 
 static void mpi_wake_local(void *st) { bump_bell((mpi_t *)st); }

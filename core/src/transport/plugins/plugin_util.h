@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +39,45 @@ static inline struct timespec timespec_of(double seconds) {
 static inline void sleep_s(double seconds) {
   struct timespec ts = timespec_of(seconds);
   nanosleep(&ts, NULL);
+}
+
+/* The idle thread's doorbell: a counter that a local request bumps (waking
+ * the thread if it sleeps on it), and the thread's wait between polls of the
+ * engine for a peer's round. Both plugins' engines have no wake-up of their
+ * own for a peer's first message of a cycle, so the wait polls: every
+ * SLEEP_MIN_S at first, twice as long each time up to poll_max_s. */
+typedef struct {
+  _Atomic uint32_t bell, waiters;
+  uint32_t seen; /* the last bell the waiting thread answered */
+} doorbell_t;
+
+static inline void doorbell_ring_local(doorbell_t *d) {
+  atomic_fetch_add(&d->bell, 1);
+  if (atomic_load(&d->waiters)) futex(&d->bell, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+/* Return at a local ring, when peer_started(arg) (which polls the engine) says
+ * a peer's round has begun, or at `deadline`. */
+static inline void doorbell_wait(doorbell_t *d, double deadline, double poll_max_s, double (*now)(void),
+                                 int (*peer_started)(void *), void *arg) {
+  double sleep = SLEEP_MIN_S;
+  for (;;) {
+    uint32_t b = atomic_load(&d->bell);
+    if (b != d->seen) { /* a local request, or a handed-over cycle */
+      d->seen = b;
+      return;
+    }
+    double t = now();
+    if (t >= deadline) return;
+    if (peer_started(arg)) return;
+    if (atomic_load(&d->bell) != b) continue;
+    double wait = deadline - t < sleep ? deadline - t : sleep;
+    struct timespec ts = timespec_of(wait);
+    atomic_fetch_add(&d->waiters, 1);
+    if (atomic_load(&d->bell) == b) futex(&d->bell, FUTEX_WAIT, b, &ts);
+    atomic_fetch_sub(&d->waiters, 1);
+    sleep = sleep * 2 > poll_max_s ? poll_max_s : sleep * 2;
+  }
 }
 
 /* The kernel (boot id) and pid namespace of this process: ranks that share
