@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-from tarantella.common import codes, core, dtypes
+from tarantella.common import codes, core, dtypes, result_pool
 from tarantella.common.errors import InvalidArgumentError
 
 # A blocking wait() waits in slices of this many seconds so that Ctrl+C (which
@@ -70,20 +70,23 @@ def _auto_name(kind, name):
 _ALIGN_FROM_BYTES = 64 * 1024
 
 
-def aligned_empty(shape, dtype):
-    """An uninitialized array whose data is 64-byte aligned."""
+def aligned_empty(shape, dtype, pooled=False):
+    """An uninitialized array whose data is 64-byte aligned; with `pooled`, in
+    memory that result_pool reuses once the array and its views are gone."""
     dtype = np.dtype(dtype)
     count = math.prod(shape) if isinstance(shape, tuple) else int(np.prod(shape, dtype=np.int64))
-    raw = np.empty(count * dtype.itemsize + _ALIGN, dtype=np.uint8)
+    nbytes = count * dtype.itemsize + _ALIGN
+    raw = result_pool.take(nbytes) if pooled else np.empty(nbytes, dtype=np.uint8)
     offset = -raw.__array_interface__["data"][0] % _ALIGN
     return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def _result_like(array):
-    """A fresh result array of the input's dtype and shape (aligned when large)."""
+    """A fresh result array of the input's dtype and shape (aligned when large,
+    in reused memory when larger: result_pool)."""
     if array.nbytes < _ALIGN_FROM_BYTES:
         return np.empty(array.shape, array.dtype)
-    return aligned_empty(array.shape, array.dtype)
+    return aligned_empty(array.shape, array.dtype, pooled=array.nbytes >= result_pool.RESULT_POOL_FROM_BYTES)
 
 
 _dtype_codes = {}  # NumPy dtype -> core code, filled on first use of each dtype
