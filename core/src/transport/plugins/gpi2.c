@@ -826,6 +826,16 @@ static tnt_result_t timed_out(gpi2_t *s, int from, const char *what) {
   return failf(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->me, what, doing);
 }
 
+/* Poll a resumable round (the exchange, a bit round) until `until`: then
+ * TNT_IN_PROGRESS, and another call (maybe another thread's) resumes it. At
+ * the round's own deadline TNT_ERR_TIMEOUT, which the caller turns into an
+ * error naming the rank it waits for. */
+static tnt_result_t poll_round(gpi2_t *s, ready_fn ready, double round_deadline, double until, const char *what) {
+  double deadline = until < round_deadline ? until : round_deadline;
+  tnt_result_t res = poll_until(s, ready, NULL, -1, deadline, what);
+  return res == TNT_ERR_TIMEOUT && deadline < round_deadline ? TNT_IN_PROGRESS : res;
+}
+
 /* ---- data ---- */
 
 static void *gpi2_window(void *st) { return ((gpi2_t *)st)->base; }
@@ -1024,12 +1034,10 @@ static int exchange_arrived(gpi2_t *s, void *arg) {
 static tnt_result_t gpi2_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
   gpi2_t *s = st;
   if (!s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange collected before it was posted");
-  double deadline = until < s->exch_deadline ? until : s->exch_deadline;
   const char *what = "negotiating with the other ranks";
-  tnt_result_t res = poll_until(s, exchange_arrived, NULL, -1, deadline, what);
+  tnt_result_t res = poll_round(s, exchange_arrived, s->exch_deadline, until, what);
   if (res == TNT_ERR_TIMEOUT) {
-    if (deadline < s->exch_deadline) return TNT_IN_PROGRESS;
-    int first = -1;
+    int first = -1; /* the first rank whose message is missing */
     for (int r = 0; r < s->n && first < 0; r++)
       if (!s->peers[r].exch_got) first = r;
     return timed_out(s, first, what);
@@ -1169,13 +1177,9 @@ static tnt_result_t gpi2_and_post(void *st, const uint64_t *mine, int nwords, do
 static tnt_result_t gpi2_and_collect(void *st, uint64_t *out, double until) {
   gpi2_t *s = st;
   if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
-  double deadline = until < s->and_deadline ? until : s->and_deadline;
   const char *what = "in a bit round of the negotiation";
-  tnt_result_t res = poll_until(s, and_advance, NULL, -1, deadline, what);
-  if (res == TNT_ERR_TIMEOUT) {
-    if (deadline < s->and_deadline) return TNT_IN_PROGRESS;
-    return timed_out(s, s->and_partner, what);
-  }
+  tnt_result_t res = poll_round(s, and_advance, s->and_deadline, until, what);
+  if (res == TNT_ERR_TIMEOUT) return timed_out(s, s->and_partner, what);
   if (res == TNT_SUCCESS) res = s->and_err;
   if (res != TNT_SUCCESS) return res;
   pthread_mutex_lock(&s->mu);

@@ -639,6 +639,16 @@ static tnt_result_t timed_out(mpi_t *s, int from, const char *what) {
   return failf(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->me, what, doing);
 }
 
+/* Poll a resumable round (the exchange, a bit round) until `until`: then
+ * TNT_IN_PROGRESS, and another call (maybe another thread's) resumes it. At
+ * the round's own deadline TNT_ERR_TIMEOUT, which the caller turns into an
+ * error naming the rank it waits for. */
+static tnt_result_t poll_round(mpi_t *s, ready_fn ready, double round_deadline, double until, const char *what) {
+  double deadline = until < round_deadline ? until : round_deadline;
+  tnt_result_t res = poll_until(s, ready, NULL, -1, deadline, what);
+  return res == TNT_ERR_TIMEOUT && deadline < round_deadline ? TNT_IN_PROGRESS : res;
+}
+
 /* A request of set-up, before the state exists. */
 static tnt_result_t wait_setup(MPI_Request *req, double deadline) {
   double sleep = SLEEP_MIN_S;
@@ -736,7 +746,8 @@ static void free_state(mpi_t *s) {
   for (int r = 0; s->peers && r < s->n; r++) {
     peer_t *p = &s->peers[r];
     free(p->ops);
-    if (p->exch_recv != MPI_REQUEST_NULL && p->exch_recv) { /* after a failure: MPI may still write there */
+    /* a receive still in flight after a failure (0: set-up failed before this peer): MPI may still write there */
+    if (p->exch_recv != MPI_REQUEST_NULL && p->exch_recv) {
       int fin = 1;
       MPI_Finalized(&fin);
       if (!fin) MPI_Request_free(&p->exch_recv);
@@ -1187,12 +1198,10 @@ static int exchange_arrived(mpi_t *s, void *arg) {
 static tnt_result_t mpi_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
   mpi_t *s = st;
   if (!s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange collected before it was posted");
-  double deadline = until < s->exch_deadline ? until : s->exch_deadline;
   const char *what = "negotiating with the other ranks";
-  tnt_result_t res = poll_until(s, exchange_arrived, NULL, -1, deadline, what);
+  tnt_result_t res = poll_round(s, exchange_arrived, s->exch_deadline, until, what);
   if (res == TNT_ERR_TIMEOUT) {
-    if (deadline < s->exch_deadline) return TNT_IN_PROGRESS;
-    int first = -1;
+    int first = -1; /* the first rank whose message is missing */
     for (int r = 0; r < s->n && first < 0; r++)
       if (!s->peers[r].exch_got) first = r;
     return timed_out(s, first, what);
@@ -1391,13 +1400,9 @@ static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, dou
 static tnt_result_t mpi_and_collect(void *st, uint64_t *out, double until) {
   mpi_t *s = st;
   if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
-  double deadline = until < s->and_deadline ? until : s->and_deadline;
   const char *what = "in a bit round of the negotiation";
-  tnt_result_t res = poll_until(s, and_advance, NULL, -1, deadline, what);
-  if (res == TNT_ERR_TIMEOUT) {
-    if (deadline < s->and_deadline) return TNT_IN_PROGRESS;
-    return timed_out(s, s->and_partner, what);
-  }
+  tnt_result_t res = poll_round(s, and_advance, s->and_deadline, until, what);
+  if (res == TNT_ERR_TIMEOUT) return timed_out(s, s->and_partner, what);
   if (res != TNT_SUCCESS) return res;
   memcpy(out, s->and_acc + 1, (size_t)s->and_nwords * sizeof *out);
   s->and_posted = 0;
