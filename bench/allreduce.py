@@ -8,6 +8,7 @@ bandwidth, measured in the same run. Not a test: a table to read.
     python bench/allreduce.py --transport mpi      # Tarantella over its mpi transport, under mpirun
     python bench/allreduce.py --transport gpi2     # over its gpi2 transport (tntrun; GPI2_HOME set)
     python bench/allreduce.py --ranks 2 --sizes 16M,64M --dtype float16 --simd 0,1  # vector vs scalar kernels
+    python bench/allreduce.py --ranks 2 --sizes 4M,64M --tnt-env TNT_STREAM_MIN_KB=0  # a setting against its default
 
 Tarantella is called three ways, in alternating batches inside one job:
 `plain` is what a user writes, `tnt.allreduce(x)` (unnamed, a fresh result
@@ -146,7 +147,7 @@ def launch(label, cmd, env, sizes, variants, dtype="float32"):
     return None
 
 
-def jobs_for(ranks, transport, baseline, peers, simd_levels=()):
+def jobs_for(ranks, transport, baseline, peers, tnt_envs=()):
     """[(label, command prefix, env)] of every implementation to run each round."""
     base_env = dict(os.environ, OMP_NUM_THREADS="1")
     tnt_cmd = [sys.executable, "-m", "tarantella.runner", "-n", str(ranks), "--no-gpu", "--", sys.executable]
@@ -160,8 +161,9 @@ def jobs_for(ranks, transport, baseline, peers, simd_levels=()):
     if baseline:
         env = dict(base_env, PYTHONPATH=os.path.abspath(baseline))
         jobs.append(("tnt@baseline", tnt_cmd, env))
-    for level in simd_levels:  # the same tree with other float16/bfloat16 kernels
-        jobs.append((f"tnt@TNT_SIMD={level}", tnt_cmd, dict(base_env, TNT_SIMD=str(level))))
+    for setting in tnt_envs:  # the same tree with another setting, e.g. TNT_SIMD=0
+        name, value = setting.split("=", 1)
+        jobs.append((f"tnt@{setting}", tnt_cmd, dict(base_env, **{name: value})))
     for label, py, mpiexec in peers:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         env.pop("PYTHONPATH", None)
@@ -196,8 +198,8 @@ def table(ranks, sizes, per_job, columns):
     ratio_heads = ["best peer / tnt plain"] if peers else []
     if any(label == "tnt@baseline" for label, _ in columns):
         ratio_heads.append("baseline plain / tnt plain")
-    simd_jobs = sorted({label for label, _ in columns if label.startswith("tnt@TNT_SIMD=")})
-    ratio_heads += [f"{label[4:]} / tnt" for label in simd_jobs]
+    setting_jobs = sorted({label for label, _ in columns if label.startswith("tnt@TNT_")})
+    ratio_heads += [f"{label[4:]} / tnt" for label in setting_jobs]
     lines = ["| size | " + " | ".join(heads + ratio_heads) + " |",
              "| ---: | " + " | ".join("---:" for _ in heads + ratio_heads) + " |"]
     for i, nbytes in enumerate(sizes):
@@ -208,7 +210,7 @@ def table(ranks, sizes, per_job, columns):
             cells.append(f"{best[0] / plain:.2f} ({best[1]})")
         if any(label == "tnt@baseline" for label, _ in columns):
             cells.append(f"{median_of('tnt@baseline', 'plain', i) / plain:.1f}")
-        cells += [f"{median_of(label, 'plain', i) / plain:.2f}" for label in simd_jobs]
+        cells += [f"{median_of(label, 'plain', i) / plain:.2f}" for label in setting_jobs]
         lines.append(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -234,6 +236,9 @@ def main():
     p.add_argument("--simd", default="", metavar="LEVELS",
                    help="also run with these TNT_SIMD levels (0: scalar float16/bfloat16 kernels, 1: at most "
                         "F16C+AVX2), e.g. 0,1, for the ratios to the default")
+    p.add_argument("--tnt-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="also run this tree with this TNT_* setting, for its time / the default's "
+                        "(repeatable), e.g. TNT_STREAM_MIN_KB=0")
     p.add_argument("--worker", choices=["tnt", "mpi"], help=argparse.SUPPRESS)
     a = p.parse_args()
     variants = [v for v in a.variants.split(",") if v]
@@ -247,13 +252,16 @@ def main():
     if a.transport == "mpi" and not shutil.which("mpirun"):
         print("--transport mpi needs mpirun (apt-get install openmpi-bin libopenmpi-dev)", file=sys.stderr)
         return 1
+    settings = [f"TNT_SIMD={int(v)}" for v in a.simd.split(",") if v] + a.tnt_env
+    if any(not s.startswith("TNT_") or "=" not in s for s in a.tnt_env):
+        p.error(f"--tnt-env takes NAME=VALUE with a TNT_* name. Received: {a.tnt_env}")
     peers = find_peers([tuple(s.split("=", 1)) for s in a.peer_venv]) if a.dtype == "float32" else []
     copy_bw = copy_bandwidth()
     lines = [f"memory copy bandwidth of one core (measured now): {copy_bw / 1e9:.1f} GB/s",
              f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} interleaved round(s); "
              f"peers: {', '.join(label for label, _, _ in peers) or 'none'}; {a.dtype}", ""]
     for ranks in [int(r) for r in a.ranks.split(",")]:
-        jobs = jobs_for(ranks, a.transport, a.baseline, peers, [int(v) for v in a.simd.split(",") if v])
+        jobs = jobs_for(ranks, a.transport, a.baseline, peers, settings)
         per_job = {}
         for _ in range(a.rounds):
             for label, cmd, env in jobs:

@@ -24,6 +24,7 @@
 
 #include "context.h"
 #include "dtype.h"
+#include "stream_store.h"
 
 tnt_ctx_t tnt_ctx;
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -111,6 +112,7 @@ tnt_result_t tnt_init(void) {
   tnt_log_init(c->pl.rank);
   if ((res = tnt_params_read(&c->params)) != TNT_SUCCESS) goto out;
   tnt_half_level_set((tnt_half_level_t)c->params.simd); /* clamped to what the CPU has */
+  tnt_stream_min_set((size_t)c->params.stream_min_bytes);
   if ((res = tnt_timeline_open(&c->timeline, c->params.timeline, c->pl.rank, c->pl.size)) != TNT_SUCCESS) goto out;
   tnt_requests_init(&c->requests, c->pl.size);
   if (c->pl.size > 1) {

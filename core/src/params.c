@@ -21,7 +21,7 @@ typedef struct {
   const char *doc;
 } num_param_t;
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
@@ -43,6 +43,10 @@ static const num_param_t num_params[P_COUNT] = {
     [P_SIMD] = {"TNT_SIMD", 2, 0, 2, 1,
                 "float16/bfloat16 sums and scaling: 2: AVX-512F or F16C+AVX2, the best the CPU has; 1: at most "
                 "F16C+AVX2; 0: portable scalar code (every level gives the same bits)"},
+    [P_STREAM_KB] = {"TNT_STREAM_MIN_KB", 8192, 0, 1e12, 1,
+                     "allreduces of at least this many KiB are taken to be larger than the cache: results are "
+                     "written past it with streaming stores (x86-64), and the ring's last reduce step sends each "
+                     "completed piece on at once (the same bits either way)"},
 };
 
 /* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */
@@ -114,6 +118,8 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   p->bit_rounds = (int)v;
   TNT_CHECK(read_num(P_SIMD, &v));
   p->simd = (int)v;
+  TNT_CHECK(read_num(P_STREAM_KB, &v));
+  p->stream_min_bytes = (int64_t)v * 1024;
 
   const char *lvl = getenv("TNT_LOG_LEVEL"); /* the same rule as Python's logging: no silent default */
   if (lvl && *lvl) {

@@ -25,6 +25,7 @@ typedef struct {
   int hierarchical;               /* TNT_HIERARCHICAL: allreduce by host, then between hosts (where it applies) */
   int bit_rounds;                 /* TNT_BIT_ROUNDS: steady-state cycles are an AND of bits (0: always full rounds) */
   int simd;                       /* TNT_SIMD: the highest float16/bfloat16 kernel level (tnt_half_level_t) */
+  int64_t stream_min_bytes;       /* TNT_STREAM_MIN_KB: results this large are written past the cache */
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);

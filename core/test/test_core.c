@@ -8,6 +8,7 @@
 
 #include "dtype.h"
 #include "expect.h"
+#include "stream_store.h"
 #include "tarantella.h"
 
 
@@ -35,6 +36,23 @@ static void test_half_precision(void) {
   int32_t i[2] = {-7, 7}, o[2];
   tnt_divide(TNT_INT32, o, i, 2, 2); /* floor division, like NumPy's // */
   EXPECT(o[0] == -4 && o[1] == 3);
+}
+
+/* The streaming copy writes exactly what memcpy writes, at every alignment of
+ * the destination (head and tail take memcpy), and nothing around it. */
+static void test_streaming_copy(void) {
+  static uint8_t src[400], want[400], got[400];
+  for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(i * 37 + 11);
+  int mismatches = 0;
+  for (int off = 0; off < 16; off++)
+    for (size_t len = 0; len < 300; len += 7) {
+      memset(want, 0x11, sizeof want);
+      memset(got, 0x11, sizeof got);
+      memcpy(want + off, src + 3, len);
+      tnt_copy_streaming(got + off, src + 3, len);
+      mismatches += memcmp(want, got, sizeof want) != 0;
+    }
+  EXPECT(mismatches == 0);
 }
 
 static void test_misuse_before_init(void) {
@@ -71,6 +89,7 @@ static void test_serial_job(void) {
 
 int main(void) {
   test_half_precision();
+  test_streaming_copy();
   test_misuse_before_init();
   test_serial_job();
   printf("%d passed, %d failed\n", passed, failed);

@@ -16,7 +16,8 @@ def test_core_reads_the_documented_defaults():
     with open(os.path.join(DOCS, "..", "core", "src", "params.c")) as f:
         source = f.read()
     for name in ("TNT_FUSION_THRESHOLD_KB", "TNT_TIMEOUT_S", "TNT_SHM_SLOT_KB", "TNT_SHM_SLOTS",
-                 "TNT_CACHE_CAPACITY", "TNT_SPIN_US", "TNT_HIERARCHICAL", "TNT_BIT_ROUNDS", "TNT_SIMD"):
+                 "TNT_CACHE_CAPACITY", "TNT_SPIN_US", "TNT_HIERARCHICAL", "TNT_BIT_ROUNDS", "TNT_SIMD",
+                 "TNT_STREAM_MIN_KB"):
         default = config.BY_NAME[name].default
         assert f'{{"{name}", {default:g},' in source, name
 

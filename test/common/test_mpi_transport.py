@@ -65,8 +65,11 @@ def json_lines(text):
 @needs_mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_collective_is_bitwise_identical_on_every_rank(n, cache, tmp_path):
+    # TNT_STREAM_MIN_KB=1024: the 3 MiB buffers take the fused last step of the ring, whose
+    # carried pieces go through the transport's send buffer (or the ring's staging slot); shm runs it unfused
     res = subprocess.run(mpirun_cmd(n, "rank_collectives.py", tmp_path),
-                         env=mpi_env(cache, TNT_TEST_BIG_BYTES=3 << 20, TNT_LOG_LEVEL="INFO", TNT_TIMEOUT_S=120),
+                         env=mpi_env(cache, TNT_TEST_BIG_BYTES=3 << 20, TNT_LOG_LEVEL="INFO", TNT_TIMEOUT_S=120,
+                                     TNT_STREAM_MIN_KB=1024),
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"initialized: rank 0 of {n}, transport mpi" in res.stderr, res.stderr[-3000:]
