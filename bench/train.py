@@ -18,6 +18,8 @@ Setups (every process pinned to its own core, one TF thread each):
   ceiling     two independent plain-Keras processes at once: what 2 cores give
               with no communication at all (throughputs added)
   mwms        tf.distribute.MultiWorkerMirroredStrategy, 2 local workers, global batch 64
+  tnt2@NAME=VALUE  any tnt setup with one more setting, e.g. tnt2@TNT_STREAM_MIN_KB=1000000000
+              (reported as its ratio to tnt2)
 Throughput is samples/s from the median step time after warm-up. Ratios:
 tnt1/keras (target >= 0.97), tnt2/ceiling (targets: cnn >= 0.95, mlp >= 0.80),
 tnt2/mwms, tnt2/tnt2-numpy (the compiled ops against the fallback),
@@ -181,10 +183,14 @@ def _free_port():
 
 
 def run_setup(setup, workload, args):
+    setup, _, setting = setup.partition("@")  # tnt2@TNT_X=1: tnt2 with that setting
     me = [sys.executable, HERE, "--worker", setup, "--workload", workload,
           "--steps", str(args.steps), "--warmup", str(args.warmup)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TNT_")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if setting:
+        name, _, value = setting.partition("=")
+        env[name] = value
     if setup.startswith("tnt"):
         env["TNT_TF_OPS"] = "numpy" if setup == "tnt2-numpy" else "compiled"
         cmd = ["tntrun", "-n", "1" if setup == "tnt1" else "2", "--no-gpu", "--"] + me
@@ -280,7 +286,8 @@ def main():
                          "tnt2-fp16/ceiling": ratio("tnt2-fp16", "ceiling"),
                          "tnt2-fp16/tnt2": ratio("tnt2-fp16", "tnt2"),
                          "tnt2-bf16/ceiling": ratio("tnt2-bf16", "ceiling"),
-                         "ceiling/keras (2 cores)": ratio("ceiling", "keras")}
+                         "ceiling/keras (2 cores)": ratio("ceiling", "keras"),
+                         **{f"{s}/tnt2": ratio(s, "tnt2") for s in setups if "@" in s}}
         print("     ratios: " + ", ".join(f"{k} {v:.3f}" if v else f"{k} n/a"
                                           for k, v in row["ratios"].items()), flush=True)
     if args.json:
