@@ -42,6 +42,23 @@ typedef struct {
 
 static int64_t seg_begin(const plan_t *p, int j) { return tnt_segment_begin(p->bounds, p->count, p->N, j); }
 
+/* Send piece k of the segment [sb, sb + sl) of `from`, scaled by p->prescale
+ * when `scale_out`: straight into what is sent (the transport's buffer, else a
+ * cache-resident staging slot), not a pass over the input. */
+static tnt_result_t send_piece(tnt_ring_t *ring, const plan_t *p, const uint8_t *from, int scale_out, int64_t sb,
+                               int64_t sl, int64_t k, double deadline) {
+  int64_t pb, pl;
+  tnt_piece(sb, sl, k, p->P, &pb, &pl);
+  const uint8_t *piece_out = from + pb * (int64_t)p->esz;
+  if (scale_out) {
+    uint8_t *buf;
+    TNT_CHECK(tnt_ring_stage(ring, (size_t)pl * p->esz, deadline, &buf));
+    tnt_scale(p->dtype, buf, piece_out, p->prescale, (size_t)pl);
+    piece_out = buf;
+  }
+  return tnt_ring_send(ring, piece_out, (size_t)pl * p->esz, deadline);
+}
+
 /* One step of the ring: send segment `send_seg` of `from` (scaled by
  * p->prescale on the way out when `scale_out`); receive segment `recv_seg`
  * into `dst`: added to the scaled `addend` and divided by `divisor`
@@ -55,16 +72,7 @@ static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *
   int64_t rb = seg_begin(p, recv_seg), rl = seg_begin(p, recv_seg + 1) - rb;
   for (int64_t k = 0; k < p->P; k++) {
     int64_t pb, pl;
-    tnt_piece(sb, sl, k, p->P, &pb, &pl);
-    const uint8_t *piece_out = from + pb * (int64_t)p->esz;
-    if (scale_out) { /* scaled straight into what is sent (the transport's buffer, else a
-                      * cache-resident staging slot), not a pass over the input */
-      uint8_t *buf;
-      TNT_CHECK(tnt_ring_stage(ring, (size_t)pl * p->esz, deadline, &buf));
-      tnt_scale(p->dtype, buf, piece_out, p->prescale, (size_t)pl);
-      piece_out = buf;
-    }
-    TNT_CHECK(tnt_ring_send(ring, piece_out, (size_t)pl * p->esz, deadline));
+    TNT_CHECK(send_piece(ring, p, from, scale_out, sb, sl, k, deadline));
     const void *piece;
     TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
     tnt_piece(rb, rl, k, p->P, &pb, &pl);
@@ -95,7 +103,8 @@ static plan_t make_plan(const tnt_ring_t *ring, int64_t count, tnt_dtype_t dtype
 /* The reduce-scatter's last step and the allgather's first, fused: each piece
  * completed here is the piece the allgather sends on first, so it is reduced
  * straight into the slot that carries it to next (the transport's buffer, else
- * the staging slot) and copied from there into dst, instead of being written
+ * the staging slot) and copied from there into dst with streaming stores (the
+ * plan counts as past the cache whenever this runs), instead of being written
  * into dst and read back out of it by the allgather (a pass over memory saved:
  * see docs/benchmarks.md "Past the cache"). In the same iteration the piece
  * coming the other way, the allgather's first from prev, is copied into dst:
@@ -115,15 +124,7 @@ static tnt_result_t last_reduce_step(tnt_ring_t *ring, const plan_t *p, const ui
   int64_t gb = seg_begin(p, got_seg), gl = seg_begin(p, got_seg + 1) - gb;
   for (int64_t k = 0; k < p->P; k++) {
     int64_t pb, pl;
-    tnt_piece(sb, sl, k, p->P, &pb, &pl);
-    const uint8_t *piece_out = from + pb * (int64_t)p->esz;
-    if (scale_out) {
-      uint8_t *buf;
-      TNT_CHECK(tnt_ring_stage(ring, (size_t)pl * p->esz, deadline, &buf));
-      tnt_scale(p->dtype, buf, piece_out, p->prescale, (size_t)pl);
-      piece_out = buf;
-    }
-    TNT_CHECK(tnt_ring_send(ring, piece_out, (size_t)pl * p->esz, deadline));
+    TNT_CHECK(send_piece(ring, p, from, scale_out, sb, sl, k, deadline));
     const void *piece;
     TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
     tnt_piece(db, dl, k, p->P, &pb, &pl);
@@ -132,18 +133,12 @@ static tnt_result_t last_reduce_step(tnt_ring_t *ring, const plan_t *p, const ui
     TNT_CHECK(tnt_ring_stage(ring, bytes, deadline, &carry));
     tnt_reduce_scaled(p->dtype, carry, piece, src + pb * (int64_t)p->esz, p->prescale, divisor, (size_t)pl);
     TNT_CHECK(tnt_ring_release(ring));
-    if (p->stream)
-      tnt_copy_streaming(dst + pb * (int64_t)p->esz, carry, bytes);
-    else
-      memcpy(dst + pb * (int64_t)p->esz, carry, bytes);
+    tnt_copy_streaming(dst + pb * (int64_t)p->esz, carry, bytes);
     TNT_CHECK(tnt_ring_send(ring, carry, bytes, deadline));
     TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
     if (in_place) TNT_CHECK(tnt_ring_flush(ring, deadline));
     tnt_piece(gb, gl, k, p->P, &pb, &pl);
-    if (p->stream)
-      tnt_copy_streaming(dst + pb * (int64_t)p->esz, piece, (size_t)pl * p->esz);
-    else
-      memcpy(dst + pb * (int64_t)p->esz, piece, (size_t)pl * p->esz);
+    tnt_copy_streaming(dst + pb * (int64_t)p->esz, piece, (size_t)pl * p->esz);
     TNT_CHECK(tnt_ring_release(ring));
   }
   return TNT_SUCCESS;
