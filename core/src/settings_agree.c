@@ -19,7 +19,7 @@ typedef struct {
   int64_t value;
 } setting_t;
 
-enum { N_SETTINGS = 9 };
+enum { N_SETTINGS = 10 };
 
 static void collect(const tnt_placement_t *pl, const tnt_params_t *p, int64_t out[N_SETTINGS], const char *names[N_SETTINGS]) {
   const setting_t table[N_SETTINGS] = {
@@ -32,6 +32,7 @@ static void collect(const tnt_placement_t *pl, const tnt_params_t *p, int64_t ou
       {"small-allreduce threshold (bytes, the Tarantella release)", TNT_SMALL_ALLREDUCE_BYTES},
       {"TNT_HIERARCHICAL (its order of additions)", p->hierarchical},
       {"TNT_BIT_ROUNDS (which kind each negotiation cycle is)", p->bit_rounds},
+      {"TNT_STREAM_MIN_KB (bytes; from it on the ring's last two steps are one)", p->stream_min_bytes},
   };
   for (int i = 0; i < N_SETTINGS; i++) {
     out[i] = table[i].value;

@@ -18,9 +18,10 @@ static _Atomic size_t stream_min = (size_t)8 << 20;
 
 void tnt_stream_min_set(size_t bytes) { atomic_store_explicit(&stream_min, bytes, memory_order_relaxed); }
 
-int tnt_stream_wanted(size_t bytes) {
-  return HAVE_STREAM && bytes >= atomic_load_explicit(&stream_min, memory_order_relaxed);
-}
+/* The same answer on every CPU (the ranks agree on the threshold at set-up):
+ * it also decides the ring's message sequence, so a rank without streaming
+ * stores still runs the fused step, with memcpy. */
+int tnt_stream_wanted(size_t bytes) { return bytes >= atomic_load_explicit(&stream_min, memory_order_relaxed); }
 
 #if HAVE_STREAM
 void tnt_copy_streaming(void *dst, const void *src, size_t len) {

@@ -19,8 +19,7 @@
  * docs/benchmarks.md, "Past the cache", has the measurements behind its
  * default. */
 void tnt_stream_min_set(size_t bytes);
-/* Whether a buffer of `bytes` counts as larger than the cache (and the CPU has
- * streaming stores). */
+/* Whether a buffer of `bytes` counts as larger than the cache. */
 int tnt_stream_wanted(size_t bytes);
 
 /* memcpy(dst, src, len), the aligned middle with streaming stores, followed by
