@@ -156,7 +156,8 @@ int tnt_requests_set_fatal(tnt_requests_t *q, tnt_result_t result, const char *m
 tnt_result_t tnt_requests_fatal(tnt_requests_t *q, char *message, size_t len, int *peer) {
   pthread_mutex_lock(&q->mu);
   tnt_result_t r = q->fatal;
-  snprintf(message, len, "%s", q->fatal_msg);
+  if (r != TNT_SUCCESS) snprintf(message, len, "%s", q->fatal_msg); /* asked on every engine step: only then */
+  else if (len) message[0] = '\0';
   *peer = q->fatal_peer;
   pthread_mutex_unlock(&q->mu);
   return r;

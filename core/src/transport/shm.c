@@ -299,14 +299,16 @@ static void pay_bells(shm_t *s, double waited) {
   if (waited >= IDLE_BELL_S) s->bells_owed = 0;
 }
 
-/* Wait until w reaches target: spin while spin_allowed, then sleep on a futex.
- * The bells a cycle owes are rung only after BELL_GRACE_S more of sleeping (a
- * peer that joins by itself needs none). After every SLICE_S of sleep `from`
- * is checked in full (-1: every rank; FROM_EXCHANGE: the ranks missing from
- * the current exchange round), the others only for aborts. */
-static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, int from, double deadline, const char *what) {
+/* The wait's quick part: reached already, or within the spin (most waits end
+ * here, before anything is set up for a long wait, such as its message). */
+static int word_reached_soon(shm_t *s, shm_word_t *w, uint32_t target) {
   word_target_t wt = {w, target};
-  if (word_reached(s, &wt) || spin_until(s, word_reached, &wt)) return TNT_SUCCESS;
+  return word_reached(s, &wt) || spin_until(s, word_reached, &wt);
+}
+
+/* The wait's long part, after the spin: sleeps, bells and peer checks. */
+static tnt_result_t sleep_until_word(shm_t *s, shm_word_t *w, uint32_t target, int from, double deadline,
+                                     const char *what) {
   const double start = tnt_now();
   double bell_at = start + BELL_GRACE_S, next_check = start + SLICE_S;
   for (;;) {
@@ -335,6 +337,15 @@ static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, int from
     atomic_fetch_sub(&w->waiters, 1);
     atomic_fetch_sub(&s->hdr->sleepers, 1);
   }
+}
+
+/* Wait until w reaches target: spin while spin_allowed, then sleep on a futex.
+ * The bells a cycle owes are rung only after BELL_GRACE_S more of sleeping (a
+ * peer that joins by itself needs none). After every SLICE_S of sleep `from`
+ * is checked in full (-1: every rank; FROM_EXCHANGE: the ranks missing from
+ * the current exchange round), the others only for aborts. */
+static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, int from, double deadline, const char *what) {
+  return word_reached_soon(s, w, target) ? TNT_SUCCESS : sleep_until_word(s, w, target, from, deadline, what);
 }
 
 static int shm_can_serve(const tnt_placement_t *pl) { return pl->local_size == pl->size; }
@@ -546,10 +557,12 @@ static tnt_result_t shm_notify(void *st, int peer, int kind) {
 
 static tnt_result_t shm_wait(void *st, int kind, int from, uint32_t target, double deadline) {
   shm_t *s = st;
+  shm_word_t *w = &s->ranks[s->pl.rank]->counters[kind * s->pl.size + from];
+  if (word_reached_soon(s, w, target)) return TNT_SUCCESS; /* without formatting the message below */
   char what[96];
   snprintf(what, sizeof what, "waiting for %s from rank %d", kind % 2 == TNT_NOTIFY_DATA ? "data" : "a free slot",
            G(s, from));
-  return wait_word(s, &s->ranks[s->pl.rank]->counters[kind * s->pl.size + from], target, from, deadline, what);
+  return sleep_until_word(s, w, target, from, deadline, what);
 }
 
 /* Publish this rank's bytes for the next round (double-buffered: a rank is at
