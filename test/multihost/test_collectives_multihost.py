@@ -191,11 +191,17 @@ def test_a_host_cut_off_is_named_on_every_other_host(bed, tmp_path, transport):
             # hosts share one pid namespace, gone once it raised and exited (whichever they see first)
             assert re.search(r"\branks? [01]\b", got["message"]) and "hostA" in got["message"], got["message"]
             continue
+        if " died while " in got["message"]:
+            # the same race from this side: a rank of hostB saw the silence first, raised and
+            # exited, and the shared pid namespace let this rank see it gone (seen once in a full
+            # suite; on real hosts pids are never compared across hosts)
+            assert re.search(r"\brank [23] \(pid \d+ on hostB\) died", got["message"]), got["message"]
+            continue
         pids[r] = re.findall(r"(\d+) \(pid (\d+)\)", got["message"])
         assert [int(q) for q, _ in pids[r]] == [2, 3], got["message"]  # every unreachable rank
         assert "on hostB" in got["message"], got["message"]  # named by host
         assert "sent nothing for" in got["message"] and "cut off" in got["message"], got["message"]
-    assert pids[0] == pids[1]
+    assert len(set(map(tuple, pids.values()))) <= 1, pids  # ranks 0 and 1 name the same silent ranks
     # tntrun stopped mpirun, and said why; a rank of hostA is the root cause
     assert "and mpirun had not ended the job 10 s later: stopping it" in err, err[-3000:]
     assert "  host:    hostA\n" in err[err.index("Root cause"):], err[-3000:]
