@@ -78,7 +78,8 @@ def aligned_empty(shape, dtype, pooled=False):
     nbytes = count * dtype.itemsize + _ALIGN
     raw = result_pool.take(nbytes) if pooled else np.empty(nbytes, dtype=np.uint8)
     # the address through cffi: half the cost of __array_interface__, which builds a dict per call
-    offset = -int(core.ffi().cast("uintptr_t", core.ffi().from_buffer(raw))) % _ALIGN
+    ffi = core.ffi()
+    offset = -int(ffi.cast("uintptr_t", ffi.from_buffer(raw))) % _ALIGN
     return raw[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
 
 

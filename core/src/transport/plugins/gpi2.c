@@ -1228,16 +1228,6 @@ static int peer_started_round(gpi2_t *s) {
   return 0;
 }
 
-static int gpi2_cycle_wanted(void *st, uint64_t done) {
-  gpi2_t *s = st;
-  if (atomic_load(&s->cycle_wanted) > done) return 1;
-  pthread_mutex_lock(&s->mu);
-  progress(s);
-  int started = peer_started_round(s);
-  pthread_mutex_unlock(&s->mu);
-  return started;
-}
-
 /* Whether a peer's round has begun (polling the engine first): the doorbell's
  * question between its sleeps. */
 static int peer_round_begun(void *st) {
@@ -1247,6 +1237,11 @@ static int peer_round_begun(void *st) {
   int started = peer_started_round(s);
   pthread_mutex_unlock(&s->mu);
   return started;
+}
+
+static int gpi2_cycle_wanted(void *st, uint64_t done) {
+  gpi2_t *s = st;
+  return atomic_load(&s->cycle_wanted) > done || peer_round_begun(s);
 }
 
 /* The idle thread's wait: it polls GPI-2's notifications for peers' rounds
