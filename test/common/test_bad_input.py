@@ -82,6 +82,8 @@ def test_python_api_initializes_on_first_use():
     ("TNT_TIMEOUT_S", "soon", ["TNT_TIMEOUT_S must be a number", "TNT_TIMEOUT_S=soon"]),
     ("TNT_FUSION_THRESHOLD_KB", "-5", ["TNT_FUSION_THRESHOLD_KB must be a whole number between 0 and 4194304"]),
     ("TNT_TRANSPORT", "carrier-pigeon", ["TNT_TRANSPORT must be one of auto, shm, mpi, gpi2"]),
+    ("TNT_STREAM_MIN_KB", "8M", ["TNT_STREAM_MIN_KB must be a whole number between 0 and 1000000000000",
+                                 "TNT_STREAM_MIN_KB=8M"]),
 ])
 def test_bad_environment_values(var, value, words):
     raises("tnt.init()", "InvalidArgumentError", words, **{var: value})
