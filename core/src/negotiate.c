@@ -111,7 +111,9 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   c->msg_out = malloc(c->msg_max);
   c->msg_all = malloc((size_t)c->msg_max * (size_t)c->pl->size);
   c->msg_lens = calloc((size_t)c->pl->size, sizeof(size_t));
-  if (!c->msg_out || !c->msg_all || !c->msg_lens) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
+  c->msg_at = calloc((size_t)c->pl->size, sizeof *c->msg_at);
+  c->msg_mine = c->msg_out;
+  if (!c->msg_out || !c->msg_all || !c->msg_lens || !c->msg_at) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   c->bits_out = calloc((size_t)(BIT_HEAD + cache_words(c)), sizeof *c->bits_out);
   c->bits_and = calloc((size_t)(BIT_HEAD + cache_words(c)), sizeof *c->bits_and);
   if (!c->bits_out || !c->bits_and) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
@@ -143,10 +145,12 @@ void tnt_negotiate_teardown(tnt_negotiator_t *c) {
   free(c->msg_out);
   free(c->msg_all);
   free(c->msg_lens);
+  free((void *)c->msg_at);
+  c->msg_at = NULL;
   free(c->bits_out);
   free(c->bits_and);
   c->bits_out = c->bits_and = NULL;
-  c->msg_out = c->msg_all = NULL;
+  c->msg_out = c->msg_all = c->msg_mine = NULL;
   c->msg_lens = NULL;
 }
 
@@ -266,11 +270,17 @@ static void classify_new(tnt_negotiator_t *c) {
 }
 
 size_t tnt_one_round_bytes(const tnt_transport_t *t, int size) {
-  /* on one host the round is a read of shared memory per rank, and the ring
-   * costs no network latency: only small payloads ride (measured in the
-   * previous release); across hosts a 64 KiB allreduce on 2 ranks took 0.13 ms
-   * on the ring and 0.07 ms in one round (bench/multihost.py) */
-  return t == &tnt_transport_shm || size > 4 ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
+  /* On one host every rank reads the others' messages in place (exchange_view)
+   * and builds its own where it is published (exchange_buffer). Two ranks:
+   * the ring's three hand-offs cost about what one round's extra reads do
+   * (0.9-1.2x at 32-64 KB), so only small payloads ride. More ranks: the ring
+   * hands off 2(N-1) times, and each costs a wake-up once ranks outnumber
+   * cores: one round took 0.4-0.7x the time at 32-64 KB with 4 and 8 ranks on
+   * 2 cores (bench/allreduce.py, docs/benchmarks.md). Across hosts a 64 KiB
+   * allreduce on 2 ranks took 0.13 ms on the ring and 0.07 ms in one round
+   * (bench/multihost.py). */
+  if (t == &tnt_transport_shm) return size > 2 ? TNT_ONE_ROUND_SHM_BYTES : TNT_ONE_ROUND_BYTES;
+  return size > 4 ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
 }
 
 /* A cached allreduce whose payload may ride with its bit: small, and not an
@@ -308,7 +318,7 @@ static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
 }
 
 static size_t build_message(tnt_negotiator_t *c) {
-  uint8_t *msg = c->msg_out;
+  uint8_t *msg = c->msg_mine;
   msg_hdr_t *hdr = (msg_hdr_t *)msg;
   int nwords = cache_words(c);
   uint64_t *bits = (uint64_t *)(msg + sizeof *hdr);
@@ -434,9 +444,9 @@ static int meta_valid(const tnt_meta_t *m) {
  * computed the same responses last cycle; else the ranks have diverged. */
 static tnt_result_t check_messages(tnt_negotiator_t *c) {
   const int N = c->pl->size;
-  const msg_hdr_t *mine = (const msg_hdr_t *)c->msg_out;
+  const msg_hdr_t *mine = (const msg_hdr_t *)c->msg_mine;
   for (int q = 0; q < N; q++) {
-    const uint8_t *msg = c->msg_all + (size_t)q * c->msg_max;
+    const uint8_t *msg = c->msg_at[q];
     size_t len = c->msg_lens[q];
     msg_hdr_t hdr;
     if (len < sizeof hdr) return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent a truncated negotiation message (%zu bytes)", q, len);
@@ -488,8 +498,13 @@ static tnt_result_t post_cycle(tnt_negotiator_t *c) {
     build_bits(c);
     return tnt_and_post(c->transport, c->ts, &c->and_scratch, c->bits_out, BIT_HEAD + cache_words(c), deadline);
   }
+  /* built where the transport publishes it, when it can say where (no copy of the payloads) */
+  size_t capacity = 0;
+  void *in_place = c->transport->exchange_buffer ? c->transport->exchange_buffer(c->ts, &capacity) : NULL;
+  if (capacity < c->msg_max) in_place = NULL;
+  c->msg_mine = in_place ? in_place : c->msg_out;
   c->msg_out_len = build_message(c);
-  return c->transport->exchange_post(c->ts, c->msg_out, c->msg_out_len, deadline);
+  return c->transport->exchange_post(c->ts, c->msg_mine, c->msg_out_len, deadline);
 }
 
 /* Push a response for every valid slot whose bit is set in `ready` and that
@@ -550,6 +565,16 @@ static tnt_result_t merge_bits(tnt_negotiator_t *c, tnt_response_t **list, int *
 
 static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, int *next_full);
 
+/* A full round's messages: read in place where the transport can lend them
+ * (no copy of N payloads before they are added), else copied into msg_all. */
+static tnt_result_t collect_messages(tnt_negotiator_t *c, double until) {
+  if (c->transport->exchange_view)
+    return c->transport->exchange_view(c->ts, c->msg_at, c->msg_lens, c->msg_max, until);
+  TNT_CHECK(c->transport->exchange_collect(c->ts, c->msg_all, c->msg_max, c->msg_lens, until));
+  for (int q = 0; q < c->pl->size; q++) c->msg_at[q] = c->msg_all + (size_t)q * c->msg_max;
+  return TNT_SUCCESS;
+}
+
 tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, double until) {
   *responses = NULL;
   *nresponses = 0;
@@ -557,9 +582,8 @@ tnt_result_t tnt_negotiate_cycle(tnt_negotiator_t *c, tnt_response_t **responses
     TNT_CHECK(post_cycle(c));
     c->cycle_posted = 1;
   }
-  tnt_result_t res = c->cycle_bits
-                         ? tnt_and_collect(c->transport, c->ts, &c->and_scratch, c->bits_and, until)
-                         : c->transport->exchange_collect(c->ts, c->msg_all, c->msg_max, c->msg_lens, until);
+  tnt_result_t res = c->cycle_bits ? tnt_and_collect(c->transport, c->ts, &c->and_scratch, c->bits_and, until)
+                                    : collect_messages(c, until);
   if (res != TNT_SUCCESS) return res; /* TNT_IN_PROGRESS: resumed by the next step */
   c->cycle_posted = 0;
   tnt_response_t *list = NULL;
@@ -599,7 +623,7 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
   *next_full = 0;
   for (int q = 0; q < N; q++) {
     msg_hdr_t hdr;
-    memcpy(&hdr, c->msg_all + (size_t)q * c->msg_max, sizeof hdr);
+    memcpy(&hdr, c->msg_at[q], sizeof hdr);
     if (hdr.flags & WANT_FULL) *next_full = 1;
   }
   /* 1. cache bits: sticky readiness per slot (a slot can become ready for
@@ -608,7 +632,7 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
   uint64_t seen[nwords > 0 ? nwords : 1];
   memset(seen, 0, sizeof seen);
   for (int q = 0; q < N; q++) {
-    const uint8_t *msg = c->msg_all + (size_t)q * c->msg_max;
+    const uint8_t *msg = c->msg_at[q];
     const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
     const uint64_t *bits = (const uint64_t *)(msg + sizeof *hdr);
     for (uint32_t w = 0; w < hdr->nwords && (int)w < cache_words(c); w++) {
@@ -630,7 +654,7 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
    * every rank's cache holds the same agreed meta) */
   const uint64_t stamp = c->cycles + 1;
   for (int q = 0; q < N; q++) {
-    const uint8_t *msg = c->msg_all + (size_t)q * c->msg_max;
+    const uint8_t *msg = c->msg_at[q];
     msg_hdr_t hdr;
     memcpy(&hdr, msg, sizeof hdr);
     if (!hdr.n_payloads) continue;
@@ -661,7 +685,7 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
   /* 3. announcements, in rank order */
   int first_new = n;
   for (int q = 0; q < N; q++) {
-    const uint8_t *msg = c->msg_all + (size_t)q * c->msg_max;
+    const uint8_t *msg = c->msg_at[q];
     const msg_hdr_t *hdr = (const msg_hdr_t *)msg;
     size_t off = sizeof *hdr + sizeof(uint64_t) * hdr->nwords;
     for (uint32_t a = 0; a < hdr->n_ann; a++) {
@@ -708,7 +732,7 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
 }
 
 const void *tnt_negotiate_payload(const tnt_negotiator_t *c, int slot, int q) {
-  return c->msg_all + (size_t)q * c->msg_max + c->payload_at[(size_t)slot * c->pl->size + q];
+  return c->msg_at[q] + c->payload_at[(size_t)slot * c->pl->size + q];
 }
 
 void tnt_responses_free(tnt_response_t *responses, int n) {

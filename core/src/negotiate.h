@@ -54,6 +54,8 @@ typedef struct {
  * latencies where the one round pays one, and the one round's N-1 copies of
  * the payload are at most twice the ring's bytes. */
 #define TNT_ONE_ROUND_NET_BYTES (64 * 1024)
+/* ... and on one host over shm, for more than 2 ranks (tnt_one_round_bytes). */
+#define TNT_ONE_ROUND_SHM_BYTES (64 * 1024)
 /* What a negotiation message holds beside its payloads: header, readiness
  * bits, announcements (those that do not fit go in the next cycle). */
 #define TNT_MESSAGE_ROOM (48 * 1024)
@@ -62,6 +64,7 @@ typedef struct {
  * transport and the size, which every rank agrees on). */
 size_t tnt_one_round_bytes(const tnt_transport_t *t, int size);
 _Static_assert(TNT_ONE_ROUND_NET_BYTES + TNT_MESSAGE_ROOM <= TNT_EXCHANGE_MAX, "a negotiation message must fit an exchange");
+_Static_assert(TNT_ONE_ROUND_SHM_BYTES + TNT_MESSAGE_ROOM <= TNT_EXCHANGE_MAX, "a negotiation message must fit an exchange");
 
 typedef struct {
   const tnt_placement_t *pl;
@@ -79,7 +82,10 @@ typedef struct {
   size_t one_round_bytes;      /* tnt_one_round_bytes */
   size_t msg_max;              /* bytes of one rank's message at most: one_round_bytes + TNT_MESSAGE_ROOM */
   uint8_t *msg_out, *msg_all;  /* exchange buffers */
+  uint8_t *msg_mine;           /* this rank's message of the cycle: msg_out, or the transport's exchange_buffer */
   size_t *msg_lens;
+  const uint8_t **msg_at;      /* [size] rank q's message of the last full round: in msg_all, or where the
+                                * transport holds it (exchange_view), valid until the next post */
   size_t msg_out_len;
   int cycle_posted;            /* this cycle's message is published, not yet collected */
   int cycle_bits;              /* the cycle in flight is a bit round (else full) */
@@ -115,7 +121,8 @@ void tnt_responses_free(tnt_response_t *responses, int n);
 /* 1 while a cycle is posted and not yet collected. */
 static inline int tnt_negotiate_in_cycle(const tnt_negotiator_t *c) { return c->cycle_posted; }
 /* Rank q's scaled payload for a one_round response of the last cycle (valid
- * until the next cycle). */
+ * until this rank's next exchange: read every one before any other collective
+ * runs, engine.c). */
 const void *tnt_negotiate_payload(const tnt_negotiator_t *c, int slot, int q);
 /* awaited[r] = 1 for every peer some pending request still waits for. */
 void tnt_negotiate_awaited(tnt_negotiator_t *c, uint8_t *awaited);

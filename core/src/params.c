@@ -21,7 +21,7 @@ typedef struct {
   const char *doc;
 } num_param_t;
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
@@ -47,6 +47,9 @@ static const num_param_t num_params[P_COUNT] = {
                      "allreduces of at least this many KiB are taken to be larger than the cache: results are "
                      "written past it with streaming stores (x86-64), and the ring's last reduce step sends each "
                      "completed piece on at once (the same bits either way)"},
+    [P_DIRECT] = {"TNT_SHM_DIRECT", 1, 0, 1, 1,
+                  "shared-memory transport with more than 2 ranks: 1: an allreduce above 16 KiB reads every rank's "
+                  "chunk in place, two rounds per MiB; 0: the ring (the same bits either way)"},
 };
 
 /* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */
@@ -120,6 +123,8 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   p->simd = (int)v;
   TNT_CHECK(read_num(P_STREAM_KB, &v));
   p->stream_min_bytes = (int64_t)v * 1024;
+  TNT_CHECK(read_num(P_DIRECT, &v));
+  p->shm_direct = (int)v;
 
   const char *lvl = getenv("TNT_LOG_LEVEL"); /* the same rule as Python's logging: no silent default */
   if (lvl && *lvl) {

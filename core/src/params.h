@@ -26,6 +26,7 @@ typedef struct {
   int bit_rounds;                 /* TNT_BIT_ROUNDS: steady-state cycles are an AND of bits (0: always full rounds) */
   int simd;                       /* TNT_SIMD: the highest float16/bfloat16 kernel level (tnt_half_level_t) */
   int64_t stream_min_bytes;       /* TNT_STREAM_MIN_KB: results this large are written past the cache */
+  int shm_direct;                 /* TNT_SHM_DIRECT: more than 2 ranks over shm allreduce in place (0: the ring) */
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);

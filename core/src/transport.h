@@ -100,6 +100,18 @@ struct tnt_transport {
    * (and_allreduce.c), which is what shared memory does best anyway. */
   tnt_result_t (*and_post)(void *state, const uint64_t *mine, int nwords, double deadline);
   tnt_result_t (*and_collect)(void *state, uint64_t *out, double until);
+  /* exchange_collect without the copy: msgs[r] points at rank r's bytes where
+   * the transport holds them (lens[r] their length, at most `max`), valid until
+   * this rank's next exchange_post. NULL where the bytes must be copied (a
+   * network transport receives them into the caller's buffer anyway); shm
+   * reads every rank's message in place, which is what lets a payload of tens
+   * of kilobytes ride with the negotiation (negotiate.c). */
+  tnt_result_t (*exchange_view)(void *state, const uint8_t **msgs, size_t *lens, size_t max, double until);
+  /* Where this rank's next exchange_post reads its bytes from without a copy
+   * (*capacity of them, at least TNT_EXCHANGE_MAX; such a post may be that
+   * long): build the message there and post that pointer. Valid from the end
+   * of a collect (or init) until that post. NULL: none. */
+  void *(*exchange_buffer)(void *state, size_t *capacity);
 };
 
 extern const tnt_transport_t tnt_transport_shm;

@@ -40,7 +40,7 @@ static int run_rank(void) {
     }
     CHECK(small_out[0] == 1.0f && small_out[4] == (float)(n - 1) / 2.0f);
   }
-  int64_t mine[3] = {r, r, r}, count = 0, root_data[2] = {0, 0};
+  int64_t mine[8] = {r, r, r, r, r, r, r, r}, count = 0, root_data[2] = {0, 0}; /* r + 1 of them: n <= 8 */
   tnt_handle_t g, b;
   CHECK(tnt_allgather_async("gather", mine, r + 1, 1, TNT_INT64, &g) == TNT_SUCCESS);
   if (r == n - 1) root_data[0] = root_data[1] = 42;
@@ -76,6 +76,9 @@ int main(int argc, char **argv) {
       /* the 1.2 MB allreduce takes the path of buffers past the cache (the ring's
        * last two steps as one, streaming stores), under the sanitizers too */
       setenv("TNT_STREAM_MIN_KB", "1024", 1);
+      /* 3 ranks add the 1.2 MB in place over shm (allreduce_direct.c, two
+       * chunks), 4 run the ring, which is what 2 ranks always run */
+      setenv("TNT_SHM_DIRECT", n >= 4 ? "0" : "1", 1);
       exit(run_rank());
     }
   }

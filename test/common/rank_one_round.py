@@ -61,9 +61,77 @@ avg = tnt.allreduce(contrib[rank], name="bits-avg", op="average", prescale=2.0)
 seen["avg_close"] = bool(np.allclose(avg, 2.0 * sum(contrib) / size, rtol=1e-5, atol=1e-5))
 seen["avg_hex"] = avg.tobytes().hex()  # compared across ranks by the test
 
+# 2b. 32 KB rides too with more than 2 ranks on one host (read in place from
+#     the shared exchange buffers), in the same order; and in a cycle that also
+#     runs a small allreduce of its own exchange (a fresh name), which must not
+#     let the peers overwrite the payloads before they are added
+mid = [np.random.default_rng(10 + q).standard_normal(8192).astype(np.float32) for q in range(size)]
+mid_expected = np.empty(8192, np.float32)
+for j in range(size):
+    lo, hi = 8192 * j // size, 8192 * (j + 1) // size
+    acc = mid[j][lo:hi].copy()
+    for k in range(1, size):
+        acc = acc + mid[(j + k) % size][lo:hi]
+    mid_expected[lo:hi] = acc
+for _ in range(2):  # cached in this order: the integer average's slot comes first in a cycle's responses
+    tnt.allreduce(np.full(3, rank, np.int32), op="average", name="mid-int")
+    tnt.allreduce(mid[rank], name="mid")
+before = core.stats()
+mid_ok = True
+for i in range(100):
+    shift = np.float32(i)  # a different sum every call: a stale payload would show
+    h_int = tnt.allreduce_async(np.full(3, rank + i, np.int32), op="average", name="mid-int")  # an exchange of its own
+    h_mid = tnt.allreduce_async(mid[rank] + shift, name="mid")
+    h_new = tnt.allreduce_async(np.full(7, rank + i, np.float32), name=f"fresh-{i}")
+    got_int, got_mid, got_new = h_int.wait(), h_mid.wait(), h_new.wait()
+    exact = tnt.allreduce(mid[rank] + shift, name="mid-check")  # the same contributions, the same order
+    mid_ok &= got_mid.tobytes() == exact.tobytes() and bool((got_new == size * i + sum(range(size))).all())
+    mid_ok &= bool((got_int == i + sum(range(size)) // size).all())
+    mid_ok &= bool(np.allclose(got_mid, mid_expected + size * shift, rtol=1e-5, atol=1e-4))
+seen["mid_one_round"] = delta(before)["one_round"]
+got = tnt.allreduce(mid[rank], name="mid")
+seen["mid"] = mid_ok and got.tobytes() == mid_expected.tobytes()
+
+# 2c. beyond the one-round limit, more than 2 ranks on one host add every
+#     rank's chunk in place (TNT_SHM_DIRECT; two exchange rounds per MiB): the
+#     ring's order of additions, bit for bit, across chunks (1.2 MB is two) and
+#     for tensors fused into one buffer (each keeps its own segments)
+def ring_order(contribs):
+    n = len(contribs[0])
+    out = np.empty_like(contribs[0])
+    for j in range(size):
+        lo, hi = n * j // size, n * (j + 1) // size
+        acc = contribs[j][lo:hi].copy()
+        for k in range(1, size):
+            acc = acc + contribs[(j + k) % size][lo:hi]
+        out[lo:hi] = acc
+    return out
+
+
+direct_ok = {}
+for count, dtype in ((100003, np.float32), (300007, np.float32), (70001, np.float16)):
+    parts = [(np.random.default_rng(100 + q).standard_normal(count) * 5).astype(dtype) for q in range(size)]
+    want = ring_order(parts)
+    got = [tnt.allreduce(parts[rank], name=f"direct-{count}") for _ in range(2)]
+    direct_ok[f"{count}"] = all(g.tobytes() == want.tobytes() for g in got)
+# 1 + 1e8 - 1e8 in float32 is 0 or 1 by the order of the additions: the result
+# shows in which segment each element was added (fused: not an even split)
+reveal = (1.0, 1e8, -1e8) + (0.0,) * size
+fused = [[np.full(n, reveal[q], np.float32) for q in range(size)] for n in (50002, 30002)]
+lead, fused_ok = np.ones(1 << 21, np.float32), True
+for _ in range(6):  # submitted while an 8 MB allreduce runs, they wait for the next cycle together: fused
+    h_lead = tnt.allreduce_async(lead, name="direct-lead")
+    time.sleep(0.002)
+    hs = [tnt.allreduce_async(parts_t[rank], name=f"direct-fused-{t}") for t, parts_t in enumerate(fused)]
+    got = [h.wait() for h in hs]
+    fused_ok &= bool((h_lead.wait() == size).all())
+    fused_ok &= all(g.tobytes() == ring_order(parts_t).tobytes() for g, parts_t in zip(got, fused))
+direct_ok["fused"] = fused_ok
+seen["direct"] = direct_ok
+
 # 3. not one round: an integer average (its own two-part sum) and a payload
-#    beyond the one-round limit; still exact
-ints, big = np.full(5, 7 * rank, np.int64), np.ones(8192, np.float32)  # 32 KB
+#    beyond the one-round limit (64 KiB with more than 2 ranks); still exact
+ints, big = np.full(5, 7 * rank, np.int64), np.ones(16385, np.float32)  # 64 KiB + 4 B
 for _ in range(2):
     r_int = tnt.allreduce(ints, op="average", name="int-avg")
     r_big = tnt.allreduce(big, name="big")

@@ -84,6 +84,7 @@ def test_python_api_initializes_on_first_use():
     ("TNT_TRANSPORT", "carrier-pigeon", ["TNT_TRANSPORT must be one of auto, shm, mpi, gpi2"]),
     ("TNT_STREAM_MIN_KB", "8M", ["TNT_STREAM_MIN_KB must be a whole number between 0 and 1000000000000",
                                  "TNT_STREAM_MIN_KB=8M"]),
+    ("TNT_SHM_DIRECT", "yes", ["TNT_SHM_DIRECT must be a whole number between 0 and 1", "TNT_SHM_DIRECT=yes"]),
 ])
 def test_bad_environment_values(var, value, words):
     raises("tnt.init()", "InvalidArgumentError", words, **{var: value})

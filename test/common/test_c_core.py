@@ -91,7 +91,7 @@ def test_c_half_program(builds, kind):
 
 
 @pytest.mark.parametrize("kind", BUILDS)
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])  # 3: the direct allreduce, 2 and 4: the ring (test_ranks.c)
 def test_c_ranks_program(builds, kind, n):
     assert run([str(builds(kind) / "test_ranks"), str(n)]).stdout.strip() == f"{n} passed, 0 failed"
 

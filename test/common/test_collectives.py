@@ -37,11 +37,13 @@ def test_every_collective_every_dtype(n, tmp_path):
 def test_results_are_identical_on_a_second_run(tmp_path):
     # both runs here: the test needs no other test's state and runs alone. The
     # second writes every result with streaming stores (the first only those
-    # of at least TNT_STREAM_MIN_KB's default): where the bytes go must not
-    # change one bit
+    # of at least TNT_STREAM_MIN_KB's default), and its allreduces above 16 KiB
+    # take the ring where the first read every rank's chunk in place
+    # (TNT_SHM_DIRECT, 3 ranks): neither the algorithm nor where the bytes go
+    # may change one bit
     n = 3
     first = run_collectives(n, tmp_path / "a")[0]["results"]
-    second = run_collectives(n, tmp_path / "b", env={"TNT_STREAM_MIN_KB": "0"})[0]["results"]
+    second = run_collectives(n, tmp_path / "b", env={"TNT_STREAM_MIN_KB": "0", "TNT_SHM_DIRECT": "0"})[0]["results"]
     assert first.keys() == second.keys()
     differing = [k for k in first if first[k] != second[k]]
     assert not differing, f"{len(differing)} results differ between two runs: {differing[:5]}"

@@ -51,7 +51,9 @@ def outcome(proc):
 @pytest.mark.parametrize("setting, values", [("TNT_FUSION_THRESHOLD_KB", ("1024", "64")),
                                              ("TNT_CACHE_CAPACITY", ("1024", "100")),
                                              # decides whether the ring's last two steps run as one
-                                             ("TNT_STREAM_MIN_KB", ("8192", "0"))])
+                                             ("TNT_STREAM_MIN_KB", ("8192", "0")),
+                                             # the ring, or two exchange rounds per chunk
+                                             ("TNT_SHM_DIRECT", ("1", "0"))])
 def test_ranks_that_disagree_on_a_protocol_setting_fail_on_every_rank(setting, values):
     job = secrets.token_hex(16)
     procs = [start(r, 2, job, **{setting: values[r]}) for r in range(2)]

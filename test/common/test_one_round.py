@@ -38,6 +38,16 @@ def test_one_round_adds_in_the_small_paths_order_on_every_rank(observed):
     assert len({o["avg_hex"] for o in observed}) == 1
 
 
+def test_32_kb_rides_in_one_round_with_three_ranks_in_the_same_order(observed):
+    # 100 "mid" calls, and most "mid-check" calls (its first is negotiated in full)
+    assert all(o["mid_one_round"] >= 100 + 99 and o["mid"] for o in observed), [o["mid_one_round"] for o in observed]
+
+
+def test_larger_allreduces_read_in_place_add_in_the_rings_order(observed):
+    for o in observed:
+        assert o["direct"] == {"100003": True, "300007": True, "70001": True, "fused": True}, o["direct"]
+
+
 def test_integer_average_and_large_payloads_take_their_own_paths(observed):
     assert all(o["other_paths"] == 0 and o["other_ok"] for o in observed)
 

@@ -17,16 +17,7 @@
 
 void tnt_reduce_in_ring_order(tnt_dtype_t dtype, void *out, const void *const *contrib, int64_t count, int N,
                               const int64_t *bounds) {
-  const size_t esz = tnt_dtype_size(dtype);
-  uint8_t *dst = out;
-  for (int j = 0; j < N; j++) {
-    int64_t b = tnt_segment_begin(bounds, count, N, j), len = tnt_segment_begin(bounds, count, N, j + 1) - b;
-    if (len <= 0) continue;
-    size_t at = (size_t)b * esz;
-    memcpy(dst + at, (const uint8_t *)contrib[j] + at, (size_t)len * esz);
-    for (int k = 1; k < N; k++)
-      tnt_reduce_sum(dtype, dst + at, dst + at, (const uint8_t *)contrib[(j + k) % N] + at, (size_t)len);
-  }
+  tnt_reduce_range_in_ring_order(dtype, out, 0, contrib, 0, 0, count, count, N, bounds);
 }
 
 tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,

@@ -122,6 +122,17 @@ tnt_result_t tnt_allreduce_hier_small(tnt_ring_t *flat, const int *rank_at, int 
  * the same bits on every rank and on every path that adds this way. */
 void tnt_reduce_in_ring_order(tnt_dtype_t dtype, void *out, const void *const *contrib, int64_t count, int N,
                               const int64_t *bounds);
+/* The same for the elements [lo, hi) only (allreduce_direct.c): `out` holds the
+ * buffer's elements from out_at on, every contrib[q] those from in_at on. */
+void tnt_reduce_range_in_ring_order(tnt_dtype_t dtype, void *out, int64_t out_at, const void *const *contrib,
+                                    int64_t in_at, int64_t lo, int64_t hi, int64_t count, int N, const int64_t *bounds);
+/* Allreduce through memory every rank reads in place (allreduce_direct.c): two
+ * exchange rounds per chunk, the ring's bits. Needs the transport's
+ * exchange_view and exchange_buffer (tnt_allreduce_direct_possible). */
+int tnt_allreduce_direct_possible(const tnt_transport_t *t);
+tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, int N, const void *in, void *out,
+                                  int64_t count, tnt_dtype_t dtype, double prescale, const int64_t *bounds,
+                                  double deadline);
 tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, size_t bytes, int root, double deadline);
 tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, const int64_t *bytes_per_rank,
                                 double deadline);

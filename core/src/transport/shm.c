@@ -5,7 +5,7 @@
  *   header | rank block 0 | rank block 1 | ...
  *   rank block = control (pid, state, abort reason, doorbell, exchange sequence,
  *                notification counters [kind][source], one cache line each)
- *              | exchange buffers [2][TNT_EXCHANGE_MAX] | receive window
+ *              | exchange buffers [2][SHM_EXCHANGE_BYTES] | receive window
  *
  * Waiting: a futex on the counter word, after a spin of at most TNT_SPIN_US
  * only under a host-wide budget (spin_allowed: 8 ranks on 2 cores must not
@@ -52,6 +52,11 @@
 
 #define SHM_MAGIC 0x544e5431u /* "TNT1" */
 #define CACHE_LINE 64
+/* Each of a rank's two exchange buffers: the negotiation's message needs
+ * TNT_EXCHANGE_MAX; the direct allreduce (allreduce_direct.c) moves a chunk of
+ * this size per two rounds, so that 1 MB takes two rounds, not sixteen. */
+#define SHM_EXCHANGE_BYTES (1024 * 1024)
+_Static_assert(SHM_EXCHANGE_BYTES >= TNT_EXCHANGE_MAX, "an exchange buffer must hold a negotiation message");
 #define SLICE_S 0.1
 #define HOST_LOAD_EVERY_S 0.005 /* how often a spinner re-reads the host's count of runnable threads */
 #define BELL_GRACE_S 200e-6 /* how long a cycle waits for its peers to join by themselves before waking them */
@@ -352,17 +357,17 @@ static int shm_can_serve(const tnt_placement_t *pl) { return pl->local_size == p
 
 static size_t block_bytes_for(int size, size_t window_bytes) {
   size_t control = align_up(sizeof(shm_rank_t) + sizeof(shm_word_t) * TNT_NOTIFY_KINDS * (size_t)size, 4096);
-  return control + 2 * TNT_EXCHANGE_MAX + align_up(window_bytes, 4096);
+  return control + 2 * SHM_EXCHANGE_BYTES + align_up(window_bytes, 4096);
 }
 
 static void layout(shm_t *s, size_t window_bytes) {
   size_t block = block_bytes_for(s->pl.size, window_bytes);
-  size_t control = block - 2 * TNT_EXCHANGE_MAX - align_up(window_bytes, 4096);
+  size_t control = block - 2 * SHM_EXCHANGE_BYTES - align_up(window_bytes, 4096);
   for (int r = 0; r < s->pl.size; r++) {
     uint8_t *b = s->base + align_up(sizeof(shm_header_t), 4096) + (size_t)r * block;
     s->ranks[r] = (shm_rank_t *)b;
     s->exch[r] = b + control;
-    s->windows[r] = b + control + 2 * TNT_EXCHANGE_MAX;
+    s->windows[r] = b + control + 2 * SHM_EXCHANGE_BYTES;
   }
 }
 
@@ -408,7 +413,9 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
     }
     int err = posix_fallocate(s->fd, 0, (off_t)s->total); /* fail now, not with SIGBUS later */
     if (err) {
-      res = tnt_fail(TNT_ERR_SYSTEM, "cannot reserve %zu bytes of shared memory in /dev/shm: %s", s->total, strerror(err));
+      res = tnt_fail(TNT_ERR_SYSTEM, "cannot reserve %zu bytes of shared memory in /dev/shm for %d ranks: %s (in a "
+                     "container, give it more, e.g. docker run --shm-size=1g; or shrink each rank's window with "
+                     "TNT_SHM_SLOTS or TNT_SHM_SLOT_KB)", s->total, pl->size, strerror(err));
       shm_unlink(s->name);
       goto fail;
     }
@@ -571,11 +578,12 @@ static tnt_result_t shm_wait(void *st, int kind, int from, uint32_t target, doub
  * sleeper of that round with one system call (no N^2 wake-ups). */
 static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, double deadline) {
   shm_t *s = st;
-  if (len > TNT_EXCHANGE_MAX) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
+  if (len > SHM_EXCHANGE_BYTES) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
   if (s->exch_posted) return tnt_fail(TNT_ERR_INTERNAL, "exchange posted twice");
   uint32_t round = ++s->exch_round, buf = round & 1;
   shm_rank_t *me = s->ranks[s->pl.rank];
-  memcpy(s->exch[s->pl.rank] + buf * TNT_EXCHANGE_MAX, mine, len);
+  uint8_t *at = s->exch[s->pl.rank] + buf * SHM_EXCHANGE_BYTES;
+  if (mine != at) memcpy(at, mine, len); /* else built in place (shm_exchange_buffer) */
   me->exch_len[buf] = (uint32_t)len;
   atomic_store_explicit(&me->exch_seq.value, round, memory_order_release); /* publishes the bytes above */
   uint32_t arrived = atomic_fetch_add(&s->hdr->arrived.value, 1) + 1;
@@ -586,10 +594,13 @@ static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, do
   return TNT_SUCCESS;
 }
 
-/* Collect every rank's bytes of the posted round. `until` may end the wait
- * before the round's own deadline: then TNT_IN_PROGRESS, and a later call
- * (from any thread holding the engine) resumes it. */
-static tnt_result_t shm_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
+/* Every rank's bytes of the posted round, where they lie in the segment. They
+ * stay there until this rank posts again: a peer overwrites its buffer of this
+ * round only two rounds on, and it can post the next one only after this rank
+ * has. `until` may end the wait before the round's own deadline: then
+ * TNT_IN_PROGRESS, and a later call (from any thread holding the engine)
+ * resumes it. */
+static tnt_result_t shm_exchange_view(void *st, const uint8_t **msgs, size_t *lens, size_t max, double until) {
   shm_t *s = st;
   if (!s->exch_posted) return tnt_fail(TNT_ERR_INTERNAL, "exchange collected before it was posted");
   uint32_t round = s->exch_round, buf = round & 1;
@@ -600,12 +611,28 @@ static tnt_result_t shm_exchange_collect(void *st, void *all, size_t stride, siz
   TNT_CHECK(res);
   s->bells_owed = 0;
   for (int r = 0; r < s->pl.size; r++) {
-    shm_rank_t *p = s->ranks[r];
-    lens[r] = p->exch_len[buf];
-    if (lens[r] > stride) return tnt_fail(TNT_ERR_INTERNAL, "rank %d published %zu exchange bytes, more than %zu", r, lens[r], stride);
-    memcpy((uint8_t *)all + (size_t)r * stride, s->exch[r] + buf * TNT_EXCHANGE_MAX, lens[r]);
+    lens[r] = s->ranks[r]->exch_len[buf];
+    if (lens[r] > max) return tnt_fail(TNT_ERR_INTERNAL, "rank %d published %zu exchange bytes, more than %zu", r, lens[r], max);
+    msgs[r] = s->exch[r] + buf * SHM_EXCHANGE_BYTES;
   }
   s->exch_posted = 0;
+  return TNT_SUCCESS;
+}
+
+/* The buffer the next round publishes. The peers stopped reading it when they
+ * posted the round this rank last collected, two rounds after it was written. */
+static void *shm_exchange_buffer(void *st, size_t *capacity) {
+  shm_t *s = st;
+  *capacity = SHM_EXCHANGE_BYTES;
+  return s->exch_posted ? NULL : s->exch[s->pl.rank] + ((s->exch_round + 1) & 1) * SHM_EXCHANGE_BYTES;
+}
+
+/* The same, copied out into all[r * stride]. */
+static tnt_result_t shm_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
+  shm_t *s = st;
+  const uint8_t *msgs[s->pl.size];
+  TNT_CHECK(shm_exchange_view(st, msgs, lens, stride, until));
+  for (int r = 0; r < s->pl.size; r++) memcpy((uint8_t *)all + (size_t)r * stride, msgs[r], lens[r]);
   return TNT_SUCCESS;
 }
 
@@ -697,6 +724,8 @@ const tnt_transport_t tnt_transport_shm = {
     .exchange = shm_exchange,
     .exchange_post = shm_exchange_post,
     .exchange_collect = shm_exchange_collect,
+    .exchange_view = shm_exchange_view,
+    .exchange_buffer = shm_exchange_buffer,
     .ring_doorbell = shm_ring_doorbell,
     .cycle_wanted = shm_cycle_wanted,
     .wait_doorbell = shm_wait_doorbell,
