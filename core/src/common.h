@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "tarantella.h"
@@ -72,6 +73,15 @@ static inline int64_t tnt_now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* snprintf(dst, cap, "%s", src) without the formatting machinery, for names on
+ * the hot path (every call copies its name twice; snprintf took 1.4% of a
+ * 4-rank loop of 4-byte allreduces). cap > 0. */
+static inline void tnt_copy_str(char *dst, size_t cap, const char *src) {
+  size_t n = strnlen(src, cap - 1);
+  memcpy(dst, src, n);
+  dst[n] = 0;
 }
 
 #endif

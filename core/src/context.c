@@ -228,7 +228,7 @@ static tnt_result_t new_request(const char *name, tnt_coll_t coll, int dtype, in
   if (count < 0) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "negative element count %lld for '%s'", (long long)count, name);
   tnt_request_t *req = calloc(1, sizeof *req);
   if (!req) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-  snprintf(req->name, sizeof req->name, "%s", name);
+  tnt_copy_str(req->name, sizeof req->name, name);
   req->meta.coll = (uint8_t)coll;
   req->meta.dtype = (uint8_t)dtype;
   req->meta.count = count;

@@ -243,7 +243,7 @@ static int cache_insert(tnt_negotiator_t *c, const tnt_response_t *resp) {
   tnt_cache_entry_t *e = &c->cache[victim];
   if (tnt_namemap_put(&c->cache_by_name, resp->name, victim)) return -1;
   e->valid = 1;
-  snprintf(e->name, sizeof e->name, "%s", resp->name);
+  tnt_copy_str(e->name, sizeof e->name, resp->name);
   tnt_request_t *mine = tnt_pending_find(c->pending, resp->name);
   e->meta = mine ? mine->meta : resp->meta;
   if (resp->rank_counts) memcpy(e->rank_counts, resp->rank_counts, sizeof(int64_t) * (size_t)c->pl->size);
@@ -394,7 +394,7 @@ static tnt_gentry_t *gtable_get(tnt_negotiator_t *c, const char *name) {
     if (!g->metas || !g->announced) return NULL;
   }
   tnt_gentry_t *g = &c->gtable[i];
-  snprintf(g->name, sizeof g->name, "%s", name);
+  tnt_copy_str(g->name, sizeof g->name, name);
   memset(g->announced, 0, (size_t)c->pl->size);
   g->n_announced = 0;
   g->live = 1;
@@ -521,7 +521,7 @@ static tnt_result_t ready_slots(tnt_negotiator_t *c, const uint64_t *ready, int 
       tnt_cache_entry_t *e = &c->cache[slot];
       if (!e->valid || e->nready < N) continue;
       tnt_response_t r = {0};
-      snprintf(r.name, sizeof r.name, "%s", e->name);
+      tnt_copy_str(r.name, sizeof r.name, e->name);
       r.meta = e->meta;
       r.cache_slot = slot;
       if (e->meta.coll == COLL_ALLGATHER) {
@@ -704,7 +704,7 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
       g->metas[q] = ah.meta;
       if (++g->n_announced < N) continue;
       tnt_response_t r = {0};
-      snprintf(r.name, sizeof r.name, "%s", name);
+      tnt_copy_str(r.name, sizeof r.name, name);
       r.meta = g->metas[0];
       r.cache_slot = -1;
       int agree = 1;

@@ -81,7 +81,7 @@ typedef struct {
   char pad0[CACHE_LINE];
   shm_word_t arrived;           /* exchange posts of every rank, all rounds: round r is complete at r * size */
   _Atomic uint32_t spinners;    /* threads of this host busy-waiting now (at most one per core) */
-  _Atomic uint32_t sleepers;    /* ranks whose driving thread sleeps in an exchange or data wait now */
+  _Atomic uint32_t sleepers;    /* ranks whose driving thread sleeps in an exchange or data wait, not yet woken */
   _Atomic uint32_t host_busy;   /* more runnable threads on the host than cores (any process's), as last read */
   _Atomic int64_t load_read_us; /* when host_busy was last read */
   char collision[512];
@@ -96,6 +96,7 @@ typedef struct {
   uint32_t exch_len[2];
   char pad[CACHE_LINE - 12];
   _Atomic int64_t nap_until_us; /* while the background thread sleeps on the bell: when it wakes by itself, else 0 */
+  _Atomic uint32_t asleep;      /* counted in the header's sleepers; cleared by whoever wakes it first (mark_awake) */
   shm_word_t bell;      /* doorbell: bumped by peers wanting a cycle and by local requests */
   shm_word_t exch_seq;  /* rounds of exchange this rank has published */
   shm_word_t counters[]; /* [kind * size + source] */
@@ -133,6 +134,15 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct tim
 static void bump(shm_word_t *w) {
   atomic_fetch_add(&w->value, 1);
   if (atomic_load(&w->waiters)) futex(&w->value, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+/* Rank r is about to be woken: no longer a sleeper for the spin budget. A
+ * woken rank needs a core before it runs; counted as asleep until then, it
+ * would let the waker spin on the core it is queued for (with 4 ranks on 2
+ * cores, a spin of TNT_SPIN_US per round). Exactly once per sleep: whoever
+ * clears the flag first (the waker, or the sleeper when it returns) uncounts it. */
+static void mark_awake(shm_t *s, int r) {
+  if (atomic_exchange(&s->ranks[r]->asleep, 0)) atomic_fetch_sub(&s->hdr->sleepers, 1);
 }
 
 static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
@@ -335,12 +345,14 @@ static tnt_result_t sleep_until_word(shm_t *s, shm_word_t *w, uint32_t target, i
     double wake = deadline < next_check ? deadline : next_check;
     if (s->bells_owed && bell_at < wake) wake = bell_at;
     struct timespec ts = tnt_timespec(wake - now);
+    shm_rank_t *me = s->ranks[s->pl.rank];
     atomic_fetch_add(&s->hdr->sleepers, 1); /* counted, so that the last ranks to arrive may spin */
+    atomic_store(&me->asleep, 1);
     atomic_fetch_add(&w->waiters, 1);
     v = atomic_load(&w->value);
     if (!reached(v, target)) futex(&w->value, FUTEX_WAIT, v, &ts);
     atomic_fetch_sub(&w->waiters, 1);
-    atomic_fetch_sub(&s->hdr->sleepers, 1);
+    mark_awake(s, s->pl.rank);
   }
 }
 
@@ -558,7 +570,12 @@ static void *shm_window(void *st) {
 
 static tnt_result_t shm_notify(void *st, int peer, int kind) {
   shm_t *s = st;
-  bump(&s->ranks[peer]->counters[kind * s->pl.size + s->pl.rank]);
+  shm_word_t *w = &s->ranks[peer]->counters[kind * s->pl.size + s->pl.rank];
+  atomic_fetch_add(&w->value, 1);
+  if (atomic_load(&w->waiters)) { /* the peer sleeps on this very word */
+    mark_awake(s, peer);
+    futex(&w->value, FUTEX_WAKE, INT_MAX, NULL);
+  }
   return TNT_SUCCESS;
 }
 
@@ -587,8 +604,11 @@ static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, do
   me->exch_len[buf] = (uint32_t)len;
   atomic_store_explicit(&me->exch_seq.value, round, memory_order_release); /* publishes the bytes above */
   uint32_t arrived = atomic_fetch_add(&s->hdr->arrived.value, 1) + 1;
-  if (arrived == round * (uint32_t)s->pl.size && atomic_load(&s->hdr->arrived.waiters))
+  if (arrived == round * (uint32_t)s->pl.size && atomic_load(&s->hdr->arrived.waiters)) {
+    for (int r = 0; r < s->pl.size; r++) /* every other rank waits in this round, or is on its way to it */
+      if (r != s->pl.rank) mark_awake(s, r);
     futex(&s->hdr->arrived.value, FUTEX_WAKE, INT_MAX, NULL);
+  }
   s->exch_posted = 1;
   s->exch_deadline = deadline;
   return TNT_SUCCESS;
