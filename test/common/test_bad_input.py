@@ -1,6 +1,10 @@
 """Bad input gets a clear error that says what was wrong and what to do.
 
 Each check runs in a fresh interpreter (the core's state is per process)."""
+import os
+import secrets
+import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -131,3 +135,19 @@ def test_one_settings_table_rules_the_core_python_and_tntrun():
     res = subprocess.run(["tntrun", "-n", "2", "--fusion-threshold", "9999999", "--", "never_started.py"],
                          env=clean_env(), capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "TNT_FUSION_THRESHOLD_KB" in res.stderr and "4194304" in res.stderr, res.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare(1) for a private, tiny /dev/shm")
+def test_a_dev_shm_too_small_for_the_job_says_how_to_get_more():
+    # a container's /dev/shm (Docker gives 64 MB) may hold fewer ranks than the
+    # job has: rank 0 cannot reserve the segment and says why and what to do
+    prog = ("import tarantella as tnt\ntry:\n    tnt.init()\n    print('NO ERROR')\n"
+            "except tnt.TarantellaError as e:\n    print('MESSAGE:', e)\n")
+    shell = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {shlex.quote(sys.executable)} -c {shlex.quote(prog)}"
+    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
+                         env=clean_env(TNT_RANK=0, TNT_SIZE=4, TNT_LOCAL_RANK=0, TNT_LOCAL_SIZE=4,
+                                       TNT_JOB_ID=secrets.token_hex(16)),
+                         capture_output=True, text=True, timeout=60)
+    for w in ("MESSAGE:", "cannot reserve", "in /dev/shm for 4 ranks", "--shm-size", "TNT_SHM_SLOTS"):
+        assert w in res.stdout, (w, res.stdout + res.stderr)
