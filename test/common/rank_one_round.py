@@ -41,15 +41,22 @@ seen["metrics"] = delta(before)["one_round"]
 seen["metrics_ok"] = all(m == {"loss": 0.5 * sum(range(size)), "acc": float(size)} for m in metrics)
 
 # 2. the same bits as the small path's order: segment j of the result is
-#    c_j + c_(j+1) + ... + c_(j+N-1) (indices mod N), added left to right in float32
+#    c_j + c_(j+1) + ... + c_(j+N-1) (indices mod N), added left to right in
+#    the dtype, segment j being the tensor's even split n*j/N
+def ring_order(contribs):
+    n = len(contribs[0])
+    out = np.empty_like(contribs[0])
+    for j in range(size):
+        lo, hi = n * j // size, n * (j + 1) // size
+        acc = contribs[j][lo:hi].copy()
+        for k in range(1, size):
+            acc = acc + contribs[(j + k) % size][lo:hi]
+        out[lo:hi] = acc
+    return out
+
+
 contrib = [np.random.default_rng(q).standard_normal(1000).astype(np.float32) * 3.7 for q in range(size)]
-expected = np.empty(1000, np.float32)
-for j in range(size):
-    lo, hi = 1000 * j // size, 1000 * (j + 1) // size
-    acc = contrib[j][lo:hi].copy()
-    for k in range(1, size):
-        acc = acc + contrib[(j + k) % size][lo:hi]
-    expected[lo:hi] = acc
+expected = ring_order(contrib)
 tnt.allreduce(contrib[rank], name="bits")  # negotiated in full; the next ones are cached
 before = core.stats()
 got = [tnt.allreduce(contrib[rank], name="bits") for _ in range(3)]
@@ -66,13 +73,7 @@ seen["avg_hex"] = avg.tobytes().hex()  # compared across ranks by the test
 #     runs a small allreduce of its own exchange (a fresh name), which must not
 #     let the peers overwrite the payloads before they are added
 mid = [np.random.default_rng(10 + q).standard_normal(8192).astype(np.float32) for q in range(size)]
-mid_expected = np.empty(8192, np.float32)
-for j in range(size):
-    lo, hi = 8192 * j // size, 8192 * (j + 1) // size
-    acc = mid[j][lo:hi].copy()
-    for k in range(1, size):
-        acc = acc + mid[(j + k) % size][lo:hi]
-    mid_expected[lo:hi] = acc
+mid_expected = ring_order(mid)
 for _ in range(2):  # cached in this order: the integer average's slot comes first in a cycle's responses
     tnt.allreduce(np.full(3, rank, np.int32), op="average", name="mid-int")
     tnt.allreduce(mid[rank], name="mid")
@@ -96,18 +97,6 @@ seen["mid"] = mid_ok and got.tobytes() == mid_expected.tobytes()
 #     rank's chunk in place (TNT_SHM_DIRECT; two exchange rounds per MiB): the
 #     ring's order of additions, bit for bit, across chunks (1.2 MB is two) and
 #     for tensors fused into one buffer (each keeps its own segments)
-def ring_order(contribs):
-    n = len(contribs[0])
-    out = np.empty_like(contribs[0])
-    for j in range(size):
-        lo, hi = n * j // size, n * (j + 1) // size
-        acc = contribs[j][lo:hi].copy()
-        for k in range(1, size):
-            acc = acc + contribs[(j + k) % size][lo:hi]
-        out[lo:hi] = acc
-    return out
-
-
 direct_ok = {}
 for count, dtype in ((100003, np.float32), (300007, np.float32), (70001, np.float16)):
     parts = [(np.random.default_rng(100 + q).standard_normal(count) * 5).astype(dtype) for q in range(size)]
