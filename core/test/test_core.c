@@ -9,6 +9,7 @@
 #include "dtype.h"
 #include "expect.h"
 #include "stream_store.h"
+#include "copy_out.h"
 #include "tarantella.h"
 
 
@@ -55,6 +56,27 @@ static void test_streaming_copy(void) {
   EXPECT(mismatches == 0);
 }
 
+/* The copy out of a received piece writes exactly what memcpy writes, both
+ * when it copies forwards and when the destination lies 1-255 bytes past the
+ * source modulo 4 KiB (copied backwards), and nothing around it. */
+static void test_copy_out(void) {
+  static uint8_t src[4096 + 700] __attribute__((aligned(4096))), want[8192 + 700], got[8192 + 700];
+  for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(i * 37 + 11);
+  int mismatches = 0;
+  const size_t dst_offs[] = {0, 1, 16, 63, 64, 200, 255, 256, 257, 1040, 4095};
+  for (size_t k = 0; k < sizeof dst_offs / sizeof dst_offs[0]; k++)
+    for (size_t len = 0; len < 700; len += 13) {
+      /* got/want + 4096 - (their own page offset) + dst_offs[k]: the destination's page offset is dst_offs[k] */
+      size_t at = 4096 - ((uintptr_t)got & 4095) + dst_offs[k], wat = at;
+      memset(want, 0x11, sizeof want);
+      memset(got, 0x11, sizeof got);
+      memcpy(want + wat, src, len);
+      tnt_copy_out(got + at, src, len);
+      mismatches += memcmp(want, got, sizeof want) != 0;
+    }
+  EXPECT(mismatches == 0);
+}
+
 static void test_misuse_before_init(void) {
   float buf[4] = {0};
   tnt_handle_t h;
@@ -90,6 +112,7 @@ static void test_serial_job(void) {
 int main(void) {
   test_half_precision();
   test_streaming_copy();
+  test_copy_out();
   test_misuse_before_init();
   test_serial_job();
   printf("%d passed, %d failed\n", passed, failed);

@@ -106,3 +106,15 @@ def test_threads_never_share_a_block():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("shape,dtype", [((16384,), np.float32), ((300, 257), np.float64), ((5, 0, 3), np.int32),
+                                         ((1 << 19,), np.float16)])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_aligned_results_are_64_byte_aligned_writable_arrays_of_their_own_shape(shape, dtype, pooled):
+    # TensorFlow aliases a returned array only at 64-byte alignment
+    a = collectives.aligned_empty(shape, dtype, pooled=pooled)
+    assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    assert address(a) % 64 == 0
+    a[...] = 1
+    assert (a == 1).all()
