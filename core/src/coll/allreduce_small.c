@@ -20,12 +20,36 @@ void tnt_reduce_in_ring_order(tnt_dtype_t dtype, void *out, const void *const *c
   tnt_reduce_range_in_ring_order(dtype, out, 0, contrib, 0, 0, count, count, N, bounds);
 }
 
+/* The exchange in place (shm: transport.h's exchange_buffer and exchange_view):
+ * the contribution is built where it is published, and every rank's is added
+ * where it lies, instead of N copies into scratch. 0: not offered here. */
+static int small_in_place(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                          const int64_t *bounds, double deadline, tnt_result_t *res) {
+  const tnt_transport_t *t = ring->t;
+  const int N = ring->size;
+  const size_t bytes = (size_t)count * tnt_dtype_size(dtype);
+  size_t cap = 0, lens[N];
+  uint8_t *mine = t->exchange_view && t->exchange_buffer ? t->exchange_buffer(ring->ts, &cap) : NULL;
+  if (!mine || cap < bytes) return 0;
+  const uint8_t *msgs[N];
+  memcpy(mine, in, bytes);
+  *res = t->exchange_post(ring->ts, mine, bytes, deadline);
+  if (*res == TNT_SUCCESS) *res = t->exchange_view(ring->ts, msgs, lens, cap, deadline);
+  for (int q = 0; q < N && *res == TNT_SUCCESS; q++)
+    if (lens[q] != bytes)
+      *res = tnt_fail(TNT_ERR_INTERNAL, "rank %d published %zu bytes for a %zu-byte allreduce", q, lens[q], bytes);
+  if (*res == TNT_SUCCESS) tnt_reduce_in_ring_order(dtype, out, (const void *const *)msgs, count, N, bounds);
+  return 1;
+}
+
 tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                  const int64_t *bounds, void *scratch, double deadline) {
   const int N = ring->size;
   const size_t bytes = (size_t)count * tnt_dtype_size(dtype);
   size_t lens[N];
   const void *contrib[N];
+  tnt_result_t res;
+  if (small_in_place(ring, in, out, count, dtype, bounds, deadline, &res)) return res;
   TNT_CHECK(ring->t->exchange(ring->ts, in, bytes, scratch, bytes, lens, deadline));
   for (int q = 0; q < N; q++) contrib[q] = (const uint8_t *)scratch + (size_t)q * bytes;
   tnt_reduce_in_ring_order(dtype, out, contrib, count, N, bounds);
