@@ -62,6 +62,18 @@ static void part_of(int64_t cb, int64_t cl, int r, int N, int64_t *pb, int64_t *
 
 int tnt_allreduce_direct_possible(const tnt_transport_t *t) { return t->exchange_view && t->exchange_buffer; }
 
+tnt_result_t tnt_exchange_in_place(const tnt_transport_t *t, void *ts, int N, const uint8_t *mine, size_t len,
+                                   const uint8_t **msgs, size_t cap, double deadline) {
+  size_t lens[N];
+  TNT_CHECK(t->exchange_post(ts, mine, len, deadline));
+  TNT_CHECK(t->exchange_view(ts, msgs, lens, cap, deadline));
+  for (int q = 0; q < N; q++)
+    if (lens[q] != len)
+      return tnt_fail(TNT_ERR_INTERNAL, "rank %d published %zu bytes where every rank publishes %zu: the ranks have "
+                      "diverged", q, lens[q], len);
+  return TNT_SUCCESS;
+}
+
 tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, int N, const void *in, void *out,
                                   int64_t count, tnt_dtype_t dtype, double prescale, const int64_t *bounds,
                                   double deadline) {
@@ -78,12 +90,7 @@ tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, 
     const uint8_t *src = (const uint8_t *)in + (size_t)cb * esz;
     if (prescale != 1.0) tnt_scale(dtype, mine, src, prescale, (size_t)cl);
     else memcpy(mine, src, (size_t)cl * esz);
-    TNT_CHECK(t->exchange_post(ts, mine, (size_t)cl * esz, deadline));
-    TNT_CHECK(t->exchange_view(ts, msgs, lens, cap, deadline));
-    for (int q = 0; q < N; q++)
-      if (lens[q] != (size_t)cl * esz)
-        return tnt_fail(TNT_ERR_INTERNAL, "direct allreduce: rank %d published %zu bytes of a %lld-element chunk", q,
-                        lens[q], (long long)cl);
+    TNT_CHECK(tnt_exchange_in_place(t, ts, N, mine, (size_t)cl * esz, msgs, cap, deadline));
     /* this rank's part, added from every rank's chunk in place into the next buffer */
     int64_t pb, pl;
     part_of(cb, cl, rank, N, &pb, &pl);

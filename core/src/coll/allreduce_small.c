@@ -28,16 +28,12 @@ static int small_in_place(tnt_ring_t *ring, const void *in, void *out, int64_t c
   const tnt_transport_t *t = ring->t;
   const int N = ring->size;
   const size_t bytes = (size_t)count * tnt_dtype_size(dtype);
-  size_t cap = 0, lens[N];
-  uint8_t *mine = t->exchange_view && t->exchange_buffer ? t->exchange_buffer(ring->ts, &cap) : NULL;
+  size_t cap = 0;
+  uint8_t *mine = tnt_allreduce_direct_possible(t) ? t->exchange_buffer(ring->ts, &cap) : NULL;
   if (!mine || cap < bytes) return 0;
   const uint8_t *msgs[N];
   memcpy(mine, in, bytes);
-  *res = t->exchange_post(ring->ts, mine, bytes, deadline);
-  if (*res == TNT_SUCCESS) *res = t->exchange_view(ring->ts, msgs, lens, cap, deadline);
-  for (int q = 0; q < N && *res == TNT_SUCCESS; q++)
-    if (lens[q] != bytes)
-      *res = tnt_fail(TNT_ERR_INTERNAL, "rank %d published %zu bytes for a %zu-byte allreduce", q, lens[q], bytes);
+  *res = tnt_exchange_in_place(t, ring->ts, N, mine, bytes, msgs, cap, deadline);
   if (*res == TNT_SUCCESS) tnt_reduce_in_ring_order(dtype, out, (const void *const *)msgs, count, N, bounds);
   return 1;
 }

@@ -130,6 +130,11 @@ void tnt_reduce_range_in_ring_order(tnt_dtype_t dtype, void *out, int64_t out_at
  * exchange rounds per chunk, the ring's bits. Needs the transport's
  * exchange_view and exchange_buffer (tnt_allreduce_direct_possible). */
 int tnt_allreduce_direct_possible(const tnt_transport_t *t);
+/* One exchange round in place: post `mine` (len bytes, built in the
+ * transport's exchange_buffer of capacity `cap`), then msgs[q] = every rank's
+ * bytes where they lie; an error unless every rank published len bytes. */
+tnt_result_t tnt_exchange_in_place(const tnt_transport_t *t, void *ts, int N, const uint8_t *mine, size_t len,
+                                   const uint8_t **msgs, size_t cap, double deadline);
 tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, int N, const void *in, void *out,
                                   int64_t count, tnt_dtype_t dtype, double prescale, const int64_t *bounds,
                                   double deadline);

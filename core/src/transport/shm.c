@@ -131,11 +131,6 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct tim
   return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
 }
 
-static void bump(shm_word_t *w) {
-  atomic_fetch_add(&w->value, 1);
-  if (atomic_load(&w->waiters)) futex(&w->value, FUTEX_WAKE, INT_MAX, NULL);
-}
-
 /* Rank r is about to be woken: no longer a sleeper for the spin budget. A
  * woken rank needs a core before it runs; counted as asleep until then, it
  * would let the waker spin on the core it is queued for (with 4 ranks on 2
@@ -143,6 +138,16 @@ static void bump(shm_word_t *w) {
  * clears the flag first (the waker, or the sleeper when it returns) uncounts it. */
 static void mark_awake(shm_t *s, int r) {
   if (atomic_exchange(&s->ranks[r]->asleep, 0)) atomic_fetch_sub(&s->hdr->sleepers, 1);
+}
+
+/* Increment w and wake whoever sleeps on it. `sleeper`: the rank whose data
+ * or exchange wait may sleep on w (marked awake first), -1 for words no such
+ * wait sleeps on (bells, the attach count). */
+static void bump(shm_t *s, shm_word_t *w, int sleeper) {
+  atomic_fetch_add(&w->value, 1);
+  if (!atomic_load(&w->waiters)) return;
+  if (sleeper >= 0) mark_awake(s, sleeper);
+  futex(&w->value, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
@@ -309,7 +314,7 @@ static void pay_bells(shm_t *s, double waited) {
   for (int r = 0; r < s->pl.size; r++) {
     if (r == s->pl.rank || reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round)) continue;
     int64_t nap = atomic_load(&s->ranks[r]->nap_until_us);
-    if (nap && (nap - now <= (int64_t)(PENDING_NAP_S * 1e6) || waited >= IDLE_BELL_S)) bump(&s->ranks[r]->bell);
+    if (nap && (nap - now <= (int64_t)(PENDING_NAP_S * 1e6) || waited >= IDLE_BELL_S)) bump(s, &s->ranks[r]->bell, -1);
   }
   if (waited >= IDLE_BELL_S) s->bells_owed = 0;
 }
@@ -501,7 +506,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
              "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
              (int)nobody, (int)getpid(), pl->rank, pl->job_id);
     atomic_store(&s->hdr->collided, 1);
-    bump(&s->hdr->attached);
+    bump(s, &s->hdr->attached, -1);
     res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
     s->ranks[pl->rank] = NULL; /* not ours: the failure path must not mark it */
     shm_unlink(s->name);
@@ -570,12 +575,7 @@ static void *shm_window(void *st) {
 
 static tnt_result_t shm_notify(void *st, int peer, int kind) {
   shm_t *s = st;
-  shm_word_t *w = &s->ranks[peer]->counters[kind * s->pl.size + s->pl.rank];
-  atomic_fetch_add(&w->value, 1);
-  if (atomic_load(&w->waiters)) { /* the peer sleeps on this very word */
-    mark_awake(s, peer);
-    futex(&w->value, FUTEX_WAKE, INT_MAX, NULL);
-  }
+  bump(s, &s->ranks[peer]->counters[kind * s->pl.size + s->pl.rank], peer);
   return TNT_SUCCESS;
 }
 
@@ -712,7 +712,7 @@ static tnt_result_t shm_check_peers(void *st, const uint8_t *awaited) {
 
 static void shm_wake_local(void *st) {
   shm_t *s = st;
-  bump(&s->ranks[s->pl.rank]->bell);
+  bump(s, &s->ranks[s->pl.rank]->bell, -1);
 }
 
 static void shm_abort(void *st, const char *reason, int root_peer) {
