@@ -16,6 +16,7 @@ from tarantella.common.startup_log import mark
 _lock = threading.Lock()
 _lib = None
 _ffi = None
+_running = None  # (lib, ffi) while the core runs in this process: running()
 _state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
 _pid = None  # the process that initialized: a fork() child must not act as its rank
 MASTER_RANK = 0
@@ -73,7 +74,7 @@ def check(result):
 def init():
     """Start the core: read the placement from the environment, connect to the
     other ranks, start the background thread. Idempotent."""
-    global _state, _pid
+    global _state, _pid, _running
     with _lock:
         if _state == "up":
             _check_not_forked()
@@ -86,6 +87,7 @@ def init():
         check(lib_.tnt_init())
         _state = "up"
         _pid = os.getpid()
+        _running = (lib_, _ffi)
         mark("tnt.init: connected")
     from tarantella.common import logging as tnt_logging
     from tarantella.common import error_file
@@ -97,11 +99,12 @@ def init():
 def shutdown():
     """Stop the background thread and release the transport. Other ranks are not
     waited for; pending requests of this rank fail."""
-    global _state
+    global _state, _running
     with _lock:
         if _state != "up":
             return
         _state = "down"
+        _running = None
         check(_lib.tnt_finalize())
 
 
@@ -113,8 +116,9 @@ _forked = False  # set in a fork() child: only then is the pid worth a system ca
 
 
 def _note_fork():
-    global _forked
+    global _forked, _running
     _forked = True
+    _running = None
 
 
 os.register_at_fork(after_in_child=_note_fork)
@@ -126,6 +130,13 @@ def _check_not_forked():
             f"Tarantella cannot be used in a forked child process (pid {os.getpid()}; this rank lives in "
             f"pid {_pid}): the child shares its parent's rank. Call collectives from the parent, or start "
             "workers with the 'spawn' method (multiprocessing.set_start_method('spawn'))")
+
+
+def running():
+    """(lib, ffi) when the core runs in this process, else None: the fast
+    paths' one check, a global read (ensure_initialized starts the core, or
+    says why it cannot, on the general path)."""
+    return _running
 
 
 def ensure_initialized():

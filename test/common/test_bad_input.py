@@ -44,6 +44,45 @@ def test_non_contiguous_array():
            ["C-contiguous", "np.ascontiguousarray"])
 
 
+def test_bad_input_to_a_running_core():
+    # once the core runs, allreduce first tries its inline fast path: every bad
+    # argument must still reach the general path's error, and nothing be reduced
+    res = run("""
+        tnt.init()
+        x = np.ones(4, np.float32)
+        readonly = np.empty(4, np.float32)
+        readonly.flags.writeable = False
+        cases = {
+            "non-contiguous": lambda: tnt.allreduce(np.zeros((4, 4), np.float32)[:, 1]),
+            "fortran": lambda: tnt.allreduce(np.zeros((4, 3), np.float32, order="F")),
+            "bool": lambda: tnt.allreduce(np.zeros(3, np.bool_)),
+            "op": lambda: tnt.allreduce(x, op="max"),
+            "op-type": lambda: tnt.allreduce(x, op=["sum"]),
+            "name": lambda: tnt.allreduce(x, name="x" * 300),
+            "name-type": lambda: tnt.allreduce(x, name=7),
+            "out-readonly": lambda: tnt.allreduce(x, out=readonly),
+            "out-shape": lambda: tnt.allreduce(x, out=np.empty(5, np.float32)),
+            "out-dtype": lambda: tnt.allreduce(x, out=np.empty(4, np.float64)),
+            "out-strided": lambda: tnt.allreduce(x, out=np.empty(8, np.float32)[::2]),
+        }
+        for label, call in cases.items():
+            try:
+                call()
+                print(label, "NO ERROR")
+            except tnt.InvalidArgumentError as e:
+                print(label, "MESSAGE:", e)
+        print("after:", tnt.allreduce(x, prescale=2.0).tolist(), tnt.allreduce(x, out=np.empty(4, np.float32)).tolist())
+        """)
+    lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
+    expected = {"non-contiguous": "C-contiguous", "fortran": "C-contiguous", "bool": "is not supported",
+                "op": '"sum" or "average"', "op-type": '"sum" or "average"', "name": "at most 255 bytes",
+                "name-type": "non-empty string", "out-readonly": "writeable", "out-shape": "float32(4,)",
+                "out-dtype": "float32(4,)", "out-strided": "C-contiguous"}
+    for label, words in expected.items():
+        assert lines.get(label, "").startswith("MESSAGE:") and words in lines[label], (label, res.stdout + res.stderr)
+    assert lines.get("after:") == "[2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0]", res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("root", ["1", "-1", "'0'"])
 def test_wrong_root(root):
     raises(f"tnt.broadcast(np.zeros(3, np.float32), root={root})", "InvalidArgumentError",
