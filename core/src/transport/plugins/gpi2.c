@@ -145,12 +145,8 @@ enum { Q_DATA = 0, Q_CTRL = 1 };
  * the core's counter kinds (DATA and CREDIT of each channel), the rest ours. */
 enum { ID_EXCH = TNT_NOTIFY_KINDS, ID_BELL, ID_BEAT, ID_CTRL, ID_RANGES };
 enum { CTRL_BYE = 1, CTRL_ABORT = 2 }; /* bits: a goodbye after an abort must not overwrite it */
-enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 
-#define REASON_MAX 512
 #define EXCH_SLOT (16 + TNT_EXCHANGE_MAX) /* header (round, length) + message */
-#define SILENT_BEATS 10
-#define PID_CHECK_S 0.1
 #define BELL_POLL_S 1e-3
 #define YIELD_POLLS 20
 #define CALL_TIMEOUT_MS 100ul /* a posting call's wait for GPI-2's queue lock */
@@ -167,12 +163,9 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define MAX_PPN 256           /* GPI-2's ranks per host (its port offsets) */
 #define HELLO_MAGIC 0x544e5447u
 
+/* A peer as GPI-2 sees it (its health: job_health_t) */
 typedef struct {
-  int state, root, pid, local;
   int lost; /* GPI-2 marked it corrupt: a request to it failed */
-  char host[64];
-  char reason[REASON_MAX];
-  double last_heard, last_sent;
   uint32_t beats_seen;   /* widened BEAT value */
   uint32_t exch_round;   /* highest exchange round seen */
   int exch_got;
@@ -190,9 +183,10 @@ typedef struct {
 typedef struct {
   tnt_placement_t pl;
   int me, n;
-  double timeout_s, spin_s, beat_s, silence_s;
+  double timeout_s, spin_s;
   int yield_polls;
   pthread_mutex_t mu; /* every GASPI call and everything below */
+  job_health_t health; /* every peer's record (TNT_GPI2_HEARTBEAT_S), a failure seen by progress */
   gaspi_segment_id_t seg;
   uint8_t *base; /* the segment */
   size_t window_bytes, off_exch_in, off_reasons, off_exch_out, off_reason_out, off_stage, stage_bytes, seg_bytes;
@@ -218,19 +212,11 @@ typedef struct {
   uint64_t *and_acc; /* [nwords] */
   double and_deadline;
   uint32_t bell_round; /* highest round a peer rang for (the rank above P's wake) */
-  /* doorbell */
-  /* a cycle asked for by this rank's own engine: the thread that asked runs
-   * it, so it does not wake the idle thread (peers' rounds do: the doorbell) */
-  _Atomic uint64_t cycle_wanted;
   doorbell_t door; /* woken by a local request (wake_local) */
   double next_beat, next_scan;
   int segment_ok; /* every peer said goodbye: the segment may be deleted */
-  tnt_result_t err_code;
-  int err_peer;
-  char err[768];
 } gpi2_t;
 
-static const tnt_plugin_host_t *host;
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static void *gpi2_lib;
 static char gpi2_path[PATH_MAX];
@@ -242,19 +228,8 @@ static char description[256];
 
 /* ---- core services ---- */
 
-static void logf_(int level, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void logf_(int level, int line, const char *fmt, ...) {
-  if (!host->log_enabled(level)) return;
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  host->log(level, "gpi2.c", line, msg);
-}
-#define LOG(level, ...) logf_(level, __LINE__, __VA_ARGS__)
+#define LOG(level, ...) plugin_log(level, "gpi2.c", __LINE__, __VA_ARGS__)
 
-static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
@@ -262,17 +237,6 @@ static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   return host->fail(code, peer, msg);
-}
-
-static void sticky(gpi2_t *s, tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void sticky(gpi2_t *s, tnt_result_t code, int peer, const char *fmt, ...) {
-  if (s->err_code != TNT_SUCCESS) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(s->err, sizeof s->err, fmt, ap);
-  va_end(ap);
-  s->err_code = code;
-  s->err_peer = peer;
 }
 
 static const char *gerr(gaspi_return_t rc) {
@@ -306,9 +270,6 @@ static gaspi_notification_t take(gpi2_t *s, gaspi_notification_id_t id) {
   G.notify_reset(s->seg, id, &v);
   return v;
 }
-
-/* ---- local peers: the same checks as shm ---- */
-
 
 /* ---- GPI-2's library ---- */
 
@@ -379,19 +340,6 @@ static int load_gpi2(char *why, size_t len) {
 }
 
 /* ---- GPI-2 itself, once per process ---- */
-
-static tnt_result_t read_seconds(const char *name, double dflt, double lo, double hi, const char *meaning, double *out) {
-  const char *raw = getenv(name);
-  *out = dflt;
-  if (!raw || !*raw) return TNT_SUCCESS;
-  char *end = NULL;
-  double v = strtod(raw, &end);
-  if (end == raw || *end || !(v >= lo && v <= hi))
-    return failf(TNT_ERR_INVALID_ARGUMENT, -1, "environment variable %s must be a number between %g and %g (%s). "
-                 "Received: %s=%s", name, lo, hi, meaning, name, raw);
-  *out = v;
-  return TNT_SUCCESS;
-}
 
 /* The first of this job's ports: TNT_GPI2_PORT, else one of PORT_SLOTS ranges
  * chosen by the job id (every rank of the job derives the same). */
@@ -576,10 +524,10 @@ static void drain(gpi2_t *s, gaspi_queue_id_t q) {
   gaspi_return_t rc = G.wait(q, GASPI_TEST);
   if (rc == GASPI_SUCCESS || rc == GASPI_TIMEOUT) return;
   int bad = corrupt_rank(s);
-  if (bad >= 0 && s->peers[bad].state != PEER_ALIVE) return; /* it left or aborted: check_gone says so */
+  if (bad >= 0 && s->health.peer[bad].state != PEER_ALIVE) return; /* it left or aborted: peer_gone says so */
   if (bad >= 0) s->peers[bad].lost = 1;
-  sticky(s, TNT_ERR_PEER_LOST, bad, "a request of rank %d to %s%d failed (%s): GPI-2 lost the connection", s->me,
-         bad >= 0 ? "rank " : "rank (unknown) ", bad, gerr(rc));
+  sticky(&s->health, TNT_ERR_PEER_LOST, bad, "a request of rank %d to %s%d failed (%s): GPI-2 lost the connection",
+         s->me, bad >= 0 ? "rank " : "rank (unknown) ", bad, gerr(rc));
 }
 
 typedef struct post {
@@ -609,7 +557,7 @@ static tnt_result_t post(gpi2_t *s, const post_t *p, double deadline, const char
   for (;;) {
     gaspi_return_t rc = post_once(s, p);
     if (rc == GASPI_SUCCESS) {
-      s->peers[p->peer].last_sent = host->now();
+      s->health.peer[p->peer].last_sent = host->now();
       return TNT_SUCCESS;
     }
     if (rc != GASPI_QUEUE_FULL && rc != GASPI_TIMEOUT) {
@@ -620,8 +568,8 @@ static tnt_result_t post(gpi2_t *s, const post_t *p, double deadline, const char
     }
     drain(s, p->q);
     double now = host->now();
-    if (s->err_code != TNT_SUCCESS) return failf(s->err_code, s->err_peer, "%s (while rank %d was %s)", s->err, s->me, what);
-    tnt_result_t res = check_alive(s, p->peer, now, 1, what);
+    tnt_result_t res = held_failure(&s->health, what);
+    if (res == TNT_SUCCESS) res = check_alive(s, p->peer, now, 1, what);
     if (res != TNT_SUCCESS) return res;
     if (now >= deadline)
       return failf(TNT_ERR_TIMEOUT, p->peer, "rank %d timed out %s: GPI-2's queue %d stayed full for TNT_TIMEOUT_S",
@@ -643,7 +591,7 @@ static tnt_result_t post_notify(gpi2_t *s, gaspi_queue_id_t q, int peer, gaspi_n
  * queue drops it, as a lost heartbeat would be (the next one goes out). */
 static void post_quiet(gpi2_t *s, int peer, gaspi_notification_id_t id, gaspi_notification_t value) {
   gaspi_return_t rc = G.notify(s->seg, (gaspi_rank_t)peer, id, value, Q_CTRL, GASPI_TEST);
-  if (rc == GASPI_SUCCESS) s->peers[peer].last_sent = host->now();
+  if (rc == GASPI_SUCCESS) s->health.peer[peer].last_sent = host->now();
 }
 
 /* ---- progress: what every poll does (mu held) ---- */
@@ -654,7 +602,7 @@ static void scan_ctrl(gpi2_t *s, double now) {
     int src = (int)first - ID_CTRL * s->n;
     gaspi_notification_t v = take(s, first);
     if (!v || src < 0 || src >= s->n) continue;
-    peer_t *p = &s->peers[src];
+    peer_health_t *p = &s->health.peer[src];
     p->last_heard = now;
     if (v & CTRL_ABORT) {
       p->state = PEER_FAILED;
@@ -684,7 +632,7 @@ static void progress(gpi2_t *s) {
   scan_bells(s);
   drain(s, Q_CTRL); /* the exchange and the bells fill it every cycle */
   if (now < s->next_scan) return;
-  s->next_scan = now + s->beat_s / 8;
+  s->next_scan = now + s->health.beat_s / 8;
   drain(s, Q_DATA);
   scan_ctrl(s, now);
   for (int r = 0; r < s->n; r++) {
@@ -692,53 +640,26 @@ static void progress(gpi2_t *s) {
     gaspi_notification_t v = take(s, id_of(s, ID_BEAT, r));
     if (v) {
       s->peers[r].beats_seen = (uint32_t)widen(s->peers[r].beats_seen, v);
-      s->peers[r].last_heard = now;
+      s->health.peer[r].last_heard = now;
     }
   }
   if (now >= s->next_beat) {
     s->beats_sent++;
     for (int r = 0; r < s->n; r++)
-      if (r != s->me && s->peers[r].state == PEER_ALIVE) post_quiet(s, r, id_of(s, ID_BEAT, s->me), encode(s->beats_sent));
-    s->next_beat = now + s->beat_s;
+      if (r != s->me && s->health.peer[r].state == PEER_ALIVE)
+        post_quiet(s, r, id_of(s, ID_BEAT, s->me), encode(s->beats_sent));
+    s->next_beat = now + s->health.beat_s;
   }
 }
 
-/* ---- peers' health (mu held) ---- */
-
-static tnt_result_t peer_aborted(gpi2_t *s, int r, const char *what) {
-  peer_t *p = &s->peers[r];
-  if (p->root >= 0 && p->root != r && p->root != s->me)
-    return failf(TNT_ERR_PEER_LOST, p->root, "rank %d aborted because of rank %d (%s) while rank %d was %s", r, p->root,
-                 p->reason, s->me, what);
-  return failf(TNT_ERR_PEER_LOST, r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->me, what);
-}
-
-static const char *local_doing(const peer_t *p) {
-  if (!p->local) return "";
-  return tnt_process_doing(tnt_process_state(p->pid));
-}
-
-static void describe(gpi2_t *s, int r, char *out, size_t len) {
-  peer_t *p = &s->peers[r];
-  const char *doing = local_doing(p);
-  snprintf(out, len, "rank %d (pid %d on %s) %s%swas last heard from %.1f s ago", r, p->pid, p->host, doing,
-           doing[0] ? "; it " : "", host->now() - p->last_heard);
-}
-
-static void view_peer(void *st, int r, peer_view_t *out) {
-  const peer_t *p = &((gpi2_t *)st)->peers[r];
-  *out = (peer_view_t){p->state == PEER_ALIVE, p->pid, p->host, p->last_heard};
-}
+/* ---- peers' health (mu held): plugin_util.h's checks, and GPI-2's own ---- */
 
 static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const char *what) {
+  const peer_health_t *h = &s->health.peer[r];
   peer_t *p = &s->peers[r];
-  if (p->state != PEER_ALIVE) return TNT_SUCCESS; /* an aborted or departed rank: check_gone */
-  if (pids && p->local) {
-    char st = tnt_process_state(p->pid);
-    if (st == 'X' || st == 'Z')
-      return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) died while rank %d was %s", r, p->pid, p->host, s->me,
-                   what);
-  }
+  if (h->state != PEER_ALIVE) return TNT_SUCCESS; /* an aborted or departed rank: peer_gone */
+  tnt_result_t res = pids ? peer_died(&s->health, r, what) : TNT_SUCCESS;
+  if (res != TNT_SUCCESS) return res;
   if (pids && !p->lost) {
     gaspi_state_t *vec = calloc((size_t)s->n, sizeof *vec);
     p->lost = vec && G.state_vec_get(vec) == GASPI_SUCCESS && vec[r] != GASPI_STATE_HEALTHY;
@@ -746,30 +667,8 @@ static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const ch
   }
   if (p->lost)
     return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) is unreachable while rank %d was %s: GPI-2 lost its "
-                 "connection to it (its process or host died)", r, p->pid, p->host, s->me, what);
-  if (now - p->last_heard > s->silence_s) {
-    char msg[1024];
-    silent_message(s, view_peer, s->n, s->me, r, now, s->silence_s, what, local_doing(p), s->beat_s,
-                   "TNT_GPI2_HEARTBEAT_S", SILENT_BEATS, msg, sizeof msg);
-    return failf(TNT_ERR_PEER_LOST, r, "%s", msg);
-  }
-  return TNT_SUCCESS;
-}
-
-static tnt_result_t check_gone(gpi2_t *s, int r, const char *what) {
-  peer_t *p = &s->peers[r];
-  if (p->state == PEER_FAILED) return peer_aborted(s, r, what);
-  if (p->state == PEER_EXITED)
-    return failf(TNT_ERR_PEER_LOST, r, "rank %d has shut down while rank %d was %s: every rank must make the same "
-                 "collective calls before shutdown", r, s->me, what);
-  return TNT_SUCCESS;
-}
-
-static tnt_result_t check_job(gpi2_t *s, const char *what) {
-  if (s->err_code != TNT_SUCCESS) return failf(s->err_code, s->err_peer, "%s (while rank %d was %s)", s->err, s->me, what);
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && s->peers[r].state == PEER_FAILED) return peer_aborted(s, r, what);
-  return TNT_SUCCESS;
+                 "connection to it (its process or host died)", r, h->pid, h->host, s->me, what);
+  return peer_silent(&s->health, r, now, what);
 }
 
 static tnt_result_t check_all(gpi2_t *s, const uint8_t *awaited, int pids, const char *what) {
@@ -777,9 +676,9 @@ static tnt_result_t check_all(gpi2_t *s, const uint8_t *awaited, int pids, const
   tnt_result_t res;
   for (int r = 0; r < s->n; r++)
     if (r != s->me && (res = check_alive(s, r, now, pids, what)) != TNT_SUCCESS) return res;
-  if ((res = check_job(s, what)) != TNT_SUCCESS) return res;
+  if ((res = check_job(&s->health, what)) != TNT_SUCCESS) return res;
   for (int r = 0; r < s->n; r++)
-    if (r != s->me && (!awaited || awaited[r]) && (res = check_gone(s, r, what)) != TNT_SUCCESS) return res;
+    if (r != s->me && (!awaited || awaited[r]) && (res = peer_gone(&s->health, r, what)) != TNT_SUCCESS) return res;
   return TNT_SUCCESS;
 }
 
@@ -803,8 +702,8 @@ static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, d
       if (pids) next_pids = now + PID_CHECK_S;
       if (from >= 0) {
         res = check_alive(s, from, now, pids, what);
-        if (res == TNT_SUCCESS) res = check_job(s, what);
-        if (res == TNT_SUCCESS) res = check_gone(s, from, what);
+        if (res == TNT_SUCCESS) res = check_job(&s->health, what);
+        if (res == TNT_SUCCESS) res = peer_gone(&s->health, from, what);
       } else {
         res = check_all(s, NULL, pids, what);
       }
@@ -815,15 +714,6 @@ static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, d
     if (now >= deadline) return TNT_ERR_TIMEOUT;
     backoff_pause(&b, s->spin_s, s->yield_polls, now);
   }
-}
-
-static tnt_result_t timed_out(gpi2_t *s, int from, const char *what) {
-  if (from < 0) return failf(TNT_ERR_TIMEOUT, -1, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->me, what);
-  char doing[320];
-  pthread_mutex_lock(&s->mu);
-  describe(s, from, doing, sizeof doing);
-  pthread_mutex_unlock(&s->mu);
-  return failf(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->me, what, doing);
 }
 
 /* Poll a resumable round (the exchange, a bit round) until `until`: then
@@ -877,7 +767,7 @@ static tnt_result_t gpi2_put(void *st, int peer, size_t offset, const void *src,
     if (full) {
       gaspi_queue_id_t q = Q_DATA;
       tnt_result_t res = poll_until(s, queue_empty, &q, peer, deadline, what);
-      if (res == TNT_ERR_TIMEOUT) return timed_out(s, peer, what);
+      if (res == TNT_ERR_TIMEOUT) return timed_out(&s->health, peer, what);
       if (res != TNT_SUCCESS) return res;
       s->stage_head = 0;
     }
@@ -960,7 +850,7 @@ static int counter_reached(gpi2_t *s, void *arg) {
   gaspi_notification_t v = take(s, id_of(s, ct->kind, ct->from));
   if (!v) return 0;
   *c = (uint32_t)widen(*c, v);
-  s->peers[ct->from].last_heard = host->now();
+  s->health.peer[ct->from].last_heard = host->now();
   return reached(*c, ct->target);
 }
 
@@ -974,7 +864,7 @@ static tnt_result_t gpi2_wait(void *st, int kind, int from, uint32_t target, dou
   char what[96];
   snprintf(what, sizeof what, "waiting for %s from rank %d", kind == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
   tnt_result_t res = poll_until(s, counter_reached, &ct, from, deadline, what);
-  return res == TNT_ERR_TIMEOUT ? timed_out(s, from, what) : res;
+  return res == TNT_ERR_TIMEOUT ? timed_out(&s->health, from, what) : res;
 }
 
 /* ---- exchange: a slot per source and round parity in every rank's segment ---- */
@@ -1021,7 +911,7 @@ static int exchange_arrived(gpi2_t *s, void *arg) {
     gaspi_notification_t v = take(s, id_of(s, ID_EXCH, r));
     if (v) {
       p->exch_round = (uint32_t)widen(p->exch_round, v);
-      p->last_heard = host->now();
+      s->health.peer[r].last_heard = host->now();
     }
     if (reached(p->exch_round, s->round)) { /* taken here, or by the doorbell's scan */
       p->exch_got = 1;
@@ -1040,7 +930,7 @@ static tnt_result_t gpi2_exchange_collect(void *st, void *all, size_t stride, si
     int first = -1; /* the first rank whose message is missing */
     for (int r = 0; r < s->n && first < 0; r++)
       if (!s->peers[r].exch_got) first = r;
-    return timed_out(s, first, what);
+    return timed_out(&s->health, first, what);
   }
   if (res != TNT_SUCCESS) return res;
   for (int r = 0; r < s->n; r++) {
@@ -1108,7 +998,7 @@ static int and_receive(gpi2_t *s) {
   gaspi_notification_t v = take(s, id_of(s, ID_EXCH, peer));
   if (v) {
     p->exch_round = (uint32_t)widen(p->exch_round, v);
-    p->last_heard = host->now();
+    s->health.peer[peer].last_heard = host->now();
   }
   if (!reached(p->exch_round, s->round)) return 0;
   const uint8_t *slot = s->base + exch_in_offset(s, s->round, peer);
@@ -1116,9 +1006,9 @@ static int and_receive(gpi2_t *s) {
   memcpy(header, slot, sizeof header);
   const size_t len = (size_t)s->and_nwords * sizeof(uint64_t);
   if (header[0] != s->round || header[1] != len || header[2] != (uint32_t)step) {
-    sticky(s, TNT_ERR_INTERNAL, peer, "rank %d sent round %u step %u of %u bytes where rank %d expected round %u step "
-           "%d of %zu bytes in a bit round: the ranks have diverged", peer, header[0], header[2], header[1], s->me,
-           s->round, step, len);
+    sticky(&s->health, TNT_ERR_INTERNAL, peer, "rank %d sent round %u step %u of %u bytes where rank %d expected round "
+           "%u step %d of %zu bytes in a bit round: the ranks have diverged", peer, header[0], header[2], header[1],
+           s->me, s->round, step, len);
     return 0;
   }
   for (int w = 0; w < s->and_nwords; w++) {
@@ -1179,7 +1069,7 @@ static tnt_result_t gpi2_and_collect(void *st, uint64_t *out, double until) {
   if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
   const char *what = "in a bit round of the negotiation";
   tnt_result_t res = poll_round(s, and_advance, s->and_deadline, until, what);
-  if (res == TNT_ERR_TIMEOUT) return timed_out(s, s->and_partner, what);
+  if (res == TNT_ERR_TIMEOUT) return timed_out(&s->health, s->and_partner, what);
   if (res == TNT_SUCCESS) res = s->and_err;
   if (res != TNT_SUCCESS) return res;
   pthread_mutex_lock(&s->mu);
@@ -1203,12 +1093,7 @@ static tnt_result_t gpi2_exchange(void *st, const void *mine, size_t len, void *
  * news posts its round right after ringing, and a rank between rounds that
  * holds a peer's exchange or AND message of a later round (or the wake of
  * the rank below it, see the AND) runs the cycle. No bells to every rank. */
-static void gpi2_ring_doorbell(void *st, uint64_t cycle) {
-  gpi2_t *s = st;
-  uint64_t cur = atomic_load(&s->cycle_wanted);
-  while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
-  }
-}
+static void gpi2_ring_doorbell(void *st, uint64_t cycle) { doorbell_want_cycle(&((gpi2_t *)st)->door, cycle); }
 
 /* Take the exchange notifications that arrived (mu held): a peer's message of
  * a round after the last one this rank posted means the peer started a cycle. */
@@ -1219,7 +1104,7 @@ static int peer_started_round(gpi2_t *s) {
     gaspi_notification_t v = take(s, first);
     if (!v || src < 0 || src >= s->n) continue;
     s->peers[src].exch_round = (uint32_t)widen(s->peers[src].exch_round, v);
-    s->peers[src].last_heard = host->now();
+    s->health.peer[src].last_heard = host->now();
   }
   if (s->posted || s->and_posted) return 0;
   if ((int32_t)(s->bell_round - s->round) > 0) return 1;
@@ -1241,7 +1126,7 @@ static int peer_round_begun(void *st) {
 
 static int gpi2_cycle_wanted(void *st, uint64_t done) {
   gpi2_t *s = st;
-  return atomic_load(&s->cycle_wanted) > done || peer_round_begun(s);
+  return atomic_load(&s->door.cycle_wanted) > done || peer_round_begun(s);
 }
 
 /* The idle thread's wait: it polls GPI-2's notifications for peers' rounds
@@ -1265,10 +1150,7 @@ static tnt_result_t gpi2_check_peers(void *st, const uint8_t *awaited) {
 }
 
 static void gpi2_describe_peer(void *st, int peer, char *out, size_t len) {
-  gpi2_t *s = st;
-  pthread_mutex_lock(&s->mu);
-  describe(s, peer, out, len);
-  pthread_mutex_unlock(&s->mu);
+  describe(&((gpi2_t *)st)->health, peer, out, len);
 }
 
 /* Send CTRL `what` (BYE, or ABORT after the reason) to every peer still there,
@@ -1281,7 +1163,7 @@ static void tell_everyone(gpi2_t *s, int what, const char *reason, int root, dou
   }
   s->told |= (uint32_t)what;
   for (int r = 0; r < s->n; r++) {
-    if (r == s->me || s->peers[r].state == PEER_EXITED || s->peers[r].lost) continue;
+    if (r == s->me || s->health.peer[r].state == PEER_EXITED || s->peers[r].lost) continue;
     if (what == CTRL_ABORT)
       G.write(s->seg, s->off_reason_out, (gaspi_rank_t)r, s->seg, s->off_reasons + (size_t)s->me * REASON_MAX,
               REASON_MAX, Q_CTRL, CALL_TIMEOUT_MS);
@@ -1307,7 +1189,7 @@ static void gpi2_abort(void *st, const char *reason, int root_peer) {
 
 static int everyone_left(gpi2_t *s, void *arg) {
   for (int r = 0; r < s->n; r++)
-    if (r != s->me && s->peers[r].state == PEER_ALIVE) return 0;
+    if (r != s->me && s->health.peer[r].state == PEER_ALIVE) return 0;
   return 1;
 }
 
@@ -1316,6 +1198,7 @@ static void free_state(gpi2_t *s) {
   free(s->counters);
   free(s->sent);
   free(s->peers);
+  free(s->health.peer);
   free(s->and_acc);
   pthread_mutex_destroy(&s->mu);
   free(s);
@@ -1324,8 +1207,8 @@ static void free_state(gpi2_t *s) {
 static void gpi2_finalize(void *st) {
   gpi2_t *s = st;
   pthread_mutex_lock(&s->mu);
-  int failed = flush_put(s, host->now() + 1.0) != TNT_SUCCESS || s->err_code != TNT_SUCCESS;
-  for (int r = 0; r < s->n; r++) failed |= s->peers[r].lost || s->peers[r].state == PEER_FAILED;
+  int failed = flush_put(s, host->now() + 1.0) != TNT_SUCCESS || s->health.err_code != TNT_SUCCESS;
+  for (int r = 0; r < s->n; r++) failed |= s->peers[r].lost || s->health.peer[r].state == PEER_FAILED;
   pthread_mutex_unlock(&s->mu);
   /* after a failure nobody waits for goodbyes: a dead peer never sends one */
   tell_everyone(s, CTRL_BYE, NULL, -1, failed ? 0.1 : BYE_WAIT_S);
@@ -1343,7 +1226,7 @@ static void gpi2_finalize(void *st) {
     sleep_s(SLEEP_MAX_S);
   }
   int clean = quiet;
-  for (int r = 0; r < s->n; r++) clean &= r == s->me || s->peers[r].state == PEER_EXITED;
+  for (int r = 0; r < s->n; r++) clean &= r == s->me || s->health.peer[r].state == PEER_EXITED;
   pthread_mutex_lock(&s->mu);
   if (clean && G.wait(Q_DATA, GASPI_TEST) == GASPI_SUCCESS && G.wait(Q_CTRL, GASPI_TEST) == GASPI_SUCCESS)
     G.segment_delete(s->seg);
@@ -1397,9 +1280,9 @@ static tnt_result_t check_hellos(gpi2_t *s, const hello_t *all, const size_t *le
                    "%llu-byte window by its settings; here rank %d of %d, segment %d, %zu bytes: give every rank the "
                    "same TNT_* settings", q, h->pid, h->host, h->rank, h->size, h->seg,
                    (unsigned long long)h->window_bytes, s->me, s->n, s->seg, s->window_bytes);
-    if (h->heartbeat_s != s->beat_s)
+    if (h->heartbeat_s != s->health.beat_s)
       return failf(TNT_ERR_INVALID_USAGE, -1, "the ranks disagree on TNT_GPI2_HEARTBEAT_S (rank %d: %g, rank %d: %g): "
-                   "give every rank the same environment", s->me, s->beat_s, q, h->heartbeat_s);
+                   "give every rank the same environment", s->me, s->health.beat_s, q, h->heartbeat_s);
   }
   return TNT_SUCCESS;
 }
@@ -1429,8 +1312,8 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   s->spin_s = (ncpu > 0 && 2L * pl->local_size <= ncpu) ? params->spin_s : 0.0;
   s->yield_polls = (ncpu > 0 && pl->local_size <= ncpu) ? YIELD_POLLS : 0;
-  s->beat_s = beat;
-  s->silence_s = SILENT_BEATS * beat;
+  s->health = (job_health_t){.me = s->me, .n = s->n, .beat_s = beat, .silence_s = SILENT_BEATS * beat,
+                              .beat_var = "TNT_GPI2_HEARTBEAT_S", .mu = &s->mu};
   s->window_bytes = window_bytes;
   s->stage_bytes = 2 * window_bytes < (1u << 20) ? (1u << 20) : 2 * window_bytes;
   size_t n = (size_t)s->n;
@@ -1447,7 +1330,8 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   s->counters = calloc(n * TNT_NOTIFY_KINDS, sizeof *s->counters);
   s->sent = calloc(n * TNT_NOTIFY_KINDS, sizeof *s->sent);
   s->peers = calloc(n, sizeof *s->peers);
-  if (!s->counters || !s->sent || !s->peers) {
+  s->health.peer = calloc(n, sizeof *s->health.peer);
+  if (!s->counters || !s->sent || !s->peers || !s->health.peer) {
     free_state(s);
     return failf(TNT_ERR_SYSTEM, -1, "out of memory");
   }
@@ -1460,8 +1344,8 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   }
   double now = host->now();
   for (int r = 0; r < s->n; r++) {
-    s->peers[r].root = -1;
-    s->peers[r].last_heard = s->peers[r].last_sent = now;
+    s->health.peer[r].root = -1;
+    s->health.peer[r].last_heard = s->health.peer[r].last_sent = now;
   }
   s->next_beat = now + beat;
   /* the first exchange introduces the ranks */
@@ -1484,9 +1368,9 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   if (res == TNT_SUCCESS) res = check_hellos(s, all, lens);
   int local_size = 0;
   for (int r = 0; res == TNT_SUCCESS && r < s->n; r++) {
-    peer_t *p = &s->peers[r];
+    peer_health_t *p = &s->health.peer[r];
     p->pid = all[r].pid;
-    p->local = !strcmp(all[r].node, mine.node) && strcmp(mine.node, "?/?");
+    p->local = node_ids_match(all[r].node, mine.node);
     local_size += p->local;
     snprintf(p->host, sizeof p->host, "%s", all[r].host);
   }
@@ -1538,11 +1422,7 @@ static const tnt_plugin_t plugin = {
 };
 
 EXPORT const tnt_plugin_t *TNT_PLUGIN_ENTRY(const tnt_plugin_host_t *h, char *why, size_t why_len) {
-  if (!h || h->abi_version != TNT_PLUGIN_ABI_VERSION || h->struct_size < sizeof(tnt_plugin_host_t)) {
-    snprintf(why, why_len, "the core offers plugin ABI %u (%u-byte host table); this plugin was built for ABI %d",
-             h ? h->abi_version : 0, h ? h->struct_size : 0, TNT_PLUGIN_ABI_VERSION);
-    return NULL;
-  }
+  if (!plugin_abi_matches(h, why, why_len)) return NULL;
   host = h;
   pthread_mutex_lock(&init_mu);
   int rc = load_gpi2(why, why_len);

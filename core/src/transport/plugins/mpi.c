@@ -76,11 +76,7 @@
 enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
 enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303, TAG_AND = 7304 };
 enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BEAT = 4, CTRL_BYE, CTRL_ABORT }; /* 3 was BELL: see the doorbell */
-enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 
-#define REASON_MAX 512
-#define SILENT_BEATS 10     /* heartbeats a peer may miss before it is lost */
-#define PID_CHECK_S 0.1     /* how often a waiter checks local peers' pids */
 #ifndef BELL_POLL_S
 #define BELL_POLL_S 1e-3    /* longest sleep of the idle doorbell between polls of MPI */
 #endif
@@ -106,11 +102,8 @@ typedef struct {
   int kind; /* < 0: a payload receive; else a NOTIFY waiting for the payloads before it */
 } op_t;
 
+/* A peer as MPI sees it (its health: job_health_t) */
 typedef struct {
-  int state, root, pid, local;
-  char reason[REASON_MAX];
-  char host[64];
-  double last_heard, last_sent;
   op_t *ops; /* FIFO of this sender's payload receives and deferred notifies */
   int head, n, cap;
   uint8_t *exch; /* this round's exchange message from this peer */
@@ -141,10 +134,13 @@ typedef struct {
 typedef struct {
   tnt_placement_t pl;
   int me, n;
-  double timeout_s, spin_s, beat_s, silence_s;
+  double timeout_s, spin_s;
   int yield_polls; /* polls with sched_yield before a wait sleeps */
   MPI_Comm comm;
   pthread_mutex_t mu; /* every MPI call and everything below */
+  /* every peer's record (TNT_MPI_HEARTBEAT_S), and a failure seen by progress
+   * (which cannot return one), reported by the next wait */
+  job_health_t health;
   peer_t *peers;
   uint32_t *counters; /* [kind * n + source] */
   uint8_t *window;
@@ -176,19 +172,10 @@ typedef struct {
   int and_step, and_sent, and_partner;
   uint32_t and_round;
   double and_deadline;
-  /* doorbell */
-  /* a cycle asked for by this rank's own engine: the thread that asked runs
-   * it, so it does not wake the idle thread (peers' rounds do: the doorbell) */
-  _Atomic uint64_t cycle_wanted;
   doorbell_t door; /* woken by a local request (wake_local) */
   double next_beat;
-  /* a failure seen by progress (which cannot return one), reported by the next wait */
-  tnt_result_t err_code;
-  int err_peer;
-  char err[768];
 } mpi_t;
 
-static const tnt_plugin_host_t *host;
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int mpi_ours;           /* this plugin called MPI_Init_thread */
 static int thread_level = -1;  /* what MPI provided */
@@ -197,19 +184,8 @@ static char description[256];
 
 /* ---- core services ---- */
 
-static void logf_(int level, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void logf_(int level, int line, const char *fmt, ...) {
-  if (!host->log_enabled(level)) return;
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  host->log(level, "mpi.c", line, msg);
-}
-#define LOG(level, ...) logf_(level, __LINE__, __VA_ARGS__)
+#define LOG(level, ...) plugin_log(level, "mpi.c", __LINE__, __VA_ARGS__)
 
-static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
@@ -226,24 +202,9 @@ static const char *mpi_err(int rc, char *buf) {
   return buf;
 }
 
-/* Progress cannot return an error: it keeps the first, the next wait reports it. */
-static void sticky(mpi_t *s, tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void sticky(mpi_t *s, tnt_result_t code, int peer, const char *fmt, ...) {
-  if (s->err_code != TNT_SUCCESS) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(s->err, sizeof s->err, fmt, ap);
-  va_end(ap);
-  s->err_code = code;
-  s->err_peer = peer;
-}
-
 static void bump_bell(mpi_t *s) { doorbell_ring_local(&s->door); }
 
 static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
-
-/* ---- local peers: the same checks as shm ---- */
-
 
 /* ---- control messages ---- */
 
@@ -288,7 +249,7 @@ static int send_ctrl(mpi_t *s, int peer, uint32_t type, int32_t a, uint64_t b, u
     s->sfree[s->nfree++] = i;
     return rc;
   }
-  s->peers[peer].last_sent = host->now();
+  s->health.peer[peer].last_sent = host->now();
   return MPI_SUCCESS;
 }
 
@@ -313,7 +274,8 @@ static void reap_sends(mpi_t *s, int r) {
   int rc = MPI_Testsome(p->nsends, p->sends, &outcount, s->tidx, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) {
     char e[MPI_MAX_ERROR_STRING];
-    sticky(s, TNT_ERR_PEER_LOST, r, "rank %d: data could not be sent to rank %d: %s", s->me, r, mpi_err(rc, e));
+    sticky(&s->health, TNT_ERR_PEER_LOST, r, "rank %d: data could not be sent to rank %d: %s", s->me, r,
+           mpi_err(rc, e));
     return;
   }
   if (outcount == MPI_UNDEFINED || outcount == 0) return;
@@ -341,7 +303,7 @@ static void reap(mpi_t *s) {
   int rc = MPI_Testsome(s->nslots, s->sreq, &outcount, s->sidx, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) {
     char e[MPI_MAX_ERROR_STRING];
-    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: a control message could not be sent: %s", s->me, mpi_err(rc, e));
+    sticky(&s->health, TNT_ERR_SYSTEM, -1, "rank %d: a control message could not be sent: %s", s->me, mpi_err(rc, e));
     return;
   }
   if (outcount == MPI_UNDEFINED) return;
@@ -368,7 +330,7 @@ static op_t *push_op(mpi_t *s, peer_t *p) {
 static void notify_from(mpi_t *s, int src, int kind) {
   peer_t *p = &s->peers[src];
   if (kind < 0 || kind >= TNT_NOTIFY_KINDS) {
-    sticky(s, TNT_ERR_INTERNAL, src, "rank %d sent a notification of unknown kind %d", src, kind);
+    sticky(&s->health, TNT_ERR_INTERNAL, src, "rank %d sent a notification of unknown kind %d", src, kind);
     return;
   }
   if (p->n == 0) {
@@ -377,7 +339,7 @@ static void notify_from(mpi_t *s, int src, int kind) {
   }
   op_t *op = push_op(s, p);
   if (!op) {
-    sticky(s, TNT_ERR_SYSTEM, -1, "out of memory");
+    sticky(&s->health, TNT_ERR_SYSTEM, -1, "out of memory");
     return;
   }
   op->kind = kind;
@@ -386,19 +348,20 @@ static void notify_from(mpi_t *s, int src, int kind) {
 
 static void handle_ctrl(mpi_t *s, int src, const uint8_t *buf, int len, double now) {
   peer_t *p = &s->peers[src];
-  p->last_heard = now;
+  peer_health_t *h = &s->health.peer[src];
+  h->last_heard = now;
   ctrl_t c;
   memcpy(&c, buf, sizeof c);
   switch (c.type) {
     case CTRL_PUT: {
       if (c.c > INT_MAX || c.b > s->window_bytes || c.c > s->window_bytes - c.b) {
-        sticky(s, TNT_ERR_INTERNAL, src, "rank %d put %llu bytes at offset %llu into a window of %zu bytes", src,
-               (unsigned long long)c.c, (unsigned long long)c.b, s->window_bytes);
+        sticky(&s->health, TNT_ERR_INTERNAL, src, "rank %d put %llu bytes at offset %llu into a window of %zu bytes",
+               src, (unsigned long long)c.c, (unsigned long long)c.b, s->window_bytes);
         return;
       }
       op_t *op = push_op(s, p);
       if (!op) {
-        sticky(s, TNT_ERR_SYSTEM, -1, "out of memory");
+        sticky(&s->health, TNT_ERR_SYSTEM, -1, "out of memory");
         return;
       }
       op->kind = -1;
@@ -406,7 +369,8 @@ static void handle_ctrl(mpi_t *s, int src, const uint8_t *buf, int len, double n
       if (rc != MPI_SUCCESS) {
         char e[MPI_MAX_ERROR_STRING];
         op->req = MPI_REQUEST_NULL;
-        sticky(s, TNT_ERR_PEER_LOST, src, "rank %d could not receive from rank %d: %s", s->me, src, mpi_err(rc, e));
+        sticky(&s->health, TNT_ERR_PEER_LOST, src, "rank %d could not receive from rank %d: %s", s->me, src,
+               mpi_err(rc, e));
         return;
       }
       s->receiving++;
@@ -416,17 +380,17 @@ static void handle_ctrl(mpi_t *s, int src, const uint8_t *buf, int len, double n
     case CTRL_NOTIFY: notify_from(s, src, c.a); break;
     case CTRL_BEAT: break;
     case CTRL_BYE:
-      if (p->state == PEER_ALIVE) p->state = PEER_EXITED;
+      if (h->state == PEER_ALIVE) h->state = PEER_EXITED;
       break;
     case CTRL_ABORT: {
-      p->state = PEER_FAILED;
-      p->root = c.a;
+      h->state = PEER_FAILED;
+      h->root = c.a;
       int tl = len - (int)sizeof c;
-      snprintf(p->reason, sizeof p->reason, "%.*s", tl > 0 ? tl : 0, (const char *)buf + sizeof c);
+      snprintf(h->reason, sizeof h->reason, "%.*s", tl > 0 ? tl : 0, (const char *)buf + sizeof c);
       bump_bell(s); /* an idle engine looks at its peers sooner */
       break;
     }
-    default: sticky(s, TNT_ERR_INTERNAL, src, "rank %d sent an unknown control message %u", src, c.type);
+    default: sticky(&s->health, TNT_ERR_INTERNAL, src, "rank %d sent an unknown control message %u", src, c.type);
   }
 }
 
@@ -440,7 +404,7 @@ static void drain(mpi_t *s, int r) {
       int rc = MPI_Test(&op->req, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
         char e[MPI_MAX_ERROR_STRING];
-        sticky(s, TNT_ERR_PEER_LOST, r, "rank %d lost data from rank %d: %s", s->me, r, mpi_err(rc, e));
+        sticky(&s->health, TNT_ERR_PEER_LOST, r, "rank %d lost data from rank %d: %s", s->me, r, mpi_err(rc, e));
         return;
       }
       if (!done) return;
@@ -464,7 +428,7 @@ static void progress(mpi_t *s) {
     int rc = MPI_Improbe(MPI_ANY_SOURCE, TAG_CTRL, s->comm, &flag, &msg, &st);
     if (rc != MPI_SUCCESS) {
       char e[MPI_MAX_ERROR_STRING];
-      sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: MPI_Improbe failed: %s", s->me, mpi_err(rc, e));
+      sticky(&s->health, TNT_ERR_SYSTEM, -1, "rank %d: MPI_Improbe failed: %s", s->me, mpi_err(rc, e));
       break;
     }
     if (!flag) break;
@@ -478,15 +442,15 @@ static void progress(mpi_t *s) {
       uint8_t *junk = malloc(count > 0 ? (size_t)count : 1);
       MPI_Mrecv(junk, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
       free(junk);
-      sticky(s, TNT_ERR_INTERNAL, st.MPI_SOURCE, "rank %d sent a control message of %d bytes: is every rank "
+      sticky(&s->health, TNT_ERR_INTERNAL, st.MPI_SOURCE, "rank %d sent a control message of %d bytes: is every rank "
              "running the same release of Tarantella?", st.MPI_SOURCE, count);
       continue;
     }
     rc = MPI_Mrecv(buf.b, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
       char e[MPI_MAX_ERROR_STRING];
-      sticky(s, TNT_ERR_PEER_LOST, st.MPI_SOURCE, "rank %d could not receive from rank %d: %s", s->me, st.MPI_SOURCE,
-             mpi_err(rc, e));
+      sticky(&s->health, TNT_ERR_PEER_LOST, st.MPI_SOURCE, "rank %d could not receive from rank %d: %s", s->me,
+             st.MPI_SOURCE, mpi_err(rc, e));
       break;
     }
     handle_ctrl(s, st.MPI_SOURCE, buf.b, count, now);
@@ -496,89 +460,40 @@ static void progress(mpi_t *s) {
   reap(s);
   if (now >= s->next_beat) {
     for (int r = 0; r < s->n; r++) {
-      peer_t *p = &s->peers[r];
-      if (r != s->me && p->state == PEER_ALIVE && now - p->last_sent >= s->beat_s) send_ctrl(s, r, CTRL_BEAT, 0, 0, 0, NULL);
+      const peer_health_t *p = &s->health.peer[r];
+      if (r != s->me && p->state == PEER_ALIVE && now - p->last_sent >= s->health.beat_s)
+        send_ctrl(s, r, CTRL_BEAT, 0, 0, 0, NULL);
     }
-    s->next_beat = now + s->beat_s / 4;
+    s->next_beat = now + s->health.beat_s / 4;
   }
 }
 
-/* ---- peers' health ---- */
+/* ---- peers' health (mu held): plugin_util.h's checks ---- */
 
-static tnt_result_t peer_aborted(mpi_t *s, int r, const char *what) {
-  peer_t *p = &s->peers[r];
-  if (p->root >= 0 && p->root != r && p->root != s->me)
-    return failf(TNT_ERR_PEER_LOST, p->root, "rank %d aborted because of rank %d (%s) while rank %d was %s", r, p->root,
-                 p->reason, s->me, what);
-  return failf(TNT_ERR_PEER_LOST, r, "rank %d aborted (%s) while rank %d was %s", r, p->reason, s->me, what);
-}
-
-/* What a local peer's process is doing ("" for a remote one: we cannot tell). */
-static const char *local_doing(const peer_t *p) {
-  if (!p->local) return "";
-  return tnt_process_doing(tnt_process_state(p->pid));
-}
-
-static void describe(mpi_t *s, int r, char *out, size_t len) {
-  peer_t *p = &s->peers[r];
-  const char *doing = local_doing(p);
-  snprintf(out, len, "rank %d (pid %d on %s) %s%swas last heard from %.1f s ago", r, p->pid, p->host, doing,
-           doing[0] ? "; it " : "", host->now() - p->last_heard);
-}
-
-static void view_peer(void *st, int r, peer_view_t *out) {
-  const peer_t *p = &((mpi_t *)st)->peers[r];
-  *out = (peer_view_t){p->state == PEER_ALIVE, p->pid, p->host, p->last_heard};
-}
-
-/* Is peer r alive (mu held)? Dead local pids only when `pids` (a system call
- * each); silence always. */
+/* Is peer r alive? Dead local pids only when `pids` (a system call each);
+ * silence always. */
 static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const char *what) {
-  peer_t *p = &s->peers[r];
-  if (p->state != PEER_ALIVE) return TNT_SUCCESS;
-  if (pids && p->local) {
-    char st = tnt_process_state(p->pid);
-    if (st == 'X' || st == 'Z')
-      return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) died while rank %d was %s", r, p->pid, p->host, s->me,
-                   what);
-  }
-  if (now - p->last_heard > s->silence_s) {
-    char msg[1024];
-    silent_message(s, view_peer, s->n, s->me, r, now, s->silence_s, what, local_doing(p), s->beat_s,
-                   "TNT_MPI_HEARTBEAT_S", SILENT_BEATS, msg, sizeof msg);
-    return failf(TNT_ERR_PEER_LOST, r, "%s", msg);
-  }
-  return TNT_SUCCESS;
+  if (s->health.peer[r].state != PEER_ALIVE) return TNT_SUCCESS;
+  tnt_result_t res = pids ? peer_died(&s->health, r, what) : TNT_SUCCESS;
+  return res != TNT_SUCCESS ? res : peer_silent(&s->health, r, now, what);
 }
 
 static tnt_result_t check_gone(mpi_t *s, int r, const char *what) {
-  peer_t *p = &s->peers[r];
-  if (p->state == PEER_FAILED) return peer_aborted(s, r, what);
   /* a BYE overtakes the payloads still landing from that rank (it sent them all
    * before it): not gone until they and the notifications behind them are in */
-  if (p->state == PEER_EXITED && p->n == 0)
-    return failf(TNT_ERR_PEER_LOST, r, "rank %d has shut down while rank %d was %s: every rank must make the same "
-                 "collective calls before shutdown", r, s->me, what);
-  return TNT_SUCCESS;
+  if (s->health.peer[r].state == PEER_EXITED && s->peers[r].n) return TNT_SUCCESS;
+  return peer_gone(&s->health, r, what);
 }
 
-/* The job-wide failures: a progress error, an aborted rank. */
-static tnt_result_t check_job(mpi_t *s, const char *what) {
-  if (s->err_code != TNT_SUCCESS) return failf(s->err_code, s->err_peer, "%s (while rank %d was %s)", s->err, s->me, what);
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && s->peers[r].state == PEER_FAILED) return peer_aborted(s, r, what);
-  return TNT_SUCCESS;
-}
-
-/* Every peer (mu held): lost ones first, so that the error names the lost rank
- * rather than one that aborted because of it; a clean shutdown only for
- * `awaited` ranks (NULL: all). */
+/* Every peer: lost ones first, so that the error names the lost rank rather
+ * than one that aborted because of it; a clean shutdown only for `awaited`
+ * ranks (NULL: all). */
 static tnt_result_t check_all(mpi_t *s, const uint8_t *awaited, int pids, const char *what) {
   double now = host->now();
   tnt_result_t res;
   for (int r = 0; r < s->n; r++)
     if (r != s->me && (res = check_alive(s, r, now, pids, what)) != TNT_SUCCESS) return res;
-  if ((res = check_job(s, what)) != TNT_SUCCESS) return res;
+  if ((res = check_job(&s->health, what)) != TNT_SUCCESS) return res;
   for (int r = 0; r < s->n; r++)
     if (r != s->me && (!awaited || awaited[r]) && (res = check_gone(s, r, what)) != TNT_SUCCESS) return res;
   return TNT_SUCCESS;
@@ -606,7 +521,7 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
       if (pids) next_pids = now + PID_CHECK_S;
       if (from >= 0) {
         res = check_alive(s, from, now, pids, what);
-        if (res == TNT_SUCCESS) res = check_job(s, what);
+        if (res == TNT_SUCCESS) res = check_job(&s->health, what);
         if (res == TNT_SUCCESS) res = check_gone(s, from, what);
       } else {
         res = check_all(s, NULL, pids, what);
@@ -627,16 +542,6 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
       backoff_pause(&b, s->spin_s, s->yield_polls, now);
     }
   }
-}
-
-static tnt_result_t timed_out(mpi_t *s, int from, const char *what) {
-  atomic_store(&job_failed, 1);
-  if (from < 0) return failf(TNT_ERR_TIMEOUT, -1, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", s->me, what);
-  char doing[320];
-  pthread_mutex_lock(&s->mu);
-  describe(s, from, doing, sizeof doing);
-  pthread_mutex_unlock(&s->mu);
-  return failf(TNT_ERR_TIMEOUT, from, "rank %d timed out %s after TNT_TIMEOUT_S: %s", s->me, what, doing);
 }
 
 /* Poll a resumable round (the exchange, a bit round) until `until`: then
@@ -725,20 +630,6 @@ out:
   return res;
 }
 
-static tnt_result_t read_heartbeat(double *out) {
-  const char *raw = getenv("TNT_MPI_HEARTBEAT_S");
-  *out = 1.0;
-  if (!raw || !*raw) return TNT_SUCCESS;
-  char *end = NULL;
-  double v = strtod(raw, &end);
-  if (end == raw || *end || !(v >= 0.01 && v <= 60))
-    return failf(TNT_ERR_INVALID_ARGUMENT, -1, "environment variable TNT_MPI_HEARTBEAT_S must be a number between 0.01 "
-                 "and 60 (seconds between the mpi transport's heartbeats; 10 missed ones mean a peer is lost). "
-                 "Received: TNT_MPI_HEARTBEAT_S=%s", raw);
-  *out = v;
-  return TNT_SUCCESS;
-}
-
 /* ---- set-up ---- */
 
 static void free_state(mpi_t *s) {
@@ -760,6 +651,7 @@ static void free_state(mpi_t *s) {
     free(p->lent);
   }
   free(s->peers);
+  free(s->health.peer);
   free(s->counters);
   free(s->window);
   free(s->sreq);
@@ -818,7 +710,9 @@ static tnt_result_t check_hellos(const tnt_placement_t *pl, const hello_t *all, 
 
 static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes, void **state) {
   double beat;
-  tnt_result_t res = read_heartbeat(&beat);
+  tnt_result_t res = read_seconds("TNT_MPI_HEARTBEAT_S", 1.0, 0.01, 60,
+                                  "seconds between the mpi transport's heartbeats; 10 missed ones mean a peer is lost",
+                                  &beat);
   if (res != TNT_SUCCESS) return res;
   if ((res = ensure_mpi()) != TNT_SUCCESS) return res;
   double deadline = host->now() + params->timeout_s;
@@ -880,10 +774,11 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN); /* spin only with two cores per local rank, as shm */
   s->spin_s = (ncpu > 0 && 2L * pl->local_size <= ncpu) ? params->spin_s : 0.0;
   s->yield_polls = (ncpu > 0 && pl->local_size <= ncpu) ? YIELD_POLLS : 0;
-  s->beat_s = beat;
-  s->silence_s = SILENT_BEATS * beat;
+  s->health = (job_health_t){.me = mrank, .n = msize, .beat_s = beat, .silence_s = SILENT_BEATS * beat,
+                              .beat_var = "TNT_MPI_HEARTBEAT_S", .mu = &s->mu};
   s->window_bytes = window_bytes;
   s->peers = calloc((size_t)msize, sizeof *s->peers);
+  s->health.peer = calloc((size_t)msize, sizeof *s->health.peer);
   s->counters = calloc((size_t)msize * TNT_NOTIFY_KINDS, sizeof *s->counters);
   if (posix_memalign((void **)&s->window, 4096, window_bytes ? window_bytes : 1)) s->window = NULL;
   for (int b = 0; b < 2; b++) {
@@ -891,8 +786,8 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
     s->exch_req[b] = malloc((size_t)msize * sizeof(MPI_Request));
     for (int r = 0; s->exch_req[b] && r < msize; r++) s->exch_req[b][r] = MPI_REQUEST_NULL;
   }
-  if (!s->peers || !s->counters || !s->window || !s->exch_out[0] || !s->exch_out[1] || !s->exch_req[0] ||
-      !s->exch_req[1] || grow_slots(s) != TNT_SUCCESS) {
+  if (!s->peers || !s->health.peer || !s->counters || !s->window || !s->exch_out[0] || !s->exch_out[1] ||
+      !s->exch_req[0] || !s->exch_req[1] || grow_slots(s) != TNT_SUCCESS) {
     res = failf(TNT_ERR_SYSTEM, -1, "out of memory for the mpi transport (window of %zu bytes, %d ranks)", window_bytes,
                 msize);
     goto fail;
@@ -900,11 +795,11 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
   double now = host->now();
   int local_rank = 0, local_size = 0;
   for (int r = 0; r < msize; r++) {
-    peer_t *p = &s->peers[r];
+    peer_health_t *p = &s->health.peer[r];
+    s->peers[r].exch_recv = MPI_REQUEST_NULL;
     p->root = -1;
-    p->exch_recv = MPI_REQUEST_NULL;
     p->pid = all[r].pid;
-    p->local = !strcmp(all[r].node, mine.node) && strcmp(mine.node, "?/?");
+    p->local = node_ids_match(all[r].node, mine.node);
     snprintf(p->host, sizeof p->host, "%s", all[r].host);
     p->last_heard = p->last_sent = now;
     /* a host is a host name, as for launchers (pids may be comparable across
@@ -978,7 +873,7 @@ static tnt_result_t mpi_put(void *st, int peer, size_t offset, const void *src, 
     p->held = 1;
     p->held_offset = offset;
     p->held_len = len;
-    p->last_sent = host->now();
+    s->health.peer[peer].last_sent = host->now();
   }
   tnt_result_t res = rc == MPI_SUCCESS ? TNT_SUCCESS : send_failed(s, peer, rc);
   pthread_mutex_unlock(&s->mu);
@@ -1020,7 +915,7 @@ static tnt_result_t mpi_fence(void *st, int peer, double deadline) {
   char what[64] = "sending data";
   if (peer >= 0) snprintf(what, sizeof what, "sending data to rank %d", peer);
   tnt_result_t res = poll_until(s, sent_to, &peer, peer, deadline, what);
-  if (res == TNT_ERR_TIMEOUT) res = timed_out(s, peer, what);
+  if (res == TNT_ERR_TIMEOUT) res = timed_out(&s->health, peer, what);
   if (res != TNT_SUCCESS) {
     pthread_mutex_lock(&s->mu);
     cancel_sends(s, peer);
@@ -1083,7 +978,7 @@ static tnt_result_t mpi_wait(void *st, int kind, int from, uint32_t target, doub
   char what[96];
   snprintf(what, sizeof what, "waiting for %s from rank %d", kind % 2 == TNT_NOTIFY_DATA ? "data" : "a free slot", from);
   tnt_result_t res = poll_until(s, counter_reached, &ct, from, deadline, what);
-  return res == TNT_ERR_TIMEOUT ? timed_out(s, from, what) : res;
+  return res == TNT_ERR_TIMEOUT ? timed_out(&s->health, from, what) : res;
 }
 
 /* ---- exchange ---- */
@@ -1091,7 +986,7 @@ static tnt_result_t mpi_wait(void *st, int kind, int from, uint32_t target, doub
 static int sends_done(mpi_t *s, void *arg) {
   int flag = 0;
   if (MPI_Testall(s->n, (MPI_Request *)arg, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: sending the negotiation message failed", s->me);
+    sticky(&s->health, TNT_ERR_SYSTEM, -1, "rank %d: sending the negotiation message failed", s->me);
     return 0;
   }
   return flag;
@@ -1105,7 +1000,7 @@ static tnt_result_t mpi_exchange_post(void *st, const void *mine, size_t len, do
   /* the sends of round - 2 used this buffer: every peer has received them (it
    * went on to round - 1), MPI may just not have told us yet */
   tnt_result_t res = poll_until(s, sends_done, s->exch_req[b], -1, deadline, "sending the negotiation message");
-  if (res == TNT_ERR_TIMEOUT) return timed_out(s, -1, "sending the negotiation message");
+  if (res == TNT_ERR_TIMEOUT) return timed_out(&s->health, -1, "sending the negotiation message");
   if (res != TNT_SUCCESS) return res;
   memcpy(s->exch_out[b], mine, len);
   s->exch_out_len[b] = len;
@@ -1122,7 +1017,7 @@ static tnt_result_t mpi_exchange_post(void *st, const void *mine, size_t len, do
                   mpi_err(rc, e));
       break;
     }
-    s->peers[r].last_sent = now;
+    s->health.peer[r].last_sent = now;
   }
   pthread_mutex_unlock(&s->mu);
   if (res != TNT_SUCCESS) return res;
@@ -1134,9 +1029,9 @@ static tnt_result_t mpi_exchange_post(void *st, const void *mine, size_t len, do
 }
 
 /* A peer's message has landed (mu held). */
-static void exchange_landed(mpi_t *s, peer_t *p) {
-  p->exch_got = 1;
-  p->last_heard = host->now();
+static void exchange_landed(mpi_t *s, int r) {
+  s->peers[r].exch_got = 1;
+  s->health.peer[r].last_heard = host->now();
   s->missing--;
 }
 
@@ -1155,19 +1050,19 @@ static int exchange_arrived(mpi_t *s, void *arg) {
     int flag = 0;
     if (p->exch_recv != MPI_REQUEST_NULL) {
       if (MPI_Test(&p->exch_recv, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-        sticky(s, TNT_ERR_PEER_LOST, r, "rank %d could not receive rank %d's negotiation message", s->me, r);
+        sticky(&s->health, TNT_ERR_PEER_LOST, r, "rank %d could not receive rank %d's negotiation message", s->me, r);
         return 0;
       }
       if (flag) {
         s->receiving--;
-        exchange_landed(s, p);
+        exchange_landed(s, r);
       }
       continue;
     }
     MPI_Message msg;
     MPI_Status st;
     if (MPI_Improbe(r, TAG_EXCH, s->comm, &flag, &msg, &st) != MPI_SUCCESS) {
-      sticky(s, TNT_ERR_PEER_LOST, r, "rank %d could not probe for rank %d's negotiation message", s->me, r);
+      sticky(&s->health, TNT_ERR_PEER_LOST, r, "rank %d could not probe for rank %d's negotiation message", s->me, r);
       return 0;
     }
     if (!flag) continue;
@@ -1177,7 +1072,7 @@ static int exchange_arrived(mpi_t *s, void *arg) {
       size_t cap = count > 0 ? (size_t)count : 1;
       uint8_t *buf = realloc(p->exch, cap);
       if (!buf) {
-        sticky(s, TNT_ERR_SYSTEM, -1, "out of memory");
+        sticky(&s->health, TNT_ERR_SYSTEM, -1, "out of memory");
         return 0;
       }
       p->exch = buf;
@@ -1186,10 +1081,10 @@ static int exchange_arrived(mpi_t *s, void *arg) {
     p->exch_len = (size_t)count;
     if (MPI_Imrecv(p->exch, count, MPI_BYTE, &msg, &p->exch_recv) != MPI_SUCCESS ||
         MPI_Test(&p->exch_recv, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      sticky(s, TNT_ERR_PEER_LOST, r, "rank %d could not receive rank %d's negotiation message", s->me, r);
+      sticky(&s->health, TNT_ERR_PEER_LOST, r, "rank %d could not receive rank %d's negotiation message", s->me, r);
       return 0;
     }
-    if (flag) exchange_landed(s, p); /* at once: a small (eager) message */
+    if (flag) exchange_landed(s, r); /* at once: a small (eager) message */
     else s->receiving++;             /* bytes on the wire: the wait polls for them (poll_until) */
   }
   return s->missing == 0;
@@ -1204,7 +1099,7 @@ static tnt_result_t mpi_exchange_collect(void *st, void *all, size_t stride, siz
     int first = -1; /* the first rank whose message is missing */
     for (int r = 0; r < s->n && first < 0; r++)
       if (!s->peers[r].exch_got) first = r;
-    return timed_out(s, first, what);
+    return timed_out(&s->health, first, what);
   }
   if (res != TNT_SUCCESS) return res;
   uint32_t b = s->round & 1;
@@ -1290,7 +1185,7 @@ static tnt_result_t and_buffers(mpi_t *s, int nwords) {
 static int and_sends_done(mpi_t *s, void *arg) {
   int flag = 0;
   if (MPI_Testall(s->and_steps, (MPI_Request *)arg, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-    sticky(s, TNT_ERR_SYSTEM, -1, "rank %d: sending a bit round failed", s->me);
+    sticky(&s->health, TNT_ERR_SYSTEM, -1, "rank %d: sending a bit round failed", s->me);
     return 0;
   }
   return flag;
@@ -1308,10 +1203,11 @@ static int and_send(mpi_t *s) {
   if (rc != MPI_SUCCESS) {
     char e[MPI_MAX_ERROR_STRING];
     s->and_req[s->and_round & 1][step] = MPI_REQUEST_NULL;
-    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not send a bit round to rank %d: %s", s->me, peer, mpi_err(rc, e));
+    sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not send a bit round to rank %d: %s", s->me, peer,
+           mpi_err(rc, e));
     return 0;
   }
-  s->peers[peer].last_sent = host->now();
+  s->health.peer[peer].last_sent = host->now();
   return 1;
 }
 
@@ -1323,7 +1219,7 @@ static int and_receive(mpi_t *s) {
   MPI_Message msg;
   MPI_Status st;
   if (MPI_Improbe(peer, TAG_AND, s->comm, &flag, &msg, &st) != MPI_SUCCESS) {
-    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not probe for rank %d's bit round", s->me, peer);
+    sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not probe for rank %d's bit round", s->me, peer);
     return 0;
   }
   if (!flag) return 0;
@@ -1334,19 +1230,19 @@ static int and_receive(mpi_t *s) {
     uint8_t *junk = malloc(count > 0 ? (size_t)count : 1);
     MPI_Mrecv(junk, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
     free(junk);
-    sticky(s, TNT_ERR_INTERNAL, peer, "rank %d sent a bit round of %d bytes, rank %d expected %zu: the ranks have "
-           "diverged (different TNT_* settings or library versions?)", peer, count, s->me, w * sizeof(uint64_t));
+    sticky(&s->health, TNT_ERR_INTERNAL, peer, "rank %d sent a bit round of %d bytes, rank %d expected %zu: the ranks "
+           "have diverged (different TNT_* settings or library versions?)", peer, count, s->me, w * sizeof(uint64_t));
     return 0;
   }
   if (MPI_Mrecv(s->and_rbuf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-    sticky(s, TNT_ERR_PEER_LOST, peer, "rank %d could not receive rank %d's bit round", s->me, peer);
+    sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not receive rank %d's bit round", s->me, peer);
     return 0;
   }
-  s->peers[peer].last_heard = host->now();
+  s->health.peer[peer].last_heard = host->now();
   if (s->and_rbuf[0] != and_tag(s->and_round, step)) {
-    sticky(s, TNT_ERR_INTERNAL, peer, "rank %d sent step %u of bit round %u, rank %d expected step %d of round %u: the "
-           "ranks have diverged", peer, (unsigned)(s->and_rbuf[0] & 0xff), (unsigned)(s->and_rbuf[0] >> 8), s->me,
-           step, s->and_round);
+    sticky(&s->health, TNT_ERR_INTERNAL, peer, "rank %d sent step %u of bit round %u, rank %d expected step %d of "
+           "round %u: the ranks have diverged", peer, (unsigned)(s->and_rbuf[0] & 0xff),
+           (unsigned)(s->and_rbuf[0] >> 8), s->me, step, s->and_round);
     return 0;
   }
   for (size_t k = 1; k < w; k++) s->and_acc[k] &= s->and_rbuf[k];
@@ -1381,7 +1277,7 @@ static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, dou
   /* the sends of round - 2 used these buffers: every rank has taken them (the
    * result of round - 1 needed every rank to have finished round - 2) */
   res = poll_until(s, and_sends_done, s->and_req[round & 1], -1, deadline, "sending a bit round");
-  if (res == TNT_ERR_TIMEOUT) return timed_out(s, -1, "sending a bit round");
+  if (res == TNT_ERR_TIMEOUT) return timed_out(&s->health, -1, "sending a bit round");
   if (res != TNT_SUCCESS) return res;
   pthread_mutex_lock(&s->mu);
   s->and_round = round;
@@ -1402,7 +1298,7 @@ static tnt_result_t mpi_and_collect(void *st, uint64_t *out, double until) {
   if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
   const char *what = "in a bit round of the negotiation";
   tnt_result_t res = poll_round(s, and_advance, s->and_deadline, until, what);
-  if (res == TNT_ERR_TIMEOUT) return timed_out(s, s->and_partner, what);
+  if (res == TNT_ERR_TIMEOUT) return timed_out(&s->health, s->and_partner, what);
   if (res != TNT_SUCCESS) return res;
   memcpy(out, s->and_acc + 1, (size_t)s->and_nwords * sizeof *out);
   s->and_posted = 0;
@@ -1426,16 +1322,11 @@ static int peer_started_round(mpi_t *s) { /* mu held */
   return flag;
 }
 
-static void mpi_ring_doorbell(void *st, uint64_t cycle) {
-  mpi_t *s = st;
-  uint64_t cur = atomic_load(&s->cycle_wanted);
-  while (cur < cycle && !atomic_compare_exchange_weak(&s->cycle_wanted, &cur, cycle)) {
-  }
-}
+static void mpi_ring_doorbell(void *st, uint64_t cycle) { doorbell_want_cycle(&((mpi_t *)st)->door, cycle); }
 
 static int mpi_cycle_wanted(void *st, uint64_t done) {
   mpi_t *s = st;
-  if (atomic_load(&s->cycle_wanted) > done) return 1;
+  if (atomic_load(&s->door.cycle_wanted) > done) return 1;
   pthread_mutex_lock(&s->mu);
   int started = peer_started_round(s);
   pthread_mutex_unlock(&s->mu);
@@ -1474,10 +1365,7 @@ static tnt_result_t mpi_check_peers(void *st, const uint8_t *awaited) {
 }
 
 static void mpi_describe_peer(void *st, int peer, char *out, size_t len) {
-  mpi_t *s = st;
-  pthread_mutex_lock(&s->mu);
-  describe(s, peer, out, len);
-  pthread_mutex_unlock(&s->mu);
+  describe(&((mpi_t *)st)->health, peer, out, len);
 }
 
 static void mpi_abort(void *st, const char *reason, int root_peer) {
@@ -1485,7 +1373,7 @@ static void mpi_abort(void *st, const char *reason, int root_peer) {
   atomic_store(&job_failed, 1);
   pthread_mutex_lock(&s->mu);
   for (int r = 0; r < s->n; r++)
-    if (r != s->me && s->peers[r].state != PEER_EXITED)
+    if (r != s->me && s->health.peer[r].state != PEER_EXITED)
       send_ctrl(s, r, CTRL_ABORT, root_peer, 0, 0, reason ? reason : "aborted");
   progress(s);
   pthread_mutex_unlock(&s->mu);
@@ -1509,7 +1397,7 @@ static void mpi_finalize(void *st) {
   pthread_mutex_lock(&s->mu);
   for (int r = 0; r < s->n; r++) {
     flush_held(s, r);
-    if (r != s->me && s->peers[r].state == PEER_ALIVE) send_ctrl(s, r, CTRL_BYE, 0, 0, 0, NULL);
+    if (r != s->me && s->health.peer[r].state == PEER_ALIVE) send_ctrl(s, r, CTRL_BYE, 0, 0, 0, NULL);
   }
   pthread_mutex_unlock(&s->mu);
   /* let the last messages leave (over TCP they go only while we call MPI) */
@@ -1590,11 +1478,7 @@ static const tnt_plugin_t plugin = {
 };
 
 EXPORT const tnt_plugin_t *TNT_PLUGIN_ENTRY(const tnt_plugin_host_t *h, char *why, size_t why_len) {
-  if (!h || h->abi_version != TNT_PLUGIN_ABI_VERSION || h->struct_size < sizeof(tnt_plugin_host_t)) {
-    snprintf(why, why_len, "the core offers plugin ABI %u (%u-byte host table); this plugin was built for ABI %d",
-             h ? h->abi_version : 0, h ? h->struct_size : 0, TNT_PLUGIN_ABI_VERSION);
-    return NULL;
-  }
+  if (!plugin_abi_matches(h, why, why_len)) return NULL;
   host = h;
   if (!description[0]) { /* MPI_Get_library_version may be called before MPI_Init */
     char v[MPI_MAX_LIBRARY_VERSION_STRING] = "";
