@@ -1,4 +1,5 @@
-"""Builds the C core (core/) into the cffi extension tarantella._core (API mode).
+"""Builds the C core (core/) into the cffi extension tarantella._core (API mode),
+and tnt.allreduce's fast path into tarantella._fastpath.
 
 The package `tarantella.runner` lives in the top-level folder runner/.
 """
@@ -6,7 +7,7 @@ import ast
 import os
 import shutil
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,6 +47,10 @@ setup(
     # tensorflow/ops/*.cc: the TensorFlow ops, compiled at first use (tarantella/tensorflow/ops/build.py)
     package_data={"tarantella": ["include/*.h", "tensorflow/ops/*.cc"]},
     cffi_modules=["tarantella/common/_build_core.py:ffibuilder"],
+    # tnt.allreduce's common call in C (tarantella/common/_fastpath.c): it takes
+    # Python objects, which a cffi function cannot
+    ext_modules=[Extension("tarantella._fastpath", ["tarantella/common/_fastpath.c"], include_dirs=["core/include"],
+                           extra_compile_args=["-O2", "-Wall"])],
     cmdclass={"build_py": BuildPyWithPluginSources},
     zip_safe=False,
 )

@@ -25,6 +25,7 @@ import threading
 
 import numpy as np
 
+from tarantella import _fastpath
 from tarantella.common import codes, core, dtypes, result_pool
 from tarantella.common.errors import InvalidArgumentError
 
@@ -57,6 +58,13 @@ def _auto_name(kind, name):
                 "name must be a non-empty string of at most 255 bytes without NUL characters. "
                 f"Received: name={name!r}")
         return name.encode(), False
+    counter, names = _unnamed_window(kind)
+    # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
+    return names[next(counter) % _NAME_WINDOW], True
+
+
+def _unnamed_window(kind):
+    """(counter, names) of a kind's unnamed calls, made on first use."""
     names = _unnamed_names.get(kind)
     if names is None:
         with _counter_lock:
@@ -64,8 +72,7 @@ def _auto_name(kind, name):
                 _counters[kind] = itertools.count()
                 _unnamed_names[kind] = tuple(f"{kind}.{k}".encode() for k in range(_NAME_WINDOW))
         names = _unnamed_names[kind]
-    # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
-    return names[next(_counters[kind]) % _NAME_WINDOW], True
+    return _counters[kind], names
 
 
 # Results smaller than this are plain NumPy arrays: TensorFlow copies an
@@ -204,22 +211,25 @@ def _reap_orphans():
     _orphans[:] = still
 
 
-def _wait_for_earlier(lib, handle):
-    """Wait (interruptibly) until an earlier request completes; its owner takes the result."""
-    while lib.tnt_test(handle) == codes.IN_PROGRESS:
-        lib.tnt_wait(handle, _WAIT_SLICE_S)
+def _settle_before(name, unnamed):
+    """Before a request named `name` is submitted: release the dropped requests
+    that completed, and wait (interruptibly) until the unnamed request of the
+    same name, _NAME_WINDOW calls earlier, completes (its owner takes the result)."""
+    lib = core.lib()
+    if _orphans:
+        _reap_orphans()
+    earlier = _unnamed_in_flight.pop(name, None) if unnamed else None
+    if earlier is not None:
+        while lib.tnt_test(earlier) == codes.IN_PROGRESS:
+            lib.tnt_wait(earlier, _WAIT_SLICE_S)
 
 
 def _submit(fn, name, *args):
     """Submit `fn(name, *args, &handle)`; `name` comes from _auto_name."""
-    if _orphans:
-        _reap_orphans()
     name, unnamed = name
     lib, ffi = core.lib(), core.ffi()
-    if unnamed:
-        earlier = _unnamed_in_flight.pop(name, None)
-        if earlier is not None:
-            _wait_for_earlier(lib, earlier)
+    if _orphans or unnamed and _unnamed_in_flight:
+        _settle_before(name, unnamed)
     handle = ffi.new("tnt_handle_t *")
     core.check(fn(name, *args, handle))
     if unnamed:
@@ -269,30 +279,9 @@ def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
 
     `array` may also be a nested structure (lists, tuples, dicts) of arrays,
     scalars and tensors (see the module docstring)."""
-    running = core.running()
-    if running is not None and type(array) is np.ndarray and type(prescale) is float:
-        # The common call, checked inline: a helper call costs about 0.1 us and
-        # the whole 4-byte collective about 1 us. One array of a known dtype, a
-        # known op, `out` like the array or none. Anything else, and every
-        # error message, takes the general path below.
-        dt = _dtype_codes.get(array.dtype)
-        opcode = codes.OPS.get(op) if type(op) is str else None
-        if dt is not None and opcode is not None:
-            lib, ffi = running
-            try:
-                src = ffi.from_buffer(array)  # ValueError unless C-contiguous
-                if out is None:
-                    out = _result_like(array)
-                    dst = ffi.from_buffer(out)
-                elif type(out) is np.ndarray and out.dtype == array.dtype and out.shape == array.shape:
-                    dst = ffi.from_buffer(out, require_writable=True)  # ValueError unless C-contiguous, writeable
-                else:
-                    dst = None
-            except ValueError:
-                dst = None
-            if dst is not None:
-                name, unnamed = _auto_name("allreduce", name)
-                return _drive_allreduce(lib, ffi, name, unnamed, src, dst, out, array.size, dt, opcode, prescale)
+    result = _fastpath.allreduce(array, op, name, prescale, out)  # the common call, in C
+    if result is not NotImplemented:
+        return result
     if _is_structure(array):
         _no_out(out, "allreduce")
         return _structure_collective(array, "allreduce", name, lambda a, n: allreduce_async(
@@ -309,6 +298,8 @@ def _allreduce_now(array, op, name, prescale, out):
     out = _output(out, array, "allreduce")
     name, unnamed = _auto_name("allreduce", name)
     ffi = core.ffi()
+    if not _fastpath_bound:
+        _bind_fastpath(lib, ffi)
     return _drive_allreduce(lib, ffi, name, unnamed, ffi.from_buffer(array), ffi.from_buffer(out), out,
                             array.size, dt, opcode, float(prescale))
 
@@ -317,22 +308,39 @@ def _drive_allreduce(lib, ffi, name, unnamed, src, dst, out, count, dt, opcode, 
     """One call into the core, which submits, drives the collective on this
     thread and releases it (the plain call is the fast call: no handle object,
     no second thread woken). `out` is the array behind `dst`."""
-    if _orphans:
-        _reap_orphans()
-    if unnamed and _unnamed_in_flight:
-        earlier = _unnamed_in_flight.pop(name, None)
-        if earlier is not None:
-            _wait_for_earlier(lib, earlier)
+    if _orphans or unnamed and _unnamed_in_flight:
+        _settle_before(name, unnamed)
     handle = ffi.new("tnt_handle_t *")
     result = lib.tnt_allreduce(name, src, dst, count, dt, opcode, prescale, _WAIT_SLICE_S, handle)
     if result == codes.SUCCESS:
         return out
     if result != codes.IN_PROGRESS:
         core.check(result)
-    # not done within one slice (a slow peer): wait in slices, interruptibly
+    return _finish_in_progress(handle[0], name, unnamed, src, out)  # a cffi buffer holds its array
+
+
+def _finish_in_progress(handle, name, unnamed, source, out):
+    """An allreduce not done within one slice (a slow peer): wait in slices,
+    interruptibly. `source` keeps the input alive until then."""
     if unnamed:
-        _unnamed_in_flight[name] = handle[0]
-    return Handle(handle[0], lambda h: out, (src, dst)).wait()  # a cffi buffer holds its array
+        _unnamed_in_flight[name] = handle
+    return Handle(handle, lambda h: out, (source, out)).wait()
+
+
+_fastpath_bound = False
+
+
+def _bind_fastpath(lib, ffi):
+    """Connect tarantella._fastpath to the running core and to this module's
+    state, which both paths share (the unnamed names and their counter, the
+    requests in flight, the dtype codes). Once per process: the fast path asks
+    whether the core runs here (core._running) on every call."""
+    global _fastpath_bound
+    _fastpath.bind(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_allreduce"))), core, np.ndarray, np.empty,
+                   _result_like, _dtype_codes, codes.OPS, *_unnamed_window("allreduce"),
+                   _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check, _ALIGN_FROM_BYTES,
+                   _WAIT_SLICE_S)
+    _fastpath_bound = True
 
 
 def broadcast_async(array, root=0, name=None, out=None):

@@ -16,7 +16,9 @@ from tarantella.common.startup_log import mark
 _lock = threading.Lock()
 _lib = None
 _ffi = None
-_running = None  # (lib, ffi) while the core runs in this process: running()
+# (lib, ffi) while the core runs in this process, else None (not started, shut
+# down, or a fork() child): the one check of tarantella._fastpath, a global read
+_running = None
 _state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
 _pid = None  # the process that initialized: a fork() child must not act as its rank
 MASTER_RANK = 0
@@ -130,13 +132,6 @@ def _check_not_forked():
             f"Tarantella cannot be used in a forked child process (pid {os.getpid()}; this rank lives in "
             f"pid {_pid}): the child shares its parent's rank. Call collectives from the parent, or start "
             "workers with the 'spawn' method (multiprocessing.set_start_method('spawn'))")
-
-
-def running():
-    """(lib, ffi) when the core runs in this process, else None: the fast
-    paths' one check, a global read (ensure_initialized starts the core, or
-    says why it cannot, on the general path)."""
-    return _running
 
 
 def ensure_initialized():

@@ -10,7 +10,12 @@ SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
 def core_dtype(dtype):
     """The tnt_dtype_t code for a NumPy dtype, or InvalidArgumentError."""
-    name = np.dtype(dtype).name
+    dtype = np.dtype(dtype)
+    name = dtype.name
+    if not dtype.isnative:  # '>f4' is named float32 too: the core would read its bytes as another number
+        raise InvalidArgumentError(
+            f"the core reduces numbers in this machine's byte order; this array's dtype {dtype.str} is "
+            f"byte-swapped. Convert it with array.astype(array.dtype.newbyteorder('=')). Received: dtype={dtype.str}")
     try:
         return codes.DTYPES[name]
     except KeyError:

@@ -56,6 +56,7 @@ def test_bad_input_to_a_running_core():
             "non-contiguous": lambda: tnt.allreduce(np.zeros((4, 4), np.float32)[:, 1]),
             "fortran": lambda: tnt.allreduce(np.zeros((4, 3), np.float32, order="F")),
             "bool": lambda: tnt.allreduce(np.zeros(3, np.bool_)),
+            "byte-swapped": lambda: tnt.allreduce(np.ones(3, np.dtype(np.float32).newbyteorder())),
             "op": lambda: tnt.allreduce(x, op="max"),
             "op-type": lambda: tnt.allreduce(x, op=["sum"]),
             "name": lambda: tnt.allreduce(x, name="x" * 300),
@@ -74,7 +75,7 @@ def test_bad_input_to_a_running_core():
         print("after:", tnt.allreduce(x, prescale=2.0).tolist(), tnt.allreduce(x, out=np.empty(4, np.float32)).tolist())
         """)
     lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
-    expected = {"non-contiguous": "C-contiguous", "fortran": "C-contiguous", "bool": "is not supported",
+    expected = {"non-contiguous": "C-contiguous", "fortran": "C-contiguous", "bool": "is not supported", "byte-swapped": "newbyteorder('=')",
                 "op": '"sum" or "average"', "op-type": '"sum" or "average"', "name": "at most 255 bytes",
                 "name-type": "non-empty string", "out-readonly": "writeable", "out-shape": "float32(4,)",
                 "out-dtype": "float32(4,)", "out-strided": "C-contiguous"}

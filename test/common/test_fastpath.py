@@ -1,0 +1,35 @@
+"""tnt.allreduce's common call is served by the C fast path
+(tarantella/common/_fastpath.c): counted by how often the general Python path
+runs, not timed. Its results are the general path's bits, on every rank, also
+when unnamed requests of other kinds are in flight and when a peer is slow."""
+import json
+
+import pytest
+
+from core_helpers import tntrun
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fastpath")
+    n = 3
+    res = tntrun(n, "rank_fastpath.py", out)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return [json.load(open(out / f"rank{r}.json")) for r in range(n)]
+
+
+def test_common_calls_never_take_the_general_path(observed):
+    # 5 dtypes x 4 sizes x 3 salts x 5 calls, all after a barrier and a broadcast
+    assert all(o["general_calls"] == 0 for o in observed), [o["general_calls"] for o in observed]
+
+
+def test_common_calls_give_exact_results_in_every_form(observed):
+    assert all(o["common_calls_bad"] == [] for o in observed), [o["common_calls_bad"] for o in observed]
+
+
+def test_a_slow_peer_hands_over_to_the_python_wait(observed):
+    assert all(o["slow_ok"] for o in observed)
+
+
+def test_other_calls_take_the_general_path(observed):
+    assert all(o["fallbacks"] == 3 and o["fallbacks_ok"] for o in observed), observed
