@@ -339,7 +339,7 @@ def _bind_fastpath(lib, ffi):
     _fastpath.bind(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_allreduce"))), core, np.ndarray, np.empty,
                    _result_like, _dtype_codes, codes.OPS, *_unnamed_window("allreduce"),
                    _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check, _ALIGN_FROM_BYTES,
-                   _WAIT_SLICE_S)
+                   result_pool.RESULT_POOL_FROM_BYTES, _ALIGN, _WAIT_SLICE_S)
     _fastpath_bound = True
 
 
