@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "context.h"
+#include "copy_unaliased.h"
 #include "dtype.h"
 #include "stream_store.h"
 
@@ -424,7 +425,7 @@ static tnt_result_t result_copy_in(tnt_handle_t handle, void *dst) {
   pthread_mutex_lock(&c->requests.mu);
   tnt_result_t r = completed_slot(c, handle, &h);
   if (r == TNT_SUCCESS && h->result_buf && h->req)
-    memcpy(dst, h->result_buf, (size_t)h->result_count * tnt_dtype_size((tnt_dtype_t)h->req->meta.dtype));
+    tnt_copy_unaliased(dst, h->result_buf, (size_t)h->result_count * tnt_dtype_size((tnt_dtype_t)h->req->meta.dtype));
   pthread_mutex_unlock(&c->requests.mu);
   return r;
 }

@@ -26,6 +26,7 @@
 
 #include "engine.h"
 
+#include "copy_unaliased.h"
 #include "dtype.h"
 #include "settings_agree.h"
 
@@ -541,10 +542,10 @@ void tnt_execute_local(tnt_requests_t *requests, tnt_timeline_t *timeline, tnt_r
   switch (req->meta.coll) {
     case COLL_ALLREDUCE: /* the prescaled value; an average over one rank is the value itself */
       if (req->prescale != 1.0) tnt_scale((tnt_dtype_t)req->meta.dtype, req->out, req->in, req->prescale, (size_t)req->meta.count);
-      else if (req->out != req->in) memcpy(req->out, req->in, (size_t)req->meta.count * esz);
+      else if (req->out != req->in) tnt_copy_unaliased(req->out, req->in, (size_t)req->meta.count * esz);
       break;
     case COLL_BROADCAST:
-      if (req->out != req->in) memcpy(req->out, req->in, (size_t)req->meta.count * esz);
+      if (req->out != req->in) tnt_copy_unaliased(req->out, req->in, (size_t)req->meta.count * esz);
       break;
     case COLL_ALLGATHER:
       buf = malloc(req->meta.count ? (size_t)req->meta.count * esz : 1);
@@ -552,7 +553,7 @@ void tnt_execute_local(tnt_requests_t *requests, tnt_timeline_t *timeline, tnt_r
         tnt_requests_complete(requests, req, TNT_ERR_SYSTEM, "out of memory", -1, NULL, 0, NULL);
         return;
       }
-      if (req->meta.count) memcpy(buf, req->in, (size_t)req->meta.count * esz);
+      if (req->meta.count) tnt_copy_unaliased(buf, req->in, (size_t)req->meta.count * esz);
       count = req->meta.count;
       break;
     default: break;

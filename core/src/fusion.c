@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "copy_unaliased.h"
 #include "dtype.h"
 
 tnt_result_t tnt_fusion_init(tnt_fusion_t *f, int ranks) {
@@ -43,9 +44,9 @@ static void move(tnt_fusion_t *f, tnt_request_t *req, double factor, int out) {
   for (int j = 0; j < f->N; j++) {
     int64_t b = cnt * j / f->N, len = cnt * (j + 1) / f->N - b;
     uint8_t *at = f->buf + f->pos[j] * (int64_t)esz;
-    if (out) memcpy((uint8_t *)req->out + b * (int64_t)esz, at, (size_t)len * esz);
+    if (out) tnt_copy_unaliased((uint8_t *)req->out + b * (int64_t)esz, at, (size_t)len * esz);
     else if (factor != 1.0) tnt_scale(dt, at, (const uint8_t *)req->in + b * (int64_t)esz, factor, (size_t)len);
-    else memcpy(at, (const uint8_t *)req->in + b * (int64_t)esz, (size_t)len * esz);
+    else tnt_copy_unaliased(at, (const uint8_t *)req->in + b * (int64_t)esz, (size_t)len * esz);
     f->pos[j] += len;
   }
 }

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "copy_unaliased.h"
 #include "dtype.h"
 
 typedef struct {
@@ -310,7 +311,7 @@ static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
     double factor = req->prescale;
     if (req->meta.op == TNT_AVERAGE) factor /= c->pl->size;
     if (factor != 1.0) tnt_scale(dt, msg + at + sizeof ph, req->in, factor, (size_t)req->meta.count);
-    else if (bytes) memcpy(msg + at + sizeof ph, req->in, bytes);
+    else if (bytes) tnt_copy_unaliased(msg + at + sizeof ph, req->in, bytes);
     at += sizeof ph + align8(bytes);
     hdr->n_payloads++;
   }

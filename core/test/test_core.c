@@ -9,7 +9,7 @@
 #include "dtype.h"
 #include "expect.h"
 #include "stream_store.h"
-#include "copy_out.h"
+#include "copy_unaliased.h"
 #include "tarantella.h"
 
 
@@ -59,7 +59,7 @@ static void test_streaming_copy(void) {
 /* The copy out of a received piece writes exactly what memcpy writes, both
  * when it copies forwards and when the destination lies 1-255 bytes past the
  * source modulo 4 KiB (copied backwards), and nothing around it. */
-static void test_copy_out(void) {
+static void test_copy_unaliased(void) {
   static uint8_t src[4096 + 700] __attribute__((aligned(4096))), want[8192 + 700], got[8192 + 700];
   for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(i * 37 + 11);
   int mismatches = 0;
@@ -71,7 +71,7 @@ static void test_copy_out(void) {
       memset(want, 0x11, sizeof want);
       memset(got, 0x11, sizeof got);
       memcpy(want + wat, src, len);
-      tnt_copy_out(got + at, src, len);
+      tnt_copy_unaliased(got + at, src, len);
       mismatches += memcmp(want, got, sizeof want) != 0;
     }
   EXPECT(mismatches == 0);
@@ -112,7 +112,7 @@ static void test_serial_job(void) {
 int main(void) {
   test_half_precision();
   test_streaming_copy();
-  test_copy_out();
+  test_copy_unaliased();
   test_misuse_before_init();
   test_serial_job();
   printf("%d passed, %d failed\n", passed, failed);

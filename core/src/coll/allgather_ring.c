@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "copy_out.h"
+#include "copy_unaliased.h"
 #include "ring.h"
 
 tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, const int64_t *bytes, double deadline) {
@@ -31,7 +31,7 @@ tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, con
       const void *piece;
       TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
       tnt_piece(offset[recv_blk], bytes[recv_blk], k, P, &pb, &pl);
-      tnt_copy_out(dst + pb, piece, (size_t)pl);
+      tnt_copy_unaliased(dst + pb, piece, (size_t)pl);
       TNT_CHECK(tnt_ring_release(ring));
     }
   }

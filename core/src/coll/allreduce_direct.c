@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "copy_out.h"
+#include "copy_unaliased.h"
 #include "dtype.h"
 #include "ring.h"
 #include "stream_store.h"
@@ -108,7 +108,7 @@ tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, 
                         (long long)(ql * (int64_t)esz));
       uint8_t *dst = (uint8_t *)out + (size_t)qb * esz;
       if (stream) tnt_copy_streaming(dst, msgs[q], lens[q]);
-      else tnt_copy_out(dst, msgs[q], lens[q]);
+      else tnt_copy_unaliased(dst, msgs[q], lens[q]);
     }
     cb += cl;
   }

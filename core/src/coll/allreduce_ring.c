@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "copy_out.h"
+#include "copy_unaliased.h"
 #include "dtype.h"
 #include "ring.h"
 #include "stream_store.h"
@@ -84,7 +84,7 @@ static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *
     else if (p->stream)
       tnt_copy_streaming(at, piece, (size_t)pl * p->esz);
     else
-      tnt_copy_out(at, piece, (size_t)pl * p->esz);
+      tnt_copy_unaliased(at, piece, (size_t)pl * p->esz);
     TNT_CHECK(tnt_ring_release(ring));
   }
   return TNT_SUCCESS;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "copy_out.h"
+#include "copy_unaliased.h"
 #include "ring.h"
 
 tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, size_t bytes, int root, double deadline) {
@@ -25,7 +25,7 @@ tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, siz
     TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
     /* forwarded from out, not from the window: the put is asynchronous, and the
      * window slot goes back to prev at once */
-    tnt_copy_out((uint8_t *)out + pb, piece, (size_t)pl);
+    tnt_copy_unaliased((uint8_t *)out + pb, piece, (size_t)pl);
     TNT_CHECK(tnt_ring_release(ring));
     if (pos < N - 1) TNT_CHECK(tnt_ring_send(ring, (const uint8_t *)out + pb, (size_t)pl, deadline));
   }

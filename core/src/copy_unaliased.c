@@ -1,5 +1,5 @@
-/* copy_out.c - see copy_out.h. */
-#include "copy_out.h"
+/* copy_unaliased.c - see copy_unaliased.h. */
+#include "copy_unaliased.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -10,7 +10,7 @@ static int stores_trail_loads(const void *dst, const void *src) {
   return (((uintptr_t)dst - (uintptr_t)src) & 4095u) - 1u < 255u;
 }
 
-void tnt_copy_out(void *dst, const void *src, size_t len) {
+void tnt_copy_unaliased(void *dst, const void *src, size_t len) {
   if (!stores_trail_loads(dst, src)) {
     memcpy(dst, src, len);
     return;
