@@ -1,5 +1,6 @@
 """Helpers of the core tests: start real ranks with tntrun (or by hand, when a
 test needs to watch every rank's own fate), with a clean environment."""
+import json
 import os
 import secrets
 import shutil
@@ -22,6 +23,14 @@ def tntrun(n, script, *args, env=None, timeout=300, runner_args=()):
     assert exe, "tntrun is not installed: pip install ."
     cmd = [exe, "-n", str(n), "--no-gpu", *runner_args, "--", os.path.join(HERE, script), *map(str, args)]
     return subprocess.run(cmd, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+
+
+def rank_reports(outdir, n, script, env=None):
+    """Run `script OUTDIR` on n ranks with tntrun; each rank writes
+    OUTDIR/rank<r>.json, returned in rank order."""
+    res = tntrun(n, script, outdir, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return [json.load(open(os.path.join(outdir, f"rank{r}.json"))) for r in range(n)]
 
 
 def spawn_ranks(n, script, *args, env=None):

@@ -2,20 +2,15 @@
 (tarantella/common/_fastpath.c): counted by how often the general Python path
 runs, not timed. Its results are the general path's bits, on every rank, also
 when unnamed requests of other kinds are in flight and when a peer is slow."""
-import json
 
 import pytest
 
-from core_helpers import tntrun
+from core_helpers import rank_reports
 
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fastpath")
-    n = 3
-    res = tntrun(n, "rank_fastpath.py", out)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return [json.load(open(out / f"rank{r}.json")) for r in range(n)]
+    return rank_reports(tmp_path_factory.mktemp("fastpath"), 3, "rank_fastpath.py")
 
 
 def test_common_calls_never_take_the_general_path(observed):

@@ -1,19 +1,14 @@
 """Negotiation: any submission order, the steady-state cache, renegotiation,
 and mismatches that fail the request on every rank (never a hang or a wrong sum)."""
-import json
 
 import pytest
 
-from core_helpers import tntrun
+from core_helpers import rank_reports
 
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("negotiation")
-    n = 3
-    res = tntrun(n, "rank_negotiation.py", out)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return [json.load(open(out / f"rank{r}.json")) for r in range(n)]
+    return rank_reports(tmp_path_factory.mktemp("negotiation"), 3, "rank_negotiation.py")
 
 
 def test_names_in_a_different_order_on_every_rank(observed):

@@ -2,20 +2,15 @@
 readiness bit of the negotiation (counted by core.stats()['one_round'], not
 timed), every rank adds in the small path's order (the same bits everywhere),
 other cases take the usual paths, and a mismatch on that path fails on every rank."""
-import json
 
 import pytest
 
-from core_helpers import tntrun
+from core_helpers import rank_reports
 
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("one_round")
-    n = 3
-    res = tntrun(n, "rank_one_round.py", out)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return [json.load(open(out / f"rank{r}.json")) for r in range(n)]
+    return rank_reports(tmp_path_factory.mktemp("one_round"), 3, "rank_one_round.py")
 
 
 def test_a_loop_of_plain_calls_is_served_from_the_cache_in_one_round(observed):
