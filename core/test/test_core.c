@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "copy_unaliased.h"
 #include "dtype.h"
 #include "expect.h"
 #include "stream_store.h"
-#include "copy_unaliased.h"
 #include "tarantella.h"
 
 
@@ -56,7 +56,7 @@ static void test_streaming_copy(void) {
   EXPECT(mismatches == 0);
 }
 
-/* The copy out of a received piece writes exactly what memcpy writes, both
+/* tnt_copy_unaliased writes exactly what memcpy writes, both
  * when it copies forwards and when the destination lies 1-255 bytes past the
  * source modulo 4 KiB (copied backwards), and nothing around it. */
 static void test_copy_unaliased(void) {

@@ -41,7 +41,7 @@ typedef tnt_result_t (*allreduce_fn)(const char *, const void *, void *, int64_t
 
 /* Set by bind(); owned references. */
 static allreduce_fn core_allreduce;
-static PyObject *core_module;   /* tarantella.common.core: its `_running` is None unless the core runs here */
+static PyObject *core_module;   /* tarantella.common.core: its `_running` is True while the core runs here */
 static PyObject *ndarray_type;  /* numpy.ndarray: subclasses take the general path */
 static PyObject *np_empty;      /* numpy.empty, for small results */
 static PyObject *result_like;   /* collectives._result_like, for large (aligned, pooled) results */
@@ -96,12 +96,6 @@ static PyObject *bind(PyObject *self, PyObject *args) {
   align = alignment;
   wait_slice_s = slice;
   core_allreduce = (allreduce_fn)(uintptr_t)address;
-  Py_RETURN_NONE;
-}
-
-static PyObject *unbind(PyObject *self, PyObject *unused) {
-  (void)self, (void)unused;
-  forget_binding();
   Py_RETURN_NONE;
 }
 
@@ -203,7 +197,7 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
   /* the core runs in this process (not shut down, not a fork() child) */
   PyObject *running = PyObject_GetAttr(core_module, str_running);
   if (running == NULL) return NULL;
-  int up = running != Py_None;
+  int up = running == Py_True;
   Py_DECREF(running);
   if (!up) Py_RETURN_NOTIMPLEMENTED;
 
@@ -308,7 +302,6 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "Connect the fast path to the running core and the Python path's state."},
-    {"unbind", unbind, METH_NOARGS, "Disconnect the fast path: every call returns NotImplemented."},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(array, op, name, prescale, out): the result, or NotImplemented when not the common call."},
     {NULL, NULL, 0, NULL},

@@ -16,9 +16,9 @@ from tarantella.common.startup_log import mark
 _lock = threading.Lock()
 _lib = None
 _ffi = None
-# (lib, ffi) while the core runs in this process, else None (not started, shut
-# down, or a fork() child): the one check of tarantella._fastpath, a global read
-_running = None
+# _state == "up" in the process that initialized (not a fork() child), kept as
+# one flag: tarantella._fastpath's whole check, one global read per call
+_running = False
 _state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
 _pid = None  # the process that initialized: a fork() child must not act as its rank
 MASTER_RANK = 0
@@ -89,7 +89,7 @@ def init():
         check(lib_.tnt_init())
         _state = "up"
         _pid = os.getpid()
-        _running = (lib_, _ffi)
+        _running = True
         mark("tnt.init: connected")
     from tarantella.common import logging as tnt_logging
     from tarantella.common import error_file
@@ -106,7 +106,7 @@ def shutdown():
         if _state != "up":
             return
         _state = "down"
-        _running = None
+        _running = False
         check(_lib.tnt_finalize())
 
 
@@ -120,7 +120,7 @@ _forked = False  # set in a fork() child: only then is the pid worth a system ca
 def _note_fork():
     global _forked, _running
     _forked = True
-    _running = None
+    _running = False
 
 
 os.register_at_fork(after_in_child=_note_fork)
