@@ -9,6 +9,7 @@ bandwidth, measured in the same run. Not a test: a table to read.
     python bench/allreduce.py --transport gpi2     # over its gpi2 transport (tntrun; GPI2_HOME set)
     python bench/allreduce.py --ranks 2 --sizes 16M,64M --dtype float16 --simd 0,1  # vector vs scalar kernels
     python bench/allreduce.py --ranks 2 --sizes 4M,64M --tnt-env TNT_STREAM_MIN_KB=0  # a setting against its default
+    python bench/allreduce.py --collective allgather --sizes 4,64K,1M,16M   # tnt.allgather against MPI_Allgather
 
 Tarantella is called three ways, in alternating batches inside one job:
 `plain` is what a user writes, `tnt.allreduce(x)` (unnamed, a fresh result
@@ -25,7 +26,9 @@ with TNT_SIMD=0 (the portable scalar float16/bfloat16 kernels) and TNT_SIMD=1
 same rounds, for the ratios.
 
 Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it. Sum; float32
-unless --dtype says otherwise.
+unless --dtype says otherwise. With `--collective allgather` the size is each
+rank's input, the result N times that, and bus bandwidth (N-1) x bytes / time
+(nccl-tests' (N-1)/N x the result's size); allgather has no `out` variant.
 """
 import argparse
 import json
@@ -61,7 +64,7 @@ def iterations_for(nbytes):
     return max(5, min(3000, int(1e8 / max(nbytes, 2048))))
 
 
-def worker(kind, sizes, variants, dtype="float32", batches=3):
+def worker(kind, sizes, variants, dtype="float32", collective="allreduce", batches=3):
     if kind == "tnt":
         import tarantella as tnt
 
@@ -76,13 +79,23 @@ def worker(kind, sizes, variants, dtype="float32", batches=3):
     for nbytes in sizes:
         np_dtype = np.dtype(dtype) if dtype != "bfloat16" else np.dtype(__import__("ml_dtypes").bfloat16)
         x = np.ones(max(1, nbytes // np_dtype.itemsize), np_dtype)
-        out = np.empty_like(x)
-        calls = {
-            "plain": lambda: tnt.allreduce(x),
-            "named": lambda: tnt.allreduce(x, name="bench"),
-            "out": lambda: tnt.allreduce(x, out=out),
-            "mpi": lambda: comm.Allreduce(x, out, op=MPI.SUM),
-        }
+        if collective == "allgather":
+            out = np.empty(x.size * size, x.dtype)
+            calls = {
+                "plain": lambda: tnt.allgather(x),
+                "named": lambda: tnt.allgather(x, name="bench"),
+                "mpi": lambda: comm.Allgather(x, out),
+            }
+            expected = (1, out.size)  # (first element, size) of a result
+        else:
+            out = np.empty_like(x)
+            calls = {
+                "plain": lambda: tnt.allreduce(x),
+                "named": lambda: tnt.allreduce(x, name="bench"),
+                "out": lambda: tnt.allreduce(x, out=out),
+                "mpi": lambda: comm.Allreduce(x, out, op=MPI.SUM),
+            }
+            expected = (size, x.size)
         iters = iterations_for(nbytes)
         best = {v: float("inf") for v in variants}
         for v in variants:  # warm: first-touch page faults and the negotiation cache
@@ -97,7 +110,7 @@ def worker(kind, sizes, variants, dtype="float32", batches=3):
                     r = fn()
                 best[v] = min(best[v], (time.perf_counter() - t) / iters)
                 got = out if r is None else r
-                assert got[0] == size, (v, got[0])
+                assert (got[0], got.size) == expected, (v, got[0], got.size)
         results.append({"bytes": x.nbytes, "seconds": best})
     if rank == 0:
         print("RESULT " + json.dumps({"kind": kind, "ranks": size, "results": results}), flush=True)
@@ -136,9 +149,9 @@ def find_peers(venvs):
     return peers
 
 
-def launch(label, cmd, env, sizes, variants, dtype="float32"):
+def launch(label, cmd, env, sizes, variants, dtype="float32", collective="allreduce"):
     args = [HERE, "--worker", "mpi" if label.startswith("mpi:") else "tnt", "--sizes", ",".join(map(str, sizes)),
-            "--variants", ",".join(variants), "--dtype", dtype]
+            "--variants", ",".join(variants), "--dtype", dtype, "--collective", collective]
     res = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=1800)
     for line in res.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -178,16 +191,17 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
-def figure(seconds, nbytes, ranks):
+def figure(seconds, nbytes, ranks, collective="allreduce"):
     """Latency below 1 MB, bus bandwidth from 1 MB (how the peers' table reads)."""
     if seconds != seconds:
         return "-"
     if nbytes < (1 << 20):
         return f"{seconds * 1e6:.1f} us"
-    return f"{2 * (ranks - 1) / ranks * nbytes / seconds / 1e9:.2f} GB/s"
+    moved = (ranks - 1) * nbytes if collective == "allgather" else 2 * (ranks - 1) / ranks * nbytes
+    return f"{moved / seconds / 1e9:.2f} GB/s"
 
 
-def table(ranks, sizes, per_job, columns):
+def table(ranks, sizes, per_job, columns, collective="allreduce"):
     """Markdown rows: one column per implementation/variant, then the ratios."""
     def median_of(label, variant, i):
         runs = [r[i]["seconds"][variant] for r in per_job.get(label, []) if r]
@@ -203,7 +217,7 @@ def table(ranks, sizes, per_job, columns):
     lines = ["| size | " + " | ".join(heads + ratio_heads) + " |",
              "| ---: | " + " | ".join("---:" for _ in heads + ratio_heads) + " |"]
     for i, nbytes in enumerate(sizes):
-        cells = [figure(median_of(label, v, i), nbytes, ranks) for label, v in columns]
+        cells = [figure(median_of(label, v, i), nbytes, ranks, collective) for label, v in columns]
         plain = median_of("tnt", "plain", i)
         if peers:
             best = min(((median_of(label, v, i), label[4:]) for label, v in peers), key=lambda t: t[0])
@@ -239,13 +253,17 @@ def main():
     p.add_argument("--tnt-env", action="append", default=[], metavar="NAME=VALUE",
                    help="also run this tree with this TNT_* setting, for its time / the default's "
                         "(repeatable), e.g. TNT_STREAM_MIN_KB=0")
+    p.add_argument("--collective", choices=["allreduce", "allgather"], default="allreduce",
+                   help="what to time: allreduce (default) or allgather (each size is one rank's input)")
     p.add_argument("--worker", choices=["tnt", "mpi"], help=argparse.SUPPRESS)
     a = p.parse_args()
     variants = [v for v in a.variants.split(",") if v]
     if any(v not in VARIANTS for v in variants):
         p.error(f"--variants takes {', '.join(VARIANTS)}. Received: {a.variants}")
+    if a.collective == "allgather":
+        variants = [v for v in variants if v != "out"]  # tnt.allgather takes no out=
     if a.worker:
-        worker(a.worker, [int(s) for s in a.sizes.split(",")], variants, a.dtype)
+        worker(a.worker, [int(s) for s in a.sizes.split(",")], variants, a.dtype, a.collective)
         return 0
     sizes = [parse_bytes(s) for s in a.sizes.split(",")] if a.sizes else \
         sizes_between(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes))
@@ -265,9 +283,10 @@ def main():
         per_job = {}
         for _ in range(a.rounds):
             for label, cmd, env in jobs:
-                per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants, a.dtype))
+                per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants, a.dtype, a.collective))
         columns = [(label, v) for label, _, _ in jobs for v in (variants if not label.startswith("mpi:") else ["mpi"])]
-        lines += [f"### {ranks} ranks (Tarantella over {a.transport})", "", *table(ranks, sizes, per_job, columns), ""]
+        lines += [f"### {a.collective}, {ranks} ranks (Tarantella over {a.transport})", "",
+                  *table(ranks, sizes, per_job, columns, a.collective), ""]
     text = "\n".join(lines)
     print(text)
     if a.markdown:

@@ -99,6 +99,14 @@ tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, in
  * tnt_result_copy, then tnt_release. */
 tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count, int64_t row_elems,
                                  tnt_dtype_t dtype, tnt_handle_t *handle);
+/* The same, written straight into `out` when the result has exactly `out_count`
+ * elements (the caller's guess, e.g. every rank's count equal to its own): then
+ * tnt_result_count gives out_count and the result is already in `out`, and
+ * nothing is left to copy. Otherwise the handle owns the result, as with
+ * tnt_allgather_async. `out` must not overlap `in` and must stay valid until
+ * the request completes. Saves a copy of the whole result. */
+tnt_result_t tnt_allgather_into_async(const char *name, const void *in, int64_t count, int64_t row_elems,
+                                      tnt_dtype_t dtype, void *out, int64_t out_count, tnt_handle_t *handle);
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle);
 
 /* Completion. tnt_wait's timeout_s bounds this wait (TNT_ERR_TIMEOUT, the request

@@ -276,15 +276,20 @@ static tnt_result_t broadcast_async_in(const char *name, const void *in, void *o
 }
 
 static tnt_result_t allgather_async_in(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
-                                 tnt_handle_t *handle) {
+                                       void *out, int64_t out_count, tnt_handle_t *handle) {
   tnt_request_t *req = NULL;
   if (row_elems < 0 || (row_elems > 0 && count % row_elems) || (row_elems == 0 && count))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allgather '%s': count %lld is not a multiple of the row size %lld",
                     name ? name : "", (long long)count, (long long)row_elems);
   if (count > 0 && !in) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allgather '%s': NULL buffer", name ? name : "");
+  if (out_count < 0 || (out_count > 0 && !out))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allgather '%s': output of %lld elements at %p", name ? name : "",
+                    (long long)out_count, out);
   TNT_CHECK(new_request(name, COLL_ALLGATHER, dtype, count, &req));
   req->meta.row_elems = row_elems;
   req->in = in;
+  req->out = out;
+  req->out_count = out ? out_count : -1;
   return submit(req, handle, 0);
 }
 
@@ -484,7 +489,12 @@ tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, in
 
 tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
                                  tnt_handle_t *handle) {
-  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, handle));
+  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, NULL, 0, handle));
+}
+
+tnt_result_t tnt_allgather_into_async(const char *name, const void *in, int64_t count, int64_t row_elems,
+                                      tnt_dtype_t dtype, void *out, int64_t out_count, tnt_handle_t *handle) {
+  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, handle));
 }
 
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle) {

@@ -171,6 +171,14 @@ static tnt_result_t run_allreduce(tnt_engine_t *c, tnt_request_t **reqs, int n) 
   return TNT_SUCCESS;
 }
 
+/* Where an allgather of `total` elements writes its result: the caller's
+ * array when it guessed the size right (no copy out afterwards), else a
+ * buffer the handle will own (*owned = 1). NULL: out of memory. */
+static void *gather_target(const tnt_request_t *req, int64_t total, size_t esz, int *owned) {
+  *owned = !(req->out && req->out_count == total);
+  return *owned ? malloc(total ? (size_t)total * esz : 1) : req->out;
+}
+
 static tnt_result_t run_one(tnt_engine_t *c, tnt_request_t *req, const tnt_response_t *resp, void **result_buf,
                             int64_t *result_count) {
   int64_t t0 = tnt_now_us();
@@ -187,14 +195,15 @@ static tnt_result_t run_one(tnt_engine_t *c, tnt_request_t *req, const tnt_respo
         bytes[q] = resp->rank_counts[q] * (int64_t)esz;
         total += resp->rank_counts[q];
       }
-      void *out = malloc(total ? (size_t)total * esz : 1);
+      int owned;
+      void *out = gather_target(req, total, esz, &owned);
       if (!out) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate %lld bytes for allgather '%s'", (long long)(total * (int64_t)esz), req->name);
       tnt_result_t r = tnt_allgather_ring(&c->ring, req->in, out, bytes, op_deadline(c));
       if (r != TNT_SUCCESS) {
-        free(out);
+        if (owned) free(out);
         return r;
       }
-      *result_buf = out;
+      *result_buf = owned ? out : NULL;
       *result_count = total;
       tnt_timeline_event(c->timeline, req->name, "ALLGATHER", t0, tnt_now_us(), NULL);
       break;
@@ -547,15 +556,18 @@ void tnt_execute_local(tnt_requests_t *requests, tnt_timeline_t *timeline, tnt_r
     case COLL_BROADCAST:
       if (req->out != req->in) tnt_copy_unaliased(req->out, req->in, (size_t)req->meta.count * esz);
       break;
-    case COLL_ALLGATHER:
-      buf = malloc(req->meta.count ? (size_t)req->meta.count * esz : 1);
-      if (!buf) {
+    case COLL_ALLGATHER: {
+      int owned;
+      void *dst = gather_target(req, req->meta.count, esz, &owned);
+      if (!dst) {
         tnt_requests_complete(requests, req, TNT_ERR_SYSTEM, "out of memory", -1, NULL, 0, NULL);
         return;
       }
-      if (req->meta.count) tnt_copy_unaliased(buf, req->in, (size_t)req->meta.count * esz);
+      if (req->meta.count && dst != req->in) tnt_copy_unaliased(dst, req->in, (size_t)req->meta.count * esz);
+      buf = owned ? dst : NULL;
       count = req->meta.count;
       break;
+    }
     default: break;
   }
   tnt_timeline_event(timeline, req->name, tnt_coll_name(req->meta.coll), t0, tnt_now_us(), "local");

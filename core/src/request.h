@@ -30,7 +30,8 @@ typedef struct tnt_request {
   tnt_meta_t meta;
   double prescale;
   const void *in;
-  void *out;
+  void *out;         /* allgather: where the caller would like the result (may be NULL) */
+  int64_t out_count; /* allgather: the elements out holds; the result goes there when it has exactly as many */
   int state;       /* REQ_*: the negotiator's, under the engine's progress lock */
   int cache_slot;  /* when REQ_CACHED */
   double submit_time;

@@ -104,6 +104,17 @@ static void test_serial_job(void) {
   EXPECT(tnt_wait(h, -1) == TNT_SUCCESS && tnt_result_count(h, &count) == TNT_SUCCESS && count == 4);
   EXPECT(tnt_release(h) == TNT_SUCCESS);
   EXPECT(tnt_allgather_async("g2", rows, 3, 2, TNT_INT64, &h) == TNT_ERR_INVALID_ARGUMENT); /* 3 is not rows of 2 */
+  int64_t into[4] = {0}, kept[4] = {0};
+  EXPECT(tnt_allgather_into_async("g3", rows, 4, 2, TNT_INT64, into, 4, &h) == TNT_SUCCESS); /* the guess is right */
+  EXPECT(tnt_wait(h, -1) == TNT_SUCCESS && tnt_result_count(h, &count) == TNT_SUCCESS && count == 4);
+  EXPECT(into[0] == 1 && into[3] == 4);
+  EXPECT(tnt_release(h) == TNT_SUCCESS);
+  into[0] = 0;
+  EXPECT(tnt_allgather_into_async("g4", rows, 2, 2, TNT_INT64, into, 4, &h) == TNT_SUCCESS); /* wrong: the handle keeps it */
+  EXPECT(tnt_wait(h, -1) == TNT_SUCCESS && tnt_result_count(h, &count) == TNT_SUCCESS && count == 2);
+  EXPECT(into[0] == 0 && tnt_result_copy(h, kept) == TNT_SUCCESS && kept[0] == 1 && kept[1] == 2);
+  EXPECT(tnt_release(h) == TNT_SUCCESS);
+  EXPECT(tnt_allgather_into_async("g5", rows, 4, 2, TNT_INT64, NULL, 4, &h) == TNT_ERR_INVALID_ARGUMENT);
   EXPECT(tnt_finalize() == TNT_SUCCESS);
   EXPECT(tnt_allreduce_async("x", in, out, 3, TNT_FLOAT64, TNT_SUM, 1.0, &h) == TNT_ERR_INVALID_USAGE);
   EXPECT(strstr(tnt_last_error(), "finalized") != NULL);

@@ -68,7 +68,7 @@
 
 #include "transport_plugin.h"
 #include "../process_state.h"
-#include "plugin_util.h"
+#include "peer_health.h" /* and plugin_util.h */
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -652,7 +652,7 @@ static void progress(gpi2_t *s) {
   }
 }
 
-/* ---- peers' health (mu held): plugin_util.h's checks, and GPI-2's own ---- */
+/* ---- peers' health (mu held): peer_health.h's checks, and GPI-2's own ---- */
 
 static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const char *what) {
   const peer_health_t *h = &s->health.peer[r];

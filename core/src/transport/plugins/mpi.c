@@ -69,7 +69,7 @@
 
 #include "transport_plugin.h"
 #include "../process_state.h"
-#include "plugin_util.h"
+#include "peer_health.h" /* and plugin_util.h */
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -468,7 +468,7 @@ static void progress(mpi_t *s) {
   }
 }
 
-/* ---- peers' health (mu held): plugin_util.h's checks ---- */
+/* ---- peers' health (mu held): peer_health.h's checks ---- */
 
 /* Is peer r alive? Dead local pids only when `pids` (a system call each);
  * silence always. */
