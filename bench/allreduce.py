@@ -10,6 +10,7 @@ bandwidth, measured in the same run. Not a test: a table to read.
     python bench/allreduce.py --ranks 2 --sizes 16M,64M --dtype float16 --simd 0,1  # vector vs scalar kernels
     python bench/allreduce.py --ranks 2 --sizes 4M,64M --tnt-env TNT_STREAM_MIN_KB=0  # a setting against its default
     python bench/allreduce.py --collective allgather --sizes 4,64K,1M,16M   # tnt.allgather against MPI_Allgather
+    python bench/allreduce.py --collective broadcast --sizes 4,64K,1M        # tnt.broadcast against MPI_Bcast
 
 Tarantella is called three ways, in alternating batches inside one job:
 `plain` is what a user writes, `tnt.allreduce(x)` (unnamed, a fresh result
@@ -29,6 +30,7 @@ Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it. Sum; float32
 unless --dtype says otherwise. With `--collective allgather` the size is each
 rank's input, the result N times that, and bus bandwidth (N-1) x bytes / time
 (nccl-tests' (N-1)/N x the result's size); allgather has no `out` variant.
+`--collective broadcast` broadcasts from rank 0; its bus bandwidth is bytes / time.
 """
 import argparse
 import json
@@ -87,6 +89,15 @@ def worker(kind, sizes, variants, dtype="float32", collective="allreduce", batch
                 "mpi": lambda: comm.Allgather(x, out),
             }
             expected = (1, out.size)  # (first element, size) of a result
+        elif collective == "broadcast":
+            out = np.empty_like(x)
+            calls = {
+                "plain": lambda: tnt.broadcast(x, root=0),
+                "named": lambda: tnt.broadcast(x, root=0, name="bench"),
+                "out": lambda: tnt.broadcast(x, root=0, out=out),
+                "mpi": lambda: comm.Bcast(x, root=0),  # in place: every x holds ones
+            }
+            expected = (1, x.size)
         else:
             out = np.empty_like(x)
             calls = {
@@ -109,7 +120,7 @@ def worker(kind, sizes, variants, dtype="float32", collective="allreduce", batch
                 for _ in range(iters):
                     r = fn()
                 best[v] = min(best[v], (time.perf_counter() - t) / iters)
-                got = out if r is None else r
+                got = (x if v == "mpi" and collective == "broadcast" else out) if r is None else r
                 assert (got[0], got.size) == expected, (v, got[0], got.size)
         results.append({"bytes": x.nbytes, "seconds": best})
     if rank == 0:
@@ -197,7 +208,7 @@ def figure(seconds, nbytes, ranks, collective="allreduce"):
         return "-"
     if nbytes < (1 << 20):
         return f"{seconds * 1e6:.1f} us"
-    moved = (ranks - 1) * nbytes if collective == "allgather" else 2 * (ranks - 1) / ranks * nbytes
+    moved = {"allgather": (ranks - 1) * nbytes, "broadcast": nbytes}.get(collective, 2 * (ranks - 1) / ranks * nbytes)
     return f"{moved / seconds / 1e9:.2f} GB/s"
 
 
@@ -253,8 +264,9 @@ def main():
     p.add_argument("--tnt-env", action="append", default=[], metavar="NAME=VALUE",
                    help="also run this tree with this TNT_* setting, for its time / the default's "
                         "(repeatable), e.g. TNT_STREAM_MIN_KB=0")
-    p.add_argument("--collective", choices=["allreduce", "allgather"], default="allreduce",
-                   help="what to time: allreduce (default) or allgather (each size is one rank's input)")
+    p.add_argument("--collective", choices=["allreduce", "allgather", "broadcast"], default="allreduce",
+                   help="what to time: allreduce (default), allgather (each size is one rank's input) or "
+                        "broadcast (from rank 0)")
     p.add_argument("--worker", choices=["tnt", "mpi"], help=argparse.SUPPRESS)
     a = p.parse_args()
     variants = [v for v in a.variants.split(",") if v]

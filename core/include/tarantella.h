@@ -92,6 +92,9 @@ tnt_result_t tnt_allreduce(const char *name, const void *in, void *out, int64_t 
 /* broadcast: every rank's out receives root's in (in is read on the root only). */
 tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count,
                                  tnt_dtype_t dtype, int root, tnt_handle_t *handle);
+/* Blocking broadcast, as tnt_allreduce is the blocking allreduce. */
+tnt_result_t tnt_broadcast(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                           int root, double timeout_s, tnt_handle_t *handle);
 /* allgather: concatenation of every rank's `count` elements in rank order. Counts
  * may differ between ranks but must be multiples of the same `row_elems` (the
  * element count of one first-dimension row, which every rank must agree on).
@@ -107,7 +110,15 @@ tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count
  * the request completes. Saves a copy of the whole result. */
 tnt_result_t tnt_allgather_into_async(const char *name, const void *in, int64_t count, int64_t row_elems,
                                       tnt_dtype_t dtype, void *out, int64_t out_count, tnt_handle_t *handle);
+/* Blocking tnt_allgather_into_async, the calling thread driving it (as
+ * tnt_allreduce), except that a successful request is not released:
+ * TNT_SUCCESS leaves *handle complete, for tnt_result_count (and
+ * tnt_result_copy when the result did not fit `out`), then tnt_release. */
+tnt_result_t tnt_allgather_into(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
+                                void *out, int64_t out_count, double timeout_s, tnt_handle_t *handle);
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle);
+/* Blocking barrier, as tnt_allreduce is the blocking allreduce. */
+tnt_result_t tnt_barrier(const char *name, double timeout_s, tnt_handle_t *handle);
 
 /* Completion. tnt_wait's timeout_s bounds this wait (TNT_ERR_TIMEOUT, the request
  * stays pending); a negative, NaN or infinite timeout_s (or one beyond 1e9 s)

@@ -261,7 +261,7 @@ static tnt_result_t allreduce_async_in(const char *name, const void *in, void *o
 }
 
 static tnt_result_t broadcast_async_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
-                                 tnt_handle_t *handle) {
+                                       tnt_handle_t *handle, int driven) {
   tnt_request_t *req = NULL;
   if (root < 0 || root >= tnt_ctx.pl.size)
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "broadcast '%s': root must be a rank between 0 and %d. Received: root=%d",
@@ -272,11 +272,11 @@ static tnt_result_t broadcast_async_in(const char *name, const void *in, void *o
   req->meta.root = root;
   req->in = in;
   req->out = out;
-  return submit(req, handle, 0);
+  return submit(req, handle, driven);
 }
 
 static tnt_result_t allgather_async_in(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
-                                       void *out, int64_t out_count, tnt_handle_t *handle) {
+                                       void *out, int64_t out_count, tnt_handle_t *handle, int driven) {
   tnt_request_t *req = NULL;
   if (row_elems < 0 || (row_elems > 0 && count % row_elems) || (row_elems == 0 && count))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allgather '%s': count %lld is not a multiple of the row size %lld",
@@ -290,13 +290,13 @@ static tnt_result_t allgather_async_in(const char *name, const void *in, int64_t
   req->in = in;
   req->out = out;
   req->out_count = out ? out_count : -1;
-  return submit(req, handle, 0);
+  return submit(req, handle, driven);
 }
 
-static tnt_result_t barrier_async_in(const char *name, tnt_handle_t *handle) {
+static tnt_result_t barrier_async_in(const char *name, tnt_handle_t *handle, int driven) {
   tnt_request_t *req = NULL;
   TNT_CHECK(new_request(name, COLL_BARRIER, TNT_INT32, 0, &req));
-  return submit(req, handle, 0);
+  return submit(req, handle, driven);
 }
 
 /* ---- completion ---- */
@@ -457,24 +457,55 @@ tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, in
   WITH_CONTEXT(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle, 0));
 }
 
-/* Submit and wait in one call, the calling thread driving the engine: in the
- * steady state of a loop no other thread of this rank wakes up. */
-static tnt_result_t allreduce_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                 tnt_reduce_op_t op, double prescale, double timeout_s, tnt_handle_t *handle) {
+/* The blocking calls: submitted without waking the background thread, then
+ * waited for here, the calling thread driving the engine: in the steady state
+ * of a loop no other thread of this rank wakes up. A request still pending
+ * after timeout_s is the caller's to wait on (TNT_IN_PROGRESS); one that is
+ * done is released, but for a successful one that `keep` says to keep (an
+ * allgather, whose result the caller reads from the handle). */
+static tnt_result_t wait_driven(tnt_handle_t handle, double timeout_s, int keep) {
   tnt_ctx_t *c = &tnt_ctx;
-  if (!handle) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "handle pointer is NULL");
-  TNT_CHECK(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle, 1));
   pthread_mutex_lock(&c->requests.mu);
-  tnt_result_t r = wait_in(*handle, timeout_s);
-  tnt_handle_slot_t *h = tnt_requests_get(&c->requests, *handle);
+  tnt_result_t r = wait_in(handle, timeout_s);
+  tnt_handle_slot_t *h = tnt_requests_get(&c->requests, handle);
   if (h && !h->done) {
-    r = TNT_IN_PROGRESS; /* the caller's slice ended: it waits on *handle */
+    r = TNT_IN_PROGRESS; /* the caller's slice ended: it waits on the handle */
   } else if (h) {
     r = tnt_requests_result(h); /* done, even if just after the slice ended */
-    tnt_requests_release(&c->requests, *handle);
+    if (!(keep && r == TNT_SUCCESS)) tnt_requests_release(&c->requests, handle);
   }
   pthread_mutex_unlock(&c->requests.mu);
   return r;
+}
+
+#define HANDLE_GIVEN(handle) \
+  if (!(handle)) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "handle pointer is NULL")
+
+static tnt_result_t allreduce_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                 tnt_reduce_op_t op, double prescale, double timeout_s, tnt_handle_t *handle) {
+  HANDLE_GIVEN(handle);
+  TNT_CHECK(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle, 1));
+  return wait_driven(*handle, timeout_s, 0);
+}
+
+static tnt_result_t broadcast_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
+                                 double timeout_s, tnt_handle_t *handle) {
+  HANDLE_GIVEN(handle);
+  TNT_CHECK(broadcast_async_in(name, in, out, count, dtype, root, handle, 1));
+  return wait_driven(*handle, timeout_s, 0);
+}
+
+static tnt_result_t allgather_in(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
+                                 void *out, int64_t out_count, double timeout_s, tnt_handle_t *handle) {
+  HANDLE_GIVEN(handle);
+  TNT_CHECK(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, handle, 1));
+  return wait_driven(*handle, timeout_s, 1);
+}
+
+static tnt_result_t barrier_in(const char *name, double timeout_s, tnt_handle_t *handle) {
+  HANDLE_GIVEN(handle);
+  TNT_CHECK(barrier_async_in(name, handle, 1));
+  return wait_driven(*handle, timeout_s, 0);
 }
 
 tnt_result_t tnt_allreduce(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
@@ -482,23 +513,37 @@ tnt_result_t tnt_allreduce(const char *name, const void *in, void *out, int64_t 
   WITH_CONTEXT(allreduce_in(name, in, out, count, dtype, op, prescale, timeout_s, handle));
 }
 
+tnt_result_t tnt_broadcast(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
+                           double timeout_s, tnt_handle_t *handle) {
+  WITH_CONTEXT(broadcast_in(name, in, out, count, dtype, root, timeout_s, handle));
+}
+
+tnt_result_t tnt_allgather_into(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
+                                void *out, int64_t out_count, double timeout_s, tnt_handle_t *handle) {
+  WITH_CONTEXT(allgather_in(name, in, count, row_elems, dtype, out, out_count, timeout_s, handle));
+}
+
+tnt_result_t tnt_barrier(const char *name, double timeout_s, tnt_handle_t *handle) {
+  WITH_CONTEXT(barrier_in(name, timeout_s, handle));
+}
+
 tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
                                  tnt_handle_t *handle) {
-  WITH_CONTEXT(broadcast_async_in(name, in, out, count, dtype, root, handle));
+  WITH_CONTEXT(broadcast_async_in(name, in, out, count, dtype, root, handle, 0));
 }
 
 tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
                                  tnt_handle_t *handle) {
-  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, NULL, 0, handle));
+  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, NULL, 0, handle, 0));
 }
 
 tnt_result_t tnt_allgather_into_async(const char *name, const void *in, int64_t count, int64_t row_elems,
                                       tnt_dtype_t dtype, void *out, int64_t out_count, tnt_handle_t *handle) {
-  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, handle));
+  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, handle, 0));
 }
 
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle) {
-  WITH_CONTEXT(barrier_async_in(name, handle));
+  WITH_CONTEXT(barrier_async_in(name, handle, 0));
 }
 
 tnt_result_t tnt_test(tnt_handle_t handle) {

@@ -115,6 +115,15 @@ static void test_serial_job(void) {
   EXPECT(into[0] == 0 && tnt_result_copy(h, kept) == TNT_SUCCESS && kept[0] == 1 && kept[1] == 2);
   EXPECT(tnt_release(h) == TNT_SUCCESS);
   EXPECT(tnt_allgather_into_async("g5", rows, 4, 2, TNT_INT64, NULL, 4, &h) == TNT_ERR_INVALID_ARGUMENT);
+  /* the blocking forms: done on return; an allgather's handle is kept for its result */
+  into[3] = 0;
+  EXPECT(tnt_allgather_into("g6", rows, 4, 2, TNT_INT64, into, 4, -1, &h) == TNT_SUCCESS && into[3] == 4);
+  EXPECT(tnt_result_count(h, &count) == TNT_SUCCESS && count == 4 && tnt_release(h) == TNT_SUCCESS);
+  out[0] = 0;
+  EXPECT(tnt_broadcast("b2", in, out, 3, TNT_FLOAT64, 0, -1, &h) == TNT_SUCCESS && out[0] == in[0]);
+  EXPECT(tnt_release(h) == TNT_ERR_INVALID_ARGUMENT); /* already released */
+  EXPECT(tnt_barrier("bar", -1, &h) == TNT_SUCCESS && tnt_release(h) == TNT_ERR_INVALID_ARGUMENT);
+  EXPECT(tnt_barrier("bar2", -1, NULL) == TNT_ERR_INVALID_ARGUMENT);
   EXPECT(tnt_finalize() == TNT_SUCCESS);
   EXPECT(tnt_allreduce_async("x", in, out, 3, TNT_FLOAT64, TNT_SUM, 1.0, &h) == TNT_ERR_INVALID_USAGE);
   EXPECT(strstr(tnt_last_error(), "finalized") != NULL);

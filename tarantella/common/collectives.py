@@ -324,6 +324,25 @@ def _drive_allreduce(lib, ffi, name, unnamed, src, dst, out, count, dt, opcode, 
     return _finish_in_progress(handle[0], name, unnamed, src, out)  # a cffi buffer holds its array
 
 
+def _blocking(fn, name, args, finish, keepalive, keep=False):
+    """The blocking form of a collective: `fn(name, *args, slice, &handle)`
+    (tnt_broadcast, tnt_allgather_into, tnt_barrier) submits and drives it on
+    this thread, as tnt_allreduce does, so that no other thread of this rank
+    wakes up; then `finish(handle)` makes the result. `keep`: the core keeps a
+    successful request for `finish` to read (an allgather's result)."""
+    name, unnamed = name
+    if _orphans or unnamed and _unnamed_in_flight:
+        _settle_before(name, unnamed)
+    handle = core.ffi().new("tnt_handle_t *")
+    result = fn(name, *args, _WAIT_SLICE_S, handle)
+    if result == codes.IN_PROGRESS:  # not done within one slice (a slow peer): wait in slices, interruptibly
+        if unnamed:
+            _unnamed_in_flight[name] = handle[0]
+        return Handle(handle[0], finish, keepalive).wait()
+    core.check(result)
+    return Handle(handle[0], finish, keepalive)._complete(result) if keep else finish(None)
+
+
 def _finish_in_progress(handle, name, unnamed, source, out):
     """An allreduce not done within one slice (a slow peer): wait in slices,
     interruptibly. `source` keeps the input alive until then."""
@@ -349,6 +368,11 @@ def _bind_fastpath(lib, ffi):
 
 
 def broadcast_async(array, root=0, name=None, out=None):
+    return _broadcast(array, root, name, out, blocking=False)
+
+
+def _broadcast(array, root, name, out, blocking):
+    """broadcast_async's Handle, or (blocking) broadcast's result."""
     lib = core.ensure_initialized()
     size = lib.tnt_size()
     if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
@@ -357,8 +381,10 @@ def broadcast_async(array, root=0, name=None, out=None):
     array, dt = _as_input(array, "broadcast")
     out = _output(out, array, "broadcast")
     ffi = core.ffi()
-    handle = _submit(lib.tnt_broadcast_async, _auto_name("broadcast", name),
-                     ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
+    args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
+    if blocking:
+        return _blocking(lib.tnt_broadcast, _auto_name("broadcast", name), args, lambda h: out, (array, out))
+    handle = _submit(lib.tnt_broadcast_async, _auto_name("broadcast", name), *args)
     return Handle(handle, lambda h: out, (array, out))
 
 
@@ -370,10 +396,15 @@ def broadcast(array, root=0, name=None, out=None):
         _no_out(out, "broadcast")
         return _structure_collective(array, "broadcast", name,
                                      lambda a, n: broadcast_async(a, root, n))
-    return broadcast_async(array, root, name, out).wait()
+    return _broadcast(array, root, name, out, blocking=True)
 
 
 def allgather_async(array, name=None):
+    return _allgather(array, name, blocking=False)
+
+
+def _allgather(array, name, blocking):
+    """allgather_async's Handle, or (blocking) allgather's result."""
     lib = core.ensure_initialized()
     array, dt = _as_input(array, "allgather")
     if array.ndim == 0:
@@ -385,9 +416,8 @@ def allgather_async(array, name=None):
     # common case): the core writes straight into it, with no copy out of its
     # own buffer; any other size is copied out of the handle as before.
     guess = _gather_result((array.shape[0] * core.get_size(),) + row_shape, array.dtype)
-    handle = _submit(lib.tnt_allgather_into_async, _auto_name("allgather", name),
-                     ffi.from_buffer(array), array.size, row_elems, dt,
-                     ffi.from_buffer(guess) if guess.size else ffi.NULL, guess.size)
+    args = (ffi.from_buffer(array), array.size, row_elems, dt, ffi.from_buffer(guess) if guess.size else ffi.NULL,
+            guess.size)
 
     def finish(h):
         count = ffi.new("int64_t *")
@@ -400,7 +430,9 @@ def allgather_async(array, name=None):
             core.check(lib.tnt_result_copy(h, ffi.from_buffer(out)))
         return out
 
-    return Handle(handle, finish, (array, guess))
+    if blocking:
+        return _blocking(lib.tnt_allgather_into, _auto_name("allgather", name), args, finish, (array, guess), keep=True)
+    return Handle(_submit(lib.tnt_allgather_into_async, _auto_name("allgather", name), *args), finish, (array, guess))
 
 
 def _gather_result(shape, dtype):
@@ -415,7 +447,7 @@ def allgather(array, name=None):
     0-d leaf as one row, giving a 1-d array of one value per rank)."""
     if _is_structure(array):
         return _allgather_structure(array, name)
-    return allgather_async(array, name).wait()
+    return _allgather(array, name, blocking=True)
 
 
 def barrier_async(name=None):
@@ -426,7 +458,8 @@ def barrier_async(name=None):
 
 def barrier(name=None):
     """Return once every rank has entered the barrier."""
-    barrier_async(name).wait()
+    lib = core.ensure_initialized()
+    _blocking(lib.tnt_barrier, _auto_name("barrier", name), (), lambda h: None, ())
 
 
 # ---- nested structures (see the module docstring) ----------------------------------------------
