@@ -11,6 +11,7 @@ bandwidth, measured in the same run. Not a test: a table to read.
     python bench/allreduce.py --ranks 2 --sizes 4M,64M --tnt-env TNT_STREAM_MIN_KB=0  # a setting against its default
     python bench/allreduce.py --collective allgather --sizes 4,64K,1M,16M   # tnt.allgather against MPI_Allgather
     python bench/allreduce.py --collective broadcast --sizes 4,64K,1M        # tnt.broadcast against MPI_Bcast
+    python bench/allreduce.py --collective barrier --ranks 2,4,8              # tnt.barrier against MPI_Barrier
 
 Tarantella is called three ways, in alternating batches inside one job:
 `plain` is what a user writes, `tnt.allreduce(x)` (unnamed, a fresh result
@@ -31,6 +32,7 @@ unless --dtype says otherwise. With `--collective allgather` the size is each
 rank's input, the result N times that, and bus bandwidth (N-1) x bytes / time
 (nccl-tests' (N-1)/N x the result's size); allgather has no `out` variant.
 `--collective broadcast` broadcasts from rank 0; its bus bandwidth is bytes / time.
+`--collective barrier` has one row (sizes are ignored) and no `out` variant.
 """
 import argparse
 import json
@@ -89,6 +91,11 @@ def worker(kind, sizes, variants, dtype="float32", collective="allreduce", batch
                 "mpi": lambda: comm.Allgather(x, out),
             }
             expected = (1, out.size)  # (first element, size) of a result
+        elif collective == "barrier":
+            out = None
+            calls = {"plain": lambda: tnt.barrier(), "named": lambda: tnt.barrier(name="bench"),
+                     "mpi": lambda: comm.Barrier()}
+            expected = None
         elif collective == "broadcast":
             out = np.empty_like(x)
             calls = {
@@ -121,7 +128,7 @@ def worker(kind, sizes, variants, dtype="float32", collective="allreduce", batch
                     r = fn()
                 best[v] = min(best[v], (time.perf_counter() - t) / iters)
                 got = (x if v == "mpi" and collective == "broadcast" else out) if r is None else r
-                assert (got[0], got.size) == expected, (v, got[0], got.size)
+                assert expected is None or (got[0], got.size) == expected, (v, got[0], got.size)
         results.append({"bytes": x.nbytes, "seconds": best})
     if rank == 0:
         print("RESULT " + json.dumps({"kind": kind, "ranks": size, "results": results}), flush=True)
@@ -264,21 +271,23 @@ def main():
     p.add_argument("--tnt-env", action="append", default=[], metavar="NAME=VALUE",
                    help="also run this tree with this TNT_* setting, for its time / the default's "
                         "(repeatable), e.g. TNT_STREAM_MIN_KB=0")
-    p.add_argument("--collective", choices=["allreduce", "allgather", "broadcast"], default="allreduce",
-                   help="what to time: allreduce (default), allgather (each size is one rank's input) or "
-                        "broadcast (from rank 0)")
+    p.add_argument("--collective", choices=["allreduce", "allgather", "broadcast", "barrier"], default="allreduce",
+                   help="what to time: allreduce (default), allgather (each size is one rank's input), "
+                        "broadcast (from rank 0) or barrier")
     p.add_argument("--worker", choices=["tnt", "mpi"], help=argparse.SUPPRESS)
     a = p.parse_args()
     variants = [v for v in a.variants.split(",") if v]
     if any(v not in VARIANTS for v in variants):
         p.error(f"--variants takes {', '.join(VARIANTS)}. Received: {a.variants}")
-    if a.collective == "allgather":
-        variants = [v for v in variants if v != "out"]  # tnt.allgather takes no out=
+    if a.collective in ("allgather", "barrier"):
+        variants = [v for v in variants if v != "out"]  # they take no out=
     if a.worker:
         worker(a.worker, [int(s) for s in a.sizes.split(",")], variants, a.dtype, a.collective)
         return 0
     sizes = [parse_bytes(s) for s in a.sizes.split(",")] if a.sizes else \
         sizes_between(parse_bytes(a.min_bytes), parse_bytes(a.max_bytes))
+    if a.collective == "barrier":
+        sizes = [0]
     if a.transport == "mpi" and not shutil.which("mpirun"):
         print("--transport mpi needs mpirun (apt-get install openmpi-bin libopenmpi-dev)", file=sys.stderr)
         return 1

@@ -20,7 +20,7 @@ tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, con
     offset[q + 1] = offset[q] + bytes[q];
     if (bytes[q] > max_bytes) max_bytes = bytes[q];
   }
-  if (bytes[r]) memcpy(dst + offset[r], in, (size_t)bytes[r]);
+  if (bytes[r]) tnt_copy_unaliased(dst + offset[r], in, (size_t)bytes[r]);
   int64_t P = max_bytes > 0 ? (max_bytes + (int64_t)ring->slot_bytes - 1) / (int64_t)ring->slot_bytes : 1;
   for (int s = 0; s < N - 1; s++) {
     int send_blk = (r - s + 2 * N) % N, recv_blk = (r - s - 1 + 2 * N) % N;
