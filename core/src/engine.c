@@ -215,11 +215,19 @@ static tnt_result_t run_one(tnt_engine_t *c, tnt_request_t *req, const tnt_respo
 }
 
 /* A one-round allreduce: every rank's scaled payload is in the negotiation's
- * messages; add them as the small path would (the same bits). */
+ * messages; add them as the small path would (the same bits). A one-round
+ * broadcast: copy the root's. */
 static tnt_result_t run_one_round(tnt_engine_t *c, tnt_request_t *req, const tnt_response_t *resp) {
   const int N = c->pl->size;
   const void *contrib[N];
   int64_t t0 = tnt_now_us();
+  if (req->meta.coll == COLL_BROADCAST) {
+    const void *root_in = tnt_negotiate_payload(&c->neg, resp->cache_slot, req->meta.root);
+    if (!(req->meta.root == c->pl->rank && req->out == req->in))
+      tnt_copy_unaliased(req->out, root_in, (size_t)req->meta.count * tnt_dtype_size((tnt_dtype_t)req->meta.dtype));
+    tnt_timeline_event(c->timeline, req->name, "BROADCAST", t0, tnt_now_us(), "one round");
+    return TNT_SUCCESS;
+  }
   for (int q = 0; q < N; q++) contrib[q] = tnt_negotiate_payload(&c->neg, resp->cache_slot, q);
   /* the order of the data path this tensor would otherwise take: the same bits either way */
   if (c->hier)
@@ -239,7 +247,7 @@ static tnt_result_t execute_one_rounds(tnt_engine_t *c, tnt_response_t *resp, in
     if (resp[i].error != TNT_SUCCESS || !resp[i].one_round) continue;
     tnt_request_t *req = tnt_pending_find(&c->pending, resp[i].name);
     if (!req) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request on rank %d", resp[i].name, c->pl->rank);
-    tnt_timeline_event(c->timeline, req->name, "NEGOTIATE", req->submit_us, now, "allreduce");
+    tnt_timeline_event(c->timeline, req->name, "NEGOTIATE", req->submit_us, now, tnt_coll_name(req->meta.coll));
     TNT_CHECK(run_one_round(c, req, &resp[i]));
     finish(c, req, TNT_SUCCESS, NULL, -1, NULL, 0, NULL);
   }

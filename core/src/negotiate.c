@@ -25,7 +25,8 @@
  * payload (scaled by its factor) with the bit, every cycle until it runs. When
  * every rank's payload is in the cycle that makes the slot ready, the response
  * is marked one_round and every rank adds the payloads from the messages it
- * already holds, in the small path's order: no data round. Whether it is
+ * already holds, in the small path's order: no data round. A small broadcast
+ * does the same with its root's payload alone, which every rank copies. Whether it is
  * one_round depends only on the messages, which every rank sees alike, so
  * every rank decides the same; otherwise the data goes the usual way.
  *
@@ -284,19 +285,25 @@ size_t tnt_one_round_bytes(const tnt_transport_t *t, int size) {
   return size > 4 ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
 }
 
-/* A cached allreduce whose payload may ride with its bit: small, and not an
- * integer average (that one runs its own two-part sum). */
+/* A cached request whose payload may ride with its bit, when small: an
+ * allreduce but an integer average (that one runs its own two-part sum), or
+ * a broadcast on its root (the only payload a broadcast needs). */
 static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
   const tnt_meta_t *m = &req->meta;
-  if ((req->state != REQ_CACHED_SENT && req->state != REQ_CACHED) || m->coll != COLL_ALLREDUCE) return 0;
-  if (m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64)) return 0;
+  if (req->state != REQ_CACHED_SENT && req->state != REQ_CACHED) return 0;
+  if (m->coll == COLL_BROADCAST) {
+    if (m->root != c->pl->rank) return 0;
+  } else if (m->coll != COLL_ALLREDUCE || (m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64))) {
+    return 0;
+  }
   return (size_t)m->count * tnt_dtype_size((tnt_dtype_t)m->dtype) <= c->one_round_bytes;
 }
 
-/* Append the payloads of the cached small allreduces (after the bits, which
- * build_message set): each rank's input times its factor (prescale, and 1/N
- * for a floating-point average), what the small path would send. A payload
- * that does not fit goes without: its slot then runs the usual way. */
+/* Append the payloads of the cached small requests (after the bits, which
+ * build_message set): an allreduce's input times its factor (prescale, and
+ * 1/N for a floating-point average), what the small path would send; a
+ * broadcast root's input as it is. A payload that does not fit goes without:
+ * its slot then runs the usual way. */
 static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
   msg_hdr_t *hdr = (msg_hdr_t *)msg;
   size_t at = align8(used);
@@ -308,8 +315,8 @@ static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
     if (at + sizeof(payload_hdr_t) + align8(bytes) > c->msg_max) continue;
     payload_hdr_t ph = {(uint32_t)req->cache_slot, (uint32_t)bytes};
     memcpy(msg + at, &ph, sizeof ph);
-    double factor = req->prescale;
-    if (req->meta.op == TNT_AVERAGE) factor /= c->pl->size;
+    double factor = req->meta.coll == COLL_ALLREDUCE ? req->prescale : 1.0;
+    if (req->meta.coll == COLL_ALLREDUCE && req->meta.op == TNT_AVERAGE) factor /= c->pl->size;
     if (factor != 1.0) tnt_scale(dt, msg + at + sizeof ph, req->in, factor, (size_t)req->meta.count);
     else if (bytes) tnt_copy_unaliased(msg + at + sizeof ph, req->in, bytes);
     at += sizeof ph + align8(bytes);
@@ -530,8 +537,15 @@ static tnt_result_t ready_slots(tnt_negotiator_t *c, const uint64_t *ready, int 
         if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
         memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
       }
-      r.one_round = payloads && e->meta.coll == COLL_ALLREDUCE;
-      for (int q = 0; q < N && r.one_round; q++) r.one_round = c->payload_cycle[(size_t)slot * N + q] == stamp;
+      /* one round: every payload the collective needs came in this cycle
+       * (every rank's for an allreduce, the root's for a broadcast) */
+      const uint64_t *came = &c->payload_cycle[(size_t)slot * N];
+      if (payloads && e->meta.coll == COLL_ALLREDUCE) {
+        r.one_round = 1;
+        for (int q = 0; q < N && r.one_round; q++) r.one_round = came[q] == stamp;
+      } else if (payloads && e->meta.coll == COLL_BROADCAST) {
+        r.one_round = came[e->meta.root] == stamp;
+      }
       if (r.one_round) atomic_fetch_add(&c->one_round, 1);
       memset(e->ready, 0, (size_t)N);
       e->nready = 0;

@@ -40,6 +40,29 @@ metrics = [tnt.allreduce({"loss": 0.5 * rank, "acc": 1.0}) for _ in range(30)]
 seen["metrics"] = delta(before)["one_round"]
 seen["metrics_ok"] = all(m == {"loss": 0.5 * sum(range(size)), "acc": float(size)} for m in metrics)
 
+# 1c. small broadcasts ride with their root's payload: a loop of unnamed calls
+#     from two roots, every call a different value (a stale payload would show),
+#     the root broadcasting in place (out=its input) among them; a broadcast
+#     beyond the one-round limit takes the ring (not counted)
+roots = (size - 1, 0)
+for i in range(60):
+    tnt.broadcast(np.full(5, rank, np.float64), root=roots[i % 2])
+before = core.stats()
+bcast_ok = True
+for i in range(120):
+    root = roots[i % 2]
+    mine = np.full(5, 1000 * rank + i, np.float64)
+    got = tnt.broadcast(mine, root=root, out=mine if rank == root and i % 3 == 0 else None)
+    bcast_ok &= bool((got == 1000 * root + i).all())
+seen["bcast_one_round"] = delta(before)["one_round"]
+big_b = np.full(40000, rank, np.float32)  # 160 KB: beyond every one-round limit
+for _ in range(2):
+    tnt.broadcast(big_b, root=0, name="big-bcast")
+before = core.stats()
+bcast_ok &= bool((tnt.broadcast(big_b, root=0, name="big-bcast") == 0).all())
+seen["bcast_big_one_round"] = delta(before)["one_round"]
+seen["bcast_ok"] = bcast_ok
+
 # 2. the same bits as the small path's order: segment j of the result is
 #    c_j + c_(j+1) + ... + c_(j+N-1) (indices mod N), added left to right in
 #    the dtype, segment j being the tensor's even split n*j/N

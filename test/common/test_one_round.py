@@ -1,7 +1,8 @@
-"""Small allreduces in one round: in a steady loop the payload rides with the
-readiness bit of the negotiation (counted by core.stats()['one_round'], not
-timed), every rank adds in the small path's order (the same bits everywhere),
-other cases take the usual paths, and a mismatch on that path fails on every rank."""
+"""Small allreduces and broadcasts in one round: in a steady loop the payload
+rides with the readiness bit of the negotiation (counted by
+core.stats()['one_round'], not timed), every rank adds in the small path's
+order (the same bits everywhere), a broadcast copies its root's, other cases
+take the usual paths, and a mismatch on that path fails on every rank."""
 
 import pytest
 
@@ -24,6 +25,13 @@ def test_a_loop_of_plain_calls_is_served_from_the_cache_in_one_round(observed):
 
 def test_a_loop_of_metrics_dicts_is_served_in_one_round(observed):
     assert all(o["metrics"] == 30 and o["metrics_ok"] for o in observed)
+
+
+def test_a_loop_of_small_broadcasts_rides_with_the_roots_payload(observed):
+    for o in observed:
+        assert o["bcast_ok"]
+        assert o["bcast_one_round"] == 120, o["bcast_one_round"]
+        assert o["bcast_big_one_round"] == 0
 
 
 def test_one_round_adds_in_the_small_paths_order_on_every_rank(observed):
