@@ -161,7 +161,7 @@ typedef struct {
   int64_t cache_hits;
   int64_t announcements;
   int64_t executed;
-  int64_t one_round; /* allreduces and broadcasts whose payload rode with the negotiation: one exchange, no data round */
+  int64_t one_round; /* allreduces, broadcasts and allgathers whose payload rode with the negotiation: one exchange, no data round */
   int64_t bit_rounds;  /* cycles that were one AND-allreduce of readiness bits (every name cached) */
   int64_t full_rounds; /* cycles that exchanged every rank's full message */
   int64_t bytes_reduced; /* payload of the allreduces completed: count x element size, this rank's input */

@@ -216,11 +216,31 @@ static tnt_result_t run_one(tnt_engine_t *c, tnt_request_t *req, const tnt_respo
 
 /* A one-round allreduce: every rank's scaled payload is in the negotiation's
  * messages; add them as the small path would (the same bits). A one-round
- * broadcast: copy the root's. */
-static tnt_result_t run_one_round(tnt_engine_t *c, tnt_request_t *req, const tnt_response_t *resp) {
+ * broadcast: copy the root's. A one-round allgather: every rank's, one after
+ * another, into its result (*result_buf when the handle owns it). */
+static tnt_result_t run_one_round(tnt_engine_t *c, tnt_request_t *req, const tnt_response_t *resp, void **result_buf,
+                                  int64_t *result_count) {
   const int N = c->pl->size;
   const void *contrib[N];
   int64_t t0 = tnt_now_us();
+  if (req->meta.coll == COLL_ALLGATHER) {
+    const size_t esz = tnt_dtype_size((tnt_dtype_t)req->meta.dtype);
+    int64_t total = 0;
+    for (int q = 0; q < N; q++) total += resp->rank_counts[q];
+    int owned;
+    uint8_t *dst = gather_target(req, total, esz, &owned);
+    if (!dst) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate %lld bytes for allgather '%s'", (long long)(total * (int64_t)esz), req->name);
+    size_t at = 0; /* bytes of the result written */
+    for (int q = 0; q < N; q++) {
+      const size_t bytes = (size_t)resp->rank_counts[q] * esz;
+      if (bytes) tnt_copy_unaliased(dst + at, tnt_negotiate_payload(&c->neg, resp->cache_slot, q), bytes);
+      at += bytes;
+    }
+    *result_buf = owned ? dst : NULL;
+    *result_count = total;
+    tnt_timeline_event(c->timeline, req->name, "ALLGATHER", t0, tnt_now_us(), "one round");
+    return TNT_SUCCESS;
+  }
   if (req->meta.coll == COLL_BROADCAST) {
     const void *root_in = tnt_negotiate_payload(&c->neg, resp->cache_slot, req->meta.root);
     if (!(req->meta.root == c->pl->rank && req->out == req->in))
@@ -248,8 +268,10 @@ static tnt_result_t execute_one_rounds(tnt_engine_t *c, tnt_response_t *resp, in
     tnt_request_t *req = tnt_pending_find(&c->pending, resp[i].name);
     if (!req) return tnt_fail(TNT_ERR_INTERNAL, "response for '%s' has no request on rank %d", resp[i].name, c->pl->rank);
     tnt_timeline_event(c->timeline, req->name, "NEGOTIATE", req->submit_us, now, tnt_coll_name(req->meta.coll));
-    TNT_CHECK(run_one_round(c, req, &resp[i]));
-    finish(c, req, TNT_SUCCESS, NULL, -1, NULL, 0, NULL);
+    void *buf = NULL;
+    int64_t count = 0;
+    TNT_CHECK(run_one_round(c, req, &resp[i], &buf, &count));
+    finish(c, req, TNT_SUCCESS, NULL, -1, buf, count, resp[i].rank_counts);
   }
   return TNT_SUCCESS;
 }

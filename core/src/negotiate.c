@@ -26,7 +26,8 @@
  * every rank's payload is in the cycle that makes the slot ready, the response
  * is marked one_round and every rank adds the payloads from the messages it
  * already holds, in the small path's order: no data round. A small broadcast
- * does the same with its root's payload alone, which every rank copies. Whether it is
+ * does the same with its root's payload alone, which every rank copies, and
+ * an allgather with every rank's, which every rank concatenates. Whether it is
  * one_round depends only on the messages, which every rank sees alike, so
  * every rank decides the same; otherwise the data goes the usual way.
  *
@@ -286,14 +287,16 @@ size_t tnt_one_round_bytes(const tnt_transport_t *t, int size) {
 }
 
 /* A cached request whose payload may ride with its bit, when small: an
- * allreduce but an integer average (that one runs its own two-part sum), or
- * a broadcast on its root (the only payload a broadcast needs). */
+ * allreduce but an integer average (that one runs its own two-part sum), an
+ * allgather, or a broadcast on its root (the only payload a broadcast needs). */
 static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
   const tnt_meta_t *m = &req->meta;
   if (req->state != REQ_CACHED_SENT && req->state != REQ_CACHED) return 0;
   if (m->coll == COLL_BROADCAST) {
     if (m->root != c->pl->rank) return 0;
-  } else if (m->coll != COLL_ALLREDUCE || (m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64))) {
+  } else if (m->coll == COLL_ALLREDUCE) {
+    if (m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64)) return 0;
+  } else if (m->coll != COLL_ALLGATHER) {
     return 0;
   }
   return (size_t)m->count * tnt_dtype_size((tnt_dtype_t)m->dtype) <= c->one_round_bytes;
@@ -302,7 +305,7 @@ static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
 /* Append the payloads of the cached small requests (after the bits, which
  * build_message set): an allreduce's input times its factor (prescale, and
  * 1/N for a floating-point average), what the small path would send; a
- * broadcast root's input as it is. A payload that does not fit goes without:
+ * broadcast root's or an allgather's input as it is. A payload that does not fit goes without:
  * its slot then runs the usual way. */
 static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
   msg_hdr_t *hdr = (msg_hdr_t *)msg;
@@ -538,9 +541,9 @@ static tnt_result_t ready_slots(tnt_negotiator_t *c, const uint64_t *ready, int 
         memcpy(r.rank_counts, e->rank_counts, sizeof(int64_t) * (size_t)N);
       }
       /* one round: every payload the collective needs came in this cycle
-       * (every rank's for an allreduce, the root's for a broadcast) */
+       * (every rank's for an allreduce or an allgather, the root's for a broadcast) */
       const uint64_t *came = &c->payload_cycle[(size_t)slot * N];
-      if (payloads && e->meta.coll == COLL_ALLREDUCE) {
+      if (payloads && (e->meta.coll == COLL_ALLREDUCE || e->meta.coll == COLL_ALLGATHER)) {
         r.one_round = 1;
         for (int q = 0; q < N && r.one_round; q++) r.one_round = came[q] == stamp;
       } else if (payloads && e->meta.coll == COLL_BROADCAST) {
@@ -685,9 +688,11 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
       memcpy(&ph, msg + off, sizeof ph);
       const tnt_cache_entry_t *e = &c->cache[ph.slot];
       if (e->valid) {
-        if (ph.bytes != (uint64_t)e->meta.count * tnt_dtype_size((tnt_dtype_t)e->meta.dtype))
+        /* an allgather's count is each rank's own, agreed in the announcement */
+        const int64_t agreed = e->meta.coll == COLL_ALLGATHER ? e->rank_counts[q] : e->meta.count;
+        if (ph.bytes != (uint64_t)agreed * tnt_dtype_size((tnt_dtype_t)e->meta.dtype))
           return tnt_fail(TNT_ERR_INTERNAL, "rank %d sent %u bytes for '%s' (%lld elements of %s agreed): the ranks have "
-                          "diverged; stopping before any data mixes", q, ph.bytes, e->name, (long long)e->meta.count,
+                          "diverged; stopping before any data mixes", q, ph.bytes, e->name, (long long)agreed,
                           tnt_dtype_name((tnt_dtype_t)e->meta.dtype));
         c->payload_at[(size_t)ph.slot * N + q] = (uint32_t)(off + sizeof ph);
         c->payload_cycle[(size_t)ph.slot * N + q] = stamp;

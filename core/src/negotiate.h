@@ -43,7 +43,7 @@ typedef struct {
   tnt_result_t error;   /* TNT_ERR_MISMATCH, or success */
   char *error_msg;
   int cache_slot;       /* slot it is (or becomes) cached in, -1 if none */
-  int one_round;        /* the payloads it needs (every rank's scaled one; a broadcast's root's) rode with this cycle's messages: tnt_negotiate_payload */
+  int one_round;        /* the payloads it needs (every rank's; a broadcast's root's) rode with this cycle's messages: tnt_negotiate_payload */
 } tnt_response_t;
 
 /* A cached allreduce of at most this many bytes carries its (scaled) payload
@@ -96,7 +96,7 @@ typedef struct {
   uint64_t responses_digest;   /* of the last cycle's responses: sent with the next message */
   _Atomic int64_t cache_hits;    /* requests that cost one bit (read by tnt_get_stats) */
   _Atomic int64_t announcements; /* requests announced in full */
-  _Atomic int64_t one_round;     /* allreduces and broadcasts whose payload rode with their readiness bit */
+  _Atomic int64_t one_round;     /* allreduces, broadcasts and allgathers whose payload rode with their readiness bit */
   _Atomic int64_t bit_rounds;    /* cycles that were an AND of readiness bits */
   _Atomic int64_t full_rounds;   /* cycles that exchanged every rank's message */
   uint32_t *payload_at;          /* [cache_cap * size]: offset of rank q's payload for a slot in its message */

@@ -340,7 +340,12 @@ def _blocking(fn, name, args, finish, keepalive, keep=False):
             _unnamed_in_flight[name] = handle[0]
         return Handle(handle[0], finish, keepalive).wait()
     core.check(result)
-    return Handle(handle[0], finish, keepalive)._complete(result) if keep else finish(None)
+    if not keep:
+        return finish(None)
+    try:
+        return finish(handle[0])
+    finally:
+        core.lib().tnt_release(handle[0])
 
 
 def _finish_in_progress(handle, name, unnamed, source, out):
@@ -410,12 +415,12 @@ def _allgather(array, name, blocking):
     if array.ndim == 0:
         array = array.reshape(1)
     row_shape = array.shape[1:]
-    row_elems = int(np.prod(row_shape, dtype=np.int64)) if row_shape else 1
+    row_elems = math.prod(row_shape)
     ffi = core.ffi()
     # The result as it is when every rank gives as many rows as this one (the
     # common case): the core writes straight into it, with no copy out of its
     # own buffer; any other size is copied out of the handle as before.
-    guess = _gather_result((array.shape[0] * core.get_size(),) + row_shape, array.dtype)
+    guess = _gather_result((array.shape[0] * lib.tnt_size(),) + row_shape, array.dtype)
     args = (ffi.from_buffer(array), array.size, row_elems, dt, ffi.from_buffer(guess) if guess.size else ffi.NULL,
             guess.size)
 
@@ -436,7 +441,11 @@ def _allgather(array, name, blocking):
 
 
 def _gather_result(shape, dtype):
+    """A fresh allgather result: as an allreduce's (_result_like), but pooled
+    from _GATHER_POOL_FROM_BYTES."""
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _ALIGN_FROM_BYTES:
+        return np.empty(shape, dtype)
     return aligned_empty(shape, dtype, pooled=nbytes >= _GATHER_POOL_FROM_BYTES)
 
 

@@ -175,8 +175,9 @@ def get_local_size():
 def stats():
     """What this rank's engine has done so far, as a dict: negotiation `cycles`,
     requests served from the response `cache_hits` (one bit each), requests
-    `announcements` in full, collectives `executed`, and allreduces and
-    broadcasts done in `one_round` (their payload rode with the negotiation); cycles that were
+    `announcements` in full, collectives `executed`, and allreduces,
+    broadcasts and allgathers done in `one_round` (their payload rode with the
+    negotiation); cycles that were
     `bit_rounds` (one AND of readiness bits: every name cached) and
     `full_rounds` (every rank's whole message), and `bytes_reduced`, the
     payload of the allreduces completed (count x element size of this rank's

@@ -63,6 +63,37 @@ bcast_ok &= bool((tnt.broadcast(big_b, root=0, name="big-bcast") == 0).all())
 seen["bcast_big_one_round"] = delta(before)["one_round"]
 seen["bcast_ok"] = bcast_ok
 
+# 1d. small allgathers too, every rank giving its own number of rows (rank + 1)
+#     and a different value every call; the rows of one rank changing is a new
+#     announcement, then one round again; beyond the limit, the ring
+for _ in range(60):
+    tnt.allgather(np.zeros((rank + 1, 2), np.int64))
+before = core.stats()
+gather_ok = True
+for i in range(120):
+    got = tnt.allgather(np.full((rank + 1, 2), 100 * rank + i, np.int64))
+    gather_ok &= got.tobytes() == np.concatenate([np.full((q + 1, 2), 100 * q + i, np.int64)
+                                                  for q in range(size)]).tobytes()
+seen["gather_one_round"] = delta(before)["one_round"]
+rows = {q: 3 if q == 0 else 1 for q in range(size)}  # rank 0 changes its rows: announced again
+for _ in range(3):
+    got = tnt.allgather(np.full((rows[rank], 2), rank, np.int64), name="gather-rows")
+    gather_ok &= got.tobytes() == np.concatenate([np.full((rows[q], 2), q, np.int64) for q in range(size)]).tobytes()
+rows[0] = 2
+before = core.stats()
+for _ in range(3):
+    got = tnt.allgather(np.full((rows[rank], 2), rank, np.int64), name="gather-rows")
+    gather_ok &= got.tobytes() == np.concatenate([np.full((rows[q], 2), q, np.int64) for q in range(size)]).tobytes()
+d = delta(before)
+seen["gather_rows"] = (d["announcements"], d["one_round"])
+big_g = np.full(20000, rank, np.float32)  # 80 KB from every rank: beyond every one-round limit
+for _ in range(2):
+    tnt.allgather(big_g, name="big-gather")
+before = core.stats()
+gather_ok &= bool((tnt.allgather(big_g, name="big-gather") == np.repeat(np.arange(size), 20000)).all())
+seen["gather_big_one_round"] = delta(before)["one_round"]
+seen["gather_ok"] = bool(gather_ok)
+
 # 2. the same bits as the small path's order: segment j of the result is
 #    c_j + c_(j+1) + ... + c_(j+N-1) (indices mod N), added left to right in
 #    the dtype, segment j being the tensor's even split n*j/N

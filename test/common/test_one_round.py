@@ -1,7 +1,8 @@
 """Small allreduces and broadcasts in one round: in a steady loop the payload
 rides with the readiness bit of the negotiation (counted by
 core.stats()['one_round'], not timed), every rank adds in the small path's
-order (the same bits everywhere), a broadcast copies its root's, other cases
+order (the same bits everywhere), a broadcast copies its root's and an
+allgather every rank's, other cases
 take the usual paths, and a mismatch on that path fails on every rank."""
 
 import pytest
@@ -32,6 +33,16 @@ def test_a_loop_of_small_broadcasts_rides_with_the_roots_payload(observed):
         assert o["bcast_ok"]
         assert o["bcast_one_round"] == 120, o["bcast_one_round"]
         assert o["bcast_big_one_round"] == 0
+
+
+def test_a_loop_of_small_allgathers_rides_with_every_ranks_rows(observed):
+    for rank, o in enumerate(observed):
+        assert o["gather_ok"]
+        assert o["gather_one_round"] == 120, o["gather_one_round"]
+        # rank 0's rows changed: it announced the name again (the others'
+        # requests follow the eviction), then one round again
+        assert o["gather_rows"] == [1 if rank == 0 else 0, 2], (rank, o["gather_rows"])
+        assert o["gather_big_one_round"] == 0
 
 
 def test_one_round_adds_in_the_small_paths_order_on_every_rank(observed):
