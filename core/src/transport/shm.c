@@ -8,8 +8,8 @@
  *              | exchange buffers [2][SHM_EXCHANGE_BYTES] | receive window
  *
  * Waiting: a futex on the counter word, after a spin of at most TNT_SPIN_US
- * only under a host-wide budget (spin_allowed: 8 ranks on 2 cores must not
- * spin, and neither may anyone while other jobs fill the cores). An exchange
+ * only under a host-wide budget (spin_allowed: ranks that outnumber the cores
+ * never spin, and neither may anyone while other jobs fill the cores). An exchange
  * round has one arrival counter in the header: only the last rank to post
  * wakes the sleepers. Doorbells are rung lazily (pay_bells). Sleeps are cut
  * into slices of 100 ms; after each slice the waiter checks its peers, so a
@@ -50,7 +50,7 @@
 #include "host_load.h"
 #include "process_state.h"
 
-#define SHM_MAGIC 0x544e5431u /* "TNT1" */
+#define SHM_MAGIC 0x544e5432u /* "TNT2": changes with the segment's layout, so that ranks of two builds do not share one */
 #define CACHE_LINE 64
 /* Each of a rank's two exchange buffers: the negotiation's message needs
  * TNT_EXCHANGE_MAX; the direct allreduce (allreduce_direct.c) moves a chunk of
@@ -81,7 +81,6 @@ typedef struct {
   char pad0[CACHE_LINE];
   shm_word_t arrived;           /* exchange posts of every rank, all rounds: round r is complete at r * size */
   _Atomic uint32_t spinners;    /* threads of this host busy-waiting now (at most one per core) */
-  _Atomic uint32_t sleepers;    /* ranks whose driving thread sleeps in an exchange or data wait, not yet woken */
   _Atomic uint32_t host_busy;   /* more runnable threads on the host than cores (any process's), as last read */
   _Atomic int64_t load_read_us; /* when host_busy was last read */
   char collision[512];
@@ -96,7 +95,6 @@ typedef struct {
   uint32_t exch_len[2];
   char pad[CACHE_LINE - 12];
   _Atomic int64_t nap_until_us; /* while the background thread sleeps on the bell: when it wakes by itself, else 0 */
-  _Atomic uint32_t asleep;      /* counted in the header's sleepers; cleared by whoever wakes it first (mark_awake) */
   shm_word_t bell;      /* doorbell: bumped by peers wanting a cycle and by local requests */
   shm_word_t exch_seq;  /* rounds of exchange this rank has published */
   shm_word_t counters[]; /* [kind * size + source] */
@@ -131,23 +129,10 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct tim
   return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
 }
 
-/* Rank r is about to be woken: no longer a sleeper for the spin budget. A
- * woken rank needs a core before it runs; counted as asleep until then, it
- * would let the waker spin on the core it is queued for (with 4 ranks on 2
- * cores, a spin of TNT_SPIN_US per round). Exactly once per sleep: whoever
- * clears the flag first (the waker, or the sleeper when it returns) uncounts it. */
-static void mark_awake(shm_t *s, int r) {
-  if (atomic_exchange(&s->ranks[r]->asleep, 0)) atomic_fetch_sub(&s->hdr->sleepers, 1);
-}
-
-/* Increment w and wake whoever sleeps on it. `sleeper`: the rank whose data
- * or exchange wait may sleep on w (marked awake first), -1 for words no such
- * wait sleeps on (bells, the attach count). */
-static void bump(shm_t *s, shm_word_t *w, int sleeper) {
+/* Increment w and wake whoever sleeps on it. */
+static void bump(shm_word_t *w) {
   atomic_fetch_add(&w->value, 1);
-  if (!atomic_load(&w->waiters)) return;
-  if (sleeper >= 0) mark_awake(s, sleeper);
-  futex(&w->value, FUTEX_WAKE, INT_MAX, NULL);
+  if (atomic_load(&w->waiters)) futex(&w->value, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
@@ -228,11 +213,14 @@ static tnt_result_t wait_timed_out(shm_t *s, int from, const char *what) {
 }
 
 /* Adaptive waiting under a host-wide budget. A waiter spins only while it can
- * help: fewer threads spin than there are cores, and the ranks that are not
- * asleep (the one awaited among them) fit on the cores, so a spinner never
- * takes the core of the rank it waits for. 2 ranks on 2 cores spin (a 4-byte
- * allreduce costs microseconds); of 8 ranks on 2 cores only the last ones to
- * arrive spin, the others sleep on a futex and the last arrival wakes them. */
+ * help: the host's ranks fit on its cores, so a spinner never takes the core
+ * of the rank it waits for, and fewer threads spin than there are cores. 2
+ * ranks on 2 cores spin (a 4-byte allreduce costs microseconds). Ranks that
+ * outnumber the cores sleep on a futex, and the last arrival wakes them: when
+ * the last ranks to arrive of 4 or 8 on 2 cores were let spin (while the
+ * others slept), a spinner often held the core that the rank it waited for
+ * was queued on, and a 4-byte allreduce took 1.13-1.25x as long as with no
+ * spin at all (docs/benchmarks.md). */
 static int host_has_free_cores(shm_t *s) {
   /* the kernel's count of runnable threads (/proc/loadavg's "running/total"),
    * read by one thread of the host at most every HOST_LOAD_EVERY_S: other
@@ -246,9 +234,8 @@ static int host_has_free_cores(shm_t *s) {
 }
 
 static int spin_allowed(shm_t *s) {
-  if (s->spin_s <= 0 || !host_has_free_cores(s)) return 0;
-  long awake = (long)s->pl.local_size - (long)atomic_load_explicit(&s->hdr->sleepers, memory_order_relaxed);
-  return awake <= s->ncpu && (long)atomic_load_explicit(&s->hdr->spinners, memory_order_relaxed) < s->ncpu;
+  if (s->spin_s <= 0 || s->pl.local_size > s->ncpu || !host_has_free_cores(s)) return 0;
+  return (long)atomic_load_explicit(&s->hdr->spinners, memory_order_relaxed) < s->ncpu;
 }
 
 /* Busy-wait for at most s->spin_s until ready(s, arg), when spin_allowed; 1 if it became ready. */
@@ -314,7 +301,7 @@ static void pay_bells(shm_t *s, double waited) {
   for (int r = 0; r < s->pl.size; r++) {
     if (r == s->pl.rank || reached(atomic_load(&s->ranks[r]->exch_seq.value), s->exch_round)) continue;
     int64_t nap = atomic_load(&s->ranks[r]->nap_until_us);
-    if (nap && (nap - now <= (int64_t)(PENDING_NAP_S * 1e6) || waited >= IDLE_BELL_S)) bump(s, &s->ranks[r]->bell, -1);
+    if (nap && (nap - now <= (int64_t)(PENDING_NAP_S * 1e6) || waited >= IDLE_BELL_S)) bump(&s->ranks[r]->bell);
   }
   if (waited >= IDLE_BELL_S) s->bells_owed = 0;
 }
@@ -350,14 +337,10 @@ static tnt_result_t sleep_until_word(shm_t *s, shm_word_t *w, uint32_t target, i
     double wake = deadline < next_check ? deadline : next_check;
     if (s->bells_owed && bell_at < wake) wake = bell_at;
     struct timespec ts = tnt_timespec(wake - now);
-    shm_rank_t *me = s->ranks[s->pl.rank];
-    atomic_fetch_add(&s->hdr->sleepers, 1); /* counted, so that the last ranks to arrive may spin */
-    atomic_store(&me->asleep, 1);
     atomic_fetch_add(&w->waiters, 1);
     v = atomic_load(&w->value);
     if (!reached(v, target)) futex(&w->value, FUTEX_WAIT, v, &ts);
     atomic_fetch_sub(&w->waiters, 1);
-    mark_awake(s, s->pl.rank);
   }
 }
 
@@ -506,7 +489,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
              "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
              (int)nobody, (int)getpid(), pl->rank, pl->job_id);
     atomic_store(&s->hdr->collided, 1);
-    bump(s, &s->hdr->attached, -1);
+    bump(&s->hdr->attached);
     res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
     s->ranks[pl->rank] = NULL; /* not ours: the failure path must not mark it */
     shm_unlink(s->name);
@@ -575,7 +558,7 @@ static void *shm_window(void *st) {
 
 static tnt_result_t shm_notify(void *st, int peer, int kind) {
   shm_t *s = st;
-  bump(s, &s->ranks[peer]->counters[kind * s->pl.size + s->pl.rank], peer);
+  bump(&s->ranks[peer]->counters[kind * s->pl.size + s->pl.rank]);
   return TNT_SUCCESS;
 }
 
@@ -604,11 +587,8 @@ static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, do
   me->exch_len[buf] = (uint32_t)len;
   atomic_store_explicit(&me->exch_seq.value, round, memory_order_release); /* publishes the bytes above */
   uint32_t arrived = atomic_fetch_add(&s->hdr->arrived.value, 1) + 1;
-  if (arrived == round * (uint32_t)s->pl.size && atomic_load(&s->hdr->arrived.waiters)) {
-    for (int r = 0; r < s->pl.size; r++) /* every other rank waits in this round, or is on its way to it */
-      if (r != s->pl.rank) mark_awake(s, r);
+  if (arrived == round * (uint32_t)s->pl.size && atomic_load(&s->hdr->arrived.waiters))
     futex(&s->hdr->arrived.value, FUTEX_WAKE, INT_MAX, NULL);
-  }
   s->exch_posted = 1;
   s->exch_deadline = deadline;
   return TNT_SUCCESS;
@@ -712,7 +692,7 @@ static tnt_result_t shm_check_peers(void *st, const uint8_t *awaited) {
 
 static void shm_wake_local(void *st) {
   shm_t *s = st;
-  bump(s, &s->ranks[s->pl.rank]->bell, -1);
+  bump(&s->ranks[s->pl.rank]->bell);
 }
 
 static void shm_abort(void *st, const char *reason, int root_peer) {
