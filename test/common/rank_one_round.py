@@ -190,6 +190,18 @@ tnt.allreduce(x, name="late")
 if rank == size - 1:
     time.sleep(0.7)
 seen["late_ok"] = bool((tnt.allreduce(x, name="late") == np.arange(3) * size + sum(range(size))).all())
+# ... and so for the other blocking calls (tnt_barrier, tnt_broadcast,
+# tnt_allgather_into return TNT_IN_PROGRESS after one slice of 0.25 s)
+late = {}
+for kind, call in (("barrier", lambda: tnt.barrier(name="late-b") is None),
+                   ("broadcast", lambda: bool((tnt.broadcast(np.full(3, rank + 5.0), root=0, name="late-c") == 5).all())),
+                   ("allgather", lambda: tnt.allgather(np.full((rank + 1, 2), rank), name="late-g").tobytes() ==
+                    np.concatenate([np.full((q + 1, 2), q) for q in range(size)]).tobytes())):
+    call()  # cached, then late
+    if rank == size - 1:
+        time.sleep(0.4)
+    late[kind] = call()
+seen["late_others"] = late
 
 
 # 5. mismatches on the one-round path: a cached name called with another size,

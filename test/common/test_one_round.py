@@ -68,6 +68,8 @@ def test_integer_average_and_large_payloads_take_their_own_paths(observed):
 
 def test_a_late_peer_is_waited_for(observed):
     assert all(o["late_ok"] for o in observed)
+    assert all(o["late_others"] == {"barrier": True, "broadcast": True, "allgather": True} for o in observed), \
+        [o["late_others"] for o in observed]
 
 
 @pytest.mark.parametrize("label,words", [
