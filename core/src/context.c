@@ -462,7 +462,8 @@ tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, in
  * of a loop no other thread of this rank wakes up. A request still pending
  * after timeout_s is the caller's to wait on (TNT_IN_PROGRESS); one that is
  * done is released, but for a successful one that `keep` says to keep (an
- * allgather, whose result the caller reads from the handle). */
+ * allgather, whose result the caller reads from the handle). A NULL handle
+ * pointer never gets here: submit() refuses it. */
 static tnt_result_t wait_driven(tnt_handle_t handle, double timeout_s, int keep) {
   tnt_ctx_t *c = &tnt_ctx;
   pthread_mutex_lock(&c->requests.mu);
@@ -478,32 +479,25 @@ static tnt_result_t wait_driven(tnt_handle_t handle, double timeout_s, int keep)
   return r;
 }
 
-#define HANDLE_GIVEN(handle) \
-  if (!(handle)) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "handle pointer is NULL")
-
 static tnt_result_t allreduce_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                  tnt_reduce_op_t op, double prescale, double timeout_s, tnt_handle_t *handle) {
-  HANDLE_GIVEN(handle);
   TNT_CHECK(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle, 1));
   return wait_driven(*handle, timeout_s, 0);
 }
 
 static tnt_result_t broadcast_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
                                  double timeout_s, tnt_handle_t *handle) {
-  HANDLE_GIVEN(handle);
   TNT_CHECK(broadcast_async_in(name, in, out, count, dtype, root, handle, 1));
   return wait_driven(*handle, timeout_s, 0);
 }
 
 static tnt_result_t allgather_in(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
                                  void *out, int64_t out_count, double timeout_s, tnt_handle_t *handle) {
-  HANDLE_GIVEN(handle);
   TNT_CHECK(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, handle, 1));
   return wait_driven(*handle, timeout_s, 1);
 }
 
 static tnt_result_t barrier_in(const char *name, double timeout_s, tnt_handle_t *handle) {
-  HANDLE_GIVEN(handle);
   TNT_CHECK(barrier_async_in(name, handle, 1));
   return wait_driven(*handle, timeout_s, 0);
 }

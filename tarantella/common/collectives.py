@@ -301,44 +301,28 @@ def _allreduce_now(array, op, name, prescale, out):
     opcode = _op_code(op)
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
-    name, unnamed = _auto_name("allreduce", name)
     ffi = core.ffi()
     if not _fastpath_bound:
         _bind_fastpath(lib, ffi)
-    return _drive_allreduce(lib, ffi, name, unnamed, ffi.from_buffer(array), ffi.from_buffer(out), out,
-                            array.size, dt, opcode, float(prescale))
-
-
-def _drive_allreduce(lib, ffi, name, unnamed, src, dst, out, count, dt, opcode, prescale):
-    """One call into the core, which submits, drives the collective on this
-    thread and releases it (the plain call is the fast call: no handle object,
-    no second thread woken). `out` is the array behind `dst`."""
-    if _orphans or unnamed and _unnamed_in_flight:
-        _settle_before(name, unnamed)
-    handle = ffi.new("tnt_handle_t *")
-    result = lib.tnt_allreduce(name, src, dst, count, dt, opcode, prescale, _WAIT_SLICE_S, handle)
-    if result == codes.SUCCESS:
-        return out
-    if result != codes.IN_PROGRESS:
-        core.check(result)
-    return _finish_in_progress(handle[0], name, unnamed, src, out)  # a cffi buffer holds its array
+    return _blocking(lib.tnt_allreduce, _auto_name("allreduce", name),
+                     (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale)),
+                     lambda h: out, (array, out))
 
 
 def _blocking(fn, name, args, finish, keepalive, keep=False):
     """The blocking form of a collective: `fn(name, *args, slice, &handle)`
-    (tnt_broadcast, tnt_allgather_into, tnt_barrier) submits and drives it on
-    this thread, as tnt_allreduce does, so that no other thread of this rank
-    wakes up; then `finish(handle)` makes the result. `keep`: the core keeps a
+    (tnt_allreduce, tnt_broadcast, tnt_allgather_into, tnt_barrier) submits
+    it and drives it on this thread, so that no other thread of this rank
+    wakes up (the plain call is the fast call: no Handle object unless a peer
+    is late); then `finish(handle)` makes the result. `keep`: the core keeps a
     successful request for `finish` to read (an allgather's result)."""
     name, unnamed = name
     if _orphans or unnamed and _unnamed_in_flight:
         _settle_before(name, unnamed)
     handle = core.ffi().new("tnt_handle_t *")
     result = fn(name, *args, _WAIT_SLICE_S, handle)
-    if result == codes.IN_PROGRESS:  # not done within one slice (a slow peer): wait in slices, interruptibly
-        if unnamed:
-            _unnamed_in_flight[name] = handle[0]
-        return Handle(handle[0], finish, keepalive).wait()
+    if result == codes.IN_PROGRESS:
+        return _wait_in_slices(handle[0], name, unnamed, finish, keepalive)
     core.check(result)
     if not keep:
         return finish(None)
@@ -348,12 +332,17 @@ def _blocking(fn, name, args, finish, keepalive, keep=False):
         core.lib().tnt_release(handle[0])
 
 
-def _finish_in_progress(handle, name, unnamed, source, out):
-    """An allreduce not done within one slice (a slow peer): wait in slices,
-    interruptibly. `source` keeps the input alive until then."""
+def _wait_in_slices(handle, name, unnamed, finish, keepalive):
+    """A blocking collective not done within one slice (a slow peer): wait on
+    its handle in slices, interruptibly; `keepalive` holds its buffers until then."""
     if unnamed:
         _unnamed_in_flight[name] = handle
-    return Handle(handle, lambda h: out, (source, out)).wait()
+    return Handle(handle, finish, keepalive).wait()
+
+
+def _finish_in_progress(handle, name, unnamed, source, out):
+    """_wait_in_slices for the fast path's allreduce (tarantella._fastpath)."""
+    return _wait_in_slices(handle, name, unnamed, lambda h: out, (source, out))
 
 
 _fastpath_bound = False
