@@ -421,7 +421,7 @@ def root_cause(results, error_of, stopped_at):
     stopped (by tntrun or, across hosts, by the engine: stopped_at(res) is when) counts if it
     had raised already (its error record says so). If every failure was caused by another
     process: the process they blame (a TimeoutError names the stuck rank, which may have had
-    to be killed), else the first one observed."""
+    to be killed) unless it exited cleanly, else the first one observed."""
     failed, blamed = [], []
     for res in results:
         if res.returncode in (None, 0):
@@ -441,7 +441,11 @@ def root_cause(results, error_of, stopped_at):
         root = min(own, key=lambda item: item[0])[1]
         root.stopped = False  # it had failed: the stop only hurried its end
         return root
-    by_rank = {res.spec.rank: res for res in results if getattr(res.spec, "rank", None) is not None}
+    # a blamed rank that exited cleanly did not fail: it finished its program while a peer
+    # still made a collective call (every failure then says so); the root cause is the
+    # first rank that failed, and tntrun exits with its status, never 0
+    by_rank = {res.spec.rank: res for res in results
+               if getattr(res.spec, "rank", None) is not None and res.returncode != 0}
     for rank in blamed:
         if rank in by_rank:
             return by_rank[rank]

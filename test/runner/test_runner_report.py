@@ -56,3 +56,23 @@ def test_root_cause_is_the_rank_that_raised_not_the_one_that_lost_it(script, tmp
     assert "rank:    0 (local_rank 0)" in others and "error:   PeerLostError" in others, report
     assert "Traceback" not in others  # a lost peer is one line: its traceback buries nothing
     assert res.returncode == 1, report  # rank 1's exit code
+
+
+def test_a_rank_that_finished_cleanly_is_not_the_root_cause(script):
+    # rank 0 makes one allreduce fewer than rank 1 and exits 0: rank 1's last allreduce
+    # fails naming rank 0 ("has shut down"). rank 0 did not fail, so the root cause is
+    # rank 1 and tntrun exits with its status: a job with a failed rank never exits 0.
+    path = script("""
+        import numpy as np
+        import tarantella as tnt
+
+        x = np.ones(4, np.float32)
+        for _ in range(3 + tnt.get_rank()):
+            tnt.allreduce(x, name="b")
+    """)
+    res = run_tntrun(["-n", "2", "--", path], timeout=120)
+    report = res.stderr[res.stderr.index("=" * WIDTH):]
+    root = _section(report, "Root cause")
+    assert "rank:    1 (local_rank 1)" in root, report
+    assert "rank 0 has shut down while rank 1 was" in root, report
+    assert res.returncode == 1, report
