@@ -353,8 +353,9 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
     if (step != TNT_STEP_WORKED || tnt_now() > deadline) break; /* idle or busy: the background thread goes on */
   }
   /* a request submitted without waking the background thread (tnt_allreduce)
-   * is its business from here on */
-  if (h && !h->done && c->transport) c->transport->wake_local(c->ts);
+   * is its business from here on, as are other threads' requests that this
+   * one left in the engine */
+  if (c->transport) tnt_engine_leave(&c->engine, !h || h->done);
   if (h && !h->done && c->spin_s > 0) {
     /* another thread drives (or was just woken to): small collectives complete
      * within microseconds, so spin on the completion counter briefly to save

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine.h"
 
@@ -63,6 +64,40 @@ static int take_queue(tnt_engine_t *c) {
     req = next;
   }
   return stop;
+}
+
+/* Wherever the background thread sleeps: on the transport's doorbell, or on
+ * `woken` while an application thread drives (engine_main). */
+void tnt_engine_wake(tnt_engine_t *c) {
+  c->transport->wake_local(c->ts);
+  pthread_mutex_lock(&c->queue_mu);
+  c->wakes++;
+  pthread_cond_signal(&c->woken);
+  pthread_mutex_unlock(&c->queue_mu);
+}
+
+static uint64_t wakes_now(tnt_engine_t *c) {
+  pthread_mutex_lock(&c->queue_mu);
+  uint64_t w = c->wakes;
+  pthread_mutex_unlock(&c->queue_mu);
+  return w;
+}
+
+/* The background thread's longest sleep while an application thread drives. */
+#define BUSY_SLEEP_S 1e-3
+
+/* The background thread's sleep while an application thread drives: until a
+ * wake-up after `seen`, or `until` (tnt_now's clock). */
+static void sleep_until_woken(tnt_engine_t *c, uint64_t seen, double until) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + (until - tnt_now());
+  ts.tv_sec = (time_t)t;
+  ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+  pthread_mutex_lock(&c->queue_mu);
+  while (c->wakes == seen && !c->stop && tnt_now() < until)
+    if (pthread_cond_timedwait(&c->woken, &c->queue_mu, &ts) == ETIMEDOUT) break;
+  pthread_mutex_unlock(&c->queue_mu);
 }
 
 static int is_float(tnt_dtype_t dt) { return dt != TNT_INT32 && dt != TNT_INT64; }
@@ -364,7 +399,7 @@ void tnt_engine_abort(tnt_engine_t *c, const char *reason, int root_peer, int lo
    * cause (the lost or stuck rank when there is one, else this rank) */
   c->transport->abort(c->ts, reason, root_peer);
   if (tnt_requests_set_fatal(c->requests, TNT_ERR_PEER_LOST, reason, root_peer) && log) TNT_ERROR("%s", reason);
-  c->transport->wake_local(c->ts);
+  tnt_engine_wake(c);
 }
 
 static void go_fatal(tnt_engine_t *c, tnt_result_t res) {
@@ -427,15 +462,34 @@ static int engine_step(tnt_engine_t *c, double until) {
 int tnt_engine_drive(tnt_engine_t *c, double until) {
   if (pthread_mutex_trylock(&c->progress) != 0) return TNT_STEP_BUSY;
   int step = engine_step(c, until);
+  const int pending = c->pending.n;
   pthread_mutex_unlock(&c->progress);
-  if (step == TNT_STEP_BLOCKED) c->transport->wake_local(c->ts); /* hand the cycle over */
+  pthread_mutex_lock(&c->queue_mu);
+  c->left_behind = pending || c->queue_head; /* other threads' requests (tnt_engine_leave) */
+  pthread_mutex_unlock(&c->queue_mu);
+  if (step == TNT_STEP_BLOCKED) tnt_engine_wake(c); /* hand the cycle over */
   return step;
+}
+
+void tnt_engine_leave(tnt_engine_t *c, int own_done) {
+  pthread_mutex_lock(&c->queue_mu);
+  const int left = c->left_behind;
+  pthread_mutex_unlock(&c->queue_mu);
+  if (!own_done || left) tnt_engine_wake(c);
 }
 
 static void *engine_main(void *arg) {
   tnt_engine_t *c = arg;
   for (;;) {
-    pthread_mutex_lock(&c->progress);
+    const uint64_t wakes = wakes_now(c);
+    if (pthread_mutex_trylock(&c->progress) != 0) {
+      /* an application thread drives the engine for its own request: it wakes
+       * this thread if it stops before the request is done. Queueing on the
+       * lock instead would cost that thread a futex wake-up per step, and this
+       * one a wake-up for nothing. */
+      sleep_until_woken(c, wakes, tnt_now() + BUSY_SLEEP_S);
+      continue;
+    }
     int step = engine_step(c, INFINITY);
     uint64_t done = c->neg.cycles;
     int pending = c->pending.n;
@@ -458,6 +512,7 @@ void tnt_engine_free(tnt_engine_t *c) {
   tnt_topology_free(&c->topo);
   free(c->small_scratch);
   pthread_mutex_destroy(&c->queue_mu);
+  pthread_cond_destroy(&c->woken);
   pthread_mutex_destroy(&c->progress);
   memset(c, 0, sizeof *c);
 }
@@ -506,6 +561,11 @@ tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const 
   c->requests = requests;
   c->timeline = timeline;
   pthread_mutex_init(&c->queue_mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the clock of tnt_now() */
+  pthread_cond_init(&c->woken, &ca);
+  pthread_condattr_destroy(&ca);
   pthread_mutex_init(&c->progress, NULL);
   tnt_pending_init(&c->pending);
   tnt_result_t res = tnt_ring_setup(&c->ring, transport, ts, pl->rank, pl->size, (size_t)params->shm_slot_bytes,
@@ -533,7 +593,7 @@ void tnt_engine_stop(tnt_engine_t *c) {
   c->stop = 1; /* new submissions fail from here on; the thread's last step fails the rest */
   pthread_mutex_unlock(&c->queue_mu);
   if (c->thread_started) {
-    c->transport->wake_local(c->ts);
+    tnt_engine_wake(c);
     pthread_join(c->thread, NULL);
     c->thread_started = 0;
   }
@@ -555,7 +615,7 @@ static tnt_result_t enqueue(tnt_engine_t *c, tnt_request_t *req) {
 
 tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
   TNT_CHECK(enqueue(c, req));
-  c->transport->wake_local(c->ts);
+  tnt_engine_wake(c);
   return TNT_SUCCESS;
 }
 

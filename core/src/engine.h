@@ -26,7 +26,10 @@ typedef struct {
   tnt_timeline_t *timeline;
   tnt_requests_t *requests;
 
-  pthread_mutex_t queue_mu;    /* guards the queue and `stop` */
+  pthread_mutex_t queue_mu;    /* guards the queue, `stop` and `wakes` */
+  pthread_cond_t woken;        /* signalled with every wake-up of the thread (tnt_engine_wake) */
+  uint64_t wakes;
+  int left_behind;             /* the last drive left requests in the engine */
   tnt_request_t *queue_head, *queue_tail;
   int stop;
   pthread_t thread;
@@ -71,6 +74,11 @@ tnt_result_t tnt_engine_submit_driven(tnt_engine_t *e, tnt_request_t *req);
 /* One step by the calling thread if nobody else drives the engine (else
  * TNT_STEP_BUSY); a cycle left BLOCKED at `until` is handed to the thread. */
 int tnt_engine_drive(tnt_engine_t *e, double until);
+/* Wake the background thread: a request for it, or a cycle handed over to it. */
+void tnt_engine_wake(tnt_engine_t *e);
+/* An application thread stops driving (its own request done or not): the
+ * background thread, which sleeps meanwhile, takes over what is left. */
+void tnt_engine_leave(tnt_engine_t *e, int own_done);
 /* Fail this rank for `reason` (peers fail fast, naming root_peer when it is not -1). */
 void tnt_engine_abort(tnt_engine_t *e, const char *reason, int root_peer, int log);
 

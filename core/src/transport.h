@@ -124,6 +124,9 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
 extern const tnt_transport_t tnt_transport_hier;
 /* The window that `peer`'s puts land in (differs per peer for tnt_transport_hier). */
 void *tnt_transport_window_for(const tnt_transport_t *t, void *ts, int peer);
+/* 1 if puts to `peer` cross the network (the plugin's engine moves them while
+ * this rank goes on), 0 if they are copies into shared memory made at once. */
+int tnt_transport_remote(const tnt_transport_t *t, void *ts, int peer);
 /* How many window regions (channels) a transport instance gets: 1 on one host
  * over shm (the flat ring only), TNT_CHANNELS where a hierarchy is possible. */
 int tnt_transport_regions(const tnt_transport_t *t);

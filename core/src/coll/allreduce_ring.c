@@ -16,7 +16,8 @@
  * or just received) and copies segment r-s into place.
  *
  * Pieces are pipelined: the loop sends piece k, then receives piece k, while up
- * to `slots` pieces are in flight on the link; with N ranks, every rank moves
+ * to `slots` pieces are in flight on the link (over the network it sends up to
+ * ring->lookahead pieces before its first receive); with N ranks, every rank moves
  * 2(N-1)/N of the buffer, which is why bus bandwidth is reported that way.
  *
  * Past the cache (stream_store.h) the last reduce-scatter step and the first
@@ -71,9 +72,15 @@ static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *
                               uint8_t *dst, const uint8_t *addend, int divisor, int recv_seg, double deadline) {
   int64_t sb = seg_begin(p, send_seg), sl = seg_begin(p, send_seg + 1) - sb;
   int64_t rb = seg_begin(p, recv_seg), rl = seg_begin(p, recv_seg + 1) - rb;
+  int64_t sent = 0;
   for (int64_t k = 0; k < p->P; k++) {
     int64_t pb, pl;
-    TNT_CHECK(send_piece(ring, p, from, scale_out, sb, sl, k, deadline));
+    /* the send segment is complete before the step starts, so its pieces may
+     * run up to ring->lookahead ahead of the receives: never more than the
+     * slots, so that every rank can always take its next piece (no cycle of
+     * ranks that all wait for a free slot) */
+    for (; sent < p->P && sent < k + ring->lookahead; sent++)
+      TNT_CHECK(send_piece(ring, p, from, scale_out, sb, sl, sent, deadline));
     const void *piece;
     TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
     tnt_piece(rb, rl, k, p->P, &pb, &pl);

@@ -23,6 +23,12 @@ tnt_result_t tnt_ring_setup_on(tnt_ring_t *ring, const tnt_transport_t *t, void 
   ring->kind_credit = TNT_NOTIFY_CREDIT + 2 * channel;
   ring->slot_bytes = slot_bytes;
   ring->slots = slots;
+  /* over the network a put leaves while this rank goes on: a step sends up to
+   * every slot's worth of pieces before it waits for the first from prev, so
+   * the link never idles for a round trip between pieces. Over shared memory
+   * a put is the sender's own copy, and sending piece k just before receiving
+   * piece k keeps both in cache. */
+  ring->lookahead = tnt_transport_remote(t, ts, next) ? slots : 1;
   ring->tx_seq = 0;
   ring->rx_seq = 0;
   ring->slot_free_for = 0;

@@ -33,6 +33,7 @@ typedef struct {
   size_t region;              /* where this channel's region starts in every window */
   size_t slot_bytes;
   int slots;
+  int lookahead; /* pieces a step sends before it waits for its first receive (ring_step) */
   uint64_t tx_seq; /* pieces put to next */
   uint64_t rx_seq; /* pieces consumed from prev */
   uint64_t slot_free_for; /* tx_seq + 1 once the slot of piece tx_seq is known to be free */

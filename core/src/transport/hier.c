@@ -107,6 +107,11 @@ void *tnt_transport_window_for(const tnt_transport_t *t, void *ts, int peer) {
   return local(h, peer) ? shm->window(h->lts) : h->net->window(h->nts);
 }
 
+int tnt_transport_remote(const tnt_transport_t *t, void *ts, int peer) {
+  if (t == &tnt_transport_shm) return 0;
+  return t != &tnt_transport_hier || !local((hier_t *)ts, peer);
+}
+
 static tnt_result_t hier_notify(void *st, int peer, int kind) {
   hier_t *h = st;
   return local(h, peer) ? shm->notify(h->lts, lid(h, peer), kind) : h->net->notify(h->nts, peer, kind);
