@@ -91,15 +91,26 @@ def test_every_collective_is_bitwise_identical_on_every_rank(n, cache, tmp_path)
         assert not differing, f"mpi and shm differ on {differing[:5]}"
 
 
+def open_mpi():
+    res = subprocess.run([MPIRUN, "--version"], capture_output=True, text=True)
+    return "Open MPI" in res.stdout + res.stderr
+
+
 @needs_mpi
-def test_allreduces_up_to_64_kib_take_one_round_across_the_network(cache, tmp_path):
-    res = subprocess.run(mpirun_cmd(2, "rank_one_round_net.py", tmp_path), env=mpi_env(cache), capture_output=True,
-                         text=True, timeout=300)
+@pytest.mark.parametrize("user_limit", [None, "65536"])
+def test_allreduces_up_to_64_kib_take_one_round_across_the_network(cache, tmp_path, user_limit):
+    # the message that carries a 64 KiB payload must go without Open MPI's rendezvous: the
+    # plugin raises Open MPI's TCP eager limit to 72 KiB, unless the user set it
+    extra = {"OMPI_MCA_btl_tcp_eager_limit": user_limit} if user_limit else {}
+    res = subprocess.run(mpirun_cmd(2, "rank_one_round_net.py", tmp_path), env=mpi_env(cache, **extra),
+                         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for r in range(2):
         s = json.load(open(tmp_path / f"rank{r}.json"))
         assert s["mid_ok"] and s["big_ok"], s
         assert s["mid_one_round"] == 40 and s["big_one_round"] == 0, s
+        if open_mpi():
+            assert s["eager_limit"] == (user_limit or "73728"), s
 
 
 @needs_mpi

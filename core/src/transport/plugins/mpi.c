@@ -590,6 +590,33 @@ static void finalize_at_exit(void) {
   MPI_Finalize();
 }
 
+/* Open MPI's TCP transport sends a message above btl_tcp_eager_limit (64 KiB
+ * by default, its header included) by rendezvous: a round trip before the
+ * bytes move. A negotiation message that carries a 64 KiB one-round payload
+ * (TNT_ONE_ROUND_NET_BYTES) is just above it; under a limit of 72 KiB it
+ * leaves at once (the header and the readiness bits fit in the rest, and the
+ * announcements of a new name but rarely go beyond): a 64 KB allreduce on 2
+ * hosts x 1 rank took 0.14 ms, and 0.10 with it (docs/benchmarks.md, "Across
+ * hosts"). Not more: a ring's piece of 128 KiB sent eagerly lands before its
+ * receive is posted and is copied twice. Set only where this plugin
+ * initializes MPI, only for Open MPI, and never over the user's value (mpirun
+ * --mca passes it the same way, as OMPI_MCA_btl_tcp_eager_limit). */
+#define OMPI_EAGER_VAR "OMPI_MCA_btl_tcp_eager_limit"
+#define OMPI_EAGER_BYTES "73728"
+
+static void tune_open_mpi(void) {
+#ifdef OPEN_MPI
+  const char *set = getenv(OMPI_EAGER_VAR);
+  if (set) {
+    LOG(LOG_DEBUG, "mpi: %s=%s, as the environment sets it", OMPI_EAGER_VAR, set);
+    return;
+  }
+  if (setenv(OMPI_EAGER_VAR, OMPI_EAGER_BYTES, 0) == 0)
+    LOG(LOG_INFO, "mpi: %s=%s (messages of a one-round collective go without a rendezvous; set it to choose "
+        "another)", OMPI_EAGER_VAR, OMPI_EAGER_BYTES);
+#endif
+}
+
 static tnt_result_t ensure_mpi(void) {
   pthread_mutex_lock(&init_mu);
   tnt_result_t res = TNT_SUCCESS;
@@ -602,6 +629,7 @@ static tnt_result_t ensure_mpi(void) {
   }
   MPI_Initialized(&ini);
   if (!ini) {
+    tune_open_mpi();
     int rc = MPI_Init_thread(NULL, NULL, THREAD_LEVEL, &thread_level);
     if (rc != MPI_SUCCESS) {
       char e[MPI_MAX_ERROR_STRING];
