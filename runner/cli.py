@@ -316,6 +316,10 @@ def main(argv=None):
             if why:
                 _warn(f"--transport {args.transport} is not available on this host: {why}")
         in_slurm = multi.in_allocation()
+        if args.transport == "mpi" and not (args.hostfile or args.hosts or in_slurm):
+            # every byte over the mpi transport on this host: MPI must start the ranks (the
+            # transport takes its ranks from MPI_COMM_WORLD), as with -H localhost:N
+            args.hosts = f"localhost:{args.n or 1}"
         if args.hostfile or args.hosts or (in_slurm and (
                 args.n_per_node is not None or len(multi.allocation_nodes()) > 1)):
             # several hosts; inside a Slurm allocation of several nodes (or with

@@ -192,6 +192,17 @@ def test_real_openmpi_on_localhost(script):
     assert res.stdout.splitlines() == ["rank 0 2 0 5"]  # rank 1's stdout hidden by the wrapper
     res = run_tntrun(["-H", "localhost:2", "--transport", "mpi", "--", path, "fail"], env=env, timeout=60)
     assert res.returncode == 3 and "FAILED" in res.stderr
+    # -n N --transport mpi on one host: mpirun starts the ranks too (the mpi transport takes
+    # its ranks from MPI: ranks that tntrun started on its own were refused)
+    summed = script("""
+        import numpy as np
+        import tarantella as tnt
+        total = tnt.allreduce(np.ones(3, np.float32))
+        print("sum", total.tolist(), tnt.get_size(), os.environ.get("A"), flush=True)
+    """)
+    res = run_tntrun(["-n", "2", "--transport", "mpi", "-x", "A=6", "--", summed], env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["sum [2.0, 2.0, 2.0] 2 6"], res.stdout
 
 
 ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]"}
