@@ -87,7 +87,9 @@ static uint64_t wakes_now(tnt_engine_t *c) {
 #define BUSY_SLEEP_S 1e-3
 
 /* The background thread's sleep while an application thread drives: until a
- * wake-up after `seen`, or `until` (tnt_now's clock). */
+ * wake-up after `seen`, or `until` (tnt_now's clock). Shutting down too: the
+ * stop's own wake-up ends the sleep once, and the thread does not spin on the
+ * lock while a driving thread finishes its step. */
 static void sleep_until_woken(tnt_engine_t *c, uint64_t seen, double until) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -95,7 +97,7 @@ static void sleep_until_woken(tnt_engine_t *c, uint64_t seen, double until) {
   ts.tv_sec = (time_t)t;
   ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
   pthread_mutex_lock(&c->queue_mu);
-  while (c->wakes == seen && !c->stop && tnt_now() < until)
+  while (c->wakes == seen && tnt_now() < until)
     if (pthread_cond_timedwait(&c->woken, &c->queue_mu, &ts) == ETIMEDOUT) break;
   pthread_mutex_unlock(&c->queue_mu);
 }
