@@ -324,13 +324,8 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
    * the caller's own (the core still fails a stalled request after TNT_TIMEOUT_S) */
   const int bounded = timeout_s >= 0 && timeout_s < 1e9;
   const double deadline = bounded ? tnt_now() + timeout_s : INFINITY;
-  struct timespec until = {0, 0};
-  if (bounded) {
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    double t = (double)until.tv_sec + until.tv_nsec * 1e-9 + timeout_s;
-    until.tv_sec = (time_t)t;
-    until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
-  }
+  /* the deadline on the done condition's clock, CLOCK_MONOTONIC, which is tnt_now's */
+  const struct timespec until = bounded ? tnt_timespec(deadline) : (struct timespec){0, 0};
   tnt_handle_slot_t *h = tnt_requests_get(&c->requests, handle);
   if (!h) return bad_handle(handle);
   /* Drive the engine ourselves while nobody else does: a blocking collective

@@ -22,6 +22,12 @@ def _section(report, title):
     return text.split("\n" + "-" * WIDTH, 1)[0].split("\n" + "=" * WIDTH, 1)[0]
 
 
+def _failed_job(path):
+    """tntrun -n 2 of `path`: the result, and its failure report."""
+    res = run_tntrun(["-n", "2", "--", path], timeout=120)
+    return res, res.stderr[res.stderr.index("=" * WIDTH):]
+
+
 def test_root_cause_is_the_rank_that_raised_not_the_one_that_lost_it(script, tmp_path):
     # rank 1 raises while rank 0 waits for it in an allreduce: rank 0 then raises
     # PeerLostError and, as rank 1 is slow to exit, ends first. The report must still name
@@ -43,8 +49,7 @@ def test_root_cause_is_the_rank_that_raised_not_the_one_that_lost_it(script, tmp
         open({str(marker)!r}, "w").close()
         tnt.allreduce(x, name="never-completes")
     """)
-    res = run_tntrun(["-n", "2", "--", path], timeout=120)
-    report = res.stderr[res.stderr.index("=" * WIDTH):]
+    res, report = _failed_job(path)
     root = _section(report, "Root cause")
     assert "rank:    1 (local_rank 1)" in root, report
     assert "error:   ValueError: the real bug, on rank 1" in root, report
@@ -70,8 +75,7 @@ def test_a_rank_that_finished_cleanly_is_not_the_root_cause(script):
         for _ in range(3 + tnt.get_rank()):
             tnt.allreduce(x, name="b")
     """)
-    res = run_tntrun(["-n", "2", "--", path], timeout=120)
-    report = res.stderr[res.stderr.index("=" * WIDTH):]
+    res, report = _failed_job(path)
     root = _section(report, "Root cause")
     assert "rank:    1 (local_rank 1)" in root, report
     assert "rank 0 has shut down while rank 1 was" in root, report
