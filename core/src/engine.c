@@ -112,7 +112,9 @@ static double input_factor(const tnt_engine_t *c, const tnt_request_t *req) {
 static double op_deadline(const tnt_engine_t *c) { return tnt_now() + c->params->timeout_s; }
 
 /* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
- * wake-up instead of 2(N-1)); beyond, with more than 2 ranks over shared
+ * wake-up instead of 2(N-1)); beyond, two ranks across the network swap
+ * whole buffers up to TNT_PAIR_MAX_BYTES (allreduce_pair.c: one phase of
+ * network latency instead of the ring's two); with more than 2 ranks over shared
  * memory, two exchange rounds per chunk read in place (allreduce_direct.c:
  * 1.1-2.5x the ring's speed at 256 KB - 64 MB on 3, 4 and 8 ranks; with 2
  * ranks the ring moves fewer bytes), else the pipelined ring. Each applies
@@ -123,6 +125,8 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES) {
     if (c->hier) return tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, op_deadline(c));
+    if (c->pl->size == 2 && bytes <= TNT_PAIR_MAX_BYTES && c->ring.lookahead > 1) /* across the network */
+      return tnt_allreduce_pair(&c->ring, in, out, count, dt, factor, bounds, op_deadline(c));
     if (c->params->shm_direct && c->pl->size > 2 && tnt_allreduce_direct_possible(c->transport))
       return tnt_allreduce_direct(c->transport, c->ts, c->pl->rank, c->pl->size, in, out, count, dt, factor, bounds,
                                   op_deadline(c));
@@ -527,11 +531,16 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
   const tnt_topology_t *t = &c->topo;
   const int H = t->hosts, L = tnt_topology_host_size(t, t->host), h = t->host, i = t->index_of[pl->rank];
   if (H == 1 || L == 1 || !t->uniform || !c->params->hierarchical) {
-    TNT_INFO("allreduce: flat ring over all %d ranks (%s)", pl->size,
+    char pair[96] = ""; /* reduce()'s choice for two ranks across the network */
+    if (pl->size == 2 && c->ring.lookahead > 1)
+      snprintf(pair, sizeof pair, "; up to %d KiB the two swap whole buffers (allreduce_pair.c)",
+               TNT_PAIR_MAX_BYTES / 1024);
+    TNT_INFO("allreduce: flat ring over all %d ranks (%s)%s", pl->size,
              H == 1                    ? "one host"
              : !t->uniform             ? "hosts hold different numbers of ranks"
              : L == 1                  ? "one rank per host"
-                                       : "TNT_HIERARCHICAL=0");
+                                       : "TNT_HIERARCHICAL=0",
+             pair);
     return TNT_SUCCESS;
   }
   const size_t slot = (size_t)c->params->shm_slot_bytes;

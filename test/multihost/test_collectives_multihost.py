@@ -92,9 +92,11 @@ def shm_names(job):
 
 @pytest.mark.parametrize("layout, launcher, scheme", [
     ("hostA:2,hostB:2", tntrun, "allreduce: hierarchical, 2 hosts x 2 ranks"),
+    ("hostA:1,hostB:1", tntrun, "allreduce: flat ring over all 2 ranks (one rank per host); up to 256 KiB the two "
+                                "swap whole buffers"),
     ("hostA:1,hostB:1,hostC:1", tntrun, "allreduce: flat ring over all 3 ranks (one rank per host)"),
     ("hostA:3,hostB:1", mpirun, "allreduce: flat ring over all 4 ranks (hosts hold different numbers of ranks)"),
-], ids=["2x2-tntrun", "3x1-tntrun", "3+1-mpirun"])
+], ids=["2x2-tntrun", "2x1-tntrun", "3x1-tntrun", "3+1-mpirun"])
 def test_every_collective_across_hosts(bed, tmp_path, layout, launcher, scheme):
     res = launcher(bed, tmp_path, layout, "collectives")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
