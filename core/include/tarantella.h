@@ -165,6 +165,12 @@ typedef struct {
   int64_t bit_rounds;  /* cycles that were one AND-allreduce of readiness bits (every name cached) */
   int64_t full_rounds; /* cycles that exchanged every rank's full message */
   int64_t bytes_reduced; /* payload of the allreduces completed: count x element size, this rank's input */
+  /* waits on one host (shm) that found their peers not there yet, by how they
+   * ended: within the spin (the host's ranks fit on its cores), polling while
+   * yielding the core (they outnumber the cores), or asleep on a futex */
+  int64_t waits_spun;
+  int64_t waits_yielded;
+  int64_t waits_slept;
 } tnt_stats_t;
 tnt_result_t tnt_get_stats(tnt_stats_t *stats);
 

@@ -638,6 +638,8 @@ void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   stats->bit_rounds = atomic_load(&c->neg.bit_rounds);
   stats->full_rounds = atomic_load(&c->neg.full_rounds);
   stats->bytes_reduced = atomic_load(&c->bytes_reduced);
+  if (c->transport->wait_stats)
+    c->transport->wait_stats(c->ts, &stats->waits_spun, &stats->waits_yielded, &stats->waits_slept);
 }
 
 /* Size-1 jobs: every collective is a local copy (no thread, no transport). */

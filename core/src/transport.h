@@ -112,6 +112,10 @@ struct tnt_transport {
    * long): build the message there and post that pointer. Valid from the end
    * of a collect (or init) until that post. NULL: none. */
   void *(*exchange_buffer)(void *state, size_t *capacity);
+  /* How this rank's waits that found their word not yet reached ended: within
+   * the spin, while yielding the core, or asleep (tnt_get_stats). NULL: not
+   * counted (zeros). */
+  void (*wait_stats)(void *state, int64_t *spun, int64_t *yielded, int64_t *slept);
 };
 
 extern const tnt_transport_t tnt_transport_shm;

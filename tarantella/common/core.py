@@ -181,12 +181,17 @@ def stats():
     `bit_rounds` (one AND of readiness bits: every name cached) and
     `full_rounds` (every rank's whole message), and `bytes_reduced`, the
     payload of the allreduces completed (count x element size of this rank's
-    input: gradient compression halves it). Zeros on one rank."""
+    input: gradient compression halves it). `waits_spun`, `waits_yielded` and
+    `waits_slept` count this rank's waits on its host (shared memory) that
+    found a peer not there yet, by how they ended: within the spin, polling
+    while yielding the core (ranks outnumber the cores), or asleep. Zeros on
+    one rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
     return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed", "one_round",
-                                         "bit_rounds", "full_rounds", "bytes_reduced")}
+                                         "bit_rounds", "full_rounds", "bytes_reduced", "waits_spun",
+                                         "waits_yielded", "waits_slept")}
 
 
 def get_master_rank():

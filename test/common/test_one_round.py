@@ -5,6 +5,8 @@ order (the same bits everywhere), a broadcast copies its root's and an
 allgather every rank's, other cases
 take the usual paths, and a mismatch on that path fails on every rank."""
 
+import os
+
 import pytest
 
 from core_helpers import rank_reports
@@ -22,6 +24,15 @@ def test_a_loop_of_plain_calls_is_served_from_the_cache_in_one_round(observed):
         assert o["loop"]["cache_hits"] == 120, o["loop"]
         assert o["loop"]["one_round"] == 120, o["loop"]
         assert o["loop"]["cycles"] >= 120, o["loop"]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) >= 3, reason="needs more ranks (3) than cores: this machine has "
+                    f"{os.cpu_count()}")
+def test_ranks_that_outnumber_the_cores_yield_them_instead_of_spinning(observed):
+    # 3 ranks on 2 cores: nobody spins (a spinner would hold the core of the
+    # rank it waits for), waits poll with sched_yield before they sleep
+    assert all(o["loop"]["waits_spun"] == 0 for o in observed), [o["loop"] for o in observed]
+    assert sum(o["loop"]["waits_yielded"] for o in observed) > 0, [o["loop"] for o in observed]
 
 
 def test_a_loop_of_metrics_dicts_is_served_in_one_round(observed):

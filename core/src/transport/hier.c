@@ -226,6 +226,11 @@ static tnt_result_t hier_and_collect(void *st, uint64_t *out, double until) {
   return h->net->and_collect(h->nts, out, until);
 }
 
+static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
+  hier_t *h = st; /* the host's waits; the network plugin's polls are not counted */
+  shm->wait_stats(h->lts, spun, yielded, slept);
+}
+
 const tnt_transport_t tnt_transport_hier = {
     .name = "shm+mpi",
     .can_serve = hier_can_serve,
@@ -249,4 +254,5 @@ const tnt_transport_t tnt_transport_hier = {
     .finalize = hier_finalize,
     .and_post = hier_and_post,
     .and_collect = hier_and_collect,
+    .wait_stats = hier_wait_stats,
 };

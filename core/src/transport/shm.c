@@ -114,7 +114,8 @@ typedef struct {
   int exch_posted;     /* this round is published and not yet collected */
   double exch_deadline; /* the bound of the posted round (TNT_TIMEOUT_S after posting) */
   uint32_t bell_seen;
-  double spin_s;       /* TNT_SPIN_US: the longest spin of one wait (spin_allowed decides whether to spin) */
+  double spin_s;       /* TNT_SPIN_US: the longest spin (or yielding poll) of one wait */
+  _Atomic int64_t waits_spun, waits_yielded, waits_slept; /* how waits that had to wait ended (tnt_get_stats) */
   long ncpu;
   int bells_owed;      /* a cycle was asked for: wake the peers' threads if they do not join it by themselves */
   int *global;         /* [size] job-wide rank of each member, for messages (a group of a larger job) */
@@ -216,7 +217,8 @@ static tnt_result_t wait_timed_out(shm_t *s, int from, const char *what) {
  * help: the host's ranks fit on its cores, so a spinner never takes the core
  * of the rank it waits for, and fewer threads spin than there are cores. 2
  * ranks on 2 cores spin (a 4-byte allreduce costs microseconds). Ranks that
- * outnumber the cores sleep on a futex, and the last arrival wakes them: when
+ * outnumber the cores poll while yielding their core (yield_until), then
+ * sleep on a futex, and the last arrival wakes them: when
  * the last ranks to arrive of 4 or 8 on 2 cores were let spin (while the
  * others slept), a spinner often held the core that the rank it waited for
  * was queued on, and a 4-byte allreduce took 1.13-1.25x as long as with no
@@ -257,6 +259,25 @@ static int spin_until(shm_t *s, int (*ready)(shm_t *, const void *), const void 
   }
   atomic_fetch_sub(&s->hdr->spinners, 1);
   return got;
+}
+
+/* Where the host's ranks outnumber its cores nobody spins, but a waiter still
+ * polls for up to s->spin_s, giving its core away at every poll
+ * (sched_yield): the rank it waits for is then usually queued on the same
+ * core, runs at once, and the waiter sees its arrival at its next turn, with
+ * no futex wake-up and no trip through the scheduler's wake-up path. That is
+ * how Open MPI waits when oversubscribed. 4-byte allreduce on 2 cores:
+ * 4 ranks 39-52 us -> 17-21 us (Open MPI 13-17), 8 ranks 124-127 us -> 76-84
+ * us (docs/benchmarks.md, "Yielding the core"). Bounded like the spin, then
+ * the futex. */
+static int yield_until(shm_t *s, int (*ready)(shm_t *, const void *), const void *arg) {
+  if (s->spin_s <= 0 || s->pl.local_size <= s->ncpu) return 0;
+  const double until = tnt_now() + s->spin_s;
+  for (;;) {
+    sched_yield();
+    if (ready(s, arg)) return 1;
+    if (tnt_now() > until) return 0;
+  }
 }
 
 typedef struct {
@@ -306,11 +327,21 @@ static void pay_bells(shm_t *s, double waited) {
   if (waited >= IDLE_BELL_S) s->bells_owed = 0;
 }
 
-/* The wait's quick part: reached already, or within the spin (most waits end
- * here, before anything is set up for a long wait, such as its message). */
+/* The wait's quick part: reached already, or within the spin or the yielding
+ * poll (most waits end here, before anything is set up for a long wait, such
+ * as its message). */
 static int word_reached_soon(shm_t *s, shm_word_t *w, uint32_t target) {
   word_target_t wt = {w, target};
-  return word_reached(s, &wt) || spin_until(s, word_reached, &wt);
+  if (word_reached(s, &wt)) return 1;
+  if (spin_until(s, word_reached, &wt)) {
+    atomic_fetch_add_explicit(&s->waits_spun, 1, memory_order_relaxed);
+    return 1;
+  }
+  if (yield_until(s, word_reached, &wt)) {
+    atomic_fetch_add_explicit(&s->waits_yielded, 1, memory_order_relaxed);
+    return 1;
+  }
+  return 0;
 }
 
 /* The wait's long part, after the spin: sleeps, bells and peer checks. */
@@ -318,6 +349,7 @@ static tnt_result_t sleep_until_word(shm_t *s, shm_word_t *w, uint32_t target, i
                                      const char *what) {
   const double start = tnt_now();
   double bell_at = start + BELL_GRACE_S, next_check = start + SLICE_S;
+  atomic_fetch_add_explicit(&s->waits_slept, 1, memory_order_relaxed);
   for (;;) {
     uint32_t v = atomic_load(&w->value);
     if (reached(v, target)) return TNT_SUCCESS;
@@ -344,13 +376,21 @@ static tnt_result_t sleep_until_word(shm_t *s, shm_word_t *w, uint32_t target, i
   }
 }
 
-/* Wait until w reaches target: spin while spin_allowed, then sleep on a futex.
+/* Wait until w reaches target: spin while spin_allowed (or poll yielding the
+ * core where ranks outnumber the cores), then sleep on a futex.
  * The bells a cycle owes are rung only after BELL_GRACE_S more of sleeping (a
  * peer that joins by itself needs none). After every SLICE_S of sleep `from`
  * is checked in full (-1: every rank; FROM_EXCHANGE: the ranks missing from
  * the current exchange round), the others only for aborts. */
 static tnt_result_t wait_word(shm_t *s, shm_word_t *w, uint32_t target, int from, double deadline, const char *what) {
   return word_reached_soon(s, w, target) ? TNT_SUCCESS : sleep_until_word(s, w, target, from, deadline, what);
+}
+
+static void shm_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
+  shm_t *s = st;
+  *spun = atomic_load_explicit(&s->waits_spun, memory_order_relaxed);
+  *yielded = atomic_load_explicit(&s->waits_yielded, memory_order_relaxed);
+  *slept = atomic_load_explicit(&s->waits_slept, memory_order_relaxed);
 }
 
 static int shm_can_serve(const tnt_placement_t *pl) { return pl->local_size == pl->size; }
@@ -734,4 +774,5 @@ const tnt_transport_t tnt_transport_shm = {
     .wake_local = shm_wake_local,
     .abort = shm_abort,
     .finalize = shm_finalize,
+    .wait_stats = shm_wait_stats,
 };
