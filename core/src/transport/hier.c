@@ -228,7 +228,7 @@ static tnt_result_t hier_and_collect(void *st, uint64_t *out, double until) {
 
 static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
   hier_t *h = st; /* the host's waits; the network plugin's polls are not counted */
-  shm->wait_stats(h->lts, spun, yielded, slept);
+  if (h->lts) shm->wait_stats(h->lts, spun, yielded, slept); /* else alone on its host: no shm waits */
 }
 
 const tnt_transport_t tnt_transport_hier = {
