@@ -34,7 +34,8 @@ static const num_param_t num_params[P_COUNT] = {
                  "negotiated tensor names remembered (steady state costs one bit each)"},
     [P_SPIN_US] = {"TNT_SPIN_US", 50, 0, 1e6, 0,
                    "microseconds a waiter polls before it sleeps: spinning while the host's ranks fit on its "
-                   "cores, yielding the core at every poll where they outnumber them"},
+                   "cores; where they outnumber them, yielding the core at every poll, this long for every "
+                   "core's worth of ranks"},
     [P_HIER] = {"TNT_HIERARCHICAL", 1, 0, 1, 1,
                 "1: across hosts with the same number of ranks each, allreduce inside each host, then between "
                 "hosts; 0: one flat ring"},

@@ -262,17 +262,19 @@ static int spin_until(shm_t *s, int (*ready)(shm_t *, const void *), const void 
 }
 
 /* Where the host's ranks outnumber its cores nobody spins, but a waiter still
- * polls for up to s->spin_s, giving its core away at every poll
- * (sched_yield): the rank it waits for is then usually queued on the same
- * core, runs at once, and the waiter sees its arrival at its next turn, with
- * no futex wake-up and no trip through the scheduler's wake-up path. That is
- * how Open MPI waits when oversubscribed. 4-byte allreduce on 2 cores:
- * 4 ranks 39-52 us -> 17-21 us (Open MPI 13-17), 8 ranks 124-127 us -> 76-84
- * us (docs/benchmarks.md, "Yielding the core"). Bounded like the spin, then
- * the futex. */
+ * polls, giving its core away at every poll (sched_yield): the rank it waits
+ * for is then usually queued on the same core, runs at once, and the waiter
+ * sees its arrival at its next turn, with no futex wake-up and no trip through
+ * the scheduler's wake-up path. That is how Open MPI waits when
+ * oversubscribed. 4-byte allreduce on 2 cores: 4 ranks 39-52 us -> 17-21 us
+ * (Open MPI 13-17), 8 ranks 124-127 us -> 76-84 us (docs/benchmarks.md,
+ * "Yielding the core"). The poll lasts s->spin_s for every core's worth of
+ * ranks (a collective waits about one turn of every rank that shares a core:
+ * 8 ranks on 2 cores, 200 us, were 0.76-0.93 of the time of 50 us at 4 bytes),
+ * then the futex. */
 static int yield_until(shm_t *s, int (*ready)(shm_t *, const void *), const void *arg) {
   if (s->spin_s <= 0 || s->pl.local_size <= s->ncpu) return 0;
-  const double until = tnt_now() + s->spin_s;
+  const double until = tnt_now() + s->spin_s * (double)s->pl.local_size / (double)s->ncpu;
   for (;;) {
     sched_yield();
     if (ready(s, arg)) return 1;
