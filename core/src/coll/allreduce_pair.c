@@ -9,7 +9,9 @@
  * link. Here every piece leaves as soon as its slot at the peer is free (up to
  * ring->lookahead ahead of the receives), and each arriving piece is added
  * while the next ones travel. Each rank adds every element instead of half of
- * them: one more pass over the buffer, cheap against the link.
+ * them: one more pass over the buffer, which the saved phase pays for only up
+ * to TNT_PAIR_MAX_BYTES (ring.h: measured on 2 hosts whose ranks share the
+ * cores with the "network").
  *
  * The bits are the ring's (ring.h): an element of segment j is added in the
  * order j, j+1, so both ranks compute each element with the same operands in
