@@ -111,6 +111,12 @@ static double input_factor(const tnt_engine_t *c, const tnt_request_t *req) {
 
 static double op_deadline(const tnt_engine_t *c) { return tnt_now() + c->params->timeout_s; }
 
+/* Two ranks whose link crosses the network: reduce() swaps their whole buffers
+ * up to TNT_PAIR_MAX_BYTES (allreduce_pair.c), and setup_hierarchy says so. */
+static int pair_across_network(const tnt_engine_t *c) {
+  return c->pl->size == 2 && tnt_transport_remote(c->transport, c->ts, c->ring.next);
+}
+
 /* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
  * wake-up instead of 2(N-1)); beyond, two ranks across the network swap
  * whole buffers up to TNT_PAIR_MAX_BYTES (allreduce_pair.c: one phase of
@@ -125,7 +131,7 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES) {
     if (c->hier) return tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, op_deadline(c));
-    if (c->pl->size == 2 && bytes <= TNT_PAIR_MAX_BYTES && c->ring.lookahead > 1) /* across the network */
+    if (bytes <= TNT_PAIR_MAX_BYTES && pair_across_network(c))
       return tnt_allreduce_pair(&c->ring, in, out, count, dt, factor, bounds, op_deadline(c));
     if (c->params->shm_direct && c->pl->size > 2 && tnt_allreduce_direct_possible(c->transport))
       return tnt_allreduce_direct(c->transport, c->ts, c->pl->rank, c->pl->size, in, out, count, dt, factor, bounds,
@@ -531,8 +537,8 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
   const tnt_topology_t *t = &c->topo;
   const int H = t->hosts, L = tnt_topology_host_size(t, t->host), h = t->host, i = t->index_of[pl->rank];
   if (H == 1 || L == 1 || !t->uniform || !c->params->hierarchical) {
-    char pair[96] = ""; /* reduce()'s choice for two ranks across the network */
-    if (pl->size == 2 && c->ring.lookahead > 1)
+    char pair[96] = "";
+    if (pair_across_network(c))
       snprintf(pair, sizeof pair, "; up to %d KiB the two swap whole buffers (allreduce_pair.c)",
                TNT_PAIR_MAX_BYTES / 1024);
     TNT_INFO("allreduce: flat ring over all %d ranks (%s)%s", pl->size,
