@@ -116,6 +116,17 @@ struct tnt_transport {
    * the spin, while yielding the core, or asleep (tnt_get_stats). NULL: not
    * counted (zeros). */
   void (*wait_stats)(void *state, int64_t *spun, int64_t *yielded, int64_t *slept);
+  /* The sum of this rank's buffer and `peer`'s (a pair of ranks across the
+   * network; each calls it with the other as peer): out = in + the peer's in,
+   * `count` elements of `dtype` (FLOAT32, FLOAT64, INT32 or INT64), in == out
+   * allowed, bounded by `deadline` like every wait, a lost peer named. In
+   * direct messages of the network engine, where the ring's pieces each wait
+   * for a PUT to be read (engine.c: two ranks on two hosts, and the link
+   * between 2 hosts of the hierarchical allreduce). One addition per element,
+   * and IEEE addition is commutative: the bits are the ring's (ring.h). NULL:
+   * none (shm, gpi2). */
+  tnt_result_t (*pair_sum)(void *state, int peer, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                             double deadline);
 };
 
 extern const tnt_transport_t tnt_transport_shm;

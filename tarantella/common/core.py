@@ -184,14 +184,15 @@ def stats():
     input: gradient compression halves it). `waits_spun`, `waits_yielded` and
     `waits_slept` count this rank's waits on its host (shared memory) that
     found a peer not there yet, by how they ended: within the spin, polling
-    while yielding the core (ranks outnumber the cores), or asleep. Zeros on
-    one rank."""
+    while yielding the core (ranks outnumber the cores), or asleep.
+    `pair_sums`: allreduces summed by MPI's own collective (two ranks on two
+    hosts, TNT_MPI_PAIR_SUM). Zeros on one rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
     return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed", "one_round",
                                          "bit_rounds", "full_rounds", "bytes_reduced", "waits_spun",
-                                         "waits_yielded", "waits_slept")}
+                                         "waits_yielded", "waits_slept", "pair_sums")}
 
 
 def get_master_rank():

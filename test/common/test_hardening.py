@@ -53,7 +53,9 @@ def outcome(proc):
                                              # decides whether the ring's last two steps run as one
                                              ("TNT_STREAM_MIN_KB", ("8192", "0")),
                                              # the ring, or two exchange rounds per chunk
-                                             ("TNT_SHM_DIRECT", ("1", "0"))])
+                                             ("TNT_SHM_DIRECT", ("1", "0")),
+                                             # two ranks on two hosts: MPI's messages, or the ring
+                                             ("TNT_MPI_PAIR_SUM", ("1", "0"))])
 def test_ranks_that_disagree_on_a_protocol_setting_fail_on_every_rank(setting, values):
     job = secrets.token_hex(16)
     procs = [start(r, 2, job, **{setting: values[r]}) for r in range(2)]

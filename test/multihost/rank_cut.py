@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 import tarantella as tnt
+from tarantella.common import core
 
 rank = tnt.get_rank()
 copy = open(f"{sys.argv[1]}/rank{rank}.json", "w") if len(sys.argv) > 1 else None
@@ -27,7 +28,8 @@ def say(line):
 
 x = np.ones(1 << 18, np.float32)  # 1 MB: a few pieces of the ring per step
 tnt.allreduce(x, name="warm-up")
-say({"rank": rank, "ready": True, "job": os.environ.get("TNT_JOB_ID")})
+# pair_sums: between 2 hosts the steps are the pair's sum in MPI's own messages (TNT_MPI_PAIR_SUM)
+say({"rank": rank, "ready": True, "job": os.environ.get("TNT_JOB_ID"), "pair_sums": core.stats()["pair_sums"]})
 for i in range(10_000_000):
     start = time.monotonic()
     try:

@@ -86,7 +86,7 @@ with open(os.path.join(outdir, f"host{rank}.json"), "w") as f:
     json.dump({"rank": rank, "host": socket.gethostname(), "local_rank": tnt.get_local_rank(),
                "transport": core.ffi().string(core.lib().tnt_transport_name()).decode(),
                "alone": alone, "failures": failures, "one_round": one_round,
-               "bit_rounds": bit_rounds}, f)
+               "bit_rounds": bit_rounds, "pair_sums": core.stats()["pair_sums"]}, f)
 
 sys.argv = [os.path.join(COMMON, "rank_collectives.py"), outdir]
 runpy.run_path(sys.argv[0], run_name="__main__")

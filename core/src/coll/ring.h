@@ -114,9 +114,11 @@ static inline int tnt_ring_owned(const tnt_ring_t *ring) { return (ring->rank + 
 tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                  const int64_t *bounds, void *scratch, double deadline);
 /* Allreduce over H hosts of L ranks (allreduce_hier.c): host_ring joins this
- * host's ranks, net_ring the ranks at this rank's position on every host. */
+ * host's ranks, net_ring the ranks at this rank's position on every host;
+ * `pair` (H = 2 only): their link sums by the transport's pair_sum. */
 tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, const void *in, void *out, int64_t count,
-                                tnt_dtype_t dtype, double prescale, const int64_t *bounds, double deadline);
+                                tnt_dtype_t dtype, double prescale, const int64_t *bounds, int pair,
+                                double deadline);
 /* Its small-buffer path: one exchange over the flat ring's transport of the
  * (already scaled) inputs, added in tnt_allreduce_hier's order; rank_at[h * L + i]
  * is the rank at position i of host h; scratch holds N * count elements. */

@@ -231,6 +231,15 @@ static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *
   if (h->lts) shm->wait_stats(h->lts, spun, yielded, slept); /* else alone on its host: no shm waits */
 }
 
+/* A pair of ranks on two hosts: the network transport's own sum. */
+static tnt_result_t hier_pair_sum(void *st, int peer, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                   double deadline) {
+  hier_t *h = st;
+  if (local(h, peer) || !h->net->pair_sum)
+    return tnt_fail(TNT_ERR_INTERNAL, "the network's own sum asked of rank %d, on this host", peer);
+  return h->net->pair_sum(h->nts, peer, in, out, count, dtype, deadline);
+}
+
 const tnt_transport_t tnt_transport_hier = {
     .name = "shm+mpi",
     .can_serve = hier_can_serve,
@@ -255,4 +264,5 @@ const tnt_transport_t tnt_transport_hier = {
     .and_post = hier_and_post,
     .and_collect = hier_and_collect,
     .wait_stats = hier_wait_stats,
+    .pair_sum = hier_pair_sum,
 };
