@@ -126,7 +126,7 @@ struct tnt_transport {
    * and IEEE addition is commutative: the bits are the ring's (ring.h). NULL:
    * none (shm, gpi2). */
   tnt_result_t (*pair_sum)(void *state, int peer, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                             double deadline);
+                           double deadline);
 };
 
 extern const tnt_transport_t tnt_transport_shm;

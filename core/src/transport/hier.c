@@ -233,7 +233,7 @@ static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *
 
 /* A pair of ranks on two hosts: the network transport's own sum. */
 static tnt_result_t hier_pair_sum(void *st, int peer, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                   double deadline) {
+                                  double deadline) {
   hier_t *h = st;
   if (local(h, peer) || !h->net->pair_sum)
     return tnt_fail(TNT_ERR_INTERNAL, "the network's own sum asked of rank %d, on this host", peer);
