@@ -621,7 +621,7 @@ tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const 
                                     params->shm_slots, params->timeout_s);
   if (res == TNT_SUCCESS) res = setup_hierarchy(c);
   if (res == TNT_SUCCESS) res = tnt_fusion_init(&c->fusion, pl->size);
-  if (res == TNT_SUCCESS) res = tnt_negotiate_setup(&c->neg, pl, params, transport, ts, &c->pending);
+  if (res == TNT_SUCCESS) res = tnt_negotiate_setup(&c->neg, pl, params, transport, ts, &c->pending, c->hier);
   if (res == TNT_SUCCESS) {
     c->small_scratch = malloc((size_t)pl->size * TNT_SMALL_ALLREDUCE_BYTES);
     if (!c->small_scratch) res = tnt_fail(TNT_ERR_SYSTEM, "out of memory");

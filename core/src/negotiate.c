@@ -89,7 +89,8 @@ const char *tnt_coll_name(int coll) {
 static int cache_words(const tnt_negotiator_t *c) { return (c->cache_cap + 63) / 64; }
 
 tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
-                                 const tnt_transport_t *transport, void *ts, tnt_pending_t *pending) {
+                                 const tnt_transport_t *transport, void *ts, tnt_pending_t *pending,
+                                 int hierarchical) {
   memset(c, 0, sizeof *c);
   c->pl = pl;
   c->params = params;
@@ -109,7 +110,7 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   c->payload_at = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_at);
   c->payload_cycle = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_cycle);
   if (!c->payload_at || !c->payload_cycle) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-  c->one_round_bytes = tnt_one_round_bytes(transport, pl->size);
+  c->one_round_bytes = tnt_one_round_bytes(transport, pl->size, hierarchical);
   c->msg_max = c->one_round_bytes + TNT_MESSAGE_ROOM;
   c->msg_out = malloc(c->msg_max);
   c->msg_all = malloc((size_t)c->msg_max * (size_t)c->pl->size);
@@ -272,7 +273,7 @@ static void classify_new(tnt_negotiator_t *c) {
   }
 }
 
-size_t tnt_one_round_bytes(const tnt_transport_t *t, int size) {
+size_t tnt_one_round_bytes(const tnt_transport_t *t, int size, int hierarchical) {
   /* On one host every rank reads the others' messages in place (exchange_view)
    * and builds its own where it is published (exchange_buffer). Two ranks:
    * the ring's three hand-offs cost about what one round's extra reads do
@@ -281,9 +282,13 @@ size_t tnt_one_round_bytes(const tnt_transport_t *t, int size) {
    * cores: one round took 0.4-0.7x the time at 32-64 KB with 4 and 8 ranks on
    * 2 cores (bench/allreduce.py, docs/benchmarks.md). Across hosts a 64 KiB
    * allreduce on 2 ranks took 0.13 ms on the ring and 0.07 ms in one round
-   * (bench/multihost.py). */
+   * (bench/multihost.py); but where hosts hold several ranks (the
+   * hierarchical allreduce), a round sends every local rank's payload over
+   * the network to every remote rank, and the hierarchical path (the host's
+   * ranks over shm, one slice each across) took 0.30-0.35 ms at 32-64 KB on
+   * 2 hosts x 2 ranks against 0.42-0.58 in one round. */
   if (t == &tnt_transport_shm) return size > 2 ? TNT_ONE_ROUND_SHM_BYTES : TNT_ONE_ROUND_BYTES;
-  return size > 4 ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
+  return size > 4 || hierarchical ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
 }
 
 /* A cached request whose payload may ride with its bit, when small: an

@@ -50,9 +50,10 @@ typedef struct {
  * in the negotiation message beside its readiness bit: when every rank's
  * payload is in the cycle that makes it ready, the cycle is the only round. */
 #define TNT_ONE_ROUND_BYTES (16 * 1024)
-/* ... and across hosts, for up to 4 ranks: there the ring pays 2(N-1) network
- * latencies where the one round pays one, and the one round's N-1 copies of
- * the payload are at most twice the ring's bytes. */
+/* ... and across hosts, for up to 4 ranks and without the hierarchical
+ * allreduce: there the ring pays 2(N-1) network latencies where the one round
+ * pays one, and the one round's N-1 copies of the payload are at most twice
+ * the ring's bytes. */
 #define TNT_ONE_ROUND_NET_BYTES (64 * 1024)
 /* ... and on one host over shm, for more than 2 ranks (tnt_one_round_bytes). */
 #define TNT_ONE_ROUND_SHM_BYTES (64 * 1024)
@@ -61,8 +62,9 @@ typedef struct {
 #define TNT_MESSAGE_ROOM (48 * 1024)
 
 /* The one-round limit of a job (the same on every rank: it depends on the
- * transport and the size, which every rank agrees on). */
-size_t tnt_one_round_bytes(const tnt_transport_t *t, int size);
+ * transport, the size and whether the allreduce is hierarchical, which every
+ * rank agrees on). */
+size_t tnt_one_round_bytes(const tnt_transport_t *t, int size, int hierarchical);
 _Static_assert(TNT_ONE_ROUND_NET_BYTES + TNT_MESSAGE_ROOM <= TNT_EXCHANGE_MAX, "a negotiation message must fit an exchange");
 _Static_assert(TNT_ONE_ROUND_SHM_BYTES + TNT_MESSAGE_ROOM <= TNT_EXCHANGE_MAX, "a negotiation message must fit an exchange");
 
@@ -103,8 +105,10 @@ typedef struct {
   uint64_t *payload_cycle;       /* [cache_cap * size]: the cycle (+1) that carried it */
 } tnt_negotiator_t;
 
+/* `hierarchical`: the engine's allreduce across hosts is (tnt_one_round_bytes). */
 tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
-                                 const tnt_transport_t *transport, void *ts, tnt_pending_t *pending);
+                                 const tnt_transport_t *transport, void *ts, tnt_pending_t *pending,
+                                 int hierarchical);
 void tnt_negotiate_teardown(tnt_negotiator_t *c);
 /* 1 when this rank has something the others have not heard of yet. */
 int tnt_negotiate_has_news(tnt_negotiator_t *c);
