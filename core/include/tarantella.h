@@ -171,8 +171,9 @@ typedef struct {
   int64_t waits_spun;
   int64_t waits_yielded;
   int64_t waits_slept;
-  /* allreduces summed by the network engine's own collective (two ranks on
-   * two hosts over MPI: TNT_MPI_PAIR_SUM) */
+  /* allreduces whose sum between two hosts went in direct MPI messages
+   * (two ranks on two hosts, or the 2-host link of the hierarchical
+   * allreduce: TNT_MPI_PAIR_SUM) */
   int64_t pair_sums;
 } tnt_stats_t;
 tnt_result_t tnt_get_stats(tnt_stats_t *stats);

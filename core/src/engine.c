@@ -118,13 +118,13 @@ static int pair_across_network(const tnt_engine_t *c) {
   return c->pl->size == 2 && tnt_transport_remote(c->transport, c->ts, c->ring.next);
 }
 
-/* A pair of ranks across the network sums by the network transport's own
+/* A pair of ranks across the network sums in the network transport's own
  * messages (transport.h's pair_sum): two ranks on two hosts, and the link of
- * the hierarchical allreduce between 2 hosts. On the test bed 1.4-1.9x the
- * speed of the ring from 1 MB, and ahead of the whole-buffer swap from
- * 128 KiB (docs/benchmarks.md). Not for float16/bfloat16 (the plugin adds the
- * four types every engine has) nor past INT_MAX bytes (MPI's count);
- * TNT_MPI_PAIR_SUM=0 keeps the ring. */
+ * the hierarchical allreduce between 2 hosts. On the test bed 1.65-2.46x the
+ * speed of the ring and the whole-buffer swap from 128 KB to 16 MB on 2 x 1,
+ * 1.18-1.74x on 2 x 2 (docs/benchmarks.md). Not for float16/bfloat16 (the
+ * plugin adds the four types every engine has) nor past INT_MAX bytes (MPI's
+ * count); TNT_MPI_PAIR_SUM=0 keeps the ring. */
 static int pair_sum_fits(const tnt_engine_t *c, tnt_dtype_t dt, int64_t count) {
   return c->params->mpi_pair_sum && c->transport->pair_sum && count <= INT_MAX / 8 &&
          (dt == TNT_FLOAT32 || dt == TNT_FLOAT64 || dt == TNT_INT32 || dt == TNT_INT64);
@@ -143,8 +143,9 @@ static tnt_result_t pair_sum(tnt_engine_t *c, const void *in, void *out, int64_t
 /* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
  * wake-up instead of 2(N-1)); beyond, two ranks on two hosts sum in the
  * network transport's own messages where it can (pair_sum_fits), else two
- * ranks across the network swap whole buffers up to TNT_PAIR_MAX_BYTES (allreduce_pair.c: one phase of
- * network latency instead of the ring's two); with more than 2 ranks over shared
+ * ranks across the network swap whole buffers up to TNT_PAIR_MAX_BYTES
+ * (allreduce_pair.c: one phase of network latency instead of the ring's
+ * two); with more than 2 ranks over shared
  * memory, two exchange rounds per chunk read in place (allreduce_direct.c:
  * 1.1-2.5x the ring's speed at 256 KB - 64 MB on 3, 4 and 8 ranks; with 2
  * ranks the ring moves fewer bytes), else the pipelined ring. Each applies
@@ -160,8 +161,9 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
       return tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, pair,
                                 op_deadline(c));
     }
-    if (pair_across_network(c) && pair_sum_fits(c, dt, count)) return pair_sum(c, in, out, count, dt, factor);
-    if (bytes <= TNT_PAIR_MAX_BYTES && pair_across_network(c))
+    const int pair = pair_across_network(c);
+    if (pair && pair_sum_fits(c, dt, count)) return pair_sum(c, in, out, count, dt, factor);
+    if (pair && bytes <= TNT_PAIR_MAX_BYTES)
       return tnt_allreduce_pair(&c->ring, in, out, count, dt, factor, bounds, op_deadline(c));
     if (c->params->shm_direct && c->pl->size > 2 && tnt_allreduce_direct_possible(c->transport))
       return tnt_allreduce_direct(c->transport, c->ts, c->pl->rank, c->pl->size, in, out, count, dt, factor, bounds,

@@ -21,7 +21,7 @@ typedef struct {
   const char *doc;
 } num_param_t;
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_ALLREDUCE, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_PAIR_SUM, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
@@ -52,7 +52,7 @@ static const num_param_t num_params[P_COUNT] = {
     [P_DIRECT] = {"TNT_SHM_DIRECT", 1, 0, 1, 1,
                   "shared-memory transport with more than 2 ranks: 1: an allreduce above 16 KiB reads every rank's "
                   "chunk in place, two rounds per MiB; 0: the ring (the same bits either way)"},
-    [P_MPI_ALLREDUCE] = {"TNT_MPI_PAIR_SUM", 1, 0, 1, 1,
+    [P_MPI_PAIR_SUM] = {"TNT_MPI_PAIR_SUM", 1, 0, 1, 1,
                          "a pair of ranks on two hosts over MPI (2 hosts x 1 rank, and each link of the "
                          "hierarchical allreduce between 2 hosts): 1: float32, float64, int32 and int64 above 16 KiB "
                          "are summed in direct MPI messages, each receive posted before its bytes come; 0: the ring "
@@ -132,7 +132,7 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   p->stream_min_bytes = (int64_t)v * 1024;
   TNT_CHECK(read_num(P_DIRECT, &v));
   p->shm_direct = (int)v;
-  TNT_CHECK(read_num(P_MPI_ALLREDUCE, &v));
+  TNT_CHECK(read_num(P_MPI_PAIR_SUM, &v));
   p->mpi_pair_sum = (int)v;
 
   const char *lvl = getenv("TNT_LOG_LEVEL"); /* the same rule as Python's logging: no silent default */

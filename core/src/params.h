@@ -27,7 +27,7 @@ typedef struct {
   int simd;                       /* TNT_SIMD: the highest float16/bfloat16 kernel level (tnt_half_level_t) */
   int64_t stream_min_bytes;       /* TNT_STREAM_MIN_KB: results this large are written past the cache */
   int shm_direct;                 /* TNT_SHM_DIRECT: more than 2 ranks over shm allreduce in place (0: the ring) */
-  int mpi_pair_sum;              /* TNT_MPI_PAIR_SUM: two ranks on two hosts sum by MPI's own allreduce */
+  int mpi_pair_sum;               /* TNT_MPI_PAIR_SUM: a pair of ranks on two hosts sums in direct MPI messages */
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);

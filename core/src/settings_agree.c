@@ -34,7 +34,7 @@ static void collect(const tnt_placement_t *pl, const tnt_params_t *p, int64_t ou
       {"TNT_BIT_ROUNDS (which kind each negotiation cycle is)", p->bit_rounds},
       {"TNT_STREAM_MIN_KB (bytes; from it on the ring's last two steps are one)", p->stream_min_bytes},
       {"TNT_SHM_DIRECT (the ring, or two exchange rounds per chunk)", p->shm_direct},
-      {"TNT_MPI_PAIR_SUM (MPI's own allreduce, or Tarantella's)", p->mpi_pair_sum},
+      {"TNT_MPI_PAIR_SUM (direct MPI messages between two hosts, or the ring)", p->mpi_pair_sum},
   };
   for (int i = 0; i < N_SETTINGS; i++) {
     out[i] = table[i].value;

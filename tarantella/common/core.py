@@ -185,8 +185,8 @@ def stats():
     `waits_slept` count this rank's waits on its host (shared memory) that
     found a peer not there yet, by how they ended: within the spin, polling
     while yielding the core (ranks outnumber the cores), or asleep.
-    `pair_sums`: allreduces summed by MPI's own collective (two ranks on two
-    hosts, TNT_MPI_PAIR_SUM). Zeros on one rank."""
+    `pair_sums`: allreduces whose sum between two hosts went in direct MPI
+    messages (TNT_MPI_PAIR_SUM). Zeros on one rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
