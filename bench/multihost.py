@@ -5,7 +5,7 @@ side by side in one run. Not a test: a table to read. Needs root (namespaces) an
     sudo python bench/multihost.py                       # 4 B .. 64 MB
     sudo python bench/multihost.py --max-bytes 256M --markdown docs/table.md
 
-Columns, all float32 sums on the same hosts in the same run:
+Columns, float32 sums (--dtype float16: Tarantella's) on the same hosts in the same run:
   - Tarantella on 2 hosts x 2 ranks, hierarchical (the default) and with one flat
     4-rank ring (TNT_HIERARCHICAL=0);
   - Open MPI's MPI_Allreduce on the same 2 x 2 ranks (a small C program built here with mpicc:
@@ -85,13 +85,13 @@ def iterations_for(nbytes):  # the C program's rule: about 0.1-1 s per size on t
     return max(3, min(200, int(5e7 / max(nbytes, 4096))))
 
 
-def worker(sizes):
+def worker(sizes, dtype):
     import tarantella as tnt
 
     rank, size = tnt.get_rank(), tnt.get_size()
     results = []
     for nbytes in sizes:
-        x = np.ones(max(1, nbytes // 4), np.float32)
+        x = np.ones(max(1, nbytes // np.dtype(dtype).itemsize), dtype)
         out = np.empty_like(x)
         tnt.allreduce(x, name="bench", out=out)  # warm: first touch, the negotiation cache
         best = float("inf")
@@ -116,10 +116,11 @@ def result_of(res, label):
     return None
 
 
-def run_tnt(bed, env, hosts, sizes, *exports, tree=None):
+def run_tnt(bed, env, hosts, sizes, dtype, *exports, tree=None):
     """Tarantella on `hosts`; `tree`: the source tree (built in place) of another Tarantella."""
     cmd = [sys.executable, "-m", "tarantella.runner", "-H", hosts, "--no-gpu",
-           *[a for e in exports for a in ("-x", e)], "--", HERE, "--worker", "--sizes", ",".join(map(str, sizes))]
+           *[a for e in exports for a in ("-x", e)], "--", HERE, "--worker", "--sizes", ",".join(map(str, sizes)),
+           "--dtype", dtype]
     if tree:
         env = dict(env, PYTHONPATH=os.path.abspath(tree))
     return result_of(bed.run("hostA", cmd, env=env, timeout=1800), f"tarantella {hosts} {exports} {tree or ''}")
@@ -172,13 +173,15 @@ def tcp_streams(bed, env, both_ways, nbytes=1 << 30, port=47123):
     return min(float(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in receivers)
 
 
-def best_of(old, new):
+def best_of(old, new):  # [] marks a run that failed, None a column not run
     if not old or not new:
-        return new or old
+        return old if old else new
     return [a if a["seconds"] <= b["seconds"] else b for a, b in zip(old, new)]
 
 
 def cell(results, i, n):
+    if results is None:  # not asked for (--only)
+        return "-", None
     if not results:
         return "failed", None
     t = results[i]["seconds"]
@@ -224,11 +227,13 @@ def main():
     p.add_argument("--repeat", type=int, default=1, help="rounds of all columns; the best time of each is kept")
     p.add_argument("--tnt-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting for every Tarantella column (repeatable), e.g. TNT_SHM_SLOT_KB=1024")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
+                   help="what Tarantella sums (MPI's columns stay float32 of the same bytes: MPI has no float16)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker([int(s) for s in args.sizes.split(",")])
+        return worker([int(s) for s in args.sizes.split(",")], args.dtype)
     from multihost_testbed import Testbed, TestbedUnavailable
 
     sizes = ([parse_bytes(s) for s in args.size_list.split(",")] if args.size_list
@@ -250,21 +255,21 @@ def main():
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env = bed.env(base=env, OMP_NUM_THREADS="1")
         link, both = tcp_streams(bed, env, False), tcp_streams(bed, env, True)
-        x = args.tnt_env
-        runs = {"hier": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, *x),
-                "flat": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, "TNT_HIERARCHICAL=0", *x),
+        x, dt = args.tnt_env, args.dtype
+        runs = {"hier": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, dt, *x),
+                "flat": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, dt, "TNT_HIERARCHICAL=0", *x),
                 "mpi4": lambda: run_mpi(bed, env, "hostA:2,hostB:2", exe, sizes),
-                "tnt2": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes, *x),
+                "tnt2": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes, dt, *x),
                 "mpi2": lambda: run_mpi(bed, env, "hostA:1,hostB:1", exe, sizes),
-                "hier@base": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, *x, tree=args.baseline),
-                "tnt2@base": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes, *x, tree=args.baseline)}
+                "hier@base": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, dt, *x, tree=args.baseline),
+                "tnt2@base": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes, dt, *x, tree=args.baseline)}
         only = args.only.split(",")
         if args.baseline and "--only" not in sys.argv:
             only += ["hier@base", "tnt2@base"]
         cols = {k: None for k in runs}
         for _ in range(args.repeat):  # rounds of every column in turn: a busy machine hits them alike
             for k in only:
-                cols[k] = best_of(cols[k], runs[k]())
+                cols[k] = best_of(cols[k], runs[k]() or [])
     finally:
         bed.close()
         shutil.rmtree(work, ignore_errors=True)

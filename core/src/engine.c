@@ -118,31 +118,19 @@ static int pair_across_network(const tnt_engine_t *c) {
   return c->pl->size == 2 && tnt_transport_remote(c->transport, c->ts, c->ring.next);
 }
 
-/* A pair of ranks across the network sums in the network transport's own
- * messages (transport.h's pair_sum): two ranks on two hosts, and the link of
+/* A pair of ranks across the network sums in the network transport's direct
+ * messages (allreduce_pair_direct.c): two ranks on two hosts, and the link of
  * the hierarchical allreduce between 2 hosts. On the test bed 1.65-2.46x the
  * speed of the ring and the whole-buffer swap from 128 KB to 16 MB on 2 x 1,
- * 1.18-1.74x on 2 x 2 (docs/benchmarks.md). Not for float16/bfloat16 (the
- * plugin adds the four types every engine has) nor past INT_MAX bytes (MPI's
+ * 1.18-1.74x on 2 x 2 (docs/benchmarks.md). Not past INT_MAX bytes (MPI's
  * count); TNT_MPI_PAIR_SUM=0 keeps the ring. */
-static int pair_sum_fits(const tnt_engine_t *c, tnt_dtype_t dt, int64_t count) {
-  return c->params->mpi_pair_sum && c->transport->pair_sum && count <= INT_MAX / 8 &&
-         (dt == TNT_FLOAT32 || dt == TNT_FLOAT64 || dt == TNT_INT32 || dt == TNT_INT64);
-}
-
-static tnt_result_t pair_sum(tnt_engine_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt,
-                             double factor) {
-  if (factor != 1.0) { /* scaled into the output first, then summed in place */
-    tnt_scale(dt, out, in, factor, (size_t)count);
-    in = out;
-  }
-  atomic_fetch_add(&c->pair_sums, 1);
-  return c->transport->pair_sum(c->ts, c->ring.next, in, out, count, dt, op_deadline(c));
+static int pair_direct_fits(const tnt_engine_t *c, tnt_dtype_t dt, int64_t count) {
+  return c->params->mpi_pair_sum && c->transport->sendrecv && (size_t)count * tnt_dtype_size(dt) <= INT_MAX;
 }
 
 /* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
  * wake-up instead of 2(N-1)); beyond, two ranks on two hosts sum in the
- * network transport's own messages where it can (pair_sum_fits), else two
+ * network transport's direct messages where it can (pair_direct_fits), else two
  * ranks across the network swap whole buffers up to TNT_PAIR_MAX_BYTES
  * (allreduce_pair.c: one phase of network latency instead of the ring's
  * two); with more than 2 ranks over shared
@@ -156,13 +144,16 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES) {
     if (c->hier) {
-      const int pair = c->net_ring.size == 2 && pair_sum_fits(c, dt, count);
+      const int pair = c->net_ring.size == 2 && pair_direct_fits(c, dt, count);
       if (pair) atomic_fetch_add(&c->pair_sums, 1);
       return tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, pair,
                                 op_deadline(c));
     }
     const int pair = pair_across_network(c);
-    if (pair && pair_sum_fits(c, dt, count)) return pair_sum(c, in, out, count, dt, factor);
+    if (pair && pair_direct_fits(c, dt, count)) {
+      atomic_fetch_add(&c->pair_sums, 1);
+      return tnt_allreduce_pair_direct(&c->ring, in, out, count, dt, factor, op_deadline(c));
+    }
     if (pair && bytes <= TNT_PAIR_MAX_BYTES)
       return tnt_allreduce_pair(&c->ring, in, out, count, dt, factor, bounds, op_deadline(c));
     if (c->params->shm_direct && c->pl->size > 2 && tnt_allreduce_direct_possible(c->transport))
@@ -570,10 +561,9 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
   const int H = t->hosts, L = tnt_topology_host_size(t, t->host), h = t->host, i = t->index_of[pl->rank];
   if (H == 1 || L == 1 || !t->uniform || !c->params->hierarchical) {
     char pair[160] = "";
-    if (pair_across_network(c) && pair_sum_fits(c, TNT_FLOAT32, 0))
-      snprintf(pair, sizeof pair, "; above %d KiB the two sum in MPI's own messages (TNT_MPI_PAIR_SUM=1), but "
-               "float16 and bfloat16, which swap whole buffers up to %d KiB (allreduce_pair.c)",
-               TNT_SMALL_ALLREDUCE_BYTES / 1024, TNT_PAIR_MAX_BYTES / 1024);
+    if (pair_across_network(c) && pair_direct_fits(c, TNT_FLOAT32, 0))
+      snprintf(pair, sizeof pair, "; above %d KiB the two sum in MPI's direct messages (TNT_MPI_PAIR_SUM=1)",
+               TNT_SMALL_ALLREDUCE_BYTES / 1024);
     else if (pair_across_network(c))
       snprintf(pair, sizeof pair, "; up to %d KiB the two swap whole buffers (allreduce_pair.c)",
                TNT_PAIR_MAX_BYTES / 1024);
@@ -596,8 +586,7 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
   c->hier = 1;
   TNT_INFO("allreduce: hierarchical, %d hosts x %d ranks (inside the host, then position %d of every host%s, then "
            "inside the host again)", H, L, i,
-           H == 2 && pair_sum_fits(c, TNT_FLOAT32, 0) ? " in MPI's own messages (TNT_MPI_PAIR_SUM=1; float16 and "
-                                                      "bfloat16 by the ring)" : "");
+           H == 2 && pair_direct_fits(c, TNT_FLOAT32, 0) ? " in MPI's direct messages (TNT_MPI_PAIR_SUM=1)" : "");
   return TNT_SUCCESS;
 }
 

@@ -50,7 +50,7 @@ typedef struct {
   uint8_t *small_scratch;      /* N * TNT_SMALL_ALLREDUCE_BYTES: small allreduces */
   _Atomic int64_t executed;    /* collectives completed by execution (tnt_get_stats) */
   _Atomic int64_t bytes_reduced; /* their allreduces' count x element size (tnt_get_stats) */
-  _Atomic int64_t pair_sums;   /* allreduces summed by the transport's pair_sum (tnt_get_stats) */
+  _Atomic int64_t pair_sums;   /* allreduces of a pair in direct messages (allreduce_pair_direct.c; tnt_get_stats) */
 } tnt_engine_t;
 
 /* WORKED: ran a cycle; IDLE: nothing to do; STOP: shut down; BLOCKED: a cycle

@@ -116,16 +116,17 @@ struct tnt_transport {
    * the spin, while yielding the core, or asleep (tnt_get_stats). NULL: not
    * counted (zeros). */
   void (*wait_stats)(void *state, int64_t *spun, int64_t *yielded, int64_t *slept);
-  /* The sum of this rank's buffer and `peer`'s (a pair of ranks across the
-   * network; each calls it with the other as peer): out = in + the peer's in,
-   * `count` elements of `dtype` (FLOAT32, FLOAT64, INT32 or INT64), in == out
-   * allowed, bounded by `deadline` like every wait, a lost peer named. In
-   * direct messages of the network engine, where the ring's pieces each wait
-   * for a PUT to be read (engine.c: two ranks on two hosts, and the link
-   * between 2 hosts of the hierarchical allreduce). One addition per element,
-   * and IEEE addition is commutative: the bits are the ring's (ring.h). NULL:
-   * none (shm, gpi2). */
-  tnt_result_t (*pair_sum)(void *state, int peer, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+  /* Direct messages with one peer (a pair of ranks across the network; each
+   * calls it with the other as `peer`): this rank's `send_bytes` at `send` go
+   * to `peer` while `recv_bytes` from `peer` land at `recv` (not overlapping
+   * `send`). Returns once both are complete: `send` may change, `recv` may be
+   * read. Calls match the peer's calls in order. The send starts before the
+   * receive is posted, and nothing else goes with the bytes, where the ring's
+   * pieces each wait for a PUT to be read (allreduce_pair_direct.c). Bounded
+   * by `deadline` like every wait, a lost peer named; a failed call leaves
+   * nothing in flight that could still read `send` or write `recv`. At most
+   * INT_MAX bytes each way. NULL: none (shm, gpi2). */
+  tnt_result_t (*sendrecv)(void *state, int peer, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
                            double deadline);
 };
 

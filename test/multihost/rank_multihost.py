@@ -62,7 +62,9 @@ ROUNDS = 4
 alone, fused, failures = {}, {}, []
 one_round = 0  # calls that took the one-round path (their payload in the negotiation)
 bit_rounds = 0  # negotiation cycles that were one AND of readiness bits (cached names, no payload)
+pair_sums = {}  # dtype: allreduces of a pair of ranks across 2 hosts in direct messages
 for dtype in (np.float32, np.float16):
+    pairs_before = core.stats()["pair_sums"]
     xs = [np.random.default_rng([77, rank, i]).standard_normal(n).astype(dtype) for i, n in enumerate(SIZES)]
     for i, x in enumerate(xs):
         alone[f"{np.dtype(dtype).name}-{i}"] = digest(tnt.allreduce(x, name=f"alone-{i}"))
@@ -81,12 +83,13 @@ for dtype in (np.float32, np.float16):
             fused[key] = digest(h.wait())
             if fused[key] != alone[key]:
                 failures.append(f"{key} (size {SIZES[i]}) fused in round {r} differs from its result alone")
+    pair_sums[np.dtype(dtype).name] = core.stats()["pair_sums"] - pairs_before
 
 with open(os.path.join(outdir, f"host{rank}.json"), "w") as f:
     json.dump({"rank": rank, "host": socket.gethostname(), "local_rank": tnt.get_local_rank(),
                "transport": core.ffi().string(core.lib().tnt_transport_name()).decode(),
                "alone": alone, "failures": failures, "one_round": one_round,
-               "bit_rounds": bit_rounds, "pair_sums": core.stats()["pair_sums"]}, f)
+               "bit_rounds": bit_rounds, "pair_sums": pair_sums}, f)
 
 sys.argv = [os.path.join(COMMON, "rank_collectives.py"), outdir]
 runpy.run_path(sys.argv[0], run_name="__main__")

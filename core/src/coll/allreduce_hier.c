@@ -5,7 +5,7 @@
  *      slice (i + 1) % L (tnt_ring_owned);
  *   2. allreduce of that slice across hosts, by the ranks at position i of
  *      every host (their own ring over the network; between 2 hosts, with
- *      `pair`, the network transport's own sum of the pair): all L
+ *      `pair`, the pair's direct messages, allreduce_pair_direct.c): all L
  *      positions use the network at once, each for 1/L of the bytes;
  *   3. allgather inside the host: every rank gets every finished slice.
  * Each rank sends 2(L-1)/L of the buffer over shm and 2(H-1)/(H L) over the
@@ -45,8 +45,8 @@ tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, con
   const int s = tnt_ring_owned(host_ring);
   for (int k = 0; k <= H; k++) cb[k] = tnt_segment_begin(bounds, count, H * L, s * H + k) - lb[s];
   uint8_t *slice = (uint8_t *)out + (size_t)lb[s] * esz;
-  if (pair) /* 2 hosts: one addition per element, whoever adds (transport.h's pair_sum) */
-    TNT_CHECK(net_ring->t->pair_sum(net_ring->ts, net_ring->next, slice, slice, lb[s + 1] - lb[s], dtype, deadline));
+  if (pair) /* 2 hosts: one addition per element, whoever adds */
+    TNT_CHECK(tnt_allreduce_pair_direct(net_ring, slice, slice, lb[s + 1] - lb[s], dtype, 1.0, deadline));
   else
     TNT_CHECK(tnt_allreduce_ring(net_ring, slice, slice, lb[s + 1] - lb[s], dtype, 1.0, 1, cb, deadline));
   return tnt_allgather_segments_ring(host_ring, out, count, dtype, lb, deadline);

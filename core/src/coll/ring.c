@@ -37,6 +37,8 @@ tnt_result_t tnt_ring_setup_on(tnt_ring_t *ring, const tnt_transport_t *t, void 
    * the one prev puts into */
   ring->region = (size_t)channel * slot_bytes * (size_t)slots;
   ring->window = (uint8_t *)tnt_transport_window_for(t, ts, prev) + ring->region;
+  ring->scratch = NULL;
+  ring->scratch_bytes = 0;
   ring->staging = malloc(slot_bytes);
   return ring->staging ? TNT_SUCCESS : tnt_fail(TNT_ERR_SYSTEM, "out of memory");
 }
@@ -44,6 +46,21 @@ tnt_result_t tnt_ring_setup_on(tnt_ring_t *ring, const tnt_transport_t *t, void 
 void tnt_ring_teardown(tnt_ring_t *ring) {
   free(ring->staging);
   ring->staging = NULL;
+  free(ring->scratch);
+  ring->scratch = NULL;
+  ring->scratch_bytes = 0;
+}
+
+tnt_result_t tnt_ring_scratch(tnt_ring_t *ring, size_t bytes, uint8_t **buf) {
+  if (bytes > ring->scratch_bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory for %zu bytes of scratch", bytes);
+    free(ring->scratch);
+    ring->scratch = p;
+    ring->scratch_bytes = bytes;
+  }
+  *buf = ring->scratch;
+  return TNT_SUCCESS;
 }
 
 /* Wait until the slot of the next piece is free at next: piece seq - slots has

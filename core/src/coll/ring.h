@@ -40,6 +40,8 @@ typedef struct {
   double timeout_s;
   uint8_t *window;
   uint8_t *staging; /* one slot: a piece scaled on its way out */
+  uint8_t *scratch; /* tnt_ring_scratch: grows to the largest size asked, kept until teardown */
+  size_t scratch_bytes;
 } tnt_ring_t;
 
 tnt_result_t tnt_ring_setup(tnt_ring_t *ring, const tnt_transport_t *t, void *ts, int rank, int size, size_t slot_bytes,
@@ -67,6 +69,9 @@ tnt_result_t tnt_ring_flush(tnt_ring_t *ring, double deadline);
 tnt_result_t tnt_ring_recv(tnt_ring_t *ring, const void **piece, double deadline);
 /* Give the slot of the last received piece back to prev. */
 tnt_result_t tnt_ring_release(tnt_ring_t *ring);
+/* *buf: `bytes` of the ring's own memory, for an algorithm's use until it
+ * returns (kept between calls, so a steady loop allocates nothing). */
+tnt_result_t tnt_ring_scratch(tnt_ring_t *ring, size_t bytes, uint8_t **buf);
 
 /* Start and end of piece k of P of the element range [begin, begin + len). */
 static inline void tnt_piece(int64_t begin, int64_t len, int64_t k, int64_t P, int64_t *pb, int64_t *pl) {
@@ -99,6 +104,11 @@ tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int
 #define TNT_PAIR_MAX_BYTES (256 * 1024)
 tnt_result_t tnt_allreduce_pair(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                 double prescale, const int64_t *bounds, double deadline);
+/* Two ranks across the network in the transport's direct messages
+ * (allreduce_pair_direct.c, transport.h's sendrecv, which the caller checks is
+ * there): the ring's bits, at most INT_MAX bytes. */
+tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                       double prescale, double deadline);
 /* The two halves of tnt_allreduce_ring. After the reduce-scatter, position r
  * holds the complete segment tnt_ring_owned(ring) = (r + 1) % N in `out` (the
  * others hold partial sums); the allgather spreads every owned segment. */
@@ -115,7 +125,7 @@ tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, in
                                  const int64_t *bounds, void *scratch, double deadline);
 /* Allreduce over H hosts of L ranks (allreduce_hier.c): host_ring joins this
  * host's ranks, net_ring the ranks at this rank's position on every host;
- * `pair` (H = 2 only): their link sums by the transport's pair_sum. */
+ * `pair` (H = 2 only): their link sums by tnt_allreduce_pair_direct. */
 tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, const void *in, void *out, int64_t count,
                                 tnt_dtype_t dtype, double prescale, const int64_t *bounds, int pair,
                                 double deadline);

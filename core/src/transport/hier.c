@@ -231,13 +231,13 @@ static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *
   if (h->lts) shm->wait_stats(h->lts, spun, yielded, slept); /* else alone on its host: no shm waits */
 }
 
-/* A pair of ranks on two hosts: the network transport's own sum. */
-static tnt_result_t hier_pair_sum(void *st, int peer, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                  double deadline) {
+/* A pair of ranks on two hosts: the network transport's direct messages. */
+static tnt_result_t hier_sendrecv(void *st, int peer, const void *send, size_t send_bytes, void *recv,
+                                  size_t recv_bytes, double deadline) {
   hier_t *h = st;
-  if (local(h, peer) || !h->net->pair_sum)
-    return tnt_fail(TNT_ERR_INTERNAL, "the network's own sum asked of rank %d, on this host", peer);
-  return h->net->pair_sum(h->nts, peer, in, out, count, dtype, deadline);
+  if (local(h, peer) || !h->net->sendrecv)
+    return tnt_fail(TNT_ERR_INTERNAL, "direct messages asked of rank %d, on this host", peer);
+  return h->net->sendrecv(h->nts, peer, send, send_bytes, recv, recv_bytes, deadline);
 }
 
 const tnt_transport_t tnt_transport_hier = {
@@ -264,5 +264,5 @@ const tnt_transport_t tnt_transport_hier = {
     .and_post = hier_and_post,
     .and_collect = hier_and_collect,
     .wait_stats = hier_wait_stats,
-    .pair_sum = hier_pair_sum,
+    .sendrecv = hier_sendrecv,
 };

@@ -74,7 +74,7 @@
 #define EXPORT __attribute__((visibility("default")))
 
 enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
-enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303, TAG_AND = 7304, TAG_PAIR = 7305 /* and 7306 */ };
+enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303, TAG_AND = 7304, TAG_DIRECT = 7305 };
 enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BEAT = 4, CTRL_BYE, CTRL_ABORT }; /* 3 was BELL: see the doorbell */
 
 #ifndef BELL_POLL_S
@@ -151,8 +151,6 @@ typedef struct {
   int *sfree, *sidx, nslots, nfree;
   int sending;  /* puts in flight, over every peer */
   int receiving; /* receives posted (payloads, large negotiation messages), not yet landed */
-  uint8_t *pair_buf; /* the half a two-rank allreduce receives to add (pair_sum) */
-  size_t pair_cap;
   int *tidx;    /* MPI_Testsome's indices, for the largest peer list */
   int tidx_cap;
   /* exchange: two rounds of sends may be in flight */
@@ -697,7 +695,6 @@ static void free_state(mpi_t *s) {
   }
   free(s->and_acc);
   free(s->and_rbuf);
-  free(s->pair_buf);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -1012,150 +1009,69 @@ static tnt_result_t mpi_wait(void *st, int kind, int from, uint32_t target, doub
   return res == TNT_ERR_TIMEOUT ? timed_out(&s->health, from, what) : res;
 }
 
-/* ---- a pair of ranks: the allreduce in direct messages (transport.h's pair_sum) ----
+/* ---- direct messages with one peer (transport.h's sendrecv) ----
  *
- * Up to PAIR_SWAP_BYTES each rank sends the other its whole buffer and adds
- * the one it receives: one phase. Above, halves (the ring's reduce-scatter and
- * allgather for N = 2): the lower rank sums the first half, the other the
- * second, each sending the half it does not sum, then they swap the summed
- * halves; each rank adds only half the buffer, which on the test bed's two
- * cores (shared with the kernel's TCP copies) is worth the second phase from
- * 2-4 MB on. Each rank sends before it posts its receive, and nothing else
- * goes with the bytes: the ring's pieces instead each wait for their PUT to
- * be read before their receive is posted (docs/benchmarks.md, "Across hosts":
- * 2 hosts x 1 rank, 256 KB in 0.17 ms by the swap, 0.33 by halves, 0.37 by
- * the ring). */
-#define PAIR_SWAP_BYTES (1 << 20)
-
-static size_t pair_elem_size(tnt_dtype_t dtype) {
-  return dtype == TNT_FLOAT32 || dtype == TNT_INT32 ? 4 : dtype == TNT_FLOAT64 || dtype == TNT_INT64 ? 8 : 0;
-}
-
-/* out = a + b, element by element (IEEE addition is commutative: both ranks'
- * halves come out the same bits whichever operand is whose). Integers wrap.
- * Vectorized (GCC's -O2 leaves these loops scalar; SSE2 adds are the same
- * elementwise operation, so the same bits): 128K floats in 29 us, not 70. */
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("tree-vectorize")))
-#endif
-static void pair_add(tnt_dtype_t dtype, void *out, const void *a, const void *b, int64_t n) {
-  switch (dtype) {
-  case TNT_FLOAT32:
-    for (int64_t i = 0; i < n; i++) ((float *)out)[i] = ((const float *)a)[i] + ((const float *)b)[i];
-    break;
-  case TNT_FLOAT64:
-    for (int64_t i = 0; i < n; i++) ((double *)out)[i] = ((const double *)a)[i] + ((const double *)b)[i];
-    break;
-  case TNT_INT32:
-    for (int64_t i = 0; i < n; i++)
-      ((uint32_t *)out)[i] = ((const uint32_t *)a)[i] + ((const uint32_t *)b)[i];
-    break;
-  default:
-    for (int64_t i = 0; i < n; i++)
-      ((uint64_t *)out)[i] = ((const uint64_t *)a)[i] + ((const uint64_t *)b)[i];
-    break;
-  }
-}
+ * The allreduce of a pair of ranks on two hosts (allreduce_pair_direct.c):
+ * plain MPI_Isend/MPI_Irecv, without the window, PUTs and counters. */
 
 typedef struct {
-  MPI_Request *reqs;
-  int n, peer;
-} requests_t;
+  MPI_Request *reqs; /* [2]: the send, the receive */
+  int peer;
+} direct_t;
 
-static int requests_done(mpi_t *s, void *arg) {
-  requests_t *r = arg;
-  int flag = 0, rc = MPI_Testall(r->n, r->reqs, &flag, MPI_STATUSES_IGNORE);
+static int direct_done(mpi_t *s, void *arg) {
+  direct_t *d = arg;
+  int flag = 0, rc = MPI_Testall(2, d->reqs, &flag, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) {
     char e[MPI_MAX_ERROR_STRING];
-    sticky(&s->health, TNT_ERR_PEER_LOST, r->peer, "rank %d: a message of an allreduce with rank %d failed: %s", s->me,
-           r->peer, mpi_err(rc, e));
+    sticky(&s->health, TNT_ERR_PEER_LOST, d->peer, "rank %d: a direct message with rank %d failed: %s", s->me,
+           d->peer, mpi_err(rc, e));
   }
   return flag;
 }
 
-/* Send, then post the receive (mu held); MPI's error, if any (then nothing is
- * left in flight). In this order:
- * Open MPI over TCP starts the send's rendezvous before the peer's matching
- * receive is up (1 MB on 2 hosts x 1 rank: 0.55 ms, against 0.91 with each
- * rank's receive posted first; a C program on the test bed). */
-static int pair_post(mpi_t *s, int peer, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes, int tag,
-                     MPI_Request req[2]) {
-  int rc = MPI_Isend(sbuf, (int)sbytes, MPI_BYTE, peer, tag, s->comm, &req[0]);
-  if (rc != MPI_SUCCESS) return rc;
-  rc = MPI_Irecv(rbuf, (int)rbytes, MPI_BYTE, peer, tag, s->comm, &req[1]);
-  if (rc != MPI_SUCCESS) { /* the send must not go on reading the caller's memory */
-    MPI_Cancel(&req[0]);
-    MPI_Request_free(&req[0]);
-    return rc;
+/* The send is posted first: Open MPI over TCP then starts its rendezvous
+ * before the peer's matching receive is up (1 MB on 2 hosts x 1 rank: 0.55 ms,
+ * against 0.91 with each rank's receive posted first; a C program on the test
+ * bed). A failed call cancels what it started: MPI must not go on reading or
+ * writing the caller's memory. */
+static tnt_result_t mpi_sendrecv(void *st, int peer, const void *send, size_t send_bytes, void *recv,
+                                 size_t recv_bytes, double deadline) {
+  mpi_t *s = st;
+  if (peer < 0 || peer >= s->n || peer == s->me || send_bytes > INT_MAX || recv_bytes > INT_MAX)
+    return failf(TNT_ERR_INTERNAL, -1, "mpi: no messages of %zu and %zu bytes with rank %d", send_bytes, recv_bytes,
+                 peer);
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  pthread_mutex_lock(&s->mu);
+  int rc = MPI_Isend(send, (int)send_bytes, MPI_BYTE, peer, TAG_DIRECT, s->comm, &req[0]);
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Irecv(recv, (int)recv_bytes, MPI_BYTE, peer, TAG_DIRECT, s->comm, &req[1]);
+    if (rc != MPI_SUCCESS) {
+      MPI_Cancel(&req[0]);
+      MPI_Request_free(&req[0]);
+    } else {
+      s->receiving++; /* bytes on the wire: the poll yields rather than sleeps */
+    }
   }
-  s->receiving++; /* bytes on the wire: the poll yields rather than sleeps */
-  return rc;
-}
-
-static tnt_result_t pair_wait(mpi_t *s, int peer, MPI_Request req[2], double deadline) {
-  requests_t r = {req, 2, peer};
-  char what[96];
-  snprintf(what, sizeof what, "waiting for rank %d's half of an allreduce", peer);
-  tnt_result_t res = poll_until(s, requests_done, &r, peer, deadline, what);
+  pthread_mutex_unlock(&s->mu);
+  if (rc != MPI_SUCCESS) {
+    char e[MPI_MAX_ERROR_STRING];
+    return failf(TNT_ERR_SYSTEM, -1, "rank %d: MPI could not start a direct message with rank %d: %s", s->me, peer,
+                 mpi_err(rc, e));
+  }
+  direct_t d = {req, peer};
+  char what[64];
+  snprintf(what, sizeof what, "waiting for a direct message from rank %d", peer);
+  tnt_result_t res = poll_until(s, direct_done, &d, peer, deadline, what);
   pthread_mutex_lock(&s->mu);
   s->receiving--;
-  for (int i = 0; res != TNT_SUCCESS && i < 2; i++) /* the caller's memory is no longer ours */
+  for (int i = 0; res != TNT_SUCCESS && i < 2; i++)
     if (req[i] != MPI_REQUEST_NULL) {
       MPI_Cancel(&req[i]);
       MPI_Request_free(&req[i]);
     }
   pthread_mutex_unlock(&s->mu);
   return res == TNT_ERR_TIMEOUT ? timed_out(&s->health, peer, what) : res;
-}
-
-static tnt_result_t mpi_pair_sum(void *st, int peer, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                 double deadline) {
-  mpi_t *s = st;
-  const size_t esz = pair_elem_size(dtype);
-  if (peer < 0 || peer >= s->n || peer == s->me || !esz || count > INT_MAX / 8)
-    return failf(TNT_ERR_INTERNAL, -1, "mpi: no allreduce of %lld elements of dtype %d with rank %d", (long long)count,
-                 (int)dtype, peer);
-  /* what this rank sums (mine) and sends (theirs): all of it, or halves */
-  const int swap = (size_t)count * esz <= PAIR_SWAP_BYTES;
-  const int64_t half = swap ? 0 : count / 2, second = !swap && s->me > peer;
-  const int64_t mine_at = second ? half : 0, mine_n = swap ? count : second ? count - half : half;
-  const int64_t theirs_at = second ? 0 : half, theirs_n = swap ? count : count - mine_n;
-  const uint8_t *src = in;
-  uint8_t *dst = out;
-  /* what this rank sums lands in `out`, unless `out` is the input still being
-   * sent (in place): then in a buffer of ours */
-  uint8_t *landing = dst + mine_at * esz;
-  if (in == out) {
-    if ((size_t)mine_n * esz > s->pair_cap) {
-      free(s->pair_buf);
-      s->pair_cap = (size_t)mine_n * esz;
-      if (!(s->pair_buf = malloc(s->pair_cap))) {
-        s->pair_cap = 0;
-        return failf(TNT_ERR_SYSTEM, -1, "out of memory for %lld elements of an allreduce", (long long)mine_n);
-      }
-    }
-    landing = s->pair_buf;
-  }
-  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  pthread_mutex_lock(&s->mu);
-  int rc =
-      pair_post(s, peer, src + theirs_at * esz, (size_t)theirs_n * esz, landing, (size_t)mine_n * esz, TAG_PAIR, req);
-  pthread_mutex_unlock(&s->mu);
-  if (rc != MPI_SUCCESS) goto failed;
-  tnt_result_t res = pair_wait(s, peer, req, deadline);
-  if (res != TNT_SUCCESS) return res;
-  pair_add(dtype, dst + mine_at * esz, src + mine_at * esz, landing, mine_n);
-  if (swap) return TNT_SUCCESS; /* every element summed here */
-  pthread_mutex_lock(&s->mu);
-  rc = pair_post(s, peer, dst + mine_at * esz, (size_t)mine_n * esz, dst + theirs_at * esz, (size_t)theirs_n * esz,
-                 TAG_PAIR + 1, req);
-  pthread_mutex_unlock(&s->mu);
-  if (rc != MPI_SUCCESS) goto failed;
-  return pair_wait(s, peer, req, deadline);
-failed:;
-  char e[MPI_MAX_ERROR_STRING];
-  return failf(TNT_ERR_SYSTEM, -1, "rank %d: MPI could not start a message of an allreduce with rank %d: %s", s->me,
-               peer, mpi_err(rc, e));
 }
 
 /* ---- exchange ---- */
@@ -1644,7 +1560,7 @@ static const tnt_transport_t transport = {
     .finalize = mpi_finalize,
     .and_post = mpi_and_post,
     .and_collect = mpi_and_collect,
-    .pair_sum = mpi_pair_sum,
+    .sendrecv = mpi_sendrecv,
 };
 
 static const tnt_plugin_t plugin = {
