@@ -85,6 +85,18 @@ for dtype in (np.float32, np.float16):
                 failures.append(f"{key} (size {SIZES[i]}) fused in round {r} differs from its result alone")
     pair_sums[np.dtype(dtype).name] = core.stats()["pair_sums"] - pairs_before
 
+# In place and larger than what a pair of ranks receives at once in place (allreduce_pair_direct.c:
+# pieces of 8 MiB): 36 MB, an odd count, so the halves (and on 2 x 2 each rank's slice) differ in
+# length. Small integers: exact in float32 whatever the order of additions.
+index = np.arange(9_000_003)
+x = ((index * 7 + rank * 3) % 13).astype(np.float32)
+want = sum((index * 7 + q * 3) % 13 for q in range(tnt.get_size())).astype(np.float32)
+tnt.allreduce(x, out=x, name="in-place-big")
+if not np.array_equal(x, want):
+    failures.append(f"in-place-big: {np.flatnonzero(x != want).size} elements differ, the first at "
+                    f"{np.flatnonzero(x != want)[0]}")
+del index, x, want
+
 with open(os.path.join(outdir, f"host{rank}.json"), "w") as f:
     json.dump({"rank": rank, "host": socket.gethostname(), "local_rank": tnt.get_local_rank(),
                "transport": core.ffi().string(core.lib().tnt_transport_name()).decode(),

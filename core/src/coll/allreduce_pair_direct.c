@@ -23,30 +23,46 @@
 #include "ring.h"
 
 #define TNT_PAIR_SWAP_BYTES (1 << 20)
+/* In place, what the peer sends lands in the ring's scratch, which stays
+ * allocated: above this the first phase goes in pieces of at most this much,
+ * one message each way per piece (8 MiB takes ~8 ms on the test bed's link,
+ * against ~0.05 ms for a message's latency), so that an allreduce of gigabytes
+ * in place does not keep half of itself allocated for the rest of the job. */
+#define TNT_PAIR_LANDING_BYTES (8 << 20)
 
 tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                        double prescale, double deadline) {
   const tnt_transport_t *t = ring->t;
-  const size_t esz = tnt_dtype_size(dtype);
+  const int64_t esz = (int64_t)tnt_dtype_size(dtype);
   if (prescale != 1.0) { /* scaled into the output first, then summed in place */
     tnt_scale(dtype, out, in, prescale, (size_t)count);
     in = out;
   }
   /* what this rank sums (mine) and sends (theirs): all of it, or halves */
-  const int swap = (size_t)count * esz <= TNT_PAIR_SWAP_BYTES, second = !swap && ring->rank == 1;
+  const int swap = count * esz <= TNT_PAIR_SWAP_BYTES, second = !swap && ring->rank == 1;
   const int64_t half = swap ? 0 : count / 2;
   const int64_t mine_at = second ? half : 0, mine_n = swap ? count : second ? count - half : half;
   const int64_t theirs_at = second ? 0 : half, theirs_n = swap ? count : count - mine_n;
   const uint8_t *src = in;
   uint8_t *dst = out;
   /* the peer's part of mine lands in `out`, unless `out` is the input still
-   * being sent (in place): then in the ring's scratch */
-  uint8_t *landing = dst + mine_at * (int64_t)esz;
-  if (in == out) TNT_CHECK(tnt_ring_scratch(ring, (size_t)mine_n * esz, &landing));
-  TNT_CHECK(t->sendrecv(ring->ts, ring->next, src + theirs_at * (int64_t)esz, (size_t)theirs_n * esz, landing,
-                        (size_t)mine_n * esz, deadline));
-  tnt_reduce_sum(dtype, dst + mine_at * (int64_t)esz, src + mine_at * (int64_t)esz, landing, (size_t)mine_n);
+   * being sent (in place): then in the ring's scratch, piece by piece; both
+   * ranks cut both halves into the same number of pieces, so that piece k of
+   * what one sends is piece k of what the other receives */
+  const int64_t most = mine_n > theirs_n ? mine_n : theirs_n, landing_elems = TNT_PAIR_LANDING_BYTES / esz;
+  const int64_t P = in != out || most <= landing_elems ? 1 : (most + landing_elems - 1) / landing_elems;
+  uint8_t *landing = dst + mine_at * esz;
+  if (in == out) TNT_CHECK(tnt_ring_scratch(ring, (size_t)((mine_n + P - 1) / P * esz), &landing));
+  for (int64_t k = 0; k < P; k++) {
+    int64_t mb, ml, tb, tl; /* piece k of mine and of theirs */
+    tnt_piece(mine_at, mine_n, k, P, &mb, &ml);
+    tnt_piece(theirs_at, theirs_n, k, P, &tb, &tl);
+    uint8_t *land = in == out ? landing : dst + mb * esz;
+    TNT_CHECK(t->sendrecv(ring->ts, ring->next, src + tb * esz, (size_t)(tl * esz), land, (size_t)(ml * esz),
+                          deadline));
+    tnt_reduce_sum(dtype, dst + mb * esz, src + mb * esz, land, (size_t)ml);
+  }
   if (swap) return TNT_SUCCESS; /* every element summed here */
-  return t->sendrecv(ring->ts, ring->next, dst + mine_at * (int64_t)esz, (size_t)mine_n * esz,
-                     dst + theirs_at * (int64_t)esz, (size_t)theirs_n * esz, deadline);
+  return t->sendrecv(ring->ts, ring->next, dst + mine_at * esz, (size_t)(mine_n * esz), dst + theirs_at * esz,
+                     (size_t)(theirs_n * esz), deadline);
 }

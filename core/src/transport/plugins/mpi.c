@@ -1021,8 +1021,12 @@ typedef struct {
 
 static int direct_done(mpi_t *s, void *arg) {
   direct_t *d = arg;
-  int flag = 0, rc = MPI_Testall(2, d->reqs, &flag, MPI_STATUSES_IGNORE);
-  if (rc != MPI_SUCCESS) {
+  MPI_Status st[2];
+  int flag = 0, rc = MPI_Testall(2, d->reqs, &flag, st);
+  if (rc == MPI_ERR_IN_STATUS && st[1].MPI_ERROR == MPI_ERR_TRUNCATE) /* not the peer's loss: a disagreement */
+    sticky(&s->health, TNT_ERR_INTERNAL, d->peer, "rank %d: rank %d sent more bytes than this rank expected (the two "
+           "disagree on what they exchange)", s->me, d->peer);
+  else if (rc != MPI_SUCCESS) {
     char e[MPI_MAX_ERROR_STRING];
     sticky(&s->health, TNT_ERR_PEER_LOST, d->peer, "rank %d: a direct message with rank %d failed: %s", s->me,
            d->peer, mpi_err(rc, e));
