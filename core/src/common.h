@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -82,6 +83,18 @@ static inline void tnt_copy_str(char *dst, size_t cap, const char *src) {
   size_t n = strnlen(src, cap - 1);
   memcpy(dst, src, n);
   dst[n] = 0;
+}
+
+/* A buffer kept between calls: *buf holds at least `bytes` afterwards, 64-byte
+ * aligned, grown (its contents dropped) when *cap is smaller. */
+static inline tnt_result_t tnt_grow_buffer(uint8_t **buf, size_t *cap, size_t bytes, const char *what) {
+  if (bytes <= *cap) return TNT_SUCCESS;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, bytes)) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate %zu bytes of %s", bytes, what);
+  free(*buf);
+  *buf = p;
+  *cap = bytes;
+  return TNT_SUCCESS;
 }
 
 #endif

@@ -22,16 +22,6 @@ void tnt_fusion_free(tnt_fusion_t *f) {
   memset(f, 0, sizeof *f);
 }
 
-static tnt_result_t grow(tnt_fusion_t *f, size_t bytes) {
-  if (bytes <= f->cap) return TNT_SUCCESS;
-  void *p = NULL;
-  if (posix_memalign(&p, 64, bytes)) return tnt_fail(TNT_ERR_SYSTEM, "cannot allocate a %zu-byte fusion buffer", bytes);
-  free(f->buf);
-  f->buf = p;
-  f->cap = bytes;
-  return TNT_SUCCESS;
-}
-
 static void rewind_positions(tnt_fusion_t *f) {
   for (int j = 0; j < f->N; j++) f->pos[j] = f->seg_off[j];
 }
@@ -55,7 +45,8 @@ tnt_result_t tnt_fusion_pack(tnt_fusion_t *f, tnt_request_t **reqs, int n, const
   const int N = f->N;
   f->total = 0;
   for (int i = 0; i < n; i++) f->total += reqs[i]->meta.count;
-  TNT_CHECK(grow(f, (size_t)f->total * tnt_dtype_size((tnt_dtype_t)reqs[0]->meta.dtype)));
+  TNT_CHECK(tnt_grow_buffer(&f->buf, &f->cap, (size_t)f->total * tnt_dtype_size((tnt_dtype_t)reqs[0]->meta.dtype),
+                            "fusion buffer"));
   for (int j = 0; j <= N; j++) f->seg_off[j] = 0;
   for (int i = 0; i < n; i++) {
     int64_t cnt = reqs[i]->meta.count;

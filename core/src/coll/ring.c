@@ -52,13 +52,7 @@ void tnt_ring_teardown(tnt_ring_t *ring) {
 }
 
 tnt_result_t tnt_ring_scratch(tnt_ring_t *ring, size_t bytes, uint8_t **buf) {
-  if (bytes > ring->scratch_bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes)) return tnt_fail(TNT_ERR_SYSTEM, "out of memory for %zu bytes of scratch", bytes);
-    free(ring->scratch);
-    ring->scratch = p;
-    ring->scratch_bytes = bytes;
-  }
+  TNT_CHECK(tnt_grow_buffer(&ring->scratch, &ring->scratch_bytes, bytes, "scratch"));
   *buf = ring->scratch;
   return TNT_SUCCESS;
 }
