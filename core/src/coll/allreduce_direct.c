@@ -14,9 +14,10 @@
  * Why: with N ranks the ring hands pieces on 2(N-1) times, and once ranks
  * outnumber cores every hand-off is a wake-up; here there are two waits per
  * chunk, each one arrival counter for the whole host. It also moves fewer
- * bytes from 3 ranks up: each rank copies its input in, reads N parts of
- * 1/N, writes 1/N, and copies the whole result out (about 4 passes of the
- * buffer), where the ring's 2(N-1) steps make about 2(N-1)/N x 3.
+ * bytes from 3 ranks up: each rank copies in the (N-1)/N of its input that
+ * others add (its own part it reads where it lies, unless scaled), reads N
+ * parts of 1/N, writes 1/N, and copies the whole result out (under 4 passes
+ * of the buffer), where the ring's 2(N-1) steps make about 2(N-1)/N x 3.
  *
  * Rounds are the transport's exchange rounds: collective, in the same order on
  * every rank as every other exchange. A peer overwrites its buffer of round k
@@ -86,14 +87,22 @@ tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, 
     uint8_t *mine = t->exchange_buffer(ts, &cap);
     if (!mine || cap < esz * (size_t)N) return tnt_fail(TNT_ERR_INTERNAL, "direct allreduce: no exchange buffer");
     const int64_t cl = count - cb < (int64_t)(cap / esz) ? count - cb : (int64_t)(cap / esz);
-    /* round 1: this rank's chunk, scaled on its way in */
+    /* round 1: this rank's chunk, scaled on its way in. Unscaled, the part
+     * this rank adds itself is not copied: no other rank reads it, and this
+     * rank reads it where it lies (1/N of the copy saved) */
     const uint8_t *src = (const uint8_t *)in + (size_t)cb * esz;
-    if (prescale != 1.0) tnt_scale(dtype, mine, src, prescale, (size_t)cl);
-    else memcpy(mine, src, (size_t)cl * esz);
-    TNT_CHECK(tnt_exchange_in_place(t, ts, N, mine, (size_t)cl * esz, msgs, cap, deadline));
-    /* this rank's part, added from every rank's chunk in place into the next buffer */
     int64_t pb, pl;
     part_of(cb, cl, rank, N, &pb, &pl);
+    if (prescale != 1.0) {
+      tnt_scale(dtype, mine, src, prescale, (size_t)cl);
+    } else {
+      const size_t before = (size_t)(pb - cb) * esz, after = (size_t)(pb - cb + pl) * esz;
+      memcpy(mine, src, before);
+      memcpy(mine + after, src + after, (size_t)cl * esz - after);
+    }
+    TNT_CHECK(tnt_exchange_in_place(t, ts, N, mine, (size_t)cl * esz, msgs, cap, deadline));
+    if (prescale == 1.0) msgs[rank] = src;
+    /* this rank's part, added from every rank's chunk in place into the next buffer */
     uint8_t *sums = t->exchange_buffer(ts, &cap);
     if (!sums) return tnt_fail(TNT_ERR_INTERNAL, "direct allreduce: no exchange buffer");
     tnt_reduce_range_in_ring_order(dtype, sums, pb, (const void *const *)msgs, cb, pb, pb + pl, count, N, bounds);
