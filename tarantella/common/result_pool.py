@@ -14,6 +14,12 @@ to the block, so its reference count says whether a user can still reach it.
 A result that is still alive is never handed out again; TensorFlow, when it
 aliases a returned array, keeps that array alive, and so the block.
 
+The free block used last is handed out first: its lines may still be in the
+cache. 4 ranks on 2 cores, 1 MB allreduces, 3 runs (2026-11-27): a loop that
+drops each result before its next call ran 1.2-1.25x faster than one that
+keeps it (`y = tnt.allreduce(x)`: two blocks take turns), where with the least
+recently used free block first both ran alike.
+
 Bounded: at most MAX_BLOCKS blocks and MAX_BYTES in all. When either is
 exceeded, the least recently used blocks are let go; a block in use is then
 simply freed by NumPy when its last view dies.
@@ -46,7 +52,7 @@ _FREE_REFS = _count_when_free()
 def take(nbytes):
     """A uint8 block of exactly `nbytes` that no live array uses: reused, or new."""
     with _lock:
-        for i in range(len(_blocks)):
+        for i in range(len(_blocks) - 1, -1, -1):  # the most recently used first: its lines may still be cached
             raw = _blocks[i]
             if raw.nbytes == nbytes and sys.getrefcount(raw) == _FREE_REFS:
                 _blocks.append(_blocks.pop(i))  # most recently used last

@@ -46,6 +46,21 @@ def test_a_dropped_result_is_reused():
     assert address(b) % 64 == 0
 
 
+def test_the_block_dropped_last_is_reused_first():
+    # the most recently written block may still be in the cache: a loop that drops each result
+    # before its next call (`tnt.allreduce(x).sum()`) keeps getting it, not an older free one
+    a, b = fresh(), fresh()
+    del a
+    c = fresh()  # a's block, the only free one
+    c_at, b_at = address(c), address(b)
+    del b
+    del c  # both free now; c's (a's) block was used last
+    d = fresh()
+    assert address(d) == c_at != b_at
+    e = fresh()
+    assert not np.shares_memory(d, e)
+
+
 def test_a_view_keeps_its_block_alive():
     a = fresh()
     at = address(a)
