@@ -45,17 +45,18 @@ static const num_param_t num_params[P_COUNT] = {
     [P_SIMD] = {"TNT_SIMD", 2, 0, 2, 1,
                 "float16/bfloat16 sums and scaling: 2: AVX-512F or F16C+AVX2, the best the CPU has; 1: at most "
                 "F16C+AVX2; 0: portable scalar code (every level gives the same bits)"},
-    [P_STREAM_KB] = {"TNT_STREAM_MIN_KB", 8192, 0, 1e12, 1,
-                     "allreduces of at least this many KiB are taken to be larger than the cache: results are "
-                     "written past it with streaming stores (x86-64), and the ring's last reduce step sends each "
+    [P_STREAM_KB] = {"TNT_STREAM_MIN_KB", 4096, 0, 1e12, 1,
+                     "allreduces of at least this many KiB (the direct allreduce of N ranks on one host: N times "
+                     "its buffer, all of the host's) are taken to be larger than the cache: results are written "
+                     "past it with streaming stores (x86-64), and the ring's last reduce step sends each "
                      "completed piece on at once (the same bits either way)"},
     [P_DIRECT] = {"TNT_SHM_DIRECT", 1, 0, 1, 1,
                   "shared-memory transport with more than 2 ranks: 1: an allreduce above 16 KiB reads every rank's "
                   "chunk in place, two rounds per MiB; 0: the ring (the same bits either way)"},
     [P_MPI_PAIR_SUM] = {"TNT_MPI_PAIR_SUM", 1, 0, 1, 1,
                          "a pair of ranks on two hosts over MPI (2 hosts x 1 rank, and each link of the "
-                         "hierarchical allreduce between 2 hosts): 1: float32, float64, int32 and int64 above 16 KiB "
-                         "are summed in direct MPI messages, each receive posted before its bytes come; 0: the ring "
+                         "hierarchical allreduce between 2 hosts): 1: every dtype above 16 KiB is summed in direct "
+                         "MPI messages, each receive posted before its bytes come; 0: the ring "
                          "(the same bits either way)"},
 };
 

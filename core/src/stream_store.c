@@ -14,7 +14,7 @@
 #define HAVE_STREAM 0
 #endif
 
-static _Atomic size_t stream_min = (size_t)8 << 20;
+static _Atomic size_t stream_min = (size_t)4 << 20;
 
 void tnt_stream_min_set(size_t bytes) { atomic_store_explicit(&stream_min, bytes, memory_order_relaxed); }
 

@@ -79,7 +79,9 @@ tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, 
                                   int64_t count, tnt_dtype_t dtype, double prescale, const int64_t *bounds,
                                   double deadline) {
   const size_t esz = tnt_dtype_size(dtype);
-  const int stream = tnt_stream_wanted((size_t)count * esz);
+  /* what the host holds is N ranks' buffers: the cache runs out at 1/N of a
+   * ring's size (4 ranks on 2 cores: streaming from 1 MB 1.2-1.5x faster) */
+  const int stream = tnt_stream_wanted((size_t)count * esz * (size_t)N);
   const uint8_t *msgs[N];
   size_t lens[N];
   for (int64_t cb = 0; cb < count;) {
