@@ -119,6 +119,14 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 /* numpy.ndarray(shape, dtype, buffer=raw, offset=o), o the first aligned byte
  * of raw: collectives.aligned_empty without its Python (2-4 us of a 64 KiB
  * allreduce's 12). */
+/* out shares bytes with the input without being it: no collective can do that
+ * (each reads the input after writing parts of the result); the general path
+ * refuses it with the error. */
+static int overlaps_partly(const Py_buffer *in, const Py_buffer *out) {
+  const char *a = in->buf, *b = out->buf;
+  return a != b && a < b + out->len && b < a + in->len;
+}
+
 static PyObject *aligned_in(PyObject *raw, PyObject *shape, PyObject *dtype) {
   Py_buffer view;
   if (PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE) != 0) return NULL;
@@ -236,8 +244,9 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NOTIMPLEMENTED;
   }
-  if (PyObject_GetBuffer(result, &res, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0 || !same_shape(&in, &res)) {
-    if (PyErr_Occurred()) PyErr_Clear(); /* read-only or not C-contiguous: the general path says so */
+  if (PyObject_GetBuffer(result, &res, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0 || !same_shape(&in, &res) ||
+      overlaps_partly(&in, &res)) {
+    if (PyErr_Occurred()) PyErr_Clear(); /* read-only, not C-contiguous, overlapping: the general path says so */
     else PyBuffer_Release(&res);
     PyBuffer_Release(&in);
     Py_DECREF(result);

@@ -50,6 +50,7 @@ def test_bad_input_to_a_running_core():
     res = run("""
         tnt.init()
         x = np.ones(4, np.float32)
+        nine = np.ones(9, np.float32)
         readonly = np.empty(4, np.float32)
         readonly.flags.writeable = False
         cases = {
@@ -65,6 +66,9 @@ def test_bad_input_to_a_running_core():
             "out-shape": lambda: tnt.allreduce(x, out=np.empty(5, np.float32)),
             "out-dtype": lambda: tnt.allreduce(x, out=np.empty(4, np.float64)),
             "out-strided": lambda: tnt.allreduce(x, out=np.empty(8, np.float32)[::2]),
+            # out sharing bytes with the input without being it: a silent wrong sum if let through
+            "out-overlaps": lambda: tnt.allreduce(nine[:-1], out=nine[1:]),
+            "out-overlaps-broadcast": lambda: tnt.broadcast(nine[1:], out=nine[:-1]),
         }
         for label, call in cases.items():
             try:
@@ -72,16 +76,19 @@ def test_bad_input_to_a_running_core():
                 print(label, "NO ERROR")
             except tnt.InvalidArgumentError as e:
                 print(label, "MESSAGE:", e)
-        print("after:", tnt.allreduce(x, prescale=2.0).tolist(), tnt.allreduce(x, out=np.empty(4, np.float32)).tolist())
+        print("after:", tnt.allreduce(x, prescale=2.0).tolist(), tnt.allreduce(x, out=np.empty(4, np.float32)).tolist(),
+              tnt.allreduce(nine[:4], out=nine[:4]).tolist())  # in place is not an overlap
         """)
     lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
     expected = {"non-contiguous": "C-contiguous", "fortran": "C-contiguous", "bool": "is not supported", "byte-swapped": "newbyteorder('=')",
                 "op": '"sum" or "average"', "op-type": '"sum" or "average"', "name": "at most 255 bytes",
                 "name-type": "non-empty string", "out-readonly": "writeable", "out-shape": "float32(4,)",
-                "out-dtype": "float32(4,)", "out-strided": "C-contiguous"}
+                "out-dtype": "float32(4,)", "out-strided": "C-contiguous",
+                "out-overlaps": "overlaps the input without being it (it starts +4 bytes",
+                "out-overlaps-broadcast": "overlaps the input without being it (it starts -4 bytes"}
     for label, words in expected.items():
         assert lines.get(label, "").startswith("MESSAGE:") and words in lines[label], (label, res.stdout + res.stderr)
-    assert lines.get("after:") == "[2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0]", res.stdout + res.stderr
+    assert lines.get("after:") == "[2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0] [1.0, 1.0, 1.0, 1.0]", res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("root", ["1", "-1", "'0'"])
