@@ -252,12 +252,14 @@ def _output(out, array, what):
             f"{what}: out must be a writeable C-contiguous array of the input's dtype and shape "
             f"{array.dtype}{array.shape}. Received: "
             f"{getattr(out, 'dtype', type(out).__name__)}{getattr(out, 'shape', '')}")
-    at, out_at = array.ctypes.data, out.ctypes.data
-    if at != out_at and at < out_at + out.nbytes and out_at < at + array.nbytes:
-        # every algorithm reads parts of the input after writing parts of the result: a silent wrong sum
-        raise InvalidArgumentError(
-            f"{what}: out overlaps the input without being it (it starts {out_at - at:+d} bytes from the "
-            "input's start). Pass out=<the input itself> to work in place, or an array of its own.")
+    # every algorithm reads parts of the input after writing parts of the result: a silent wrong sum.
+    # The bounds test first (0.7 us); the addresses (5 us through .ctypes) only for arrays that share bytes.
+    if out is not array and np.may_share_memory(array, out):
+        offset = out.ctypes.data - array.ctypes.data
+        if offset:
+            raise InvalidArgumentError(
+                f"{what}: out overlaps the input without being it (it starts {offset:+d} bytes from the "
+                "input's start). Pass out=<the input itself> to work in place, or an array of its own.")
     return out
 
 

@@ -51,13 +51,13 @@ tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *o
    * what one sends is piece k of what the other receives */
   const int64_t most = mine_n > theirs_n ? mine_n : theirs_n, landing_elems = TNT_PAIR_LANDING_BYTES / esz;
   const int64_t P = in != out || most <= landing_elems ? 1 : (most + landing_elems - 1) / landing_elems;
-  uint8_t *landing = dst + mine_at * esz;
-  if (in == out) TNT_CHECK(tnt_ring_scratch(ring, (size_t)((mine_n + P - 1) / P * esz), &landing));
+  uint8_t *scratch = NULL;
+  if (in == out) TNT_CHECK(tnt_ring_scratch(ring, (size_t)((mine_n + P - 1) / P * esz), &scratch));
   for (int64_t k = 0; k < P; k++) {
     int64_t mb, ml, tb, tl; /* piece k of mine and of theirs */
     tnt_piece(mine_at, mine_n, k, P, &mb, &ml);
     tnt_piece(theirs_at, theirs_n, k, P, &tb, &tl);
-    uint8_t *land = in == out ? landing : dst + mb * esz;
+    uint8_t *land = scratch ? scratch : dst + mb * esz;
     TNT_CHECK(t->sendrecv(ring->ts, ring->next, src + tb * esz, (size_t)(tl * esz), land, (size_t)(ml * esz),
                           deadline));
     tnt_reduce_sum(dtype, dst + mb * esz, src + mb * esz, land, (size_t)ml);
