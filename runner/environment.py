@@ -1,7 +1,11 @@
 """The environment every rank gets: tntrun's own environment, then the TNT_* variables its
 flags set, then the user's -x exports in the order given (so -x has the last word), and
-finally the placement (TNT_RANK, ...) that only tntrun may set."""
+finally the placement (TNT_RANK, ...) that only tntrun may set.
+
+Ranks on other hosts get the same (forwarded_names): an engine started on this host hands
+its own environment to the ranks it starts here, but not to those it starts elsewhere."""
 import os
+import re
 
 
 class UsageError(Exception):
@@ -76,3 +80,28 @@ def exported_names(args, exports):
         if name not in names:
             names.append(name)
     return names
+
+
+# Not forwarded to other hosts: what belongs to this shell session or this host, and what
+# the engines and the rank wrapper set for each rank themselves.
+_SESSION_OR_HOST = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "HOST", "DISPLAY", "TERM",
+                              "TERMCAP", "COLUMNS", "LINES", "MAIL", "PS1", "PS2", "PS4",
+                              "PROMPT_COMMAND", "TMUX", "TMUX_PANE", "STY", "WINDOW"})
+_PER_RANK = frozenset({"TNT_RANK", "TNT_SIZE", "TNT_LOCAL_RANK", "TNT_LOCAL_SIZE",
+                       "TNT_ERROR_FILE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"})
+_ENGINE_PREFIXES = ("OMPI_", "OPAL_", "ORTE_", "PRTE_", "PMIX_", "PMI_", "HYDRA_", "SLURM_", "GASPI_",
+                    "SSH_", "XDG_", "DBUS_")
+
+
+def forwarded_names(env):
+    """Every variable of `env` that ranks on other hosts must see as tntrun's own ranks do,
+    sorted. mpirun (Open MPI) gives ranks it starts on its own host its whole environment
+    and those it starts through ssh only what -x names, and gaspi_run gives them nothing: a
+    variable set only where tntrun runs (TF_*, a script's own options, a TNT_* setting
+    given without a flag) would differ from host to host without a word, and the ranks
+    would train differently or stop at TNT_TIMEOUT_S waiting for each other. horovodrun and
+    srun (--export=ALL) forward the whole environment too; MPICH's Hydra does by default."""
+    return sorted(name for name in env
+                  if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)
+                  and name not in _SESSION_OR_HOST and name not in _PER_RANK
+                  and not name.startswith(_ENGINE_PREFIXES))

@@ -202,6 +202,9 @@ def build(args, command, job_id, workdir):
         print(f"tntrun: WARNING: {per_node} ranks per host on {cores} cores: setting "
               "OMP_NUM_THREADS=1 for every rank", file=sys.stderr)
     mpi_names = names + [n for n in engines.PASS_THROUGH if n in env and n not in names]
+    # Open MPI's mpirun and gaspi_run hand tntrun's environment only to ranks on this host:
+    # the others get it named one by one (Hydra and srun pass the whole of it themselves)
+    everything = names + [n for n in environment.forwarded_names(env) if n not in names]
     user_argv = cmd.rank_argv(args.python_interpreter, command, module=args.module)
     # --report: the wrapper tells tntrun, through the engine's stderr, why a rank failed
     wrapper = [sys.executable, "-m", "tarantella.runner.rank", "--report", f"--size={total}"]
@@ -224,7 +227,7 @@ def build(args, command, job_id, workdir):
         mfile = os.path.join(shared, f".tnt-{job_id[:12]}.machinefile")
         script = os.path.join(shared, f".tnt-{job_id[:12]}.sh")
         files[mfile] = engines.gaspi_machinefile(spots)
-        files[script] = engines.gaspi_script(env, names, rank_cmd, os.getcwd())
+        files[script] = engines.gaspi_script(env, everything, rank_cmd, os.getcwd())
         argv = engines.gaspi(path, spots, mfile, script)
     elif engine == "srun":
         path = _locate(lambda: engines.find("srun", "inside a Slurm allocation"), "srun",
@@ -246,7 +249,7 @@ def build(args, command, job_id, workdir):
             if as_root:
                 _info(args, "running as root: passing --allow-run-as-root to mpirun (Open MPI "
                             "refuses root without it; horovodrun passes it too)")
-            argv = engines.openmpi(path, spots, mpi_names, rank_cmd, args.output_on_all_devices,
+            argv = engines.openmpi(path, spots, everything, rank_cmd, args.output_on_all_devices,
                                    allow_root=as_root)
             engine = "mpirun (Open MPI)"
     return Plan(engine, argv, env, files, spots)

@@ -1,6 +1,8 @@
 """What a rank sees, for the multi-host tests: one line "PROBE {json}" on stderr (every
 rank's stderr reaches the launcher) with TNT_RANK, TNT_SIZE, TNT_LOCAL_RANK, TNT_LOCAL_SIZE,
-TNT_JOB_ID, TNT_TRANSPORT and the host name, and "stdout of rank N" on stdout.
+TNT_JOB_ID, TNT_TRANSPORT, the host name and the variables PROBE_SETTING and
+TNT_FUSION_THRESHOLD_KB (what a user sets before tntrun, to see that it reaches every host),
+and "stdout of rank N" on stdout.
 
     probe.py                 exit 0
     probe.py R CODE          rank R prints a line on stderr and exits CODE; the others wait
@@ -17,6 +19,8 @@ env = os.environ
 me = {k: env.get("TNT_" + k.upper()) for k in
       ("rank", "size", "local_rank", "local_size", "job_id", "transport")}
 me["host"] = socket.gethostname()
+me["setting"] = env.get("PROBE_SETTING")
+me["fusion_kb"] = env.get("TNT_FUSION_THRESHOLD_KB")
 # one write per line: print() writes the line and its newline separately (unbuffered under
 # tntrun), and the engine may put another rank's line between the two
 sys.stderr.write("PROBE " + json.dumps(me) + "\n")

@@ -47,6 +47,9 @@ def tntrun(bed, args, tmp_path, timeout=180):
 
 
 def test_ranks_see_their_placement_on_each_host(bed, tmp_path):
+    # set before tntrun, as a user does: every host's ranks see it, not only hostA's (mpirun
+    # gives ranks it starts through ssh only what -x names)
+    bed.test_env.update(PROBE_SETTING="a b=c", TNT_FUSION_THRESHOLD_KB="512")
     res = tntrun(bed, ["-H", "hostA:2,hostB:2", "--transport", "mpi", "--", "probe.py"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     seen = probes(res.stderr)
@@ -56,6 +59,7 @@ def test_ranks_see_their_placement_on_each_host(bed, tmp_path):
     job_ids = {p["job_id"] for p in seen}
     assert len(job_ids) == 1 and len(job_ids.pop()) == 32  # one job, one shared random id
     assert {p["transport"] for p in seen} == {"mpi"}
+    assert [(p["setting"], p["fusion_kb"]) for p in seen] == [("a b=c", "512")] * 4
     assert res.stdout.splitlines() == ["stdout of rank 0"]  # only the master's stdout
     # mpirun started hostB's ranks through ssh, as on a cluster
     assert [c["host"] for c in bed.ssh_calls()] == ["hostB"]

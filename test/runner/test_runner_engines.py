@@ -35,7 +35,8 @@ def _without_root_flag(argv):
 
 
 def test_openmpi(tmp_path):
-    env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"],
+                     MY_SETTING="1", TNT_TIMEOUT_S="9", OMPI_MCA_btl="tcp,self", OLDPWD="/x")
     res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "2",
                       "-x", "A=1", "-x", "B=2", "--fusion-threshold", "64", "--", "train.py", "--e", "1"],
                      env=env)
@@ -48,6 +49,10 @@ def test_openmpi(tmp_path):
     joined = " ".join(argv)
     assert "-x TNT_JOB_ID" in joined and "-x TNT_FUSION_THRESHOLD_KB" in joined
     assert joined.index("-x A") < joined.index("-x B")
+    # tntrun's whole environment reaches the ranks on other hosts, as it does those on this
+    # one, but for the session's and the engine's own variables (mpirun reads OMPI_MCA_*)
+    assert "-x MY_SETTING" in joined and "-x TNT_TIMEOUT_S" in joined and "-x PATH" in joined
+    assert "-x OMPI_MCA_btl" not in joined and "-x OLDPWD" not in joined
     tail = argv[argv.index("-m"):]
     assert tail[:6] == ["-m", "tarantella.runner.rank", "--report", "--size=4", "--per-node=2", "--"]
     assert "python" in os.path.basename(tail[6]) and tail[7:] == ["train.py", "--e", "1"]
@@ -82,7 +87,8 @@ def test_mpich_style(tmp_path):
 
 
 def test_gaspi_run(tmp_path):
-    env = runner_env(PATH=fake_bin(tmp_path, gaspi_run="exit 0") + os.pathsep + os.environ["PATH"])
+    env = runner_env(PATH=fake_bin(tmp_path, gaspi_run="exit 0") + os.pathsep + os.environ["PATH"],
+                     MY_SETTING="a b", SLURM_PROCID="0")
     res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "2",
                       "--transport", "gpi2", "-x", "K=v", "--", "t.py"], env=env, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr
@@ -93,6 +99,8 @@ def test_gaspi_run(tmp_path):
     # machinefile: each host once per rank, in order; the script exports the environment
     assert "#   node1\n#   node1\n#   node2\n#   node2\n" in out
     assert "#   export K=v" in out and "#   export TNT_TRANSPORT=gpi2" in out
+    assert "#   export MY_SETTING='a b'" in out and "SLURM_PROCID" not in out
+    assert out.count("#   export PATH=") == 1
     assert "tarantella.runner.rank" in out
     assert not list(tmp_path.glob(".tnt-*"))  # a dry run writes nothing
 
