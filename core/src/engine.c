@@ -145,9 +145,17 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES) {
     if (c->hier) {
       const int pair = c->net_ring.size == 2 && pair_direct_fits(c, dt, count);
-      if (pair) atomic_fetch_add(&c->pair_sums, 1);
-      return tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, pair,
-                                op_deadline(c));
+      if (!pair)
+        return tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, 0,
+                                  op_deadline(c));
+      /* the pair's messages are over when its call returns: the phases inside the
+       * host wait for nothing across */
+      atomic_fetch_add(&c->pair_sums, 1);
+      tnt_transport_quiet(c->transport, c->ts, 1);
+      tnt_result_t res = tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, 1,
+                                            op_deadline(c));
+      tnt_transport_quiet(c->transport, c->ts, 0);
+      return res;
     }
     const int pair = pair_across_network(c);
     if (pair && pair_direct_fits(c, dt, count)) {

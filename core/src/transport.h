@@ -143,6 +143,12 @@ void *tnt_transport_window_for(const tnt_transport_t *t, void *ts, int peer);
 /* 1 if puts to `peer` cross the network (the plugin's engine moves them while
  * this rank goes on), 0 if they are copies into shared memory made at once. */
 int tnt_transport_remote(const tnt_transport_t *t, void *ts, int peer);
+/* For tnt_transport_hier (a no-op on any other): while `on`, nothing this rank
+ * waits for over shm depends on its MPI progress (no put to or from another
+ * host is in flight: the hierarchical allreduce's phases inside the host around
+ * its pair's direct messages), so those waits sleep in long slices instead of
+ * waking to poll MPI within microseconds. */
+void tnt_transport_quiet(const tnt_transport_t *t, void *ts, int on);
 /* How many window regions (channels) a transport instance gets: 1 on one host
  * over shm (the flat ring only), TNT_CHANNELS where a hierarchy is possible. */
 int tnt_transport_regions(const tnt_transport_t *t);
