@@ -128,8 +128,8 @@ static tnt_result_t hier_notify(void *st, int peer, int kind) {
  * host's ranks (and, around a ring, itself) until its next MPI call. The
  * slices start short, for the put's next piece, and grow to SLICE_MAX_S.
  * Quiet (nothing in flight across), one slice of QUIET_SLICE_S: each slice's
- * end is a wake-up, and on 2 hosts x 2 ranks sleeping through cost 0.76-0.90x
- * the time at 64 KB - 1 MB (bench/multihost.py). Still a slice, for the
+ * end is a wake-up, and on 2 hosts x 2 ranks sleeping through was 1.04-1.62x
+ * faster at 16 KB - 16 MB (docs/benchmarks.md). Still a slice, for the
  * heartbeats that MPI's progress sends, well within their silence bound. */
 #define SLICE_MIN_S 50e-6
 #define SLICE_MAX_S 2e-3
