@@ -400,14 +400,18 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
   return TNT_SUCCESS;
 }
 
-/* Fatal if a request waited longer than TNT_TIMEOUT_S; warn once at half of it.
+/* Fatal if a request waited longer than TNT_TIMEOUT_S; warn once at half of it,
+ * or after STALL_WARN_S where that comes first (Horovod's stall check warns
+ * after 60 s: with the default 300 s timeout a user saw nothing for 150 s).
  * The error names the first missing rank and what its process is doing. */
+#define STALL_WARN_S 60.0
 static tnt_result_t check_stalls(tnt_engine_t *c) {
   double now = tnt_now();
   for (int i = 0; i < c->pending.n; i++) {
     tnt_request_t *req = c->pending.items[i];
     double age = now - req->submit_time;
-    if (age < c->params->timeout_s / 2) continue;
+    const double warn_at = c->params->timeout_s / 2 < STALL_WARN_S ? c->params->timeout_s / 2 : STALL_WARN_S;
+    if (age < warn_at) continue;
     char missing[512];
     tnt_negotiate_missing(&c->neg, req, missing, sizeof missing);
     if (age >= c->params->timeout_s) {
