@@ -41,21 +41,26 @@ def read_error_file(path):
 
 
 def error_of(res):
-    """(lost_peer, raised_at, blamed_rank) of a failed process, from its error file: lost_peer is True when
-    its uncaught exception was a PeerLostError (what a rank raises when a peer died or
-    aborted: the failure was another rank's) or an error that blames another rank (a
-    TimeoutError naming the stuck rank), raised_at the time of the exception, blamed_rank
-    the rank such an error names (None if none). (False, None, None) without an error file."""
+    """(lost_peer, raised_at, blamed_rank, blamed_finished) of a failed process, from its
+    error file: lost_peer is True when its uncaught exception was a PeerLostError (what a
+    rank raises when a peer died or aborted: the failure was another rank's) or an error
+    that blames another rank (a TimeoutError naming the stuck rank), raised_at the time of
+    the exception, blamed_rank the rank such an error names (None if none), blamed_finished
+    True when the error says that rank shut down (it finished its program while this one
+    still made collective calls: no failure of its own). (False, None, None, False) without
+    an error file."""
     record = _error_record(res)
     if record is None:
-        return False, None, None
-    name = str(record.get("message") or "").split(":", 1)[0].strip()
+        return False, None, None, False
+    message = str(record.get("message") or "")
+    name = message.split(":", 1)[0].strip()
     raised_at = record.get("timestamp")
     if not isinstance(raised_at, (int, float)):
         raised_at = res.ended_at
     blamed = record.get("caused_by_rank")
     blamed = blamed if isinstance(blamed, int) else None
-    return name.rsplit(".", 1)[-1] == PEER_LOST or blamed is not None, raised_at, blamed
+    finished = blamed is not None and f"rank {blamed} has shut down while" in message  # the core's words
+    return name.rsplit(".", 1)[-1] == PEER_LOST or blamed is not None, raised_at, blamed, finished
 
 
 def _error_record(res):

@@ -422,13 +422,15 @@ def root_cause(results, error_of, stopped_at):
     had raised already (its error record says so). If every failure was caused by another
     process: the process they blame (a TimeoutError names the stuck rank, which may have had
     to be killed) unless it exited cleanly, else the first one observed."""
-    failed, blamed = [], []
+    failed, blamed, finished = [], [], {}
     for res in results:
         if res.returncode in (None, 0):
             continue
         lost_peer, raised_at, *rest = error_of(res)
         if rest and rest[0] is not None:
             blamed.append(rest[0])
+            # every failure that blames it says it shut down: it finished its program
+            finished[rest[0]] = finished.get(rest[0], True) and len(rest) > 1 and bool(rest[1])
         if res.stopped:
             when = stopped_at(res)
             if raised_at is None or when is None or raised_at >= when:
@@ -443,12 +445,16 @@ def root_cause(results, error_of, stopped_at):
         return root
     # a blamed rank that exited cleanly did not fail: it finished its program while a peer
     # still made a collective call (every failure then says so); the root cause is the
-    # first rank that failed, and tntrun exits with its status, never 0
+    # first rank that failed, and tntrun exits with its status, never 0. Across hosts such a
+    # rank may still be in its shutdown when the engine ends the job (mpirun's SIGTERM): it
+    # was stopped, with no error of its own, and the same holds
     by_rank = {res.spec.rank: res for res in results
                if getattr(res.spec, "rank", None) is not None and res.returncode != 0}
     for rank in blamed:
-        if rank in by_rank:
-            return by_rank[rank]
+        res = by_rank.get(rank)
+        if res is None or (res.stopped and finished.get(rank) and error_of(res)[1] is None):
+            continue
+        return res
     return min((res for _, _, res in failed), key=lambda res: res.ended_at)
 
 

@@ -146,6 +146,32 @@ def test_root_cause_is_the_rank_not_the_engine():
     assert report.format_one_line(job) == "tntrun: error: n2: rank 2: Exit code 7"
 
 
+def test_a_rank_stopped_in_its_shutdown_after_finishing_is_not_the_root_cause():
+    # rank 3 (hostB) finished its program one allreduce early; the others' last allreduce
+    # fails naming it, and mpirun SIGTERMs it while its shutdown still runs. It did not fail:
+    # as on one host, the root cause is the first rank that did (and tntrun exits with its
+    # status), and rank 3 is listed as stopped, not as the root cause "killed by SIGTERM"
+    def lost(rank, at, text):
+        return {"rank": rank, "host": "hostA" if rank < 2 else "hostB", "returncode": 1, "ended_at": at + 0.1,
+                "stopped": False, "error": {"message": f"PeerLostError: {text}", "timestamp": at,
+                                            "caused_by_rank": 3}}
+    records = [
+        lost(1, 10.2, "rank 3 has shut down while rank 1 was in a bit round of the negotiation"),
+        lost(0, 10.1, "rank 3 has shut down while rank 0 was in a bit round of the negotiation"),
+        lost(2, 10.3, "rank 0 aborted because of rank 3 (rank 3 has shut down while rank 0 was in a bit "
+                      "round of the negotiation) while rank 2 was in a bit round of the negotiation"),
+        {"rank": 3, "host": "hostB", "returncode": -15, "ended_at": 10.6, "stopped": True, "stopped_at": 10.5},
+    ]
+    job = multi.ranks_job(_engine_job(code=1), records, "mpirun")
+    assert job.root_cause.spec.rank == 0 and job.exit_code == 1
+    assert "Stopped by mpirun after the failure: 3" in report.format_failure(job, "train.py")
+    # a rank the others found stuck (a TimeoutError) and that had to be stopped stays the cause
+    stuck = [dict(records[0], error={"message": "TimeoutError: rank 1 timed out waiting for data from rank 3: "
+                                                "rank 3 (pid 7) is stopped", "timestamp": 10.2,
+                                     "caused_by_rank": 3}), records[3]]
+    assert multi.ranks_job(_engine_job(code=1), stuck, "mpirun").root_cause.spec.rank == 3
+
+
 def test_without_records_the_engine_stays_the_root_cause():
     job = _engine_job(code=255)
     assert multi.ranks_job(job, [], "mpirun") is job
