@@ -178,6 +178,7 @@ typedef struct {
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int mpi_ours;           /* this plugin called MPI_Init_thread */
+static pid_t mpi_pid;           /* ... in this process: a fork()ed child's MPI is its parent's */
 static int thread_level = -1;  /* what MPI provided */
 static _Atomic int job_failed; /* a failure was seen: MPI_Finalize at exit would wait forever */
 static char description[256];
@@ -578,6 +579,11 @@ static const char *level_name(int level) {
 }
 
 static void finalize_at_exit(void) {
+  /* A fork()ed child that exits normally runs its parent's atexit handlers:
+   * MPI_Finalize there crashed in Open MPI's shared-memory transport and, over
+   * TCP, wrote on the parent's connections, and the parent's job lost its
+   * peers (a rank's data loader forking, on 2 hosts x 2 ranks) */
+  if (getpid() != mpi_pid) return;
   int ini = 0, fin = 0;
   MPI_Initialized(&ini);
   MPI_Finalized(&fin);
@@ -637,6 +643,7 @@ static tnt_result_t ensure_mpi(void) {
       goto out;
     }
     mpi_ours = 1;
+    mpi_pid = getpid();
     atexit(finalize_at_exit);
     LOG(LOG_INFO, "mpi: MPI initialized, thread level %s", level_name(thread_level));
   } else {
