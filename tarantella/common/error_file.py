@@ -10,6 +10,7 @@ import traceback
 from tarantella.common import config
 
 _installed = False
+_installed_pid = None  # the process whose exceptions are the rank's (not a fork()ed child's)
 
 
 def write(exc_type, exc, tb, path=None):
@@ -41,20 +42,25 @@ def _blamed_rank(exc):
 
 def install():
     """Chain our hook in front of the current sys.excepthook (once)."""
-    global _installed
+    global _installed, _installed_pid
     if _installed:
         return
     _installed = True
+    _installed_pid = os.getpid()
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
         from tarantella.common import core
 
-        try:
-            core.abort(f"uncaught {exc_type.__name__}: {exc}")
-            write(exc_type, exc, tb)
-        except Exception:  # never hide the user's exception behind ours
-            pass
+        # a fork()ed child's exception is its own: it neither aborts the rank's job (the
+        # core ignores a child anyway) nor becomes the rank's error in tntrun's report,
+        # where it would stand for the rank's own failure
+        if os.getpid() == _installed_pid:
+            try:
+                core.abort(f"uncaught {exc_type.__name__}: {exc}")
+                write(exc_type, exc, tb)
+            except Exception:  # never hide the user's exception behind ours
+                pass
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

@@ -80,3 +80,29 @@ def test_a_rank_that_finished_cleanly_is_not_the_root_cause(script):
     assert "rank:    1 (local_rank 1)" in root, report
     assert "rank 0 has shut down while rank 1 was" in root, report
     assert res.returncode == 1, report
+
+
+def test_an_exception_in_a_forked_child_is_not_the_ranks_error(script):
+    # rank 1 forks a child that dies of an uncaught exception (a data-loader worker, say),
+    # then fails itself without one. The child inherited the rank's excepthook and
+    # TNT_ERROR_FILE: its exception must not stand in the report as the rank's error
+    path = script("""
+        import os
+        import numpy as np
+        import tarantella as tnt
+
+        tnt.allreduce(np.ones(2), name="first")
+        if tnt.get_rank() == 1:
+            pid = os.fork()
+            if pid == 0:
+                raise ValueError("raised in a forked child, not by the rank")
+            os.waitpid(pid, 0)
+            os._exit(3)  # the rank's own failure, with no exception of its own
+        tnt.allreduce(np.ones(2), name="second")
+    """)
+    res, report = _failed_job(path)
+    root = _section(report, "Root cause")
+    assert "rank:    1 (local_rank 1)" in root and "exit code 3" in root, report
+    # what the child printed is on the rank's stderr and shown as such, not as its error
+    assert "error:   ValueError" not in root and "stderr (last" in root, report
+    assert res.returncode == 3, report
