@@ -116,9 +116,6 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
   return 1;
 }
 
-/* numpy.ndarray(shape, dtype, buffer=raw, offset=o), o the first aligned byte
- * of raw: collectives.aligned_empty without its Python (2-4 us of a 64 KiB
- * allreduce's 12). */
 /* out shares bytes with the input without being it: no collective can do that
  * (each reads the input after writing parts of the result); the general path
  * refuses it with the error. */
@@ -127,6 +124,9 @@ static int overlaps_partly(const Py_buffer *in, const Py_buffer *out) {
   return a != b && a < b + out->len && b < a + in->len;
 }
 
+/* numpy.ndarray(shape, dtype, buffer=raw, offset=o), o the first aligned byte
+ * of raw: collectives.aligned_empty without its Python (2-4 us of a 64 KiB
+ * allreduce's 12). */
 static PyObject *aligned_in(PyObject *raw, PyObject *shape, PyObject *dtype) {
   Py_buffer view;
   if (PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE) != 0) return NULL;

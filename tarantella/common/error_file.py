@@ -9,8 +9,7 @@ import traceback
 
 from tarantella.common import config
 
-_installed = False
-_installed_pid = None  # the process whose exceptions are the rank's (not a fork()ed child's)
+_installed_pid = None  # install()'s process, whose exceptions are the rank's (not a fork()ed child's)
 
 
 def write(exc_type, exc, tb, path=None):
@@ -42,10 +41,9 @@ def _blamed_rank(exc):
 
 def install():
     """Chain our hook in front of the current sys.excepthook (once)."""
-    global _installed, _installed_pid
-    if _installed:
+    global _installed_pid
+    if _installed_pid is not None:
         return
-    _installed = True
     _installed_pid = os.getpid()
     previous = sys.excepthook
 

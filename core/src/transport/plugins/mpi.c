@@ -178,7 +178,7 @@ typedef struct {
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int mpi_ours;           /* this plugin called MPI_Init_thread */
-static pid_t mpi_pid;           /* ... in this process: a fork()ed child's MPI is its parent's */
+static pid_t mpi_pid;          /* ... in this process: a fork()ed child's MPI is its parent's */
 static int thread_level = -1;  /* what MPI provided */
 static _Atomic int job_failed; /* a failure was seen: MPI_Finalize at exit would wait forever */
 static char description[256];
