@@ -186,7 +186,10 @@ static tnt_result_t check_awaited(shm_t *s, int from, const char *what) {
 static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what) {
   for (int r = 0; r < s->pl.size; r++) {
     shm_rank_t *p = s->ranks[r];
-    if (r != s->pl.rank && atomic_load(&p->state) == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
+    /* the state again after the pid: a rank that aborted or shut down between
+     * the two loads has said why it is gone */
+    if (r != s->pl.rank && atomic_load(&p->state) == RANK_ALIVE && process_dead(atomic_load(&p->pid)) &&
+        atomic_load(&p->state) == RANK_ALIVE)
       return tnt_fail_peer(G(s, r), "rank %d (pid %d) died while rank %d was %s", G(s, r), (int)atomic_load(&p->pid),
                            G(s, s->pl.rank), what);
   }

@@ -658,16 +658,20 @@ static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const ch
   const peer_health_t *h = &s->health.peer[r];
   peer_t *p = &s->peers[r];
   if (h->state != PEER_ALIVE) return TNT_SUCCESS; /* an aborted or departed rank: peer_gone */
-  tnt_result_t res = pids ? peer_died(&s->health, r, what) : TNT_SUCCESS;
-  if (res != TNT_SUCCESS) return res;
+  int dead = pids && peer_pid_gone(&s->health, r);
   if (pids && !p->lost) {
     gaspi_state_t *vec = calloc((size_t)s->n, sizeof *vec);
     p->lost = vec && G.state_vec_get(vec) == GASPI_SUCCESS && vec[r] != GASPI_STATE_HEALTHY;
     free(vec);
   }
-  if (p->lost)
+  if (dead || p->lost) {
+    scan_ctrl(s, now); /* what has arrived: progress reads it only every beat / 8 */
+    tnt_result_t res = check_job(&s->health, what);
+    if (res != TNT_SUCCESS || h->state != PEER_ALIVE || !gone_past_grace(&s->health, r, now)) return res;
+    if (dead) return peer_died(&s->health, r, what);
     return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) is unreachable while rank %d was %s: GPI-2 lost its "
                  "connection to it (its process or host died)", r, h->pid, h->host, s->me, what);
+  }
   return peer_silent(&s->health, r, now, what);
 }
 

@@ -475,8 +475,13 @@ static void progress(mpi_t *s) {
  * silence always. */
 static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const char *what) {
   if (s->health.peer[r].state != PEER_ALIVE) return TNT_SUCCESS;
-  tnt_result_t res = pids ? peer_died(&s->health, r, what) : TNT_SUCCESS;
-  return res != TNT_SUCCESS ? res : peer_silent(&s->health, r, now, what);
+  if (pids && peer_pid_gone(&s->health, r)) {
+    progress(s); /* what it, or the rank it named, sent before it exited */
+    tnt_result_t res = check_job(&s->health, what);
+    if (res != TNT_SUCCESS || s->health.peer[r].state != PEER_ALIVE || !gone_past_grace(&s->health, r, now)) return res;
+    return peer_died(&s->health, r, what);
+  }
+  return peer_silent(&s->health, r, now, what);
 }
 
 static tnt_result_t check_gone(mpi_t *s, int r, const char *what) {

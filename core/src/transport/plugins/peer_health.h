@@ -21,6 +21,7 @@ enum { PEER_ALIVE = 0, PEER_EXITED = 1, PEER_FAILED = 2 };
 #define REASON_MAX 512  /* an abort's reason, as it travels */
 #define SILENT_BEATS 10 /* heartbeats a peer may miss before it is lost */
 #define PID_CHECK_S 0.1 /* how often a waiter checks local peers' pids */
+#define GONE_GRACE_S 0.25 /* gone_past_grace */
 
 typedef struct {
   int state;      /* PEER_ALIVE, PEER_EXITED (it said goodbye) or PEER_FAILED (it aborted) */
@@ -29,6 +30,7 @@ typedef struct {
   char host[64];
   char reason[REASON_MAX]; /* why it aborted */
   double last_heard, last_sent;
+  double gone_since; /* when its pid or connection was first seen gone (0: not seen) */
 } peer_health_t;
 
 /* What this rank knows of the job's health. Guarded by the plugin's lock (`mu`),
@@ -147,14 +149,30 @@ static inline void silent_message(const job_health_t *h, int r, double now, cons
 }
 
 /* Local peer r's process is gone (a system call: only when a pid check is due). */
+static inline int peer_pid_gone(const job_health_t *h, int r) {
+  const peer_health_t *p = &h->peer[r];
+  if (!p->local) return 0;
+  char st = tnt_process_state(p->pid);
+  return st == 'X' || st == 'Z';
+}
+
+/* Peer r has been seen gone (its pid, its connection) for GONE_GRACE_S; the
+ * first sighting starts the clock. The grace, spent reading what arrives: a
+ * rank exits soon after it has aborted or named another rank's failure, and
+ * that message, or the abort of the rank it named, may still be on its way
+ * (GPI-2 lands it from its own thread, late on a loaded host). Without it the
+ * survivor that exited first would be blamed for the failure it reported. */
+static inline int gone_past_grace(job_health_t *h, int r, double now) {
+  peer_health_t *p = &h->peer[r];
+  if (p->gone_since == 0) p->gone_since = now;
+  return now - p->gone_since >= GONE_GRACE_S;
+}
+
+/* Local peer r's process is gone (peer_pid_gone, past the grace): the error. */
 static inline tnt_result_t peer_died(const job_health_t *h, int r, const char *what) {
   const peer_health_t *p = &h->peer[r];
-  if (!p->local) return TNT_SUCCESS;
-  char st = tnt_process_state(p->pid);
-  if (st == 'X' || st == 'Z')
-    return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) died while rank %d was %s", r, p->pid, p->host, h->me,
-                 what);
-  return TNT_SUCCESS;
+  return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) died while rank %d was %s", r, p->pid, p->host, h->me,
+               what);
 }
 
 /* Peer r has been silent past the bound. */
