@@ -242,6 +242,15 @@ def _submit(fn, name, *args):
     return handle[0]
 
 
+def _described(out):
+    """`out` in an error: its dtype and shape, and what else disqualifies it."""
+    if not isinstance(out, np.ndarray):
+        return type(out).__name__
+    flaws = [flaw for flaw, bad in (("not C-contiguous", not out.flags.c_contiguous),
+                                    ("read-only", not out.flags.writeable)) if bad]
+    return f"{out.dtype}{out.shape}" + "".join(f", {flaw}" for flaw in flaws)
+
+
 def _output(out, array, what):
     """A fresh result array (64-byte aligned when large), or the caller's `out` after checking it."""
     if out is None:
@@ -250,8 +259,7 @@ def _output(out, array, what):
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise InvalidArgumentError(
             f"{what}: out must be a writeable C-contiguous array of the input's dtype and shape "
-            f"{array.dtype}{array.shape}. Received: "
-            f"{getattr(out, 'dtype', type(out).__name__)}{getattr(out, 'shape', '')}")
+            f"{array.dtype}{array.shape}. Received: {_described(out)}")
     # every algorithm reads parts of the input after writing parts of the result: a silent wrong sum.
     # The bounds test first (0.7 us); the addresses (5 us through .ctypes) only for arrays that share bytes.
     if out is not array and np.may_share_memory(array, out):

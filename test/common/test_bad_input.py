@@ -82,8 +82,8 @@ def test_bad_input_to_a_running_core():
     lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
     expected = {"non-contiguous": "C-contiguous", "fortran": "C-contiguous", "bool": "is not supported", "byte-swapped": "newbyteorder('=')",
                 "op": '"sum" or "average"', "op-type": '"sum" or "average"', "name": "at most 255 bytes",
-                "name-type": "non-empty string", "out-readonly": "writeable", "out-shape": "float32(4,)",
-                "out-dtype": "float32(4,)", "out-strided": "C-contiguous",
+                "name-type": "non-empty string", "out-readonly": "Received: float32(4,), read-only", "out-shape": "float32(4,)",
+                "out-dtype": "float32(4,)", "out-strided": "Received: float32(4,), not C-contiguous",
                 "out-overlaps": "overlaps the input without being it (it starts +4 bytes",
                 "out-overlaps-broadcast": "overlaps the input without being it (it starts -4 bytes"}
     for label, words in expected.items():

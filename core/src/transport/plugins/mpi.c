@@ -1076,8 +1076,8 @@ static tnt_result_t mpi_sendrecv(void *st, int peer, const void *send, size_t se
                  mpi_err(rc, e));
   }
   direct_t d = {req, peer};
-  char what[64];
-  snprintf(what, sizeof what, "waiting for a direct message from rank %d", peer);
+  /* the errors name the peer themselves: no formatting on every message */
+  const char *what = "exchanging direct messages with the other rank of its pair";
   tnt_result_t res = poll_until(s, direct_done, &d, peer, deadline, what);
   pthread_mutex_lock(&s->mu);
   s->receiving--;
