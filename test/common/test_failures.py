@@ -3,6 +3,7 @@ with an error that names the lost rank; tntrun names the failed rank and exits
 non-zero; nothing is left in /dev/shm."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,6 +79,9 @@ def test_rank_that_never_submits_is_named_after_the_timeout():
     first0 = reports[0][1][0]
     assert first0["error"] == "TimeoutError", first0
     assert "'step3'" in first0["message"] and "ranks [1] never submitted it" in first0["message"], first0
+    # a warning at half the timeout came first, naming who is missing
+    assert re.search(r"allreduce 'step3' has waited \d s for ranks \[1\]; it fails at TNT_TIMEOUT_S=3 s",
+                     reports[0][2]), reports[0][2][-2000:]
     # the silent rank learns it from rank 0's abort as soon as it submits
     first1 = reports[1][1][0]
     assert first1["error"] == "PeerLostError" and first1["peer"] == 0, first1
