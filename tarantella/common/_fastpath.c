@@ -58,6 +58,8 @@ static Py_ssize_t small_bytes;  /* results below this are plain numpy.empty arra
 static Py_ssize_t pooled_bytes; /* from this on they come from result_pool (collectives._result_like), */
 static Py_ssize_t align;        /* and in between they are aligned to this many bytes here */
 static double wait_slice_s;     /* how long one call waits before handing over to the Python wait */
+static unsigned long main_thread; /* its unnamed calls are numbered here; other threads' in their own
+                                   * sequences, by the Python path (collectives._auto_name) */
 
 static PyObject *str_running, *str_dtype, *str_shape, *str_uint8;
 
@@ -73,16 +75,18 @@ static void forget_binding(void) {
 }
 
 /* bind(address, core_module, ndarray, empty, result_like, dtype_codes, op_codes, counter, names,
- *      in_flight, orphans, settle_before, finish_slow, check, small_bytes, pooled_bytes, align, wait_slice_s) */
+ *      in_flight, orphans, settle_before, finish_slow, check, small_bytes, pooled_bytes, align, wait_slice_s,
+ *      main_thread) */
 static PyObject *bind(PyObject *self, PyObject *args) {
   (void)self;
   unsigned long long address;
   PyObject *o[N_BOUND];
   Py_ssize_t small, pooled, alignment;
   double slice;
-  if (!PyArg_ParseTuple(args, "KOOOOO!O!OO!O!O!OOOnnnd", &address, &o[0], &o[1], &o[2], &o[3], &PyDict_Type, &o[4],
+  unsigned long long main_ident;
+  if (!PyArg_ParseTuple(args, "KOOOOO!O!OO!O!O!OOOnnndK", &address, &o[0], &o[1], &o[2], &o[3], &PyDict_Type, &o[4],
                         &PyDict_Type, &o[5], &o[6], &PyTuple_Type, &o[7], &PyDict_Type, &o[8], &PyList_Type, &o[9],
-                        &o[10], &o[11], &o[12], &small, &pooled, &alignment, &slice))
+                        &o[10], &o[11], &o[12], &small, &pooled, &alignment, &slice, &main_ident))
     return NULL;
   if (!address || PyTuple_GET_SIZE(o[7]) == 0 || alignment < 1 || (alignment & (alignment - 1))) {
     PyErr_SetString(PyExc_ValueError,
@@ -95,6 +99,7 @@ static PyObject *bind(PyObject *self, PyObject *args) {
   pooled_bytes = pooled;
   align = alignment;
   wait_slice_s = slice;
+  main_thread = (unsigned long)main_ident;
   core_allreduce = (allreduce_fn)(uintptr_t)address;
   Py_RETURN_NONE;
 }
@@ -167,9 +172,11 @@ static PyObject *fresh_result(PyObject *array, PyObject *dtype, Py_ssize_t nbyte
 }
 
 /* The name of this call: the caller's (checked: 1-255 bytes, no NUL), or the
- * next unnamed one. NULL, without an exception, when not the common call. */
+ * next unnamed one of the main thread. NULL, without an exception, when not
+ * the common call (an unnamed call of another thread among them). */
 static const char *call_name(PyObject *name, PyObject **name_bytes, int *unnamed) {
   if (name == Py_None) {
+    if (PyThread_get_thread_ident() != main_thread) return NULL;
     PyObject *k = PyIter_Next(unnamed_counter);
     if (k == NULL) return NULL;
     Py_ssize_t i = PyLong_AsSsize_t(k) % PyTuple_GET_SIZE(unnamed_names);

@@ -4,8 +4,9 @@ Each blocking call is its `*_async` twin followed by `wait()`, but for the
 allreduce of one array: that is one call into the core, which drives the
 collective on the calling thread (the plain call is the fast call). Names identify a
 request across ranks; without a name, each kind of collective numbers its calls
-("allreduce.0", "allreduce.1", ...), which matches across ranks when every rank
-makes the same calls in the same order.
+("allreduce.0", "allreduce.1", ...; in a thread other than the main one,
+"allreduce.0@<thread name>", ...), which matches across ranks when every rank's
+thread of each name makes the same calls in the same order.
 
 Nested structures: allreduce, broadcast and allgather also take lists,
 tuples (named tuples too) and dicts, nested, whose leaves are NumPy arrays,
@@ -19,15 +20,17 @@ key order; every rank passes the same structure, with leaves of the same
 dtypes and shapes (for allgather, but for the first dimension). Any other
 leaf type is a TypeError that names it.
 """
+import hashlib
 import itertools
 import math
 import threading
+import weakref
 
 import numpy as np
 
 from tarantella import _fastpath
 from tarantella.common import codes, core, dtypes, result_pool
-from tarantella.common.errors import InvalidArgumentError
+from tarantella.common.errors import InvalidArgumentError, InvalidUsageError
 
 # A blocking wait() waits in slices of this many seconds so that Ctrl+C (which
 # Python handles between C calls) interrupts a wait for a stuck peer.
@@ -47,7 +50,7 @@ _counter_lock = threading.Lock()
 # call depends only on calls before it, so the wait always ends.
 _NAME_WINDOW = 60
 _unnamed_in_flight = {}  # name -> core handle of the last unnamed request of that name
-_unnamed_names = {}  # kind -> the _NAME_WINDOW names, made once (a name costs nothing on the hot path)
+_unnamed_names = {}  # (kind, thread's sequence) -> the _NAME_WINDOW names, made once (no cost on the hot path)
 
 
 def _auto_name(kind, name):
@@ -58,21 +61,67 @@ def _auto_name(kind, name):
                 "name must be a non-empty string of at most 255 bytes without NUL characters. "
                 f"Received: name={name!r}")
         return name.encode(), False
-    counter, names = _unnamed_window(kind)
+    thread = threading.current_thread()
+    sequence = None if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD) else _sequence_of(thread)
+    counter, names = _unnamed_window(kind, sequence)
     # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
     return names[next(counter) % _NAME_WINDOW], True
 
 
-def _unnamed_window(kind):
-    """(counter, names) of a kind's unnamed calls, made on first use."""
-    names = _unnamed_names.get(kind)
+def _unnamed_window(kind, sequence=None):
+    """(counter, names) of a kind's unnamed calls in a thread's sequence (None:
+    the main thread's), made on first use."""
+    key = (kind, sequence)
+    names = _unnamed_names.get(key)
     if names is None:
         with _counter_lock:
-            if kind not in _counters:
-                _counters[kind] = itertools.count()
-                _unnamed_names[kind] = tuple(f"{kind}.{k}".encode() for k in range(_NAME_WINDOW))
-        names = _unnamed_names[kind]
-    return _counters[kind], names
+            if key not in _counters:
+                _counters[key] = itertools.count()
+                _unnamed_names[key] = tuple(_sequence_name(kind, k, sequence) for k in range(_NAME_WINDOW))
+        names = _unnamed_names[key]
+    return _counters[key], names
+
+
+# Threads: the k-th unnamed call of a kind made by a thread pairs with the k-th
+# made by the thread of the same name on the other ranks. One sequence for the
+# whole process let two threads' calls take each other's numbers in an order
+# that differs between ranks, and calls of one shape then summed one thread's
+# arrays on one rank with the other thread's on another, without a word. The
+# main thread keeps the plain names ("allreduce.3"), and so do threads Python
+# did not start (TensorFlow's executor threads): Python names those "Dummy-N"
+# in the order they first call into it, which differs between ranks.
+_MAIN_THREAD = threading.main_thread()
+_FOREIGN_THREAD = getattr(threading, "_DummyThread", ())
+_sequence_threads = {}  # thread name -> weak reference to the thread that numbers its unnamed calls
+
+
+def _sequence_of(thread):
+    """The name of a thread's sequence of unnamed calls: its own, which no other
+    living thread may share (the two would number their calls in a race)."""
+    name = thread.name
+    known = _sequence_threads.get(name)
+    if known is None or known() is not thread:
+        with _counter_lock:
+            known = _sequence_threads.get(name)
+            other = known() if known is not None else None
+            if other is not None and other is not thread and other.is_alive():
+                raise InvalidUsageError(
+                    f"two threads named {name!r} make unnamed collective calls: each thread's unnamed calls pair "
+                    "with those of the thread of the same name on the other ranks, so threads that make them "
+                    "need names of their own (threading.Thread(name=...)), or the calls need names (name=...)")
+            _sequence_threads[name] = weakref.ref(thread)  # a later thread of the name goes on with its count
+    return name
+
+
+def _sequence_name(kind, k, sequence):
+    """The k-th name of a sequence: "allreduce.3", or "allreduce.3@worker" in thread "worker"
+    (a thread name too long for a request name, or with a NUL, is replaced by its digest)."""
+    if sequence is None:
+        return f"{kind}.{k}".encode()
+    name = f"{kind}.{k}@{sequence}".encode()
+    if len(name) > 255 or b"\0" in name:
+        name = f"{kind}.{k}@{hashlib.blake2b(sequence.encode(), digest_size=16).hexdigest()}".encode()
+    return name
 
 
 # Results smaller than this are plain NumPy arrays: TensorFlow copies an
@@ -373,7 +422,7 @@ def _bind_fastpath(lib, ffi):
     _fastpath.bind(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_allreduce"))), core, np.ndarray, np.empty,
                    _result_like, _dtype_codes, codes.OPS, *_unnamed_window("allreduce"),
                    _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check, _ALIGN_FROM_BYTES,
-                   result_pool.RESULT_POOL_FROM_BYTES, _ALIGN, _WAIT_SLICE_S)
+                   result_pool.RESULT_POOL_FROM_BYTES, _ALIGN, _WAIT_SLICE_S, _MAIN_THREAD.ident)
     _fastpath_bound = True
 
 

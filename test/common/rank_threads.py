@@ -5,8 +5,10 @@ thread submits its own and polls them with test() until they complete. With
 MODE "shared", that thread also calls test() on the other threads' handles
 while their owners wait for them. Every result is checked exactly (small
 integers in every dtype: every partial sum is exact). The threads stop
-together (an allreduce of "over BUDGET_S" every 16 iterations). Writes
-OUTDIR/rank<r>.json with the counts and the errors seen.
+together (an allreduce of "over BUDGET_S" every 16 iterations). Each worker
+also makes one unnamed allreduce per iteration, of the same shape in every
+thread. Then two living threads of one name make unnamed calls. Writes
+OUTDIR/rank<r>.json with the counts, the errors seen and the twins' refusal.
 
     rank_threads.py OUTDIR MODE THREADS BUDGET_S
 """
@@ -80,10 +82,21 @@ def submit_some(t, i):
     return [started[j] for j in (js[::-1] if (rank + i) % 2 else js)]
 
 
+def unnamed_call(t, i, jitter):
+    """An unnamed allreduce of one shape in every thread, after a pause of this
+    rank's own: the threads' calls interleave differently on each rank, and
+    each pairs with the same thread's on the other ranks all the same."""
+    time.sleep(jitter.random() * 0.001)
+    got = tnt.allreduce(np.full(3, 100 * t + rank + i, np.int64))
+    check(got, np.full(3, size * (100 * t + i) + size * (size - 1) // 2, np.int64), f"thread{t}/unnamed{i}")
+
+
 def worker(t):
     try:
         i = 0
+        jitter = random.Random(f"{rank}-{t}")
         while not stop_now(t, i):
+            unnamed_call(t, i, jitter)
             started = submit_some(t, i)
             if mode == "shared":
                 with lock:
@@ -148,8 +161,39 @@ for w in workers:
     w.join()
 workers_done.set()
 poll.join()
+
+
+def twins():
+    """Two living threads of one name: the second's unnamed call is refused
+    before anything is submitted (the two would number their calls in a race)."""
+    called, release, refused = threading.Event(), threading.Event(), []
+
+    def first():
+        check(tnt.allreduce(np.ones(2, np.int64)), np.full(2, size, np.int64), "twin/first")
+        called.set()
+        release.wait()
+
+    def second():
+        try:
+            tnt.allreduce(np.ones(2, np.int64))
+        except tnt.InvalidUsageError as exc:
+            refused.append(str(exc))
+
+    a = threading.Thread(target=first, name="twin")
+    a.start()
+    called.wait()
+    b = threading.Thread(target=second, name="twin")
+    b.start()
+    b.join()
+    release.set()
+    a.join()
+    return refused
+
+
+twin_refused = twins()
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-    json.dump({"rank": rank, **stats, "errors": errors[:20], "seconds": time.monotonic() - begin}, f)
+    json.dump({"rank": rank, **stats, "errors": errors[:20], "seconds": time.monotonic() - begin,
+               "twin_refused": twin_refused}, f)
 print(f"rank {rank}: {stats['checked']} collectives checked from {threads + 1} threads, {stats['tests']} test() "
       f"calls ({stats['tests_done']} found their request complete), {len(errors)} errors in "
       f"{time.monotonic() - begin:.1f} s")

@@ -3,7 +3,9 @@ submit their own named collectives and wait for them while a fifth submits its
 own and polls them with test() alone; every result is checked exactly, for
 about five seconds. Then the same while the fifth thread also calls test() on
 the handles that the other threads are waiting for (a Handle shared between
-threads, as a concurrent.futures.Future may be)."""
+threads, as a concurrent.futures.Future may be). The workers' unnamed calls,
+of one shape in every thread, pair by thread across ranks (collectives.py,
+_auto_name); two living threads of one name are refused."""
 import json
 
 import pytest
@@ -25,3 +27,5 @@ def test_threads_submit_wait_and_test_concurrently(mode, tmp_path):
         assert rep["checked"] >= MIN_CHECKED, rep
         assert rep["tests_done"] > 0, rep  # the polling thread saw its requests complete through test()
     assert reports[0]["checked"] == reports[1]["checked"], reports
+    for rep in reports:
+        assert len(rep["twin_refused"]) == 1 and "two threads named 'twin'" in rep["twin_refused"][0], rep
