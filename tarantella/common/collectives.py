@@ -115,11 +115,12 @@ def _sequence_of(thread):
 
 def _sequence_name(kind, k, sequence):
     """The k-th name of a sequence: "allreduce.3", or "allreduce.3@worker" in thread "worker"
-    (a thread name too long for a request name, or with a NUL, is replaced by its digest)."""
+    (a thread name too long for a request name, or with a NUL, is replaced by its digest; a
+    structure's requests add up to 9 bytes, ".bfloat16", to the 255 a name may have)."""
     if sequence is None:
         return f"{kind}.{k}".encode()
     name = f"{kind}.{k}@{sequence}".encode()
-    if len(name) > 255 or b"\0" in name:
+    if len(name) > 240 or b"\0" in name:
         name = f"{kind}.{k}@{hashlib.blake2b(sequence.encode(), digest_size=16).hexdigest()}".encode()
     return name
 
