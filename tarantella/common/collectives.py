@@ -101,6 +101,12 @@ def _sequence_of(thread):
     name = thread.name
     known = _sequence_threads.get(name)
     if known is None or known() is not thread:
+        pool = _pool_of(thread)
+        if pool:
+            raise InvalidUsageError(
+                f"an unnamed collective call in a worker thread of a {pool}: its threads take the tasks in an "
+                "order that differs between ranks, so their unnamed calls would pair wrongly across ranks. Name "
+                "the calls after the task (name=f\"grads.{task}\"), or make them outside the pool")
         with _counter_lock:
             known = _sequence_threads.get(name)
             other = known() if known is not None else None
@@ -111,6 +117,22 @@ def _sequence_of(thread):
                     "need names of their own (threading.Thread(name=...)), or the calls need names (name=...)")
             _sequence_threads[name] = weakref.ref(thread)  # a later thread of the name goes on with its count
     return name
+
+
+def _pool_of(thread):
+    """What pool `thread` works for ("" if none, or a pool of one thread: its
+    tasks run in the order they were submitted). Read from the thread's target:
+    the pools' own private attributes, so anything unexpected means no pool."""
+    try:
+        module = getattr(getattr(thread, "_target", None), "__module__", None)
+        if module == "concurrent.futures.thread":
+            executor = thread._args[0]()  # the worker holds its executor by a weak reference
+            return "" if executor is not None and executor._max_workers == 1 else "ThreadPoolExecutor"
+        if module == "multiprocessing.pool":
+            return "multiprocessing ThreadPool"
+    except Exception:  # noqa: BLE001 - another Python's internals: no verdict
+        pass
+    return ""
 
 
 def _sequence_name(kind, k, sequence):

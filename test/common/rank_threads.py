@@ -7,12 +7,15 @@ while their owners wait for them. Every result is checked exactly (small
 integers in every dtype: every partial sum is exact). The threads stop
 together (an allreduce of "over BUDGET_S" every 16 iterations). Each worker
 also makes one unnamed allreduce per iteration, of the same shape in every
-thread. Then two living threads of one name make unnamed calls. Writes
-OUTDIR/rank<r>.json with the counts, the errors seen and the twins' refusal.
+thread. Then two living threads of one name make unnamed calls, and so do
+pools of one and of two threads. Writes OUTDIR/rank<r>.json with the counts,
+the errors seen and what the twins and the pools got.
 
     rank_threads.py OUTDIR MODE THREADS BUDGET_S
 """
+import concurrent.futures
 import json
+import multiprocessing.pool
 import os
 import random
 import sys
@@ -190,10 +193,32 @@ def twins():
     return refused
 
 
+def pools():
+    """Unnamed calls in a pool's tasks: refused in a pool of two threads (they
+    take the tasks in an order of their own on each rank); a pool of one runs
+    them in order, and they pair."""
+    outcome = []
+    with concurrent.futures.ThreadPoolExecutor(1) as one:
+        got = one.submit(lambda: tnt.allreduce(np.full(2, rank, np.int64))).result()
+        outcome.append(got.tolist())
+    with concurrent.futures.ThreadPoolExecutor(2) as two:
+        try:
+            two.submit(lambda: tnt.allreduce(np.ones(2, np.int64))).result()
+        except tnt.InvalidUsageError as exc:
+            outcome.append(str(exc))
+    with multiprocessing.pool.ThreadPool(2) as threads:
+        try:
+            threads.apply(lambda: tnt.allreduce(np.ones(2, np.int64)))
+        except tnt.InvalidUsageError as exc:
+            outcome.append(str(exc))
+    return outcome
+
+
 twin_refused = twins()
+pooled = pools()
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, **stats, "errors": errors[:20], "seconds": time.monotonic() - begin,
-               "twin_refused": twin_refused}, f)
+               "twin_refused": twin_refused, "pools": pooled}, f)
 print(f"rank {rank}: {stats['checked']} collectives checked from {threads + 1} threads, {stats['tests']} test() "
       f"calls ({stats['tests_done']} found their request complete), {len(errors)} errors in "
       f"{time.monotonic() - begin:.1f} s")

@@ -5,7 +5,8 @@ about five seconds. Then the same while the fifth thread also calls test() on
 the handles that the other threads are waiting for (a Handle shared between
 threads, as a concurrent.futures.Future may be). The workers' unnamed calls,
 of one shape in every thread, pair by thread across ranks (collectives.py,
-_auto_name); two living threads of one name are refused."""
+_auto_name); two living threads of one name are refused, and so are unnamed
+calls in a pool of two threads."""
 import json
 
 import pytest
@@ -29,3 +30,6 @@ def test_threads_submit_wait_and_test_concurrently(mode, tmp_path):
     assert reports[0]["checked"] == reports[1]["checked"], reports
     for rep in reports:
         assert len(rep["twin_refused"]) == 1 and "two threads named 'twin'" in rep["twin_refused"][0], rep
+        assert rep["pools"][0] == [1, 1], rep  # 0 + 1: a pool of one thread pairs its calls
+        assert len(rep["pools"]) == 3 and "worker thread of a ThreadPoolExecutor" in rep["pools"][1], rep
+        assert "worker thread of a multiprocessing ThreadPool" in rep["pools"][2], rep
