@@ -50,7 +50,7 @@ _counter_lock = threading.Lock()
 # call depends only on calls before it, so the wait always ends.
 _NAME_WINDOW = 60
 _unnamed_in_flight = {}  # name -> core handle of the last unnamed request of that name
-_unnamed_names = {}  # (kind, thread's sequence) -> the _NAME_WINDOW names, made once (no cost on the hot path)
+_unnamed_names = {}  # kind -> the main thread's _NAME_WINDOW names, made once (no cost on the hot path)
 
 
 def _auto_name(kind, name):
@@ -62,24 +62,27 @@ def _auto_name(kind, name):
                 f"Received: name={name!r}")
         return name.encode(), False
     thread = threading.current_thread()
-    sequence = None if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD) else _sequence_of(thread)
-    counter, names = _unnamed_window(kind, sequence)
-    # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
-    return names[next(counter) % _NAME_WINDOW], True
+    if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD):
+        counter, names = _unnamed_window(kind)
+        # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
+        return names[next(counter) % _NAME_WINDOW], True
+    sequence = _sequence_of(thread)
+    # one thread's own count (a program that starts a thread per task keeps one small counter per thread
+    # name, not the 60 names the main thread keeps made)
+    counter = _counters.get((kind, sequence)) or _counters.setdefault((kind, sequence), itertools.count())
+    return _sequence_name(kind, next(counter) % _NAME_WINDOW, sequence), True
 
 
-def _unnamed_window(kind, sequence=None):
-    """(counter, names) of a kind's unnamed calls in a thread's sequence (None:
-    the main thread's), made on first use."""
-    key = (kind, sequence)
-    names = _unnamed_names.get(key)
+def _unnamed_window(kind):
+    """(counter, names) of a kind's unnamed calls in the main thread's sequence, made on first use."""
+    names = _unnamed_names.get(kind)
     if names is None:
         with _counter_lock:
-            if key not in _counters:
-                _counters[key] = itertools.count()
-                _unnamed_names[key] = tuple(_sequence_name(kind, k, sequence) for k in range(_NAME_WINDOW))
-        names = _unnamed_names[key]
-    return _counters[key], names
+            if kind not in _counters:
+                _counters[kind] = itertools.count()
+                _unnamed_names[kind] = tuple(_sequence_name(kind, k, None) for k in range(_NAME_WINDOW))
+        names = _unnamed_names[kind]
+    return _counters[kind], names
 
 
 # Threads: the k-th unnamed call of a kind made by a thread pairs with the k-th
