@@ -54,19 +54,19 @@ static PyObject *orphans;       /* list of dropped, unfinished requests to reap 
 static PyObject *settle_before; /* collectives._settle_before(name, unnamed): reap those, wait for the name's last use */
 static PyObject *finish_slow;   /* collectives._finish_in_progress(handle, name, unnamed, array, out) */
 static PyObject *check;         /* core.check(result): raises the error of a result code */
+static PyObject *thread_name;   /* collectives._unnamed_allreduce_name(): the next name of this thread's sequence */
 static Py_ssize_t small_bytes;  /* results below this are plain numpy.empty arrays, */
 static Py_ssize_t pooled_bytes; /* from this on they come from result_pool (collectives._result_like), */
 static Py_ssize_t align;        /* and in between they are aligned to this many bytes here */
 static double wait_slice_s;     /* how long one call waits before handing over to the Python wait */
-static unsigned long main_thread; /* its unnamed calls are numbered here; other threads' in their own
-                                   * sequences, by the Python path (collectives._auto_name) */
+static unsigned long main_thread; /* its unnamed calls are numbered here; other threads' by thread_name */
 
 static PyObject *str_running, *str_dtype, *str_shape, *str_uint8;
 
 /* The objects bind() takes, in its order. */
 static PyObject **const bound[] = {&core_module, &ndarray_type, &np_empty, &result_like, &dtype_codes, &op_codes,
                                    &unnamed_counter, &unnamed_names, &in_flight, &orphans, &settle_before,
-                                   &finish_slow, &check};
+                                   &finish_slow, &check, &thread_name};
 #define N_BOUND ((int)(sizeof bound / sizeof bound[0]))
 
 static void forget_binding(void) {
@@ -75,8 +75,8 @@ static void forget_binding(void) {
 }
 
 /* bind(address, core_module, ndarray, empty, result_like, dtype_codes, op_codes, counter, names,
- *      in_flight, orphans, settle_before, finish_slow, check, small_bytes, pooled_bytes, align, wait_slice_s,
- *      main_thread) */
+ *      in_flight, orphans, settle_before, finish_slow, check, thread_name, small_bytes, pooled_bytes, align,
+ *      wait_slice_s, main_thread) */
 static PyObject *bind(PyObject *self, PyObject *args) {
   (void)self;
   unsigned long long address;
@@ -84,9 +84,9 @@ static PyObject *bind(PyObject *self, PyObject *args) {
   Py_ssize_t small, pooled, alignment;
   double slice;
   unsigned long long main_ident;
-  if (!PyArg_ParseTuple(args, "KOOOOO!O!OO!O!O!OOOnnndK", &address, &o[0], &o[1], &o[2], &o[3], &PyDict_Type, &o[4],
-                        &PyDict_Type, &o[5], &o[6], &PyTuple_Type, &o[7], &PyDict_Type, &o[8], &PyList_Type, &o[9],
-                        &o[10], &o[11], &o[12], &small, &pooled, &alignment, &slice, &main_ident))
+  if (!PyArg_ParseTuple(args, "KOOOOO!O!OO!O!O!OOOOnnndK", &address, &o[0], &o[1], &o[2], &o[3], &PyDict_Type,
+                        &o[4], &PyDict_Type, &o[5], &o[6], &PyTuple_Type, &o[7], &PyDict_Type, &o[8], &PyList_Type,
+                        &o[9], &o[10], &o[11], &o[12], &o[13], &small, &pooled, &alignment, &slice, &main_ident))
     return NULL;
   if (!address || PyTuple_GET_SIZE(o[7]) == 0 || alignment < 1 || (alignment & (alignment - 1))) {
     PyErr_SetString(PyExc_ValueError,
@@ -172,11 +172,23 @@ static PyObject *fresh_result(PyObject *array, PyObject *dtype, Py_ssize_t nbyte
 }
 
 /* The name of this call: the caller's (checked: 1-255 bytes, no NUL), or the
- * next unnamed one of the main thread. NULL, without an exception, when not
- * the common call (an unnamed call of another thread among them). */
+ * next unnamed one of the calling thread's sequence. NULL, without an
+ * exception, when not the common call. */
 static const char *call_name(PyObject *name, PyObject **name_bytes, int *unnamed) {
+  if (name == Py_None && PyThread_get_thread_ident() != main_thread) {
+    /* another thread's own sequence (collectives._auto_name): made in Python, a
+     * refusal (two threads of one name, a pool's thread) raised from there */
+    *name_bytes = PyObject_CallNoArgs(thread_name);
+    if (*name_bytes == NULL) return NULL;
+    if (!PyBytes_Check(*name_bytes)) {
+      Py_CLEAR(*name_bytes);
+      PyErr_SetString(PyExc_TypeError, "the thread's unnamed name is not bytes");
+      return NULL;
+    }
+    *unnamed = 1;
+    return PyBytes_AS_STRING(*name_bytes);
+  }
   if (name == Py_None) {
-    if (PyThread_get_thread_ident() != main_thread) return NULL;
     PyObject *k = PyIter_Next(unnamed_counter);
     if (k == NULL) return NULL;
     Py_ssize_t i = PyLong_AsSsize_t(k) % PyTuple_GET_SIZE(unnamed_names);

@@ -64,13 +64,16 @@ def _auto_name(kind, name):
     thread = threading.current_thread()
     if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD):
         counter, names = _unnamed_window(kind)
-        # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
-        return names[next(counter) % _NAME_WINDOW], True
-    sequence = _sequence_of(thread)
-    # one thread's own count (a program that starts a thread per task keeps one small counter per thread
-    # name, not the 60 names the main thread keeps made)
-    counter = _counters.get((kind, sequence)) or _counters.setdefault((kind, sequence), itertools.count())
-    return _sequence_name(kind, next(counter) % _NAME_WINDOW, sequence), True
+    else:
+        counter, names = _thread_window(kind, thread)
+    # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
+    return names[next(counter) % _NAME_WINDOW], True
+
+
+def _unnamed_allreduce_name():
+    """The next unnamed allreduce's name in the calling thread's sequence, for the fast path (which
+    numbers the main thread's calls itself)."""
+    return _auto_name("allreduce", None)[0]
 
 
 def _unnamed_window(kind):
@@ -96,6 +99,24 @@ def _unnamed_window(kind):
 _MAIN_THREAD = threading.main_thread()
 _FOREIGN_THREAD = getattr(threading, "_DummyThread", ())
 _sequence_threads = {}  # thread name -> weak reference to the thread that numbers its unnamed calls
+_thread_windows = threading.local()  # by_kind: {kind: (counter, names)} of this thread's sequence
+
+
+def _thread_window(kind, thread):
+    """(counter, names) of a kind's unnamed calls in a thread other than the main one. The count
+    lives on with the thread's name (a later thread of the name goes on with it); the names live in
+    the thread's own storage and go with it (a program that starts a thread per task keeps no 60
+    names per thread)."""
+    windows = getattr(_thread_windows, "by_kind", None)
+    if windows is None:
+        windows = _thread_windows.by_kind = {}
+    window = windows.get(kind)
+    if window is None:
+        sequence = _sequence_of(thread)  # may refuse: then nothing is kept, and every call refuses
+        with _counter_lock:
+            counter = _counters.setdefault((kind, sequence), itertools.count())
+        window = windows[kind] = (counter, tuple(_sequence_name(kind, k, sequence) for k in range(_NAME_WINDOW)))
+    return window
 
 
 def _sequence_of(thread):
@@ -447,8 +468,9 @@ def _bind_fastpath(lib, ffi):
     global _fastpath_bound
     _fastpath.bind(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_allreduce"))), core, np.ndarray, np.empty,
                    _result_like, _dtype_codes, codes.OPS, *_unnamed_window("allreduce"),
-                   _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check, _ALIGN_FROM_BYTES,
-                   result_pool.RESULT_POOL_FROM_BYTES, _ALIGN, _WAIT_SLICE_S, _MAIN_THREAD.ident)
+                   _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check,
+                   _unnamed_allreduce_name, _ALIGN_FROM_BYTES, result_pool.RESULT_POOL_FROM_BYTES, _ALIGN,
+                   _WAIT_SLICE_S, _MAIN_THREAD.ident)
     _fastpath_bound = True
 
 
