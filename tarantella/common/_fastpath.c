@@ -54,7 +54,7 @@ static PyObject *orphans;       /* list of dropped, unfinished requests to reap 
 static PyObject *settle_before; /* collectives._settle_before(name, unnamed): reap those, wait for the name's last use */
 static PyObject *finish_slow;   /* collectives._finish_in_progress(handle, name, unnamed, array, out) */
 static PyObject *check;         /* core.check(result): raises the error of a result code */
-static PyObject *thread_name;   /* collectives._unnamed_allreduce_name(): the next name of this thread's sequence */
+static PyObject *thread_name;   /* request_names.unnamed_allreduce_name(): this thread's next name */
 static Py_ssize_t small_bytes;  /* results below this are plain numpy.empty arrays, */
 static Py_ssize_t pooled_bytes; /* from this on they come from result_pool (collectives._result_like), */
 static Py_ssize_t align;        /* and in between they are aligned to this many bytes here */
@@ -176,7 +176,7 @@ static PyObject *fresh_result(PyObject *array, PyObject *dtype, Py_ssize_t nbyte
  * exception, when not the common call. */
 static const char *call_name(PyObject *name, PyObject **name_bytes, int *unnamed) {
   if (name == Py_None && PyThread_get_thread_ident() != main_thread) {
-    /* another thread's own sequence (collectives._auto_name): made in Python, a
+    /* another thread's own sequence (request_names.py): made in Python, a
      * refusal (two threads of one name, a pool's thread) raised from there */
     *name_bytes = PyObject_CallNoArgs(thread_name);
     if (*name_bytes == NULL) return NULL;

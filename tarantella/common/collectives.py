@@ -20,155 +20,20 @@ key order; every rank passes the same structure, with leaves of the same
 dtypes and shapes (for allgather, but for the first dimension). Any other
 leaf type is a TypeError that names it.
 """
-import hashlib
-import itertools
 import math
 import threading
-import weakref
 
 import numpy as np
 
 from tarantella import _fastpath
-from tarantella.common import codes, core, dtypes, result_pool
-from tarantella.common.errors import InvalidArgumentError, InvalidUsageError
+from tarantella.common import codes, core, dtypes, request_names, result_pool
+from tarantella.common.errors import InvalidArgumentError
 
 # A blocking wait() waits in slices of this many seconds so that Ctrl+C (which
 # Python handles between C calls) interrupts a wait for a stuck peer.
 _WAIT_SLICE_S = 0.25
 _ALIGN = 64  # TensorFlow aliases (does not copy) a returned array only if it is 64-byte aligned
-_counters = {}
-_counter_lock = threading.Lock()
-
-
-# Unnamed calls: the k-th unnamed call of a kind is "<kind>.<k mod 60>" on every
-# rank. Counting per kind pairs the k-th calls across ranks, so a rank that calls
-# with another shape or dtype gets a MismatchError at once; reusing 60 names lets
-# a loop of unnamed calls (whose pattern repeats with a period dividing 60) be
-# served from the core's response cache, one bit per call, instead of a full
-# announcement of a fresh name each time. A name still in flight from 60 calls
-# earlier is waited for first: in a program every rank runs alike, that older
-# call depends only on calls before it, so the wait always ends.
-_NAME_WINDOW = 60
-_unnamed_in_flight = {}  # name -> core handle of the last unnamed request of that name
-_unnamed_names = {}  # kind -> the main thread's _NAME_WINDOW names, made once (no cost on the hot path)
-
-
-def _auto_name(kind, name):
-    """(name as bytes, True if it was made here for an unnamed call)."""
-    if name is not None:
-        if not isinstance(name, str) or not name or len(name.encode()) > 255 or "\0" in name:
-            raise InvalidArgumentError(
-                "name must be a non-empty string of at most 255 bytes without NUL characters. "
-                f"Received: name={name!r}")
-        return name.encode(), False
-    thread = threading.current_thread()
-    if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD):
-        counter, names = _unnamed_window(kind)
-    else:
-        counter, names = _thread_window(kind, thread)
-    # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
-    return names[next(counter) % _NAME_WINDOW], True
-
-
-def _unnamed_allreduce_name():
-    """The next unnamed allreduce's name in the calling thread's sequence, for the fast path (which
-    numbers the main thread's calls itself)."""
-    return _auto_name("allreduce", None)[0]
-
-
-def _unnamed_window(kind):
-    """(counter, names) of a kind's unnamed calls in the main thread's sequence, made on first use."""
-    names = _unnamed_names.get(kind)
-    if names is None:
-        with _counter_lock:
-            if kind not in _counters:
-                _counters[kind] = itertools.count()
-                _unnamed_names[kind] = tuple(_sequence_name(kind, k, None) for k in range(_NAME_WINDOW))
-        names = _unnamed_names[kind]
-    return _counters[kind], names
-
-
-# Threads: the k-th unnamed call of a kind made by a thread pairs with the k-th
-# made by the thread of the same name on the other ranks. One sequence for the
-# whole process let two threads' calls take each other's numbers in an order
-# that differs between ranks, and calls of one shape then summed one thread's
-# arrays on one rank with the other thread's on another, without a word. The
-# main thread keeps the plain names ("allreduce.3"), and so do threads Python
-# did not start (TensorFlow's executor threads): Python names those "Dummy-N"
-# in the order they first call into it, which differs between ranks.
-_MAIN_THREAD = threading.main_thread()
-_FOREIGN_THREAD = getattr(threading, "_DummyThread", ())
-_sequence_threads = {}  # thread name -> weak reference to the thread that numbers its unnamed calls
-_thread_windows = threading.local()  # by_kind: {kind: (counter, names)} of this thread's sequence
-
-
-def _thread_window(kind, thread):
-    """(counter, names) of a kind's unnamed calls in a thread other than the main one. The count
-    lives on with the thread's name (a later thread of the name goes on with it); the names live in
-    the thread's own storage and go with it (a program that starts a thread per task keeps no 60
-    names per thread)."""
-    windows = getattr(_thread_windows, "by_kind", None)
-    if windows is None:
-        windows = _thread_windows.by_kind = {}
-    window = windows.get(kind)
-    if window is None:
-        sequence = _sequence_of(thread)  # may refuse: then nothing is kept, and every call refuses
-        with _counter_lock:
-            counter = _counters.setdefault((kind, sequence), itertools.count())
-        window = windows[kind] = (counter, tuple(_sequence_name(kind, k, sequence) for k in range(_NAME_WINDOW)))
-    return window
-
-
-def _sequence_of(thread):
-    """The name of a thread's sequence of unnamed calls: its own, which no other
-    living thread may share (the two would number their calls in a race)."""
-    name = thread.name
-    known = _sequence_threads.get(name)
-    if known is None or known() is not thread:
-        pool = _pool_of(thread)
-        if pool:
-            raise InvalidUsageError(
-                f"an unnamed collective call in a worker thread of a {pool}: its threads take the tasks in an "
-                "order that differs between ranks, so their unnamed calls would pair wrongly across ranks. Name "
-                "the calls after the task (name=f\"grads.{task}\"), or make them outside the pool")
-        with _counter_lock:
-            known = _sequence_threads.get(name)
-            other = known() if known is not None else None
-            if other is not None and other is not thread and other.is_alive():
-                raise InvalidUsageError(
-                    f"two threads named {name!r} make unnamed collective calls: each thread's unnamed calls pair "
-                    "with those of the thread of the same name on the other ranks, so threads that make them "
-                    "need names of their own (threading.Thread(name=...)), or the calls need names (name=...)")
-            _sequence_threads[name] = weakref.ref(thread)  # a later thread of the name goes on with its count
-    return name
-
-
-def _pool_of(thread):
-    """What pool `thread` works for ("" if none, or a pool of one thread: its
-    tasks run in the order they were submitted). Read from the thread's target:
-    the pools' own private attributes, so anything unexpected means no pool."""
-    try:
-        module = getattr(getattr(thread, "_target", None), "__module__", None)
-        if module == "concurrent.futures.thread":
-            executor = thread._args[0]()  # the worker holds its executor by a weak reference
-            return "" if executor is not None and executor._max_workers == 1 else "ThreadPoolExecutor"
-        if module == "multiprocessing.pool":
-            return "multiprocessing ThreadPool"
-    except Exception:  # noqa: BLE001 - another Python's internals: no verdict
-        pass
-    return ""
-
-
-def _sequence_name(kind, k, sequence):
-    """The k-th name of a sequence: "allreduce.3", or "allreduce.3@worker" in thread "worker"
-    (a thread name too long for a request name, or with a NUL, is replaced by its digest; a
-    structure's requests add up to 9 bytes, ".bfloat16", to the 255 a name may have)."""
-    if sequence is None:
-        return f"{kind}.{k}".encode()
-    name = f"{kind}.{k}@{sequence}".encode()
-    if len(name) > 240 or b"\0" in name:
-        name = f"{kind}.{k}@{hashlib.blake2b(sequence.encode(), digest_size=16).hexdigest()}".encode()
-    return name
+_unnamed_in_flight = {}  # name -> core handle of the last unnamed request of that name (request_names.py)
 
 
 # Results smaller than this are plain NumPy arrays: TensorFlow copies an
@@ -315,7 +180,7 @@ def _reap_orphans():
 def _settle_before(name, unnamed):
     """Before a request named `name` is submitted: release the dropped requests
     that completed, and wait (interruptibly) until the unnamed request of the
-    same name, _NAME_WINDOW calls earlier, completes (its owner takes the result)."""
+    same name, request_names.NAME_WINDOW calls earlier, completes (its owner takes the result)."""
     lib = core.lib()
     if _orphans:
         _reap_orphans()
@@ -326,7 +191,7 @@ def _settle_before(name, unnamed):
 
 
 def _submit(fn, name, *args):
-    """Submit `fn(name, *args, &handle)`; `name` comes from _auto_name."""
+    """Submit `fn(name, *args, &handle)`; `name` comes from request_names.auto_name."""
     name, unnamed = name
     lib, ffi = core.lib(), core.ffi()
     if _orphans or unnamed and _unnamed_in_flight:
@@ -381,7 +246,7 @@ def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
-    handle = _submit(lib.tnt_allreduce_async, _auto_name("allreduce", name),
+    handle = _submit(lib.tnt_allreduce_async, request_names.auto_name("allreduce", name),
                      ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op],
                      float(prescale))
     return Handle(handle, lambda h: out, (array, out))
@@ -416,7 +281,7 @@ def _allreduce_now(array, op, name, prescale, out):
     ffi = core.ffi()
     if not _fastpath_bound:
         _bind_fastpath(lib, ffi)
-    return _blocking(lib.tnt_allreduce, _auto_name("allreduce", name),
+    return _blocking(lib.tnt_allreduce, request_names.auto_name("allreduce", name),
                      (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale)),
                      lambda h: out, (array, out))
 
@@ -467,10 +332,10 @@ def _bind_fastpath(lib, ffi):
     whether the core runs here (core._running) on every call."""
     global _fastpath_bound
     _fastpath.bind(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_allreduce"))), core, np.ndarray, np.empty,
-                   _result_like, _dtype_codes, codes.OPS, *_unnamed_window("allreduce"),
+                   _result_like, _dtype_codes, codes.OPS, *request_names.unnamed_window("allreduce"),
                    _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check,
-                   _unnamed_allreduce_name, _ALIGN_FROM_BYTES, result_pool.RESULT_POOL_FROM_BYTES, _ALIGN,
-                   _WAIT_SLICE_S, _MAIN_THREAD.ident)
+                   request_names.unnamed_allreduce_name, _ALIGN_FROM_BYTES, result_pool.RESULT_POOL_FROM_BYTES, _ALIGN,
+                   _WAIT_SLICE_S, threading.main_thread().ident)
     _fastpath_bound = True
 
 
@@ -490,8 +355,8 @@ def _broadcast(array, root, name, out, blocking):
     ffi = core.ffi()
     args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     if blocking:
-        return _blocking(lib.tnt_broadcast, _auto_name("broadcast", name), args, lambda h: out, (array, out))
-    handle = _submit(lib.tnt_broadcast_async, _auto_name("broadcast", name), *args)
+        return _blocking(lib.tnt_broadcast, request_names.auto_name("broadcast", name), args, lambda h: out, (array, out))
+    handle = _submit(lib.tnt_broadcast_async, request_names.auto_name("broadcast", name), *args)
     return Handle(handle, lambda h: out, (array, out))
 
 
@@ -538,8 +403,8 @@ def _allgather(array, name, blocking):
         return out
 
     if blocking:
-        return _blocking(lib.tnt_allgather_into, _auto_name("allgather", name), args, finish, (array, guess), keep=True)
-    return Handle(_submit(lib.tnt_allgather_into_async, _auto_name("allgather", name), *args), finish, (array, guess))
+        return _blocking(lib.tnt_allgather_into, request_names.auto_name("allgather", name), args, finish, (array, guess), keep=True)
+    return Handle(_submit(lib.tnt_allgather_into_async, request_names.auto_name("allgather", name), *args), finish, (array, guess))
 
 
 def _gather_result(shape, dtype):
@@ -563,14 +428,14 @@ def allgather(array, name=None):
 
 def barrier_async(name=None):
     lib = core.ensure_initialized()
-    handle = _submit(lib.tnt_barrier_async, _auto_name("barrier", name))
+    handle = _submit(lib.tnt_barrier_async, request_names.auto_name("barrier", name))
     return Handle(handle, lambda h: None, ())
 
 
 def barrier(name=None):
     """Return once every rank has entered the barrier."""
     lib = core.ensure_initialized()
-    _blocking(lib.tnt_barrier, _auto_name("barrier", name), (), lambda h: None, ())
+    _blocking(lib.tnt_barrier, request_names.auto_name("barrier", name), (), lambda h: None, ())
 
 
 # ---- nested structures (see the module docstring) ----------------------------------------------
@@ -659,7 +524,7 @@ def _structure_collective(structure, kind, name, start, now=None):
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
-    base = _auto_name(kind, name)[0].decode()
+    base = request_names.auto_name(kind, name)[0].decode()
     groups = _groups(arrays)
     handles = []
     for dtype, idx in groups.items():
@@ -683,7 +548,7 @@ def _allgather_structure(structure, name):
     leaves, rebuild = flatten(structure)
     arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
     arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
-    base = _auto_name("allgather", name)[0].decode()
+    base = request_names.auto_name("allgather", name)[0].decode()
     if not arrays:
         return rebuild([])
     groups = _groups(arrays)

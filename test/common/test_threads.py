@@ -4,8 +4,8 @@ own and polls them with test() alone; every result is checked exactly, for
 about five seconds. Then the same while the fifth thread also calls test() on
 the handles that the other threads are waiting for (a Handle shared between
 threads, as a concurrent.futures.Future may be). The workers' unnamed calls,
-of one shape in every thread, pair by thread across ranks (collectives.py,
-_auto_name); two living threads of one name are refused, and so are unnamed
+of one shape in every thread, pair by thread across ranks (request_names.py);
+two living threads of one name are refused, and so are unnamed
 calls in a pool of two threads."""
 import json
 

@@ -1,0 +1,142 @@
+"""Names of requests: the caller's, checked, or one made for an unnamed call.
+
+The k-th unnamed call of a kind is "<kind>.<k mod 60>" on every rank (in a
+thread other than the main one, "<kind>.<k mod 60>@<thread name>"). Counting
+per kind pairs the k-th calls across ranks, so a rank that calls with another
+shape or dtype gets a MismatchError at once; reusing 60 names lets a loop of
+unnamed calls (whose pattern repeats with a period dividing 60) be served
+from the core's response cache, one bit per call, instead of a full
+announcement of a fresh name each time. A name still in flight from 60 calls
+earlier is waited for first (collectives._settle_before): in a program every
+rank runs alike, that older call depends only on calls before it, so the wait
+always ends.
+"""
+import hashlib
+import itertools
+import threading
+import weakref
+
+from tarantella.common.errors import InvalidArgumentError, InvalidUsageError
+
+NAME_WINDOW = 60
+_counters = {}  # kind (the main thread's sequence) or (kind, thread name) -> itertools.count
+_counter_lock = threading.Lock()
+_unnamed_names = {}  # kind -> the main thread's NAME_WINDOW names, made once (no cost on the hot path)
+
+
+def auto_name(kind, name):
+    """(name as bytes, True if it was made here for an unnamed call)."""
+    if name is not None:
+        if not isinstance(name, str) or not name or len(name.encode()) > 255 or "\0" in name:
+            raise InvalidArgumentError(
+                "name must be a non-empty string of at most 255 bytes without NUL characters. "
+                f"Received: name={name!r}")
+        return name.encode(), False
+    thread = threading.current_thread()
+    if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD):
+        counter, names = unnamed_window(kind)
+    else:
+        counter, names = _thread_window(kind, thread)
+    # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
+    return names[next(counter) % NAME_WINDOW], True
+
+
+def unnamed_allreduce_name():
+    """The next unnamed allreduce's name in the calling thread's sequence, for the fast path (which
+    numbers the main thread's calls itself)."""
+    return auto_name("allreduce", None)[0]
+
+
+def unnamed_window(kind):
+    """(counter, names) of a kind's unnamed calls in the main thread's sequence, made on first use."""
+    names = _unnamed_names.get(kind)
+    if names is None:
+        with _counter_lock:
+            if kind not in _counters:
+                _counters[kind] = itertools.count()
+                _unnamed_names[kind] = tuple(_sequence_name(kind, k, None) for k in range(NAME_WINDOW))
+        names = _unnamed_names[kind]
+    return _counters[kind], names
+
+
+# Threads: the k-th unnamed call of a kind made by a thread pairs with the k-th
+# made by the thread of the same name on the other ranks. One sequence for the
+# whole process let two threads' calls take each other's numbers in an order
+# that differs between ranks, and calls of one shape then summed one thread's
+# arrays on one rank with the other thread's on another, without a word. The
+# main thread keeps the plain names ("allreduce.3"), and so do threads Python
+# did not start (TensorFlow's executor threads): Python names those "Dummy-N"
+# in the order they first call into it, which differs between ranks.
+_MAIN_THREAD = threading.main_thread()
+_FOREIGN_THREAD = getattr(threading, "_DummyThread", ())
+_sequence_threads = {}  # thread name -> weak reference to the thread that numbers its unnamed calls
+_thread_windows = threading.local()  # by_kind: {kind: (counter, names)} of this thread's sequence
+
+
+def _thread_window(kind, thread):
+    """(counter, names) of a kind's unnamed calls in a thread other than the main one. The count
+    lives on with the thread's name (a later thread of the name goes on with it); the names live in
+    the thread's own storage and go with it (a program that starts a thread per task keeps no 60
+    names per thread)."""
+    windows = getattr(_thread_windows, "by_kind", None)
+    if windows is None:
+        windows = _thread_windows.by_kind = {}
+    window = windows.get(kind)
+    if window is None:
+        sequence = _sequence_of(thread)  # may refuse: then nothing is kept, and every call refuses
+        with _counter_lock:
+            counter = _counters.setdefault((kind, sequence), itertools.count())
+        window = windows[kind] = (counter, tuple(_sequence_name(kind, k, sequence) for k in range(NAME_WINDOW)))
+    return window
+
+
+def _sequence_of(thread):
+    """The name of a thread's sequence of unnamed calls: its own, which no other
+    living thread may share (the two would number their calls in a race)."""
+    name = thread.name
+    known = _sequence_threads.get(name)
+    if known is None or known() is not thread:
+        pool = _pool_of(thread)
+        if pool:
+            raise InvalidUsageError(
+                f"an unnamed collective call in a worker thread of a {pool}: its threads take the tasks in an "
+                "order that differs between ranks, so their unnamed calls would pair wrongly across ranks. Name "
+                "the calls after the task (name=f\"grads.{task}\"), or make them outside the pool")
+        with _counter_lock:
+            known = _sequence_threads.get(name)
+            other = known() if known is not None else None
+            if other is not None and other is not thread and other.is_alive():
+                raise InvalidUsageError(
+                    f"two threads named {name!r} make unnamed collective calls: each thread's unnamed calls pair "
+                    "with those of the thread of the same name on the other ranks, so threads that make them "
+                    "need names of their own (threading.Thread(name=...)), or the calls need names (name=...)")
+            _sequence_threads[name] = weakref.ref(thread)  # a later thread of the name goes on with its count
+    return name
+
+
+def _pool_of(thread):
+    """What pool `thread` works for ("" if none, or a pool of one thread: its
+    tasks run in the order they were submitted). Read from the thread's target:
+    the pools' own private attributes, so anything unexpected means no pool."""
+    try:
+        module = getattr(getattr(thread, "_target", None), "__module__", None)
+        if module == "concurrent.futures.thread":
+            executor = thread._args[0]()  # the worker holds its executor by a weak reference
+            return "" if executor is not None and executor._max_workers == 1 else "ThreadPoolExecutor"
+        if module == "multiprocessing.pool":
+            return "multiprocessing ThreadPool"
+    except Exception:  # noqa: BLE001 - another Python's internals: no verdict
+        pass
+    return ""
+
+
+def _sequence_name(kind, k, sequence):
+    """The k-th name of a sequence: "allreduce.3", or "allreduce.3@worker" in thread "worker"
+    (a thread name too long for a request name, or with a NUL, is replaced by its digest; a
+    structure's requests add up to 9 bytes, ".bfloat16", to the 255 a name may have)."""
+    if sequence is None:
+        return f"{kind}.{k}".encode()
+    name = f"{kind}.{k}@{sequence}".encode()
+    if len(name) > 240 or b"\0" in name:
+        name = f"{kind}.{k}@{hashlib.blake2b(sequence.encode(), digest_size=16).hexdigest()}".encode()
+    return name
