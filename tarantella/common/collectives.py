@@ -28,6 +28,7 @@ import numpy as np
 from tarantella import _fastpath
 from tarantella.common import codes, core, dtypes, request_names, result_pool
 from tarantella.common.errors import InvalidArgumentError
+from tarantella.common.request_names import auto_name
 
 # A blocking wait() waits in slices of this many seconds so that Ctrl+C (which
 # Python handles between C calls) interrupts a wait for a stuck peer.
@@ -246,7 +247,7 @@ def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
-    handle = _submit(lib.tnt_allreduce_async, request_names.auto_name("allreduce", name),
+    handle = _submit(lib.tnt_allreduce_async, auto_name("allreduce", name),
                      ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op],
                      float(prescale))
     return Handle(handle, lambda h: out, (array, out))
@@ -281,7 +282,7 @@ def _allreduce_now(array, op, name, prescale, out):
     ffi = core.ffi()
     if not _fastpath_bound:
         _bind_fastpath(lib, ffi)
-    return _blocking(lib.tnt_allreduce, request_names.auto_name("allreduce", name),
+    return _blocking(lib.tnt_allreduce, auto_name("allreduce", name),
                      (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale)),
                      lambda h: out, (array, out))
 
@@ -355,8 +356,8 @@ def _broadcast(array, root, name, out, blocking):
     ffi = core.ffi()
     args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     if blocking:
-        return _blocking(lib.tnt_broadcast, request_names.auto_name("broadcast", name), args, lambda h: out, (array, out))
-    handle = _submit(lib.tnt_broadcast_async, request_names.auto_name("broadcast", name), *args)
+        return _blocking(lib.tnt_broadcast, auto_name("broadcast", name), args, lambda h: out, (array, out))
+    handle = _submit(lib.tnt_broadcast_async, auto_name("broadcast", name), *args)
     return Handle(handle, lambda h: out, (array, out))
 
 
@@ -403,8 +404,8 @@ def _allgather(array, name, blocking):
         return out
 
     if blocking:
-        return _blocking(lib.tnt_allgather_into, request_names.auto_name("allgather", name), args, finish, (array, guess), keep=True)
-    return Handle(_submit(lib.tnt_allgather_into_async, request_names.auto_name("allgather", name), *args), finish, (array, guess))
+        return _blocking(lib.tnt_allgather_into, auto_name("allgather", name), args, finish, (array, guess), keep=True)
+    return Handle(_submit(lib.tnt_allgather_into_async, auto_name("allgather", name), *args), finish, (array, guess))
 
 
 def _gather_result(shape, dtype):
@@ -428,14 +429,14 @@ def allgather(array, name=None):
 
 def barrier_async(name=None):
     lib = core.ensure_initialized()
-    handle = _submit(lib.tnt_barrier_async, request_names.auto_name("barrier", name))
+    handle = _submit(lib.tnt_barrier_async, auto_name("barrier", name))
     return Handle(handle, lambda h: None, ())
 
 
 def barrier(name=None):
     """Return once every rank has entered the barrier."""
     lib = core.ensure_initialized()
-    _blocking(lib.tnt_barrier, request_names.auto_name("barrier", name), (), lambda h: None, ())
+    _blocking(lib.tnt_barrier, auto_name("barrier", name), (), lambda h: None, ())
 
 
 # ---- nested structures (see the module docstring) ----------------------------------------------
@@ -524,7 +525,7 @@ def _structure_collective(structure, kind, name, start, now=None):
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
-    base = request_names.auto_name(kind, name)[0].decode()
+    base = auto_name(kind, name)[0].decode()
     groups = _groups(arrays)
     handles = []
     for dtype, idx in groups.items():
@@ -548,7 +549,7 @@ def _allgather_structure(structure, name):
     leaves, rebuild = flatten(structure)
     arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
     arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
-    base = request_names.auto_name("allgather", name)[0].decode()
+    base = auto_name("allgather", name)[0].decode()
     if not arrays:
         return rebuild([])
     groups = _groups(arrays)

@@ -666,8 +666,8 @@ static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const ch
   }
   if (dead || p->lost) {
     scan_ctrl(s, now); /* what has arrived: progress reads it only every beat / 8 */
-    tnt_result_t res = check_job(&s->health, what);
-    if (res != TNT_SUCCESS || h->state != PEER_ALIVE || !gone_past_grace(&s->health, r, now)) return res;
+    tnt_result_t res;
+    if (!blame_gone(&s->health, r, now, what, &res)) return res;
     if (dead) return peer_died(&s->health, r, what);
     return failf(TNT_ERR_PEER_LOST, r, "rank %d (pid %d on %s) is unreachable while rank %d was %s: GPI-2 lost its "
                  "connection to it (its process or host died)", r, h->pid, h->host, s->me, what);

@@ -477,9 +477,8 @@ static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const cha
   if (s->health.peer[r].state != PEER_ALIVE) return TNT_SUCCESS;
   if (pids && peer_pid_gone(&s->health, r)) {
     progress(s); /* what it, or the rank it named, sent before it exited */
-    tnt_result_t res = check_job(&s->health, what);
-    if (res != TNT_SUCCESS || s->health.peer[r].state != PEER_ALIVE || !gone_past_grace(&s->health, r, now)) return res;
-    return peer_died(&s->health, r, what);
+    tnt_result_t res;
+    return blame_gone(&s->health, r, now, what, &res) ? peer_died(&s->health, r, what) : res;
   }
   return peer_silent(&s->health, r, now, what);
 }

@@ -202,6 +202,15 @@ static inline tnt_result_t check_job(const job_health_t *h, const char *what) {
   return TNT_SUCCESS;
 }
 
+/* Peer r has been seen gone (its pid, its connection), and the plugin has
+ * just read what arrived: 1 when r is to be blamed now; else 0 with *res the
+ * job's failure that explains it (an abort), or TNT_SUCCESS while r has said
+ * goodbye or aborted (peer_gone judges it) or the grace runs. */
+static inline int blame_gone(job_health_t *h, int r, double now, const char *what, tnt_result_t *res) {
+  *res = check_job(h, what);
+  return *res == TNT_SUCCESS && h->peer[r].state == PEER_ALIVE && gone_past_grace(h, r, now);
+}
+
 /* A wait for rank `from` (-1: no one rank) ran out of time (takes the lock). */
 static inline tnt_result_t timed_out(const job_health_t *h, int from, const char *what) {
   if (from < 0) return failf(TNT_ERR_TIMEOUT, -1, "rank %d timed out %s (TNT_TIMEOUT_S bound reached)", h->me, what);
