@@ -57,7 +57,9 @@ def digest(a):
     return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).hexdigest()
 
 
-SIZES = [1, 17, 1000, 3001, 4099, 20_000, 100_003]  # both sides of the 16 KB small-buffer path
+# both sides of the 16 KB small-buffer path, and of the 512 KiB where a pair across 2 hosts stops
+# swapping whole buffers and sums halves (allreduce_pair_direct.c): 150_001 float32 are 600 KB, in float16 300 KB
+SIZES = [1, 17, 1000, 3001, 4099, 20_000, 100_003, 150_001]
 ROUNDS = 4
 alone, fused, failures = {}, {}, []
 one_round = 0  # calls that took the one-round path (their payload in the negotiation)

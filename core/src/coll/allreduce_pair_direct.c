@@ -6,9 +6,13 @@
  * adds the one it receives: one phase. Above, halves (the ring's
  * reduce-scatter and allgather for N = 2): position 0 sums the first half,
  * position 1 the second, each sending the half it does not sum, then they swap
- * the summed halves; each rank adds only half the buffer, which on the test
- * bed's two cores (shared with the kernel's TCP copies) is worth the second
- * phase from 2-4 MB on. Each message is one send and one receive, the send
+ * the summed halves; each rank adds only half the buffer, and no message is
+ * larger than half of it. Over TCP a swap of a whole buffer each way can fall
+ * off a cliff: on one test bed 1 MB took 0.55 ms, on another 1.1-1.3 ms where
+ * 768 KB took 0.5-0.7 ms and halves of the 1 MB 0.58-0.67 ms
+ * (docs/benchmarks.md, "The pair's swap up to 512 KiB").
+ *
+ * Each message is one send and one receive, the send
  * posted first, nothing else with the bytes; the ring's pieces instead each
  * wait for their PUT to be read before their receive is posted
  * (docs/benchmarks.md, "A pair of ranks in direct MPI messages": 2 hosts x 1
@@ -22,7 +26,7 @@
 #include "dtype.h"
 #include "ring.h"
 
-#define TNT_PAIR_SWAP_BYTES (1 << 20)
+#define TNT_PAIR_SWAP_BYTES (512 << 10)
 /* In place, what the peer sends lands in the ring's scratch, which stays
  * allocated: above this the first phase goes in pieces of at most this much,
  * one message each way per piece (8 MiB takes ~8 ms on the test bed's link,
