@@ -19,6 +19,7 @@ from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro
                                         micro_batch_size)
 from tarantella.tensorflow.data.array_dataset import sample_count
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
+from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
@@ -492,6 +493,11 @@ class Model(keras.Model):
                                            root_rank=core.get_master_rank())
         self._tnt_synced = True
 
+    def _replica_check(self):
+        """After the user's callbacks: every epoch ends with a check that the
+        ranks still hold one model (keras/callbacks/replica_check.py)."""
+        return [ReplicaCheck()] if core.get_size() > 1 else []
+
     def _verbose(self, verbose):
         if core.is_master_rank() or config.get("TNT_OUTPUT_ON_ALL_DEVICES"):
             return verbose
@@ -542,7 +548,8 @@ class Model(keras.Model):
         with collective_ops.collective_errors():  # a lost peer as PeerLostError
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
-                callbacks=prepare_callbacks(callbacks), validation_data=validation_data,
+                callbacks=prepare_callbacks(callbacks) + self._replica_check(),
+                validation_data=validation_data,
                 shuffle=False if train is not None else shuffle, class_weight=class_weight,
                 sample_weight=sample_weight, initial_epoch=initial_epoch,
                 steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,

@@ -340,6 +340,45 @@ def check_callback_failure(tnt, out):
     raise SystemExit(1)
 
 
+def check_replicas_diverging(tnt):
+    """Callbacks that change the model on some ranks only: a master-only one sets
+    the learning rate, one edits a kernel on rank 1 in the middle of the first
+    epoch, one stops training on rank 0. Without the epoch's check the first two
+    trained on without an error, each rank with its own model; the third left
+    rank 1 training alone. Every rank must raise the same MismatchError."""
+    rank = tnt.get_rank()
+
+    class LearningRate(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.optimizer.learning_rate.assign(0.01)
+
+    class EditKernel(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if rank == 1 and batch == 1:
+                kernel = self.model.trainable_variables[0]
+                kernel.assign_add(tf.fill(kernel.shape, 1e-3))
+
+    class Stop(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if rank == 0:
+                self.model.stop_training = True
+
+    out = {}
+    for key, callback in (("learning_rate", tnt.keras.callbacks.Callback(LearningRate(),
+                                                                         run_on_all_ranks=False)),
+                          ("kernel", EditKernel()), ("stop", Stop())):
+        model = tnt.Model(build())
+        compile_(model)
+        history = keras.callbacks.History()
+        try:
+            model.fit(datasets()[0], epochs=3, verbose=0, callbacks=[callback, history])
+            out[key] = {"error": None}
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            out[key] = {"error": type(exc).__name__, "message": str(exc)}
+        out[key]["epochs_run"] = len(history.epoch)
+    return out
+
+
 def check_overlap(tnt):
     """A few steps of a 5-layer MLP whose gradients go in several buckets; the
     test reads the core's timeline (TNT_TIMELINE) for the tensors named
@@ -417,6 +456,7 @@ def main():
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)
         results["overlap"] = check_overlap(tnt)
+        results["replicas"] = check_replicas_diverging(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

@@ -213,3 +213,25 @@ def test_unseeded_numpy_shuffle_is_fresh_per_run_and_the_same_on_every_rank(runs
         assert epochs[0] != epochs[1]
         orders.append(epochs)
     assert orders[0] != orders[1]
+
+
+def test_a_change_to_the_model_on_some_ranks_only_fails_every_rank_at_the_epochs_end(runs):
+    # tnt.Model.fit checks after every epoch that the ranks' trainable weights, optimizer
+    # variables and stop_training agree (keras/callbacks/replica_check.py)
+    r0, r1 = (r["replicas"] for r in runs["ranks"])
+    for key in ("learning_rate", "kernel", "stop"):
+        assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
+        assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
+        assert r0[key]["message"].startswith("the ranks' replicas differ after epoch 1 of fit: "), r0[key]
+        assert "on some ranks only" in r0[key]["message"], r0[key]
+        # raised at the first epoch's end, after the user's callbacks (History recorded it)
+        assert r0[key]["epochs_run"] == r1[key]["epochs_run"] == 1
+    # what differs, with the values where they are numbers (Keras numbers the layers' and
+    # optimizers' names: sgd_3, sequential_2)
+    assert re.search(r"sgd(_\d+)?/learning_rate \(rank 0: 0\.0099999997\d*, rank 1: 0\.100000001\d*\)",
+                     r0["learning_rate"]["message"]), r0["learning_rate"]
+    assert re.search(r"sequential(_\d+)?/dense(_\d+)?/kernel \(ranks \[1\] differ from rank 0\)",
+                     r0["kernel"]["message"]), r0["kernel"]
+    # only the kernel: its momentum follows the summed gradients, which every rank shares
+    assert "momentum" not in r0["kernel"]["message"] and "more" not in r0["kernel"]["message"]
+    assert "stop_training (rank 0: 1, rank 1: 0)" in r0["stop"]["message"], r0["stop"]

@@ -1,0 +1,81 @@
+"""Whether state that every rank must hold alike (a data-parallel model's
+weights, its optimizer's variables) is still the same on every rank.
+
+Nothing in the collectives can see that one rank changed its copy on its own:
+a callback that sets the learning rate on the master only, or edits a weight
+on one rank, leaves every later step summing gradients of different models,
+and training goes on without a word, unlike serial training. `check` compares
+a fingerprint of each array across the ranks (two small allgathers) and
+raises the same MismatchError on every rank when any differs, naming it.
+
+A fingerprint is the wrapping sum and the XOR of the array's bytes read as
+64-bit words (zero-padded), one pass at memory speed: any difference of one
+word changes both, and the ranks' copies are meant to be bitwise identical
+(they apply the same summed gradients), so no tolerance is needed.
+"""
+import zlib
+
+import numpy as np
+
+from tarantella.common import collectives
+from tarantella.common.errors import MismatchError
+
+_MAX_NAMED = 3  # differing items named in the message; the rest are counted
+
+
+def _fingerprint(array):
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if raw.size % 8:
+        raw = np.concatenate([raw, np.zeros(8 - raw.size % 8, np.uint8)])
+    words = raw.view(np.uint64)
+    if not words.size:
+        return 0, 0
+    return int(np.add.reduce(words, dtype=np.uint64)), int(np.bitwise_xor.reduce(words))
+
+
+def _scalar_bits(array):
+    """A one-element number as float64 bits (shown in the message), else 0."""
+    if array.size != 1 or array.dtype.kind not in "biuf":
+        return 0
+    return int(np.array(float(array.reshape(-1)[0]), np.float64).view(np.uint64))
+
+
+def _shown(bits, array):
+    if array.size != 1 or array.dtype.kind not in "biuf":
+        return None
+    value = float(np.array(bits, np.uint64).view(np.float64))
+    return int(value) if array.dtype.kind in "biu" or array.dtype == bool else value
+
+
+def check(items, where, advice, name="tnt.replicas"):
+    """Collective: raise MismatchError on every rank unless every rank's
+    `items` (a list of (label, numpy array), in the same order on every rank)
+    are the same bits. `where` says when (in the message), `advice` what to do."""
+    arrays = [np.asarray(a) for _, a in items]
+    layout = ";".join(f"{a.dtype.str}{a.shape}" for a in arrays).encode()
+    header = np.array([len(arrays), zlib.crc32(layout)], np.int64)
+    headers = collectives.allgather(header, name=f"{name}.layout").reshape(-1, 2)
+    if (headers != headers[0]).any():
+        ranks = [r for r in range(len(headers)) if (headers[r] != headers[0]).any()]
+        raise MismatchError(
+            f"the ranks' replicas differ {where}: ranks {ranks} hold a different set of "
+            f"variables than rank 0 (rank 0: {int(headers[0][0])}, "
+            f"rank {ranks[0]}: {int(headers[ranks[0]][0])}, or of other shapes or dtypes). {advice}")
+    mine = np.array([(*_fingerprint(a), _scalar_bits(a)) for a in arrays], np.uint64).reshape(-1, 3)
+    every = collectives.allgather(mine.reshape(-1).view(np.int64), name=f"{name}.state")  # no uint64 in the core
+    every = every.view(np.uint64).reshape(len(headers), -1, 3)
+    differ = [i for i in range(len(arrays)) if (every[:, i, :2] != every[0, i, :2]).any()]
+    if not differ:
+        return
+    said = []
+    for i in differ[:_MAX_NAMED]:
+        ranks = [r for r in range(len(every)) if (every[r, i, :2] != every[0, i, :2]).any()]
+        values = [_shown(every[r, i, 2], arrays[i]) for r in range(len(every))]
+        if values[0] is None:
+            said.append(f"{items[i][0]} (ranks {ranks} differ from rank 0)")
+        else:
+            said.append(f"{items[i][0]} (" + ", ".join(
+                f"rank {r}: {values[r]}" for r in range(len(every))) + ")")
+    more = f", and {len(differ) - _MAX_NAMED} more" if len(differ) > _MAX_NAMED else ""
+    raise MismatchError(f"the ranks' replicas differ {where}: " + "; ".join(said) + more +
+                        f". {advice}")
