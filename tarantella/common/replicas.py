@@ -6,7 +6,9 @@ a callback that sets the learning rate on the master only, or edits a weight
 on one rank, leaves every later step summing gradients of different models,
 and training goes on without a word, unlike serial training. `check` compares
 a fingerprint of each array across the ranks (two small allgathers) and
-raises the same MismatchError on every rank when any differs, naming it.
+raises the same MismatchError on every rank when any differs, naming it. The
+same check compares the arrays that every rank passes to `fit`, each taking
+its slice of every global batch from its own copy.
 
 A fingerprint is the wrapping sum and the XOR of the array's bytes read as
 64-bit words (zero-padded), one pass at memory speed: any difference of one
@@ -47,20 +49,20 @@ def _shown(bits, array):
     return int(value) if array.dtype.kind in "biu" or array.dtype == bool else value
 
 
-def check(items, where, advice, name="tnt.replicas"):
+def check(items, lead, advice, name="tnt.replicas"):
     """Collective: raise MismatchError on every rank unless every rank's
     `items` (a list of (label, numpy array), in the same order on every rank)
-    are the same bits. `where` says when (in the message), `advice` what to do."""
+    are the same bits. The message is `lead`, what differs, then `advice`."""
     arrays = [np.asarray(a) for _, a in items]
-    layout = ";".join(f"{a.dtype.str}{a.shape}" for a in arrays).encode()
-    header = np.array([len(arrays), zlib.crc32(layout)], np.int64)
+    layout = ", ".join(f"{label} {a.dtype.name}{a.shape}" for (label, _), a in zip(items, arrays))
+    header = np.array([len(arrays), zlib.crc32(layout.encode())], np.int64)
     headers = collectives.allgather(header, name=f"{name}.layout").reshape(-1, 2)
     if (headers != headers[0]).any():
         ranks = [r for r in range(len(headers)) if (headers[r] != headers[0]).any()]
         raise MismatchError(
-            f"the ranks' replicas differ {where}: ranks {ranks} hold a different set of "
-            f"variables than rank 0 (rank 0: {int(headers[0][0])}, "
-            f"rank {ranks[0]}: {int(headers[ranks[0]][0])}, or of other shapes or dtypes). {advice}")
+            f"{lead}: ranks {ranks} differ from rank 0 in the number, shapes or dtypes of the "
+            f"arrays (rank 0: {int(headers[0][0])} arrays, rank {ranks[0]}: "
+            f"{int(headers[ranks[0]][0])}; this rank's: {layout[:300]}). {advice}")
     mine = np.array([(*_fingerprint(a), _scalar_bits(a)) for a in arrays], np.uint64).reshape(-1, 3)
     every = collectives.allgather(mine.reshape(-1).view(np.int64), name=f"{name}.state")  # no uint64 in the core
     every = every.view(np.uint64).reshape(len(headers), -1, 3)
@@ -77,5 +79,4 @@ def check(items, where, advice, name="tnt.replicas"):
             said.append(f"{items[i][0]} (" + ", ".join(
                 f"rank {r}: {values[r]}" for r in range(len(every))) + ")")
     more = f", and {len(differ) - _MAX_NAMED} more" if len(differ) > _MAX_NAMED else ""
-    raise MismatchError(f"the ranks' replicas differ {where}: " + "; ".join(said) + more +
-                        f". {advice}")
+    raise MismatchError(f"{lead}: " + "; ".join(said) + more + f". {advice}")

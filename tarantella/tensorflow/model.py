@@ -17,7 +17,7 @@ from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
-from tarantella.tensorflow.data.array_dataset import sample_count
+from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
@@ -464,6 +464,8 @@ class Model(keras.Model):
             raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
         data = (x,) if y is None and sample_weight is None else (
             (x, y) if sample_weight is None else (x, y, sample_weight))
+        if size > 1:
+            check_same_on_every_rank(data, what)
         dataset = array_dataset(data, int(batch_size), core.get_rank(), size,
                                 shuffle=shuffle if shuffle == "batch" else bool(shuffle))
         last = sample_count(data) % int(batch_size)  # the last batch's samples (0: a full batch)

@@ -345,7 +345,8 @@ def check_replicas_diverging(tnt):
     the learning rate, one edits a kernel on rank 1 in the middle of the first
     epoch, one stops training on rank 0. Without the epoch's check the first two
     trained on without an error, each rank with its own model; the third left
-    rank 1 training alone. Every rank must raise the same MismatchError."""
+    rank 1 training alone. Every rank must raise the same MismatchError. Before
+    them, arrays that differ between the ranks, which fit refuses at once."""
     rank = tnt.get_rank()
 
     class LearningRate(keras.callbacks.Callback):
@@ -364,6 +365,16 @@ def check_replicas_diverging(tnt):
                 self.model.stop_training = True
 
     out = {}
+    # arrays that differ between ranks: a value (another file), the number of samples
+    x, y = data()
+    for key, (xr, yr) in (("arrays", (x + rank, y)), ("arrays_length", (x[:N - 10 * rank], y[:N - 10 * rank]))):
+        model = tnt.Model(build())
+        compile_(model)
+        try:
+            model.fit(xr, yr, batch_size=B, epochs=1, verbose=0)
+            out[key] = {"error": None}
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            out[key] = {"error": type(exc).__name__, "message": str(exc)}
     for key, callback in (("learning_rate", tnt.keras.callbacks.Callback(LearningRate(),
                                                                          run_on_all_ranks=False)),
                           ("kernel", EditKernel()), ("stop", Stop())):

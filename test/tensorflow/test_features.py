@@ -235,3 +235,12 @@ def test_a_change_to_the_model_on_some_ranks_only_fails_every_rank_at_the_epochs
     # only the kernel: its momentum follows the summed gradients, which every rank shares
     assert "momentum" not in r0["kernel"]["message"] and "more" not in r0["kernel"]["message"]
     assert "stop_training (rank 0: 1, rank 1: 0)" in r0["stop"]["message"], r0["stop"]
+    # arrays that differ between ranks: refused when fit starts, before any step
+    arrays, length = r0["arrays"], r0["arrays_length"]
+    assert arrays["error"] == r1["arrays"]["error"] == "MismatchError", (arrays, r1["arrays"])
+    assert arrays["message"].startswith("the ranks passed different arrays to fit: x (ranks [1] differ "
+                                        "from rank 0). Each rank takes its slice"), arrays
+    assert length["error"] == r1["arrays_length"]["error"] == "MismatchError", (length, r1["arrays_length"])
+    assert "in the number, shapes or dtypes of the arrays" in length["message"], length
+    assert "this rank's: x float32(90, 8), y int32(90,)" in length["message"], length
+    assert "this rank's: x float32(80, 8), y int32(80,)" in r1["arrays_length"]["message"]

@@ -15,10 +15,11 @@ The order of the samples is serial Keras' (`fit(x, y, shuffle=...)`):
 """
 import os
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella.common import collectives
+from tarantella.common import collectives, replicas
 from tarantella.tensorflow.data import batch_slicing
 from tarantella.tensorflow.data.batch_slicing import plain_tf as _plain_tf
 
@@ -30,6 +31,32 @@ def sample_count(structure):
             "All arrays passed to fit/evaluate/predict must have the same number of samples. "
             f"Received: first dimensions {sorted(sizes)}")
     return sizes.pop()
+
+
+_SAME_ARRAYS_ADVICE = (
+    "Each rank takes its slice of every global batch from its own copy of the arrays, so every "
+    "rank must pass the same ones: load them the same way on every rank (the same files, the "
+    "same seeds), or feed each rank its own shard with tnt_distribute_dataset=False")
+
+
+def check_same_on_every_rank(data, what):
+    """Collective: the same MismatchError on every rank unless every rank
+    passed the same arrays (`data`: (x,), (x, y) or (x, y, sample_weight)).
+    Without it, a rank that loaded other data (another file, a seed of its
+    own) trained on a mixture of the ranks' samples, unlike serial Keras, and
+    arrays of other lengths made the ranks wait for each other until
+    TNT_TIMEOUT_S."""
+    named = dict(zip(("x", "y", "sample_weight"), data))
+    items = []
+    for path, t in keras.tree.flatten_with_path(named):
+        label = path[0] + "".join(f"[{p!r}]" for p in path[1:])
+        if isinstance(t, tf.RaggedTensor):
+            items += [(f"{label} (values)", t.flat_values.numpy())] + [
+                (f"{label} (row splits {i})", s.numpy()) for i, s in enumerate(t.nested_row_splits)]
+        else:
+            items.append((label, np.asarray(t)))
+    replicas.check(items, f"the ranks passed different arrays to {what}", _SAME_ARRAYS_ADVICE,
+                   name=f"tnt.replicas.{what}.arrays")
 
 
 def _global_seed():

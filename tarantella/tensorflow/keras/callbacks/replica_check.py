@@ -43,4 +43,5 @@ class ReplicaCheck(keras.callbacks.Callback):
             getattr(model, "optimizer", None))
         items = [(getattr(v, "path", v.name), keras.ops.convert_to_numpy(v)) for v in variables]
         items.append(("stop_training", keras.ops.convert_to_numpy(bool(model.stop_training))))
-        replicas.check(items, f"after epoch {epoch + 1} of fit", _ADVICE, name="tnt.replicas.fit")
+        replicas.check(items, f"the ranks' replicas differ after epoch {epoch + 1} of fit", _ADVICE,
+                       name="tnt.replicas.fit")
