@@ -119,6 +119,7 @@ typedef struct {
   long ncpu;
   int bells_owed;      /* a cycle was asked for: wake the peers' threads if they do not join it by themselves */
   int *global;         /* [size] job-wide rank of each member, for messages (a group of a larger job) */
+  char host[64];       /* this host's name, for messages: every peer of this segment is on it */
 } shm_t;
 
 /* The rank a message names: the job-wide one when this segment serves one host of many. */
@@ -171,8 +172,8 @@ static tnt_result_t check_awaited(shm_t *s, int from, const char *what) {
   shm_rank_t *p = s->ranks[from];
   uint32_t state = atomic_load(&p->state);
   if (state == RANK_ALIVE && process_dead(atomic_load(&p->pid)))
-    return tnt_fail_peer(G(s, from), "rank %d (pid %d) died while rank %d was %s", G(s, from),
-                         (int)atomic_load(&p->pid), G(s, s->pl.rank), what);
+    return tnt_fail_peer(G(s, from), "rank %d (pid %d on %s) died while rank %d was %s", G(s, from),
+                         (int)atomic_load(&p->pid), s->host, G(s, s->pl.rank), what);
   if (state == RANK_FAILED) return peer_aborted(s, from, what);
   if (state == RANK_EXITED)
     return tnt_fail_peer(G(s, from), "rank %d has shut down while rank %d was %s: every rank must make the same "
@@ -190,8 +191,8 @@ static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what
      * the two loads has said why it is gone */
     if (r != s->pl.rank && atomic_load(&p->state) == RANK_ALIVE && process_dead(atomic_load(&p->pid)) &&
         atomic_load(&p->state) == RANK_ALIVE)
-      return tnt_fail_peer(G(s, r), "rank %d (pid %d) died while rank %d was %s", G(s, r), (int)atomic_load(&p->pid),
-                           G(s, s->pl.rank), what);
+      return tnt_fail_peer(G(s, r), "rank %d (pid %d on %s) died while rank %d was %s", G(s, r),
+                           (int)atomic_load(&p->pid), s->host, G(s, s->pl.rank), what);
   }
   TNT_CHECK(check_job(s, what));
   for (int r = 0; r < s->pl.size; r++)
@@ -202,7 +203,8 @@ static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what
 static void shm_describe_peer(void *st, int peer, char *out, size_t len) {
   shm_t *s = st;
   pid_t pid = atomic_load(&s->ranks[peer]->pid);
-  snprintf(out, len, "rank %d (pid %d) %s", G(s, peer), (int)pid, tnt_process_doing(tnt_process_state(pid)));
+  snprintf(out, len, "rank %d (pid %d on %s) %s", G(s, peer), (int)pid, s->host,
+           tnt_process_doing(tnt_process_state(pid)));
 }
 
 /* The error of a wait that reached its deadline, naming the awaited rank and
@@ -444,6 +446,10 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   s->spin_s = params->spin_s; /* spin_allowed decides per wait, from the whole host's state */
   s->ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   if (s->ncpu < 1) s->ncpu = 1;
+  /* named as the network transports name a rank (peer_health.h: "pid N on HOST"), so
+   * that a rank lost on a host of several reads alike whichever transport saw it first */
+  if (gethostname(s->host, sizeof s->host) != 0) snprintf(s->host, sizeof s->host, "this host");
+  s->host[sizeof s->host - 1] = 0;
   snprintf(s->name, sizeof s->name, "/tnt-%s", pl->job_id);
   s->total = align_up(sizeof(shm_header_t), 4096) + (size_t)pl->size * block_bytes_for(pl->size, window_bytes);
   double deadline = tnt_now() + params->timeout_s;
