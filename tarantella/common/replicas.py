@@ -35,18 +35,19 @@ def _fingerprint(array):
     return int(np.add.reduce(words, dtype=np.uint64)), int(np.bitwise_xor.reduce(words))
 
 
+def _is_number(array):
+    """One bool, integer or float: its value is shown in the message."""
+    return array.size == 1 and array.dtype.kind in "biuf"
+
+
 def _scalar_bits(array):
-    """A one-element number as float64 bits (shown in the message), else 0."""
-    if array.size != 1 or array.dtype.kind not in "biuf":
-        return 0
-    return int(np.array(float(array.reshape(-1)[0]), np.float64).view(np.uint64))
+    """A number as float64 bits, for the other ranks' messages, else 0."""
+    return int(np.array(float(array.reshape(-1)[0]), np.float64).view(np.uint64)) if _is_number(array) else 0
 
 
 def _shown(bits, array):
-    if array.size != 1 or array.dtype.kind not in "biuf":
-        return None
     value = float(np.array(bits, np.uint64).view(np.float64))
-    return int(value) if array.dtype.kind in "biu" or array.dtype == bool else value
+    return int(value) if array.dtype.kind in "biu" else value
 
 
 def check(items, lead, advice, name="tnt.replicas"):
@@ -66,17 +67,16 @@ def check(items, lead, advice, name="tnt.replicas"):
     mine = np.array([(*_fingerprint(a), _scalar_bits(a)) for a in arrays], np.uint64).reshape(-1, 3)
     every = collectives.allgather(mine.reshape(-1).view(np.int64), name=f"{name}.state")  # no uint64 in the core
     every = every.view(np.uint64).reshape(len(headers), -1, 3)
-    differ = [i for i in range(len(arrays)) if (every[:, i, :2] != every[0, i, :2]).any()]
+    apart = (every[:, :, :2] != every[0, :, :2]).any(axis=2)  # [rank, item]: not rank 0's fingerprint
+    differ = np.flatnonzero(apart.any(axis=0)).tolist()
     if not differ:
         return
     said = []
     for i in differ[:_MAX_NAMED]:
-        ranks = [r for r in range(len(every)) if (every[r, i, :2] != every[0, i, :2]).any()]
-        values = [_shown(every[r, i, 2], arrays[i]) for r in range(len(every))]
-        if values[0] is None:
-            said.append(f"{items[i][0]} (ranks {ranks} differ from rank 0)")
-        else:
+        if _is_number(arrays[i]):
             said.append(f"{items[i][0]} (" + ", ".join(
-                f"rank {r}: {values[r]}" for r in range(len(every))) + ")")
+                f"rank {r}: {_shown(every[r, i, 2], arrays[i])}" for r in range(len(every))) + ")")
+        else:
+            said.append(f"{items[i][0]} (ranks {np.flatnonzero(apart[:, i]).tolist()} differ from rank 0)")
     more = f", and {len(differ) - _MAX_NAMED} more" if len(differ) > _MAX_NAMED else ""
     raise MismatchError(f"{lead}: " + "; ".join(said) + more + f". {advice}")

@@ -47,14 +47,9 @@ def check_same_on_every_rank(data, what):
     arrays of other lengths made the ranks wait for each other until
     TNT_TIMEOUT_S."""
     named = dict(zip(("x", "y", "sample_weight"), data))
-    items = []
-    for path, t in keras.tree.flatten_with_path(named):
-        label = path[0] + "".join(f"[{p!r}]" for p in path[1:])
-        if isinstance(t, tf.RaggedTensor):
-            items += [(f"{label} (values)", t.flat_values.numpy())] + [
-                (f"{label} (row splits {i})", s.numpy()) for i, s in enumerate(t.nested_row_splits)]
-        else:
-            items.append((label, np.asarray(t)))
+    # the leaves are NumPy arrays, lists and dense tensors (tnt.Model refuses other inputs first)
+    items = [(path[0] + "".join(f"[{p!r}]" for p in path[1:]), np.asarray(t))
+             for path, t in keras.tree.flatten_with_path(named)]
     replicas.check(items, f"the ranks passed different arrays to {what}", _SAME_ARRAYS_ADVICE,
                    name=f"tnt.replicas.{what}.arrays")
 
