@@ -17,13 +17,19 @@ Setups (every process pinned to its own core, one TF thread each):
   tnt2-bf16   the same with tnt.Compression.bf16
   ceiling     two independent plain-Keras processes at once: what 2 cores give
               with no communication at all (throughputs added)
+  ceiling-lockstep  (reported with ceiling, not run) the ceiling's two processes'
+              steps paired in order, each pair as long as its slower step: what
+              two synchronous ranks with free communication would reach on
+              cores whose step times vary from step to step
   mwms        tf.distribute.MultiWorkerMirroredStrategy, 2 local workers, global batch 64
   tnt2@NAME=VALUE  any tnt setup with one more setting, e.g. tnt2@TNT_STREAM_MIN_KB=1000000000
               (reported as its ratio to tnt2)
 Throughput is samples/s from the median step time after warm-up. Ratios:
 tnt1/keras (target >= 0.97), tnt2/ceiling (targets: cnn >= 0.95, mlp >= 0.80),
 tnt2/mwms, tnt2/tnt2-numpy (the compiled ops against the fallback),
-tnt2-fp16/ceiling and tnt2-fp16/tnt2 (what compression buys). With --rounds N
+tnt2-fp16/ceiling and tnt2-fp16/tnt2 (what compression buys),
+ceiling-lockstep/ceiling (what waiting for the slower rank alone costs) and
+tnt2/ceiling-lockstep. With --rounds N
 every setup runs N times, interleaved (round 1: every setup, round 2: ...),
 a figure is the median of its rounds and a ratio the median of the rounds'
 ratios.
@@ -35,6 +41,8 @@ import socket
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 HERE = os.path.abspath(__file__)
 MICRO = 32
@@ -75,7 +83,6 @@ def worker(args):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     import keras
-    import numpy as np
 
     processes = 2 if args.setup.startswith("tnt2") or args.setup == "mwms" else 1
     global_batch = MICRO * processes
@@ -116,7 +123,7 @@ def worker(args):
     params = int(sum(np.prod(w.shape) for w in model.trainable_weights))
     if rank == 0:
         print("BENCH " + json.dumps({"step_s": step, "samples_per_s": global_batch / step,
-                                     "params": params}), flush=True)
+                                     "params": params, "steps_s": times[args.warmup:]}), flush=True)
 
 
 def _patch_keras_for_mwms(tf):
@@ -227,8 +234,14 @@ def run_setup(setup, workload, args):
         parsed = [_parse(o) for o, _ in outs]
         if None in parsed:
             return None, outs[0][1][-800:]
+        # The same steps taken in lockstep, each as long as the slower process's:
+        # what two synchronous ranks with free communication would do on these
+        # cores, whose step times vary from step to step (other jobs, shared caches).
+        lockstep = float(np.median(np.maximum(*(np.array(p["steps_s"][:min(
+            len(q["steps_s"]) for q in parsed)]) for p in parsed))))
         return {"samples_per_s": sum(p["samples_per_s"] for p in parsed),
-                "step_s": max(p["step_s"] for p in parsed), "params": parsed[0]["params"]}, None
+                "step_s": max(p["step_s"] for p in parsed), "params": parsed[0]["params"],
+                "lockstep_samples_per_s": 2 * MICRO / lockstep}, None
     result = _parse(outs[0][0])
     return result, None if result else outs[0][1][-800:]
 
@@ -261,7 +274,12 @@ def main():
                     runs[setup].append(result)
                 else:
                     row[setup] = {"error": (error or "").strip().splitlines()[-1:]}
-        for setup in setups:
+        shown = list(setups)
+        if runs.get("ceiling"):  # the ceiling's steps in lockstep, as a setup of its own
+            shown.append("ceiling-lockstep")
+            runs["ceiling-lockstep"] = [dict(r, samples_per_s=r["lockstep_samples_per_s"])
+                                        for r in runs["ceiling"]]
+        for setup in shown:
             if runs[setup]:  # the round of median throughput
                 ordered = sorted(runs[setup], key=lambda r: r["samples_per_s"])
                 row[setup] = dict(ordered[(len(ordered) - 1) // 2], rounds=[r["samples_per_s"] for r in runs[setup]])
@@ -287,6 +305,8 @@ def main():
                          "tnt2-fp16/tnt2": ratio("tnt2-fp16", "tnt2"),
                          "tnt2-bf16/ceiling": ratio("tnt2-bf16", "ceiling"),
                          "ceiling/keras (2 cores)": ratio("ceiling", "keras"),
+                         "ceiling-lockstep/ceiling": ratio("ceiling-lockstep", "ceiling"),
+                         "tnt2/ceiling-lockstep": ratio("tnt2", "ceiling-lockstep"),
                          **{f"{s}/tnt2": ratio(s, "tnt2") for s in setups if "@" in s}}
         print("     ratios: " + ", ".join(f"{k} {v:.3f}" if v else f"{k} n/a"
                                           for k, v in row["ratios"].items()), flush=True)

@@ -50,10 +50,11 @@ def reporting(function):
 
 
 @contextlib.contextmanager
-def collective_errors():
+def collective_errors(timeout_hint=None):
     """Raise a TarantellaError that a collective op raised inside a TensorFlow
     function (PeerLostError naming the rank that failed, TimeoutError, ...) as
-    itself, instead of the OpError TensorFlow wraps it in."""
+    itself, instead of the OpError TensorFlow wraps it in; a TimeoutError
+    with `timeout_hint` (a sentence on its likely cause) after its message."""
     _last_error[0] = None
     try:
         yield
@@ -63,6 +64,8 @@ def collective_errors():
             error = tf_ops.tarantella_error(exc)  # a compiled op's failure
             if error is None:
                 raise
+        if timeout_hint and isinstance(error, errors.TimeoutError):
+            error = errors.TimeoutError(f"{error} {timeout_hint}", rank=error.rank)
         raise error.with_traceback(None) from exc
 
 

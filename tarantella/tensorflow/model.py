@@ -17,7 +17,9 @@ from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
+from tarantella.tensorflow.data import step_counts
 from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
+from tarantella.tensorflow.data.step_counts import input_kind
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
@@ -44,6 +46,15 @@ def _is_array_like(x):
     return bool(leaves) and all(
         isinstance(t, (np.ndarray, tf.Tensor, tf.Variable, list)) or np.isscalar(t)
         for t in leaves if t is not None)
+
+
+def _counted_batches(x, batch_size, steps, kind, distribute):
+    """The batches of `x` that step_counts.check_same_batches compares: not
+    counted (None) where an argument sets the steps, or for arrays that every
+    rank slices from, which check_same_on_every_rank compares whole."""
+    if steps is not None or (kind == step_counts.KINDS[2] and distribute):
+        return None
+    return step_counts.batches(x, batch_size)
 
 
 def _accepts(function, argument):
@@ -525,6 +536,13 @@ class Model(keras.Model):
                     f"validation_data. Received: x of type {type(x).__name__}")
             (x, y, sample_weight), validation_data = _split_arrays(
                 (x, y, sample_weight), validation_split)
+        kinds = {"x": input_kind(x), "validation_data": input_kind(validation_data)}
+        step_counts.check_same_arguments("fit", {
+            "the type of x": kinds["x"], "tnt_distribute_dataset": tnt_distribute_dataset,
+            "epochs": epochs, "initial_epoch": initial_epoch, "steps_per_epoch": steps_per_epoch,
+            "the type of validation_data": kinds["validation_data"],
+            "tnt_distribute_validation_dataset": tnt_distribute_validation_dataset,
+            "validation_steps": validation_steps, "validation_freq": validation_freq})
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
         self._train_may_be_empty(train is None or train[3])
@@ -544,10 +562,17 @@ class Model(keras.Model):
                 "fit", "tnt_validation_micro_batch_size")
             if val is not None:
                 validation_data, validation_batch_size = val[0], None
+        uncounted = step_counts.check_same_batches("fit", {
+            "the batches of x": _counted_batches(x, batch_size, steps_per_epoch, kinds["x"],
+                                                 tnt_distribute_dataset),
+            "the batches of validation_data": _counted_batches(
+                validation_data, validation_batch_size or batch_size, validation_steps,
+                kinds["validation_data"], tnt_distribute_validation_dataset)})
         mark("fit: datasets distributed")
         self._sync_weights(x)
         mark("fit: weights in sync")
-        with collective_ops.collective_errors():  # a lost peer as PeerLostError
+        # a lost peer as PeerLostError
+        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
                 callbacks=prepare_callbacks(callbacks) + self._replica_check(),
@@ -567,12 +592,17 @@ class Model(keras.Model):
                                     sample_weight=sample_weight, steps=steps, callbacks=callbacks,
                                     return_dict=return_dict, **kwargs)
         self._assert_compile_called("evaluate")
+        kind = input_kind(x)
+        step_counts.check_same_arguments("evaluate", {
+            "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset, "steps": steps})
         data = self._distribute(x, y, sample_weight, batch_size, False, tnt_micro_batch_size,
                                 tnt_distribute_dataset, "evaluate", "tnt_micro_batch_size")
         if data is not None:
             x, y, sample_weight, batch_size = data[0], None, None, None
+        uncounted = step_counts.check_same_batches("evaluate", {"the batches of x": _counted_batches(
+            x, batch_size, steps, kind, tnt_distribute_dataset)})
         self._sync_weights(x)
-        with collective_ops.collective_errors():
+        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             return super().evaluate(x=x, y=y, batch_size=batch_size,
                                     verbose=self._verbose(verbose), sample_weight=sample_weight,
                                     steps=steps, callbacks=prepare_callbacks(callbacks),
@@ -582,14 +612,21 @@ class Model(keras.Model):
                 tnt_micro_batch_size=None, tnt_distribute_dataset=True):
         """`keras.Model.predict`, data-parallel: every rank predicts its slice
         of each global batch and returns the full predictions, in order."""
+        # Undistributed, each rank predicts its own data alone: nothing to agree on but that.
+        kind = input_kind(x) if tnt_distribute_dataset else step_counts.KINDS[0]
+        step_counts.check_same_arguments("predict", {
+            "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset,
+            "steps": steps if tnt_distribute_dataset else None})
         data = self._distribute(x, None, None, batch_size, False, tnt_micro_batch_size,
                                 tnt_distribute_dataset, "predict", "tnt_micro_batch_size")
         distributed = data is not None and core.get_size() > 1
         if data is not None:
             x, batch_size = data[0], None
+        uncounted = step_counts.check_same_batches("predict", {"the batches of x": _counted_batches(
+            x, batch_size, steps, kind, tnt_distribute_dataset)}) if tnt_distribute_dataset else []
         self._sync_weights(x)
         self._set_distributed_predict(distributed)
-        with collective_ops.collective_errors():
+        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
                                    steps=steps, callbacks=prepare_callbacks(callbacks))
 

@@ -390,6 +390,46 @@ def check_replicas_diverging(tnt):
     return out
 
 
+def check_step_counts(tnt):
+    """Inputs and arguments that would make the ranks take different numbers
+    of steps (each step is collective, so they used to wait for each other
+    until TNT_TIMEOUT_S), which fit and evaluate refuse before the first step,
+    and two that must still run: a rank whose dataset is longer under
+    steps_per_epoch, and datasets tf.data cannot count (a filter)."""
+    rank = tnt.get_rank()
+    x, y = data()
+    extra = 20 * rank  # rank 1: one more batch of B
+    xl, yl = data(N + extra)
+    shard = slice(0, 50) if rank == 0 else slice(50, N)  # own shards: 3 and 2 batches of B
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+    cases = {
+        "dataset_length": lambda m: m.fit(tf.data.Dataset.from_tensor_slices((xl, yl)).batch(B),
+                                          epochs=1, verbose=0),
+        "own_shards": lambda m: m.evaluate(x[shard], y[shard], batch_size=B, verbose=0,
+                                           tnt_distribute_dataset=False),
+        "epochs": lambda m: m.fit(ds, epochs=2 - rank, verbose=0),
+        "input_type": lambda m: m.fit(ds if rank == 0 else x, None if rank == 0 else y,
+                                      batch_size=None if rank == 0 else B, epochs=1, verbose=0),
+        "validation_length": lambda m: m.fit(ds, validation_data=(xl, yl), validation_batch_size=B,
+                                             tnt_distribute_validation_dataset=False, verbose=0),
+        # must run: the steps are set, or tf.data cannot count the batches
+        "bounded": lambda m: m.fit(tf.data.Dataset.from_tensor_slices((xl, yl)).batch(B),
+                                   steps_per_epoch=2, epochs=2, verbose=0),
+        "filtered": lambda m: m.fit(ds.unbatch().filter(lambda a, b: b >= 0).batch(B), epochs=1,
+                                    verbose=0),
+    }
+    out = {}
+    for key, run in cases.items():
+        model = tnt.Model(build())
+        compile_(model)
+        try:
+            run(model)
+            out[key] = {"error": None}
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            out[key] = {"error": type(exc).__name__, "message": str(exc)}
+    return out
+
+
 def check_overlap(tnt):
     """A few steps of a 5-layer MLP whose gradients go in several buckets; the
     test reads the core's timeline (TNT_TIMELINE) for the tensors named
@@ -468,6 +508,7 @@ def main():
         results["misc"] = check_misc(tnt, files)
         results["overlap"] = check_overlap(tnt)
         results["replicas"] = check_replicas_diverging(tnt)
+        results["step_counts"] = check_step_counts(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

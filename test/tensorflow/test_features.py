@@ -244,3 +244,25 @@ def test_a_change_to_the_model_on_some_ranks_only_fails_every_rank_at_the_epochs
     assert "in the number, shapes or dtypes of the arrays" in length["message"], length
     assert "this rank's: x float32(90, 8), y int32(90,)" in length["message"], length
     assert "this rank's: x float32(80, 8), y int32(80,)" in r1["arrays_length"]["message"]
+
+
+def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_before_the_first(runs):
+    # tnt.Model compares what fixes each rank's number of steps (data/step_counts.py): every
+    # step is collective, so these used to wait until TNT_TIMEOUT_S with no word of the cause
+    r0, r1 = (r["step_counts"] for r in runs["ranks"])
+    expected = {
+        "dataset_length": "fit: the batches of x (rank 0: 5, rank 1: 6)",
+        "own_shards": "evaluate: the batches of x (rank 0: 3, rank 1: 2)",
+        "epochs": "fit: epochs (rank 0: 2, rank 1: 1)",
+        "input_type": "fit: the type of x (rank 0: a tf.data.Dataset, rank 1: arrays)",
+        "validation_length": "fit: the batches of validation_data (rank 0: 5, rank 1: 6)",
+    }
+    for key, what in expected.items():
+        assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
+        assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
+        assert r0[key]["message"].startswith(
+            f"the ranks would take different numbers of steps in {what}. Every step is "
+            "collective"), (key, r0[key]["message"])
+    # not refused: steps_per_epoch sets the steps, and a filter's batches tf.data cannot count
+    for key in ("bounded", "filtered"):
+        assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])

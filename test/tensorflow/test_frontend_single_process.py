@@ -470,3 +470,40 @@ def test_tarantellas_dataset_functions_are_not_converted_by_autograph(monkeypatc
     np.testing.assert_array_equal(outputs[0][0], [4, 6])  # rank 1's half of [0, 2, 4, 6]
     assert __name__ in converted, converted  # the user's function was converted
     assert not [m for m in converted if m.startswith("tarantella")], converted
+
+
+def test_step_counts_are_counted_where_tf_data_can_count_them():
+    from tarantella.tensorflow.data import step_counts
+
+    ds = tf.data.Dataset.range(95).batch(10)
+    assert step_counts.batches(ds) == 10
+    assert step_counts.batches(ds.filter(lambda t: True)) == step_counts.UNKNOWN
+    assert step_counts.batches(ds.repeat()) == step_counts.INFINITE
+    assert step_counts.batches((np.zeros((95, 3)), np.zeros(95)), 10) == 10
+    assert step_counts.batches(np.zeros((95, 3))) == 3  # Keras' default batch size, 32
+    assert step_counts.batches(None) == 0
+    assert step_counts.batches(iter([1, 2])) == step_counts.UNKNOWN
+    assert [step_counts.input_kind(v) for v in (None, ds, [np.zeros(3)], iter([]))] == list(step_counts.KINDS)
+    # one rank: nothing to compare, nothing uncounted
+    assert step_counts.check_same_batches("fit", {"the batches of x": step_counts.UNKNOWN}) == []
+
+
+def test_a_timeout_in_fit_says_what_could_not_be_compared():
+    """collective_errors(hint) adds the sentence of step_counts.timeout_hint to
+    a TimeoutError raised inside a TensorFlow function, keeping its rank."""
+    from tarantella.common import errors
+    from tarantella.tensorflow import collective_ops
+    from tarantella.tensorflow.data import step_counts
+
+    hint = step_counts.timeout_hint(["the batches of x"])
+    assert "tf.data could not count the batches of x (a filter, a generator)" in hint
+    assert step_counts.timeout_hint([]) is None
+    with pytest.raises(errors.TimeoutError) as caught:
+        with collective_ops.collective_errors(hint):
+            collective_ops._last_error[0] = errors.TimeoutError("allreduce 'g' timed out", rank=1)
+            raise tf.errors.DeadlineExceededError(None, None, "TimeoutError: allreduce 'g' timed out")
+    assert str(caught.value) == f"allreduce 'g' timed out {hint}" and caught.value.rank == 1
+    with pytest.raises(errors.PeerLostError, match="^rank 1 died$"):  # other errors as they are
+        with collective_ops.collective_errors(hint):
+            collective_ops._last_error[0] = errors.PeerLostError("rank 1 died", rank=1)
+            raise tf.errors.InternalError(None, None, "PeerLostError: rank 1 died")

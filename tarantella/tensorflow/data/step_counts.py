@@ -1,0 +1,124 @@
+"""Whether every rank will take the same number of steps in fit, evaluate and
+predict.
+
+Every step is collective (the gradient allreduce, the global metrics, the
+gathered predictions): a rank whose data runs out first ends its epoch while
+the others wait in their next step, and the job stopped only at TNT_TIMEOUT_S
+(300 s by default) with a message about a tensor nobody submitted. Ranks load
+their data on their own (a file of their own, their own shard with
+`tnt_distribute_dataset=False`, a pipeline built from the rank), so the ranks
+compare what fixes their step counts, in two small allgathers:
+
+1. before anything else is distributed, the arguments (`epochs`,
+   `steps_per_epoch`, ...) and the type of each input, which decide which
+   collectives distributing them takes (check_same_arguments);
+2. after, the number of batches of each input where it is known and no
+   argument sets the steps (check_same_batches): a tf.data pipeline's
+   cardinality, arrays' length over the batch size. A count tf.data cannot
+   know (after `filter`, from a generator) is not compared.
+
+Either raises the same MismatchError on every rank.
+"""
+import numpy as np
+import tensorflow as tf
+
+from tarantella.common import collectives, core
+from tarantella.common.errors import MismatchError
+
+UNKNOWN = int(tf.data.UNKNOWN_CARDINALITY)  # -2: not known, so not compared
+INFINITE = int(tf.data.INFINITE_CARDINALITY)  # -1
+_NONE = -3  # an argument left at None
+KINDS = ("None", "a tf.data.Dataset", "arrays", "another input")  # what `input_kind` says
+_KIND_BASE = -10  # KINDS[i] travels as _KIND_BASE - i
+
+_ADVICE = (
+    "Every step is collective, so the ranks would wait for each other until TNT_TIMEOUT_S. Give "
+    "every rank the same data and arguments; where each rank feeds its own shard "
+    "(tnt_distribute_dataset=False), make the shards the same number of batches (e.g. "
+    "`dataset.take(n)`), or pass the number of steps")
+
+
+def input_kind(x):
+    """Which of KINDS `x` is (ranks that pass different kinds take different
+    paths, and different collectives)."""
+    if x is None:
+        return KINDS[0]
+    if isinstance(x, tf.data.Dataset):
+        return KINDS[1]
+    leaves = [t for t in tf.nest.flatten(x) if t is not None]
+    if leaves and all(hasattr(t, "shape") or isinstance(t, list) or np.isscalar(t) for t in leaves):
+        return KINDS[2]
+    return KINDS[3]
+
+
+def batches(x, batch_size=None):
+    """The number of batches Keras will draw from `x`: a tf.data.Dataset's
+    cardinality, arrays' samples over `batch_size` (Keras' 32 when None), 0
+    for no input, or UNKNOWN (a generator, a PyDataset)."""
+    kind = input_kind(x)
+    if kind == KINDS[0]:
+        return 0
+    if kind == KINDS[1]:
+        return int(x.cardinality())
+    if kind != KINDS[2]:
+        return UNKNOWN
+    samples = int(np.shape(tf.nest.flatten(x)[0])[0])
+    return -(-samples // (32 if batch_size is None else int(batch_size)))
+
+
+def _encoded(value):
+    if isinstance(value, str):
+        return _KIND_BASE - KINDS.index(value)
+    return _NONE if value is None else int(value)
+
+
+def _shown(value):
+    if value <= _KIND_BASE:
+        return KINDS[_KIND_BASE - value]
+    return {UNKNOWN: "unknown", INFINITE: "infinite", _NONE: "None"}.get(value, str(value))
+
+
+def _compare(what, name, values, skip_unknown):
+    """Collective: MismatchError on every rank unless every rank has the same
+    `values` (label -> int, the labels the same on every rank). With
+    `skip_unknown`, a label that is None (not counted) or UNKNOWN on some rank
+    is not compared; returns the labels that were UNKNOWN somewhere."""
+    if core.get_size() == 1:
+        return []
+    labels = list(values)
+    every = collectives.allgather(np.array([_encoded(v) for v in values.values()], np.int64),
+                                  name=name).reshape(-1, len(labels))
+    unknown = [labels[i] for i in range(len(labels)) if (every[:, i] == UNKNOWN).any()]
+    skipped = lambda i: skip_unknown and ((every[:, i] == UNKNOWN) | (every[:, i] == _NONE)).any()
+    differ = [i for i in range(len(labels)) if (every[:, i] != every[0, i]).any() and not skipped(i)]
+    if differ:
+        said = "; ".join(f"{labels[i]} (" + ", ".join(
+            f"rank {r}: {_shown(int(v))}" for r, v in enumerate(every[:, i])) + ")" for i in differ)
+        raise MismatchError(f"the ranks would take different numbers of steps in {what}: "
+                            f"{said}. {_ADVICE}")
+    return unknown
+
+
+def check_same_arguments(what, arguments):
+    """Collective: the same MismatchError on every rank unless the ranks pass
+    the same `arguments` (label -> int, bool, None or one of KINDS)."""
+    _compare(what, f"tnt.steps.{what}.arguments", arguments, skip_unknown=False)
+
+
+def check_same_batches(what, counts):
+    """Collective: the same MismatchError on every rank unless the ranks'
+    inputs have the same numbers of batches (label -> count; None, not
+    counted on purpose, or UNKNOWN on any rank: not compared). Returns what
+    `timeout_hint` needs: the labels tf.data could not count on some rank."""
+    return _compare(what, f"tnt.steps.{what}.batches", counts, skip_unknown=True)
+
+
+def timeout_hint(uncounted):
+    """A sentence for a TimeoutError of a call whose inputs `uncounted` (from
+    check_same_batches) could not be compared, or None."""
+    if not uncounted:
+        return None
+    return (f"If the ranks' data differ in length, this is how they stop: tf.data could not count "
+            f"{' and '.join(uncounted)} (a filter, a generator), so the ranks could not compare "
+            "them before the first step; give every rank the same number of batches, or pass the "
+            "number of steps.")
