@@ -542,7 +542,11 @@ class Model(keras.Model):
             "epochs": epochs, "initial_epoch": initial_epoch, "steps_per_epoch": steps_per_epoch,
             "the type of validation_data": kinds["validation_data"],
             "tnt_distribute_validation_dataset": tnt_distribute_validation_dataset,
-            "validation_steps": validation_steps, "validation_freq": validation_freq})
+            "validation_steps": validation_steps, "validation_freq": validation_freq,
+            "batch_size": batch_size, "tnt_micro_batch_size": tnt_micro_batch_size,
+            "validation_batch_size": validation_batch_size,
+            "tnt_validation_micro_batch_size": tnt_validation_micro_batch_size,
+            "shuffle": shuffle})
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
         self._train_may_be_empty(train is None or train[3])
@@ -594,7 +598,8 @@ class Model(keras.Model):
         self._assert_compile_called("evaluate")
         kind = input_kind(x)
         step_counts.check_same_arguments("evaluate", {
-            "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset, "steps": steps})
+            "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset, "steps": steps,
+            "batch_size": batch_size, "tnt_micro_batch_size": tnt_micro_batch_size})
         data = self._distribute(x, y, sample_weight, batch_size, False, tnt_micro_batch_size,
                                 tnt_distribute_dataset, "evaluate", "tnt_micro_batch_size")
         if data is not None:
@@ -616,7 +621,9 @@ class Model(keras.Model):
         kind = input_kind(x) if tnt_distribute_dataset else step_counts.KINDS[0]
         step_counts.check_same_arguments("predict", {
             "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset,
-            "steps": steps if tnt_distribute_dataset else None})
+            "steps": steps if tnt_distribute_dataset else None,
+            "batch_size": batch_size if tnt_distribute_dataset else None,
+            "tnt_micro_batch_size": tnt_micro_batch_size if tnt_distribute_dataset else None})
         data = self._distribute(x, None, None, batch_size, False, tnt_micro_batch_size,
                                 tnt_distribute_dataset, "predict", "tnt_micro_batch_size")
         distributed = data is not None and core.get_size() > 1

@@ -254,7 +254,9 @@ def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_befor
         "dataset_length": "fit: the batches of x (rank 0: 5, rank 1: 6)",
         "own_shards": "evaluate: the batches of x (rank 0: 3, rank 1: 2)",
         "epochs": "fit: epochs (rank 0: 2, rank 1: 1)",
-        "input_type": "fit: the type of x (rank 0: a tf.data.Dataset, rank 1: arrays)",
+        "input_type": "fit: the type of x (rank 0: a tf.data.Dataset, rank 1: arrays); batch_size "
+                      "(rank 0: None, rank 1: 20)",
+        "batch_size": "fit: batch_size (rank 0: 20, rank 1: 40)",
         "validation_length": "fit: the batches of validation_data (rank 0: 5, rank 1: 6)",
     }
     for key, what in expected.items():

@@ -19,6 +19,9 @@ compare what fixes their step counts, in two small allgathers:
 
 Either raises the same MismatchError on every rank.
 """
+import numbers
+import zlib
+
 import numpy as np
 import tensorflow as tf
 
@@ -29,7 +32,9 @@ UNKNOWN = int(tf.data.UNKNOWN_CARDINALITY)  # -2: not known, so not compared
 INFINITE = int(tf.data.INFINITE_CARDINALITY)  # -1
 _NONE = -3  # an argument left at None
 KINDS = ("None", "a tf.data.Dataset", "arrays", "another input")  # what `input_kind` says
-_KIND_BASE = -10  # KINDS[i] travels as _KIND_BASE - i
+_WORDS = KINDS + ("False", "True", "batch")  # the words an argument can be (shuffle="batch")
+_WORD_BASE = -10  # _WORDS[i] travels as _WORD_BASE - i
+_OTHER_BASE = -(1 << 40)  # any other value: below it, by a CRC of its repr
 
 _ADVICE = (
     "Every step is collective, so the ranks would wait for each other until TNT_TIMEOUT_S. Give "
@@ -67,14 +72,24 @@ def batches(x, batch_size=None):
 
 
 def _encoded(value):
-    if isinstance(value, str):
-        return _KIND_BASE - KINDS.index(value)
-    return _NONE if value is None else int(value)
+    """An argument as one int64 that the other ranks can compare and show."""
+    if value is None:
+        return _NONE
+    if isinstance(value, (bool, np.bool_)):
+        value = str(bool(value))
+    elif isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, str) and value in _WORDS:
+        return _WORD_BASE - _WORDS.index(value)
+    return _OTHER_BASE - zlib.crc32(repr(value).encode())  # a bad value: its own call refuses it
 
 
 def _shown(value):
-    if value <= _KIND_BASE:
-        return KINDS[_KIND_BASE - value]
+    if value <= _OTHER_BASE:
+        return "another value"
+    if value <= _WORD_BASE:
+        word = _WORDS[_WORD_BASE - value]
+        return repr(word) if word == "batch" else word
     return {UNKNOWN: "unknown", INFINITE: "infinite", _NONE: "None"}.get(value, str(value))
 
 
@@ -101,7 +116,8 @@ def _compare(what, name, values, skip_unknown):
 
 def check_same_arguments(what, arguments):
     """Collective: the same MismatchError on every rank unless the ranks pass
-    the same `arguments` (label -> int, bool, None or one of KINDS)."""
+    the same `arguments` (label -> int, bool, None, one of KINDS or "batch";
+    any other value is compared by its repr)."""
     _compare(what, f"tnt.steps.{what}.arguments", arguments, skip_unknown=False)
 
 
