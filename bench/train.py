@@ -241,7 +241,7 @@ def run_setup(setup, workload, args):
             len(q["steps_s"]) for q in parsed)]) for p in parsed))))
         return {"samples_per_s": sum(p["samples_per_s"] for p in parsed),
                 "step_s": max(p["step_s"] for p in parsed), "params": parsed[0]["params"],
-                "lockstep_samples_per_s": 2 * MICRO / lockstep}, None
+                "lockstep_samples_per_s": 2 * MICRO / lockstep, "lockstep_step_s": lockstep}, None
     result = _parse(outs[0][0])
     return result, None if result else outs[0][1][-800:]
 
@@ -277,8 +277,8 @@ def main():
         shown = list(setups)
         if runs.get("ceiling"):  # the ceiling's steps in lockstep, as a setup of its own
             shown.append("ceiling-lockstep")
-            runs["ceiling-lockstep"] = [dict(r, samples_per_s=r["lockstep_samples_per_s"])
-                                        for r in runs["ceiling"]]
+            runs["ceiling-lockstep"] = [dict(r, samples_per_s=r["lockstep_samples_per_s"],
+                                             step_s=r["lockstep_step_s"]) for r in runs["ceiling"]]
         for setup in shown:
             if runs[setup]:  # the round of median throughput
                 ordered = sorted(runs[setup], key=lambda r: r["samples_per_s"])

@@ -546,7 +546,7 @@ class Model(keras.Model):
             "batch_size": batch_size, "tnt_micro_batch_size": tnt_micro_batch_size,
             "validation_batch_size": validation_batch_size,
             "tnt_validation_micro_batch_size": tnt_validation_micro_batch_size,
-            "shuffle": shuffle})
+            "shuffle": shuffle, "class_weight": class_weight})
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
         self._train_may_be_empty(train is None or train[3])

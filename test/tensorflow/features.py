@@ -411,6 +411,7 @@ def check_step_counts(tnt):
         "input_type": lambda m: m.fit(ds if rank == 0 else x, None if rank == 0 else y,
                                       batch_size=None if rank == 0 else B, epochs=1, verbose=0),
         "batch_size": lambda m: m.fit(x, y, batch_size=B * (1 + rank), verbose=0),
+        "class_weight": lambda m: m.fit(ds, class_weight={0: 1.0, 1: 1.0 + rank, 2: 1.0}, verbose=0),
         "validation_length": lambda m: m.fit(ds, validation_data=(xl, yl), validation_batch_size=B,
                                              tnt_distribute_validation_dataset=False, verbose=0),
         # must run: the steps are set, or tf.data cannot count the batches

@@ -257,6 +257,7 @@ def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_befor
         "input_type": "fit: the type of x (rank 0: a tf.data.Dataset, rank 1: arrays); batch_size "
                       "(rank 0: None, rank 1: 20)",
         "batch_size": "fit: batch_size (rank 0: 20, rank 1: 40)",
+        "class_weight": "fit: class_weight (ranks [1] differ from rank 0)",
         "validation_length": "fit: the batches of validation_data (rank 0: 5, rank 1: 6)",
     }
     for key, what in expected.items():

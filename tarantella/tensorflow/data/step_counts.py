@@ -81,12 +81,12 @@ def _encoded(value):
         return int(value)
     if isinstance(value, str) and value in _WORDS:
         return _WORD_BASE - _WORDS.index(value)
-    return _OTHER_BASE - zlib.crc32(repr(value).encode())  # a bad value: its own call refuses it
+    if isinstance(value, dict):  # class_weight: the same whatever order it was built in
+        value = sorted(value.items(), key=repr)
+    return _OTHER_BASE - zlib.crc32(repr(value).encode())
 
 
 def _shown(value):
-    if value <= _OTHER_BASE:
-        return "another value"
     if value <= _WORD_BASE:
         word = _WORDS[_WORD_BASE - value]
         return repr(word) if word == "batch" else word
@@ -107,17 +107,24 @@ def _compare(what, name, values, skip_unknown):
     skipped = lambda i: skip_unknown and ((every[:, i] == UNKNOWN) | (every[:, i] == _NONE)).any()
     differ = [i for i in range(len(labels)) if (every[:, i] != every[0, i]).any() and not skipped(i)]
     if differ:
-        said = "; ".join(f"{labels[i]} (" + ", ".join(
-            f"rank {r}: {_shown(int(v))}" for r, v in enumerate(every[:, i])) + ")" for i in differ)
+        said = "; ".join(_differing(labels[i], every[:, i]) for i in differ)
         raise MismatchError(f"the ranks would take different numbers of steps in {what}: "
                             f"{said}. {_ADVICE}")
     return unknown
 
 
+def _differing(label, values):
+    """How `values` (one per rank) differ: each rank's, or which ranks differ
+    from rank 0 where a value cannot be shown (a dict, a bad value)."""
+    if (values <= _OTHER_BASE).any():
+        return f"{label} (ranks {np.flatnonzero(values != values[0]).tolist()} differ from rank 0)"
+    return f"{label} (" + ", ".join(f"rank {r}: {_shown(int(v))}" for r, v in enumerate(values)) + ")"
+
+
 def check_same_arguments(what, arguments):
     """Collective: the same MismatchError on every rank unless the ranks pass
     the same `arguments` (label -> int, bool, None, one of KINDS or "batch";
-    any other value is compared by its repr)."""
+    any other value, such as class_weight, is compared by a CRC of its repr)."""
     _compare(what, f"tnt.steps.{what}.arguments", arguments, skip_unknown=False)
 
 
