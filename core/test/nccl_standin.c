@@ -3,8 +3,11 @@
  * ncclCommInitRankConfig returns (INIT_RC, with NCCL's last error LAST_ERROR),
  * what the communicator's set-up comes to (ASYNC: 0 done, 7 in progress
  * forever, else that error), and a symbol left out (NO_ASYNC_ERROR). It counts
- * aborts, so a test can see that a failed set-up was aborted. No GPU, no CUDA. */
+ * aborts, so a test can see that a failed set-up was aborted. Its collectives
+ * are those of one rank on host memory (a copy), and record the datatype, op
+ * and root NCCL was given. No GPU, no CUDA. */
 #include <stddef.h>
+#include <string.h>
 
 #ifndef VERSION
 #define VERSION 22703
@@ -47,3 +50,22 @@ const char *ncclGetErrorString(int rc) {
   return rc == 5 ? "invalid usage (run with NCCL_DEBUG=WARN for details)" : rc == 2 ? "unhandled system error" : "error";
 }
 const char *ncclGetLastError(void *comm) { return LAST_ERROR; }
+
+/* one rank's collectives: the result is the input */
+int standin_dtype = -1, standin_op = -1, standin_root = -1, standin_collectives;
+static size_t element_bytes(int dtype) { return dtype == 6 || dtype == 9 ? 2 : dtype == 7 || dtype == 2 ? 4 : 8; }
+int ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, void *comm, void *stream) {
+  standin_dtype = dtype, standin_op = op, standin_collectives++;
+  memmove(recv, send, count * element_bytes(dtype));
+  return 0;
+}
+int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, int root, void *comm, void *stream) {
+  standin_dtype = dtype, standin_root = root, standin_collectives++;
+  memmove(recv, send, count * element_bytes(dtype));
+  return 0;
+}
+int ncclAllGather(const void *send, void *recv, size_t count, int dtype, void *comm, void *stream) {
+  standin_dtype = dtype, standin_collectives++;
+  memmove(recv, send, count * element_bytes(dtype));
+  return 0;
+}

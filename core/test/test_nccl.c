@@ -1,7 +1,9 @@
 /* test_nccl.c - the NCCL loader (src/gpu/nccl.c) against stand-ins of
  * libnccl.so.2 built from test/nccl_standin.c: a missing library, one too old,
  * one without a function, a set-up that fails, one that never ends (aborted at
- * the deadline), and one that works. No GPU, no CUDA. Each case runs in a child
+ * the deadline), and one that works; and the collectives against it, waited
+ * for on stand-ins of libcudart.so (test/cudart_standin.c) whose stream is
+ * done, never done, or failed. No GPU, no CUDA. Each case runs in a child
  * process: NCCL is loaded once per process. argv[1]: the folder of the
  * stand-ins. Prints "N passed, N failed". */
 #define _GNU_SOURCE
@@ -115,6 +117,99 @@ static void works(void) {
   CHECK(counter("nccl-ok.so", "standin_destroys") == 1 && counter("nccl-ok.so", "standin_aborts") == 0);
 }
 
+static void use_cudart(const char *standin) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, standin);
+  setenv("TNT_CUDART_LIBRARY", path, 1);
+}
+
+/* A communicator of one rank on the working stand-in, its collectives on host memory. */
+static tnt_nccl_comm_t *one_rank(const char *cudart) {
+  use("nccl-ok.so");
+  use_cudart(cudart);
+  char id[TNT_NCCL_ID_BYTES];
+  CHECK(tnt_nccl_unique_id(id) == TNT_SUCCESS);
+  tnt_nccl_comm_t *comm = NULL;
+  CHECK(tnt_nccl_comm_init(0, 1, id, tnt_now() + 5, &comm) == TNT_SUCCESS && comm);
+  return comm;
+}
+
+static void collectives(void) {
+  tnt_nccl_comm_t *comm = one_rank("cudart-ok.so");
+  float in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8] = {0}; /* room for 3 float64 */
+  double deadline = tnt_now() + 5;
+  CHECK(tnt_nccl_allreduce(comm, in, out, 5, TNT_FLOAT32, TNT_SUM, NULL, deadline) == TNT_SUCCESS);
+  CHECK(memcmp(in, out, 5 * sizeof *in) == 0);
+  CHECK(counter("nccl-ok.so", "standin_dtype") == 7 && counter("nccl-ok.so", "standin_op") == 0); /* ncclFloat32, ncclSum */
+  /* NCCL's codes for every dtype, and ncclAvg for a floating-point average */
+  const struct { tnt_dtype_t dt; int nccl; } types[] = {{TNT_FLOAT16, 6}, {TNT_BFLOAT16, 9}, {TNT_FLOAT32, 7},
+                                                        {TNT_FLOAT64, 8}, {TNT_INT32, 2}, {TNT_INT64, 4}};
+  for (int i = 0; i < 6; i++) {
+    CHECK(tnt_nccl_allreduce(comm, in, out, 2, types[i].dt, TNT_SUM, NULL, deadline) == TNT_SUCCESS);
+    CHECK(counter("nccl-ok.so", "standin_dtype") == types[i].nccl);
+  }
+  CHECK(tnt_nccl_allreduce(comm, in, in, 2, TNT_FLOAT16, TNT_AVERAGE, NULL, deadline) == TNT_SUCCESS);
+  CHECK(counter("nccl-ok.so", "standin_op") == 4);
+  /* an integer average rounds otherwise on NCCL: refused, nothing sent */
+  int calls = counter("nccl-ok.so", "standin_collectives");
+  CHECK(tnt_nccl_allreduce(comm, in, out, 2, TNT_INT64, TNT_AVERAGE, NULL, deadline) == TNT_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tnt_last_error(), "NCCL allreduce of 2 int64: an integer average is not done on NCCL"));
+  CHECK(counter("nccl-ok.so", "standin_collectives") == calls);
+  CHECK(tnt_nccl_broadcast(comm, in, out, 3, TNT_FLOAT64, 0, NULL, deadline) == TNT_SUCCESS);
+  CHECK(counter("nccl-ok.so", "standin_root") == 0 && counter("nccl-ok.so", "standin_dtype") == 8);
+  CHECK(tnt_nccl_broadcast(comm, in, out, 3, TNT_FLOAT64, 1, NULL, deadline) == TNT_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tnt_last_error(), "root 1 out of range (1 ranks)"));
+  CHECK(tnt_nccl_allgather(comm, in, out, 4, TNT_INT32, NULL, deadline) == TNT_SUCCESS);
+  CHECK(counter("nccl-ok.so", "standin_dtype") == 2);
+  tnt_nccl_comm_destroy(comm);
+  CHECK(counter("nccl-ok.so", "standin_aborts") == 0);
+}
+
+static void collective_never_completes(void) {
+  tnt_nccl_comm_t *comm = one_rank("cudart-busy.so");
+  float x[4] = {0};
+  double start = tnt_now();
+  CHECK(tnt_nccl_allreduce(comm, x, x, 4, TNT_FLOAT32, TNT_SUM, NULL, start + 0.3) == TNT_ERR_TIMEOUT);
+  double took = tnt_now() - start;
+  CHECK(took >= 0.3 && took < 3.0); /* a bound, not a timing: it must end */
+  CHECK(strstr(tnt_last_error(), "rank 0: NCCL allreduce of 4 float32 did not complete within TNT_TIMEOUT_S"));
+  CHECK(strstr(tnt_last_error(), "its communicator was aborted"));
+  CHECK(counter("nccl-ok.so", "standin_aborts") == 1);
+  CHECK(counter("cudart-busy.so", "standin_queries") > 1); /* polled, not waited on blindly */
+  /* every later call fails at once, naming the first failure; nothing more is sent */
+  int calls = counter("nccl-ok.so", "standin_collectives");
+  CHECK(tnt_nccl_broadcast(comm, x, x, 4, TNT_FLOAT32, 0, NULL, tnt_now() + 5) == TNT_ERR_PEER_LOST);
+  CHECK(strstr(tnt_last_error(), "aborted after an earlier failure (rank 0: NCCL allreduce of 4 float32 did not"));
+  CHECK(counter("nccl-ok.so", "standin_collectives") == calls);
+  tnt_nccl_comm_destroy(comm);
+  CHECK(counter("nccl-ok.so", "standin_destroys") == 0 && counter("nccl-ok.so", "standin_aborts") == 1);
+}
+
+static void stream_fails(void) {
+  tnt_nccl_comm_t *comm = one_rank("cudart-broken.so");
+  float x[4] = {0};
+  CHECK(tnt_nccl_allgather(comm, x, x, 4, TNT_FLOAT32, NULL, tnt_now() + 5) == TNT_ERR_SYSTEM);
+  CHECK(strstr(tnt_last_error(), "the CUDA stream of NCCL allgather of 4 float32 per rank failed: an illegal memory "
+                                 "access was encountered (CUDA error 700)"));
+  CHECK(counter("nccl-ok.so", "standin_aborts") == 1);
+  tnt_nccl_comm_abort(comm);
+}
+
+static void cudart_missing(void) {
+  use("nccl-ok.so");
+  setenv("TNT_CUDART_LIBRARY", "/nonexistent/libcudart.so.12", 1);
+  char id[TNT_NCCL_ID_BYTES];
+  CHECK(tnt_nccl_unique_id(id) == TNT_SUCCESS);
+  tnt_nccl_comm_t *comm = NULL;
+  CHECK(tnt_nccl_comm_init(0, 1, id, tnt_now() + 5, &comm) == TNT_SUCCESS);
+  float x[1] = {0};
+  CHECK(tnt_nccl_allreduce(comm, x, x, 1, TNT_FLOAT32, TNT_SUM, NULL, tnt_now() + 5) == TNT_ERR_INVALID_USAGE);
+  CHECK(strstr(tnt_last_error(), "the CUDA runtime cannot be loaded from /nonexistent/libcudart.so.12"));
+  CHECK(strstr(tnt_last_error(), "pip install nvidia-cuda-runtime-cu12"));
+  CHECK(counter("nccl-ok.so", "standin_collectives") == 0);
+  tnt_nccl_comm_destroy(comm);
+}
+
 static void run(const char *name, void (*fn)(void)) {
   fflush(NULL);
   pid_t pid = fork();
@@ -139,6 +234,10 @@ int main(int argc, char **argv) {
   run("setup_fails_later", setup_fails_later);
   run("setup_never_ends", setup_never_ends);
   run("works", works);
+  run("collectives", collectives);
+  run("collective_never_completes", collective_never_completes);
+  run("stream_fails", stream_fails);
+  run("cudart_missing", cudart_missing);
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

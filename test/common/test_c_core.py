@@ -17,8 +17,9 @@ import pytest
 from core_helpers import clean_env
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
-PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges", "test_nccl"]
+PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges", "test_nccl", "test_nccl_gpu"]
 NCCL_STAND_INS = ["ok", "old", "partial", "dup", "async-error", "hang"]  # core/Makefile's STANDINS
+CUDART_STAND_INS = ["ok", "busy", "broken"]  # core/Makefile's CUDARTS
 BUILDS = ["plain", "asan", "tsan"]
 pytestmark = pytest.mark.skipif(not shutil.which("make") or not shutil.which("cc"),
                                 reason="needs make and a C compiler")
@@ -55,6 +56,7 @@ def builds(tmp_path_factory):
                 if kind == "plain":
                     args.append(f"{out}/libtarantella.so")
                     args += [f"{out}/nccl-{v}.so" for v in NCCL_STAND_INS]
+                    args += [f"{out}/cudart-{v}.so" for v in CUDART_STAND_INS]
                 else:
                     args.append(f"SANITIZE={kind}")
                 res = make(*args)
@@ -107,9 +109,23 @@ def test_c_ranks_program_under_valgrind(build):
 def test_nccl_loader_against_stand_in_libraries(build):
     """core/test/test_nccl.c: a missing, old or incomplete libnccl.so.2 is refused saying why and what to
     install; a failed or never-ending communicator set-up is aborted with NCCL's own words or at the
-    deadline; a working one is non-blocking. No GPU: the libraries are stand-ins built by core/Makefile."""
+    deadline; a working one is non-blocking. The collectives pass NCCL every dtype's and op's code,
+    refuse an integer average, and wait for their stream with the deadline: a stream that never gets
+    there or fails aborts the communicator, and every later call fails at once naming why; a missing
+    CUDA runtime says what to install. No GPU: the libraries are stand-ins built by core/Makefile."""
     res = run([str(build / "test_nccl"), str(build)])
-    assert res.stdout.strip().splitlines()[-1] == "7 passed, 0 failed", res.stdout + res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "11 passed, 0 failed", res.stdout + res.stderr
+
+
+def test_nccl_collectives_on_a_gpu(build):
+    """core/test/test_nccl_gpu.c with the real NCCL and CUDA runtime: every collective and dtype on a
+    one-rank communicator, a stream that never gets to the collective, a rank that never joins, two
+    ranks on one GPU (refused by NCCL). It says why it skips where there is no GPU (every CI machine);
+    core/test/run_on_gpu.sh runs it on a machine with one (figures: docs/gpus.md)."""
+    res = run([str(build / "test_nccl_gpu")])
+    if res.stdout.startswith("skipped: "):
+        pytest.skip(res.stdout.strip().splitlines()[0])
+    assert res.stdout.strip().splitlines()[-1] == "4 passed, 0 failed", res.stdout + res.stderr
 
 
 # ---- test_edges: one function per case (the expected behaviour is in core/test/test_edges.c) ----

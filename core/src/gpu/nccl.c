@@ -11,6 +11,8 @@
 #include <time.h>
 
 #include "common.h"
+#include "cuda_rt.h"
+#include "dtype.h"
 
 /* NCCL's ABI, as documented (nccl.h of NCCL 2.14 and later). */
 typedef int nccl_result_t;
@@ -45,10 +47,16 @@ static struct {
   nccl_result_t (*comm_destroy)(void *comm);
   const char *(*get_error_string)(nccl_result_t result);
   const char *(*get_last_error)(void *comm);
+  nccl_result_t (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op, void *comm, void *stream);
+  nccl_result_t (*broadcast)(const void *send, void *recv, size_t count, int dtype, int root, void *comm,
+                             void *stream);
+  nccl_result_t (*all_gather)(const void *send, void *recv, size_t count, int dtype, void *comm, void *stream);
 } nccl = {.once = PTHREAD_ONCE_INIT};
 
 struct tnt_nccl_comm {
-  void *comm;
+  void *comm; /* NULL once aborted */
+  int rank, size;
+  char failed[768]; /* the failure that aborted it */
 };
 
 #define INSTALL "pip install nvidia-nccl-cu12 (tensorflow[and-cuda] installs it), or set TNT_NCCL_LIBRARY to a libnccl.so.2"
@@ -78,6 +86,9 @@ static void load_once(void) {
       {"ncclCommDestroy", (void **)&nccl.comm_destroy},
       {"ncclGetErrorString", (void **)&nccl.get_error_string},
       {"ncclGetLastError", (void **)&nccl.get_last_error},
+      {"ncclAllReduce", (void **)&nccl.all_reduce},
+      {"ncclBroadcast", (void **)&nccl.broadcast},
+      {"ncclAllGather", (void **)&nccl.all_gather},
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     *table[i].fn = dlsym(nccl.lib, table[i].name);
@@ -175,18 +186,131 @@ tnt_result_t tnt_nccl_comm_init(int rank, int size, const void *id, double deadl
     return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   }
   c->comm = comm;
+  c->rank = rank;
+  c->size = size;
+  c->failed[0] = 0;
   *out = c;
   return TNT_SUCCESS;
 }
 
 void tnt_nccl_comm_abort(tnt_nccl_comm_t *comm) {
   if (!comm) return;
-  nccl.comm_abort(comm->comm);
+  if (comm->comm) nccl.comm_abort(comm->comm);
   free(comm);
 }
 
 void tnt_nccl_comm_destroy(tnt_nccl_comm_t *comm) {
   if (!comm) return;
-  nccl.comm_destroy(comm->comm);
+  if (comm->comm) nccl.comm_destroy(comm->comm);
   free(comm);
+}
+
+/* ---- collectives ---- */
+
+/* NCCL's ncclDataType_t and ncclRedOp_t, as documented. */
+static int nccl_dtype(tnt_dtype_t dt) {
+  switch (dt) {
+    case TNT_FLOAT16: return 6;
+    case TNT_BFLOAT16: return 9;
+    case TNT_FLOAT32: return 7;
+    case TNT_FLOAT64: return 8;
+    case TNT_INT32: return 2;
+    case TNT_INT64: return 4;
+  }
+  return -1;
+}
+enum { NCCL_SUM = 0, NCCL_AVG = 4 };
+
+/* Abort the communicator after `code`: every later call fails naming it. */
+static tnt_result_t fail_comm(tnt_nccl_comm_t *c, tnt_result_t code, const char *msg) {
+  if (c->comm) nccl.comm_abort(c->comm);
+  c->comm = NULL;
+  snprintf(c->failed, sizeof c->failed, "%s", msg);
+  return tnt_fail(code, "%s", msg);
+}
+
+static tnt_result_t usable(tnt_nccl_comm_t *c, const char *what) {
+  if (!c) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "NCCL %s on no communicator", what);
+  if (!c->comm)
+    return tnt_fail(TNT_ERR_PEER_LOST, "rank %d: NCCL %s on a communicator aborted after an earlier failure (%s)",
+                    c->rank, what, c->failed);
+  if (!tnt_cuda()) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", tnt_last_error()); /* tnt_fail writes where tnt_last_error reads */
+    return tnt_fail(TNT_ERR_INVALID_USAGE, "NCCL %s: %s", what, why);
+  }
+  return TNT_SUCCESS;
+}
+
+/* Wait until NCCL has taken the call (a non-blocking communicator may still be
+ * enqueuing it: ncclInProgress), then until `stream` has run it, polling both
+ * for errors; at `deadline` abort. The polls back off from 10 us to 1 ms. */
+static tnt_result_t finish(tnt_nccl_comm_t *c, nccl_result_t rc, void *stream, double deadline, const char *what) {
+  char e[512], msg[768];
+  const tnt_cuda_t *cuda = tnt_cuda();
+  long nap_ns = 10000;
+  for (int enqueued = rc == NCCL_SUCCESS;;) {
+    nccl_result_t state = NCCL_SUCCESS;
+    if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS) state = rc;
+    else if (nccl.comm_get_async_error(c->comm, &state) != NCCL_SUCCESS) state = 2; /* unhandled system error */
+    if (state != NCCL_SUCCESS && state != NCCL_IN_PROGRESS) {
+      snprintf(msg, sizeof msg, "rank %d: NCCL %s failed: %s; its communicator was aborted", c->rank, what,
+               nccl_error(state, c->comm, e, sizeof e));
+      return fail_comm(c, TNT_ERR_SYSTEM, msg);
+    }
+    rc = NCCL_SUCCESS;
+    if (!enqueued) enqueued = state == NCCL_SUCCESS;
+    if (enqueued) {
+      int q = cuda->stream_query(stream);
+      if (q == TNT_CUDA_SUCCESS) return TNT_SUCCESS;
+      if (q != TNT_CUDA_NOT_READY) {
+        snprintf(msg, sizeof msg, "rank %d: the CUDA stream of NCCL %s failed: %s (CUDA error %d); its communicator "
+                 "was aborted", c->rank, what, tnt_cuda_error(q), q);
+        return fail_comm(c, TNT_ERR_SYSTEM, msg);
+      }
+    }
+    if (tnt_now() >= deadline) {
+      snprintf(msg, sizeof msg, "rank %d: NCCL %s did not complete within TNT_TIMEOUT_S (a rank of the %d that did "
+               "not make the same call, or a GPU that is stuck); its communicator was aborted", c->rank, what, c->size);
+      return fail_comm(c, TNT_ERR_TIMEOUT, msg);
+    }
+    struct timespec ts = {0, nap_ns};
+    nanosleep(&ts, NULL);
+    if (nap_ns < 1000000) nap_ns *= 2;
+  }
+}
+
+tnt_result_t tnt_nccl_allreduce(tnt_nccl_comm_t *c, const void *send, void *recv, size_t count, tnt_dtype_t dt,
+                                tnt_reduce_op_t op, void *stream, double deadline) {
+  char what[128];
+  snprintf(what, sizeof what, "allreduce of %zu %s", count, tnt_dtype_name(dt));
+  TNT_CHECK(usable(c, what));
+  if (nccl_dtype(dt) < 0 || (op != TNT_SUM && op != TNT_AVERAGE))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "NCCL %s: dtype %d or op %d is not one of Tarantella's", what, dt, op);
+  if (op == TNT_AVERAGE && (dt == TNT_INT32 || dt == TNT_INT64))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "NCCL %s: an integer average is not done on NCCL (it would round "
+                    "otherwise than the host path); sum, then divide", what);
+  nccl_result_t rc = nccl.all_reduce(send, recv, count, nccl_dtype(dt), op == TNT_SUM ? NCCL_SUM : NCCL_AVG, c->comm,
+                                     stream);
+  return finish(c, rc, stream, deadline, what);
+}
+
+tnt_result_t tnt_nccl_broadcast(tnt_nccl_comm_t *c, const void *send, void *recv, size_t count, tnt_dtype_t dt,
+                                int root, void *stream, double deadline) {
+  char what[128];
+  snprintf(what, sizeof what, "broadcast of %zu %s from rank %d", count, tnt_dtype_name(dt), root);
+  TNT_CHECK(usable(c, what));
+  if (nccl_dtype(dt) < 0 || root < 0 || root >= c->size)
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "NCCL %s: dtype %d or root %d out of range (%d ranks)", what, dt, root,
+                    c->size);
+  return finish(c, nccl.broadcast(send, recv, count, nccl_dtype(dt), root, c->comm, stream), stream, deadline, what);
+}
+
+tnt_result_t tnt_nccl_allgather(tnt_nccl_comm_t *c, const void *send, void *recv, size_t count, tnt_dtype_t dt,
+                                void *stream, double deadline) {
+  char what[128];
+  snprintf(what, sizeof what, "allgather of %zu %s per rank", count, tnt_dtype_name(dt));
+  TNT_CHECK(usable(c, what));
+  if (nccl_dtype(dt) < 0) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "NCCL %s: dtype %d is not one of Tarantella's", what, dt);
+  return finish(c, nccl.all_gather(send, recv, count, nccl_dtype(dt), c->comm, stream), stream, deadline, what);
 }

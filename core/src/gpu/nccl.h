@@ -1,5 +1,6 @@
 /* gpu/nccl.h - NCCL, loaded at run time: the collectives of GPU tensors when
- * every rank has a GPU of its own (docs/gpus.md: not used by a collective yet).
+ * every rank has a GPU of its own (docs/gpus.md: the Python frontend does not
+ * call them yet).
  *
  * Nothing of NCCL or CUDA is needed to build or install the core: the library
  * is dlopen()ed on first use ($TNT_NCCL_LIBRARY, set by the Python package to
@@ -12,7 +13,9 @@
  * Every wait has a deadline: communicators are created non-blocking
  * (ncclConfig_t.blocking = 0, NCCL 2.14 and newer) and polled with
  * ncclCommGetAsyncError; at the deadline or on an error the communicator is
- * aborted (ncclCommAbort), so a rank that never joins cannot hang the others. */
+ * aborted (ncclCommAbort), so a rank that never joins cannot hang the others;
+ * a collective is waited for on its stream through the CUDA runtime, loaded
+ * the same way (gpu/cuda_rt.h), with the same deadline. */
 #ifndef TNT_GPU_NCCL_H
 #define TNT_GPU_NCCL_H
 
@@ -36,6 +39,20 @@ tnt_result_t tnt_nccl_unique_id(void *id);
  * `deadline` (tnt_now() clock), else aborted and TNT_ERR_TIMEOUT. The CUDA
  * device the rank uses must be current. */
 tnt_result_t tnt_nccl_comm_init(int rank, int size, const void *id, double deadline, tnt_nccl_comm_t **out);
+/* The collectives, on device memory and a CUDA stream (a cudaStream_t; NULL
+ * is the default stream). Each returns when the stream has run it, at most
+ * at `deadline`: then, or when NCCL or CUDA report an error, the communicator
+ * is aborted (a peer that never makes the call cannot hang this rank), and
+ * every later call on it fails at once, naming the first failure. `send` may
+ * be `recv` (in place). An integer AVERAGE is refused (TNT_ERR_INVALID_ARGUMENT):
+ * NCCL's would round otherwise than the host path's. */
+tnt_result_t tnt_nccl_allreduce(tnt_nccl_comm_t *comm, const void *send, void *recv, size_t count, tnt_dtype_t dt,
+                                tnt_reduce_op_t op, void *stream, double deadline);
+tnt_result_t tnt_nccl_broadcast(tnt_nccl_comm_t *comm, const void *send, void *recv, size_t count, tnt_dtype_t dt,
+                                int root, void *stream, double deadline);
+/* `count` elements from every rank, in rank order: recv holds count * size. */
+tnt_result_t tnt_nccl_allgather(tnt_nccl_comm_t *comm, const void *send, void *recv, size_t count, tnt_dtype_t dt,
+                                void *stream, double deadline);
 /* Abort (a failure: in-flight work is dropped) or destroy (after clean work). */
 void tnt_nccl_comm_abort(tnt_nccl_comm_t *comm);
 void tnt_nccl_comm_destroy(tnt_nccl_comm_t *comm);

@@ -1,0 +1,43 @@
+/* gpu/cuda_rt.h - the CUDA runtime, loaded at run time: what the core needs
+ * of it to wait for GPU work with a deadline (gpu/nccl.c), and what a test
+ * needs to put data on a GPU.
+ *
+ * Nothing of CUDA is needed to build or install the core. The library is
+ * dlopen()ed on first use: $TNT_CUDART_LIBRARY, else the first of
+ * libcudart.so.13, libcudart.so.12 and libcudart.so on the library path (the
+ * runtime TensorFlow brings, nvidia-cuda-runtime-cu12, is on it once
+ * TensorFlow has loaded it). The few declarations used are written here from
+ * the CUDA runtime API's documentation; streams and events are opaque
+ * pointers, error codes ints (cudaSuccess 0, cudaErrorNotReady 600). */
+#ifndef TNT_GPU_CUDA_RT_H
+#define TNT_GPU_CUDA_RT_H
+
+#include <stddef.h>
+
+#include "tarantella.h"
+
+#define TNT_CUDA_SUCCESS 0
+#define TNT_CUDA_NOT_READY 600 /* cudaErrorNotReady: the stream still has work */
+#define TNT_CUDA_HOST_TO_DEVICE 1 /* cudaMemcpyKind */
+#define TNT_CUDA_DEVICE_TO_HOST 2
+
+typedef struct {
+  int (*get_device_count)(int *count);
+  int (*set_device)(int device);
+  int (*malloc)(void **ptr, size_t bytes);
+  int (*free)(void *ptr);
+  int (*memcpy)(void *dst, const void *src, size_t bytes, int kind);
+  int (*stream_create)(void **stream);
+  int (*stream_destroy)(void *stream);
+  int (*stream_query)(void *stream);
+  int (*launch_host_func)(void *stream, void (*fn)(void *), void *arg);
+  const char *(*get_error_string)(int error);
+} tnt_cuda_t;
+
+/* The CUDA runtime, loaded once per process: its functions, or NULL with an
+ * error that says why it cannot be used and what to install or set. */
+const tnt_cuda_t *tnt_cuda(void);
+/* CUDA's own words for an error code ("an illegal memory access was ..."). */
+const char *tnt_cuda_error(int error);
+
+#endif
