@@ -1,8 +1,9 @@
 /* test_nccl_gpu.c - the NCCL collectives (src/gpu/nccl.c) with the real NCCL
  * and CUDA runtime, on a GPU: a communicator of one rank runs every
  * collective on every dtype (device memory, a stream of its own, in place and
- * not, bytes past the end untouched); a collective whose stream never gets to
- * it ends at its deadline with an aborted communicator; a communicator that a
+ * not, bytes past the end untouched, sizes past NCCL's chunks); a collective
+ * whose stream does not get to it by the deadline ends in TNT_ERR_TIMEOUT with
+ * an aborted communicator; a communicator that a
  * rank never joins ends at its deadline; two ranks on one GPU are refused by
  * NCCL with its words, on both, not a hang. Without a GPU (no CUDA runtime,
  * no NCCL, no device) it prints "skipped: <why>" and succeeds.
@@ -30,6 +31,7 @@ static int passed, failed;
 #define CHECK(cond)                                                                               \
   do {                                                                                            \
     if (!(cond)) {                                                                                \
+      fflush(stdout);                                                                             \
       fprintf(stderr, "FAILED %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond, tnt_last_error()); \
       _exit(1);                                                                                   \
     }                                                                                             \
@@ -39,6 +41,7 @@ static int passed, failed;
 static const tnt_cuda_t *cuda;
 
 static tnt_nccl_comm_t *one_rank(void) {
+  CUDA_OK(cuda->set_device(0));
   char id[TNT_NCCL_ID_BYTES];
   CHECK(tnt_nccl_unique_id(id) == TNT_SUCCESS);
   tnt_nccl_comm_t *comm = NULL;
@@ -88,7 +91,14 @@ static void check_one(tnt_nccl_comm_t *comm, void *stream, const char *kind, tnt
   CHECK(rc == TNT_SUCCESS);
   CUDA_OK(cuda->memcpy(out, drecv, bytes + guard, TNT_CUDA_DEVICE_TO_HOST));
   if (memcmp(in, out, bytes) != 0) {
-    fprintf(stderr, "%s of %zu %s (op %d, in place %d): wrong result\n", kind, count, tnt_dtype_name(dt), op, in_place);
+    size_t at = 0, wrong = 0, size = tnt_dtype_size(dt);
+    for (size_t i = count; i-- > 0;)
+      if (memcmp(in + i * size, out + i * size, size)) at = i, wrong++;
+    uint64_t a = 0, b = 0;
+    memcpy(&a, in + at * size, size);
+    memcpy(&b, out + at * size, size);
+    fprintf(stderr, "%s of %zu %s (op %d, in place %d): %zu elements wrong, the first at %zu: %#llx, not %#llx\n",
+            kind, count, tnt_dtype_name(dt), op, in_place, wrong, at, (unsigned long long)b, (unsigned long long)a);
     _exit(1);
   }
   for (size_t i = 0; i < guard; i++) CHECK(out[bytes + i] == 0xA5);
@@ -108,14 +118,14 @@ static void every_collective_every_dtype(void) {
     for (int n = 0; n < 4; n++) {
       for (int in_place = 0; in_place < 2; in_place++) {
         check_one(comm, stream, "allreduce", dts[d], TNT_SUM, counts[n], in_place);
-        if (dts[d] != TNT_INT32 && dts[d] != TNT_INT64)
-          check_one(comm, stream, "allreduce", dts[d], TNT_AVERAGE, counts[n], in_place);
         check_one(comm, stream, "broadcast", dts[d], TNT_SUM, counts[n], in_place);
         check_one(comm, stream, "allgather", dts[d], TNT_SUM, counts[n], in_place);
       }
     }
   }
-  CHECK(tnt_nccl_allreduce(comm, NULL, NULL, 4, TNT_INT32, TNT_AVERAGE, stream, tnt_now() + 5) ==
+  /* no average: NCCL 2.28.9's ncclAvg left the elements past 8 MB (float64) or 16 MB unwritten, with one
+   * rank, not in place (docs/gpus.md) */
+  CHECK(tnt_nccl_allreduce(comm, NULL, NULL, 4, TNT_FLOAT64, TNT_AVERAGE, stream, tnt_now() + 5) ==
         TNT_ERR_INVALID_ARGUMENT);
   /* the default stream works too */
   check_one(comm, NULL, "allreduce", TNT_FLOAT32, TNT_SUM, 1000, 0);
@@ -134,12 +144,15 @@ static void stream_never_gets_there(void) {
   CUDA_OK(cuda->stream_create(&stream));
   CUDA_OK(cuda->malloc(&buf, 4096));
   static int seconds = 4; /* the stream is busy for longer than the deadline */
+  CUDA_OK(cuda->memcpy(buf, &seconds, sizeof seconds, TNT_CUDA_HOST_TO_DEVICE)); /* CUDA is up before the clock starts */
   CUDA_OK(cuda->launch_host_func(stream, sleep_on_stream, &seconds));
   double start = tnt_now();
   CHECK(tnt_nccl_allreduce(comm, buf, buf, 1024, TNT_FLOAT32, TNT_SUM, stream, start + 0.5) == TNT_ERR_TIMEOUT);
   double took = tnt_now() - start;
   printf("  stream_never_gets_there: TNT_ERR_TIMEOUT after %.2f s: %s\n", took, tnt_last_error());
-  CHECK(took >= 0.5 && took < 3.5); /* a bound, not a timing: it ended before the stream did */
+  /* A bound, not a timing: it ended. The wait ends at the deadline; NCCL's abort then waits for the work
+   * queued before the collective on the stream (2.5 s of the host function's 4 on an H100, NCCL 2.28.9). */
+  CHECK(took >= 0.5 && took < seconds + 3.0);
   CHECK(strstr(tnt_last_error(), "did not complete within TNT_TIMEOUT_S"));
   CHECK(tnt_nccl_allreduce(comm, buf, buf, 1024, TNT_FLOAT32, TNT_SUM, stream, tnt_now() + 5) == TNT_ERR_PEER_LOST);
   tnt_nccl_comm_destroy(comm);
@@ -164,7 +177,7 @@ static void two_ranks_one_gpu(void) {
   for (int rank = 0; rank < 2; rank++) {
     kids[rank] = fork();
     if (kids[rank] == 0) {
-      CUDA_OK(cuda->set_device(0));
+      CUDA_OK(cuda->set_device(0)); /* CUDA starts here: the process that forked these never did */
       char id[TNT_NCCL_ID_BYTES];
       if (rank == 0) {
         CHECK(tnt_nccl_unique_id(id) == TNT_SUCCESS);
@@ -187,16 +200,26 @@ static void two_ranks_one_gpu(void) {
   }
 }
 
-static int gpu_ready(char *why, size_t len) {
+/* The libraries, loaded without starting CUDA (a case that forks must start it
+ * in its children only); NULL, or the reason to skip in `why`. */
+static int libraries_loaded(char *why, size_t len) {
   cuda = tnt_cuda();
   if (!cuda) return snprintf(why, len, "%s", tnt_last_error()), 0;
-  int n = 0;
-  int rc = cuda->get_device_count(&n);
-  if (rc != TNT_CUDA_SUCCESS || n < 1)
-    return snprintf(why, len, "no GPU: cudaGetDeviceCount said %d device(s) (%s)", n, tnt_cuda_error(rc)), 0;
   if (tnt_nccl_load() != TNT_SUCCESS) return snprintf(why, len, "%s", tnt_last_error()), 0;
-  CUDA_OK(cuda->set_device(0));
   return 1;
+}
+
+/* In a child of its own (CUDA starts there): whether there is a GPU to test on. */
+static void probe(void) {
+  char why[1024];
+  int n = 0, rc = -1;
+  if (libraries_loaded(why, sizeof why) && ((rc = cuda->get_device_count(&n)) != TNT_CUDA_SUCCESS || n < 1))
+    snprintf(why, sizeof why, "no GPU: cudaGetDeviceCount said %d device(s) (%s)", n, tnt_cuda_error(rc));
+  else if (cuda && n >= 1)
+    _exit(0);
+  printf("skipped: %s\n", why);
+  fflush(stdout);
+  _exit(SKIP);
 }
 
 static void run(const char *name, void (*fn)(void)) {
@@ -205,11 +228,7 @@ static void run(const char *name, void (*fn)(void)) {
   if (pid == 0) {
     alarm(120); /* a case that hangs fails instead */
     char why[1024];
-    if (!gpu_ready(why, sizeof why)) {
-      printf("skipped: %s\n", why);
-      fflush(stdout);
-      _exit(SKIP);
-    }
+    CHECK(fn == probe || libraries_loaded(why, sizeof why));
     fn();
     fflush(stdout);
     _exit(0);
@@ -217,12 +236,14 @@ static void run(const char *name, void (*fn)(void)) {
   int status = 0;
   waitpid(pid, &status, 0);
   if (WIFEXITED(status) && WEXITSTATUS(status) == SKIP) exit(0);
+  if (fn == probe) return;
   int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   printf("%s: %s\n", name, ok ? "passed" : "FAILED");
   ok ? passed++ : failed++;
 }
 
 int main(void) {
+  run("probe", probe);
   run("every_collective_every_dtype", every_collective_every_dtype);
   run("stream_never_gets_there", stream_never_gets_there);
   run("rank_never_joins", rank_never_joins);

@@ -44,8 +44,9 @@ tnt_result_t tnt_nccl_comm_init(int rank, int size, const void *id, double deadl
  * at `deadline`: then, or when NCCL or CUDA report an error, the communicator
  * is aborted (a peer that never makes the call cannot hang this rank), and
  * every later call on it fails at once, naming the first failure. `send` may
- * be `recv` (in place). An integer AVERAGE is refused (TNT_ERR_INVALID_ARGUMENT):
- * NCCL's would round otherwise than the host path's. */
+ * be `recv` (in place). AVERAGE is refused (TNT_ERR_INVALID_ARGUMENT): NCCL's
+ * ncclAvg lost elements in a measured case (nccl.c), and an integer one would
+ * round otherwise than the host path; sum, then scale. */
 tnt_result_t tnt_nccl_allreduce(tnt_nccl_comm_t *comm, const void *send, void *recv, size_t count, tnt_dtype_t dt,
                                 tnt_reduce_op_t op, void *stream, double deadline);
 tnt_result_t tnt_nccl_broadcast(tnt_nccl_comm_t *comm, const void *send, void *recv, size_t count, tnt_dtype_t dt,
