@@ -17,7 +17,7 @@ import pytest
 from core_helpers import clean_env
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
-PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges", "test_nccl", "test_nccl_gpu"]
+PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges", "test_nccl", "test_nccl_gpu", "test_gpu_staging"]
 NCCL_STAND_INS = ["ok", "old", "partial", "dup", "async-error", "hang"]  # core/Makefile's STANDINS
 CUDART_STAND_INS = ["ok", "busy", "broken"]  # core/Makefile's CUDARTS
 BUILDS = ["plain", "asan", "tsan"]
@@ -75,8 +75,8 @@ def build(builds):
     return builds("plain")
 
 
-def run(cmd):
-    res = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=300)
+def run(cmd, **env):
+    res = subprocess.run(cmd, env=clean_env(**env), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     return res
 
@@ -126,6 +126,25 @@ def test_nccl_collectives_on_a_gpu(build):
     if res.stdout.startswith("skipped: "):
         pytest.skip(res.stdout.strip().splitlines()[0])
     assert res.stdout.strip().splitlines()[-1] == "4 passed, 0 failed", res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_gpu_staging_pipeline_over_a_stand_in(builds, build, kind):
+    """core/test/test_gpu_staging.c on 3 ranks, the CUDA runtime a stand-in whose "GPU" is host memory:
+    the pieces, buffers and events of host staging (src/gpu/staging.c) give every dtype, size (one
+    element to several pieces), in-place or not, sum or average the bits of the host allreduce, and
+    touch nothing past the result. On a GPU core/test/run_on_gpu.sh runs it for real (docs/gpus.md)."""
+    res = run([str(builds(kind) / "test_gpu_staging"), "3"], TNT_STAGING_ON_HOST=1,
+              TNT_CUDART_LIBRARY=build / "cudart-ok.so")
+    assert res.stdout.strip().splitlines()[-1] == "3 passed, 0 failed", res.stdout + res.stderr
+
+
+def test_gpu_staging_says_why_it_skips_without_a_gpu(build):
+    res = run([str(build / "test_gpu_staging"), "2"])
+    if not res.stdout.startswith("skipped: "):
+        assert res.stdout.strip().splitlines()[-1] == "2 passed, 0 failed", res.stdout + res.stderr
+        return  # a machine with a GPU ran it for real
+    assert res.stdout.splitlines() == [res.stdout.splitlines()[0]] * 2  # each rank said why, nothing else
 
 
 # ---- test_edges: one function per case (the expected behaviour is in core/test/test_edges.c) ----

@@ -32,6 +32,13 @@ typedef struct {
   int (*stream_query)(void *stream);
   int (*launch_host_func)(void *stream, void (*fn)(void *), void *arg);
   const char *(*get_error_string)(int error);
+  /* for host staging (gpu/staging.c) */
+  int (*malloc_host)(void **ptr, size_t bytes);
+  int (*memcpy_async)(void *dst, const void *src, size_t bytes, int kind, void *stream);
+  int (*event_create)(void **event);
+  int (*event_record)(void *event, void *stream);
+  int (*event_query)(void *event);
+  int (*stream_wait_event)(void *stream, void *event, unsigned int flags);
 } tnt_cuda_t;
 
 /* The CUDA runtime, loaded once per process: its functions, or NULL with an
@@ -39,5 +46,10 @@ typedef struct {
 const tnt_cuda_t *tnt_cuda(void);
 /* CUDA's own words for an error code ("an illegal memory access was ..."). */
 const char *tnt_cuda_error(int error);
+/* Wait until `event` has happened, polling (yielding for 200 us, then sleeping
+ * 10 us, backing off to 1 ms) until
+ * `deadline`: TNT_SUCCESS, TNT_ERR_TIMEOUT, or TNT_ERR_SYSTEM with CUDA's
+ * words; `what` says what it waited for. */
+tnt_result_t tnt_cuda_wait_event(void *event, double deadline, const char *what);
 
 #endif

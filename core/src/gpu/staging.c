@@ -1,0 +1,106 @@
+/* gpu/staging.c - see staging.h. One staging context per process (pinned
+ * buffers, two streams, events), made at the first call and kept: pinned
+ * memory is slow to allocate. Calls are serialised by a mutex. */
+#define _GNU_SOURCE
+#include "staging.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+#include "cuda_rt.h"
+#include "dtype.h"
+
+static struct {
+  pthread_mutex_t lock;
+  int ready;
+  uint8_t *pinned[TNT_STAGING_BUFFERS];
+  void *out, *back;                          /* the streams copying out to the host and back to the GPU */
+  void *landed[TNT_STAGING_BUFFERS];         /* a piece is in its buffer */
+  void *returned[TNT_STAGING_BUFFERS];       /* a buffer's piece is back on the GPU: the buffer is free */
+  void *inputs_ready;                        /* the caller's stream has run what came before the call */
+} st = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static tnt_result_t cuda_call(int rc, const char *what) {
+  return rc == TNT_CUDA_SUCCESS ? TNT_SUCCESS
+                                : tnt_fail(TNT_ERR_SYSTEM, "host staging: %s failed: %s (CUDA error %d)", what,
+                                           tnt_cuda_error(rc), rc);
+}
+
+static tnt_result_t set_up(const tnt_cuda_t *c) {
+  if (st.ready) return TNT_SUCCESS;
+  for (int b = 0; b < TNT_STAGING_BUFFERS; b++) {
+    TNT_CHECK(cuda_call(c->malloc_host((void **)&st.pinned[b], TNT_STAGING_PIECE_BYTES), "cudaMallocHost"));
+    TNT_CHECK(cuda_call(c->event_create(&st.landed[b]), "cudaEventCreate"));
+    TNT_CHECK(cuda_call(c->event_create(&st.returned[b]), "cudaEventCreate"));
+  }
+  TNT_CHECK(cuda_call(c->event_create(&st.inputs_ready), "cudaEventCreate"));
+  TNT_CHECK(cuda_call(c->stream_create(&st.out), "cudaStreamCreate"));
+  TNT_CHECK(cuda_call(c->stream_create(&st.back), "cudaStreamCreate"));
+  st.ready = 1;
+  return TNT_SUCCESS;
+}
+
+/* Piece k out to its buffer, on the stream out, once the buffer is free. */
+static tnt_result_t copy_out(const tnt_cuda_t *c, const uint8_t *dsend, size_t total, size_t k, double deadline) {
+  const int b = (int)(k % TNT_STAGING_BUFFERS);
+  const size_t off = k * TNT_STAGING_PIECE_BYTES, len = total - off < TNT_STAGING_PIECE_BYTES ? total - off
+                                                                                               : TNT_STAGING_PIECE_BYTES;
+  if (k >= TNT_STAGING_BUFFERS)
+    TNT_CHECK(tnt_cuda_wait_event(st.returned[b], deadline, "host staging: a piece's copy back to the GPU"));
+  TNT_CHECK(cuda_call(c->memcpy_async(st.pinned[b], dsend + off, len, TNT_CUDA_DEVICE_TO_HOST, st.out),
+                      "cudaMemcpyAsync to the host"));
+  return cuda_call(c->event_record(st.landed[b], st.out), "cudaEventRecord");
+}
+
+static tnt_result_t staged(const tnt_cuda_t *c, const char *name, const uint8_t *dsend, uint8_t *drecv, size_t count,
+                           tnt_dtype_t dt, tnt_reduce_op_t op, void *stream, double timeout_s) {
+  const double deadline = tnt_now() + timeout_s;
+  const size_t esize = tnt_dtype_size(dt), total = count * esize;
+  /* pieces hold whole elements (TNT_STAGING_PIECE_BYTES is a multiple of every size) */
+  const size_t pieces = (total + TNT_STAGING_PIECE_BYTES - 1) / TNT_STAGING_PIECE_BYTES;
+  TNT_CHECK(set_up(c));
+  /* the inputs are ready once the caller's stream has run what it holds */
+  TNT_CHECK(cuda_call(c->event_record(st.inputs_ready, stream), "cudaEventRecord"));
+  TNT_CHECK(cuda_call(c->stream_wait_event(st.out, st.inputs_ready, 0), "cudaStreamWaitEvent"));
+  if (pieces) TNT_CHECK(copy_out(c, dsend, total, 0, deadline));
+  for (size_t k = 0; k < pieces; k++) {
+    const int b = (int)(k % TNT_STAGING_BUFFERS);
+    const size_t off = k * TNT_STAGING_PIECE_BYTES;
+    const size_t len = total - off < TNT_STAGING_PIECE_BYTES ? total - off : TNT_STAGING_PIECE_BYTES;
+    TNT_CHECK(tnt_cuda_wait_event(st.landed[b], deadline, "host staging: a piece's copy to the host"));
+    if (k + 1 < pieces) TNT_CHECK(copy_out(c, dsend, total, k + 1, deadline)); /* out while this one is summed */
+    char piece[TNT_MAX_NAME];
+    snprintf(piece, sizeof piece, "%s#%zu", name, k);
+    /* the core bounds it by the job's TNT_TIMEOUT_S, as every collective */
+    tnt_handle_t h;
+    TNT_CHECK(tnt_allreduce(piece, st.pinned[b], st.pinned[b], (int64_t)(len / esize), dt, op, 1.0, 1e9, &h));
+    TNT_CHECK(cuda_call(c->memcpy_async(drecv + off, st.pinned[b], len, TNT_CUDA_HOST_TO_DEVICE, st.back),
+                        "cudaMemcpyAsync to the GPU"));
+    TNT_CHECK(cuda_call(c->event_record(st.returned[b], st.back), "cudaEventRecord"));
+  }
+  for (size_t k = pieces > TNT_STAGING_BUFFERS ? pieces - TNT_STAGING_BUFFERS : 0; k < pieces; k++)
+    TNT_CHECK(tnt_cuda_wait_event(st.returned[k % TNT_STAGING_BUFFERS], deadline,
+                                  "host staging: a piece's copy back to the GPU"));
+  return TNT_SUCCESS;
+}
+
+tnt_result_t tnt_gpu_allreduce_staged(const char *name, const void *dsend, void *drecv, int64_t count,
+                                      tnt_dtype_t dt, tnt_reduce_op_t op, void *stream, double timeout_s) {
+  if (!name || strlen(name) > TNT_MAX_NAME - 1 - 21 || count < 0 || !tnt_dtype_valid(dt) ||
+      (count > 0 && (!dsend || !drecv)))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "host staging of '%.40s': a name of at most %d bytes (its pieces "
+                    "add '#k'), device buffers and a count >= 0 are needed (count %lld, dtype %d)",
+                    name ? name : "(null)", TNT_MAX_NAME - 1 - 21, (long long)count, dt);
+  const tnt_cuda_t *c = tnt_cuda();
+  if (!c) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", tnt_last_error());
+    return tnt_fail(TNT_ERR_INVALID_USAGE, "host staging of '%s': %s", name, why);
+  }
+  pthread_mutex_lock(&st.lock);
+  tnt_result_t rc = staged(c, name, dsend, drecv, (size_t)count, dt, op, stream, timeout_s);
+  pthread_mutex_unlock(&st.lock);
+  return rc;
+}
