@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "context.h"
+#include "ranks.h"
 #include "tarantella.h"
 
 #define WATCHDOG_S 60       /* a rank not finished by then hangs (cases take seconds) */
@@ -125,7 +126,7 @@ static const char *status_text(int st, char *buf, size_t len) {
 /* Fork n ranks (n <= 3) running fn(rank) with TNT_RANK/SIZE/JOB_ID set and
  * TNT_TIMEOUT_S=30 unless the case set it; the number of ranks that failed. */
 static int run_ranks(int n, int (*fn)(int rank)) {
-  char job[64], v[32];
+  char job[64];
   snprintf(job, sizeof job, "edges%d%ld", (int)getpid(), (long)time(NULL));
   setenv("TNT_TIMEOUT_S", "30", 0);
   for (int ch = 0; ch < NCHAN; ch++)
@@ -144,13 +145,7 @@ static int run_ranks(int n, int (*fn)(int rank)) {
       alarm(WATCHDOG_S);
       my_rank = r;
       for (int ch = 0; ch < NCHAN; ch++) close(ch == r ? chan[ch][1] : chan[ch][0]);
-      snprintf(v, sizeof v, "%d", r);
-      setenv("TNT_RANK", v, 1);
-      setenv("TNT_LOCAL_RANK", v, 1);
-      snprintf(v, sizeof v, "%d", n);
-      setenv("TNT_SIZE", v, 1);
-      setenv("TNT_LOCAL_SIZE", v, 1);
-      setenv("TNT_JOB_ID", job, 1);
+      become_rank(r, n, job);
       /* a failed rank leaves at once: what it did not finalize is no leak */
       if (fn(r)) _exit(1);
       exit(0);

@@ -26,6 +26,7 @@
 #include "gpu/cuda_rt.h"
 #include "gpu/staging.h"
 #include "half.h"
+#include "ranks.h"
 
 #define SKIP 77
 #define CHECK(cond)                                                                                         \
@@ -160,14 +161,7 @@ int main(int argc, char **argv) {
   snprintf(job, sizeof job, "stage%d%ld", (int)getpid(), (long)time(NULL));
   for (int r = 0; r < n; r++) {
     if (fork() == 0) { /* CUDA starts in each rank, never before the fork */
-      char v[32];
-      snprintf(v, sizeof v, "%d", r);
-      setenv("TNT_RANK", v, 1);
-      setenv("TNT_LOCAL_RANK", v, 1);
-      snprintf(v, sizeof v, "%d", n);
-      setenv("TNT_SIZE", v, 1);
-      setenv("TNT_LOCAL_SIZE", v, 1);
-      setenv("TNT_JOB_ID", job, 1);
+      become_rank(r, n, job);
       setenv("TNT_TIMEOUT_S", "60", 1);
       fflush(stdout);
       exit(run_rank(want_bench));

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "child_case.h"
 #include "gpu/nccl.h"
 
 static const char *dir;
@@ -210,15 +211,7 @@ static void cudart_missing(void) {
 }
 
 static void run(const char *name, void (*fn)(void)) {
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(30); /* a case that hangs fails instead */
-    fn();
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
+  int status = in_child(fn, 30);
   int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   printf("%s: %s\n", name, ok ? "passed" : "FAILED");
   ok ? passed++ : failed++;

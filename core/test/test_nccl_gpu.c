@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "child_case.h"
 #include "common.h"
 #include "dtype.h"
 #include "gpu/cuda_rt.h"
@@ -222,19 +223,17 @@ static void probe(void) {
   _exit(SKIP);
 }
 
+static void (*current)(void); /* the case with_libraries runs */
+
+static void with_libraries(void) {
+  char why[1024];
+  CHECK(libraries_loaded(why, sizeof why));
+  current();
+}
+
 static void run(const char *name, void (*fn)(void)) {
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(120); /* a case that hangs fails instead */
-    char why[1024];
-    CHECK(fn == probe || libraries_loaded(why, sizeof why));
-    fn();
-    fflush(stdout);
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
+  current = fn;
+  int status = in_child(fn == probe ? probe : with_libraries, 120);
   if (WIFEXITED(status) && WEXITSTATUS(status) == SKIP) exit(0);
   if (fn == probe) return;
   int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ranks.h"
 #include "tarantella.h"
 
 #define CHECK(cond)                                                                              \
@@ -64,14 +65,7 @@ int main(int argc, char **argv) {
   snprintf(job, sizeof job, "ctest%d%ld", (int)getpid(), (long)time(NULL));
   for (int r = 0; r < n; r++) {
     if (fork() == 0) {
-      char v[32];
-      snprintf(v, sizeof v, "%d", r);
-      setenv("TNT_RANK", v, 1);
-      setenv("TNT_LOCAL_RANK", v, 1);
-      snprintf(v, sizeof v, "%d", n);
-      setenv("TNT_SIZE", v, 1);
-      setenv("TNT_LOCAL_SIZE", v, 1);
-      setenv("TNT_JOB_ID", job, 1);
+      become_rank(r, n, job);
       setenv("TNT_TIMEOUT_S", "60", 1);
       /* the 1.2 MB allreduce takes the path of buffers past the cache (the ring's
        * last two steps as one, streaming stores), under the sanitizers too */

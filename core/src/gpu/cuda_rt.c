@@ -81,26 +81,27 @@ const char *tnt_cuda_error(int error) {
   return s ? s : "unknown CUDA error";
 }
 
+tnt_gpu_poll_t tnt_gpu_poll_start(void) { return (tnt_gpu_poll_t){tnt_now() + 200e-6, 10000}; }
+
+void tnt_gpu_poll_pause(tnt_gpu_poll_t *poll) {
+  if (tnt_now() < poll->yield_until) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, poll->nap_ns};
+  nanosleep(&ts, NULL);
+  if (poll->nap_ns < 1000000) poll->nap_ns *= 2;
+}
+
 tnt_result_t tnt_cuda_wait_event(void *event, double deadline, const char *what) {
   const tnt_cuda_t *c = tnt_cuda();
   if (!c) return TNT_ERR_INVALID_USAGE;
-  /* The first 200 us poll and yield the core (a 4 MiB piece crosses PCIe gen 5
-   * in about 80 us: sleeping 10-40 us at a time made a 100 MB staging 1.6x the
-   * copies' own time on an H100), then sleeps back off to 1 ms. */
-  const double spin_until = tnt_now() + 200e-6;
-  for (long nap_ns = 10000;;) {
+  for (tnt_gpu_poll_t poll = tnt_gpu_poll_start();; tnt_gpu_poll_pause(&poll)) {
     int q = c->event_query(event);
     if (q == TNT_CUDA_SUCCESS) return TNT_SUCCESS;
     if (q != TNT_CUDA_NOT_READY)
       return tnt_fail(TNT_ERR_SYSTEM, "waiting for %s: %s (CUDA error %d)", what, tnt_cuda_error(q), q);
     if (tnt_now() >= deadline)
       return tnt_fail(TNT_ERR_TIMEOUT, "%s did not happen within TNT_TIMEOUT_S (a GPU that is stuck?)", what);
-    if (tnt_now() < spin_until) {
-      sched_yield();
-      continue;
-    }
-    struct timespec ts = {0, nap_ns};
-    nanosleep(&ts, NULL);
-    if (nap_ns < 1000000) nap_ns *= 2;
   }
 }

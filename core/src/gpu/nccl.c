@@ -246,12 +246,12 @@ static tnt_result_t usable(tnt_nccl_comm_t *c, const char *what) {
 
 /* Wait until NCCL has taken the call (a non-blocking communicator may still be
  * enqueuing it: ncclInProgress), then until `stream` has run it, polling both
- * for errors; at `deadline` abort. The polls back off from 10 us to 1 ms. */
+ * for errors (tnt_gpu_poll_pause between polls); at `deadline` abort. */
 static tnt_result_t finish(tnt_nccl_comm_t *c, nccl_result_t rc, void *stream, double deadline, const char *what) {
   char e[512], msg[768];
   const tnt_cuda_t *cuda = tnt_cuda();
-  long nap_ns = 10000;
-  for (int enqueued = rc == NCCL_SUCCESS;;) {
+  tnt_gpu_poll_t poll = tnt_gpu_poll_start();
+  for (int enqueued = rc == NCCL_SUCCESS;; tnt_gpu_poll_pause(&poll)) {
     nccl_result_t state = NCCL_SUCCESS;
     if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS) state = rc;
     else if (nccl.comm_get_async_error(c->comm, &state) != NCCL_SUCCESS) state = 2; /* unhandled system error */
@@ -276,9 +276,6 @@ static tnt_result_t finish(tnt_nccl_comm_t *c, nccl_result_t rc, void *stream, d
                "not make the same call, or a GPU that is stuck); its communicator was aborted", c->rank, what, c->size);
       return fail_comm(c, TNT_ERR_TIMEOUT, msg);
     }
-    struct timespec ts = {0, nap_ns};
-    nanosleep(&ts, NULL);
-    if (nap_ns < 1000000) nap_ns *= 2;
   }
 }
 

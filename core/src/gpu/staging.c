@@ -42,11 +42,16 @@ static tnt_result_t set_up(const tnt_cuda_t *c) {
   return TNT_SUCCESS;
 }
 
+/* The bytes of piece k of `total` (it starts at k * TNT_STAGING_PIECE_BYTES). */
+static size_t piece_bytes(size_t total, size_t k) {
+  const size_t off = k * TNT_STAGING_PIECE_BYTES;
+  return total - off < TNT_STAGING_PIECE_BYTES ? total - off : TNT_STAGING_PIECE_BYTES;
+}
+
 /* Piece k out to its buffer, on the stream out, once the buffer is free. */
 static tnt_result_t copy_out(const tnt_cuda_t *c, const uint8_t *dsend, size_t total, size_t k, double deadline) {
   const int b = (int)(k % TNT_STAGING_BUFFERS);
-  const size_t off = k * TNT_STAGING_PIECE_BYTES, len = total - off < TNT_STAGING_PIECE_BYTES ? total - off
-                                                                                               : TNT_STAGING_PIECE_BYTES;
+  const size_t off = k * TNT_STAGING_PIECE_BYTES, len = piece_bytes(total, k);
   if (k >= TNT_STAGING_BUFFERS)
     TNT_CHECK(tnt_cuda_wait_event(st.returned[b], deadline, "host staging: a piece's copy back to the GPU"));
   TNT_CHECK(cuda_call(c->memcpy_async(st.pinned[b], dsend + off, len, TNT_CUDA_DEVICE_TO_HOST, st.out),
@@ -67,8 +72,7 @@ static tnt_result_t staged(const tnt_cuda_t *c, const char *name, const uint8_t 
   if (pieces) TNT_CHECK(copy_out(c, dsend, total, 0, deadline));
   for (size_t k = 0; k < pieces; k++) {
     const int b = (int)(k % TNT_STAGING_BUFFERS);
-    const size_t off = k * TNT_STAGING_PIECE_BYTES;
-    const size_t len = total - off < TNT_STAGING_PIECE_BYTES ? total - off : TNT_STAGING_PIECE_BYTES;
+    const size_t off = k * TNT_STAGING_PIECE_BYTES, len = piece_bytes(total, k);
     TNT_CHECK(tnt_cuda_wait_event(st.landed[b], deadline, "host staging: a piece's copy to the host"));
     if (k + 1 < pieces) TNT_CHECK(copy_out(c, dsend, total, k + 1, deadline)); /* out while this one is summed */
     char piece[TNT_MAX_NAME];
