@@ -562,7 +562,7 @@ static tnt_result_t post(gpi2_t *s, const post_t *p, double deadline, const char
     }
     if (rc != GASPI_QUEUE_FULL && rc != GASPI_TIMEOUT) {
       int bad = corrupt_rank(s);
-      return failf(TNT_ERR_PEER_LOST, bad >= 0 ? bad : p->peer, "rank %d could not send to rank %d while %s: %s "
+      return peer_lost(&s->health, bad >= 0 ? bad : p->peer, "rank %d could not send to rank %d while %s: %s "
                    "(GPI-2 lost the connection to rank %d: its process or host died)", s->me, p->peer, what, gerr(rc),
                    bad >= 0 ? bad : p->peer);
     }

@@ -258,7 +258,7 @@ static int send_ctrl(mpi_t *s, int peer, uint32_t type, int32_t a, uint64_t b, u
 static tnt_result_t send_failed(mpi_t *s, int peer, int rc) {
   char e[MPI_MAX_ERROR_STRING];
   if (rc < 0) return failf(TNT_ERR_SYSTEM, -1, "out of memory");
-  return failf(TNT_ERR_PEER_LOST, peer, "rank %d could not send to rank %d: %s", s->me, peer, mpi_err(rc, e));
+  return peer_lost(&s->health, peer, "rank %d could not send to rank %d: %s", s->me, peer, mpi_err(rc, e));
 }
 
 /* Forget the puts to peer r that MPI has sent (mu held). */
@@ -1121,7 +1121,7 @@ static tnt_result_t mpi_exchange_post(void *st, const void *mine, size_t len, do
     if (rc != MPI_SUCCESS) {
       char e[MPI_MAX_ERROR_STRING];
       s->exch_req[b][r] = MPI_REQUEST_NULL;
-      res = failf(TNT_ERR_PEER_LOST, r, "rank %d could not send its negotiation message to rank %d: %s", s->me, r,
+      res = peer_lost(&s->health, r, "rank %d could not send its negotiation message to rank %d: %s", s->me, r,
                   mpi_err(rc, e));
       break;
     }

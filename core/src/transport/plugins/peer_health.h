@@ -49,17 +49,51 @@ typedef struct {
   char err[768];
 } job_health_t;
 
+/* Local peer r's process is gone (a system call: only when a pid check is due). */
+static inline int peer_pid_gone(const job_health_t *h, int r) {
+  const peer_health_t *p = &h->peer[r];
+  if (!p->local) return 0;
+  char st = tnt_process_state(p->pid);
+  return st == 'X' || st == 'Z';
+}
+
+/* The words that open a failure peer r caused: "rank r (pid p on host) died: "
+ * where r is local and its process is gone, else "". A dead rank is often
+ * noticed first by a request to it that failed, or by the abort of a rank that
+ * noticed it so; the error still says it died, as the pid check's would. */
+static inline const char *died_opening(const job_health_t *h, int r, char *buf, size_t len) {
+  buf[0] = 0;
+  if (r >= 0 && r < h->n && r != h->me && peer_pid_gone(h, r))
+    snprintf(buf, len, "rank %d (pid %d on %s) died: ", r, h->peer[r].pid, h->peer[r].host);
+  return buf;
+}
+
 /* Keep a failure seen where it cannot be returned (the first one only). */
 static inline void sticky(job_health_t *h, tnt_result_t code, int peer, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static inline void sticky(job_health_t *h, tnt_result_t code, int peer, const char *fmt, ...) {
   if (h->err_code != TNT_SUCCESS) return;
+  char opening[160] = "";
+  if (code == TNT_ERR_PEER_LOST) died_opening(h, peer, opening, sizeof opening);
+  size_t at = (size_t)snprintf(h->err, sizeof h->err, "%s", opening);
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(h->err, sizeof h->err, fmt, ap);
+  vsnprintf(h->err + at, sizeof h->err - at, fmt, ap);
   va_end(ap);
   h->err_code = code;
   h->err_peer = peer;
+}
+
+/* A request to peer r failed: TNT_ERR_PEER_LOST, opened as sticky opens it. */
+static inline tnt_result_t peer_lost(const job_health_t *h, int r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline tnt_result_t peer_lost(const job_health_t *h, int r, const char *fmt, ...) {
+  char opening[160], msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return failf(TNT_ERR_PEER_LOST, r, "%s%s", died_opening(h, r, opening, sizeof opening), msg);
 }
 
 /* The failure sticky kept, reported as met while this rank was `what`
@@ -146,14 +180,6 @@ static inline void silent_message(const job_health_t *h, int r, double now, cons
            who, now - lost->last_heard, me, what, many ? "their" : "its", many ? "they are" : "it is",
            many ? "they" : "it", many ? "" : "s", doing[0] ? "; it " : "", doing, h->beat_s, h->beat_var,
            SILENT_BEATS);
-}
-
-/* Local peer r's process is gone (a system call: only when a pid check is due). */
-static inline int peer_pid_gone(const job_health_t *h, int r) {
-  const peer_health_t *p = &h->peer[r];
-  if (!p->local) return 0;
-  char st = tnt_process_state(p->pid);
-  return st == 'X' || st == 'Z';
 }
 
 /* Peer r has been seen gone (its pid, its connection) for GONE_GRACE_S; the
