@@ -17,10 +17,11 @@ from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
-from tarantella.tensorflow.data import step_counts
+from tarantella.tensorflow.data import first_batches, step_counts
 from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
 from tarantella.tensorflow.data.step_counts import input_kind
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
+from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
@@ -435,9 +436,11 @@ class Model(keras.Model):
             self.train_function = None
 
     def _distribute(self, x, y, sample_weight, batch_size, shuffle, micro_batch_size, distribute,
-                    what, kwarg_name):
+                    what, kwarg_name, label="x"):
         """(dataset, global_batch, micro_batch, whether a rank's slice of a
-        batch can be empty) for this rank."""
+        batch can be empty, the dataset's first_batches.FirstBatches or None)
+        for this rank; None where `distribute` is False. `label` names the
+        input in errors."""
         if not distribute:
             get_logger().info(
                 f"tnt.Model.{what}: tnt_distribute_dataset=False, so the data is used as given: "
@@ -453,8 +456,9 @@ class Model(keras.Model):
                 raise ValueError(
                     "Do not pass `batch_size` with a tf.data.Dataset: batch the dataset with the "
                     f"global batch size instead. Received: batch_size={batch_size}")
-            d = distribute_dataset(x, micro_batch_size=micro_batch_size, what=kwarg_name)
-            return d.dataset, d.global_batch_size, d.micro_batch_size, True
+            d = distribute_dataset(x, micro_batch_size=micro_batch_size, what=kwarg_name,
+                                   label=label)
+            return d.dataset, d.global_batch_size, d.micro_batch_size, True, d.first_batches
         if x is None or not _is_array_like(x):
             raise TypeError(
                 f"tnt.Model.{what} distributes tf.data.Dataset objects and NumPy arrays / tensors. "
@@ -481,7 +485,7 @@ class Model(keras.Model):
                                 shuffle=shuffle if shuffle == "batch" else bool(shuffle))
         last = sample_count(data) % int(batch_size)  # the last batch's samples (0: a full batch)
         may_be_empty = batch_size < size or 0 < last < size
-        return dataset, int(batch_size), -(-int(batch_size) // size), may_be_empty
+        return dataset, int(batch_size), -(-int(batch_size) // size), may_be_empty, None
 
     def _warn_batch_norm(self, micro_batch_size):
         if batch_normalization.prepare(self.model):
@@ -506,10 +510,14 @@ class Model(keras.Model):
                                            root_rank=core.get_master_rank())
         self._tnt_synced = True
 
-    def _replica_check(self):
-        """After the user's callbacks: every epoch ends with a check that the
-        ranks still hold one model (keras/callbacks/replica_check.py)."""
-        return [ReplicaCheck()] if core.get_size() > 1 else []
+    def _replica_check(self, stores):
+        """After the user's callbacks: the check that the ranks read the same
+        batches (keras/callbacks/dataset_check.py, from the datasets'
+        `first_batches`), and every epoch ends with a check that the ranks
+        still hold one model (keras/callbacks/replica_check.py)."""
+        if core.get_size() == 1:
+            return []
+        return [DatasetCheck(stores), ReplicaCheck()]
 
     def _verbose(self, verbose):
         if core.is_master_rank() or config.get("TNT_OUTPUT_ON_ALL_DEVICES"):
@@ -550,6 +558,7 @@ class Model(keras.Model):
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
         self._train_may_be_empty(train is None or train[3])
+        seen = [train[4] if train is not None else None]  # first_batches of x, validation_data
         if train is not None:
             x, global_batch, micro_batch = train[0], train[1], train[2]
             y = sample_weight = batch_size = None
@@ -563,9 +572,10 @@ class Model(keras.Model):
                 None if isinstance(vx, tf.data.Dataset) else (
                     global_batch if train is not None else batch_size)),
                 False, tnt_validation_micro_batch_size, tnt_distribute_validation_dataset,
-                "fit", "tnt_validation_micro_batch_size")
+                "fit", "tnt_validation_micro_batch_size", label="validation_data")
             if val is not None:
                 validation_data, validation_batch_size = val[0], None
+                seen.append(val[4])
         uncounted = step_counts.check_same_batches("fit", {
             "the batches of x": _counted_batches(x, batch_size, steps_per_epoch, kinds["x"],
                                                  tnt_distribute_dataset),
@@ -579,7 +589,7 @@ class Model(keras.Model):
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
-                callbacks=prepare_callbacks(callbacks) + self._replica_check(),
+                callbacks=prepare_callbacks(callbacks) + self._replica_check(seen),
                 validation_data=validation_data,
                 shuffle=False if train is not None else shuffle, class_weight=class_weight,
                 sample_weight=sample_weight, initial_epoch=initial_epoch,
@@ -608,10 +618,12 @@ class Model(keras.Model):
             x, batch_size, steps, kind, tnt_distribute_dataset)})
         self._sync_weights(x)
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
-            return super().evaluate(x=x, y=y, batch_size=batch_size,
+            logs = super().evaluate(x=x, y=y, batch_size=batch_size,
                                     verbose=self._verbose(verbose), sample_weight=sample_weight,
                                     steps=steps, callbacks=prepare_callbacks(callbacks),
                                     return_dict=return_dict, **kwargs)
+        first_batches.check("the ranks read different data in evaluate", [data and data[4]])
+        return logs
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None,
                 tnt_micro_batch_size=None, tnt_distribute_dataset=True):
@@ -634,8 +646,10 @@ class Model(keras.Model):
         self._sync_weights(x)
         self._set_distributed_predict(distributed)
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
-            return super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
-                                   steps=steps, callbacks=prepare_callbacks(callbacks))
+            outputs = super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
+                                      steps=steps, callbacks=prepare_callbacks(callbacks))
+        first_batches.check("the ranks read different data in predict", [data and data[4]])
+        return outputs
 
     # ---- one global batch at a time -----------------------------------------------------------
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):

@@ -390,6 +390,21 @@ def check_replicas_diverging(tnt):
     return out
 
 
+def run_cases(tnt, cases):
+    """Each case on a fresh compiled model: {key: {"error": None}} or the
+    error's type and message."""
+    out = {}
+    for key, run in cases.items():
+        model = tnt.Model(build())
+        compile_(model)
+        try:
+            run(model)
+            out[key] = {"error": None}
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            out[key] = {"error": type(exc).__name__, "message": str(exc)}
+    return out
+
+
 def check_step_counts(tnt):
     """Inputs and arguments that would make the ranks take different numbers
     of steps (each step is collective, so they used to wait for each other
@@ -399,7 +414,8 @@ def check_step_counts(tnt):
     rank = tnt.get_rank()
     x, y = data()
     extra = 20 * rank  # rank 1: one more batch of B
-    xl, yl = data(N + extra)
+    more = data(extra, seed=1)  # the same first N samples, then `extra` more
+    xl, yl = np.concatenate([x, more[0]]), np.concatenate([y, more[1]])
     shard = slice(0, 50) if rank == 0 else slice(50, N)  # own shards: 3 and 2 batches of B
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
     cases = {
@@ -420,16 +436,37 @@ def check_step_counts(tnt):
         "filtered": lambda m: m.fit(ds.unbatch().filter(lambda a, b: b >= 0).batch(B), epochs=1,
                                     verbose=0),
     }
-    out = {}
-    for key, run in cases.items():
-        model = tnt.Model(build())
-        compile_(model)
-        try:
-            run(model)
-            out[key] = {"error": None}
-        except Exception as exc:  # noqa: BLE001 - recorded for the test
-            out[key] = {"error": type(exc).__name__, "message": str(exc)}
-    return out
+    return run_cases(tnt, cases)
+
+
+def check_same_data(tnt):
+    """Datasets that yield different batches on different ranks (each rank
+    keeps its slice of its own global batch, so their samples were mixed: some
+    trained on twice, some never, without an error), which fit, evaluate and
+    predict refuse once the first batch has been used; and pipelines that must
+    still run: the same data, and random augmentation drawn per rank."""
+    rank = tnt.get_rank()
+    x, y = data()
+    same = tf.data.Dataset.from_tensor_slices((x, y))
+    other = tf.data.Dataset.from_tensor_slices((x + rank, y))  # another file on rank 1
+    cases = {
+        "shuffle_seed": lambda m: m.fit(same.shuffle(N, seed=rank).batch(B), epochs=2, verbose=0),
+        "other_file": lambda m: m.evaluate(other.batch(B), verbose=0),
+        "validation": lambda m: m.fit(same.batch(B), validation_data=other.batch(B), epochs=2,
+                                      verbose=0),
+        "predict": lambda m: m.predict(other.map(lambda a, b: a).batch(B), verbose=0),
+        # random augmentation on rank 0 only: not compared there, compared on rank 1; every
+        # rank still takes part in the comparison, so both fail alike instead of waiting
+        "augmented_on_one_rank": lambda m: m.fit(
+            (same.map(lambda a, b: (a + tf.random.uniform([8]), b)) if rank == 0 else same).batch(B),
+            epochs=1, verbose=0),
+        # must run
+        "same": lambda m: m.fit(same.shuffle(N).batch(B), validation_data=same.batch(B), epochs=2,
+                                verbose=0),
+        "augmented": lambda m: m.fit(same.map(lambda a, b: (a + tf.random.uniform([8]), b)).batch(B),
+                                     epochs=1, verbose=0),
+    }
+    return run_cases(tnt, cases)
 
 
 def check_overlap(tnt):
@@ -511,6 +548,7 @@ def main():
         results["overlap"] = check_overlap(tnt)
         results["replicas"] = check_replicas_diverging(tnt)
         results["step_counts"] = check_step_counts(tnt)
+        results["same_data"] = check_same_data(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

@@ -269,3 +269,28 @@ def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_befor
     # not refused: steps_per_epoch sets the steps, and a filter's batches tf.data cannot count
     for key in ("bounded", "filtered"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
+
+
+def test_datasets_that_differ_between_ranks_fail_every_rank_once_their_first_batch_is_used(runs):
+    # each rank keeps its slice of its own global batch: a dataset that differs between ranks
+    # mixed their samples without a word (data/first_batches.py)
+    r0, r1 = (r["same_data"] for r in runs["ranks"])
+    expected = {
+        "shuffle_seed": "the ranks read different data in the first step of fit: the first batch "
+                        "of x in each pass (ranks [1] differ from rank 0)",
+        "other_file": "the ranks read different data in evaluate: the first batch of x",
+        "validation": "the ranks read different data in epoch 1 of fit: the first batch of "
+                      "validation_data in each pass (ranks [1] differ from rank 0)",
+        "predict": "the ranks read different data in predict: the first batch of x",
+        "augmented_on_one_rank": "the ranks read different data in the first step of fit: the "
+                                 "first batch of x in each pass (ranks [1] differ from rank 0)",
+    }
+    for key, what in expected.items():
+        assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
+        assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
+        assert r0[key]["message"].startswith(what), (key, r0[key]["message"])
+        assert "tnt_distribute_dataset=False" in r0[key]["message"], key  # what to do
+    # not refused: the same data (an unseeded shuffle is seeded alike), and augmentation
+    # drawn at random on each rank (each sample is still used once: not compared)
+    for key in ("same", "augmented"):
+        assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])

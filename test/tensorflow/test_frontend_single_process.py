@@ -507,3 +507,54 @@ def test_a_timeout_in_fit_says_what_could_not_be_compared():
         with collective_ops.collective_errors(hint):
             collective_ops._last_error[0] = errors.PeerLostError("rank 1 died", rank=1)
             raise tf.errors.InternalError(None, None, "PeerLostError: rank 1 died")
+
+
+def test_first_batch_fingerprints_tell_batches_apart():
+    """data/first_batches.py: the fingerprint of a global batch, and one
+    fingerprint recorded per pass over a distributed dataset."""
+    from tarantella.tensorflow.data import first_batches
+
+    def fp(element):
+        return int(first_batches.fingerprint(element).numpy())
+
+    x, y = np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20)
+    assert fp((x, y)) == fp((x.copy(), y.copy()))
+    assert fp((x, y)) != fp((x, y[::-1].copy())) != fp((x[:10], y[:10]))
+    assert fp((x, y)) != fp((y, x))  # the order of the components counts
+    assert fp(tf.constant(["a", "b"])) != fp(tf.constant(["a", "c"]))
+    assert fp(tf.ragged.constant([[1], [2, 3]])) != fp(tf.ragged.constant([[1, 2], [3]]))
+    images = np.zeros((64, 28, 28), np.float32)  # sampled: every 12th entry of 50176
+    changed = images.copy()
+    changed[0, 0, 0] = 1
+    assert fp(images) != fp(changed)
+    seen = []
+    for early in (True, False):  # slice_before_map's rebuilt pipeline and slicing after the batch
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 2, b)).batch(8)
+        d = distribute_dataset(ds, rank=1, size=2, slice_early=early)
+        for _ in range(2):
+            assert [b[1].numpy().tolist() for b in d.dataset] == [[4, 5, 6, 7], [12, 13, 14, 15],
+                                                                   [18, 19]]
+        passes = d.first_batches._fingerprints
+        assert len(passes) == 2 and passes[0] == passes[1], passes  # the same first batch
+        assert d.first_batches.summary()[0] == 2
+        seen.append(passes[0])
+    assert len(set(seen)) == 2  # raw samples before the maps, or the mapped batch
+    assert distribute_dataset(ds, rank=0, size=1).first_batches is None  # one rank: none
+
+
+def test_pipelines_that_draw_at_random_are_not_compared():
+    from tarantella.tensorflow.data import dataset_inspection
+
+    base = tf.data.Dataset.from_tensor_slices((np.zeros((10, 4), np.float32), np.arange(10)))
+    stateful = dataset_inspection.has_stateful_functions
+    assert not stateful(base.shuffle(10).map(lambda a, b: (a * 2, b)).batch(2))
+    assert not stateful(base.map(lambda a, b: (a + tf.random.stateless_uniform([4], [1, 2]), b)))
+    assert not stateful(base.filter(lambda a, b: b > 2).batch(2))
+    assert stateful(base.map(lambda a, b: (a + tf.random.uniform([4]), b)).batch(2))
+    assert stateful(base.map(lambda a, b: (tf.cond(b > 3, lambda: a + tf.random.uniform([4]),
+                                                   lambda: a), b)))  # inside a branch
+    assert stateful(tf.data.Dataset.zip((base, base.map(lambda a, b: tf.random.uniform([4])))))
+    assert stateful(base.map(lambda a, b: (tf.numpy_function(lambda v: v, [a], tf.float32), b)))
+    d = distribute_dataset(base.map(lambda a, b: (a + tf.random.uniform([4]), b)).batch(2),
+                           rank=0, size=2)
+    assert not d.first_batches.compared and d.first_batches.summary().tolist() == [-1, -1]

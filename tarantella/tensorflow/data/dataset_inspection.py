@@ -6,6 +6,7 @@ tf.data keeps no public description of a pipeline, so this walks the private
 import dataclasses
 
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry  # is an op stateful (registry lookup)
 
 _BATCH_OPS = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset",
               "_DenseToRaggedDataset", "_RebatchDataset")
@@ -72,3 +73,50 @@ def unseeded_shuffles(dataset):
 
 def is_infinite(dataset):
     return dataset.cardinality() == tf.data.INFINITE_CARDINALITY
+
+
+def _datasets(dataset):
+    """Every dataset of the pipeline: its chain and the inputs of zips and
+    concatenations."""
+    seen, todo, out = set(), [dataset], []
+    while todo and len(out) < 10000:
+        ds = todo.pop()
+        if id(ds) in seen:
+            continue
+        seen.add(id(ds))
+        out.append(ds)
+        try:
+            todo.extend(ds._inputs())
+        except (AttributeError, TypeError, NotImplementedError):
+            pass
+    return out
+
+
+def _stateful(graph_def):
+    ops = {n.op for n in graph_def.node}
+    for f in graph_def.library.function:
+        ops.update(n.op for n in f.node_def)
+    for op in ops:
+        op_def = op_def_registry.get(op)
+        if op_def is None or op_def.is_stateful:  # unknown: assume the worst
+            return True
+    return False
+
+
+def has_stateful_functions(dataset):
+    """Whether a function of the pipeline (a map's, a filter's, a generator's)
+    has a stateful op: a random draw, a Python function, a lookup table. Its
+    elements may then differ from process to process by design (random
+    augmentation); None of the functions could be read is also True."""
+    for ds in _datasets(dataset):
+        for value in vars(ds).values():
+            function = getattr(value, "function", None)
+            graph = getattr(function, "graph", None)
+            if graph is None:
+                continue
+            try:
+                if _stateful(graph.as_graph_def()):
+                    return True
+            except (AttributeError, ValueError, TypeError):
+                return True
+    return False

@@ -4,8 +4,8 @@ import dataclasses
 import tensorflow as tf
 
 from tarantella.common import core
-from tarantella.tensorflow.data import (batch_slicing, dataset_inspection, shuffle_seeding,
-                                        slice_before_map)
+from tarantella.tensorflow.data import (batch_slicing, dataset_inspection, first_batches,
+                                        shuffle_seeding, slice_before_map)
 
 
 @dataclasses.dataclass
@@ -13,6 +13,9 @@ class Distributed:
     dataset: tf.data.Dataset
     global_batch_size: object  # int, or None when it cannot be known before running
     micro_batch_size: object  # this rank's (largest) micro-batch size, or None
+    # first_batches.FirstBatches of the global batches (None: 1 rank; not compared: a
+    # pipeline that draws at random, dataset_inspection.has_stateful_functions)
+    first_batches: object = None
 
 
 def _check_micro_batch_size(micro_batch_size, global_batch_size, size, what):
@@ -27,7 +30,7 @@ def _check_micro_batch_size(micro_batch_size, global_batch_size, size, what):
 
 def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
                        shuffle_seed=shuffle_seeding.DEFAULT_SEED, what="tnt_micro_batch_size",
-                       slice_early=True):
+                       slice_early=True, label="the dataset"):
     """This rank's part of `dataset`.
 
     Args:
@@ -41,6 +44,7 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
         slice_early: Where the pipeline is `... -> map(f) -> batch(B)`, slice
             before the maps so that this rank maps only its own samples
             (see slice_before_map); False always slices after the batch.
+        label: What the dataset is called in errors (first_batches).
 
     Returns:
         A `Distributed` record: the rank's dataset, whose i-th element is this
@@ -67,16 +71,23 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
         info = dataset_inspection.Batching(True, global_batch)
     elif micro_batch_size is not None and info.batch_size is not None:
         _check_micro_batch_size(micro_batch_size, info.batch_size, size, what)
-    rebuilt = slice_before_map.rebuild(dataset, rank, size) if size > 1 and slice_early else None
+    # batches drawn at random per process (augmentation) may differ: not compared
+    seen = None if size == 1 else first_batches.FirstBatches(
+        label, compared=not dataset_inspection.has_stateful_functions(dataset))
+    rebuilt = slice_before_map.rebuild(dataset, rank, size, seen) if size > 1 and slice_early else None
     if rebuilt is not None:
         dataset = rebuilt
     elif size > 1:
-        dataset = dataset.map(batch_slicing.plain_tf(
-                                  lambda *e: batch_slicing.slice_element(e[0] if len(e) == 1 else e,
-                                                                         rank, size)),
-                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        @batch_slicing.plain_tf
+        def my_slice(index, element):
+            if seen is not None and seen.compared:
+                element = seen.noted(index, element)
+            return batch_slicing.slice_element(element, rank, size)
+
+        dataset = dataset.enumerate().map(my_slice, num_parallel_calls=tf.data.AUTOTUNE,
+                                          deterministic=True)
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     micro = None
     if info.batch_size is not None:
         micro = batch_slicing.micro_batch_size(info.batch_size, 0, size)
-    return Distributed(dataset, info.batch_size, micro)
+    return Distributed(dataset, info.batch_size, micro, seen)

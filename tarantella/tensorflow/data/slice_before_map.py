@@ -58,10 +58,12 @@ def _apply(wrapper, element):
     return structure.from_compatible_tensor_list(wrapper._output_structure, list(outputs))
 
 
-def rebuild(dataset, rank, size):
+def rebuild(dataset, rank, size, first_batches=None):
     """`dataset` (batched with the global batch size) as this rank's slices,
     with the maps before the batch run on the slice only; None when the
-    pipeline is not one of the shapes above."""
+    pipeline is not one of the shapes above. `first_batches`
+    (first_batches.FirstBatches, or None) notes each pass's first global
+    batch of raw samples, before the maps."""
     chain = dataset_inspection.chain(dataset)
     i = 0
     while i < len(chain) and type(chain[i]).__name__ in _AFTER_BATCH_OPS:
@@ -92,11 +94,12 @@ def rebuild(dataset, rank, size):
         return sample
 
     @batch_slicing.plain_tf  # the user's functions are already traced (wrappers)
-    def map_slice(*element):
-        element = element[0] if len(element) == 1 else element
+    def map_slice(index, element):
+        if first_batches is not None and first_batches.compared:
+            element = first_batches.noted(index, element)
         mine = batch_slicing.slice_element(element, rank, size)
         return tf.map_fn(per_sample, mine, fn_output_signature=output_spec)
 
-    out = base.batch(batch_size, drop_remainder=bool(drop))
+    out = base.batch(batch_size, drop_remainder=bool(drop)).enumerate()
     out = out.map(map_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return out.prefetch(tf.data.AUTOTUNE)
