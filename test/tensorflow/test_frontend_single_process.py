@@ -88,6 +88,12 @@ def test_structures_are_sliced_alike():
     (features, labels), = distribute_dataset(ds, rank=1, size=2).dataset
     np.testing.assert_array_equal(features["a"], x[3:])
     np.testing.assert_array_equal(labels, [3, 4, 5])
+    # ragged and sparse components: the same rows (a SparseTensor is not subscriptable)
+    ragged = tf.ragged.constant([[1], [2, 3], [4], [5, 6, 7], [8], []])
+    ds = tf.data.Dataset.from_tensor_slices((ragged, tf.sparse.from_dense(x))).batch(6)
+    (r, sp), = distribute_dataset(ds, rank=1, size=2).dataset
+    assert r.to_list() == [[5, 6, 7], [8], []]
+    np.testing.assert_array_equal(tf.sparse.to_dense(sp), x[3:])
 
 
 def test_unseeded_shuffle_is_seeded_alike():

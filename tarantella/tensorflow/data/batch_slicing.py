@@ -34,4 +34,13 @@ def slice_element(element, rank, size):
     base, extra = batch // size, batch % size
     begin = rank * base + tf.minimum(tf.constant(rank, tf.int64), extra)
     end = begin + base + tf.cast(rank < extra, tf.int64)
-    return tf.nest.map_structure(lambda t: t[begin:end], element)
+    return tf.nest.map_structure(lambda t: _rows(t, begin, end), element)
+
+
+def _rows(t, begin, end):
+    """Rows [begin, end) of a dense, ragged or sparse batch."""
+    if isinstance(t, tf.SparseTensor):  # not subscriptable
+        shape = t.dense_shape
+        return tf.sparse.slice(t, tf.concat([[begin], tf.zeros_like(shape[1:])], 0),
+                               tf.concat([[end - begin], shape[1:]], 0))
+    return t[begin:end]
