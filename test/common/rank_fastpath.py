@@ -4,6 +4,7 @@ Writes OUTDIR/rank<r>.json."""
 import json
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -89,6 +90,45 @@ fallbacks = [tnt.allreduce(ones, prescale=2),  # an int prescale
              tnt.allreduce(ones, op=np.str_("sum"))]  # a str subclass
 seen["fallbacks"] = general_calls[0]
 seen["fallbacks_ok"] = [f.tolist() for f in fallbacks] == [[2.0 * size] * 3, [size] * 3, [size] * 3]
+
+# 4. small plain results are handed out again once nothing refers to them (a loop
+#    `y = tnt.allreduce(x)`), never while something does
+def summed(value, count=2, dtype=np.float32):
+    return tnt.allreduce(np.full(count, value, dtype))
+
+
+def total(value):
+    return [value * size] * 2
+
+
+recycling_bad = []
+kept = [summed(i) for i in range(10)]  # all alive: ten arrays, each its own values
+if len({k.ctypes.data for k in kept}) != 10 or [k.tolist() for k in kept] != [total(i) for i in range(10)]:
+    recycling_bad.append("results kept alive were handed out again")
+del kept
+first = summed(1.0)
+alive = weakref.ref(first)  # dies with `first` unless it is kept for reuse
+del first
+again = summed(2.0)
+seen["recycled"] = alive() is again and again.tolist() == total(2.0)
+view = again[:1]  # a view keeps its base alive
+del again
+if summed(3.0).ctypes.data == view.ctypes.data or view.tolist() != [2.0 * size]:
+    recycling_bad.append("a result whose view is alive was handed out again")
+frozen = summed(4.0)
+frozen.flags.writeable = False
+del frozen
+if not summed(5.0).flags.writeable:
+    recycling_bad.append("a read-only result was handed out again")
+retyped = summed(6.0)
+retyped.dtype = np.int32  # same bytes, another dtype
+del retyped
+got = summed(7.0)
+if got.dtype != np.float32 or got.tolist() != total(7.0):
+    recycling_bad.append("a result whose dtype was reassigned was handed out as float32")
+if summed(8, dtype=np.int32).tolist() != total(8) or summed(9, 4).tolist() != [9.0 * size] * 4:
+    recycling_bad.append("another dtype or shape")
+seen["recycling_bad"] = recycling_bad
 
 with open(f"{outdir}/rank{rank}.json", "w") as f:
     json.dump(seen, f)

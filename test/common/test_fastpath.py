@@ -29,3 +29,10 @@ def test_a_slow_peer_hands_over_to_the_python_wait(observed):
 
 def test_other_calls_take_the_general_path(observed):
     assert all(o["fallbacks"] == 3 and o["fallbacks_ok"] for o in observed), observed
+
+
+def test_small_results_are_handed_out_again_only_when_nothing_refers_to_them(observed):
+    # a loop that drops each result reuses it (no numpy.empty: the plain call costs what
+    # out= does); kept results, views, read-only or retyped results are never reused
+    assert all(o["recycled"] for o in observed), [o["recycled"] for o in observed]
+    assert all(o["recycling_bad"] == [] for o in observed), [o["recycling_bad"] for o in observed]
