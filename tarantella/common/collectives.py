@@ -253,6 +253,12 @@ def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     return Handle(handle, lambda h: out, (array, out))
 
 
+# Python and NumPy scalars: converted before the fast path (np.asarray, as the
+# general path converts them), so that `tnt.allreduce(loss)` costs what an
+# array does (2 ranks: 20-27 us through the general path, bench/allreduce.py).
+_SCALARS = (float, int, np.generic)
+
+
 def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
     """Element-wise sum (or average) of `array` over all ranks, as a new array of
     the same dtype and shape. `prescale` multiplies this rank's contribution
@@ -262,6 +268,8 @@ def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
 
     `array` may also be a nested structure (lists, tuples, dicts) of arrays,
     scalars and tensors (see the module docstring)."""
+    if isinstance(array, _SCALARS):  # a loss or a metric: the 0-d array the general path makes of it
+        array = np.asarray(array)
     result = _fastpath.allreduce(array, op, name, prescale, out)  # the common call, in C
     if result is not NotImplemented:
         return result

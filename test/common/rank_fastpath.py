@@ -130,5 +130,14 @@ if summed(8, dtype=np.int32).tolist() != total(8) or summed(9, 4).tolist() != [9
     recycling_bad.append("another dtype or shape")
 seen["recycling_bad"] = recycling_bad
 
+# 5. Python and NumPy scalars (a loss, a metric) take the fast path too, with the
+#    general path's results: 0-d arrays of the dtype np.asarray gives them
+for v in (1.5, 2, np.float32(0.5), np.int32(3)):  # each dtype's first call fills its code
+    tnt.allreduce(v)
+general_calls[0] = 0
+scalars = [tnt.allreduce(v) for v in (1.5, 2, np.float32(0.5), np.int32(3), np.float64(rank))]
+seen["scalars"] = [[type(r).__name__, r.shape, r.dtype.name, r.item()] for r in scalars]
+seen["scalar_general_calls"] = general_calls[0]
+
 with open(f"{outdir}/rank{rank}.json", "w") as f:
     json.dump(seen, f)

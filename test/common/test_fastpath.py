@@ -36,3 +36,13 @@ def test_small_results_are_handed_out_again_only_when_nothing_refers_to_them(obs
     # out= does); kept results, views, read-only or retyped results are never reused
     assert all(o["recycled"] for o in observed), [o["recycled"] for o in observed]
     assert all(o["recycling_bad"] == [] for o in observed), [o["recycling_bad"] for o in observed]
+
+
+def test_scalars_take_the_fast_path_with_the_general_paths_results(observed):
+    # tnt.allreduce(loss) with a Python or NumPy scalar cost 20-27 us through the general path
+    n = len(observed)
+    want = [["ndarray", [], "float64", 1.5 * n], ["ndarray", [], "int64", 2 * n],
+            ["ndarray", [], "float32", 0.5 * n], ["ndarray", [], "int32", 3 * n],
+            ["ndarray", [], "float64", float(sum(range(n)))]]
+    assert all(o["scalars"] == want for o in observed), [o["scalars"] for o in observed]
+    assert all(o["scalar_general_calls"] == 0 for o in observed), observed
