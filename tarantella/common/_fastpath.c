@@ -38,23 +38,31 @@ static inline PyObject *Py_NewRef(PyObject *o) {
 
 typedef tnt_result_t (*allreduce_fn)(const char *, const void *, void *, int64_t, tnt_dtype_t, tnt_reduce_op_t,
                                      double, double, tnt_handle_t *);
+typedef tnt_result_t (*broadcast_fn)(const char *, const void *, void *, int64_t, tnt_dtype_t, int, double,
+                                     tnt_handle_t *);
+typedef int (*size_fn)(void);
+
+/* A kind of collective's unnamed calls: each kind numbers its own. */
+typedef struct {
+  PyObject *counter;     /* the itertools.count of the main thread's unnamed calls */
+  PyObject *names;       /* tuple of the names they cycle through (bytes) */
+  PyObject *thread_name; /* request_names: another thread's next name of this kind */
+} unnamed_t;
 
 /* Set by bind(); owned references. */
 static allreduce_fn core_allreduce;
+static unnamed_t allreduces; /* request_names.unnamed_window("allreduce"), unnamed_allreduce_name */
 static PyObject *core_module;   /* tarantella.common.core: its `_running` is True while the core runs here */
 static PyObject *ndarray_type;  /* numpy.ndarray: subclasses take the general path */
 static PyObject *np_empty;      /* numpy.empty, for small results */
 static PyObject *result_like;   /* collectives._result_like, for large (aligned, pooled) results */
 static PyObject *dtype_codes;   /* {numpy dtype: tnt_dtype_t}, filled by the general path */
 static PyObject *op_codes;      /* {"sum": ..., "average": ...} */
-static PyObject *unnamed_counter; /* the itertools.count of unnamed allreduces */
-static PyObject *unnamed_names; /* tuple of the names unnamed calls cycle through (bytes) */
 static PyObject *in_flight;     /* {name: handle} of unnamed requests still in flight */
 static PyObject *orphans;       /* list of dropped, unfinished requests to reap */
 static PyObject *settle_before; /* collectives._settle_before(name, unnamed): reap those, wait for the name's last use */
 static PyObject *finish_slow;   /* collectives._finish_in_progress(handle, name, unnamed, array, out) */
 static PyObject *check;         /* core.check(result): raises the error of a result code */
-static PyObject *thread_name;   /* request_names.unnamed_allreduce_name(): this thread's next name */
 static Py_ssize_t small_bytes;  /* results below this are plain numpy.empty arrays, */
 static Py_ssize_t pooled_bytes; /* from this on they come from result_pool (collectives._result_like), */
 static Py_ssize_t align;        /* and in between they are aligned to this many bytes here */
@@ -63,15 +71,39 @@ static unsigned long main_thread; /* its unnamed calls are numbered here; other 
 
 static PyObject *str_running, *str_dtype, *str_shape, *str_uint8;
 
+/* Set by bind_broadcast(); owned references. */
+static broadcast_fn core_broadcast;
+static size_fn core_size;
+static unnamed_t broadcasts;
+
 /* The objects bind() takes, in its order. */
 static PyObject **const bound[] = {&core_module, &ndarray_type, &np_empty, &result_like, &dtype_codes, &op_codes,
-                                   &unnamed_counter, &unnamed_names, &in_flight, &orphans, &settle_before,
-                                   &finish_slow, &check, &thread_name};
+                                   &allreduces.counter, &allreduces.names, &in_flight, &orphans, &settle_before,
+                                   &finish_slow, &check, &allreduces.thread_name};
 #define N_BOUND ((int)(sizeof bound / sizeof bound[0]))
 
 static void forget_binding(void) {
   core_allreduce = NULL;
   for (int i = 0; i < N_BOUND; i++) Py_CLEAR(*bound[i]);
+}
+
+/* bind_broadcast(tnt_broadcast, tnt_size, counter, names, thread_name), after bind(). */
+static PyObject *bind_broadcast(PyObject *self, PyObject *args) {
+  (void)self;
+  unsigned long long address, size_address;
+  PyObject *counter, *names, *name_fn;
+  if (!PyArg_ParseTuple(args, "KKOO!O", &address, &size_address, &counter, &PyTuple_Type, &names, &name_fn))
+    return NULL;
+  if (!address || !size_address || PyTuple_GET_SIZE(names) == 0) {
+    PyErr_SetString(PyExc_ValueError, "bind_broadcast() needs tnt_broadcast, tnt_size and at least one name");
+    return NULL;
+  }
+  Py_XSETREF(broadcasts.counter, Py_NewRef(counter));
+  Py_XSETREF(broadcasts.names, Py_NewRef(names));
+  Py_XSETREF(broadcasts.thread_name, Py_NewRef(name_fn));
+  core_size = (size_fn)(uintptr_t)size_address;
+  core_broadcast = (broadcast_fn)(uintptr_t)address;
+  Py_RETURN_NONE;
 }
 
 /* bind(address, core_module, ndarray, empty, result_like, dtype_codes, op_codes, counter, names,
@@ -215,11 +247,11 @@ static PyObject *fresh_result(PyObject *array, PyObject *dtype, const Py_buffer 
 /* The name of this call: the caller's (checked: 1-255 bytes, no NUL), or the
  * next unnamed one of the calling thread's sequence. NULL, without an
  * exception, when not the common call. */
-static const char *call_name(PyObject *name, PyObject **name_bytes, int *unnamed) {
+static const char *call_name(const unnamed_t *kind, PyObject *name, PyObject **name_bytes, int *unnamed) {
   if (name == Py_None && PyThread_get_thread_ident() != main_thread) {
     /* another thread's own sequence (request_names.py): made in Python, a
      * refusal (two threads of one name, a pool's thread) raised from there */
-    *name_bytes = PyObject_CallNoArgs(thread_name);
+    *name_bytes = PyObject_CallNoArgs(kind->thread_name);
     if (*name_bytes == NULL) return NULL;
     if (!PyBytes_Check(*name_bytes)) {
       Py_CLEAR(*name_bytes);
@@ -230,11 +262,11 @@ static const char *call_name(PyObject *name, PyObject **name_bytes, int *unnamed
     return PyBytes_AS_STRING(*name_bytes);
   }
   if (name == Py_None) {
-    PyObject *k = PyIter_Next(unnamed_counter);
+    PyObject *k = PyIter_Next(kind->counter);
     if (k == NULL) return NULL;
-    Py_ssize_t i = PyLong_AsSsize_t(k) % PyTuple_GET_SIZE(unnamed_names);
+    Py_ssize_t i = PyLong_AsSsize_t(k) % PyTuple_GET_SIZE(kind->names);
     Py_DECREF(k);
-    *name_bytes = Py_NewRef(PyTuple_GET_ITEM(unnamed_names, i));
+    *name_bytes = Py_NewRef(PyTuple_GET_ITEM(kind->names, i));
     *unnamed = 1;
     return PyBytes_AS_STRING(*name_bytes);
   }
@@ -250,6 +282,128 @@ static const char *call_name(PyObject *name, PyObject **name_bytes, int *unnamed
   return utf8; /* lives as long as `name` */
 }
 
+/* One call in flight through the fast path: its buffers, result and name. */
+typedef struct {
+  Py_buffer in, res;
+  PyObject *result;     /* owned: the array returned on success */
+  PyObject *name_bytes; /* owned, or NULL (a caller's name: `cname` lives in it) */
+  const char *cname;
+  int unnamed;
+} call_t;
+
+/* The core runs in this process (not shut down, not a fork() child): 1, 0, or -1 (raised). */
+static int core_running(void) {
+  PyObject *running = PyObject_GetAttr(core_module, str_running);
+  if (running == NULL) return -1;
+  int up = running == Py_True;
+  Py_DECREF(running);
+  return up;
+}
+
+static void drop_call(call_t *c) {
+  PyBuffer_Release(&c->in), PyBuffer_Release(&c->res);
+  Py_CLEAR(c->result);
+  Py_CLEAR(c->name_bytes);
+}
+
+/* What every kind's common call checks and prepares once its own arguments
+ * are known to be common: `array` (an exact ndarray of `dtype`) C-contiguous,
+ * `out` none (a fresh result) or an ndarray of the same dtype and shape, not
+ * partly overlapping the input, the call's name, and the reaping of earlier
+ * unnamed requests. 1: ready, `c` filled; 0: not the common call, nothing
+ * held; -1: an error raised, nothing held. */
+static int begin_call(const unnamed_t *kind, PyObject *array, PyObject *dtype, PyObject *name, PyObject *out,
+                      call_t *c) {
+  memset(c, 0, sizeof *c);
+  if (PyObject_GetBuffer(array, &c->in, PyBUF_C_CONTIGUOUS) != 0) { /* not C-contiguous: the general path says so */
+    PyErr_Clear();
+    return 0;
+  }
+  if (out == Py_None) {
+    c->result = fresh_result(array, dtype, &c->in);
+  } else if (Py_TYPE(out) == (PyTypeObject *)ndarray_type) {
+    PyObject *out_dtype = PyObject_GetAttr(out, str_dtype);
+    int same = out_dtype == NULL ? -1 : PyObject_RichCompareBool(out_dtype, dtype, Py_EQ);
+    Py_XDECREF(out_dtype);
+    if (same < 0) {
+      PyBuffer_Release(&c->in);
+      return -1;
+    }
+    if (same) c->result = Py_NewRef(out);
+  }
+  if (c->result == NULL) {
+    PyBuffer_Release(&c->in);
+    return PyErr_Occurred() ? -1 : 0;
+  }
+  if (PyObject_GetBuffer(c->result, &c->res, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0 ||
+      !same_shape(&c->in, &c->res) || overlaps_partly(&c->in, &c->res)) {
+    if (PyErr_Occurred()) PyErr_Clear(); /* read-only, not C-contiguous, overlapping: the general path says so */
+    else PyBuffer_Release(&c->res);
+    PyBuffer_Release(&c->in);
+    Py_CLEAR(c->result);
+    return 0;
+  }
+  c->cname = call_name(kind, name, &c->name_bytes, &c->unnamed);
+  if (c->cname == NULL) {
+    int raised = PyErr_Occurred() != NULL;
+    drop_call(c);
+    return raised ? -1 : 0;
+  }
+  /* rare: dropped requests to reap, or this unnamed name's last use still in flight */
+  int settle = PyList_GET_SIZE(orphans) > 0;
+  if (!settle && c->unnamed && PyDict_GET_SIZE(in_flight)) settle = PyDict_Contains(in_flight, c->name_bytes);
+  if (settle) {
+    PyObject *none = settle < 0 ? NULL
+                                : PyObject_CallFunctionObjArgs(settle_before, c->name_bytes ? c->name_bytes : name,
+                                                               c->unnamed ? Py_True : Py_False, NULL);
+    if (none == NULL) {
+      drop_call(c);
+      return -1;
+    }
+    Py_DECREF(none);
+  }
+  return 1;
+}
+
+/* The call's end once the core returned `rc`: the result, the Python wait
+ * for a slow peer (IN_PROGRESS), or the error raised. Releases `c`. */
+static PyObject *end_call(call_t *c, tnt_result_t rc, tnt_handle_t handle, PyObject *array) {
+  PyBuffer_Release(&c->in), PyBuffer_Release(&c->res);
+  if (rc == TNT_SUCCESS) {
+    Py_CLEAR(c->name_bytes);
+    return c->result; /* the caller's reference */
+  }
+  PyObject *next = NULL;
+  if (rc == TNT_IN_PROGRESS) { /* a slow peer: the Python wait, interruptible, takes over */
+    if (c->name_bytes == NULL) c->name_bytes = PyBytes_FromString(c->cname);
+    if (c->name_bytes != NULL)
+      next = PyObject_CallFunction(finish_slow, "LOOOO", (long long)handle, c->name_bytes,
+                                   c->unnamed ? Py_True : Py_False, array, c->result);
+  } else {
+    next = PyObject_CallFunction(check, "i", (int)rc); /* raises */
+    if (next != NULL) { /* check() raised nothing: a code it does not know */
+      Py_DECREF(next);
+      next = NULL;
+      PyErr_Format(PyExc_RuntimeError, "the core returned %d", (int)rc);
+    }
+  }
+  Py_CLEAR(c->name_bytes);
+  Py_CLEAR(c->result);
+  return next;
+}
+
+/* The dtype code of an exact ndarray (its dtype, owned, in *dtype), or -1
+ * when not the common call (*dtype NULL); -2 with an error raised. */
+static long array_code(PyObject *array, PyObject **dtype) {
+  *dtype = NULL;
+  if (Py_TYPE(array) != (PyTypeObject *)ndarray_type) return -1;
+  *dtype = PyObject_GetAttr(array, str_dtype);
+  if (*dtype == NULL) return -2;
+  long dt = code_in(dtype_codes, *dtype);
+  if (dt < 0) Py_CLEAR(*dtype);
+  return dt;
+}
+
 /* allreduce(array, op, name, prescale, out): the result array, or NotImplemented
  * when this is not the common call (nothing done yet, the Python path takes it). */
 static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -259,120 +413,73 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return NULL;
   }
   PyObject *array = args[0], *op = args[1], *name = args[2], *prescale = args[3], *out = args[4];
-  if (core_allreduce == NULL || Py_TYPE(array) != (PyTypeObject *)ndarray_type || !PyFloat_CheckExact(prescale) ||
-      !PyUnicode_CheckExact(op))
+  if (core_allreduce == NULL || !PyFloat_CheckExact(prescale) || !PyUnicode_CheckExact(op))
     Py_RETURN_NOTIMPLEMENTED;
-  /* the core runs in this process (not shut down, not a fork() child) */
-  PyObject *running = PyObject_GetAttr(core_module, str_running);
-  if (running == NULL) return NULL;
-  int up = running == Py_True;
-  Py_DECREF(running);
-  if (!up) Py_RETURN_NOTIMPLEMENTED;
-
+  int up = core_running();
+  if (up <= 0) return up < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   long opcode = code_in(op_codes, op);
-  PyObject *dtype = PyObject_GetAttr(array, str_dtype);
-  if (dtype == NULL) return NULL;
-  long dt = code_in(dtype_codes, dtype);
+  PyObject *dtype;
+  long dt = array_code(array, &dtype);
+  if (dt == -2) return NULL;
   if (opcode < 0 || dt < 0) {
-    Py_DECREF(dtype);
+    Py_XDECREF(dtype);
     Py_RETURN_NOTIMPLEMENTED;
   }
-
-  Py_buffer in, res;
-  if (PyObject_GetBuffer(array, &in, PyBUF_C_CONTIGUOUS) != 0) { /* not C-contiguous: the general path says so */
-    PyErr_Clear();
-    Py_DECREF(dtype);
-    Py_RETURN_NOTIMPLEMENTED;
-  }
-  PyObject *result = NULL;
-  if (out == Py_None) {
-    result = fresh_result(array, dtype, &in);
-  } else if (Py_TYPE(out) == (PyTypeObject *)ndarray_type) {
-    PyObject *out_dtype = PyObject_GetAttr(out, str_dtype);
-    int same = out_dtype == NULL ? -1 : PyObject_RichCompareBool(out_dtype, dtype, Py_EQ);
-    Py_XDECREF(out_dtype);
-    if (same < 0) {
-      Py_DECREF(dtype);
-      PyBuffer_Release(&in);
-      return NULL;
-    }
-    if (same) result = Py_NewRef(out);
-  }
+  call_t c;
+  int ready = begin_call(&allreduces, array, dtype, name, out, &c);
   Py_DECREF(dtype);
-  if (result == NULL) {
-    PyBuffer_Release(&in);
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_NOTIMPLEMENTED;
-  }
-  if (PyObject_GetBuffer(result, &res, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0 || !same_shape(&in, &res) ||
-      overlaps_partly(&in, &res)) {
-    if (PyErr_Occurred()) PyErr_Clear(); /* read-only, not C-contiguous, overlapping: the general path says so */
-    else PyBuffer_Release(&res);
-    PyBuffer_Release(&in);
-    Py_DECREF(result);
-    Py_RETURN_NOTIMPLEMENTED;
-  }
-
-  PyObject *name_bytes = NULL;
-  int unnamed = 0;
-  const char *cname = call_name(name, &name_bytes, &unnamed);
-  if (cname == NULL) {
-    PyBuffer_Release(&in), PyBuffer_Release(&res);
-    Py_DECREF(result);
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_NOTIMPLEMENTED;
-  }
-  /* rare: dropped requests to reap, or this unnamed name's last use still in flight */
-  int settle = PyList_GET_SIZE(orphans) > 0;
-  if (!settle && unnamed && PyDict_GET_SIZE(in_flight)) settle = PyDict_Contains(in_flight, name_bytes);
-  if (settle) {
-    PyObject *none = settle < 0 ? NULL
-                                : PyObject_CallFunctionObjArgs(settle_before, name_bytes ? name_bytes : name,
-                                                               unnamed ? Py_True : Py_False, NULL);
-    if (none == NULL) {
-      PyBuffer_Release(&in), PyBuffer_Release(&res);
-      Py_DECREF(result);
-      Py_XDECREF(name_bytes);
-      return NULL;
-    }
-    Py_DECREF(none);
-  }
-  const int64_t count = in.itemsize ? in.len / in.itemsize : 0;
+  if (ready <= 0) return ready < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+  const int64_t count = c.in.itemsize ? c.in.len / c.in.itemsize : 0;
   const double scale = PyFloat_AS_DOUBLE(prescale);
   tnt_handle_t handle = 0;
   tnt_result_t rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = core_allreduce(cname, in.buf, res.buf, count, (tnt_dtype_t)dt, (tnt_reduce_op_t)opcode, scale, wait_slice_s,
-                      &handle);
+  rc = core_allreduce(c.cname, c.in.buf, c.res.buf, count, (tnt_dtype_t)dt, (tnt_reduce_op_t)opcode, scale,
+                      wait_slice_s, &handle);
   Py_END_ALLOW_THREADS
-  PyBuffer_Release(&in), PyBuffer_Release(&res);
-  if (rc == TNT_SUCCESS) {
-    Py_XDECREF(name_bytes);
-    return result;
+  return end_call(&c, rc, handle, array);
+}
+
+/* broadcast(array, root, name, out): root's array in a result (or `out`), or
+ * NotImplemented when not the common call (the general path checks `root`
+ * and says what is wrong). */
+static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "broadcast(array, root, name, out) takes 4 arguments");
+    return NULL;
   }
-  PyObject *next = NULL;
-  if (rc == TNT_IN_PROGRESS) { /* a slow peer: the Python wait, interruptible, takes over */
-    if (name_bytes == NULL) name_bytes = PyBytes_FromString(cname);
-    if (name_bytes != NULL)
-      next = PyObject_CallFunction(finish_slow, "LOOOO", (long long)handle, name_bytes, unnamed ? Py_True : Py_False,
-                                   array, result);
-  } else {
-    next = PyObject_CallFunction(check, "i", (int)rc); /* raises */
-    if (next != NULL) { /* check() raised nothing: a code it does not know */
-      Py_DECREF(next);
-      next = NULL;
-      PyErr_Format(PyExc_RuntimeError, "the core returned %d", (int)rc);
-    }
-  }
-  Py_XDECREF(name_bytes);
-  Py_DECREF(result);
-  return next;
+  PyObject *array = args[0], *root = args[1], *name = args[2], *out = args[3];
+  if (core_broadcast == NULL || core_allreduce == NULL || !PyLong_CheckExact(root)) Py_RETURN_NOTIMPLEMENTED;
+  int up = core_running();
+  if (up <= 0) return up < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+  int overflow = 0;
+  long r = PyLong_AsLongAndOverflow(root, &overflow);
+  if (overflow || r < 0 || r >= core_size()) Py_RETURN_NOTIMPLEMENTED;
+  PyObject *dtype;
+  long dt = array_code(array, &dtype);
+  if (dt == -2) return NULL;
+  if (dt < 0) Py_RETURN_NOTIMPLEMENTED;
+  call_t c;
+  int ready = begin_call(&broadcasts, array, dtype, name, out, &c);
+  Py_DECREF(dtype);
+  if (ready <= 0) return ready < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+  const int64_t count = c.in.itemsize ? c.in.len / c.in.itemsize : 0;
+  tnt_handle_t handle = 0;
+  tnt_result_t rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = core_broadcast(c.cname, c.in.buf, c.res.buf, count, (tnt_dtype_t)dt, (int)r, wait_slice_s, &handle);
+  Py_END_ALLOW_THREADS
+  return end_call(&c, rc, handle, array);
 }
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "Connect the fast path to the running core and the Python path's state."},
+    {"bind_broadcast", bind_broadcast, METH_VARARGS, "Connect the broadcast's fast path (after bind())."},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(array, op, name, prescale, out): the result, or NotImplemented when not the common call."},
+    {"broadcast", (PyCFunction)(void (*)(void))broadcast, METH_FASTCALL,
+     "broadcast(array, root, name, out): the result, or NotImplemented when not the common call."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -345,6 +345,9 @@ def _bind_fastpath(lib, ffi):
                    _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check,
                    request_names.unnamed_allreduce_name, _ALIGN_FROM_BYTES, result_pool.RESULT_POOL_FROM_BYTES, _ALIGN,
                    _WAIT_SLICE_S, threading.main_thread().ident)
+    _fastpath.bind_broadcast(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_broadcast"))),
+                             int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_size"))),
+                             *request_names.unnamed_window("broadcast"), request_names.unnamed_broadcast_name)
     _fastpath_bound = True
 
 
@@ -362,6 +365,8 @@ def _broadcast(array, root, name, out, blocking):
     array, dt = _as_input(array, "broadcast")
     out = _output(out, array, "broadcast")
     ffi = core.ffi()
+    if not _fastpath_bound:
+        _bind_fastpath(lib, ffi)
     args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     if blocking:
         return _blocking(lib.tnt_broadcast, auto_name("broadcast", name), args, lambda h: out, (array, out))
@@ -377,6 +382,9 @@ def broadcast(array, root=0, name=None, out=None):
         _no_out(out, "broadcast")
         return _structure_collective(array, "broadcast", name,
                                      lambda a, n: broadcast_async(a, root, n))
+    result = _fastpath.broadcast(array, root, name, out)  # the common call, in C
+    if result is not NotImplemented:
+        return result
     return _broadcast(array, root, name, out, blocking=True)
 
 

@@ -47,6 +47,11 @@ def unnamed_allreduce_name():
     return auto_name("allreduce", None)[0]
 
 
+def unnamed_broadcast_name():
+    """The same for the fast path's broadcasts."""
+    return auto_name("broadcast", None)[0]
+
+
 def unnamed_window(kind):
     """(counter, names) of a kind's unnamed calls in the main thread's sequence, made on first use."""
     names = _unnamed_names.get(kind)

@@ -139,5 +139,49 @@ scalars = [tnt.allreduce(v) for v in (1.5, 2, np.float32(0.5), np.int32(3), np.f
 seen["scalars"] = [[type(r).__name__, r.shape, r.dtype.name, r.item()] for r in scalars]
 seen["scalar_general_calls"] = general_calls[0]
 
+# 6. broadcast's common call takes the fast path too: every dtype and form, both
+#    roots, the root's bits everywhere; a bad root still gets the general path's error
+broadcast_calls = [0]
+_general_broadcast = collectives._broadcast
+
+
+def counting_broadcast(*args, **kwargs):
+    broadcast_calls[0] += 1
+    return _general_broadcast(*args, **kwargs)
+
+
+collectives._broadcast = counting_broadcast
+for dt in dtypes:  # codes known already (section 1)
+    tnt.broadcast(np.zeros(1, dt))
+broadcast_calls[0] = 0
+broadcast_bad = []
+for dt in dtypes:
+    for count in (1, 5, 70000):
+        for root in (0, size - 1):
+            x = contribution(dt, count, root)
+            want = ((np.arange(count) * 7 + root * 13 + root) % 23 - 11).astype(dt).tobytes()
+            out = np.empty_like(x)
+            inplace = x.copy()
+            got = {"plain": tnt.broadcast(x, root=root), "named": tnt.broadcast(x, root=root, name=f"bc-{count}"),
+                   "out": tnt.broadcast(x, root=root, out=out), "inplace": tnt.broadcast(inplace, root, out=inplace)}
+            if got["out"] is not out or got["inplace"] is not inplace:
+                broadcast_bad.append(f"out= not returned {np.dtype(dt).name}[{count}]")
+            for label, g in got.items():
+                if g.dtype != np.dtype(dt) or g.shape != (count,) or g.tobytes() != want:
+                    broadcast_bad.append(f"{label} {np.dtype(dt).name}[{count}] root {root}")
+if rank == 1:  # a slow peer: the others' fast calls hand over to the Python wait
+    time.sleep(0.6)
+late = [tnt.broadcast(np.full(3, rank + 1.0, np.float32), root=0) for _ in range(70)]
+if any(v.tolist() != [1.0] * 3 for v in late):
+    broadcast_bad.append("with a slow peer")
+seen["broadcast_bad"] = broadcast_bad
+seen["broadcast_general_calls"] = broadcast_calls[0]
+try:
+    tnt.broadcast(np.ones(2, np.float32), root=size)
+    seen["bad_root"] = None
+except Exception as exc:  # noqa: BLE001 - recorded for the test
+    seen["bad_root"] = [type(exc).__name__, str(exc)]
+seen["bad_root_general_calls"] = broadcast_calls[0]
+
 with open(f"{outdir}/rank{rank}.json", "w") as f:
     json.dump(seen, f)

@@ -46,3 +46,14 @@ def test_scalars_take_the_fast_path_with_the_general_paths_results(observed):
             ["ndarray", [], "float64", float(sum(range(n)))]]
     assert all(o["scalars"] == want for o in observed), [o["scalars"] for o in observed]
     assert all(o["scalar_general_calls"] == 0 for o in observed), observed
+
+
+def test_broadcasts_common_call_takes_the_fast_path(observed):
+    # 5 dtypes x 3 sizes x 2 roots x 4 forms: the root's bits, none through the general path
+    assert all(o["broadcast_bad"] == [] for o in observed), [o["broadcast_bad"] for o in observed]
+    assert all(o["broadcast_general_calls"] == 0 for o in observed), observed
+    n = len(observed)
+    for o in observed:  # a root out of range: the general path's error
+        assert o["bad_root"] == ["InvalidArgumentError", f"root must be a rank between 0 and {n - 1}. "
+                                 f"Received: root={n} (ranks={n})"], o["bad_root"]
+        assert o["bad_root_general_calls"] == 1
