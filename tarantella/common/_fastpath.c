@@ -1,4 +1,5 @@
-/* _fastpath.c - tnt.allreduce's common call, from Python straight into the core.
+/* _fastpath.c - tnt.allreduce's and tnt.broadcast's common calls, from Python
+ * straight into the core.
  *
  * A plain `tnt.allreduce(x)` used to run about sixty lines of Python around one
  * call into the core. In a loop on more ranks than cores each rank's turn starts
@@ -6,20 +7,23 @@
  * allreduce took 55-80 us on 4 ranks on 2 cores, against 30-38 us for the bare
  * cffi call (9-10 us against 4.7 on 2 ranks). Here the common call (one NumPy
  * array of a dtype the core knows, op "sum" or "average", a float prescale, no
- * name or a short one, `out` like the array or none) is checked and driven in C.
+ * name or a short one, `out` like the array or none) is checked and driven in C;
+ * a broadcast's likewise (an int root in range instead of op and prescale; a
+ * 4-byte broadcast took 13.2 us on 2 ranks through Python, 3.3 us here).
  *
  * Anything else returns NotImplemented, before any side effect, and the
- * caller (collectives.allreduce) takes the general Python path, which gives
+ * caller (collectives.allreduce, .broadcast) takes the general Python path, which gives
  * every error message. So this file decides only "is it the common call":
  * never what a wrong argument means.
  *
  * State shared with the Python path (the unnamed-call counter and names, the
  * requests still in flight, the dtype codes) is the Python objects themselves,
- * handed over by bind(): a rank whose calls take either path names them alike.
+ * handed over by bind() and bind_broadcast(): a rank whose calls take either
+ * path names them alike.
  *
  * A plain CPython extension, not part of the cffi module: cffi functions take C
  * types only, and this one takes Python objects. It reaches the core through
- * the address of tnt_allreduce that cffi gives (bind()), so it calls the one
+ * the addresses of tnt_allreduce and tnt_broadcast that cffi gives, so it calls the one
  * core this process has loaded.
  */
 #define PY_SSIZE_T_CLEAN
@@ -484,7 +488,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tarantella._fastpath",
-                                    "tnt.allreduce's common call in C (see _fastpath.c).", -1, methods};
+                                    "tnt.allreduce's and tnt.broadcast's common calls in C (see _fastpath.c).", -1,
+                                    methods};
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
   str_running = PyUnicode_InternFromString("_running");
