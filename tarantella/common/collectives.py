@@ -348,6 +348,10 @@ def _bind_fastpath(lib, ffi):
     _fastpath.bind_broadcast(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_broadcast"))),
                              int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_size"))),
                              *request_names.unnamed_window("broadcast"), request_names.unnamed_broadcast_name)
+    _fastpath.bind_allgather(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
+                               for f in ("tnt_allgather_into", "tnt_result_count", "tnt_release")),
+                             *request_names.unnamed_window("allgather"), request_names.unnamed_allgather_name,
+                             _gather_uneven, _finish_gather_in_progress)
     _fastpath_bound = True
 
 
@@ -407,21 +411,47 @@ def _allgather(array, name, blocking):
     guess = _gather_result((array.shape[0] * lib.tnt_size(),) + row_shape, array.dtype)
     args = (ffi.from_buffer(array), array.size, row_elems, dt, ffi.from_buffer(guess) if guess.size else ffi.NULL,
             guess.size)
+    if not _fastpath_bound:
+        _bind_fastpath(lib, ffi)
 
     def finish(h):
-        count = ffi.new("int64_t *")
-        core.check(lib.tnt_result_count(h, count))
-        if guess.size and count[0] == guess.size:
-            return guess
-        rows = count[0] // row_elems if row_elems else 0
-        out = _gather_result((rows,) + row_shape, array.dtype)
-        if out.size:
-            core.check(lib.tnt_result_copy(h, ffi.from_buffer(out)))
-        return out
+        return _gather_finish(h, array, guess)
 
     if blocking:
         return _blocking(lib.tnt_allgather_into, auto_name("allgather", name), args, finish, (array, guess), keep=True)
     return Handle(_submit(lib.tnt_allgather_into_async, auto_name("allgather", name), *args), finish, (array, guess))
+
+
+def _gather_finish(h, array, guess):
+    """The result of the complete allgather `h` of `array` (at least 1-d), whose
+    core wrote into `guess` if the ranks' rows added up to its size; else
+    copied out of the handle (the caller releases it)."""
+    lib, ffi = core.lib(), core.ffi()
+    count = ffi.new("int64_t *")
+    core.check(lib.tnt_result_count(h, count))
+    if guess.size and count[0] == guess.size:
+        return guess
+    row_shape = array.shape[1:]
+    row_elems = math.prod(row_shape)
+    rows = count[0] // row_elems if row_elems else 0
+    out = _gather_result((rows,) + row_shape, array.dtype)
+    if out.size:
+        core.check(lib.tnt_result_copy(h, ffi.from_buffer(out)))
+    return out
+
+
+def _gather_uneven(handle, array, guess):
+    """For the fast path's allgather (tarantella._fastpath): ranks gave other
+    row counts than this one, so the result is copied out of the handle."""
+    try:
+        return _gather_finish(handle, array, guess)
+    finally:
+        core.lib().tnt_release(handle)
+
+
+def _finish_gather_in_progress(handle, name, unnamed, array, guess):
+    """_wait_in_slices for the fast path's allgather."""
+    return _wait_in_slices(handle, name, unnamed, lambda h: _gather_finish(h, array, guess), (array, guess))
 
 
 def _gather_result(shape, dtype):
@@ -440,6 +470,9 @@ def allgather(array, name=None):
     0-d leaf as one row, giving a 1-d array of one value per rank)."""
     if _is_structure(array):
         return _allgather_structure(array, name)
+    result = _fastpath.allgather(array, name)  # the common call, in C
+    if result is not NotImplemented:
+        return result
     return _allgather(array, name, blocking=True)
 
 

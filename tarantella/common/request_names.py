@@ -52,6 +52,11 @@ def unnamed_broadcast_name():
     return auto_name("broadcast", None)[0]
 
 
+def unnamed_allgather_name():
+    """The same for the fast path's allgathers."""
+    return auto_name("allgather", None)[0]
+
+
 def unnamed_window(kind):
     """(counter, names) of a kind's unnamed calls in the main thread's sequence, made on first use."""
     names = _unnamed_names.get(kind)

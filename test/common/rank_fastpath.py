@@ -15,17 +15,20 @@ outdir = sys.argv[1]
 rank, size = tnt.get_rank(), tnt.get_size()
 seen = {}
 
-# count the calls that take the general path (the fast path never enters it)
-general_calls = [0]
-_general = collectives._allreduce_now
+def count_calls(attr):
+    """Count the calls of collectives.<attr>, a kind's general path (the fast
+    path never enters it): a list whose item 0 is the count."""
+    calls, real = [0], getattr(collectives, attr)
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    setattr(collectives, attr, counting)
+    return calls
 
 
-def counting_general(*args):
-    general_calls[0] += 1
-    return _general(*args)
-
-
-collectives._allreduce_now = counting_general
+general_calls = count_calls("_allreduce_now")
 
 
 def contribution(dtype, count, salt):
@@ -141,16 +144,7 @@ seen["scalar_general_calls"] = general_calls[0]
 
 # 6. broadcast's common call takes the fast path too: every dtype and form, both
 #    roots, the root's bits everywhere; a bad root still gets the general path's error
-broadcast_calls = [0]
-_general_broadcast = collectives._broadcast
-
-
-def counting_broadcast(*args, **kwargs):
-    broadcast_calls[0] += 1
-    return _general_broadcast(*args, **kwargs)
-
-
-collectives._broadcast = counting_broadcast
+broadcast_calls = count_calls("_broadcast")
 for dt in dtypes:  # codes known already (section 1)
     tnt.broadcast(np.zeros(1, dt))
 broadcast_calls[0] = 0
@@ -182,6 +176,34 @@ try:
 except Exception as exc:  # noqa: BLE001 - recorded for the test
     seen["bad_root"] = [type(exc).__name__, str(exc)]
 seen["bad_root_general_calls"] = broadcast_calls[0]
+
+# 7. allgather's common call (a result below 64 KiB) takes the fast path too: every
+#    dtype, 1-d and 2-d, as many rows on every rank or not, and with a slow peer
+gather_calls = count_calls("_allgather")
+for dt in dtypes:
+    tnt.allgather(np.zeros(1, dt))
+gather_calls[0] = 0
+gather_bad = []
+for dt in dtypes:
+    for shape in ((1,), (5,), (3, 4)):
+        for uneven in (False, True):
+            rows = shape[0] + (rank if uneven else 0)
+            x = np.full((rows,) + shape[1:], rank + 1, dt)
+            want = np.concatenate([np.full((shape[0] + (q if uneven else 0),) + shape[1:], q + 1, dt)
+                                   for q in range(size)])
+            for label, g in (("plain", tnt.allgather(x)), ("named", tnt.allgather(x, name=f"ag-{shape}"))):
+                if g.dtype != np.dtype(dt) or g.shape != want.shape or g.tobytes() != want.tobytes():
+                    gather_bad.append(f"{label} {np.dtype(dt).name}{shape} uneven={uneven}")
+if rank == 1:
+    time.sleep(0.6)
+late = [tnt.allgather(np.full(2, rank, np.int32)) for _ in range(70)]
+if any(v.tolist() != [q for q in range(size) for _ in range(2)] for v in late):
+    gather_bad.append("with a slow peer")
+seen["gather_bad"] = gather_bad
+seen["gather_general_calls"] = gather_calls[0]
+big = tnt.allgather(np.ones(70000, np.float32))  # above 64 KiB: the general path
+seen["gather_big_general_calls"] = gather_calls[0] - seen["gather_general_calls"]
+seen["gather_big_ok"] = big.shape == (70000 * size,) and bool((big == 1).all())
 
 with open(f"{outdir}/rank{rank}.json", "w") as f:
     json.dump(seen, f)
