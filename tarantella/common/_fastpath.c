@@ -305,7 +305,7 @@ static const char *call_name(const unnamed_t *kind, PyObject *name, PyObject **n
 typedef struct {
   Py_buffer in, res;
   PyObject *result;     /* owned: the array returned on success */
-  PyObject *name_bytes; /* owned, or NULL (a caller's name: `cname` lives in it) */
+  PyObject *name_bytes; /* owned; NULL for a caller's name, which `cname` points into */
   const char *cname;
   int unnamed;
 } call_t;
