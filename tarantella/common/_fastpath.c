@@ -92,6 +92,8 @@ static release_fn core_release;
 static unnamed_t allgathers;
 static PyObject *gather_uneven; /* collectives._gather_uneven(handle, array, guess): the result, handle released */
 static PyObject *gather_slow;   /* collectives._finish_gather_in_progress(handle, name, unnamed, array, guess) */
+static PyObject *gather_result; /* collectives._gather_result(shape, dtype), for pooled results */
+static Py_ssize_t gather_pooled_bytes; /* from this on, results come from it */
 
 /* The objects bind() takes, in its order. */
 static PyObject **const bound[] = {&core_module, &ndarray_type, &np_empty, &result_like, &dtype_codes, &op_codes,
@@ -236,15 +238,12 @@ static void keep_result(PyObject *a) {
  * aligned when larger (TensorFlow aliases an aligned array instead of copying
  * it), from result_pool when larger still (the Python path's; its cost is
  * nothing beside the copy of 1 MiB). */
-static PyObject *fresh_result(PyObject *array, PyObject *dtype, const Py_buffer *in) {
-  const Py_ssize_t nbytes = in->len;
-  if (nbytes >= pooled_bytes) return PyObject_CallOneArg(result_like, array);
-  PyObject *again = reuse_result(dtype, in->ndim, in->shape, in->itemsize);
-  if (again != NULL) return again;
-  PyObject *shape = PyObject_GetAttr(array, str_shape), *out = NULL;
-  if (shape == NULL) return NULL;
+/* A new result of shape `dims` (a tuple), kept for reuse: numpy.empty when
+ * small, 64-byte aligned from small_bytes. */
+static PyObject *new_result(PyObject *dims, PyObject *dtype, Py_ssize_t nbytes) {
+  PyObject *out = NULL;
   if (nbytes < small_bytes) {
-    PyObject *args[2] = {shape, dtype};
+    PyObject *args[2] = {dims, dtype};
     out = PyObject_Vectorcall(np_empty, args, 2, NULL);
   } else {
     PyObject *size = PyLong_FromSsize_t(nbytes + align), *raw = NULL;
@@ -254,12 +253,22 @@ static PyObject *fresh_result(PyObject *array, PyObject *dtype, const Py_buffer 
       Py_DECREF(size);
     }
     if (raw != NULL) {
-      out = aligned_in(raw, shape, dtype);
+      out = aligned_in(raw, dims, dtype);
       Py_DECREF(raw);
     }
   }
-  Py_DECREF(shape);
   if (out != NULL) keep_result(out);
+  return out;
+}
+
+static PyObject *fresh_result(PyObject *array, PyObject *dtype, const Py_buffer *in) {
+  if (in->len >= pooled_bytes) return PyObject_CallOneArg(result_like, array);
+  PyObject *again = reuse_result(dtype, in->ndim, in->shape, in->itemsize);
+  if (again != NULL) return again;
+  PyObject *shape = PyObject_GetAttr(array, str_shape);
+  if (shape == NULL) return NULL;
+  PyObject *out = new_result(shape, dtype, in->len);
+  Py_DECREF(shape);
   return out;
 }
 
@@ -503,13 +512,14 @@ static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 /* bind_allgather(tnt_allgather_into, tnt_result_count, tnt_release, counter, names, thread_name,
- *                gather_uneven, gather_slow), after bind_broadcast(). */
+ *                gather_uneven, gather_slow, gather_result, gather_pooled_bytes), after bind_broadcast(). */
 static PyObject *bind_allgather(PyObject *self, PyObject *args) {
   (void)self;
   unsigned long long address, count_address, release_address;
-  PyObject *counter, *names, *name_fn, *uneven, *slow;
-  if (!PyArg_ParseTuple(args, "KKKOO!OOO", &address, &count_address, &release_address, &counter, &PyTuple_Type,
-                        &names, &name_fn, &uneven, &slow))
+  PyObject *counter, *names, *name_fn, *uneven, *slow, *result_fn;
+  Py_ssize_t pooled;
+  if (!PyArg_ParseTuple(args, "KKKOO!OOOOn", &address, &count_address, &release_address, &counter, &PyTuple_Type,
+                        &names, &name_fn, &uneven, &slow, &result_fn, &pooled))
     return NULL;
   if (!address || !count_address || !release_address || PyTuple_GET_SIZE(names) == 0) {
     PyErr_SetString(PyExc_ValueError, "bind_allgather() needs the core's functions and at least one name");
@@ -520,6 +530,8 @@ static PyObject *bind_allgather(PyObject *self, PyObject *args) {
   Py_XSETREF(allgathers.thread_name, Py_NewRef(name_fn));
   Py_XSETREF(gather_uneven, Py_NewRef(uneven));
   Py_XSETREF(gather_slow, Py_NewRef(slow));
+  Py_XSETREF(gather_result, Py_NewRef(result_fn));
+  gather_pooled_bytes = pooled;
   core_result_count = (result_count_fn)(uintptr_t)count_address;
   core_release = (release_fn)(uintptr_t)release_address;
   core_allgather = (allgather_fn)(uintptr_t)address;
@@ -528,8 +540,12 @@ static PyObject *bind_allgather(PyObject *self, PyObject *args) {
 
 /* A new (or reused) result of `ndim` dims `shape`, below small_bytes: numpy.empty. */
 static PyObject *fresh_of_dims(PyObject *dtype, int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize) {
-  PyObject *again = reuse_result(dtype, ndim, shape, itemsize);
-  if (again != NULL) return again;
+  Py_ssize_t nbytes = itemsize;
+  for (int i = 0; i < ndim; i++) nbytes *= shape[i];
+  if (nbytes < gather_pooled_bytes) {
+    PyObject *again = reuse_result(dtype, ndim, shape, itemsize);
+    if (again != NULL) return again;
+  }
   PyObject *dims = PyTuple_New(ndim);
   if (dims == NULL) return NULL;
   for (int i = 0; i < ndim; i++) {
@@ -540,21 +556,21 @@ static PyObject *fresh_of_dims(PyObject *dtype, int ndim, const Py_ssize_t *shap
     }
     PyTuple_SET_ITEM(dims, i, d);
   }
-  PyObject *args[2] = {dims, dtype};
-  PyObject *out = PyObject_Vectorcall(np_empty, args, 2, NULL);
+  PyObject *out = nbytes >= gather_pooled_bytes ? PyObject_CallFunctionObjArgs(gather_result, dims, dtype, NULL)
+                                                : new_result(dims, dtype, nbytes);
   Py_DECREF(dims);
-  if (out != NULL) keep_result(out);
   return out;
 }
 
 #define GATHER_MAX_DIMS 32 /* numpy's own limit is 64; more takes the general path */
 
 /* allgather(array, name): every rank's rows in rank order, or NotImplemented
- * when not the common call: an array of a known dtype with at least one row,
- * whose gathered result (when every rank gives as many rows) is below
- * small_bytes; larger ones cost the general path's Python little beside their
- * bytes. Ranks that give other row counts: the core's result, copied out by
- * the general path's code (gather_uneven). */
+ * when not the common call (an array of a known dtype with at least one row).
+ * The result is made for as many rows on every rank, as the general path's
+ * (numpy.empty, aligned from small_bytes, from result_pool from
+ * gather_pooled_bytes); ranks that give other row counts get the core's
+ * result copied out by the general path's code (gather_uneven). 4 ranks on 2
+ * cores, 16 KB each: 41 us here against 98 us through the general path. */
 static PyObject *allgather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   (void)self;
   if (nargs != 2) {
@@ -578,7 +594,7 @@ static PyObject *allgather(PyObject *self, PyObject *const *args, Py_ssize_t nar
   }
   const int size = core_size();
   if (c.in.ndim < 1 || c.in.ndim > GATHER_MAX_DIMS || c.in.len == 0 || size < 1 ||
-      c.in.len > (small_bytes - 1) / size) {
+      c.in.len > PY_SSIZE_T_MAX / size) {
     PyBuffer_Release(&c.in);
     Py_DECREF(dtype);
     Py_RETURN_NOTIMPLEMENTED;

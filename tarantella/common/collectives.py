@@ -351,7 +351,7 @@ def _bind_fastpath(lib, ffi):
     _fastpath.bind_allgather(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
                                for f in ("tnt_allgather_into", "tnt_result_count", "tnt_release")),
                              *request_names.unnamed_window("allgather"), request_names.unnamed_allgather_name,
-                             _gather_uneven, _finish_gather_in_progress)
+                             _gather_uneven, _finish_gather_in_progress, _gather_result, _GATHER_POOL_FROM_BYTES)
     _fastpath_bound = True
 
 

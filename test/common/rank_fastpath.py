@@ -201,9 +201,11 @@ if any(v.tolist() != [q for q in range(size) for _ in range(2)] for v in late):
     gather_bad.append("with a slow peer")
 seen["gather_bad"] = gather_bad
 seen["gather_general_calls"] = gather_calls[0]
-big = tnt.allgather(np.ones(70000, np.float32))  # above 64 KiB: the general path
+mid = tnt.allgather(np.ones(24576 // size, np.float32))  # a result of about 96 KiB: aligned
+big = tnt.allgather(np.ones(70000, np.float32))  # from 128 KiB: from result_pool
 seen["gather_big_general_calls"] = gather_calls[0] - seen["gather_general_calls"]
-seen["gather_big_ok"] = big.shape == (70000 * size,) and bool((big == 1).all())
+seen["gather_big_ok"] = (big.shape == (70000 * size,) and bool((big == 1).all()) and bool((mid == 1).all())
+                         and mid.ctypes.data % 64 == 0 and big.ctypes.data % 64 == 0)
 
 with open(f"{outdir}/rank{rank}.json", "w") as f:
     json.dump(seen, f)

@@ -61,7 +61,7 @@ def test_broadcasts_common_call_takes_the_fast_path(observed):
 
 def test_allgathers_common_call_takes_the_fast_path(observed):
     # 5 dtypes x 3 shapes, as many rows or not, plain and named, and a slow peer: the
-    # general path's bits, none through it; a result above 64 KiB still takes it
+    # general path's bits, none through it; larger results too, 64-byte aligned as there
     assert all(o["gather_bad"] == [] for o in observed), [o["gather_bad"] for o in observed]
     assert all(o["gather_general_calls"] == 0 for o in observed), observed
-    assert all(o["gather_big_general_calls"] == 1 and o["gather_big_ok"] for o in observed), observed
+    assert all(o["gather_big_general_calls"] == 0 and o["gather_big_ok"] for o in observed), observed
