@@ -60,7 +60,7 @@ static unnamed_t allreduces; /* request_names.unnamed_window("allreduce"), unnam
 static PyObject *core_module;   /* tarantella.common.core: its `_running` is True while the core runs here */
 static PyObject *ndarray_type;  /* numpy.ndarray: subclasses take the general path */
 static PyObject *np_empty;      /* numpy.empty, for small results */
-static PyObject *result_like;   /* collectives._result_like, for large (aligned, pooled) results */
+static PyObject *aligned_empty; /* collectives.aligned_empty(shape, dtype, pooled), for pooled results */
 static PyObject *dtype_codes;   /* {numpy dtype: tnt_dtype_t}, filled by the general path */
 static PyObject *op_codes;      /* {"sum": ..., "average": ...} */
 static PyObject *in_flight;     /* {name: handle} of unnamed requests still in flight */
@@ -69,12 +69,12 @@ static PyObject *settle_before; /* collectives._settle_before(name, unnamed): re
 static PyObject *finish_slow;   /* collectives._finish_in_progress(handle, name, unnamed, array, out) */
 static PyObject *check;         /* core.check(result): raises the error of a result code */
 static Py_ssize_t small_bytes;  /* results below this are plain numpy.empty arrays, */
-static Py_ssize_t pooled_bytes; /* from this on they come from result_pool (collectives._result_like), */
+static Py_ssize_t pooled_bytes; /* from this on they come from result_pool (aligned_empty, pooled), */
 static Py_ssize_t align;        /* and in between they are aligned to this many bytes here */
 static double wait_slice_s;     /* how long one call waits before handing over to the Python wait */
 static unsigned long main_thread; /* its unnamed calls are numbered here; other threads' by thread_name */
 
-static PyObject *str_running, *str_dtype, *str_shape, *str_uint8;
+static PyObject *str_running, *str_dtype, *str_uint8;
 
 /* Set by bind_broadcast(); owned references. */
 static broadcast_fn core_broadcast;
@@ -92,11 +92,10 @@ static release_fn core_release;
 static unnamed_t allgathers;
 static PyObject *gather_uneven; /* collectives._gather_uneven(handle, array, guess): the result, handle released */
 static PyObject *gather_slow;   /* collectives._finish_gather_in_progress(handle, name, unnamed, array, guess) */
-static PyObject *gather_result; /* collectives._gather_result(shape, dtype), for pooled results */
-static Py_ssize_t gather_pooled_bytes; /* from this on, results come from it */
+static Py_ssize_t gather_pooled_bytes; /* pooled_bytes of allgather results (collectives._gather_result) */
 
 /* The objects bind() takes, in its order. */
-static PyObject **const bound[] = {&core_module, &ndarray_type, &np_empty, &result_like, &dtype_codes, &op_codes,
+static PyObject **const bound[] = {&core_module, &ndarray_type, &np_empty, &aligned_empty, &dtype_codes, &op_codes,
                                    &allreduces.counter, &allreduces.names, &in_flight, &orphans, &settle_before,
                                    &finish_slow, &check, &allreduces.thread_name};
 #define N_BOUND ((int)(sizeof bound / sizeof bound[0]))
@@ -125,7 +124,7 @@ static PyObject *bind_broadcast(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* bind(address, core_module, ndarray, empty, result_like, dtype_codes, op_codes, counter, names,
+/* bind(address, core_module, ndarray, empty, aligned_empty, dtype_codes, op_codes, counter, names,
  *      in_flight, orphans, settle_before, finish_slow, check, thread_name, small_bytes, pooled_bytes, align,
  *      wait_slice_s, main_thread) */
 static PyObject *bind(PyObject *self, PyObject *args) {
@@ -234,12 +233,9 @@ static void keep_result(PyObject *a) {
   recycled_next = (recycled_next + 1) % RECYCLED;
 }
 
-/* A fresh result of the array's dtype and shape: numpy.empty when small,
- * aligned when larger (TensorFlow aliases an aligned array instead of copying
- * it), from result_pool when larger still (the Python path's; its cost is
- * nothing beside the copy of 1 MiB). */
 /* A new result of shape `dims` (a tuple), kept for reuse: numpy.empty when
- * small, 64-byte aligned from small_bytes. */
+ * small, 64-byte aligned from small_bytes (TensorFlow aliases an aligned array
+ * instead of copying it). */
 static PyObject *new_result(PyObject *dims, PyObject *dtype, Py_ssize_t nbytes) {
   PyObject *out = NULL;
   if (nbytes < small_bytes) {
@@ -261,14 +257,30 @@ static PyObject *new_result(PyObject *dims, PyObject *dtype, Py_ssize_t nbytes) 
   return out;
 }
 
-static PyObject *fresh_result(PyObject *array, PyObject *dtype, const Py_buffer *in) {
-  if (in->len >= pooled_bytes) return PyObject_CallOneArg(result_like, array);
-  PyObject *again = reuse_result(dtype, in->ndim, in->shape, in->itemsize);
-  if (again != NULL) return again;
-  PyObject *shape = PyObject_GetAttr(array, str_shape);
-  if (shape == NULL) return NULL;
-  PyObject *out = new_result(shape, dtype, in->len);
-  Py_DECREF(shape);
+/* A fresh result of `ndim` dims `shape`: one handed out before and free again,
+ * or new_result; from `pooled_from` bytes on, aligned in result_pool's memory
+ * (the Python path's: its cost is nothing beside the bytes). */
+static PyObject *fresh_result(PyObject *dtype, int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize,
+                              Py_ssize_t pooled_from) {
+  Py_ssize_t nbytes = itemsize;
+  for (int i = 0; i < ndim; i++) nbytes *= shape[i];
+  if (nbytes < pooled_from) {
+    PyObject *again = reuse_result(dtype, ndim, shape, itemsize);
+    if (again != NULL) return again;
+  }
+  PyObject *dims = PyTuple_New(ndim);
+  if (dims == NULL) return NULL;
+  for (int i = 0; i < ndim; i++) {
+    PyObject *d = PyLong_FromSsize_t(shape[i]);
+    if (d == NULL) {
+      Py_DECREF(dims);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(dims, i, d);
+  }
+  PyObject *out = nbytes >= pooled_from ? PyObject_CallFunctionObjArgs(aligned_empty, dims, dtype, Py_True, NULL)
+                                        : new_result(dims, dtype, nbytes);
+  Py_DECREF(dims);
   return out;
 }
 
@@ -350,7 +362,7 @@ static int begin_call(const unnamed_t *kind, PyObject *array, PyObject *dtype, P
     return 0;
   }
   if (out == Py_None) {
-    c->result = fresh_result(array, dtype, &c->in);
+    c->result = fresh_result(dtype, c->in.ndim, c->in.shape, c->in.itemsize, pooled_bytes);
   } else if (Py_TYPE(out) == (PyTypeObject *)ndarray_type) {
     PyObject *out_dtype = PyObject_GetAttr(out, str_dtype);
     int same = out_dtype == NULL ? -1 : PyObject_RichCompareBool(out_dtype, dtype, Py_EQ);
@@ -512,14 +524,14 @@ static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 /* bind_allgather(tnt_allgather_into, tnt_result_count, tnt_release, counter, names, thread_name,
- *                gather_uneven, gather_slow, gather_result, gather_pooled_bytes), after bind_broadcast(). */
+ *                gather_uneven, gather_slow, gather_pooled_bytes), after bind_broadcast(). */
 static PyObject *bind_allgather(PyObject *self, PyObject *args) {
   (void)self;
   unsigned long long address, count_address, release_address;
-  PyObject *counter, *names, *name_fn, *uneven, *slow, *result_fn;
+  PyObject *counter, *names, *name_fn, *uneven, *slow;
   Py_ssize_t pooled;
-  if (!PyArg_ParseTuple(args, "KKKOO!OOOOn", &address, &count_address, &release_address, &counter, &PyTuple_Type,
-                        &names, &name_fn, &uneven, &slow, &result_fn, &pooled))
+  if (!PyArg_ParseTuple(args, "KKKOO!OOOn", &address, &count_address, &release_address, &counter, &PyTuple_Type,
+                        &names, &name_fn, &uneven, &slow, &pooled))
     return NULL;
   if (!address || !count_address || !release_address || PyTuple_GET_SIZE(names) == 0) {
     PyErr_SetString(PyExc_ValueError, "bind_allgather() needs the core's functions and at least one name");
@@ -530,36 +542,11 @@ static PyObject *bind_allgather(PyObject *self, PyObject *args) {
   Py_XSETREF(allgathers.thread_name, Py_NewRef(name_fn));
   Py_XSETREF(gather_uneven, Py_NewRef(uneven));
   Py_XSETREF(gather_slow, Py_NewRef(slow));
-  Py_XSETREF(gather_result, Py_NewRef(result_fn));
   gather_pooled_bytes = pooled;
   core_result_count = (result_count_fn)(uintptr_t)count_address;
   core_release = (release_fn)(uintptr_t)release_address;
   core_allgather = (allgather_fn)(uintptr_t)address;
   Py_RETURN_NONE;
-}
-
-/* A new (or reused) result of `ndim` dims `shape`, below small_bytes: numpy.empty. */
-static PyObject *fresh_of_dims(PyObject *dtype, int ndim, const Py_ssize_t *shape, Py_ssize_t itemsize) {
-  Py_ssize_t nbytes = itemsize;
-  for (int i = 0; i < ndim; i++) nbytes *= shape[i];
-  if (nbytes < gather_pooled_bytes) {
-    PyObject *again = reuse_result(dtype, ndim, shape, itemsize);
-    if (again != NULL) return again;
-  }
-  PyObject *dims = PyTuple_New(ndim);
-  if (dims == NULL) return NULL;
-  for (int i = 0; i < ndim; i++) {
-    PyObject *d = PyLong_FromSsize_t(shape[i]);
-    if (d == NULL) {
-      Py_DECREF(dims);
-      return NULL;
-    }
-    PyTuple_SET_ITEM(dims, i, d);
-  }
-  PyObject *out = nbytes >= gather_pooled_bytes ? PyObject_CallFunctionObjArgs(gather_result, dims, dtype, NULL)
-                                                : new_result(dims, dtype, nbytes);
-  Py_DECREF(dims);
-  return out;
 }
 
 #define GATHER_MAX_DIMS 32 /* numpy's own limit is 64; more takes the general path */
@@ -602,7 +589,7 @@ static PyObject *allgather(PyObject *self, PyObject *const *args, Py_ssize_t nar
   Py_ssize_t dims[GATHER_MAX_DIMS];
   memcpy(dims, c.in.shape, sizeof *dims * (size_t)c.in.ndim);
   dims[0] *= size;
-  c.result = fresh_of_dims(dtype, c.in.ndim, dims, c.in.itemsize);
+  c.result = fresh_result(dtype, c.in.ndim, dims, c.in.itemsize, gather_pooled_bytes);
   Py_DECREF(dtype);
   if (c.result == NULL) {
     PyBuffer_Release(&c.in);
@@ -658,8 +645,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tarantella._fastpath
 PyMODINIT_FUNC PyInit__fastpath(void) {
   str_running = PyUnicode_InternFromString("_running");
   str_dtype = PyUnicode_InternFromString("dtype");
-  str_shape = PyUnicode_InternFromString("shape");
   str_uint8 = PyUnicode_InternFromString("uint8");
-  if (!str_running || !str_dtype || !str_shape || !str_uint8) return NULL;
+  if (!str_running || !str_dtype || !str_uint8) return NULL;
   return PyModule_Create(&module);
 }

@@ -288,8 +288,7 @@ def _allreduce_now(array, op, name, prescale, out):
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
-    if not _fastpath_bound:
-        _bind_fastpath(lib, ffi)
+    _bind_fastpath(lib, ffi)
     return _blocking(lib.tnt_allreduce, auto_name("allreduce", name),
                      (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale)),
                      lambda h: out, (array, out))
@@ -337,21 +336,26 @@ _fastpath_bound = False
 def _bind_fastpath(lib, ffi):
     """Connect tarantella._fastpath to the running core and to this module's
     state, which both paths share (the unnamed names and their counter, the
-    requests in flight, the dtype codes). Once per process: the fast path asks
-    whether the core runs here (core._running) on every call."""
+    requests in flight, the dtype codes). Once per process (the general paths
+    call it; later calls return at once): the fast path asks whether the core
+    runs here (core._running) on every call."""
     global _fastpath_bound
-    _fastpath.bind(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_allreduce"))), core, np.ndarray, np.empty,
-                   _result_like, _dtype_codes, codes.OPS, *request_names.unnamed_window("allreduce"),
+    if _fastpath_bound:
+        return
+
+    def address(function):
+        return int(ffi.cast("uintptr_t", ffi.addressof(lib, function)))
+
+    _fastpath.bind(address("tnt_allreduce"), core, np.ndarray, np.empty,
+                   aligned_empty, _dtype_codes, codes.OPS, *request_names.unnamed_window("allreduce"),
                    _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check,
                    request_names.unnamed_allreduce_name, _ALIGN_FROM_BYTES, result_pool.RESULT_POOL_FROM_BYTES, _ALIGN,
                    _WAIT_SLICE_S, threading.main_thread().ident)
-    _fastpath.bind_broadcast(int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_broadcast"))),
-                             int(ffi.cast("uintptr_t", ffi.addressof(lib, "tnt_size"))),
+    _fastpath.bind_broadcast(address("tnt_broadcast"), address("tnt_size"),
                              *request_names.unnamed_window("broadcast"), request_names.unnamed_broadcast_name)
-    _fastpath.bind_allgather(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
-                               for f in ("tnt_allgather_into", "tnt_result_count", "tnt_release")),
+    _fastpath.bind_allgather(address("tnt_allgather_into"), address("tnt_result_count"), address("tnt_release"),
                              *request_names.unnamed_window("allgather"), request_names.unnamed_allgather_name,
-                             _gather_uneven, _finish_gather_in_progress, _gather_result, _GATHER_POOL_FROM_BYTES)
+                             _gather_uneven, _finish_gather_in_progress, _GATHER_POOL_FROM_BYTES)
     _fastpath_bound = True
 
 
@@ -369,8 +373,7 @@ def _broadcast(array, root, name, out, blocking):
     array, dt = _as_input(array, "broadcast")
     out = _output(out, array, "broadcast")
     ffi = core.ffi()
-    if not _fastpath_bound:
-        _bind_fastpath(lib, ffi)
+    _bind_fastpath(lib, ffi)
     args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     if blocking:
         return _blocking(lib.tnt_broadcast, auto_name("broadcast", name), args, lambda h: out, (array, out))
@@ -411,8 +414,7 @@ def _allgather(array, name, blocking):
     guess = _gather_result((array.shape[0] * lib.tnt_size(),) + row_shape, array.dtype)
     args = (ffi.from_buffer(array), array.size, row_elems, dt, ffi.from_buffer(guess) if guess.size else ffi.NULL,
             guess.size)
-    if not _fastpath_bound:
-        _bind_fastpath(lib, ffi)
+    _bind_fastpath(lib, ffi)
 
     def finish(h):
         return _gather_finish(h, array, guess)

@@ -510,7 +510,7 @@ class Model(keras.Model):
                                            root_rank=core.get_master_rank())
         self._tnt_synced = True
 
-    def _replica_check(self, stores):
+    def _consistency_checks(self, stores):
         """After the user's callbacks: the check that the ranks read the same
         batches (keras/callbacks/dataset_check.py, from the datasets'
         `first_batches`), and every epoch ends with a check that the ranks
@@ -589,7 +589,7 @@ class Model(keras.Model):
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
-                callbacks=prepare_callbacks(callbacks) + self._replica_check(seen),
+                callbacks=prepare_callbacks(callbacks) + self._consistency_checks(seen),
                 validation_data=validation_data,
                 shuffle=False if train is not None else shuffle, class_weight=class_weight,
                 sample_weight=sample_weight, initial_epoch=initial_epoch,
