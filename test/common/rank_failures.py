@@ -31,6 +31,8 @@ start = time.monotonic()
 try:
     for i in range(10_000):
         if rank == victim and i == 3:
+            if os.environ.get("TNT_TEST_WEDGE_FILE"):  # test_mpi_transport.py's wedge: from now on
+                open(os.environ["TNT_TEST_WEDGE_FILE"], "w").close()
             if mode == "kill":
                 h = tnt.allreduce_async(x, name=f"step{i}")
                 os.kill(os.getpid(), signal.SIGKILL)

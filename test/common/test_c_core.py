@@ -17,7 +17,8 @@ import pytest
 from core_helpers import clean_env
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
-PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges", "test_nccl", "test_nccl_gpu", "test_gpu_staging"]
+PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges", "test_nccl", "test_nccl_gpu", "test_gpu_staging",
+            "test_wedge_watch"]
 NCCL_STAND_INS = ["ok", "old", "partial", "dup", "async-error", "hang"]  # core/Makefile's STANDINS
 CUDART_STAND_INS = ["ok", "busy", "broken"]  # core/Makefile's CUDARTS
 BUILDS = ["plain", "asan", "tsan"]
@@ -96,6 +97,15 @@ def test_c_half_program(builds, kind):
 @pytest.mark.parametrize("n", [2, 3, 4])  # 3: the direct allreduce, 2 and 4: the ring (test_ranks.c)
 def test_c_ranks_program(builds, kind, n):
     assert run([str(builds(kind) / "test_ranks"), str(n)]).stdout.strip() == f"{n} passed, 0 failed"
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_wedge_watch_ends_a_process_stuck_after_a_peer_died(builds, kind):
+    """core/test/test_wedge_watch.c: a process whose plugin lock stays taken while a local peer's
+    process is gone (a thread stuck for good inside Open MPI) ends itself within seconds with exit
+    code 70, naming the dead rank; a lock freed between polls, or held while every peer lives, is
+    left alone; the watch stops at once."""
+    assert run([str(builds(kind) / "test_wedge_watch")]).stdout.strip() == "9 passed, 0 failed"
 
 
 @pytest.mark.skipif(not shutil.which("valgrind"), reason="valgrind is not installed")

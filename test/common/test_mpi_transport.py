@@ -141,7 +141,12 @@ def assert_killed_rank_named(cache, mode):
     dead within 5 s (a local peer's pid is watched: far sooner than the heartbeats, 10 s, or TNT_TIMEOUT_S),
     and a later call fails at once."""
     res, by_rank = run_failures(cache, 3, mode, {"TNT_TIMEOUT_S": 60})
-    assert sorted(by_rank) == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
+    # A survivor whose MPI call never returns (Open MPI's shared-memory queue, its sender
+    # killed between the two steps of a link) cannot raise: its wedge watch ends it within
+    # seconds, naming rank 2 as dead (wedge_watch.h; the watch itself: test_c_core.py)
+    wedged = {r for r in (0, 1) if r not in by_rank and
+              re.search(rf"rank {r} is stuck inside MPI: .* since rank 2 \(pid \d+ on [^)]+\) died", res.stderr)}
+    assert sorted([*by_rank, *wedged]) == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
     for r, (first, later) in by_rank.items():
         assert first["error"] == "PeerLostError", first
         assert first["peer"] == 2 and "rank 2" in first["message"] and "died" in first["message"], first
@@ -159,6 +164,30 @@ def test_rank_killed_during_a_one_round_exchange_is_named(cache):
     # it dies in the exchange that carries its cached 64 KB allreduce's payload (one
     # round): the others, receiving its negotiation message, fail as fast
     assert_killed_rank_named(cache, "kill-one-round")
+
+
+@needs_mpi
+def test_rank_stuck_inside_mpi_after_a_peer_died_ends_itself(cache, tmp_path):
+    # rank 1's MPI_Improbe never returns once rank 2 is about to die (mpi_wedge_shim.c, the
+    # wedge Open MPI's shared-memory queue leaves by chance): its wedge watch must end it with
+    # exit code 70 within seconds, naming rank 2, instead of hanging until mpirun's timeout;
+    # rank 0 raises as ever
+    shim = tmp_path / "libwedge.so"
+    subprocess.run([MPICC, "-shared", "-fPIC", "-o", shim, os.path.join(HERE, "mpi_wedge_shim.c"), "-ldl"], check=True)
+    start = time.monotonic()
+    res, by_rank = run_failures(cache, 3, "kill", {"TNT_TIMEOUT_S": 60, "LD_PRELOAD": shim,
+                                                   "TNT_TEST_WEDGE_FILE": tmp_path / "wedge",
+                                                   "TNT_TEST_WEDGE_RANK": 1})
+    took = time.monotonic() - start
+    assert (tmp_path / "wedge").exists()
+    assert sorted(by_rank) == [0], res.stdout[-3000:] + res.stderr[-3000:]
+    first = by_rank[0][0]
+    assert first["error"] == "PeerLostError" and first["peer"] == 2 and "died" in first["message"], first
+    said = re.search(r"rank 1 is stuck inside MPI: a call into it has not returned for 2 s since rank 2 "
+                     r"\(pid (\d+) on [^)]+\) died.*ends now with exit code 70", res.stderr)
+    assert said, res.stderr[-3000:]
+    assert f"pid {said.group(1)} on" in first["message"], (first, said.group(0))  # the same rank 2
+    assert took < 60, took  # ended by the watch, not by TNT_TIMEOUT_S or the test's timeout
 
 
 @needs_mpi

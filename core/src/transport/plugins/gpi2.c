@@ -139,7 +139,6 @@ static struct {
 
 /* ---- constants ---- */
 
-enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
 enum { Q_DATA = 0, Q_CTRL = 1 };
 /* Notification ids: id = range * n + source. Ranges 0 .. TNT_NOTIFY_KINDS-1 are
  * the core's counter kinds (DATA and CREDIT of each channel), the rest ours. */

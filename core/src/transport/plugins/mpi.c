@@ -69,11 +69,10 @@
 
 #include "transport_plugin.h"
 #include "../process_state.h"
-#include "peer_health.h" /* and plugin_util.h */
+#include "wedge_watch.h" /* and peer_health.h, plugin_util.h */
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
 enum { TAG_CTRL = 7301, TAG_PAYLOAD = 7302, TAG_EXCH = 7303, TAG_AND = 7304, TAG_DIRECT = 7305 };
 enum { CTRL_PUT = 1, CTRL_NOTIFY, CTRL_BEAT = 4, CTRL_BYE, CTRL_ABORT }; /* 3 was BELL: see the doorbell */
 
@@ -174,6 +173,7 @@ typedef struct {
   double and_deadline;
   doorbell_t door; /* woken by a local request (wake_local) */
   double next_beat;
+  wedge_watch_t watch; /* ends this process if MPI never returns after a local peer died */
 } mpi_t;
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -673,6 +673,7 @@ out:
 
 static void free_state(mpi_t *s) {
   if (!s) return;
+  wedge_watch_stop(&s->watch); /* it watched finalize's last calls into MPI too */
   for (int r = 0; s->peers && r < s->n; r++) {
     peer_t *p = &s->peers[r];
     free(p->ops);
@@ -854,6 +855,9 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
         pl->rank, pl->local_rank, pl->local_size, local_rank, local_size);
   s->next_beat = now + beat / 4;
   free(all);
+  if (!wedge_watch_start(&s->watch, &s->health, "MPI"))
+    LOG(LOG_WARNING, "mpi: the thread that ends a process stuck inside MPI after a peer died could not start: "
+        "such a rank would hang");
   *state = s;
   LOG(LOG_INFO, "mpi: %d ranks, %d on this host, window %zu bytes, heartbeat %g s, %s", msize, local_size, window_bytes,
       beat, description);

@@ -39,6 +39,8 @@
 
 /* ---- the core's services ---- */
 
+enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the core's levels (common.h) */
+
 static const tnt_plugin_host_t *host; /* set by the plugin's entry point */
 
 /* The plugin's error report, defined by each plugin: the core's fail() with a
