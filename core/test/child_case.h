@@ -1,5 +1,5 @@
 /* child_case.h - one case of test_nccl.c or test_nccl_gpu.c in a process of
- * its own: NCCL and the CUDA runtime load once per process, and CUDA must not
+ * its own, and the tally of the cases: NCCL and the CUDA runtime load once per process, and CUDA must not
  * be started before a fork. */
 #ifndef TNT_TEST_CHILD_CASE_H
 #define TNT_TEST_CHILD_CASE_H
@@ -22,6 +22,21 @@ static int in_child(void (*fn)(void), unsigned alarm_s) {
   int status = 0;
   waitpid(pid, &status, 0);
   return status;
+}
+
+/* The cases' tally: report_case prints and counts each, finish_cases the
+ * total line that test/common/test_c_core.py reads, and the exit status. */
+static int cases_passed, cases_failed;
+
+static void report_case(const char *name, int status) {
+  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  printf("%s: %s\n", name, ok ? "passed" : "FAILED");
+  ok ? cases_passed++ : cases_failed++;
+}
+
+static int finish_cases(void) {
+  printf("%d passed, %d failed\n", cases_passed, cases_failed);
+  return cases_failed != 0;
 }
 
 #endif

@@ -19,7 +19,6 @@
 #include "gpu/nccl.h"
 
 static const char *dir;
-static int passed, failed;
 
 #define CHECK(cond)                                                                  \
   do {                                                                               \
@@ -210,12 +209,7 @@ static void cudart_missing(void) {
   tnt_nccl_comm_destroy(comm);
 }
 
-static void run(const char *name, void (*fn)(void)) {
-  int status = in_child(fn, 30);
-  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  printf("%s: %s\n", name, ok ? "passed" : "FAILED");
-  ok ? passed++ : failed++;
-}
+static void run(const char *name, void (*fn)(void)) { report_case(name, in_child(fn, 30)); }
 
 int main(int argc, char **argv) {
   dir = argc > 1 ? argv[1] : "build";
@@ -230,6 +224,5 @@ int main(int argc, char **argv) {
   run("collective_never_completes", collective_never_completes);
   run("stream_fails", stream_fails);
   run("cudart_missing", cudart_missing);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return finish_cases();
 }

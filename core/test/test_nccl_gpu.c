@@ -27,7 +27,6 @@
 #include "half.h"
 
 #define SKIP 77
-static int passed, failed;
 
 #define CHECK(cond)                                                                               \
   do {                                                                                            \
@@ -235,10 +234,7 @@ static void run(const char *name, void (*fn)(void)) {
   current = fn;
   int status = in_child(fn == probe ? probe : with_libraries, 120);
   if (WIFEXITED(status) && WEXITSTATUS(status) == SKIP) exit(0);
-  if (fn == probe) return;
-  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  printf("%s: %s\n", name, ok ? "passed" : "FAILED");
-  ok ? passed++ : failed++;
+  if (fn != probe) report_case(name, status);
 }
 
 int main(void) {
@@ -247,6 +243,5 @@ int main(void) {
   run("stream_never_gets_there", stream_never_gets_there);
   run("rank_never_joins", rank_never_joins);
   run("two_ranks_one_gpu", two_ranks_one_gpu);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return finish_cases();
 }

@@ -78,14 +78,8 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
     if rebuilt is not None:
         dataset = rebuilt
     elif size > 1:
-        @batch_slicing.plain_tf
-        def my_slice(index, element):
-            if seen is not None and seen.compared:
-                element = seen.noted(index, element)
-            return batch_slicing.slice_element(element, rank, size)
-
-        dataset = dataset.enumerate().map(my_slice, num_parallel_calls=tf.data.AUTOTUNE,
-                                          deterministic=True)
+        dataset = first_batches.map_global_batches(
+            dataset, seen, lambda element: batch_slicing.slice_element(element, rank, size))
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     micro = None
     if info.batch_size is not None:

@@ -102,6 +102,27 @@ class FirstBatches:
         return np.array([len(values), int.from_bytes(digest, "little", signed=True)], np.int64)
 
 
+def map_global_batches(dataset, store, fn):
+    """`dataset.map(fn)` over its global batches (in order, in parallel), each
+    first noted in `store` (FirstBatches, or None) when it is compared. Only
+    then are the batches numbered: a pipeline nothing compares (one rank, or
+    batches drawn at random) pays nothing for the check."""
+    if store is None or not store.compared:
+        unpacked = type(dataset.element_spec) is tuple  # tf.data passes a plain tuple's parts as arguments
+
+        @batch_slicing.plain_tf
+        def whole_fn(*parts):
+            return fn(parts if unpacked else parts[0])
+
+        return dataset.map(whole_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    @batch_slicing.plain_tf
+    def noted_fn(index, element):
+        return fn(store.noted(index, element))
+
+    return dataset.enumerate().map(noted_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def check(lead, stores):
     """Collective: raise MismatchError on every rank unless every rank
     recorded the same first batches in each of `stores` (FirstBatches or

@@ -21,7 +21,7 @@ Anything else keeps the slice-after-batch path (correct, not cheaper).
 import tensorflow as tf
 from tensorflow.python.data.util import structure  # to_tensor_list / from_compatible_tensor_list
 
-from tarantella.tensorflow.data import batch_slicing, dataset_inspection
+from tarantella.tensorflow.data import batch_slicing, dataset_inspection, first_batches
 
 _MAP_OPS = ("_MapDataset", "_ParallelMapDataset")
 _BATCH_OPS = ("_BatchDataset", "_ParallelBatchDataset")
@@ -58,10 +58,10 @@ def _apply(wrapper, element):
     return structure.from_compatible_tensor_list(wrapper._output_structure, list(outputs))
 
 
-def rebuild(dataset, rank, size, first_batches=None):
+def rebuild(dataset, rank, size, seen=None):
     """`dataset` (batched with the global batch size) as this rank's slices,
     with the maps before the batch run on the slice only; None when the
-    pipeline is not one of the shapes above. `first_batches`
+    pipeline is not one of the shapes above. `seen`
     (first_batches.FirstBatches, or None) notes each pass's first global
     batch of raw samples, before the maps."""
     chain = dataset_inspection.chain(dataset)
@@ -93,13 +93,10 @@ def rebuild(dataset, rank, size, first_batches=None):
             sample = _apply(wrapper, sample)
         return sample
 
-    @batch_slicing.plain_tf  # the user's functions are already traced (wrappers)
-    def map_slice(index, element):
-        if first_batches is not None and first_batches.compared:
-            element = first_batches.noted(index, element)
+    def map_slice(element):  # not converted by autograph: the user's functions are traced (wrappers)
         mine = batch_slicing.slice_element(element, rank, size)
         return tf.map_fn(per_sample, mine, fn_output_signature=output_spec)
 
-    out = base.batch(batch_size, drop_remainder=bool(drop)).enumerate()
-    out = out.map(map_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    out = base.batch(batch_size, drop_remainder=bool(drop))
+    out = first_batches.map_global_batches(out, seen, map_slice)
     return out.prefetch(tf.data.AUTOTUNE)

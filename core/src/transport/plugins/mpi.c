@@ -471,15 +471,18 @@ static void progress(mpi_t *s) {
 
 /* ---- peers' health (mu held): peer_health.h's checks ---- */
 
-/* Is peer r alive? Dead local pids only when `pids` (a system call each);
- * silence always. */
+/* Has local peer r died? (a system call) */
+static tnt_result_t check_died(mpi_t *s, int r, double now, const char *what) {
+  if (s->health.peer[r].state != PEER_ALIVE || !peer_pid_gone(&s->health, r)) return TNT_SUCCESS;
+  progress(s); /* what it, or the rank it named, sent before it exited */
+  tnt_result_t res;
+  return blame_gone(&s->health, r, now, what, &res) ? peer_died(&s->health, r, what) : res;
+}
+
+/* Is peer r alive? Dead local pids only when `pids`; silence always. */
 static tnt_result_t check_alive(mpi_t *s, int r, double now, int pids, const char *what) {
   if (s->health.peer[r].state != PEER_ALIVE) return TNT_SUCCESS;
-  if (pids && peer_pid_gone(&s->health, r)) {
-    progress(s); /* what it, or the rank it named, sent before it exited */
-    tnt_result_t res;
-    return blame_gone(&s->health, r, now, what, &res) ? peer_died(&s->health, r, what) : res;
-  }
+  if (pids && peer_pid_gone(&s->health, r)) return check_died(s, r, now, what);
   return peer_silent(&s->health, r, now, what);
 }
 
@@ -510,7 +513,8 @@ typedef int (*ready_fn)(mpi_t *s, void *arg); /* mu held, after progress */
 
 /* Poll until ready(), a failure, or `deadline` (then TNT_ERR_TIMEOUT, with no
  * message: the caller names what it waited for). `from` is the rank that must
- * act (-1: any rank): it is checked in full, the others for aborts. */
+ * act (-1: any rank): it is checked in full, the others for aborts and, on
+ * this host, death. */
 static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, double deadline, const char *what) {
   backoff_t b = {0};
   double next_pids = host->now() + PID_CHECK_S;
@@ -526,6 +530,11 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
       if (pids) next_pids = now + PID_CHECK_S;
       if (from >= 0) {
         res = check_alive(s, from, now, pids, what);
+        /* a rank on this host that died ends the job whoever this wait is for: named
+         * now, not when `from` fails because of it (or, stuck inside MPI by that
+         * death, is ended by its wedge watch and taken for the culprit) */
+        for (int r = 0; pids && res == TNT_SUCCESS && r < s->n; r++)
+          if (r != s->me && r != from) res = check_died(s, r, now, what);
         if (res == TNT_SUCCESS) res = check_job(&s->health, what);
         if (res == TNT_SUCCESS) res = check_gone(s, from, what);
       } else {
