@@ -89,8 +89,8 @@ static inline void *wedge_watch_main(void *arg) {
     const peer_health_t *p = &h->peer[dead];
     plugin_log(LOG_ERROR, "wedge_watch.h", __LINE__,
                "rank %d is stuck inside %s: a call into it has not returned for %.0f s since rank %d (pid %d on %s) "
-               "died, and it never will (Open MPI's shared-memory transport waits for ever for a message whose "
-               "sender died writing it). This process ends now with exit code %d, so that the job does not hang; "
+               "died, and it never will (an MPI's shared-memory transport can wait for ever for a message whose "
+               "sender died writing it: Open MPI's does). This process ends now with exit code %d, so that the job does not hang; "
                "rank %d's own output says why it died",
                h->me, w->engine, WEDGED_S, dead, p->pid, p->host, WEDGED_EXIT_CODE, dead);
     _exit(WEDGED_EXIT_CODE);
