@@ -25,6 +25,55 @@ def tntrun(n, script, *args, env=None, timeout=300, runner_args=()):
     return subprocess.run(cmd, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
 
 
+def _threads_of(pid):
+    """One line per thread of process `pid`: its state, where it sleeps in the kernel and its
+    CPU seconds (a thread spinning inside a library reads "R", no wait channel, seconds
+    growing; one waiting for a peer reads "S futex_wait...")."""
+    lines, tick = [], os.sysconf("SC_CLK_TCK")
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        try:
+            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+            fields = stat[stat.rindex(")") + 2:].split()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            wchan = open(f"/proc/{pid}/task/{tid}/wchan").read().strip() or "-"
+        except (OSError, ValueError):
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        lines.append(f"    thread {tid} ({name}): state {fields[0]}, wchan {wchan}, {cpu:.2f} s of CPU")
+    return lines
+
+
+def run_job(cmd, env, timeout):
+    """subprocess.run(cmd) for a launcher of ranks (mpirun). On a timeout every process of the
+    job still there (the launcher and its descendants: Open MPI puts each rank in a process
+    group of its own) is listed with its threads, so that a hang is named, not only timed, and
+    killed, so that no rank is left spinning through the rest of the suite; the test fails
+    with that list."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        import psutil  # the test extra's
+
+        launcher = psutil.Process(proc.pid)
+        job = [launcher] + launcher.children(recursive=True)
+        report = [f"{' '.join(map(str, cmd))} did not end within {timeout} s; its processes then:"]
+        for p in job:
+            try:
+                report.append(f"  pid {p.pid}: {' '.join(p.cmdline())[-160:]}")
+            except psutil.Error:
+                continue
+            report += _threads_of(p.pid)
+        for p in job:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        out, err = proc.communicate()
+        raise AssertionError("\n".join(report) + "\n--- stdout\n" + out[-3000:] + "\n--- stderr\n" + err[-3000:])
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def rank_reports(outdir, n, script, env=None):
     """Run `script OUTDIR` on n ranks with tntrun; each rank writes
     OUTDIR/rank<r>.json, returned in rank order."""

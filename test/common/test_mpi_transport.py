@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from core_helpers import HERE, clean_env, tntrun
+from core_helpers import HERE, clean_env, run_job, tntrun
 from tarantella.common import plugins
 
 MPIRUN, MPICC, CC = shutil.which("mpirun"), shutil.which("mpicc"), shutil.which("cc")
@@ -128,8 +128,7 @@ def test_plugin_is_built_once_into_the_cache(cache, tmp_path):
 
 
 def run_failures(cache, n, mode, env):
-    res = subprocess.run(mpirun_cmd(n, "rank_failures.py", mode), env=mpi_env(cache, **env), capture_output=True,
-                         text=True, timeout=180)
+    res = run_job(mpirun_cmd(n, "rank_failures.py", mode), mpi_env(cache, **env), timeout=180)
     by_rank = {}
     for line in json_lines(res.stdout):
         by_rank.setdefault(line["rank"], []).append(line)
