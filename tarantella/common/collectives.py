@@ -20,6 +20,7 @@ key order; every rank passes the same structure, with leaves of the same
 dtypes and shapes (for allgather, but for the first dimension). Any other
 leaf type is a TypeError that names it.
 """
+import functools
 import math
 import threading
 
@@ -346,15 +347,18 @@ def _bind_fastpath(lib, ffi):
     def address(function):
         return int(ffi.cast("uintptr_t", ffi.addressof(lib, function)))
 
+    def thread_name(kind):  # another thread's next unnamed name of this kind
+        return functools.partial(request_names.unnamed_name, kind)
+
     _fastpath.bind(address("tnt_allreduce"), core, np.ndarray, np.empty,
                    aligned_empty, _dtype_codes, codes.OPS, *request_names.unnamed_window("allreduce"),
                    _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check,
-                   request_names.unnamed_allreduce_name, _ALIGN_FROM_BYTES, result_pool.RESULT_POOL_FROM_BYTES, _ALIGN,
+                   thread_name("allreduce"), _ALIGN_FROM_BYTES, result_pool.RESULT_POOL_FROM_BYTES, _ALIGN,
                    _WAIT_SLICE_S, threading.main_thread().ident)
     _fastpath.bind_broadcast(address("tnt_broadcast"), address("tnt_size"),
-                             *request_names.unnamed_window("broadcast"), request_names.unnamed_broadcast_name)
+                             *request_names.unnamed_window("broadcast"), thread_name("broadcast"))
     _fastpath.bind_allgather(address("tnt_allgather_into"), address("tnt_result_count"), address("tnt_release"),
-                             *request_names.unnamed_window("allgather"), request_names.unnamed_allgather_name,
+                             *request_names.unnamed_window("allgather"), thread_name("allgather"),
                              _gather_uneven, _finish_gather_in_progress, _GATHER_POOL_FROM_BYTES)
     _fastpath_bound = True
 

@@ -41,20 +41,10 @@ def auto_name(kind, name):
     return names[next(counter) % NAME_WINDOW], True
 
 
-def unnamed_allreduce_name():
-    """The next unnamed allreduce's name in the calling thread's sequence, for the fast path (which
-    numbers the main thread's calls itself)."""
-    return auto_name("allreduce", None)[0]
-
-
-def unnamed_broadcast_name():
-    """The same for the fast path's broadcasts."""
-    return auto_name("broadcast", None)[0]
-
-
-def unnamed_allgather_name():
-    """The same for the fast path's allgathers."""
-    return auto_name("allgather", None)[0]
+def unnamed_name(kind):
+    """The next unnamed `kind` call's name in the calling thread's sequence, for the fast path (which
+    numbers the main thread's calls itself, and takes this as functools.partial(unnamed_name, kind))."""
+    return auto_name(kind, None)[0]
 
 
 def unnamed_window(kind):

@@ -35,9 +35,7 @@
 typedef struct {
   pthread_t thread;
   pid_t owner; /* the process that started the thread: a fork()ed child has no thread to stop */
-  pthread_mutex_t mu;
-  pthread_cond_t stopped; /* on CLOCK_MONOTONIC */
-  int stop;
+  _Atomic uint32_t stop; /* 1: end the watch; the thread sleeps on it (futex) between looks */
   /* what is watched: health->mu, the plugin's lock; of the peers only their
    * pids and hosts are read, which never change after set-up */
   const job_health_t *health;
@@ -51,18 +49,12 @@ static inline int first_gone_local_peer(const job_health_t *h) {
   return -1;
 }
 
-/* Sleep `seconds` unless stopped first: 1 when stopped. */
+/* Sleep up to `seconds` unless stopped (a signal may end it sooner: the next
+ * look comes early, no harm): 1 when stopped. */
 static inline int watch_pause(wedge_watch_t *w, double seconds) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  double at = (double)now.tv_sec + (double)now.tv_nsec * 1e-9 + seconds;
-  struct timespec until = timespec_of(at);
-  pthread_mutex_lock(&w->mu);
-  while (!w->stop && pthread_cond_timedwait(&w->stopped, &w->mu, &until) == 0) {
-  }
-  int stop = w->stop;
-  pthread_mutex_unlock(&w->mu);
-  return stop;
+  struct timespec ts = timespec_of(seconds);
+  if (!atomic_load(&w->stop)) futex(&w->stop, FUTEX_WAIT, 0, &ts);
+  return (int)atomic_load(&w->stop);
 }
 
 /* Whether the plugin's lock stays taken for WEDGED_S. It is tried rather than
@@ -104,12 +96,6 @@ static inline int wedge_watch_start(wedge_watch_t *w, const job_health_t *health
   memset(w, 0, sizeof *w);
   w->health = health;
   w->engine = engine;
-  pthread_mutex_init(&w->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&w->stopped, &ca);
-  pthread_condattr_destroy(&ca);
   if (pthread_create(&w->thread, NULL, wedge_watch_main, w) != 0) return 0;
   w->owner = getpid();
   return 1;
@@ -119,15 +105,11 @@ static inline int wedge_watch_start(wedge_watch_t *w, const job_health_t *health
 static inline void wedge_watch_stop(wedge_watch_t *w) {
   if (!w->owner) return;
   if (w->owner == getpid()) {
-    pthread_mutex_lock(&w->mu);
-    w->stop = 1;
-    pthread_cond_signal(&w->stopped);
-    pthread_mutex_unlock(&w->mu);
+    atomic_store(&w->stop, 1);
+    futex(&w->stop, FUTEX_WAKE, INT_MAX, NULL);
     pthread_join(w->thread, NULL);
   }
   w->owner = 0;
-  pthread_cond_destroy(&w->stopped);
-  pthread_mutex_destroy(&w->mu);
 }
 
 #endif
