@@ -30,7 +30,11 @@ def _threads_of(pid):
     CPU seconds (a thread spinning inside a library reads "R", no wait channel, seconds
     growing; one waiting for a peer reads "S futex_wait...")."""
     lines, tick = [], os.sysconf("SC_CLK_TCK")
-    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:  # it ended meanwhile
+        return ["    (ended)"]
+    for tid in tids:
         try:
             stat = open(f"/proc/{pid}/task/{tid}/stat").read()
             fields = stat[stat.rindex(")") + 2:].split()
