@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -173,42 +174,64 @@ def tcp_streams(bed, env, both_ways, nbytes=1 << 30, port=47123):
     return min(float(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in receivers)
 
 
-def best_of(old, new):  # [] marks a run that failed, None a column not run
-    if not old or not new:
-        return old if old else new
-    return [a if a["seconds"] <= b["seconds"] else b for a, b in zip(old, new)]
+def time_of(rounds, i, statistic):
+    """Seconds of size i in a column's rounds (the median, or the best with --statistic best);
+    None if no round of it gave a result."""
+    times = [r[i]["seconds"] for r in rounds or [] if r]
+    if not times:
+        return None
+    return min(times) if statistic == "best" else statistics.median(times)
 
 
-def cell(results, i, n):
-    if results is None:  # not asked for (--only)
+def cell(rounds, i, n, statistic):
+    if rounds is None:  # not asked for (--only)
         return "-", None
-    if not results:
+    t = time_of(rounds, i, statistic)
+    if t is None:
         return "failed", None
-    t = results[i]["seconds"]
-    busbw = 2 * (n - 1) / n * results[i]["bytes"] / t / 1e9
+    busbw = 2 * (n - 1) / n * next(r for r in rounds if r)[i]["bytes"] / t / 1e9
     return f"{t * 1e3:.3f} ms, {busbw:.2f} GB/s", t
 
 
-def table(sizes, cols, link, both):
+def ratio(slow, fast, i, statistic):
+    """slow's time over fast's at size i. With the median: the median of the rounds' own
+    ratios (each round ran both columns back to back, so a round that the machine slowed
+    down slows both), with their range; with the best: the ratio of the best times."""
+    if statistic == "best":
+        a, b = time_of(slow, i, "best"), time_of(fast, i, "best")
+        return f"{a / b:.2f}x" if a and b else "-"
+    pairs = [a[i]["seconds"] / b[i]["seconds"] for a, b in zip(slow or [], fast or []) if a and b]
+    if not pairs:
+        return "-"
+    spread = f" ({min(pairs):.2f}-{max(pairs):.2f})" if len(pairs) > 2 else ""
+    return f"{statistics.median(pairs):.2f}x{spread}"
+
+
+def table(sizes, cols, link, both, statistic="median"):
     head = ["size", "hier 2x2", "flat 2x2", "MPI 2x2", "flat/hier", "MPI/hier", "tnt 2x1", "MPI 2x1", "MPI/tnt 2x1",
             "tnt 2x1 / link", "tnt 2x1 / both ways"]
     base = [k for k in ("hier@base", "tnt2@base") if cols.get(k)]
     head += [f"{k} / {k.split('@')[0]}" for k in base]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, nbytes in enumerate(sizes):
-        (h, th), (f, tf), (m, tm) = (cell(cols[k], i, 4) for k in ("hier", "flat", "mpi4"))
-        (t2, tt2), (m2, tm2) = (cell(cols[k], i, 2) for k in ("tnt2", "mpi2"))
-        ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa: E731
+        (h, _), (f, _), (m, _) = (cell(cols[k], i, 4, statistic) for k in ("hier", "flat", "mpi4"))
+        (t2, tt2), (m2, _) = (cell(cols[k], i, 2, statistic) for k in ("tnt2", "mpi2"))
         # 2 ranks: bus bandwidth = bytes / time, what each direction of the link carries
         of_link = f"{nbytes / tt2 / link:.2f} | {nbytes / tt2 / both:.2f}" if tt2 else "- | -"
-        extra = [ratio(cell(cols[k], i, 4 if k.startswith("hier") else 2)[1],
-                       cell(cols[k.split("@")[0]], i, 4 if k.startswith("hier") else 2)[1]) for k in base]
-        lines.append(f"| {human(nbytes)} | {h} | {f} | {m} | {ratio(tf, th)} | {ratio(tm, th)} | {t2} | {m2} | "
-                     f"{ratio(tm2, tt2)} | {of_link} |" + "".join(f" {e} |" for e in extra))
+        extra = [ratio(cols[k], cols[k.split("@")[0]], i, statistic) for k in base]
+        lines.append(f"| {human(nbytes)} | {h} | {f} | {m} | {ratio(cols['flat'], cols['hier'], i, statistic)} | "
+                     f"{ratio(cols['mpi4'], cols['hier'], i, statistic)} | {t2} | {m2} | "
+                     f"{ratio(cols['mpi2'], cols['tnt2'], i, statistic)} | {of_link} |"
+                     + "".join(f" {e} |" for e in extra))
+    rounds = max((len(r) for r in cols.values() if r), default=0)
+    how = (f"the best of {rounds} rounds" if statistic == "best" else
+           f"times: the median of {rounds} rounds; ratios: the median of the rounds' own ratios"
+           + (" (their range in brackets)" if rounds > 2 else ""))
     lines.append(f"\nLink bounds: one TCP stream hostA -> hostB {link / 1e9:.2f} GB/s; each direction while both "
                  f"stream at once {both / 1e9:.2f} GB/s. Ratios above 1 mean "
                  "Tarantella's hierarchical allreduce (or Tarantella on 2x1) is faster"
-                 + (" (x@base / x: this tree is that much faster than the baseline's)." if base else "."))
+                 + (" (x@base / x: this tree is that much faster than the baseline's)" if base else "")
+                 + f"; {how}.")
     return "\n".join(lines)
 
 
@@ -224,7 +247,12 @@ def main():
                    "hier@base, tnt2@base)")
     p.add_argument("--baseline", metavar="DIR", help="also run the Tarantella of this source tree (built in place: "
                    "python setup.py build_ext --inplace) in the same rounds, as columns hier@base and tnt2@base")
-    p.add_argument("--repeat", type=int, default=1, help="rounds of all columns; the best time of each is kept")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of all columns, each a fresh launch of every "
+                   "column in turn (default 1)")
+    p.add_argument("--statistic", default="median", choices=["median", "best"],
+                   help="median (default): a time is the median of the rounds, a ratio the median of the rounds' "
+                   "own ratios, with their range; best: the best time of each column and the ratio of those "
+                   "(the tables in docs/benchmarks.md before 2026-11-28 morning)")
     p.add_argument("--tnt-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting for every Tarantella column (repeatable), e.g. TNT_SHM_SLOT_KB=1024")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
@@ -269,11 +297,11 @@ def main():
         cols = {k: None for k in runs}
         for _ in range(args.repeat):  # rounds of every column in turn: a busy machine hits them alike
             for k in only:
-                cols[k] = best_of(cols[k], runs[k]() or [])
+                cols[k] = (cols[k] or []) + [runs[k]() or []]  # [] marks a launch that failed
     finally:
         bed.close()
         shutil.rmtree(work, ignore_errors=True)
-    text = table(sizes, cols, link, both)
+    text = table(sizes, cols, link, both, args.statistic)
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
