@@ -3,6 +3,7 @@
 #ifndef TNT_COMMON_H
 #define TNT_COMMON_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -54,6 +55,16 @@ static inline double tnt_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A condition variable whose timed waits count on tnt_now()'s clock: deadlines
+ * are tnt_now() values, and the wall clock may jump. */
+static inline void tnt_cond_init_monotonic(pthread_cond_t *cond) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(cond, &ca);
+  pthread_condattr_destroy(&ca);
 }
 
 /* A pause for busy-wait loops (lets the sibling hyper-thread run). */

@@ -613,11 +613,7 @@ tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const 
   c->requests = requests;
   c->timeline = timeline;
   pthread_mutex_init(&c->queue_mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the clock of tnt_now() */
-  pthread_cond_init(&c->woken, &ca);
-  pthread_condattr_destroy(&ca);
+  tnt_cond_init_monotonic(&c->woken);
   pthread_mutex_init(&c->progress, NULL);
   tnt_pending_init(&c->pending);
   tnt_result_t res = tnt_ring_setup(&c->ring, transport, ts, pl->rank, pl->size, (size_t)params->shm_slot_bytes,

@@ -21,7 +21,7 @@ typedef struct {
   const char *doc;
 } num_param_t;
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_PAIR_SUM, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_PAIR_SUM, P_NET_SPIN_US, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
@@ -58,6 +58,11 @@ static const num_param_t num_params[P_COUNT] = {
                          "hierarchical allreduce between 2 hosts): 1: every dtype above 16 KiB is summed in direct "
                          "MPI messages, each receive posted before its bytes come; 0: the ring "
                          "(the same bits either way)"},
+    [P_NET_SPIN_US] = {"TNT_NET_SPIN_US", 1000, 0, 1e6, 0,
+                       "across hosts (the mpi and gpi2 transports): microseconds a wait for the network polls "
+                       "before it sleeps, while the host has a core free and its ranks fit on its cores (as for "
+                       "TNT_SPIN_US); a round trip over TCP takes tens of microseconds, and a wait that sleeps "
+                       "through it, or through a transfer that moves only while it polls, adds its wake-up"},
 };
 
 /* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */
@@ -135,6 +140,8 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   p->shm_direct = (int)v;
   TNT_CHECK(read_num(P_MPI_PAIR_SUM, &v));
   p->mpi_pair_sum = (int)v;
+  TNT_CHECK(read_num(P_NET_SPIN_US, &v));
+  p->net_spin_s = v * 1e-6;
 
   const char *lvl = getenv("TNT_LOG_LEVEL"); /* the same rule as Python's logging: no silent default */
   if (lvl && *lvl) {

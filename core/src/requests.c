@@ -6,17 +6,15 @@
  * positive int64. Every failure after a slot was taken gives it back. */
 #include "requests.h"
 
+#include "common.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 void tnt_requests_init(tnt_requests_t *q, int size) {
   memset(q, 0, sizeof *q);
   pthread_mutex_init(&q->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&q->done_cond, &ca);
-  pthread_condattr_destroy(&ca);
+  tnt_cond_init_monotonic(&q->done_cond);
   tnt_namemap_init(&q->active);
   q->free_slot = -1;
   q->size = size;

@@ -194,6 +194,34 @@ static inline int host_has_free_cores(double now) {
 
 /* ---- a polled wait ---- */
 
+/* How long a wait polls at once before it yields and sleeps (backoff_pause's
+ * spin), set up from the job's placement: only where every local rank has two
+ * cores (its application thread and its background thread: else a spinner
+ * takes the core of the thread it waits for; the core's tnt_spin_seconds), and
+ * then TNT_SPIN_US, or TNT_NET_SPIN_US (the longer) while the host has a core
+ * free. A wait across the network lasts a round trip at least, tens of
+ * microseconds over TCP, longer than a wait on shared memory, and a transfer
+ * over MPI's TCP transport moves only while its receiver polls: one that
+ * slept after TNT_SPIN_US's 50 us took 0.62 ms for 512 KB and 1.06 ms for 1 MB
+ * on 2 hosts x 1 rank against 0.38 and 0.75 ms with 1 ms of polling
+ * (docs/benchmarks.md, "Polling through a round trip"). */
+typedef struct {
+  double spin_s;     /* always, where spinning is allowed */
+  double net_spin_s; /* while the host has a core free: at least spin_s */
+} spin_windows_t;
+
+static inline spin_windows_t spin_windows(const tnt_params_t *params, int local_size) {
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  if (ncpu <= 0 || 2L * local_size > ncpu) return (spin_windows_t){0.0, 0.0};
+  double net = params->net_spin_s > params->spin_s ? params->net_spin_s : params->spin_s;
+  return (spin_windows_t){params->spin_s, net};
+}
+
+/* The spin of a wait polling at `now` (host_has_free_cores caches its answer). */
+static inline double spin_window(const spin_windows_t *w, double now) {
+  return w->net_spin_s > w->spin_s && host_has_free_cores(now) ? w->net_spin_s : w->spin_s;
+}
+
 /* One polled wait's idle state (zero it before the wait). */
 typedef struct {
   int idle;
