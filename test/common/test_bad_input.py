@@ -136,6 +136,7 @@ def test_python_api_initializes_on_first_use():
     ("TNT_STREAM_MIN_KB", "8M", ["TNT_STREAM_MIN_KB must be a whole number between 0 and 1000000000000",
                                  "TNT_STREAM_MIN_KB=8M"]),
     ("TNT_SHM_DIRECT", "yes", ["TNT_SHM_DIRECT must be a whole number between 0 and 1", "TNT_SHM_DIRECT=yes"]),
+    ("TNT_NET_SPIN_US", "-1", ["TNT_NET_SPIN_US must be a number between 0 and 1000000", "TNT_NET_SPIN_US=-1"]),
 ])
 def test_bad_environment_values(var, value, words):
     raises("tnt.init()", "InvalidArgumentError", words, **{var: value})
