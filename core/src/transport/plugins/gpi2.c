@@ -183,8 +183,7 @@ typedef struct {
   tnt_placement_t pl;
   int me, n;
   double timeout_s;
-  spin_windows_t spin; /* how long a wait polls before it yields and sleeps */
-  int yield_polls;
+  wait_policy_t waits; /* how a wait polls before it sleeps */
   pthread_mutex_t mu; /* every GASPI call and everything below */
   job_health_t health; /* every peer's record (TNT_GPI2_HEARTBEAT_S), a failure seen by progress */
   gaspi_segment_id_t seg;
@@ -716,7 +715,7 @@ static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, d
     if (ok) return TNT_SUCCESS;
     if (res != TNT_SUCCESS) return res;
     if (now >= deadline) return TNT_ERR_TIMEOUT;
-    backoff_pause(&b, spin_window(&s->spin, now), s->yield_polls, now);
+    backoff_pause(&b, &s->waits, now);
   }
 }
 
@@ -1313,9 +1312,7 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   s->me = pl->rank;
   s->n = pl->size;
   s->timeout_s = params->timeout_s;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  s->spin = spin_windows(params, pl->local_size);
-  s->yield_polls = (ncpu > 0 && pl->local_size <= ncpu) ? YIELD_POLLS : 0;
+  s->waits = wait_policy(params, pl->local_size, YIELD_POLLS);
   s->health = (job_health_t){.me = s->me, .n = s->n, .beat_s = beat, .silence_s = SILENT_BEATS * beat,
                               .beat_var = "TNT_GPI2_HEARTBEAT_S", .mu = &s->mu};
   s->window_bytes = window_bytes;

@@ -134,8 +134,7 @@ typedef struct {
   tnt_placement_t pl;
   int me, n;
   double timeout_s;
-  spin_windows_t spin; /* how long a wait polls before it yields and sleeps */
-  int yield_polls; /* polls with sched_yield before a wait sleeps */
+  wait_policy_t waits; /* how a wait polls before it sleeps */
   MPI_Comm comm;
   pthread_mutex_t mu; /* every MPI call and everything below */
   /* every peer's record (TNT_MPI_HEARTBEAT_S), and a failure seen by progress
@@ -554,7 +553,7 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
       sched_yield();
       b.idle = 0; /* the backoff starts afresh once the data has landed */
     } else {
-      backoff_pause(&b, spin_window(&s->spin, now), s->yield_polls, now);
+      backoff_pause(&b, &s->waits, now);
     }
   }
 }
@@ -821,9 +820,7 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
   s->n = msize;
   s->comm = comm;
   s->timeout_s = params->timeout_s;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  s->spin = spin_windows(params, pl->local_size);
-  s->yield_polls = (ncpu > 0 && pl->local_size <= ncpu) ? YIELD_POLLS : 0;
+  s->waits = wait_policy(params, pl->local_size, YIELD_POLLS);
   s->health = (job_health_t){.me = mrank, .n = msize, .beat_s = beat, .silence_s = SILENT_BEATS * beat,
                               .beat_var = "TNT_MPI_HEARTBEAT_S", .mu = &s->mu};
   s->window_bytes = window_bytes;

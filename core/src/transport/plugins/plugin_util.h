@@ -194,12 +194,13 @@ static inline int host_has_free_cores(double now) {
 
 /* ---- a polled wait ---- */
 
-/* How long a wait polls at once before it yields and sleeps (backoff_pause's
- * spin), set up from the job's placement: only where every local rank has two
+/* How a wait polls before it sleeps (backoff_pause), set up from the job's
+ * placement. It spins (polls at once) only where every local rank has two
  * cores (its application thread and its background thread: else a spinner
- * takes the core of the thread it waits for; the core's tnt_spin_seconds), and
- * then TNT_SPIN_US, or TNT_NET_SPIN_US (the longer) while the host has a core
- * free. A wait across the network lasts a round trip at least, tens of
+ * takes the core of the thread it waits for; the core's tnt_spin_seconds):
+ * for TNT_SPIN_US, or TNT_NET_SPIN_US (the longer) while the host has a core
+ * free. Then, where every local rank has a core, it polls yield_polls times
+ * with sched_yield between polls. A wait across the network lasts a round trip at least, tens of
  * microseconds over TCP, longer than a wait on shared memory, and a transfer
  * over MPI's TCP transport moves only while its receiver polls: one that
  * slept after TNT_SPIN_US's 50 us took 0.62 ms for 512 KB and 1.06 ms for 1 MB
@@ -208,18 +209,19 @@ static inline int host_has_free_cores(double now) {
 typedef struct {
   double spin_s;     /* always, where spinning is allowed */
   double net_spin_s; /* while the host has a core free: at least spin_s */
-} spin_windows_t;
+  int yield_polls;   /* then polls with sched_yield before the wait sleeps */
+} wait_policy_t;
 
-static inline spin_windows_t spin_windows(const tnt_params_t *params, int local_size) {
+static inline wait_policy_t wait_policy(const tnt_params_t *params, int local_size, int yield_polls) {
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  if (ncpu <= 0 || 2L * local_size > ncpu) return (spin_windows_t){0.0, 0.0};
-  double net = params->net_spin_s > params->spin_s ? params->net_spin_s : params->spin_s;
-  return (spin_windows_t){params->spin_s, net};
-}
-
-/* The spin of a wait polling at `now` (host_has_free_cores caches its answer). */
-static inline double spin_window(const spin_windows_t *w, double now) {
-  return w->net_spin_s > w->spin_s && host_has_free_cores(now) ? w->net_spin_s : w->spin_s;
+  wait_policy_t w = {0.0, 0.0, 0};
+  if (ncpu <= 0 || local_size > ncpu) return w; /* ranks outnumber the cores: sleep at once */
+  w.yield_polls = yield_polls;
+  if (2L * local_size <= ncpu) {
+    w.spin_s = params->spin_s;
+    w.net_spin_s = params->net_spin_s > params->spin_s ? params->net_spin_s : params->spin_s;
+  }
+  return w;
 }
 
 /* One polled wait's idle state (zero it before the wait). */
@@ -228,17 +230,18 @@ typedef struct {
   double start, sleep;
 } backoff_t;
 
-/* Spin for spin_s (only set with a core to spare), yield for yield_polls polls
- * (a peer in the same collective is usually microseconds away), then sleep
+/* After a poll that found nothing: spin, then yield (a peer in the same
+ * collective is usually microseconds away), as `w` says (above), then sleep
  * SLEEP_MIN_S at a time for SLEEP_FLAT_S, then twice as long each time up to
- * SLEEP_MAX_S. */
-static inline void backoff_pause(backoff_t *b, double spin_s, int yield_polls, double now) {
+ * SLEEP_MAX_S. host_has_free_cores caches its answer. */
+static inline void backoff_pause(backoff_t *b, const wait_policy_t *w, double now) {
   if (b->idle++ == 0) {
     b->start = now;
     b->sleep = SLEEP_MIN_S;
   }
+  const double spin_s = w->net_spin_s > w->spin_s && host_has_free_cores(now) ? w->net_spin_s : w->spin_s;
   if (now < b->start + spin_s) return; /* poll again at once */
-  if (b->idle <= yield_polls) {
+  if (b->idle <= w->yield_polls) {
     sched_yield();
     return;
   }
