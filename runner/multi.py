@@ -26,9 +26,9 @@ def _per_node(args):
         if value == "gpu" and not count:
             raise UsageError("--n-per-node gpu: no GPU found on this host; give a number, or "
                              "--n-per-node cpu")
-        return count or (os.cpu_count() or 1)
-    if value == "cpu":
-        return os.cpu_count() or 1
+        return count or environment.usable_cores()
+    if value == "cpu":  # the cores this launcher may run on (taskset, cpuset, Slurm), as the ranks count them
+        return environment.usable_cores()
     try:
         number = int(value)
     except ValueError:

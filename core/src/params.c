@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "transport/host_load.h"
 
 typedef struct {
   const char *name;
@@ -293,6 +294,5 @@ double tnt_spin_seconds(const tnt_params_t *params, const tnt_placement_t *pl) {
    * waiter only helps when both have a core, else it steals the core of the
    * thread it waits for (measured: 2 ranks on 2 cores, 4-byte allreduce
    * 40 us without spinning, 120-250 us with) */
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  return (ncpu > 0 && 2L * pl->local_size <= ncpu) ? params->spin_s : 0.0;
+  return 2L * pl->local_size <= tnt_usable_cpus() ? params->spin_s : 0.0; /* the cores this rank may use */
 }

@@ -59,6 +59,19 @@ def test_openmpi(tmp_path):
     assert "through mpirun (Open MPI)" in res.stdout
 
 
+def test_n_per_node_cpu_counts_the_cores_tntrun_may_run_on(tmp_path):
+    # confined to one CPU (as by taskset, a cpuset or Slurm's binding) on a machine of any
+    # size: one rank per host, as the ranks themselves would count their cores
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
+    one = {min(os.sched_getaffinity(0))}
+    res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "cpu", "--no-gpu", "--", "t.py"],
+                     env=env, preexec_fn=lambda: os.sched_setaffinity(0, one))
+    assert res.returncode == 0, res.stderr
+    argv = _without_root_flag(_command_line(res.stdout))
+    start = next(i for i, w in enumerate(argv) if w.endswith("/mpirun"))
+    assert argv[start + 1:start + 7] == ["-np", "2", "--host", "node1:1,node2:1", "-npernode", "1"]
+
+
 def test_openmpi_hosts_flag_and_slots(tmp_path):
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
     res = run_tntrun(["--dry-run", "-H", "a:1,b:3", "--output-on-all-devices", "--", "t.py"], env=env)

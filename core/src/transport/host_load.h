@@ -1,14 +1,55 @@
-/* host_load.h - how many threads the machine runs now, for the host-wide
- * budget of spinning (a waiter may busy-wait only while a core is free).
+/* host_load.h - how many threads the machine runs now, and how many CPUs
+ * this process may use, for the host-wide budget of spinning (a waiter may
+ * busy-wait only while a core is free).
  *
  * Header-only (static inline), compiled into the core (shm.c) and into the
  * run-time transport plugins (plugins/plugin_util.h), as process_state.h. */
 #ifndef TNT_HOST_LOAD_H
 #define TNT_HOST_LOAD_H
 
+#include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <unistd.h>
+
+/* This process's affinity mask, *bytes long, to CPU_FREE; NULL where it cannot
+ * be read. */
+static inline cpu_set_t *tnt_affinity(size_t *bytes) {
+  for (int ncpus = 1024; ncpus <= (1 << 16); ncpus *= 2) { /* the kernel's CPU ids may go beyond 1024 */
+    cpu_set_t *set = CPU_ALLOC(ncpus);
+    if (!set) return NULL;
+    *bytes = CPU_ALLOC_SIZE(ncpus);
+    CPU_ZERO_S(*bytes, set);
+    if (sched_getaffinity(0, *bytes, set) == 0) return set;
+    CPU_FREE(set);
+    if (errno != EINVAL) return NULL;
+  }
+  return NULL;
+}
+
+/* The machine's online CPUs: what /proc/loadavg's count of runnable threads
+ * (tnt_running_threads) is measured against, since it counts the machine's. */
+static inline long tnt_online_cpus(void) {
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? online : 1;
+}
+
+/* The CPUs this process may run on: its affinity mask (taskset, numactl, a
+ * container's --cpuset-cpus, Slurm's task binding), which is what the rules
+ * "a core per rank" and "no more spinners than cores" must count: 2 ranks
+ * under `taskset -c 0` on a machine of 2 cores spun or slept on their one
+ * core as if each had its own (docs/benchmarks.md, "Ranks on fewer cores than
+ * the machine has"). The online CPUs where the mask cannot be read. A CPU
+ * quota (docker --cpus) leaves the mask whole and is not seen here. */
+static inline long tnt_usable_cpus(void) {
+  size_t bytes;
+  cpu_set_t *set = tnt_affinity(&bytes);
+  if (!set) return tnt_online_cpus();
+  long n = CPU_COUNT_S(bytes, set);
+  CPU_FREE(set);
+  return n > 0 ? n : 1;
+}
 
 /* The kernel's count of runnable threads, /proc/loadavg's "running/total":
  * the whole machine's, whatever namespace we are in (-1: unknown). */

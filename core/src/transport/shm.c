@@ -58,6 +58,7 @@
 #define SHM_EXCHANGE_BYTES (1024 * 1024)
 _Static_assert(SHM_EXCHANGE_BYTES >= TNT_EXCHANGE_MAX, "an exchange buffer must hold a negotiation message");
 #define SLICE_S 0.1
+#define SHM_CPU_WORDS 16 /* CPUs 0-1023 in the header's union of the ranks' masks */
 #define HOST_LOAD_EVERY_S 0.005 /* how often a spinner re-reads the host's count of runnable threads */
 #define BELL_GRACE_S 200e-6 /* how long a cycle waits for its peers to join by themselves before waking them */
 #define IDLE_BELL_S 0.1     /* ... and for the peers that sleep with nothing pending */
@@ -83,6 +84,11 @@ typedef struct {
   _Atomic uint32_t spinners;    /* threads of this host busy-waiting now (at most one per core) */
   _Atomic uint32_t host_busy;   /* more runnable threads on the host than cores (any process's), as last read */
   _Atomic int64_t load_read_us; /* when host_busy was last read */
+  /* the CPUs the ranks may run on: the union of their affinity masks (CPU i:
+   * bit i % 64 of word i / 64), and the most CPUs of one rank whose mask did
+   * not fit (or could not be read) */
+  _Atomic uint64_t cpus[SHM_CPU_WORDS];
+  _Atomic uint32_t cpus_unlisted;
   char collision[512];
   char pad[CACHE_LINE];
 } shm_header_t;
@@ -116,7 +122,8 @@ typedef struct {
   uint32_t bell_seen;
   double spin_s;       /* TNT_SPIN_US: the longest spin (or yielding poll) of one wait */
   _Atomic int64_t waits_spun, waits_yielded, waits_slept; /* how waits that had to wait ended (tnt_get_stats) */
-  long ncpu;
+  long ncpu;           /* the cores of the budget: the CPUs the ranks may run on (host_cpus) */
+  long online;         /* the machine's online CPUs, what its count of runnable threads is measured against */
   int bells_owed;      /* a cycle was asked for: wake the peers' threads if they do not join it by themselves */
   int *global;         /* [size] job-wide rank of each member, for messages (a group of a larger job) */
   char host[64];       /* this host's name, for messages: every peer of this segment is on it */
@@ -235,7 +242,7 @@ static int host_has_free_cores(shm_t *s) {
   int64_t now = tnt_now_us(), last = atomic_load_explicit(&s->hdr->load_read_us, memory_order_relaxed);
   if (now - last >= (int64_t)(HOST_LOAD_EVERY_S * 1e6) &&
       atomic_compare_exchange_strong(&s->hdr->load_read_us, &last, now)) {
-    atomic_store_explicit(&s->hdr->host_busy, tnt_running_threads() > s->ncpu, memory_order_relaxed);
+    atomic_store_explicit(&s->hdr->host_busy, tnt_running_threads() > s->online, memory_order_relaxed);
   }
   return !atomic_load_explicit(&s->hdr->host_busy, memory_order_relaxed);
 }
@@ -428,6 +435,37 @@ static void shm_free(shm_t *s) {
   free(s);
 }
 
+/* The host's cores, for the budget of waits (spin_allowed, yield_until): the
+ * CPUs its ranks may run on, the union of their affinity masks, not the
+ * machine's online CPUs: ranks confined by taskset, a container's cpuset or
+ * Slurm's binding to fewer cores than the machine has must count as many
+ * ranks per core as they really are. Each rank adds its mask before it counts
+ * as attached. */
+static void add_my_cpus(shm_header_t *hdr) {
+  size_t bytes;
+  cpu_set_t *set = tnt_affinity(&bytes);
+  const long mine = set ? CPU_COUNT_S(bytes, set) : tnt_online_cpus();
+  int unlisted = !set;
+  for (size_t cpu = 0; set && cpu < bytes * 8; cpu++) {
+    if (!CPU_ISSET_S(cpu, bytes, set)) continue;
+    if (cpu >= SHM_CPU_WORDS * 64) unlisted = 1;
+    else atomic_fetch_or(&hdr->cpus[cpu / 64], (uint64_t)1 << (cpu % 64));
+  }
+  if (set) CPU_FREE(set);
+  for (uint32_t seen = atomic_load(&hdr->cpus_unlisted); unlisted && (long)seen < mine;)
+    if (atomic_compare_exchange_weak(&hdr->cpus_unlisted, &seen, (uint32_t)mine)) break;
+}
+
+/* Once every rank has attached: the count of the union (at least the CPUs of
+ * a rank whose mask did not fit in it). */
+static long host_cpus(shm_header_t *hdr) {
+  long n = 0;
+  for (int w = 0; w < SHM_CPU_WORDS; w++) n += __builtin_popcountll(atomic_load(&hdr->cpus[w]));
+  const long unlisted = (long)atomic_load(&hdr->cpus_unlisted);
+  n = n > unlisted ? n : unlisted;
+  return n > 0 ? n : 1;
+}
+
 tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
                                 const int *global, void **state) {
   shm_t *s = calloc(1, sizeof *s);
@@ -444,8 +482,8 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   }
   for (int i = 0; i < pl->size; i++) s->global[i] = global ? global[i] : i;
   s->spin_s = params->spin_s; /* spin_allowed decides per wait, from the whole host's state */
-  s->ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  if (s->ncpu < 1) s->ncpu = 1;
+  s->online = tnt_online_cpus();
+  s->ncpu = tnt_usable_cpus(); /* this rank's, until every rank has attached (host_cpus) */
   /* named as the network transports name a rank (peer_health.h: "pid N on HOST"), so
    * that a rank lost on a host of several reads alike whichever transport saw it first */
   if (gethostname(s->host, sizeof s->host) != 0) snprintf(s->host, sizeof s->host, "this host");
@@ -548,6 +586,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   }
   atomic_store(&me->root_peer, -1);
   atomic_store(&me->state, RANK_ALIVE);
+  add_my_cpus(s->hdr);
   uint32_t attached = atomic_fetch_add(&s->hdr->attached.value, 1) + 1;
   if (atomic_load(&s->hdr->attached.waiters)) futex(&s->hdr->attached.value, FUTEX_WAKE, INT_MAX, NULL);
   if (attached == (uint32_t)pl->size) shm_unlink(s->name); /* everyone is in: nothing can leak from now on */
@@ -565,6 +604,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   if (res == TNT_SUCCESS && atomic_load(&s->hdr->collided))
     res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
   if (res != TNT_SUCCESS) goto fail;
+  s->ncpu = host_cpus(s->hdr); /* every rank has added its mask: the same count on every rank */
   *state = s;
   TNT_INFO("shm: %s, %zu bytes, %d ranks", s->name, s->total, pl->size);
   return TNT_SUCCESS;

@@ -177,17 +177,17 @@ static inline int node_ids_match(const char *theirs, const char *ours) {
 
 /* Whether the machine has a core to spare: the kernel's count of runnable
  * threads (/proc/loadavg's "running/total", the whole machine's, whatever
- * namespace we are in) is at most the number of cores. Read by one thread of
+ * namespace we are in) is at most its online CPUs. Read by one thread of
  * the process at most every 5 ms; the answer in between is the last one. */
 static inline int host_has_free_cores(double now) {
   static _Atomic long read_at_us;
   static _Atomic int free_cores = 1;
-  static long ncpu;
+  static long online;
   long us = (long)(now * 1e6), last = atomic_load_explicit(&read_at_us, memory_order_relaxed);
   if (us - last >= 5000 && atomic_compare_exchange_strong(&read_at_us, &last, us)) {
-    if (!ncpu) ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!online) online = tnt_online_cpus();
     long running = tnt_running_threads();
-    if (running >= 0) atomic_store(&free_cores, running <= ncpu);
+    if (running >= 0) atomic_store(&free_cores, running <= online);
   }
   return atomic_load_explicit(&free_cores, memory_order_relaxed);
 }
@@ -196,7 +196,8 @@ static inline int host_has_free_cores(double now) {
 
 /* How a wait polls before it sleeps (backoff_pause), set up from the job's
  * placement. It spins (polls at once) only where every local rank has two
- * cores (its application thread and its background thread: else a spinner
+ * cores (of those this rank may run on: tnt_usable_cpus; its application
+ * thread and its background thread: else a spinner
  * takes the core of the thread it waits for; the core's tnt_spin_seconds):
  * for TNT_SPIN_US, or TNT_NET_SPIN_US (the longer) while the host has a core
  * free. Then, where every local rank has a core, it polls yield_polls times
@@ -213,9 +214,9 @@ typedef struct {
 } wait_policy_t;
 
 static inline wait_policy_t wait_policy(const tnt_params_t *params, int local_size, int yield_polls) {
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  const long ncpu = tnt_usable_cpus(); /* the cores this rank may run on (host_load.h) */
   wait_policy_t w = {0.0, 0.0, 0};
-  if (ncpu <= 0 || local_size > ncpu) return w; /* ranks outnumber the cores: sleep at once */
+  if (local_size > ncpu) return w; /* ranks outnumber the cores: sleep at once */
   w.yield_polls = yield_polls;
   if (2L * local_size <= ncpu) {
     w.spin_s = params->spin_s;
