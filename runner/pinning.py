@@ -1,7 +1,9 @@
 """--pin-to-socket / --pin-memory-to-socket: bind each rank to one NUMA node ("socket").
 
 The layout is read from /sys/devices/system/node (TNT_SYSFS_NODE_DIR overrides it, for tests):
-rank r goes to node r mod (number of nodes). Binding goes through numactl, as in the original
+rank r goes to node r mod (number of nodes), of the nodes that hold a CPU tntrun may run on (its
+CPU affinity: a rank is bound to those CPUs of its node only, never beyond what taskset, a
+cgroup cpuset or Slurm allows). Binding goes through numactl, as in the original
 tarantella command: --cpunodebind for CPUs, --membind for memory when asked, else
 --preferred (allocate locally while there is room). CPU pinning alone falls back to taskset
 when numactl is missing; memory pinning needs numactl.
@@ -37,12 +39,68 @@ def numa_nodes(node_dir=None):
     return dict(sorted(nodes.items()))
 
 
-def prefix_for(node, cpus, pin_cpu, pin_memory, numactl, taskset):
-    """The command prefix that binds one rank to `node`."""
+def parse_cpulist(text):
+    """The CPUs of a kernel cpulist: "0-3,8" -> {0, 1, 2, 3, 8}."""
+    cpus = set()
+    for part in text.replace("\n", ",").split(","):
+        part = part.strip()
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def format_cpulist(cpus):
+    """{0, 1, 2, 3, 8} -> "0-3,8"."""
+    runs, ordered = [], sorted(cpus)
+    for cpu in ordered:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in runs)
+
+
+def usable_nodes(nodes, allowed):
+    """{node: (cpulist, whole)}: the nodes as a process whose CPU affinity is `allowed` may
+    use them. Where the affinity (taskset, a cgroup cpuset, Slurm's binding) leaves out some
+    of the layout's CPUs, a node keeps only its allowed CPUs (whole False: bind to those, not
+    to the node, which would leave the affinity, or fail in a cpuset), and a node with none is
+    dropped. None allowed: the layout as it is."""
+    layout = {node: parse_cpulist(cpus) for node, cpus in nodes.items()}
+    if allowed is None or set().union(*layout.values()) & online_cpus() <= allowed:
+        return {node: (cpus, True) for node, cpus in nodes.items()}
+    usable = {node: (format_cpulist(cpus & allowed), False) for node, cpus in layout.items() if cpus & allowed}
+    if not usable:
+        raise UsageError(f"--pin-to-socket: no NUMA node of this host holds a CPU that tntrun may run on (its CPU "
+                         f"affinity: {format_cpulist(allowed)}; the nodes: "
+                         f"{', '.join(f'{n}: {c}' for n, c in nodes.items())}); run without pinning")
+    return usable
+
+
+def online_cpus():
+    """The machine's online CPUs (/sys/devices/system/cpu/online)."""
+    try:
+        with open("/sys/devices/system/cpu/online") as f:
+            return parse_cpulist(f.read())
+    except (OSError, ValueError):
+        return set(range(os.cpu_count() or 1))
+
+
+def allowed_cpus():
+    """This process's CPU affinity, or None where it cannot be read."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def prefix_for(node, cpus, pin_cpu, pin_memory, numactl, taskset, whole=True):
+    """The command prefix that binds one rank to `node` (to `cpus` of it unless `whole`)."""
     if numactl:
         args = [numactl]
         if pin_cpu:
-            args.append(f"--cpunodebind={node}")
+            args.append(f"--cpunodebind={node}" if whole else f"--physcpubind={cpus}")
         args.append(f"--membind={node}" if pin_memory else f"--preferred={node}")
         return args
     return [taskset, "-c", cpus]
@@ -56,11 +114,12 @@ def pinned_argv_of(base_argv, pin_cpu, pin_memory, size, node_dir=None):
         raise UsageError(f"--pin-memory-to-socket needs numactl, which is not installed: {INSTALL_NUMACTL}")
     if pin_cpu and not (numactl or taskset):
         raise UsageError(f"--pin-to-socket needs numactl (or taskset), neither is installed: {INSTALL_NUMACTL}")
-    nodes = numa_nodes(node_dir)
+    nodes = usable_nodes(numa_nodes(node_dir), allowed_cpus())
     ids = list(nodes)
 
     def argv_of(local_rank):
         node = ids[local_rank % len(ids)]
-        return prefix_for(node, nodes[node], pin_cpu, pin_memory, numactl, taskset) + list(base_argv)
+        cpus, whole = nodes[node]
+        return prefix_for(node, cpus, pin_cpu, pin_memory, numactl, taskset, whole) + list(base_argv)
 
     return argv_of

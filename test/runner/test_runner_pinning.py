@@ -59,3 +59,27 @@ def test_cpu_pinning_falls_back_to_taskset(tmp_path):
     res = run_tntrun(["--dry-run", "-n", "2", "--pin-to-socket", "--", "t.py"], env=env)
     assert res.returncode == 0, res.stderr
     assert "taskset -c 4-7" in res.stdout
+
+
+def test_pinning_stays_within_the_cpus_tntrun_may_run_on(tmp_path):
+    # tntrun confined to one CPU (taskset, a cgroup cpuset, Slurm's binding): the node
+    # without an allowed CPU is skipped and every rank is bound to the allowed CPU of the
+    # other, not to the whole node (which would leave the affinity, or fail in a cpuset)
+    cpu = min(os.sched_getaffinity(0))
+    env = runner_env(TNT_SYSFS_NODE_DIR=_nodes(tmp_path, (f"{cpu}-{cpu + 3}", f"{cpu + 4}-{cpu + 7}")),
+                     PATH=fake_bin(tmp_path, numactl='exec "$@"') + os.pathsep + "/usr/bin:/bin")
+    res = run_tntrun(["--dry-run", "-n", "2", "--pin-to-socket", "--", "t.py"], env=env,
+                     preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if not ln.startswith("#")]
+    assert all(f"numactl --physcpubind={cpu} --preferred=0" in ln for ln in lines[:2]), lines
+    assert "cpunodebind" not in res.stdout
+
+
+def test_cpulists_read_and_written_as_the_kernel_does():
+    from tarantella.runner import pinning
+
+    assert pinning.parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert pinning.format_cpulist({11, 0, 1, 2, 3, 8, 10}) == "0-3,8,10-11"
+    nodes = {0: "0-3", 1: "4-7"}
+    assert pinning.usable_nodes(nodes, None) == {0: ("0-3", True), 1: ("4-7", True)}
