@@ -82,7 +82,7 @@ typedef struct {
   char pad0[CACHE_LINE];
   shm_word_t arrived;           /* exchange posts of every rank, all rounds: round r is complete at r * size */
   _Atomic uint32_t spinners;    /* threads of this host busy-waiting now (at most one per core) */
-  _Atomic uint32_t host_busy;   /* more runnable threads on the host than cores (any process's), as last read */
+  _Atomic uint32_t host_busy;   /* more runnable threads on the machine than online CPUs (any process's), as last read */
   _Atomic int64_t load_read_us; /* when host_busy was last read */
   /* the CPUs the ranks may run on: the union of their affinity masks (CPU i:
    * bit i % 64 of word i / 64), and the most CPUs of one rank whose mask did
@@ -606,7 +606,8 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   if (res != TNT_SUCCESS) goto fail;
   s->ncpu = host_cpus(s->hdr); /* every rank has added its mask: the same count on every rank */
   *state = s;
-  TNT_INFO("shm: %s, %zu bytes, %d ranks", s->name, s->total, pl->size);
+  TNT_INFO("shm: %s, %zu bytes, %d ranks on %ld cores (the CPUs they may run on, of %ld online)", s->name, s->total,
+           pl->size, s->ncpu, s->online);
   return TNT_SUCCESS;
 fail:
   if (s->base && s->base != MAP_FAILED && pl->rank < pl->size && s->ranks[pl->rank])
