@@ -294,5 +294,8 @@ double tnt_spin_seconds(const tnt_params_t *params, const tnt_placement_t *pl) {
    * waiter only helps when both have a core, else it steals the core of the
    * thread it waits for (measured: 2 ranks on 2 cores, 4-byte allreduce
    * 40 us without spinning, 120-250 us with) */
-  return 2L * pl->local_size <= tnt_usable_cpus() ? params->spin_s : 0.0; /* the cores this rank may use */
+  /* the machine's CPUs: a rank's own affinity mask cannot tell ranks pinned to
+   * cores of their own (Slurm's binding) from ranks that share them, and this
+   * is known before the shm segment counts the union of the host's masks */
+  return 2L * pl->local_size <= tnt_online_cpus() ? params->spin_s : 0.0;
 }

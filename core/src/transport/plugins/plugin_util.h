@@ -196,8 +196,7 @@ static inline int host_has_free_cores(double now) {
 
 /* How a wait polls before it sleeps (backoff_pause), set up from the job's
  * placement. It spins (polls at once) only where every local rank has two
- * cores (of those this rank may run on: tnt_usable_cpus; its application
- * thread and its background thread: else a spinner
+ * cores (its application thread and its background thread: else a spinner
  * takes the core of the thread it waits for; the core's tnt_spin_seconds):
  * for TNT_SPIN_US, or TNT_NET_SPIN_US (the longer) while the host has a core
  * free. Then, where every local rank has a core, it polls yield_polls times
@@ -214,7 +213,11 @@ typedef struct {
 } wait_policy_t;
 
 static inline wait_policy_t wait_policy(const tnt_params_t *params, int local_size, int yield_polls) {
-  const long ncpu = tnt_usable_cpus(); /* the cores this rank may run on (host_load.h) */
+  /* the machine's CPUs, not this rank's affinity (the shm transport counts the
+   * union of its host's ranks' masks): a plugin sees no segment, and a mask of
+   * one CPU cannot tell a rank pinned to a core of its own (Slurm's default
+   * binding, where waits should yield) from ranks sharing that core */
+  const long ncpu = tnt_online_cpus();
   wait_policy_t w = {0.0, 0.0, 0};
   if (local_size > ncpu) return w; /* ranks outnumber the cores: sleep at once */
   w.yield_polls = yield_polls;
