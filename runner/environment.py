@@ -32,13 +32,20 @@ def parse_exports(items, environ=None):
     return out
 
 
-def usable_cores():
-    """The cores this process may run on: its CPU affinity (what taskset, cgroup cpusets and
-    Slurm allow), which the ranks inherit, rather than every core of the machine."""
+def allowed_cpus():
+    """The CPUs this process may run on, its CPU affinity (what taskset, cgroup cpusets and
+    Slurm allow), which the ranks inherit; None where it cannot be read."""
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return None
+
+
+def usable_cores():
+    """How many cores this process may run on (allowed_cpus), rather than every core of the
+    machine."""
+    allowed = allowed_cpus()
+    return len(allowed) if allowed else os.cpu_count() or 1
 
 
 def tnt_settings(args):

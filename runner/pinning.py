@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 
-from tarantella.runner.environment import UsageError
+from tarantella.runner.environment import UsageError, allowed_cpus
 
 NODE_DIR = "/sys/devices/system/node"
 INSTALL_NUMACTL = ("install numactl (Debian/Ubuntu: apt-get install numactl; "
@@ -85,14 +85,6 @@ def online_cpus():
             return parse_cpulist(f.read())
     except (OSError, ValueError):
         return set(range(os.cpu_count() or 1))
-
-
-def allowed_cpus():
-    """This process's CPU affinity, or None where it cannot be read."""
-    try:
-        return set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
 
 
 def prefix_for(node, cpus, pin_cpu, pin_memory, numactl, taskset, whole=True):

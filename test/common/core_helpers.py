@@ -17,12 +17,14 @@ def clean_env(**extra):
     return env
 
 
-def tntrun(n, script, *args, env=None, timeout=300, runner_args=()):
-    """Run `tntrun -n N -- script args` and return the CompletedProcess."""
+def tntrun(n, script, *args, env=None, timeout=300, runner_args=(), **run_kw):
+    """Run `tntrun -n N -- script args` and return the CompletedProcess (run_kw: more of
+    subprocess.run's, e.g. preexec_fn)."""
     exe = shutil.which("tntrun")
     assert exe, "tntrun is not installed: pip install ."
     cmd = [exe, "-n", str(n), "--no-gpu", *runner_args, "--", os.path.join(HERE, script), *map(str, args)]
-    return subprocess.run(cmd, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=timeout,
+                          **run_kw)
 
 
 def _threads_of(pid):
@@ -78,10 +80,10 @@ def run_job(cmd, env, timeout):
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def rank_reports(outdir, n, script, env=None):
+def rank_reports(outdir, n, script, env=None, **run_kw):
     """Run `script OUTDIR` on n ranks with tntrun; each rank writes
     OUTDIR/rank<r>.json, returned in rank order."""
-    res = tntrun(n, script, outdir, env=env)
+    res = tntrun(n, script, outdir, env=env, **run_kw)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return [json.load(open(os.path.join(outdir, f"rank{r}.json"))) for r in range(n)]
 

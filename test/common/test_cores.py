@@ -3,23 +3,9 @@
 the machine's: ranks confined to fewer cores than the machine has must wait
 as ranks that outnumber their cores do (yield the core, never spin), whatever
 the machine they run on. Counted by core.stats(), not timed."""
-import json
 import os
-import shutil
-import subprocess
 
-from core_helpers import HERE, clean_env
-
-
-def confined_job(tmp_path, n, cpus):
-    """`tntrun -n N` started with its affinity (inherited by every rank) set to `cpus`."""
-    exe = shutil.which("tntrun")
-    assert exe, "tntrun is not installed: pip install ."
-    cmd = [exe, "-n", str(n), "--no-gpu", "--", os.path.join(HERE, "rank_waits.py"), str(tmp_path)]
-    res = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=300,
-                         preexec_fn=lambda: os.sched_setaffinity(0, cpus))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return [json.load(open(tmp_path / f"rank{r}.json")) for r in range(n)]
+from core_helpers import rank_reports
 
 
 def test_two_ranks_confined_to_one_core_yield_it_and_never_spin(tmp_path):
@@ -28,7 +14,8 @@ def test_two_ranks_confined_to_one_core_yield_it_and_never_spin(tmp_path):
     # (85 us a call against 8 us), on more they could spin on the one core
     # the awaited rank was queued on
     one = {min(os.sched_getaffinity(0))}
-    observed = confined_job(tmp_path, 2, one)
+    # tntrun started with its affinity set to that CPU, which every rank inherits
+    observed = rank_reports(tmp_path, 2, "rank_waits.py", preexec_fn=lambda: os.sched_setaffinity(0, one))
     assert all(o["cpus"] == sorted(one) and o["sums_ok"] for o in observed), observed
     assert all(o["stats"]["waits_spun"] == 0 for o in observed), [o["stats"] for o in observed]
     assert sum(o["stats"]["waits_yielded"] for o in observed) > 0, [o["stats"] for o in observed]

@@ -1,6 +1,7 @@
 """--pin-to-socket / --pin-memory-to-socket, with a fake NUMA layout."""
 import os
 
+import pytest
 from tntrun_helpers import fake_bin, run_tntrun, runner_env
 
 
@@ -83,3 +84,16 @@ def test_cpulists_read_and_written_as_the_kernel_does():
     assert pinning.format_cpulist({11, 0, 1, 2, 3, 8, 10}) == "0-3,8,10-11"
     nodes = {0: "0-3", 1: "4-7"}
     assert pinning.usable_nodes(nodes, None) == {0: ("0-3", True), 1: ("4-7", True)}
+
+
+def test_pinning_with_no_node_holding_an_allowed_cpu_is_a_clear_error():
+    # a layout (sysfs, or TNT_SYSFS_NODE_DIR) whose nodes hold only CPUs tntrun may not use
+    from tarantella.runner import pinning
+    from tarantella.runner.environment import UsageError
+
+    online = sorted(pinning.online_cpus())
+    if len(online) < 2:
+        pytest.skip("needs 2 online CPUs: one allowed, one in the layout")
+    with pytest.raises(UsageError, match=r"no NUMA node of this host holds a CPU that tntrun may run on .*"
+                                         rf"affinity: {online[0]}; the nodes: 0: {online[1]}\); run without pinning"):
+        pinning.usable_nodes({0: str(online[1])}, {online[0]})

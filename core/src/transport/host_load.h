@@ -1,5 +1,5 @@
-/* host_load.h - how many threads the machine runs now, and how many CPUs
- * this process may use, for the host-wide budget of spinning (a waiter may
+/* host_load.h - how many threads the machine runs now, and which CPUs this
+ * process may use, for the host-wide budget of spinning (a waiter may
  * busy-wait only while a core is free).
  *
  * Header-only (static inline), compiled into the core (shm.c) and into the
@@ -33,22 +33,6 @@ static inline cpu_set_t *tnt_affinity(size_t *bytes) {
 static inline long tnt_online_cpus(void) {
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   return online > 0 ? online : 1;
-}
-
-/* The CPUs this process may run on: its affinity mask (taskset, numactl, a
- * container's --cpuset-cpus, Slurm's task binding), which is what the rules
- * "a core per rank" and "no more spinners than cores" must count: 2 ranks
- * under `taskset -c 0` on a machine of 2 cores spun or slept on their one
- * core as if each had its own (docs/benchmarks.md, "Ranks on fewer cores than
- * the machine has"). The online CPUs where the mask cannot be read. A CPU
- * quota (docker --cpus) leaves the mask whole and is not seen here. */
-static inline long tnt_usable_cpus(void) {
-  size_t bytes;
-  cpu_set_t *set = tnt_affinity(&bytes);
-  if (!set) return tnt_online_cpus();
-  long n = CPU_COUNT_S(bytes, set);
-  CPU_FREE(set);
-  return n > 0 ? n : 1;
 }
 
 /* The kernel's count of runnable threads, /proc/loadavg's "running/total":

@@ -439,9 +439,13 @@ static void shm_free(shm_t *s) {
  * CPUs its ranks may run on, the union of their affinity masks, not the
  * machine's online CPUs: ranks confined by taskset, a container's cpuset or
  * Slurm's binding to fewer cores than the machine has must count as many
- * ranks per core as they really are. Each rank adds its mask before it counts
- * as attached. */
-static void add_my_cpus(shm_header_t *hdr) {
+ * ranks per core as they really are: 2 ranks under `taskset -c 0` on 2 cores
+ * slept in every wait as if each had its own (docs/benchmarks.md, "Ranks on
+ * fewer cores than the machine has"). A CPU quota (docker --cpus) leaves the
+ * masks whole and is not seen. Each rank adds its mask before it counts as
+ * attached; returns how many CPUs its own holds (the online CPUs where it
+ * cannot be read). */
+static long add_my_cpus(shm_header_t *hdr) {
   size_t bytes;
   cpu_set_t *set = tnt_affinity(&bytes);
   const long mine = set ? CPU_COUNT_S(bytes, set) : tnt_online_cpus();
@@ -454,6 +458,7 @@ static void add_my_cpus(shm_header_t *hdr) {
   if (set) CPU_FREE(set);
   for (uint32_t seen = atomic_load(&hdr->cpus_unlisted); unlisted && (long)seen < mine;)
     if (atomic_compare_exchange_weak(&hdr->cpus_unlisted, &seen, (uint32_t)mine)) break;
+  return mine > 0 ? mine : 1;
 }
 
 /* Once every rank has attached: the count of the union (at least the CPUs of
@@ -483,7 +488,6 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   for (int i = 0; i < pl->size; i++) s->global[i] = global ? global[i] : i;
   s->spin_s = params->spin_s; /* spin_allowed decides per wait, from the whole host's state */
   s->online = tnt_online_cpus();
-  s->ncpu = tnt_usable_cpus(); /* this rank's, until every rank has attached (host_cpus) */
   /* named as the network transports name a rank (peer_health.h: "pid N on HOST"), so
    * that a rank lost on a host of several reads alike whichever transport saw it first */
   if (gethostname(s->host, sizeof s->host) != 0) snprintf(s->host, sizeof s->host, "this host");
@@ -586,7 +590,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   }
   atomic_store(&me->root_peer, -1);
   atomic_store(&me->state, RANK_ALIVE);
-  add_my_cpus(s->hdr);
+  s->ncpu = add_my_cpus(s->hdr); /* this rank's own, for the attach wait; then the host's (host_cpus) */
   uint32_t attached = atomic_fetch_add(&s->hdr->attached.value, 1) + 1;
   if (atomic_load(&s->hdr->attached.waiters)) futex(&s->hdr->attached.value, FUTEX_WAKE, INT_MAX, NULL);
   if (attached == (uint32_t)pl->size) shm_unlink(s->name); /* everyone is in: nothing can leak from now on */
