@@ -6,8 +6,8 @@ side by side in one run. Not a test: a table to read. Needs root (namespaces) an
     sudo python bench/multihost.py --max-bytes 256M --markdown docs/table.md
 
 Columns, float32 sums (--dtype float16: Tarantella's) on the same hosts in the same run:
-  - Tarantella on 2 hosts x 2 ranks, hierarchical (the default) and with one flat
-    4-rank ring (TNT_HIERARCHICAL=0);
+  - Tarantella on 2 hosts x 2 ranks (--per-host: another count), hierarchical (the default)
+    and with one flat ring over all ranks (TNT_HIERARCHICAL=0);
   - Open MPI's MPI_Allreduce on the same 2 x 2 ranks (a small C program built here with mpicc:
     no mpi4py needed), and on 2 x 1 beside Tarantella on 2 x 1;
   - the link bounds: one TCP stream from hostA to hostB, and the rate of each direction
@@ -207,8 +207,9 @@ def ratio(slow, fast, i, statistic):
     return f"{statistics.median(pairs):.2f}x{spread}"
 
 
-def table(sizes, cols, link, both, statistic="median"):
-    head = ["size", "hier 2x2", "flat 2x2", "MPI 2x2", "flat/hier", "MPI/hier", "tnt 2x1", "MPI 2x1", "MPI/tnt 2x1",
+def table(sizes, cols, link, both, statistic="median", per_host=2):
+    many = f"2x{per_host}"
+    head = ["size", f"hier {many}", f"flat {many}", f"MPI {many}", "flat/hier", "MPI/hier", "tnt 2x1", "MPI 2x1", "MPI/tnt 2x1",
             "tnt 2x1 / link", "tnt 2x1 / both ways"]
     base = [k for k in ("hier@base", "tnt2@base") if cols.get(k)]
     head += [f"{k} / {k.split('@')[0]}" for k in base]
@@ -255,11 +256,16 @@ def main():
                    "(the tables in docs/benchmarks.md before 2026-11-28 morning)")
     p.add_argument("--tnt-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting for every Tarantella column (repeatable), e.g. TNT_SHM_SLOT_KB=1024")
+    p.add_argument("--per-host", type=int, default=2, metavar="L",
+                   help="ranks on each host of the hier, flat and mpi4 columns (default 2; e.g. 4: 8 ranks on "
+                   "this machine's 2 cores, oversubscribed)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"],
                    help="what Tarantella sums (MPI's columns stay float32 of the same bytes: MPI has no float16)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.per_host < 2:
+        p.error(f"--per-host must be at least 2 (2 x 1 is the tnt2 and mpi2 columns). Received: {args.per_host}")
     if args.worker:
         return worker([int(s) for s in args.sizes.split(",")], args.dtype)
     from multihost_testbed import Testbed, TestbedUnavailable
@@ -284,12 +290,13 @@ def main():
         env = bed.env(base=env, OMP_NUM_THREADS="1")
         link, both = tcp_streams(bed, env, False), tcp_streams(bed, env, True)
         x, dt = args.tnt_env, args.dtype
-        runs = {"hier": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, dt, *x),
-                "flat": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, dt, "TNT_HIERARCHICAL=0", *x),
-                "mpi4": lambda: run_mpi(bed, env, "hostA:2,hostB:2", exe, sizes),
+        many = f"hostA:{args.per_host},hostB:{args.per_host}"
+        runs = {"hier": lambda: run_tnt(bed, env, many, sizes, dt, *x),
+                "flat": lambda: run_tnt(bed, env, many, sizes, dt, "TNT_HIERARCHICAL=0", *x),
+                "mpi4": lambda: run_mpi(bed, env, many, exe, sizes),
                 "tnt2": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes, dt, *x),
                 "mpi2": lambda: run_mpi(bed, env, "hostA:1,hostB:1", exe, sizes),
-                "hier@base": lambda: run_tnt(bed, env, "hostA:2,hostB:2", sizes, dt, *x, tree=args.baseline),
+                "hier@base": lambda: run_tnt(bed, env, many, sizes, dt, *x, tree=args.baseline),
                 "tnt2@base": lambda: run_tnt(bed, env, "hostA:1,hostB:1", sizes, dt, *x, tree=args.baseline)}
         only = args.only.split(",")
         if args.baseline and "--only" not in sys.argv:
@@ -301,7 +308,7 @@ def main():
     finally:
         bed.close()
         shutil.rmtree(work, ignore_errors=True)
-    text = table(sizes, cols, link, both, args.statistic)
+    text = table(sizes, cols, link, both, args.statistic, args.per_host)
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "transport/host_load.h"
 
 typedef struct {
   const char *name;
@@ -289,13 +288,11 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
   return TNT_SUCCESS;
 }
 
-double tnt_spin_seconds(const tnt_params_t *params, const tnt_placement_t *pl) {
+double tnt_spin_seconds(const tnt_params_t *params, const tnt_placement_t *pl, long cores) {
   /* every rank has two busy threads (the application's and ours): a spinning
    * waiter only helps when both have a core, else it steals the core of the
    * thread it waits for (measured: 2 ranks on 2 cores, 4-byte allreduce
-   * 40 us without spinning, 120-250 us with) */
-  /* the machine's CPUs: a rank's own affinity mask cannot tell ranks pinned to
-   * cores of their own (Slurm's binding) from ranks that share them, and this
-   * is known before the shm segment counts the union of the host's masks */
-  return 2L * pl->local_size <= tnt_online_cpus() ? params->spin_s : 0.0;
+   * 40 us without spinning, 120-250 us with). `cores`: the CPUs the host's
+   * ranks may run on (the transport's count of the union of their masks) */
+  return 2L * pl->local_size <= cores ? params->spin_s : 0.0;
 }

@@ -36,6 +36,6 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl);
 /* How long a waiter may spin before it sleeps: params->spin_s when every local
  * rank has two cores of its own (its application thread and the background
  * thread), else 0 (2 or 8 ranks on 2 cores must never spin). */
-double tnt_spin_seconds(const tnt_params_t *params, const tnt_placement_t *pl);
+double tnt_spin_seconds(const tnt_params_t *params, const tnt_placement_t *pl, long cores);
 
 #endif

@@ -13,6 +13,7 @@
  *
  * The segment of host h is /dev/shm/tnt-<job id>-h<h>: hosts of a test bed
  * share one /dev/shm, real hosts do not, and either way the names differ. */
+#define _GNU_SOURCE /* host_load.h: the affinity mask */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include "../topology.h"
 #include "../transport.h"
 #include "../transport_plugin.h"
+#include "host_load.h"
 
 typedef struct {
   const tnt_transport_t *net;
@@ -237,9 +239,23 @@ static tnt_result_t hier_and_collect(void *st, uint64_t *out, double until) {
   return h->net->and_collect(h->nts, out, until);
 }
 
+/* The host's waits and the network's, added up. */
 static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
-  hier_t *h = st; /* the host's waits; the network plugin's polls are not counted */
-  if (h->lts) shm->wait_stats(h->lts, spun, yielded, slept); /* else alone on its host: no shm waits */
+  hier_t *h = st;
+  int64_t local[3] = {0, 0, 0}, net[3] = {0, 0, 0};
+  if (h->lts) shm->wait_stats(h->lts, &local[0], &local[1], &local[2]); /* else alone on its host: no shm waits */
+  if (h->net->wait_stats) h->net->wait_stats(h->nts, &net[0], &net[1], &net[2]);
+  *spun = local[0] + net[0];
+  *yielded = local[1] + net[1];
+  *slept = local[2] + net[2];
+}
+
+/* The host's segment counts its ranks' CPUs; alone on its host, the plugin
+ * counts this rank's (every rank of a host reads the same). */
+static long hier_cores(void *st) {
+  hier_t *h = st;
+  if (h->lts) return shm->cores(h->lts);
+  return h->net->cores ? h->net->cores(h->nts) : tnt_online_cpus();
 }
 
 /* A pair of ranks on two hosts: the network transport's direct messages. */
@@ -276,4 +292,5 @@ const tnt_transport_t tnt_transport_hier = {
     .and_collect = hier_and_collect,
     .wait_stats = hier_wait_stats,
     .sendrecv = hier_sendrecv,
+    .cores = hier_cores,
 };

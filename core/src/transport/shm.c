@@ -58,7 +58,6 @@
 #define SHM_EXCHANGE_BYTES (1024 * 1024)
 _Static_assert(SHM_EXCHANGE_BYTES >= TNT_EXCHANGE_MAX, "an exchange buffer must hold a negotiation message");
 #define SLICE_S 0.1
-#define SHM_CPU_WORDS 16 /* CPUs 0-1023 in the header's union of the ranks' masks */
 #define HOST_LOAD_EVERY_S 0.005 /* how often a spinner re-reads the host's count of runnable threads */
 #define BELL_GRACE_S 200e-6 /* how long a cycle waits for its peers to join by themselves before waking them */
 #define IDLE_BELL_S 0.1     /* ... and for the peers that sleep with nothing pending */
@@ -87,7 +86,7 @@ typedef struct {
   /* the CPUs the ranks may run on: the union of their affinity masks (CPU i:
    * bit i % 64 of word i / 64), and the most CPUs of one rank whose mask did
    * not fit (or could not be read) */
-  _Atomic uint64_t cpus[SHM_CPU_WORDS];
+  _Atomic uint64_t cpus[TNT_CPU_WORDS];
   _Atomic uint32_t cpus_unlisted;
   char collision[512];
   char pad[CACHE_LINE];
@@ -407,6 +406,8 @@ static void shm_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *s
   *slept = atomic_load_explicit(&s->waits_slept, memory_order_relaxed);
 }
 
+static long shm_cores(void *st) { return ((shm_t *)st)->ncpu; }
+
 static int shm_can_serve(const tnt_placement_t *pl) { return pl->local_size == pl->size; }
 
 static size_t block_bytes_for(int size, size_t window_bytes) {
@@ -442,33 +443,24 @@ static void shm_free(shm_t *s) {
  * ranks per core as they really are: 2 ranks under `taskset -c 0` on 2 cores
  * slept in every wait as if each had its own (docs/benchmarks.md, "Ranks on
  * fewer cores than the machine has"). A CPU quota (docker --cpus) leaves the
- * masks whole and is not seen. Each rank adds its mask before it counts as
- * attached; returns how many CPUs its own holds (the online CPUs where it
- * cannot be read). */
+ * masks whole and is not seen. Each rank adds its mask (host_load.h's
+ * tnt_cpus_t) before it counts as attached; returns how many CPUs its own
+ * holds. */
 static long add_my_cpus(shm_header_t *hdr) {
-  size_t bytes;
-  cpu_set_t *set = tnt_affinity(&bytes);
-  const long mine = set ? CPU_COUNT_S(bytes, set) : tnt_online_cpus();
-  int unlisted = !set;
-  for (size_t cpu = 0; set && cpu < bytes * 8; cpu++) {
-    if (!CPU_ISSET_S(cpu, bytes, set)) continue;
-    if (cpu >= SHM_CPU_WORDS * 64) unlisted = 1;
-    else atomic_fetch_or(&hdr->cpus[cpu / 64], (uint64_t)1 << (cpu % 64));
-  }
-  if (set) CPU_FREE(set);
-  for (uint32_t seen = atomic_load(&hdr->cpus_unlisted); unlisted && (long)seen < mine;)
-    if (atomic_compare_exchange_weak(&hdr->cpus_unlisted, &seen, (uint32_t)mine)) break;
-  return mine > 0 ? mine : 1;
+  tnt_cpus_t mine;
+  const long n = tnt_cpus_mine(&mine);
+  for (int w = 0; w < TNT_CPU_WORDS; w++)
+    if (mine.words[w]) atomic_fetch_or(&hdr->cpus[w], mine.words[w]);
+  for (uint32_t seen = atomic_load(&hdr->cpus_unlisted); seen < mine.unlisted;)
+    if (atomic_compare_exchange_weak(&hdr->cpus_unlisted, &seen, mine.unlisted)) break;
+  return n;
 }
 
-/* Once every rank has attached: the count of the union (at least the CPUs of
- * a rank whose mask did not fit in it). */
+/* Once every rank has attached: the count of the union. */
 static long host_cpus(shm_header_t *hdr) {
-  long n = 0;
-  for (int w = 0; w < SHM_CPU_WORDS; w++) n += __builtin_popcountll(atomic_load(&hdr->cpus[w]));
-  const long unlisted = (long)atomic_load(&hdr->cpus_unlisted);
-  n = n > unlisted ? n : unlisted;
-  return n > 0 ? n : 1;
+  tnt_cpus_t all = {.unlisted = atomic_load(&hdr->cpus_unlisted)};
+  for (int w = 0; w < TNT_CPU_WORDS; w++) all.words[w] = atomic_load(&hdr->cpus[w]);
+  return tnt_cpus_count(&all);
 }
 
 tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
@@ -831,4 +823,5 @@ const tnt_transport_t tnt_transport_shm = {
     .abort = shm_abort,
     .finalize = shm_finalize,
     .wait_stats = shm_wait_stats,
+    .cores = shm_cores,
 };

@@ -177,13 +177,19 @@ typedef struct {
   uint64_t window_bytes;
   char host[64];
   char node[96]; /* boot id and pid namespace: equal means "pids are comparable" */
+  tnt_cpus_t cpus; /* the CPUs this rank may run on: its host's union counts the waits' cores */
 } hello_t;
+
+static const char *hello_host(const void *all, int r) { return ((const hello_t *)all)[r].host; }
+static const tnt_cpus_t *hello_cpus(const void *all, int r) { return &((const hello_t *)all)[r].cpus; }
 
 typedef struct {
   tnt_placement_t pl;
   int me, n;
   double timeout_s;
   wait_policy_t waits; /* how a wait polls before it sleeps */
+  long cores;          /* the CPUs this rank's host's ranks may run on (host_cores) */
+  wait_counts_t wait_counts;
   pthread_mutex_t mu; /* every GASPI call and everything below */
   job_health_t health; /* every peer's record (TNT_GPI2_HEARTBEAT_S), a failure seen by progress */
   gaspi_segment_id_t seg;
@@ -712,9 +718,10 @@ static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, d
       }
     }
     pthread_mutex_unlock(&s->mu);
-    if (ok) return TNT_SUCCESS;
-    if (res != TNT_SUCCESS) return res;
-    if (now >= deadline) return TNT_ERR_TIMEOUT;
+    if (ok || res != TNT_SUCCESS || now >= deadline) {
+      backoff_end(&b, &s->wait_counts);
+      return ok ? TNT_SUCCESS : res != TNT_SUCCESS ? res : TNT_ERR_TIMEOUT;
+    }
     backoff_pause(&b, &s->waits, now);
   }
 }
@@ -1312,7 +1319,10 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   s->me = pl->rank;
   s->n = pl->size;
   s->timeout_s = params->timeout_s;
-  s->waits = wait_policy(params, pl->local_size, YIELD_POLLS);
+  /* this rank's own CPUs until the set-up records give its host's (below) */
+  tnt_cpus_t my_cpus;
+  s->cores = tnt_cpus_mine(&my_cpus);
+  s->waits = wait_policy(params, pl->local_size, s->cores, YIELD_POLLS);
   s->health = (job_health_t){.me = s->me, .n = s->n, .beat_s = beat, .silence_s = SILENT_BEATS * beat,
                               .beat_var = "TNT_GPI2_HEARTBEAT_S", .mu = &s->mu};
   s->window_bytes = window_bytes;
@@ -1362,11 +1372,16 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   mine.window_bytes = window_bytes;
   gethostname(mine.host, sizeof mine.host - 1);
   node_id(mine.node, sizeof mine.node);
+  mine.cpus = my_cpus;
   hello_t *all = calloc(n, sizeof *all);
   size_t *lens = calloc(n, sizeof *lens);
   res = all && lens ? gpi2_exchange(s, &mine, sizeof mine, all, sizeof mine, lens, deadline)
                     : failf(TNT_ERR_SYSTEM, -1, "out of memory");
   if (res == TNT_SUCCESS) res = check_hellos(s, all, lens);
+  if (res == TNT_SUCCESS) {
+    s->cores = host_cores(s->n, mine.host, hello_host, hello_cpus, all);
+    s->waits = wait_policy(params, pl->local_size, s->cores, YIELD_POLLS);
+  }
   int local_size = 0;
   for (int r = 0; res == TNT_SUCCESS && r < s->n; r++) {
     peer_health_t *p = &s->health.peer[r];
@@ -1382,10 +1397,17 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
     return res;
   }
   *state = s;
-  LOG(LOG_INFO, "gpi2: %d ranks, %d on this host, segment %d of %zu bytes (window %zu), heartbeat %g s, %s", s->n,
-      local_size, s->seg, s->seg_bytes, window_bytes, beat, description);
+  LOG(LOG_INFO, "gpi2: %d ranks, %d on this host (%ld cores: the CPUs of this host's ranks, of %ld online), segment "
+      "%d of %zu bytes (window %zu), heartbeat %g s, %s", s->n, local_size, s->cores, tnt_online_cpus(), s->seg,
+      s->seg_bytes, window_bytes, beat, description);
   return TNT_SUCCESS;
 }
+
+static void gpi2_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
+  wait_counts_read(&((gpi2_t *)st)->wait_counts, spun, yielded, slept);
+}
+
+static long gpi2_cores(void *st) { return ((gpi2_t *)st)->cores; }
 
 static int gpi2_can_serve(const tnt_placement_t *pl) { return pl->size >= 1; }
 
@@ -1412,6 +1434,8 @@ static const tnt_transport_t transport = {
     .finalize = gpi2_finalize,
     .and_post = gpi2_and_post,
     .and_collect = gpi2_and_collect,
+    .wait_stats = gpi2_wait_stats,
+    .cores = gpi2_cores,
 };
 
 static const tnt_plugin_t plugin = {

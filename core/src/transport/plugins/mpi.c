@@ -128,13 +128,19 @@ typedef struct {
   double heartbeat_s;
   char host[64];
   char node[96]; /* boot id and pid namespace: equal means "pids are comparable" */
+  tnt_cpus_t cpus; /* the CPUs this rank may run on: its host's union counts the waits' cores */
 } hello_t;
+
+static const char *hello_host(const void *all, int r) { return ((const hello_t *)all)[r].host; }
+static const tnt_cpus_t *hello_cpus(const void *all, int r) { return &((const hello_t *)all)[r].cpus; }
 
 typedef struct {
   tnt_placement_t pl;
   int me, n;
   double timeout_s;
   wait_policy_t waits; /* how a wait polls before it sleeps */
+  long cores;          /* the CPUs this rank's host's ranks may run on (host_cores) */
+  wait_counts_t wait_counts;
   MPI_Comm comm;
   pthread_mutex_t mu; /* every MPI call and everything below */
   /* every peer's record (TNT_MPI_HEARTBEAT_S), and a failure seen by progress
@@ -542,9 +548,10 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
       }
     }
     pthread_mutex_unlock(&s->mu);
-    if (ok) return TNT_SUCCESS;
-    if (res != TNT_SUCCESS) return res;
-    if (now >= deadline) return TNT_ERR_TIMEOUT;
+    if (ok || res != TNT_SUCCESS || now >= deadline) {
+      backoff_end(&b, &s->wait_counts);
+      return ok ? TNT_SUCCESS : res != TNT_SUCCESS ? res : TNT_ERR_TIMEOUT;
+    }
     if (moving && host_has_free_cores(now)) {
       /* bytes on the wire: MPI over TCP moves them only while we call into it,
        * and a growing sleep throttles the stream; poll again after a yield (a
@@ -552,6 +559,7 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
        * so oversubscribed ranks fall back to sleeping by themselves) */
       sched_yield();
       b.idle = 0; /* the backoff starts afresh once the data has landed */
+      b.stage = 2;
     } else {
       backoff_pause(&b, &s->waits, now);
     }
@@ -796,6 +804,7 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
   mine.heartbeat_s = beat;
   gethostname(mine.host, sizeof mine.host - 1);
   node_id(mine.node, sizeof mine.node);
+  tnt_cpus_mine(&mine.cpus);
   hello_t *all = calloc((size_t)msize, sizeof *all);
   mpi_t *s = calloc(1, sizeof *s);
   if (!all || !s) {
@@ -820,7 +829,8 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
   s->n = msize;
   s->comm = comm;
   s->timeout_s = params->timeout_s;
-  s->waits = wait_policy(params, pl->local_size, YIELD_POLLS);
+  s->cores = host_cores(msize, mine.host, hello_host, hello_cpus, all);
+  s->waits = wait_policy(params, pl->local_size, s->cores, YIELD_POLLS);
   s->health = (job_health_t){.me = mrank, .n = msize, .beat_s = beat, .silence_s = SILENT_BEATS * beat,
                               .beat_var = "TNT_MPI_HEARTBEAT_S", .mu = &s->mu};
   s->window_bytes = window_bytes;
@@ -866,8 +876,8 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
     LOG(LOG_WARNING, "mpi: the thread that ends a process stuck inside MPI after a peer died could not start: "
         "such a rank would hang");
   *state = s;
-  LOG(LOG_INFO, "mpi: %d ranks, %d on this host, window %zu bytes, heartbeat %g s, %s", msize, local_size, window_bytes,
-      beat, description);
+  LOG(LOG_INFO, "mpi: %d ranks, %d on this host (on %ld cores: the CPUs they may run on, of %ld online), window %zu "
+      "bytes, heartbeat %g s, %s", msize, local_size, s->cores, tnt_online_cpus(), window_bytes, beat, description);
   return TNT_SUCCESS;
 fail:
   free(all);
@@ -1563,6 +1573,12 @@ static void mpi_finalize(void *st) {
   free_state(s);
 }
 
+static void mpi_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
+  wait_counts_read(&((mpi_t *)st)->wait_counts, spun, yielded, slept);
+}
+
+static long mpi_cores(void *st) { return ((mpi_t *)st)->cores; }
+
 static const tnt_transport_t transport = {
     .name = "mpi",
     .can_serve = mpi_can_serve,
@@ -1587,6 +1603,8 @@ static const tnt_transport_t transport = {
     .and_post = mpi_and_post,
     .and_collect = mpi_and_collect,
     .sendrecv = mpi_sendrecv,
+    .wait_stats = mpi_wait_stats,
+    .cores = mpi_cores,
 };
 
 static const tnt_plugin_t plugin = {

@@ -194,43 +194,66 @@ static inline int host_has_free_cores(double now) {
 
 /* ---- a polled wait ---- */
 
+/* ---- the host's cores ---- */
+
+/* The cores of this rank's host for the waits' budget: the union of the CPU
+ * sets (tnt_cpus_t, sent in the set-up records) of the ranks whose host name
+ * is this rank's, as the shm segment counts them, so that every rank of a
+ * host counts the same. A rank's own mask alone cannot tell a rank pinned to
+ * a core of its own (Slurm's binding) from ranks that share that core; the
+ * machine's online CPUs take ranks confined to a few of them (taskset, a
+ * container's cpuset) for ranks with a core each: on a large machine they
+ * spun on the core the awaited rank was queued on. `cpus_of(r)` is rank r's
+ * set, `host_of(r)` its host name. */
+static inline long host_cores(int n, const char *mine, const char *(*host_of)(const void *, int),
+                              const tnt_cpus_t *(*cpus_of)(const void *, int), const void *all) {
+  tnt_cpus_t here;
+  memset(&here, 0, sizeof here);
+  for (int r = 0; r < n; r++)
+    if (!strcmp(host_of(all, r), mine)) tnt_cpus_add(&here, cpus_of(all, r));
+  return tnt_cpus_count(&here);
+}
+
+/* ---- a polled wait ---- */
+
 /* How a wait polls before it sleeps (backoff_pause), set up from the job's
- * placement. It spins (polls at once) only where every local rank has two
- * cores (its application thread and its background thread: else a spinner
- * takes the core of the thread it waits for; the core's tnt_spin_seconds):
- * for TNT_SPIN_US, or TNT_NET_SPIN_US (the longer) while the host has a core
- * free. Then, where every local rank has a core, it polls yield_polls times
- * with sched_yield between polls. A wait across the network lasts a round trip at least, tens of
- * microseconds over TCP, longer than a wait on shared memory, and a transfer
- * over MPI's TCP transport moves only while its receiver polls: one that
- * slept after TNT_SPIN_US's 50 us took 0.62 ms for 512 KB and 1.06 ms for 1 MB
- * on 2 hosts x 1 rank against 0.38 and 0.75 ms with 1 ms of polling
- * (docs/benchmarks.md, "Polling through a round trip"). */
+ * placement and the host's cores (host_cores). It spins (polls at once) only
+ * where every local rank has two cores (its application thread and its
+ * background thread: else a spinner takes the core of the thread it waits
+ * for; the core's tnt_spin_seconds): for TNT_SPIN_US, or TNT_NET_SPIN_US (the
+ * longer) while the machine has a core free. Then, where every local rank has
+ * a core, it polls yield_polls times with sched_yield between polls. A wait
+ * across the network lasts a round trip at least, tens of microseconds over
+ * TCP, longer than a wait on shared memory, and a transfer over MPI's TCP
+ * transport moves only while its receiver polls: one that slept after
+ * TNT_SPIN_US's 50 us took 0.62 ms for 512 KB and 1.06 ms for 1 MB on 2 hosts
+ * x 1 rank against 0.38 and 0.75 ms with 1 ms of polling (docs/benchmarks.md,
+ * "Polling through a round trip"). */
 typedef struct {
   double spin_s;     /* always, where spinning is allowed */
   double net_spin_s; /* while the host has a core free: at least spin_s */
   int yield_polls;   /* then polls with sched_yield before the wait sleeps */
 } wait_policy_t;
 
-static inline wait_policy_t wait_policy(const tnt_params_t *params, int local_size, int yield_polls) {
-  /* the machine's CPUs, not this rank's affinity (the shm transport counts the
-   * union of its host's ranks' masks): a plugin sees no segment, and a mask of
-   * one CPU cannot tell a rank pinned to a core of its own (Slurm's default
-   * binding, where waits should yield) from ranks sharing that core */
-  const long ncpu = tnt_online_cpus();
-  wait_policy_t w = {0.0, 0.0, 0};
-  if (local_size > ncpu) return w; /* ranks outnumber the cores: sleep at once */
-  w.yield_polls = yield_polls;
-  if (2L * local_size <= ncpu) {
+static inline wait_policy_t wait_policy(const tnt_params_t *params, int local_size, long cores, int yield_polls) {
+  wait_policy_t w = {0.0, 0.0, yield_polls};
+  if (2L * local_size <= cores) {
     w.spin_s = params->spin_s;
     w.net_spin_s = params->net_spin_s > params->spin_s ? params->net_spin_s : params->spin_s;
   }
   return w;
 }
 
+/* How this rank's waits that paused ended (the transport's wait_stats): how
+ * the last pause of each went. */
+typedef struct {
+  _Atomic int64_t spun, yielded, slept;
+} wait_counts_t;
+
 /* One polled wait's idle state (zero it before the wait). */
 typedef struct {
   int idle;
+  int stage; /* how the last pause went: 0 none yet, 1 spun, 2 yielded, 3 slept */
   double start, sleep;
 } backoff_t;
 
@@ -244,13 +267,31 @@ static inline void backoff_pause(backoff_t *b, const wait_policy_t *w, double no
     b->sleep = SLEEP_MIN_S;
   }
   const double spin_s = w->net_spin_s > w->spin_s && host_has_free_cores(now) ? w->net_spin_s : w->spin_s;
-  if (now < b->start + spin_s) return; /* poll again at once */
+  if (now < b->start + spin_s) {
+    b->stage = 1;
+    return; /* poll again at once */
+  }
   if (b->idle <= w->yield_polls) {
+    b->stage = 2;
     sched_yield();
     return;
   }
+  b->stage = 3;
   sleep_s(b->sleep);
   if (now >= b->start + SLEEP_FLAT_S) b->sleep = b->sleep * 2 > SLEEP_MAX_S ? SLEEP_MAX_S : b->sleep * 2;
+}
+
+/* The wait is over: count how it ended, if it paused at all. */
+static inline void backoff_end(const backoff_t *b, wait_counts_t *counts) {
+  if (b->stage == 1) atomic_fetch_add_explicit(&counts->spun, 1, memory_order_relaxed);
+  else if (b->stage == 2) atomic_fetch_add_explicit(&counts->yielded, 1, memory_order_relaxed);
+  else if (b->stage == 3) atomic_fetch_add_explicit(&counts->slept, 1, memory_order_relaxed);
+}
+
+static inline void wait_counts_read(const wait_counts_t *counts, int64_t *spun, int64_t *yielded, int64_t *slept) {
+  *spun = atomic_load_explicit(&counts->spun, memory_order_relaxed);
+  *yielded = atomic_load_explicit(&counts->yielded, memory_order_relaxed);
+  *slept = atomic_load_explicit(&counts->slept, memory_order_relaxed);
 }
 
 #endif
