@@ -1397,7 +1397,7 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
     return res;
   }
   *state = s;
-  LOG(LOG_INFO, "gpi2: %d ranks, %d on this host (%ld cores: the CPUs of this host's ranks, of %ld online), segment "
+  LOG(LOG_INFO, "gpi2: %d ranks, %d on this host (on %ld cores: the CPUs they may run on, of %ld online), segment "
       "%d of %zu bytes (window %zu), heartbeat %g s, %s", s->n, local_size, s->cores, tnt_online_cpus(), s->seg,
       s->seg_bytes, window_bytes, beat, description);
   return TNT_SUCCESS;
