@@ -128,10 +128,11 @@ struct tnt_transport {
    * INT_MAX bytes each way. NULL: none (shm, gpi2). */
   tnt_result_t (*sendrecv)(void *state, int peer, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
                            double deadline);
-  /* The cores of this rank's host for the waits' budget: the CPUs its ranks
-   * may run on, the union of their affinity masks (host_load.h's tnt_cpus_t),
-   * the same count on every rank of the host. The completion wait's rule
-   * (tnt_spin_seconds) reads it after init. NULL: the machine's online CPUs. */
+  /* The cores of the waits' budget: the CPUs that the ranks sharing this
+   * rank's host (shm) or machine (the network plugins: its kernel) may run
+   * on, the union of their affinity masks (host_load.h's tnt_cpus_t), the
+   * same count on each of them. The completion wait's rule (tnt_spin_seconds)
+   * reads it after init. NULL: the machine's online CPUs. */
   long (*cores)(void *state);
 };
 

@@ -1,13 +1,21 @@
 """Run inside every rank: a steady loop of small allreduces, then write the
-rank's CPUs, the sums it got and how its waits ended to OUTDIR/rank<r>.json."""
+rank's CPUs, the sums it got and how its waits ended to OUTDIR/rank<r>.json.
+`--own-cpu`: first pin this process to one CPU of its own (rank r to the r-th
+CPU it may run on), as Slurm's binding does, before Tarantella starts."""
 import json
 import os
 import sys
 
-import numpy as np
+if "--own-cpu" in sys.argv:
+    sys.argv.remove("--own-cpu")
+    launched_as = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("TNT_RANK", "0")))
+    allowed = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {allowed[launched_as % len(allowed)]})
 
-import tarantella as tnt
-from tarantella.common import core
+import numpy as np  # noqa: E402 - after the pinning, which the ranks' threads inherit
+
+import tarantella as tnt  # noqa: E402
+from tarantella.common import core  # noqa: E402
 
 outdir = sys.argv[1]
 rank, size = tnt.get_rank(), tnt.get_size()

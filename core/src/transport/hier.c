@@ -251,7 +251,7 @@ static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *
 }
 
 /* The host's segment counts its ranks' CPUs; alone on its host, the plugin
- * counts this rank's (every rank of a host reads the same). */
+ * counts those of the ranks on this machine. */
 static long hier_cores(void *st) {
   hier_t *h = st;
   if (h->lts) return shm->cores(h->lts);

@@ -180,7 +180,7 @@ typedef struct {
   tnt_cpus_t cpus; /* the CPUs this rank may run on: its host's union counts the waits' cores */
 } hello_t;
 
-static const char *hello_host(const void *all, int r) { return ((const hello_t *)all)[r].host; }
+static const char *hello_node(const void *all, int r) { return ((const hello_t *)all)[r].node; }
 static const tnt_cpus_t *hello_cpus(const void *all, int r) { return &((const hello_t *)all)[r].cpus; }
 
 typedef struct {
@@ -188,7 +188,7 @@ typedef struct {
   int me, n;
   double timeout_s;
   wait_policy_t waits; /* how a wait polls before it sleeps */
-  long cores;          /* the CPUs this rank's host's ranks may run on (host_cores) */
+  machine_share_t share; /* the ranks on this machine and the CPUs they may run on (machine_share) */
   wait_counts_t wait_counts;
   pthread_mutex_t mu; /* every GASPI call and everything below */
   job_health_t health; /* every peer's record (TNT_GPI2_HEARTBEAT_S), a failure seen by progress */
@@ -1319,10 +1319,10 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   s->me = pl->rank;
   s->n = pl->size;
   s->timeout_s = params->timeout_s;
-  /* this rank's own CPUs until the set-up records give its host's (below) */
+  /* this rank alone on its own CPUs until the set-up records tell (below) */
   tnt_cpus_t my_cpus;
-  s->cores = tnt_cpus_mine(&my_cpus);
-  s->waits = wait_policy(params, pl->local_size, s->cores, YIELD_POLLS);
+  s->share = (machine_share_t){1, tnt_cpus_mine(&my_cpus)};
+  s->waits = wait_policy(params, s->share, YIELD_POLLS);
   s->health = (job_health_t){.me = s->me, .n = s->n, .beat_s = beat, .silence_s = SILENT_BEATS * beat,
                               .beat_var = "TNT_GPI2_HEARTBEAT_S", .mu = &s->mu};
   s->window_bytes = window_bytes;
@@ -1379,8 +1379,8 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
                     : failf(TNT_ERR_SYSTEM, -1, "out of memory");
   if (res == TNT_SUCCESS) res = check_hellos(s, all, lens);
   if (res == TNT_SUCCESS) {
-    s->cores = host_cores(s->n, mine.host, hello_host, hello_cpus, all);
-    s->waits = wait_policy(params, pl->local_size, s->cores, YIELD_POLLS);
+    s->share = machine_share(s->n, s->me, hello_node, hello_cpus, all);
+    s->waits = wait_policy(params, s->share, YIELD_POLLS);
   }
   int local_size = 0;
   for (int r = 0; res == TNT_SUCCESS && r < s->n; r++) {
@@ -1397,8 +1397,8 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
     return res;
   }
   *state = s;
-  LOG(LOG_INFO, "gpi2: %d ranks, %d on this host (on %ld cores: the CPUs they may run on, of %ld online), segment "
-      "%d of %zu bytes (window %zu), heartbeat %g s, %s", s->n, local_size, s->cores, tnt_online_cpus(), s->seg,
+  LOG(LOG_INFO, "gpi2: %d ranks, %d on this machine on %ld cores (the CPUs they may run on, of %ld online), segment "
+      "%d of %zu bytes (window %zu), heartbeat %g s, %s", s->n, local_size, s->share.cores, tnt_online_cpus(), s->seg,
       s->seg_bytes, window_bytes, beat, description);
   return TNT_SUCCESS;
 }
@@ -1407,7 +1407,7 @@ static void gpi2_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *
   wait_counts_read(&((gpi2_t *)st)->wait_counts, spun, yielded, slept);
 }
 
-static long gpi2_cores(void *st) { return ((gpi2_t *)st)->cores; }
+static long gpi2_cores(void *st) { return ((gpi2_t *)st)->share.cores; }
 
 static int gpi2_can_serve(const tnt_placement_t *pl) { return pl->size >= 1; }
 

@@ -131,7 +131,7 @@ typedef struct {
   tnt_cpus_t cpus; /* the CPUs this rank may run on: its host's union counts the waits' cores */
 } hello_t;
 
-static const char *hello_host(const void *all, int r) { return ((const hello_t *)all)[r].host; }
+static const char *hello_node(const void *all, int r) { return ((const hello_t *)all)[r].node; }
 static const tnt_cpus_t *hello_cpus(const void *all, int r) { return &((const hello_t *)all)[r].cpus; }
 
 typedef struct {
@@ -139,7 +139,7 @@ typedef struct {
   int me, n;
   double timeout_s;
   wait_policy_t waits; /* how a wait polls before it sleeps */
-  long cores;          /* the CPUs this rank's host's ranks may run on (host_cores) */
+  machine_share_t share; /* the ranks on this machine and the CPUs they may run on (machine_share) */
   wait_counts_t wait_counts;
   MPI_Comm comm;
   pthread_mutex_t mu; /* every MPI call and everything below */
@@ -829,8 +829,8 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
   s->n = msize;
   s->comm = comm;
   s->timeout_s = params->timeout_s;
-  s->cores = host_cores(msize, mine.host, hello_host, hello_cpus, all);
-  s->waits = wait_policy(params, pl->local_size, s->cores, YIELD_POLLS);
+  s->share = machine_share(msize, mrank, hello_node, hello_cpus, all);
+  s->waits = wait_policy(params, s->share, YIELD_POLLS);
   s->health = (job_health_t){.me = mrank, .n = msize, .beat_s = beat, .silence_s = SILENT_BEATS * beat,
                               .beat_var = "TNT_MPI_HEARTBEAT_S", .mu = &s->mu};
   s->window_bytes = window_bytes;
@@ -876,8 +876,9 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
     LOG(LOG_WARNING, "mpi: the thread that ends a process stuck inside MPI after a peer died could not start: "
         "such a rank would hang");
   *state = s;
-  LOG(LOG_INFO, "mpi: %d ranks, %d on this host (on %ld cores: the CPUs they may run on, of %ld online), window %zu "
-      "bytes, heartbeat %g s, %s", msize, local_size, s->cores, tnt_online_cpus(), window_bytes, beat, description);
+  LOG(LOG_INFO, "mpi: %d ranks, %d on this host; %d on this machine on %ld cores (the CPUs they may run on, of %ld "
+      "online), window %zu bytes, heartbeat %g s, %s", msize, local_size, s->share.ranks, s->share.cores,
+      tnt_online_cpus(), window_bytes, beat, description);
   return TNT_SUCCESS;
 fail:
   free(all);
@@ -1577,7 +1578,7 @@ static void mpi_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *s
   wait_counts_read(&((mpi_t *)st)->wait_counts, spun, yielded, slept);
 }
 
-static long mpi_cores(void *st) { return ((mpi_t *)st)->cores; }
+static long mpi_cores(void *st) { return ((mpi_t *)st)->share.cores; }
 
 static const tnt_transport_t transport = {
     .name = "mpi",

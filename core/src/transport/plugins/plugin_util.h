@@ -192,52 +192,62 @@ static inline int host_has_free_cores(double now) {
   return atomic_load_explicit(&free_cores, memory_order_relaxed);
 }
 
-/* ---- a polled wait ---- */
+/* ---- the machine's cores ---- */
 
-/* ---- the host's cores ---- */
+/* The ranks that share this rank's machine (its kernel: node_id) and the
+ * CPUs they may run on, the union of the sets (tnt_cpus_t) they sent in their
+ * set-up records: what the waits' budget counts. Not the machine's online
+ * CPUs, which take ranks confined to a few of them (taskset, a container's
+ * cpuset) for ranks with cores to spare: two hosts of the test bed confined
+ * to one CPU spun in every wait on the core the awaited rank was queued on.
+ * Not the ranks of this host name alone: hosts that share a kernel (the test
+ * bed's namespaces) share its cores. And not this rank's own mask, which
+ * cannot tell a rank pinned to a core of its own (Slurm's binding) from ranks
+ * that share that core. `node_of(all, r)` and `cpus_of(all, r)` read rank r's
+ * record; rank `me`'s always counts. */
+typedef struct {
+  int ranks;
+  long cores;
+} machine_share_t;
 
-/* The cores of this rank's host for the waits' budget: the union of the CPU
- * sets (tnt_cpus_t, sent in the set-up records) of the ranks whose host name
- * is this rank's, as the shm segment counts them, so that every rank of a
- * host counts the same. A rank's own mask alone cannot tell a rank pinned to
- * a core of its own (Slurm's binding) from ranks that share that core; the
- * machine's online CPUs take ranks confined to a few of them (taskset, a
- * container's cpuset) for ranks with a core each: on a large machine they
- * spun on the core the awaited rank was queued on. `cpus_of(r)` is rank r's
- * set, `host_of(r)` its host name. */
-static inline long host_cores(int n, const char *mine, const char *(*host_of)(const void *, int),
-                              const tnt_cpus_t *(*cpus_of)(const void *, int), const void *all) {
+static inline machine_share_t machine_share(int n, int me, const char *(*node_of)(const void *, int),
+                                            const tnt_cpus_t *(*cpus_of)(const void *, int), const void *all) {
   tnt_cpus_t here;
   memset(&here, 0, sizeof here);
+  machine_share_t m = {0, 0};
   for (int r = 0; r < n; r++)
-    if (!strcmp(host_of(all, r), mine)) tnt_cpus_add(&here, cpus_of(all, r));
-  return tnt_cpus_count(&here);
+    if (r == me || node_ids_match(node_of(all, r), node_of(all, me))) {
+      tnt_cpus_add(&here, cpus_of(all, r));
+      m.ranks++;
+    }
+  m.cores = tnt_cpus_count(&here);
+  return m;
 }
 
 /* ---- a polled wait ---- */
 
-/* How a wait polls before it sleeps (backoff_pause), set up from the job's
- * placement and the host's cores (host_cores). It spins (polls at once) only
- * where every local rank has two cores (its application thread and its
- * background thread: else a spinner takes the core of the thread it waits
- * for; the core's tnt_spin_seconds): for TNT_SPIN_US, or TNT_NET_SPIN_US (the
- * longer) while the machine has a core free. Then, where every local rank has
- * a core, it polls yield_polls times with sched_yield between polls. A wait
- * across the network lasts a round trip at least, tens of microseconds over
- * TCP, longer than a wait on shared memory, and a transfer over MPI's TCP
- * transport moves only while its receiver polls: one that slept after
- * TNT_SPIN_US's 50 us took 0.62 ms for 512 KB and 1.06 ms for 1 MB on 2 hosts
- * x 1 rank against 0.38 and 0.75 ms with 1 ms of polling (docs/benchmarks.md,
- * "Polling through a round trip"). */
+/* How a wait polls before it sleeps (backoff_pause), from the ranks that
+ * share this machine and their cores (machine_share). It spins (polls at
+ * once) only where every such rank has a core, as a wait on shared memory
+ * does (the caller drives the collective: its background thread is idle):
+ * for TNT_SPIN_US, or TNT_NET_SPIN_US (the longer) while the machine has a
+ * core free. Then it polls yield_polls times with sched_yield between polls,
+ * also where the ranks outnumber the cores (the rank it waits for is then
+ * usually queued on its core). A wait across the network lasts a round trip
+ * at least, tens of microseconds over TCP, longer than a wait on shared
+ * memory, and a transfer over MPI's TCP transport moves only while its
+ * receiver polls: one that slept after TNT_SPIN_US's 50 us took 0.62 ms for
+ * 512 KB and 1.06 ms for 1 MB on 2 hosts x 1 rank against 0.38 and 0.75 ms
+ * with 1 ms of polling (docs/benchmarks.md, "Polling through a round trip"). */
 typedef struct {
   double spin_s;     /* always, where spinning is allowed */
   double net_spin_s; /* while the host has a core free: at least spin_s */
   int yield_polls;   /* then polls with sched_yield before the wait sleeps */
 } wait_policy_t;
 
-static inline wait_policy_t wait_policy(const tnt_params_t *params, int local_size, long cores, int yield_polls) {
+static inline wait_policy_t wait_policy(const tnt_params_t *params, machine_share_t m, int yield_polls) {
   wait_policy_t w = {0.0, 0.0, yield_polls};
-  if (2L * local_size <= cores) {
+  if (m.ranks <= m.cores) {
     w.spin_s = params->spin_s;
     w.net_spin_s = params->net_spin_s > params->spin_s ? params->net_spin_s : params->spin_s;
   }
