@@ -230,8 +230,8 @@ static inline machine_share_t machine_share(int n, int me, const char *(*node_of
  * share this machine and their cores (machine_share). It spins (polls at
  * once) only where every such rank has a core, as a wait on shared memory
  * does (the caller drives the collective: its background thread is idle):
- * for TNT_SPIN_US, or TNT_NET_SPIN_US (the longer) while the machine has a
- * core free. Then it polls yield_polls times with sched_yield between polls,
+ * for TNT_NET_SPIN_US (or TNT_SPIN_US, whichever is longer), and only while
+ * the machine has a core free. Then it polls yield_polls times with sched_yield between polls,
  * also where the ranks outnumber the cores (the rank it waits for is then
  * usually queued on its core). A wait across the network lasts a round trip
  * at least, tens of microseconds over TCP, longer than a wait on shared
@@ -240,8 +240,8 @@ static inline machine_share_t machine_share(int n, int me, const char *(*node_of
  * 512 KB and 1.06 ms for 1 MB on 2 hosts x 1 rank against 0.38 and 0.75 ms
  * with 1 ms of polling (docs/benchmarks.md, "Polling through a round trip"). */
 typedef struct {
-  double spin_s;     /* always, where spinning is allowed */
-  double net_spin_s; /* while the host has a core free: at least spin_s */
+  double spin_s;     /* TNT_SPIN_US where spinning is allowed, else 0 */
+  double net_spin_s; /* how long a wait spins while the machine has a core free: at least spin_s */
   int yield_polls;   /* then polls with sched_yield before the wait sleeps */
 } wait_policy_t;
 
@@ -276,7 +276,9 @@ static inline void backoff_pause(backoff_t *b, const wait_policy_t *w, double no
     b->start = now;
     b->sleep = SLEEP_MIN_S;
   }
-  const double spin_s = w->net_spin_s > w->spin_s && host_has_free_cores(now) ? w->net_spin_s : w->spin_s;
+  /* spinning at all only while the machine has a core free, as on shared memory: a core per rank
+   * of the machine (wait_policy) says nothing of the other threads that want the cores */
+  const double spin_s = w->spin_s > 0 && host_has_free_cores(now) ? w->net_spin_s : 0.0;
   if (now < b->start + spin_s) {
     b->stage = 1;
     return; /* poll again at once */
