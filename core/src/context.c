@@ -26,7 +26,6 @@
 #include "copy_unaliased.h"
 #include "dtype.h"
 #include "stream_store.h"
-#include "transport/host_load.h"
 
 tnt_ctx_t tnt_ctx;
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -132,8 +131,7 @@ tnt_result_t tnt_init(void) {
       c->transport = NULL;
       goto out;
     }
-    c->spin_s = tnt_spin_seconds(&c->params, &c->pl,
-                                 c->transport->cores ? c->transport->cores(c->ts) : tnt_online_cpus());
+    c->spin_s = tnt_spin_seconds(&c->params, &c->pl, tnt_transport_cores(c->transport, c->ts));
   }
   atomic_store(&c->initialized, 1);
   TNT_INFO("initialized: rank %d of %d, transport %s", c->pl.rank, c->pl.size, tnt_transport_name());

@@ -9,6 +9,7 @@
  *   gpi2   the plugin over GPI-2, for every byte (started by gaspi_run or tntrun).
  * The placement's local size says whether the ranks share this host: the
  * launcher's (tntrun, mpirun, srun) count of ranks per node. */
+#define _GNU_SOURCE /* transport/host_load.h: the affinity mask */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "common.h"
 #include "transport.h"
 #include "transport_plugin.h"
+#include "transport/host_load.h"
 
 static const char *const plugins[] = {"mpi", "gpi2"};
 
@@ -129,4 +131,8 @@ const char *tnt_transport_status(const char *name) {
   if (on_path("mpicc")) return "";
   return "no MPI found (no mpicc on PATH, nor TNT_MPICC / MPICC): install Open MPI (Debian/Ubuntu: apt-get install "
          "openmpi-bin libopenmpi-dev) or MPICH, or load your cluster's MPI module";
+}
+
+long tnt_transport_cores(const tnt_transport_t *t, void *ts) {
+  return t->cores ? t->cores(ts) : tnt_online_cpus();
 }

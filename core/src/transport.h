@@ -158,6 +158,9 @@ void tnt_transport_quiet(const tnt_transport_t *t, void *ts, int on);
 /* How many window regions (channels) a transport instance gets: 1 on one host
  * over shm (the flat ring only), TNT_CHANNELS where a hierarchy is possible. */
 int tnt_transport_regions(const tnt_transport_t *t);
+/* The transport's `cores` (the CPUs of the waits' budget), or the machine's
+ * online CPUs where it has none. */
+long tnt_transport_cores(const tnt_transport_t *t, void *ts);
 
 /* Pick the transport named by params->transport ("auto": the first that can serve). */
 tnt_result_t tnt_transport_select(const tnt_placement_t *pl, const tnt_params_t *params, const tnt_transport_t **out);

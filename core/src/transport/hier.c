@@ -13,7 +13,6 @@
  *
  * The segment of host h is /dev/shm/tnt-<job id>-h<h>: hosts of a test bed
  * share one /dev/shm, real hosts do not, and either way the names differ. */
-#define _GNU_SOURCE /* host_load.h: the affinity mask */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +21,6 @@
 #include "../topology.h"
 #include "../transport.h"
 #include "../transport_plugin.h"
-#include "host_load.h"
 
 typedef struct {
   const tnt_transport_t *net;
@@ -254,8 +252,7 @@ static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *
  * counts those of the ranks on this machine. */
 static long hier_cores(void *st) {
   hier_t *h = st;
-  if (h->lts) return shm->cores(h->lts);
-  return h->net->cores ? h->net->cores(h->nts) : tnt_online_cpus();
+  return h->lts ? shm->cores(h->lts) : tnt_transport_cores(h->net, h->nts);
 }
 
 /* A pair of ranks on two hosts: the network transport's direct messages. */

@@ -1382,12 +1382,10 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
     s->share = machine_share(s->n, s->me, hello_node, hello_cpus, all);
     s->waits = wait_policy(params, s->share, YIELD_POLLS);
   }
-  int local_size = 0;
   for (int r = 0; res == TNT_SUCCESS && r < s->n; r++) {
     peer_health_t *p = &s->health.peer[r];
     p->pid = all[r].pid;
     p->local = node_ids_match(all[r].node, mine.node);
-    local_size += p->local;
     snprintf(p->host, sizeof p->host, "%s", all[r].host);
   }
   free(all);
@@ -1398,7 +1396,7 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   }
   *state = s;
   LOG(LOG_INFO, "gpi2: %d ranks, %d on this machine on %ld cores (the CPUs they may run on, of %ld online), segment "
-      "%d of %zu bytes (window %zu), heartbeat %g s, %s", s->n, local_size, s->share.cores, tnt_online_cpus(), s->seg,
+      "%d of %zu bytes (window %zu), heartbeat %g s, %s", s->n, s->share.ranks, s->share.cores, tnt_online_cpus(), s->seg,
       s->seg_bytes, window_bytes, beat, description);
   return TNT_SUCCESS;
 }

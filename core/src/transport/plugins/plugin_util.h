@@ -240,17 +240,13 @@ static inline machine_share_t machine_share(int n, int me, const char *(*node_of
  * 512 KB and 1.06 ms for 1 MB on 2 hosts x 1 rank against 0.38 and 0.75 ms
  * with 1 ms of polling (docs/benchmarks.md, "Polling through a round trip"). */
 typedef struct {
-  double spin_s;     /* TNT_SPIN_US where spinning is allowed, else 0 */
-  double net_spin_s; /* how long a wait spins while the machine has a core free: at least spin_s */
-  int yield_polls;   /* then polls with sched_yield before the wait sleeps */
+  double spin_s;   /* how long a wait spins while the machine has a core free; 0 where it may not */
+  int yield_polls; /* then polls with sched_yield before the wait sleeps */
 } wait_policy_t;
 
 static inline wait_policy_t wait_policy(const tnt_params_t *params, machine_share_t m, int yield_polls) {
-  wait_policy_t w = {0.0, 0.0, yield_polls};
-  if (m.ranks <= m.cores) {
-    w.spin_s = params->spin_s;
-    w.net_spin_s = params->net_spin_s > params->spin_s ? params->net_spin_s : params->spin_s;
-  }
+  wait_policy_t w = {0.0, yield_polls};
+  if (m.ranks <= m.cores) w.spin_s = params->net_spin_s > params->spin_s ? params->net_spin_s : params->spin_s;
   return w;
 }
 
@@ -278,7 +274,7 @@ static inline void backoff_pause(backoff_t *b, const wait_policy_t *w, double no
   }
   /* spinning at all only while the machine has a core free, as on shared memory: a core per rank
    * of the machine (wait_policy) says nothing of the other threads that want the cores */
-  const double spin_s = w->spin_s > 0 && host_has_free_cores(now) ? w->net_spin_s : 0.0;
+  const double spin_s = w->spin_s > 0 && host_has_free_cores(now) ? w->spin_s : 0.0;
   if (now < b->start + spin_s) {
     b->stage = 1;
     return; /* poll again at once */
