@@ -18,8 +18,13 @@ Tarantella is called three ways, in alternating batches inside one job:
 array); `named` adds name=; `out` passes out= (no allocation). `--baseline
 DIR` also runs the Tarantella of another source tree (built in place) in the
 same rounds, for before/after ratios. Implementations are interleaved: every
-round launches each of them once, and a figure is the median over the rounds
-of each round's best batch.
+round launches each of them once, each round in an order rotated by one (the
+job launched first after another job's exit runs slower: with a fixed order,
+two identical builds differed by up to 1.3x at 8 ranks), and a figure is the
+median over the rounds of each round's best batch. A ratio is the median of
+the rounds' own ratios (a round the machine slows slows both of its sides);
+give --rounds a multiple of the implementations' count for an even rotation.
+Ratios are to the first of --variants (`plain` by default).
 
 `--dtype float16` or `bfloat16` reduces half-precision buffers (the MPI peers
 are left out: MPI has no sum of them), and `--simd 0,1` also runs this tree
@@ -221,28 +226,39 @@ def figure(seconds, nbytes, ranks, collective="allreduce"):
 
 def table(ranks, sizes, per_job, columns, collective="allreduce"):
     """Markdown rows: one column per implementation/variant, then the ratios."""
+    ref = next(v for label, v in columns if label == "tnt")  # the first of --variants
+
+    def seconds(label, variant, i):
+        """Each round's time (None where that launch failed)."""
+        return [r[i]["seconds"][variant] if r else None for r in per_job.get(label, [])]
+
     def median_of(label, variant, i):
-        runs = [r[i]["seconds"][variant] for r in per_job.get(label, []) if r]
+        runs = [t for t in seconds(label, variant, i) if t is not None]
         return statistics.median(runs) if runs else float("nan")
+
+    def ratio_of(label, variant, i):
+        """Median of the rounds' own ratios to Tarantella's reference call."""
+        pairs = zip(seconds(label, variant, i), seconds("tnt", ref, i))
+        ratios = [t / r for t, r in pairs if t is not None and r is not None]
+        return statistics.median(ratios) if ratios else float("nan")
 
     heads = [f"{label} {variant}" if not label.startswith("mpi:") else label[4:] for label, variant in columns]
     peers = [(label, v) for label, v in columns if label.startswith("mpi:")]
-    ratio_heads = ["best peer / tnt plain"] if peers else []
+    ratio_heads = [f"best peer / tnt {ref}"] if peers else []
     if any(label == "tnt@baseline" for label, _ in columns):
-        ratio_heads.append("baseline plain / tnt plain")
+        ratio_heads.append(f"baseline {ref} / tnt {ref}")
     setting_jobs = sorted({label for label, _ in columns if label.startswith("tnt@TNT_")})
     ratio_heads += [f"{label[4:]} / tnt" for label in setting_jobs]
     lines = ["| size | " + " | ".join(heads + ratio_heads) + " |",
              "| ---: | " + " | ".join("---:" for _ in heads + ratio_heads) + " |"]
     for i, nbytes in enumerate(sizes):
         cells = [figure(median_of(label, v, i), nbytes, ranks, collective) for label, v in columns]
-        plain = median_of("tnt", "plain", i)
-        if peers:
-            best = min(((median_of(label, v, i), label[4:]) for label, v in peers), key=lambda t: t[0])
-            cells.append(f"{best[0] / plain:.2f} ({best[1]})")
+        if peers:  # the peer of the lowest median time, and its ratio
+            best = min(peers, key=lambda p: median_of(p[0], p[1], i))
+            cells.append(f"{ratio_of(*best, i):.2f} ({best[0][4:]})")
         if any(label == "tnt@baseline" for label, _ in columns):
-            cells.append(f"{median_of('tnt@baseline', 'plain', i) / plain:.1f}")
-        cells += [f"{median_of(label, 'plain', i) / plain:.2f}" for label in setting_jobs]
+            cells.append(f"{ratio_of('tnt@baseline', ref, i):.2f}")
+        cells += [f"{ratio_of(label, ref, i):.2f}" for label in setting_jobs]
         lines.append(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -302,8 +318,8 @@ def main():
     for ranks in [int(r) for r in a.ranks.split(",")]:
         jobs = jobs_for(ranks, a.transport, a.baseline, peers, settings)
         per_job = {}
-        for _ in range(a.rounds):
-            for label, cmd, env in jobs:
+        for k in range(a.rounds):
+            for label, cmd, env in jobs[k % len(jobs):] + jobs[:k % len(jobs)]:  # rotated: no job always first
                 per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants, a.dtype, a.collective))
         columns = [(label, v) for label, _, _ in jobs for v in (variants if not label.startswith("mpi:") else ["mpi"])]
         lines += [f"### {a.collective}, {ranks} ranks (Tarantella over {a.transport})", "",

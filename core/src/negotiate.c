@@ -110,7 +110,8 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   c->payload_at = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_at);
   c->payload_cycle = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_cycle);
   if (!c->payload_at || !c->payload_cycle) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-  c->one_round_bytes = tnt_one_round_bytes(transport, pl->size, hierarchical);
+  c->one_round_bytes = tnt_one_round_bytes(transport, pl->size, hierarchical, 0);
+  c->one_round_allreduce_bytes = tnt_one_round_bytes(transport, pl->size, hierarchical, 1);
   c->msg_max = c->one_round_bytes + TNT_MESSAGE_ROOM;
   c->msg_out = malloc(c->msg_max);
   c->msg_all = malloc((size_t)c->msg_max * (size_t)c->pl->size);
@@ -273,21 +274,28 @@ static void classify_new(tnt_negotiator_t *c) {
   }
 }
 
-size_t tnt_one_round_bytes(const tnt_transport_t *t, int size, int hierarchical) {
+size_t tnt_one_round_bytes(const tnt_transport_t *t, int size, int hierarchical, int allreduce) {
   /* On one host every rank reads the others' messages in place (exchange_view)
    * and builds its own where it is published (exchange_buffer). Two ranks:
    * the ring's three hand-offs cost about what one round's extra reads do
    * (0.9-1.2x at 32-64 KB), so only small payloads ride. More ranks: the ring
    * hands off 2(N-1) times, and each costs a wake-up once ranks outnumber
-   * cores: one round took 0.4-0.7x the time at 32-64 KB with 4 and 8 ranks on
-   * 2 cores (bench/allreduce.py, docs/benchmarks.md). Across hosts a 64 KiB
+   * cores; one round took 0.4-0.7x its time at 32-64 KB with 4 and 8 ranks on
+   * 2 cores, and a broadcast or allgather in one round 0.58-0.89x the time of
+   * its own path at 32-64 KB. An allreduce rides only up to 24 KiB: in one
+   * round every rank adds all N payloads, where the direct allreduce
+   * (allreduce_direct.c) has each add 1/N of them in two exchanges; the one
+   * round is 0.86-0.92x the direct path's time at 20-24 KB on 4 and 8 ranks,
+   * level at 32 KB, and the direct path 0.64-0.90x the one round's from 48 KB
+   * (docs/benchmarks.md). Across hosts a 64 KiB
    * allreduce on 2 ranks took 0.13 ms on the ring and 0.07 ms in one round
    * (bench/multihost.py); but where hosts hold several ranks (the
    * hierarchical allreduce), a round sends every local rank's payload over
    * the network to every remote rank, and the hierarchical path (the host's
    * ranks over shm, one slice each across) took 0.30-0.35 ms at 32-64 KB on
    * 2 hosts x 2 ranks against 0.42-0.58 in one round. */
-  if (t == &tnt_transport_shm) return size > 2 ? TNT_ONE_ROUND_SHM_BYTES : TNT_ONE_ROUND_BYTES;
+  if (t == &tnt_transport_shm)
+    return size <= 2 ? TNT_ONE_ROUND_BYTES : allreduce ? TNT_ONE_ROUND_SHM_ALLREDUCE_BYTES : TNT_ONE_ROUND_SHM_BYTES;
   return size > 4 || hierarchical ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
 }
 
@@ -304,7 +312,8 @@ static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
   } else if (m->coll != COLL_ALLGATHER) {
     return 0;
   }
-  return (size_t)m->count * tnt_dtype_size((tnt_dtype_t)m->dtype) <= c->one_round_bytes;
+  const size_t limit = m->coll == COLL_ALLREDUCE ? c->one_round_allreduce_bytes : c->one_round_bytes;
+  return (size_t)m->count * tnt_dtype_size((tnt_dtype_t)m->dtype) <= limit;
 }
 
 /* Append the payloads of the cached small requests (after the bits, which

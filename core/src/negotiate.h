@@ -55,16 +55,21 @@ typedef struct {
  * pays one, and the one round's N-1 copies of the payload are at most twice
  * the ring's bytes. */
 #define TNT_ONE_ROUND_NET_BYTES (64 * 1024)
-/* ... and on one host over shm, for more than 2 ranks (tnt_one_round_bytes). */
+/* ... and on one host over shm, for more than 2 ranks (tnt_one_round_bytes) ... */
 #define TNT_ONE_ROUND_SHM_BYTES (64 * 1024)
+/* ... but an allreduce only up to this: beyond it the direct allreduce's two
+ * exchanges, where each rank adds 1/N of the payloads, beat the one round,
+ * where each adds all N (tnt_one_round_bytes). */
+#define TNT_ONE_ROUND_SHM_ALLREDUCE_BYTES (24 * 1024)
 /* What a negotiation message holds beside its payloads: header, readiness
  * bits, announcements (those that do not fit go in the next cycle). */
 #define TNT_MESSAGE_ROOM (48 * 1024)
 
 /* The one-round limit of a job (the same on every rank: it depends on the
  * transport, the size and whether the allreduce is hierarchical, which every
- * rank agrees on). */
-size_t tnt_one_round_bytes(const tnt_transport_t *t, int size, int hierarchical);
+ * rank agrees on), for an allreduce or, where `allreduce` is 0, for a
+ * broadcast or allgather (the larger, which also sizes the messages). */
+size_t tnt_one_round_bytes(const tnt_transport_t *t, int size, int hierarchical, int allreduce);
 _Static_assert(TNT_ONE_ROUND_NET_BYTES + TNT_MESSAGE_ROOM <= TNT_EXCHANGE_MAX, "a negotiation message must fit an exchange");
 _Static_assert(TNT_ONE_ROUND_SHM_BYTES + TNT_MESSAGE_ROOM <= TNT_EXCHANGE_MAX, "a negotiation message must fit an exchange");
 
@@ -81,7 +86,8 @@ typedef struct {
   int cache_cap;
   tnt_namemap_t cache_by_name;
   uint64_t cycles;             /* cycles completed */
-  size_t one_round_bytes;      /* tnt_one_round_bytes */
+  size_t one_round_bytes;      /* tnt_one_round_bytes: of a broadcast or allgather */
+  size_t one_round_allreduce_bytes; /* ... and of an allreduce */
   size_t msg_max;              /* bytes of one rank's message at most: one_round_bytes + TNT_MESSAGE_ROOM */
   uint8_t *msg_out, *msg_all;  /* exchange buffers */
   uint8_t *msg_mine;           /* this rank's message of the cycle: msg_out, or the transport's exchange_buffer */

@@ -93,6 +93,18 @@ before = core.stats()
 gather_ok &= bool((tnt.allgather(big_g, name="big-gather") == np.repeat(np.arange(size), 20000)).all())
 seen["gather_big_one_round"] = delta(before)["one_round"]
 seen["gather_ok"] = bool(gather_ok)
+# ... and of 48 KB, above an allreduce's one-round limit with more than 2 ranks
+# but not theirs: theirs has no additions that the direct path would share out
+mid_b, mid_g = np.full(12288, rank + 0.5, np.float32), np.full(12288, rank, np.float32)
+for _ in range(2):
+    tnt.broadcast(mid_b, root=size - 1, name="mid-bcast")
+    tnt.allgather(mid_g, name="mid-gather")
+before = core.stats()
+mid_ok = True
+for i in range(5):
+    mid_ok &= bool((tnt.broadcast(mid_b + i, root=size - 1, name="mid-bcast") == size - 0.5 + i).all())
+    mid_ok &= bool((tnt.allgather(mid_g + i, name="mid-gather") == np.repeat(np.arange(size), 12288) + i).all())
+seen["mid_bcast_gather"] = (delta(before)["one_round"], bool(mid_ok))
 
 # 2. the same bits as the small path's order: segment j of the result is
 #    c_j + c_(j+1) + ... + c_(j+N-1) (indices mod N), added left to right in
@@ -122,11 +134,11 @@ avg = tnt.allreduce(contrib[rank], name="bits-avg", op="average", prescale=2.0)
 seen["avg_close"] = bool(np.allclose(avg, 2.0 * sum(contrib) / size, rtol=1e-5, atol=1e-5))
 seen["avg_hex"] = avg.tobytes().hex()  # compared across ranks by the test
 
-# 2b. 32 KB rides too with more than 2 ranks on one host (read in place from
+# 2b. 24 KB rides too with more than 2 ranks on one host (read in place from
 #     the shared exchange buffers), in the same order; and in a cycle that also
 #     runs a small allreduce of its own exchange (a fresh name), which must not
 #     let the peers overwrite the payloads before they are added
-mid = [np.random.default_rng(10 + q).standard_normal(8192).astype(np.float32) for q in range(size)]
+mid = [np.random.default_rng(10 + q).standard_normal(6144).astype(np.float32) for q in range(size)]
 mid_expected = ring_order(mid)
 for _ in range(2):  # cached in this order: the integer average's slot comes first in a cycle's responses
     tnt.allreduce(np.full(3, rank, np.int32), op="average", name="mid-int")
@@ -173,8 +185,8 @@ direct_ok["fused"] = fused_ok
 seen["direct"] = direct_ok
 
 # 3. not one round: an integer average (its own two-part sum) and a payload
-#    beyond the one-round limit (64 KiB with more than 2 ranks); still exact
-ints, big = np.full(5, 7 * rank, np.int64), np.ones(16385, np.float32)  # 64 KiB + 4 B
+#    beyond the one-round limit of an allreduce (24 KiB with more than 2 ranks); still exact
+ints, big = np.full(5, 7 * rank, np.int64), np.ones(6145, np.float32)  # 24 KiB + 4 B
 for _ in range(2):
     r_int = tnt.allreduce(ints, op="average", name="int-avg")
     r_big = tnt.allreduce(big, name="big")

@@ -56,6 +56,11 @@ def test_a_loop_of_small_allgathers_rides_with_every_ranks_rows(observed):
         assert o["gather_big_one_round"] == 0
 
 
+def test_48_kb_broadcasts_and_allgathers_ride_where_an_allreduce_would_not(observed):
+    # their limit with 3 ranks is 64 KiB, an allreduce's 24 KiB (tnt_one_round_bytes)
+    assert all(o["mid_bcast_gather"] == [10, True] for o in observed), [o["mid_bcast_gather"] for o in observed]
+
+
 def test_one_round_adds_in_the_small_paths_order_on_every_rank(observed):
     assert all(o["bits_one_round"] == 4 for o in observed)
     assert all(o["bits"] for o in observed)
@@ -63,7 +68,7 @@ def test_one_round_adds_in_the_small_paths_order_on_every_rank(observed):
     assert len({o["avg_hex"] for o in observed}) == 1
 
 
-def test_32_kb_rides_in_one_round_with_three_ranks_in_the_same_order(observed):
+def test_24_kb_rides_in_one_round_with_three_ranks_in_the_same_order(observed):
     # 100 "mid" calls, and most "mid-check" calls (its first is negotiated in full)
     assert all(o["mid_one_round"] >= 100 + 99 and o["mid"] for o in observed), [o["mid_one_round"] for o in observed]
 
