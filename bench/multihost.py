@@ -15,7 +15,10 @@ Columns, float32 sums (--dtype float16: Tarantella's) on the same hosts in the s
     each sends and receives the whole buffer at the same time). The test bed's "link" is
     a veth pair whose copies run on the same cores as the ranks, so the two directions
     share them: on a 2-core machine each gets about half of the one-way rate.
-Bus bandwidth is 2(N-1)/N x bytes / time (nccl-tests' convention)."""
+Bus bandwidth is 2(N-1)/N x bytes / time (nccl-tests' convention). Each round launches every
+column once, in an order rotated by one from the round before (bench/allreduce.py found the
+launch right after another job's exit slower): --repeat a multiple of the columns' count
+gives every column every place equally often."""
 import argparse
 import json
 import os
@@ -302,8 +305,8 @@ def main():
         if args.baseline and "--only" not in sys.argv:
             only += ["hier@base", "tnt2@base"]
         cols = {k: None for k in runs}
-        for _ in range(args.repeat):  # rounds of every column in turn: a busy machine hits them alike
-            for k in only:
+        for r in range(args.repeat):  # rounds of every column in turn: a busy machine hits them alike
+            for k in only[r % len(only):] + only[:r % len(only)]:  # rotated: no column always first or after one
                 cols[k] = (cols[k] or []) + [runs[k]() or []]  # [] marks a launch that failed
     finally:
         bed.close()
