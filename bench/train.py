@@ -267,8 +267,8 @@ def main():
     for workload in args.workloads.split(","):
         row = results.setdefault(workload, {})
         runs = {setup: [] for setup in setups}
-        for _ in range(args.rounds):
-            for setup in setups:
+        for r in range(args.rounds):
+            for setup in setups[r % len(setups):] + setups[:r % len(setups)]:  # rotated: none always first
                 result, error = run_setup(setup, workload, args)
                 if result:
                     runs[setup].append(result)
