@@ -175,6 +175,10 @@ typedef struct {
    * (two ranks on two hosts, or the 2-host link of the hierarchical
    * allreduce: TNT_MPI_PAIR_SUM) */
   int64_t pair_sums;
+  /* allreduces of two ranks that swapped whole buffers (allreduce_pair.c):
+   * on one host at 48-128 KiB, across the network up to 256 KiB where the
+   * direct MPI messages are not used */
+  int64_t pair_swaps;
 } tnt_stats_t;
 tnt_result_t tnt_get_stats(tnt_stats_t *stats);
 

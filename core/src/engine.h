@@ -51,6 +51,7 @@ typedef struct {
   _Atomic int64_t executed;    /* collectives completed by execution (tnt_get_stats) */
   _Atomic int64_t bytes_reduced; /* their allreduces' count x element size (tnt_get_stats) */
   _Atomic int64_t pair_sums;   /* allreduces of a pair in direct messages (allreduce_pair_direct.c; tnt_get_stats) */
+  _Atomic int64_t pair_swaps;  /* allreduces of a pair that swapped whole buffers (allreduce_pair.c; tnt_get_stats) */
 } tnt_engine_t;
 
 /* WORKED: ran a cycle; IDLE: nothing to do; STOP: shut down; BLOCKED: a cycle

@@ -186,13 +186,14 @@ def stats():
     found a peer not there yet, by how they ended: within the spin, polling
     while yielding the core (ranks outnumber the cores), or asleep.
     `pair_sums`: allreduces whose sum between two hosts went in direct MPI
-    messages (TNT_MPI_PAIR_SUM). Zeros on one rank."""
+    messages (TNT_MPI_PAIR_SUM); `pair_swaps`: allreduces of two ranks that
+    swapped whole buffers (on one host at 48-128 KiB). Zeros on one rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
     return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed", "one_round",
                                          "bit_rounds", "full_rounds", "bytes_reduced", "waits_spun",
-                                         "waits_yielded", "waits_slept", "pair_sums")}
+                                         "waits_yielded", "waits_slept", "pair_sums", "pair_swaps")}
 
 
 def get_master_rank():

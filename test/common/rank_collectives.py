@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 import tarantella as tnt
-from tarantella.common import TensorAllgatherer, TensorAllreducer, TensorBroadcaster, collectives
+from tarantella.common import TensorAllgatherer, TensorAllreducer, TensorBroadcaster, collectives, core
 
 try:
     import ml_dtypes
@@ -58,7 +58,9 @@ def contribution(q, count, dtype, index=None):
 
 for dtype in dtypes:
     dt = np.dtype(dtype)
-    sizes = [0, 1, 17, 2 * size + 1, 1000 * size + 3, big // dt.itemsize]
+    # 24000 + N: 96 KB of float32 or int32, which 2 ranks on one host sum by
+    # swapping whole buffers (48-128 KiB; the ring above and below)
+    sizes = [0, 1, 17, 2 * size + 1, 1000 * size + 3, 24000 + size, big // dt.itemsize]
     for count in sizes:
         tag = f"{dt.name}-{count}"
         x = contribution(rank, count, dt)
@@ -91,6 +93,13 @@ for dtype in dtypes:
             want_rows = [(count // 3 + q) if count < big // dt.itemsize else count // 3 // size for q in range(size)]
             check(f"allgather-{tag}", g, np.concatenate(
                 [contribution(q, r * 3, dt).reshape(r, 3) for q, r in enumerate(want_rows)]))
+
+# 2 ranks add each element once, and a + b is b + a to the bit: whatever the
+# path (the swap of whole buffers at 48-128 KiB), non-integer sums are NumPy's
+if size == 2:
+    xs = [np.random.default_rng([99, q]).standard_normal(24_001).astype(np.float32) for q in range(2)]
+    check("pair-window", tnt.allreduce(xs[rank], name="pair-window"), xs[0] + xs[1])
+    check("pair-window-pre", tnt.allreduce(xs[rank], prescale=2.0, name="pair-window-pre"), xs[0] * 2 + xs[1] * 2)
 
 # non-integer data: rounding differs from NumPy's order, but must be the same
 # bits on every rank and on every run
@@ -214,6 +223,6 @@ for i in range(12):
 
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "size": size, "results": results, "failures": failures,
-               "job": os.environ.get("TNT_JOB_ID")}, f)
+               "job": os.environ.get("TNT_JOB_ID"), "pair_swaps": core.stats()["pair_swaps"]}, f)
 print(f"rank {rank}: {len(results)} results, {len(failures)} failures")
 sys.exit(1 if failures else 0)

@@ -102,6 +102,14 @@ tnt_result_t tnt_allreduce_ring(tnt_ring_t *ring, const void *in, void *out, int
  * the ring's speed at 128 and 256 KB; level from 512 KB, where each rank's
  * extra pass over the buffer costs what the phase saves). */
 #define TNT_PAIR_MAX_BYTES (256 * 1024)
+/* Two ranks on one host swap whole buffers too, above TNT_SHM_PAIR_MIN_BYTES
+ * and up to TNT_SHM_PAIR_MAX_BYTES (engine.c, pair_on_host): the ring's two
+ * hand-offs, each the other core waiting for lines this one writes, cost
+ * more there than the swap's extra pass (0.76-0.91x the ring's time at
+ * 64-128 KB on 2 cores; level at 32-48 KB and 160-192 KB, 1.15-1.22x at 256
+ * KB: docs/benchmarks.md). */
+#define TNT_SHM_PAIR_MIN_BYTES (48 * 1024)
+#define TNT_SHM_PAIR_MAX_BYTES (128 * 1024)
 tnt_result_t tnt_allreduce_pair(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                 double prescale, const int64_t *bounds, double deadline);
 /* Two ranks across the network in the transport's direct messages
