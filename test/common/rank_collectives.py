@@ -100,6 +100,8 @@ if size == 2:
     xs = [np.random.default_rng([99, q]).standard_normal(24_001).astype(np.float32) for q in range(2)]
     check("pair-window", tnt.allreduce(xs[rank], name="pair-window"), xs[0] + xs[1])
     check("pair-window-pre", tnt.allreduce(xs[rank], prescale=2.0, name="pair-window-pre"), xs[0] * 2 + xs[1] * 2)
+    z = xs[rank].copy()  # in place: what is sent must leave before the sum overwrites it
+    check("pair-window-in-place", tnt.allreduce(z, out=z, name="pair-window-in-place"), xs[0] + xs[1])
 
 # non-integer data: rounding differs from NumPy's order, but must be the same
 # bits on every rank and on every run
