@@ -55,6 +55,15 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 VARIANTS = ("plain", "named", "out")
 
 
+def rotated(items, k):
+    """items in the order that starts at item k (mod their count): round k of a
+    bench launches its implementations this way, so that none is always first
+    (the launch right after another job's exit runs slower) or always after the
+    same one."""
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
 def parse_bytes(text):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
@@ -319,7 +328,7 @@ def main():
         jobs = jobs_for(ranks, a.transport, a.baseline, peers, settings)
         per_job = {}
         for k in range(a.rounds):
-            for label, cmd, env in jobs[k % len(jobs):] + jobs[:k % len(jobs)]:  # rotated: no job always first
+            for label, cmd, env in rotated(jobs, k):
                 per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants, a.dtype, a.collective))
         columns = [(label, v) for label, _, _ in jobs for v in (variants if not label.startswith("mpi:") else ["mpi"])]
         lines += [f"### {a.collective}, {ranks} ranks (Tarantella over {a.transport})", "",

@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "test", "multihost"))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from allreduce import human, parse_bytes  # noqa: E402  (bench/allreduce.py's, the same units)
+from allreduce import human, parse_bytes, rotated  # noqa: E402  (bench/allreduce.py's, the same units)
 
 MPI_BENCH = r"""
 #include <mpi.h>
@@ -306,7 +306,7 @@ def main():
             only += ["hier@base", "tnt2@base"]
         cols = {k: None for k in runs}
         for r in range(args.repeat):  # rounds of every column in turn: a busy machine hits them alike
-            for k in only[r % len(only):] + only[:r % len(only)]:  # rotated: no column always first or after one
+            for k in rotated(only, r):
                 cols[k] = (cols[k] or []) + [runs[k]() or []]  # [] marks a launch that failed
     finally:
         bed.close()

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from allreduce import jobs_for  # noqa: E402
+from allreduce import jobs_for, rotated  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 SETTINGS = (("bit rounds", "1"), ("full rounds", "0"))
@@ -97,8 +97,8 @@ def main():
             env = dict(env, TNT_TRANSPORT="shm")
         got = {label: [] for label, _ in SETTINGS}
         last = {}
-        for r in range(args.rounds):  # alternate, in a rotated order: the machine is shared and noisy
-            for label, bits in SETTINGS[r % len(SETTINGS):] + SETTINGS[:r % len(SETTINGS)]:
+        for k in range(args.rounds):  # alternate, in a rotated order: the machine is shared and noisy
+            for label, bits in rotated(SETTINGS, k):
                 r = launch(cmd, env, args, bits)
                 if r:
                     got[label].append(r["step_s"] / args.names)

@@ -44,6 +44,8 @@ import time
 
 import numpy as np
 
+from allreduce import rotated  # bench/ is this script's directory, first on sys.path
+
 HERE = os.path.abspath(__file__)
 MICRO = 32
 
@@ -267,8 +269,8 @@ def main():
     for workload in args.workloads.split(","):
         row = results.setdefault(workload, {})
         runs = {setup: [] for setup in setups}
-        for r in range(args.rounds):
-            for setup in setups[r % len(setups):] + setups[:r % len(setups)]:  # rotated: none always first
+        for k in range(args.rounds):
+            for setup in rotated(setups, k):
                 result, error = run_setup(setup, workload, args)
                 if result:
                     runs[setup].append(result)

@@ -38,8 +38,8 @@ def main():
              for job in allreduce.jobs_for(a.ranks, "shm", None, allreduce.find_peers([]))[1:]]
     columns = [c for c, *_ in jobs]
     best = {c: [float("inf")] * len(sizes) for c in columns}
-    for r in range(a.rounds):
-        for c, label, cmd, env, variant in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:  # rotated: none always first
+    for k in range(a.rounds):
+        for c, label, cmd, env, variant in allreduce.rotated(jobs, k):
             res = allreduce.launch(label, cmd, env, sizes, ["plain"])
             for i, r in enumerate(res or []):
                 best[c][i] = min(best[c][i], r["seconds"][variant])
