@@ -22,7 +22,8 @@ round launches each of them once, each round in an order rotated by one (the
 job launched first after another job's exit runs slower: with a fixed order,
 two identical builds differed by up to 1.3x at 8 ranks), and a figure is the
 median over the rounds of each round's best batch. A ratio is the median of
-the rounds' own ratios (a round the machine slows slows both of its sides);
+the rounds' own ratios (a round the machine slows slows both of its sides),
+with their range in brackets from 3 rounds on;
 give --rounds a multiple of the implementations' count for an even rotation.
 Ratios are to the first of --variants (`plain` by default).
 
@@ -245,11 +246,17 @@ def table(ranks, sizes, per_job, columns, collective="allreduce"):
         runs = [t for t in seconds(label, variant, i) if t is not None]
         return statistics.median(runs) if runs else float("nan")
 
-    def ratio_of(label, variant, i):
-        """Median of the rounds' own ratios to Tarantella's reference call."""
+    def ratio_of(label, variant, i, note=""):
+        """Median of the rounds' own ratios to Tarantella's reference call, with
+        their range from 3 rounds on (how far one round is from the next: the
+        resolution of the median)."""
         pairs = zip(seconds(label, variant, i), seconds("tnt", ref, i))
         ratios = [t / r for t, r in pairs if t is not None and r is not None]
-        return statistics.median(ratios) if ratios else float("nan")
+        if not ratios:
+            return "nan"
+        spread = [f"{min(ratios):.2f}-{max(ratios):.2f}"] if len(ratios) >= 3 else []
+        inside = ", ".join(spread + ([note] if note else []))
+        return f"{statistics.median(ratios):.2f}" + (f" ({inside})" if inside else "")
 
     heads = [f"{label} {variant}" if not label.startswith("mpi:") else label[4:] for label, variant in columns]
     peers = [(label, v) for label, v in columns if label.startswith("mpi:")]
@@ -264,10 +271,10 @@ def table(ranks, sizes, per_job, columns, collective="allreduce"):
         cells = [figure(median_of(label, v, i), nbytes, ranks, collective) for label, v in columns]
         if peers:  # the peer of the lowest median time, and its ratio
             best = min(peers, key=lambda p: median_of(p[0], p[1], i))
-            cells.append(f"{ratio_of(*best, i):.2f} ({best[0][4:]})")
+            cells.append(ratio_of(*best, i, note=best[0][4:]))
         if any(label == "tnt@baseline" for label, _ in columns):
-            cells.append(f"{ratio_of('tnt@baseline', ref, i):.2f}")
-        cells += [f"{ratio_of(label, ref, i):.2f}" for label in setting_jobs]
+            cells.append(ratio_of("tnt@baseline", ref, i))
+        cells += [ratio_of(label, ref, i) for label in setting_jobs]
         lines.append(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
     return lines
 
