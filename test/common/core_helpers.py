@@ -105,3 +105,39 @@ def shm_objects(job=None):
     """Names in /dev/shm that belong to Tarantella jobs (of `job` if given)."""
     prefix = f"tnt-{job}" if job else "tnt-"
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+
+
+def json_lines(text):
+    """The JSON objects the ranks printed (mpirun may join two ranks' lines)."""
+    decoder, found = json.JSONDecoder(), []
+    for line in text.splitlines():
+        at = line.find("{")
+        while at >= 0:
+            try:
+                obj, end = decoder.raw_decode(line, at)
+            except ValueError:
+                at = line.find("{", at + 1)
+                continue
+            found.append(obj)
+            at = line.find("{", end)
+    return found
+
+
+def collectives_agree(reports):
+    """The reports of rank_collectives.py, one per rank in rank order: no rank
+    found a wrong result, and every rank has rank 0's digest of every result.
+    Returns rank 0's results, for comparisons with other runs (same_results)."""
+    for rep in reports:
+        assert rep["failures"] == [], (rep["rank"], rep["failures"])
+    first = reports[0]["results"]
+    assert len(first) > 100  # every dtype x size x collective produced a digest
+    for rep in reports[1:]:
+        differing = [k for k in first if rep["results"].get(k) != first[k]]
+        assert not differing, f"rank {rep['rank']} differs from rank 0 on {differing[:5]}"
+    return first
+
+
+def same_results(first, other, what):
+    """Two runs' digests of every result are equal (`what`: which runs, for the message)."""
+    differing = [k for k in first if other.get(k) != first[k]]
+    assert not differing, f"{what} differ on {len(differing)} results: {differing[:5]}"

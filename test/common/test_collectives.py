@@ -9,27 +9,20 @@ import json
 
 import pytest
 
-from core_helpers import shm_objects, tntrun
+from core_helpers import collectives_agree, same_results, shm_objects, tntrun
 
 
 def run_collectives(n, outdir, env=None):
     outdir.mkdir(parents=True, exist_ok=True)
     res = tntrun(n, "rank_collectives.py", outdir, env=env, runner_args=["--output-on-all-devices"])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    reports = [json.load(open(outdir / f"rank{r}.json")) for r in range(n)]
-    for rep in reports:
-        assert rep["failures"] == [], rep["failures"]
-    return reports
+    return [json.load(open(outdir / f"rank{r}.json")) for r in range(n)]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 def test_every_collective_every_dtype(n, tmp_path):
     reports = run_collectives(n, tmp_path)
-    first = reports[0]["results"]
-    assert len(first) > 100  # every dtype x size x collective produced a digest
-    for rep in reports[1:]:
-        differing = [k for k in first if rep["results"].get(k) != first[k]]
-        assert not differing, f"rank {rep['rank']} differs from rank 0 on {differing[:5]}"
+    collectives_agree(reports)
     if n > 1:  # the job's shared memory is gone once tntrun returns
         assert shm_objects(reports[0]["job"]) == []
     # 2 ranks on one host swapped whole buffers at 48-128 KiB (and only there)
@@ -44,8 +37,7 @@ def test_results_are_identical_on_a_second_run(tmp_path):
     # (TNT_SHM_DIRECT, 3 ranks): neither the algorithm nor where the bytes go
     # may change one bit
     n = 3
-    first = run_collectives(n, tmp_path / "a")[0]["results"]
-    second = run_collectives(n, tmp_path / "b", env={"TNT_STREAM_MIN_KB": "0", "TNT_SHM_DIRECT": "0"})[0]["results"]
+    first = collectives_agree(run_collectives(n, tmp_path / "a"))
+    second = collectives_agree(run_collectives(n, tmp_path / "b", env={"TNT_STREAM_MIN_KB": "0", "TNT_SHM_DIRECT": "0"}))
     assert first.keys() == second.keys()
-    differing = [k for k in first if first[k] != second[k]]
-    assert not differing, f"{len(differing)} results differ between two runs: {differing[:5]}"
+    same_results(first, second, "two runs")

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from core_helpers import HERE, clean_env, run_job, tntrun
+from core_helpers import HERE, clean_env, collectives_agree, json_lines, run_job, same_results, tntrun
 from tarantella.common import plugins
 
 MPIRUN, MPICC, CC = shutil.which("mpirun"), shutil.which("mpicc"), shutil.which("cc")
@@ -46,22 +46,6 @@ def mpirun_cmd(n, script, *args):
             os.path.join(HERE, script), *map(str, args)]
 
 
-def json_lines(text):
-    """The JSON objects the ranks printed (mpirun may join two ranks' lines)."""
-    decoder, found = json.JSONDecoder(), []
-    for line in text.splitlines():
-        at = line.find("{")
-        while at >= 0:
-            try:
-                obj, end = decoder.raw_decode(line, at)
-            except ValueError:
-                at = line.find("{", at + 1)
-                continue
-            found.append(obj)
-            at = line.find("{", end)
-    return found
-
-
 @needs_mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_collective_is_bitwise_identical_on_every_rank(n, cache, tmp_path):
@@ -73,22 +57,13 @@ def test_every_collective_is_bitwise_identical_on_every_rank(n, cache, tmp_path)
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"initialized: rank 0 of {n}, transport mpi" in res.stderr, res.stderr[-3000:]
-    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(n)]
-    for rep in reports:
-        assert rep["failures"] == [], rep["failures"]
-    first = reports[0]["results"]
-    assert len(first) > 100  # every dtype x size x collective produced a digest
-    for rep in reports[1:]:
-        differing = [k for k in first if rep["results"].get(k) != first[k]]
-        assert not differing, f"rank {rep['rank']} differs from rank 0 on {differing[:5]}"
+    first = collectives_agree([json.load(open(tmp_path / f"rank{r}.json")) for r in range(n)])
     if n == 3:  # the algorithms never know the transport: shm gives the same bits
         shm = tmp_path / "shm"
         shm.mkdir()
         res = tntrun(n, "rank_collectives.py", shm, env={"TNT_TEST_BIG_BYTES": 3 << 20})
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        other = json.load(open(shm / "rank0.json"))["results"]
-        differing = [k for k in first if other.get(k) != first[k]]
-        assert not differing, f"mpi and shm differ on {differing[:5]}"
+        same_results(first, json.load(open(shm / "rank0.json"))["results"], "mpi and shm")
 
 
 def open_mpi():
