@@ -65,6 +65,14 @@ def rotated(items, k):
     return items[k:] + items[:k]
 
 
+def median_and_range(ratios):
+    """The median of a bench's per-round ratios, and from 3 rounds on their range
+    "lo-hi" (None below): how far one round was from the next, the resolution of
+    the median. bench/multihost.py reports its ratios the same way."""
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) >= 3 else None
+    return statistics.median(ratios), spread
+
+
 def parse_bytes(text):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
@@ -254,9 +262,9 @@ def table(ranks, sizes, per_job, columns, collective="allreduce"):
         ratios = [t / r for t, r in pairs if t is not None and r is not None]
         if not ratios:
             return "nan"
-        spread = [f"{min(ratios):.2f}-{max(ratios):.2f}"] if len(ratios) >= 3 else []
-        inside = ", ".join(spread + ([note] if note else []))
-        return f"{statistics.median(ratios):.2f}" + (f" ({inside})" if inside else "")
+        median, spread = median_and_range(ratios)
+        inside = ", ".join(x for x in (spread, note) if x)
+        return f"{median:.2f}" + (f" ({inside})" if inside else "")
 
     heads = [f"{label} {variant}" if not label.startswith("mpi:") else label[4:] for label, variant in columns]
     peers = [(label, v) for label, v in columns if label.startswith("mpi:")]

@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "test", "multihost"))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from allreduce import human, parse_bytes, rotated  # noqa: E402  (bench/allreduce.py's, the same units)
+from allreduce import human, median_and_range, parse_bytes, rotated  # noqa: E402  (bench/allreduce.py's, the same units)
 
 MPI_BENCH = r"""
 #include <mpi.h>
@@ -206,8 +206,8 @@ def ratio(slow, fast, i, statistic):
     pairs = [a[i]["seconds"] / b[i]["seconds"] for a, b in zip(slow or [], fast or []) if a and b]
     if not pairs:
         return "-"
-    spread = f" ({min(pairs):.2f}-{max(pairs):.2f})" if len(pairs) > 2 else ""
-    return f"{statistics.median(pairs):.2f}x{spread}"
+    median, spread = median_and_range(pairs)
+    return f"{median:.2f}x" + (f" ({spread})" if spread else "")
 
 
 def table(sizes, cols, link, both, statistic="median", per_host=2):

@@ -187,7 +187,8 @@ def stats():
     while yielding the core (ranks outnumber the cores), or asleep.
     `pair_sums`: allreduces whose sum between two hosts went in direct MPI
     messages (TNT_MPI_PAIR_SUM); `pair_swaps`: allreduces of two ranks that
-    swapped whole buffers (on one host at 48-128 KiB). Zeros on one rank."""
+    swapped whole buffers (on one host at 48-128 KiB, across the network up
+    to 256 KiB where direct MPI messages are not used). Zeros on one rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
