@@ -131,6 +131,20 @@ if got.dtype != np.float32 or got.tolist() != total(7.0):
     recycling_bad.append("a result whose dtype was reassigned was handed out as float32")
 if summed(8, dtype=np.int32).tolist() != total(8) or summed(9, 4).tolist() != [9.0 * size] * 4:
     recycling_bad.append("another dtype or shape")
+# results of 64 KiB - 1 MiB are aligned views of a raw block, which NumPy makes the base of
+# every view of them: a view (a reshape) must keep the result from being handed out again
+aligned = 32 * 1024  # float32 elements: 128 KiB
+shaped = summed(10.0, aligned).reshape(2, -1)
+sliced = summed(11.0, aligned)[:4]
+for i in range(6):
+    summed(100.0 + i, aligned)
+if shaped[:, :2].tolist() != [[10.0 * size] * 2] * 2 or sliced.tolist() != [11.0 * size] * 4:
+    recycling_bad.append(f"a view of an aligned result was overwritten: {shaped[:, :2].tolist()}, {sliced.tolist()}")
+dropped = summed(12.0, aligned)
+address = dropped.ctypes.data
+del dropped
+if summed(13.0, aligned).ctypes.data != address:
+    recycling_bad.append("a dropped aligned result was not handed out again")
 seen["recycling_bad"] = recycling_bad
 
 # 5. Python and NumPy scalars (a loss, a metric) take the fast path too, with the

@@ -33,7 +33,7 @@ def test_other_calls_take_the_general_path(observed):
 
 def test_small_results_are_handed_out_again_only_when_nothing_refers_to_them(observed):
     # a loop that drops each result reuses it (no numpy.empty: the plain call costs what
-    # out= does); kept results, views, read-only or retyped results are never reused
+    # out= does); kept results, views (of an aligned result too), read-only or retyped results are never reused
     assert all(o["recycled"] for o in observed), [o["recycled"] for o in observed]
     assert all(o["recycling_bad"] == [] for o in observed), [o["recycling_bad"] for o in observed]
 
