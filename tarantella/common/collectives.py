@@ -411,6 +411,8 @@ def _allgather(array, name, blocking):
         array = array.reshape(1)
     row_shape = array.shape[1:]
     row_elems = math.prod(row_shape)
+    if row_elems == 0:
+        return _allgather_empty_rows(lib, array, dt, name, blocking)
     ffi = core.ffi()
     # The result as it is when every rank gives as many rows as this one (the
     # common case): the core writes straight into it, with no copy out of its
@@ -426,6 +428,23 @@ def _allgather(array, name, blocking):
     if blocking:
         return _blocking(lib.tnt_allgather_into, auto_name("allgather", name), args, finish, (array, guess), keep=True)
     return Handle(_submit(lib.tnt_allgather_into_async, auto_name("allgather", name), *args), finish, (array, guess))
+
+
+def _allgather_empty_rows(lib, array, dt, name, blocking):
+    """The allgather of rows of no elements (a (5, 0) array): the core agrees on
+    the dtype and the rows' size (0) as for any allgather, but its data is no
+    bytes, which cannot say how many rows each rank has; so, once the ranks have
+    agreed, they gather their row counts under the name + ".rows"."""
+    name, unnamed = auto_name("allgather", name)
+
+    def finish(h):
+        rows = allgather(np.array([array.shape[0]], np.int64), name=name.decode() + ".rows")
+        return np.empty((int(rows.sum()),) + array.shape[1:], array.dtype)
+
+    args = (core.ffi().NULL, 0, 0, dt, core.ffi().NULL, 0)
+    if blocking:
+        return _blocking(lib.tnt_allgather_into, (name, unnamed), args, finish, (), keep=True)
+    return Handle(_submit(lib.tnt_allgather_into_async, (name, unnamed), *args), finish, ())
 
 
 def _gather_finish(h, array, guess):
@@ -620,7 +639,7 @@ def _allgather_structure(structure, name):
         for q in range(rows.shape[0]):
             for i in idx:
                 n = int(rows[q][i]) * row_elems[i]
-                parts[i].append(flat[offset:offset + n].reshape((-1,) + arrays[i].shape[1:]))
+                parts[i].append(flat[offset:offset + n].reshape((int(rows[q][i]),) + arrays[i].shape[1:]))
                 offset += n
         for i in idx:
             results[i] = np.concatenate(parts[i])

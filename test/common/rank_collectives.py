@@ -195,6 +195,11 @@ want_gather = {"rows": np.concatenate([np.full((q + 1, 2), q, np.float32) for q 
                "scalar": np.array([q * 10 for q in range(size)], np.int64), "empty": np.zeros((0, 3))}
 same(tnt.allgather(mine), want_gather, "nested-allgather")
 same(TensorAllgatherer(mine).allgather(mine), want_gather, "TensorAllgatherer")
+# rows of no elements: no data, but every rank's rows count (a (6, 0) result on 3 ranks, not (0, 0))
+no_elems = np.zeros((sum(q + 1 for q in range(size)), 0, 2), np.float32)
+same(tnt.allgather(np.zeros((rank + 1, 0, 2), np.float32)), no_elems, "allgather-rows-of-no-elements")
+same(tnt.allgather_async(np.zeros((rank + 1, 0, 2), np.float32)).wait(), no_elems, "allgather-async-rows-of-no-elements")
+same(tnt.allgather({"none": np.zeros((rank + 1, 0, 2), np.float32)}), {"none": no_elems}, "nested-rows-of-no-elements")
 # NaN and Inf propagate; an empty structure is returned as is
 special = [np.array([np.nan if rank == 0 else 1.0, np.inf, 1.0], np.float32), -np.inf if rank == size - 1 else 2.0]
 same(tnt.allreduce(special), [np.array([np.nan, np.inf, size], np.float32),
