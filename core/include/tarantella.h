@@ -119,6 +119,22 @@ tnt_result_t tnt_allgather_into(const char *name, const void *in, int64_t count,
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle);
 /* Blocking barrier, as tnt_allreduce is the blocking allreduce. */
 tnt_result_t tnt_barrier(const char *name, double timeout_s, tnt_handle_t *handle);
+/* The same collectives for a payload fused from several arrays (a nested
+ * structure's leaves): `layout` is the caller's digest of their keys, dtypes
+ * and shapes, and every rank must pass the same one, as it must the same
+ * count; else TNT_ERR_MISMATCH on every rank (equal counts alone would sum
+ * one rank's leaf into another's). 0 is a plain array's layout. */
+tnt_result_t tnt_allreduce_layout_async(const char *name, const void *in, void *out, int64_t count,
+                                        tnt_dtype_t dtype, tnt_reduce_op_t op, double prescale, uint64_t layout,
+                                        tnt_handle_t *handle);
+tnt_result_t tnt_allreduce_layout(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                  tnt_reduce_op_t op, double prescale, uint64_t layout, double timeout_s,
+                                  tnt_handle_t *handle);
+tnt_result_t tnt_broadcast_layout_async(const char *name, const void *in, void *out, int64_t count,
+                                        tnt_dtype_t dtype, int root, uint64_t layout, tnt_handle_t *handle);
+tnt_result_t tnt_allgather_into_layout_async(const char *name, const void *in, int64_t count, int64_t row_elems,
+                                             tnt_dtype_t dtype, void *out, int64_t out_count, uint64_t layout,
+                                             tnt_handle_t *handle);
 
 /* Completion. tnt_wait's timeout_s bounds this wait (TNT_ERR_TIMEOUT, the request
  * stays pending); a negative, NaN or infinite timeout_s (or one beyond 1e9 s)

@@ -16,7 +16,7 @@
 #define TNT_MAX_NAME 256 /* names are at most 255 bytes + NUL */
 /* Bumped whenever what ranks exchange changes meaning: ranks of different
  * versions refuse each other at set-up instead of misreading each other. */
-#define TNT_PROTOCOL_VERSION 5u
+#define TNT_PROTOCOL_VERSION 6u
 
 /* Log levels, as TNT_LOG_LEVEL spells them. */
 enum { TNT_LOG_DEBUG = 0, TNT_LOG_INFO = 1, TNT_LOG_WARNING = 2, TNT_LOG_ERROR = 3 };

@@ -240,7 +240,7 @@ static tnt_result_t new_request(const char *name, tnt_coll_t coll, int dtype, in
 }
 
 static tnt_result_t allreduce_async_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                 tnt_reduce_op_t op, double prescale, tnt_handle_t *handle, int driven) {
+                                 tnt_reduce_op_t op, double prescale, uint64_t layout, tnt_handle_t *handle, int driven) {
   tnt_request_t *req = NULL;
   if (op != TNT_SUM && op != TNT_AVERAGE)
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unsupported reduce op %d: use TNT_SUM or TNT_AVERAGE", (int)op);
@@ -254,6 +254,7 @@ static tnt_result_t allreduce_async_in(const char *name, const void *in, void *o
                     name ? name : "", prescale);
   TNT_CHECK(new_request(name, COLL_ALLREDUCE, dtype, count, &req));
   req->meta.op = (uint8_t)op;
+  req->meta.layout = layout;
   req->prescale = prescale;
   req->in = in;
   req->out = out;
@@ -261,7 +262,7 @@ static tnt_result_t allreduce_async_in(const char *name, const void *in, void *o
 }
 
 static tnt_result_t broadcast_async_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
-                                       tnt_handle_t *handle, int driven) {
+                                       uint64_t layout, tnt_handle_t *handle, int driven) {
   tnt_request_t *req = NULL;
   if (root < 0 || root >= tnt_ctx.pl.size)
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "broadcast '%s': root must be a rank between 0 and %d. Received: root=%d",
@@ -270,13 +271,14 @@ static tnt_result_t broadcast_async_in(const char *name, const void *in, void *o
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "broadcast '%s': NULL buffer", name ? name : "");
   TNT_CHECK(new_request(name, COLL_BROADCAST, dtype, count, &req));
   req->meta.root = root;
+  req->meta.layout = layout;
   req->in = in;
   req->out = out;
   return submit(req, handle, driven);
 }
 
 static tnt_result_t allgather_async_in(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
-                                       void *out, int64_t out_count, tnt_handle_t *handle, int driven) {
+                                       void *out, int64_t out_count, uint64_t layout, tnt_handle_t *handle, int driven) {
   tnt_request_t *req = NULL;
   if (row_elems < 0 || (row_elems > 0 && count % row_elems) || (row_elems == 0 && count))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allgather '%s': count %lld is not a multiple of the row size %lld",
@@ -287,6 +289,7 @@ static tnt_result_t allgather_async_in(const char *name, const void *in, int64_t
                     (long long)out_count, out);
   TNT_CHECK(new_request(name, COLL_ALLGATHER, dtype, count, &req));
   req->meta.row_elems = row_elems;
+  req->meta.layout = layout;
   req->in = in;
   req->out = out;
   req->out_count = out ? out_count : -1;
@@ -450,7 +453,7 @@ static tnt_result_t release_in(tnt_handle_t handle) {
 
 tnt_result_t tnt_allreduce_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                  tnt_reduce_op_t op, double prescale, tnt_handle_t *handle) {
-  WITH_CONTEXT(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle, 0));
+  WITH_CONTEXT(allreduce_async_in(name, in, out, count, dtype, op, prescale, 0, handle, 0));
 }
 
 /* The blocking calls: submitted without waking the background thread, then
@@ -476,20 +479,21 @@ static tnt_result_t wait_driven(tnt_handle_t handle, double timeout_s, int keep)
 }
 
 static tnt_result_t allreduce_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                 tnt_reduce_op_t op, double prescale, double timeout_s, tnt_handle_t *handle) {
-  TNT_CHECK(allreduce_async_in(name, in, out, count, dtype, op, prescale, handle, 1));
+                                 tnt_reduce_op_t op, double prescale, uint64_t layout, double timeout_s,
+                                 tnt_handle_t *handle) {
+  TNT_CHECK(allreduce_async_in(name, in, out, count, dtype, op, prescale, layout, handle, 1));
   return wait_driven(*handle, timeout_s, 0);
 }
 
 static tnt_result_t broadcast_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
                                  double timeout_s, tnt_handle_t *handle) {
-  TNT_CHECK(broadcast_async_in(name, in, out, count, dtype, root, handle, 1));
+  TNT_CHECK(broadcast_async_in(name, in, out, count, dtype, root, 0, handle, 1));
   return wait_driven(*handle, timeout_s, 0);
 }
 
 static tnt_result_t allgather_in(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
                                  void *out, int64_t out_count, double timeout_s, tnt_handle_t *handle) {
-  TNT_CHECK(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, handle, 1));
+  TNT_CHECK(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, 0, handle, 1));
   return wait_driven(*handle, timeout_s, 1);
 }
 
@@ -500,7 +504,18 @@ static tnt_result_t barrier_in(const char *name, double timeout_s, tnt_handle_t 
 
 tnt_result_t tnt_allreduce(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                            tnt_reduce_op_t op, double prescale, double timeout_s, tnt_handle_t *handle) {
-  WITH_CONTEXT(allreduce_in(name, in, out, count, dtype, op, prescale, timeout_s, handle));
+  WITH_CONTEXT(allreduce_in(name, in, out, count, dtype, op, prescale, 0, timeout_s, handle));
+}
+
+tnt_result_t tnt_allreduce_layout(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                  tnt_reduce_op_t op, double prescale, uint64_t layout, double timeout_s,
+                                  tnt_handle_t *handle) {
+  WITH_CONTEXT(allreduce_in(name, in, out, count, dtype, op, prescale, layout, timeout_s, handle));
+}
+
+tnt_result_t tnt_allreduce_layout_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                        tnt_reduce_op_t op, double prescale, uint64_t layout, tnt_handle_t *handle) {
+  WITH_CONTEXT(allreduce_async_in(name, in, out, count, dtype, op, prescale, layout, handle, 0));
 }
 
 tnt_result_t tnt_broadcast(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
@@ -519,17 +534,28 @@ tnt_result_t tnt_barrier(const char *name, double timeout_s, tnt_handle_t *handl
 
 tnt_result_t tnt_broadcast_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
                                  tnt_handle_t *handle) {
-  WITH_CONTEXT(broadcast_async_in(name, in, out, count, dtype, root, handle, 0));
+  WITH_CONTEXT(broadcast_async_in(name, in, out, count, dtype, root, 0, handle, 0));
+}
+
+tnt_result_t tnt_broadcast_layout_async(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                        int root, uint64_t layout, tnt_handle_t *handle) {
+  WITH_CONTEXT(broadcast_async_in(name, in, out, count, dtype, root, layout, handle, 0));
 }
 
 tnt_result_t tnt_allgather_async(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
                                  tnt_handle_t *handle) {
-  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, NULL, 0, handle, 0));
+  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, NULL, 0, 0, handle, 0));
 }
 
 tnt_result_t tnt_allgather_into_async(const char *name, const void *in, int64_t count, int64_t row_elems,
                                       tnt_dtype_t dtype, void *out, int64_t out_count, tnt_handle_t *handle) {
-  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, handle, 0));
+  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, 0, handle, 0));
+}
+
+tnt_result_t tnt_allgather_into_layout_async(const char *name, const void *in, int64_t count, int64_t row_elems,
+                                             tnt_dtype_t dtype, void *out, int64_t out_count, uint64_t layout,
+                                             tnt_handle_t *handle) {
+  WITH_CONTEXT(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, layout, handle, 0));
 }
 
 tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle) {

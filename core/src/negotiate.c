@@ -169,7 +169,7 @@ int tnt_negotiate_has_news(tnt_negotiator_t *c) {
 }
 
 static int meta_agree(const tnt_meta_t *a, const tnt_meta_t *b) {
-  if (a->coll != b->coll || a->dtype != b->dtype) return 0;
+  if (a->coll != b->coll || a->dtype != b->dtype || a->layout != b->layout) return 0;
   switch (a->coll) {
     case COLL_ALLREDUCE: return a->count == b->count && a->op == b->op;
     case COLL_BROADCAST: return a->count == b->count && a->root == b->root;
@@ -190,6 +190,8 @@ static void describe(const tnt_meta_t *m, char *out, size_t len) {
       break;
     default: snprintf(out, len, "%s", tnt_coll_name(m->coll)); break;
   }
+  const size_t used = strlen(out);
+  if (m->layout && used < len) snprintf(out + used, len - used, " of structure %016llx", (unsigned long long)m->layout);
 }
 
 /* "tensor 'x': ranks submitted different collectives: ranks 0, 2: allreduce(sum) float32[10]; rank 1: ..." */
@@ -214,7 +216,9 @@ static char *mismatch_message(const tnt_negotiator_t *c, const tnt_gentry_t *g) 
     used += (size_t)snprintf(msg + used, cap - used, " %s %s: %s;", n > 1 ? "ranks" : "rank", ranks, desc);
   }
   free(done);
-  if (used < cap - 2) snprintf(msg + used, cap - used, " every rank must submit it with the same dtype, size and op");
+  if (used < cap - 2)
+    snprintf(msg + used, cap - used, " every rank must submit it with the same dtype, size and op (a nested structure: "
+             "the same keys, leaf dtypes and shapes)");
   return msg;
 }
 
@@ -451,7 +455,8 @@ static uint64_t responses_digest(const tnt_response_t *list, int n) {
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < n; i++) {
     const tnt_meta_t *m = &list[i].meta;
-    int64_t shared[6] = {m->coll, m->dtype, m->op, m->root, m->coll == COLL_ALLGATHER ? 0 : m->count, m->row_elems};
+    int64_t shared[7] = {m->coll, m->dtype, m->op, m->root, m->coll == COLL_ALLGATHER ? 0 : m->count, m->row_elems,
+                         (int64_t)m->layout};
     int32_t error_and_path[2] = {list[i].error, list[i].one_round};
     h = fnv(h, list[i].name, strlen(list[i].name) + 1);
     h = fnv(h, shared, sizeof shared);

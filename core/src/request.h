@@ -11,12 +11,16 @@
 typedef enum { COLL_ALLREDUCE = 0, COLL_BROADCAST = 1, COLL_ALLGATHER = 2, COLL_BARRIER = 3 } tnt_coll_t;
 
 /* What every rank must agree on for one name. For allgather `count` is this
- * rank's own count (it may differ between ranks) and row_elems must agree. */
+ * rank's own count (it may differ between ranks) and row_elems must agree.
+ * `layout` is the caller's digest of how the payload is laid out (a nested
+ * structure's keys, leaf dtypes and shapes, fused into one request), 0 for a
+ * plain array: equal counts do not make two structures alike. */
 typedef struct {
   uint8_t coll, dtype, op, pad;
   int32_t root;
   int64_t count;
   int64_t row_elems;
+  uint64_t layout;
 } tnt_meta_t;
 
 /* NEW: just taken; TO_ANNOUNCE: name+meta go out next cycle; ANNOUNCED: sent, waiting

@@ -21,6 +21,7 @@ dtypes and shapes (for allgather, but for the first dimension). Any other
 leaf type is a TypeError that names it.
 """
 import functools
+import hashlib
 import math
 import threading
 
@@ -243,14 +244,21 @@ def _op_code(op):
 
 def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     """Start an allreduce; see allreduce()."""
+    return _allreduce_async(array, op, name, prescale, out)
+
+
+def _allreduce_async(array, op, name, prescale, out, layout=0):
+    """allreduce_async; `layout` (not 0): a structure's digest (_layout), which every rank must match."""
     lib = core.ensure_initialized()
     _op_code(op)
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
-    handle = _submit(lib.tnt_allreduce_async, auto_name("allreduce", name),
-                     ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op],
-                     float(prescale))
+    args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op], float(prescale))
+    if layout:
+        handle = _submit(lib.tnt_allreduce_layout_async, auto_name("allreduce", name), *args, layout)
+    else:
+        handle = _submit(lib.tnt_allreduce_async, auto_name("allreduce", name), *args)
     return Handle(handle, lambda h: out, (array, out))
 
 
@@ -276,23 +284,26 @@ def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
         return result
     if _is_structure(array):
         _no_out(out, "allreduce")
-        return _structure_collective(array, "allreduce", name, lambda a, n: allreduce_async(
-            a, op, n, prescale), now=lambda a, n: _allreduce_now(a, op, n, prescale, None))
+        return _structure_collective(
+            array, "allreduce", name, lambda a, n, layout: _allreduce_async(a, op, n, prescale, None, layout),
+            now=lambda a, n, layout: _allreduce_now(a, op, n, prescale, None, layout))
     return _allreduce_now(array, op, name, prescale, out)
 
 
-def _allreduce_now(array, op, name, prescale, out):
+def _allreduce_now(array, op, name, prescale, out, layout=0):
     """The blocking allreduce of one array, every argument checked (the errors
-    a caller sees come from here)."""
+    a caller sees come from here); `layout` as in _allreduce_async."""
     lib = core.ensure_initialized()
     opcode = _op_code(op)
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
     _bind_fastpath(lib, ffi)
-    return _blocking(lib.tnt_allreduce, auto_name("allreduce", name),
-                     (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale)),
-                     lambda h: out, (array, out))
+    args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale))
+    if layout:
+        return _blocking(lib.tnt_allreduce_layout, auto_name("allreduce", name), args + (layout,),
+                         lambda h: out, (array, out))
+    return _blocking(lib.tnt_allreduce, auto_name("allreduce", name), args, lambda h: out, (array, out))
 
 
 def _blocking(fn, name, args, finish, keepalive, keep=False):
@@ -367,8 +378,9 @@ def broadcast_async(array, root=0, name=None, out=None):
     return _broadcast(array, root, name, out, blocking=False)
 
 
-def _broadcast(array, root, name, out, blocking):
-    """broadcast_async's Handle, or (blocking) broadcast's result."""
+def _broadcast(array, root, name, out, blocking, layout=0):
+    """broadcast_async's Handle, or (blocking) broadcast's result; `layout`
+    (not blocking) as in _allreduce_async."""
     lib = core.ensure_initialized()
     size = lib.tnt_size()
     if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
@@ -381,7 +393,10 @@ def _broadcast(array, root, name, out, blocking):
     args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     if blocking:
         return _blocking(lib.tnt_broadcast, auto_name("broadcast", name), args, lambda h: out, (array, out))
-    handle = _submit(lib.tnt_broadcast_async, auto_name("broadcast", name), *args)
+    if layout:
+        handle = _submit(lib.tnt_broadcast_layout_async, auto_name("broadcast", name), *args, layout)
+    else:
+        handle = _submit(lib.tnt_broadcast_async, auto_name("broadcast", name), *args)
     return Handle(handle, lambda h: out, (array, out))
 
 
@@ -392,7 +407,7 @@ def broadcast(array, root=0, name=None, out=None):
     if _is_structure(array):
         _no_out(out, "broadcast")
         return _structure_collective(array, "broadcast", name,
-                                     lambda a, n: broadcast_async(a, root, n))
+                                     lambda a, n, layout: _broadcast(a, root, n, None, False, layout))
     result = _fastpath.broadcast(array, root, name, out)  # the common call, in C
     if result is not NotImplemented:
         return result
@@ -403,8 +418,9 @@ def allgather_async(array, name=None):
     return _allgather(array, name, blocking=False)
 
 
-def _allgather(array, name, blocking):
-    """allgather_async's Handle, or (blocking) allgather's result."""
+def _allgather(array, name, blocking, layout=0):
+    """allgather_async's Handle, or (blocking) allgather's result; `layout`
+    (not blocking) as in _allreduce_async."""
     lib = core.ensure_initialized()
     array, dt = _as_input(array, "allgather")
     if array.ndim == 0:
@@ -412,6 +428,7 @@ def _allgather(array, name, blocking):
     row_shape = array.shape[1:]
     row_elems = math.prod(row_shape)
     if row_elems == 0:
+        assert not layout, "a structure's rows are int64 counts, never empty rows"
         return _allgather_empty_rows(lib, array, dt, name, blocking)
     ffi = core.ffi()
     # The result as it is when every rank gives as many rows as this one (the
@@ -427,7 +444,11 @@ def _allgather(array, name, blocking):
 
     if blocking:
         return _blocking(lib.tnt_allgather_into, auto_name("allgather", name), args, finish, (array, guess), keep=True)
-    return Handle(_submit(lib.tnt_allgather_into_async, auto_name("allgather", name), *args), finish, (array, guess))
+    if layout:
+        handle = _submit(lib.tnt_allgather_into_layout_async, auto_name("allgather", name), *args, layout)
+    else:
+        handle = _submit(lib.tnt_allgather_into_async, auto_name("allgather", name), *args)
+    return Handle(handle, finish, (array, guess))
 
 
 def _allgather_empty_rows(lib, array, dt, name, blocking):
@@ -593,22 +614,59 @@ class _Done:
         return self._value
 
 
+def _layout(structure, arrays, gather=False):
+    """The digest every rank's request of a fused structure carries (the core's
+    `layout`): its skeleton (keys, list or tuple), each leaf's dtype and shape
+    (gather: but the first dimension). Equal per-dtype counts do not make two
+    structures alike: {"a": 2 values, "b": 3} against {"a": 3, "b": 2} would sum
+    one rank's "b" into another's "a" without it. Never 0 (a plain array's)."""
+    shapes = [(a.dtype.str, a.shape[1:] if gather else a.shape) for a in arrays]
+    text = f"{_skeleton(structure)}|{shapes}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") | 1
+
+
+def _skeleton(structure):
+    """The structure with "*" for its leaves, dict keys in flatten's (sorted) order."""
+    if isinstance(structure, dict):
+        return "{" + ",".join(f"{k!r}:{_skeleton(structure[k])}" for k in sorted(structure)) + "}"
+    if isinstance(structure, (list, tuple)):
+        items = ",".join(_skeleton(item) for item in structure)
+        return f"[{items}]" if isinstance(structure, list) else f"{type(structure).__name__}({items})"
+    return "*"
+
+
+def _wait_all(handles):
+    """Each handle's result, in order. The first error any of them meets is
+    raised as soon as it is known: where ranks passed different structures, a
+    request of a dtype only this rank has never completes, while another's
+    fails at once with the mismatch."""
+    lib = core.lib()
+    while True:
+        waiting = [h for h in handles if not isinstance(h, _Done) and not h.test()]  # test() raises an error met
+        if not waiting:
+            return [h.wait() for h in handles]
+        lib.tnt_wait(waiting[0]._handle, _WAIT_SLICE_S)
+
+
 def _structure_collective(structure, kind, name, start, now=None):
     """allreduce or broadcast of a structure: one request per dtype (with one
-    dtype and a blocking `now`, the blocking call: metrics and losses in a loop)."""
+    dtype and a blocking `now`, the blocking call: metrics and losses in a loop),
+    each carrying the structure's _layout."""
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
     base = auto_name(kind, name)[0].decode()
+    layout = _layout(structure, arrays)
     groups = _groups(arrays)
     handles = []
     for dtype, idx in groups.items():
         flat = np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in idx])
         group_name = f"{base}.{dtype.name}"
-        handles.append((idx, _Done(now(flat, group_name)) if now and len(groups) == 1 else start(flat, group_name)))
+        handles.append(_Done(now(flat, group_name, layout)) if now and len(groups) == 1
+                       else start(flat, group_name, layout))
     results = [None] * len(arrays)
-    for idx, handle in handles:
-        flat, offset = handle.wait(), 0
+    for idx, flat in zip(groups.values(), _wait_all(handles)):
+        offset = 0
         for i in idx:
             n = arrays[i].size
             value = flat[offset:offset + n].reshape(arrays[i].shape)
@@ -627,7 +685,9 @@ def _allgather_structure(structure, name):
     if not arrays:
         return rebuild([])
     groups = _groups(arrays)
-    rows = allgather_async(np.array([a.shape[0] for a in arrays], np.int64), f"{base}.rows")
+    # The rows' request carries the layout: it is the one request every rank has, whatever its leaves' dtypes.
+    rows = _allgather(np.array([a.shape[0] for a in arrays], np.int64), f"{base}.rows", False,
+                      _layout(structure, arrays, gather=True))
     data = [(idx, allgather_async(np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1)
                                                   for i in idx]), f"{base}.{dtype.name}"))
             for dtype, idx in groups.items()]

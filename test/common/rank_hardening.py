@@ -87,6 +87,22 @@ expect(errors.MismatchError, lambda: tnt.allreduce(np.ones(3 + rank, np.float32)
 assert tnt.allreduce(one)[0] == size  # a mismatch fails that call only
 ok("unnamed-calls-hit-the-cache")
 
+# nested structures fused into one request per dtype: ranks whose structures
+# differ (keys, leaf shapes, dtypes) fail on every rank, even where each
+# dtype's count agrees; before, {"a": 2, "b": 3 values} summed with {"a": 3, "b": 2}
+one_f, ten_f = np.ones(2 + (rank > 0), np.float32), np.full(3 - (rank > 0), 10, np.float32)
+expect(errors.MismatchError, lambda: tnt.allreduce({"a": one_f, "b": ten_f}), "structure")
+expect(errors.MismatchError, lambda: tnt.allreduce({"a": one, "b" if rank else "c": one}), "structure")
+expect(errors.MismatchError, lambda: tnt.broadcast({"a": one_f, "b": ten_f}), "structure")
+expect(errors.MismatchError, lambda: tnt.allgather({"a": np.zeros((2, 2 + (rank > 0)), np.float32),
+                                                     "b": np.zeros((1, 3 - (rank > 0)), np.float32)}), "structure")
+extra = {"n": np.ones(4, np.int32)} if rank == 0 else {}  # a dtype only rank 0 has: its request has no partner
+expect(errors.MismatchError, lambda: tnt.allreduce({"a": one, **extra}), "structure")
+expect(errors.MismatchError, lambda: tnt.broadcast([one, *extra.values()]), "structure")
+alike = tnt.allreduce({"a": np.ones(2, np.float32), "b": np.full(3, 10, np.float32), "n": np.ones(4, np.int32)})
+assert (alike["a"] == size).all() and (alike["b"] == 10 * size).all() and (alike["n"] == size).all(), alike
+ok("nested-structures-that-differ-fail")
+
 # fork(): the child is not a rank. Its collectives fail clearly; its exit
 # (atexit, shutdown) leaves the parent's job untouched.
 pid = os.fork()

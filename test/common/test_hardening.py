@@ -13,7 +13,8 @@ import pytest
 from core_helpers import HERE, clean_env, shm_objects, tntrun
 
 CHECKS = ["float16-average-no-overflow", "integer-average-exact", "nul-name-refused",
-          "fusion-independent-bits", "unnamed-calls-hit-the-cache", "fork-child-is-not-a-rank",
+          "fusion-independent-bits", "unnamed-calls-hit-the-cache", "nested-structures-that-differ-fail",
+          "fork-child-is-not-a-rank",
           "wait-after-shutdown-raises"]
 
 
