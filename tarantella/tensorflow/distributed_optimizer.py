@@ -30,6 +30,8 @@ def _distributed_class(base):
         if base not in _classes:
             def apply(self, grads, trainable_variables=None):
                 grads = list(grads)
+                if trainable_variables is not None:
+                    grads = [_with_static_shape(g, v) for g, v in zip(grads, trainable_variables)]
                 self._tnt_missing = [g is None for g in grads]
                 calls = getattr(_recording, "calls", None)
                 if calls is not None:  # the dense shape (an embedding's gradient is sparse)
@@ -133,6 +135,18 @@ def _weight_and_total(optimizer):
     if context.knows_sizes():
         return weight, context.global_batch()  # no need to sum the weights again
     return weight, None
+
+
+def _with_static_shape(grad, variable):
+    """A dense gradient whose static shape is less known than its variable's
+    (after a custom gradient or a dynamic reshape, e.g. with a synchronised
+    BatchNormalization) with the variable's: the request names, buckets and
+    packs are derived from static shapes, and the empty-slice branch of a
+    tnt.Model step, which applies zeros of the variables' shapes, must derive
+    the same ones, or the ranks wait for requests the others never make."""
+    if not isinstance(grad, tf.Tensor) or grad.shape.is_fully_defined():
+        return grad
+    return tf.ensure_shape(grad, variable.shape)
 
 
 def _default_name(variables, grads):

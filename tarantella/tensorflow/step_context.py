@@ -59,19 +59,22 @@ class StepContext:
         self.local_batch = tf.cast(local_batch, tf.float64)
         self._sizes = None
         self._replaying = False
-        self._log = []  # (name, length) of each allreduce, in program order
+        self._log = []  # (name, length, on_replay) of each allreduce, in program order
         self._on_replay = []  # what the empty branch must also do (advance seed generators)
         self.values = {}  # what parts of the step share (e.g. the loss scale folding)
 
-    def allreduce_sum(self, values, purpose):
-        """Σ_r of a 1-D float64 tensor of static length, logged for replay."""
+    def allreduce_sum(self, values, purpose, on_replay=None):
+        """Σ_r of a 1-D float64 tensor of static length, logged for replay.
+        `on_replay(summed)` is called with the sum the empty branch gets (the
+        other ranks' contributions), for state that the real branch updates
+        from it (synchronised BatchNormalization's moving statistics)."""
         values = tf.convert_to_tensor(values, tf.float64)
         length = values.shape.num_elements()
         if values.shape.rank != 1 or length is None:
             raise ValueError(f"allreduce_sum takes a 1-D tensor of static length. Received: "
                              f"shape={values.shape}")
         name = f"tnt.step.{len(self._log)}.{purpose}"
-        self._log.append((name, length))
+        self._log.append((name, length, on_replay))
         return _allreduce_sum_op(values, name)
 
     def _onehot_size(self):
@@ -91,13 +94,14 @@ class StepContext:
         when replaying)."""
         return self._sizes is not None
 
-    def sum_with_sizes(self, values, purpose):
+    def sum_with_sizes(self, values, purpose, on_replay=None):
         """allreduce_sum(values), in the same request as the sizes when they
         are not summed yet."""
         if self._sizes is not None or self._replaying:
-            return self.allreduce_sum(values, purpose)
+            return self.allreduce_sum(values, purpose, on_replay)
         size = core.get_size()
-        both = self.allreduce_sum(tf.concat([self._onehot_size(), values], 0), purpose)
+        consume = None if on_replay is None else lambda summed: on_replay(summed[size:])
+        both = self.allreduce_sum(tf.concat([self._onehot_size(), values], 0), purpose, consume)
         self._sizes = both[:size]
         return both[size:]
 
@@ -125,8 +129,10 @@ class StepContext:
         branch runs, so nothing was logged in this step: `previous` (an
         earlier step's `requests()`) says what the real branch issues."""
         log, hooks = (self._log, self._on_replay) if self._log or not previous else previous
-        for name, length in list(log):
-            _allreduce_sum_op(tf.zeros([length], tf.float64), name)
+        for name, length, consume in list(log):
+            summed = _allreduce_sum_op(tf.zeros([length], tf.float64), name)
+            if consume is not None:
+                consume(summed)
         for function in list(hooks):
             function()
         self._replaying = True

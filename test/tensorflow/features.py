@@ -283,6 +283,28 @@ def array_fits(tnt, reference):
     return {"history": history, "weights": weights(model), "empty_slice_branch": conds}
 
 
+def empty_slices(tnt, reference):
+    """Steps in which rank 1's slice is empty (a last batch of 1 sample):
+    fit of a model with synchronised BatchNormalization layers (one over axis
+    1, whose statistics are transposed first): the empty rank must update the
+    moving statistics from the global moments like the others, and name its
+    gradient requests alike."""
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([
+        keras.Input((4, 8)), keras.layers.Dense(6, activation="relu"),
+        keras.layers.BatchNormalization(axis=1, synchronized=True), keras.layers.Flatten(),
+        keras.layers.BatchNormalization(synchronized=True), keras.layers.Dense(3)])
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    x, y = data(81, seed=4)
+    x = np.stack([x * (i + 1) for i in range(4)], axis=1)
+    model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0)
+    out = {"batch_norm_weights": weights(model),
+           "batch_norm_predict": model.predict(x[:B], batch_size=B, verbose=0).tolist()}
+    return out
+
+
 def check_misc(tnt, files):
     out = {}
     records = []
@@ -542,6 +564,7 @@ def main():
     results["loop_tape"] = custom_loop(tnt, args.reference, tape_mode=True)
     results["own_compile"] = own_compile(tnt, args.reference)
     results["array_fits"] = array_fits(tnt, args.reference)
+    results["empty_slices"] = empty_slices(tnt, args.reference)
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)

@@ -120,6 +120,24 @@ def test_array_fits_trace_the_empty_slice_branch_only_when_a_slice_can_be_empty(
     assert runs["ranks"][0]["array_fits"] == runs["ranks"][1]["array_fits"]
 
 
+def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
+    """A rank whose slice of a batch is empty skips the model but must do what
+    the others do: update synchronised BatchNormalization's moving statistics
+    (they were left behind, so the ranks ended with different weights and
+    predicted their rows with stale statistics), and name its gradient
+    requests as they do (a BatchNormalization over axis 1 left the real
+    branch's kernel gradient without a static shape, so the names differed: a
+    timeout)."""
+    ref = runs["ref"]["empty_slices"]
+    for rank in runs["ranks"]:
+        got = rank["empty_slices"]
+        for a, b in zip(got["batch_norm_weights"], ref["batch_norm_weights"]):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got["batch_norm_predict"], ref["batch_norm_predict"],
+                                   rtol=1e-4, atol=1e-5)
+    assert runs["ranks"][0]["empty_slices"] == runs["ranks"][1]["empty_slices"]
+
+
 def test_save_and_load(runs):
     for rank in runs["ranks"]:
         s = rank["save_load"]

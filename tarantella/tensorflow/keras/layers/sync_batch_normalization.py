@@ -20,7 +20,15 @@ def _gradient_weight(context):
     return tf.math.divide_no_nan(context.local_batch, context.global_batch())
 
 
-def global_moments(inputs, axes, mask=None):
+def _moments_from_sums(summed, channels):
+    """(count, mean, variance) in float64 from the summed [n, n m, n (v + m^2)]."""
+    total = summed[:channels]
+    mean = tf.math.divide_no_nan(summed[channels:2 * channels], total)
+    var = tf.maximum(tf.math.divide_no_nan(summed[2 * channels:], total) - tf.square(mean), 0.0)
+    return total, mean, var
+
+
+def global_moments(inputs, axes, mask=None, on_replay=None):
     """Mean and variance of `inputs` over `axes` and over every rank's samples
     (float32 in, float32 out), differentiable.
 
@@ -30,7 +38,9 @@ def global_moments(inputs, axes, mask=None):
     - mean^2, without the cancellation a float32 E[x^2] - E[x]^2 would have.
     The backward pass sums the ranks' gradients with respect to the (shared)
     mean and variance, weighted as the parameter gradients are, so that each
-    sample's gradient is the one serial training gives it.
+    sample's gradient is the one serial training gives it. A rank whose
+    slice is empty does not run the layer: `on_replay(mean, variance)` is
+    then called with the global moments (float32), for the moving statistics.
     """
     context = step_context.current()
     channels = inputs.shape[-1]
@@ -38,6 +48,11 @@ def global_moments(inputs, axes, mask=None):
         weights = tf.ones_like(inputs)
     else:
         weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), inputs.dtype), tf.shape(inputs))
+
+    def replayed(summed):  # the empty branch: the same global moments
+        if on_replay is not None:
+            _, mean, var = _moments_from_sums(summed, channels)
+            on_replay(tf.cast(mean, inputs.dtype), tf.cast(var, inputs.dtype))
 
     @tf.custom_gradient
     def moments(x):
@@ -47,10 +62,8 @@ def global_moments(inputs, axes, mask=None):
         local_var = tf.math.divide_no_nan(tf.reduce_sum(centred, axis=axes), count)
         n, m, v = (tf.cast(t, tf.float64) for t in (count, local_mean, local_var))
         stats = tf.concat([n, n * m, n * (v + tf.square(m))], 0)
-        summed = _sum(context, stats, "batch_norm")
-        total = summed[:channels]
-        mean = tf.math.divide_no_nan(summed[channels:2 * channels], total)
-        var = tf.maximum(tf.math.divide_no_nan(summed[2 * channels:], total) - tf.square(mean), 0.0)
+        summed = _sum(context, stats, "batch_norm", replayed)
+        total, mean, var = _moments_from_sums(summed, channels)
         mean32, var32 = tf.cast(mean, x.dtype), tf.cast(var, x.dtype)
 
         def grad(grad_mean, grad_var):
@@ -69,10 +82,24 @@ def global_moments(inputs, axes, mask=None):
     return moments(inputs)
 
 
-def _sum(context, values, purpose):
+def _sum(context, values, purpose, on_replay=None):
     if context is not None:
-        return context.sum_with_sizes(values, purpose)
+        return context.sum_with_sizes(values, purpose, on_replay)
     return step_context.allreduce_sum(values, purpose)
+
+
+def _update_moving_statistics(layer, mean, variance):
+    """What `BatchNormalization.call` does with the batch moments in training
+    (renorm too), for a rank whose slice is empty: every rank's moving
+    statistics then stay the same (the serial ones)."""
+    if layer.renorm:
+        layer._update_renorm_statistics(mean, variance)
+        return
+    moving_mean = tf.cast(layer.moving_mean, mean.dtype)
+    moving_variance = tf.cast(layer.moving_variance, mean.dtype)
+    layer.moving_mean.assign(moving_mean * layer.momentum + mean * (1.0 - layer.momentum))
+    layer.moving_variance.assign(
+        moving_variance * layer.momentum + variance * (1.0 - layer.momentum))
 
 
 def sync_moments(layer, inputs, mask):
@@ -84,7 +111,8 @@ def sync_moments(layer, inputs, mask):
         if mask is not None:
             raise NotImplementedError("SyncBatchNormalization with a mask needs axis=-1")
         axes = list(range(len(inputs.shape) - 1))
-    return global_moments(inputs, axes, mask)
+    return global_moments(inputs, axes, mask,
+                          on_replay=lambda m, v: _update_moving_statistics(layer, m, v))
 
 
 @keras.saving.register_keras_serializable(package="tarantella")
