@@ -374,6 +374,14 @@ class Model(keras.Model):
             return tf.nest.map_structure(
                 lambda sp: tf.zeros([d or 0 for d in sp.shape], sp.dtype), spec)
 
+        if tf.executing_eagerly() and kind not in state.replays and not bool(local_batch > 0):
+            # Run eagerly, tf.cond runs one branch only: a rank whose very first
+            # step of this kind has an empty slice cannot know what the real
+            # branch issues (a global loss normaliser, synchronised BatchNorm
+            # statistics, Dropout's offset), and the other ranks would wait for
+            # it. Traced, tf.cond traces the real branch first: this one step
+            # runs as a function, and later eager steps replay what it logged.
+            return tf.function(lambda: tf.cond(local_batch > 0, run, skip), autograph=False)()
         return tf.cond(local_batch > 0, run, skip)
 
     def _global_logs(self, logs, local_batch):

@@ -59,6 +59,7 @@ class StepContext:
         self.local_batch = tf.cast(local_batch, tf.float64)
         self._sizes = None
         self._replaying = False
+        self._replayed_sizes = False  # replaying a real branch that summed the sizes
         self._log = []  # (name, length, on_replay) of each allreduce, in program order
         self._on_replay = []  # what the empty branch must also do (advance seed generators)
         self.values = {}  # what parts of the step share (e.g. the loss scale folding)
@@ -92,7 +93,7 @@ class StepContext:
     def knows_sizes(self):
         """Whether the step has already summed the sizes (the real branch did,
         when replaying)."""
-        return self._sizes is not None
+        return self._sizes is not None or self._replayed_sizes
 
     def sum_with_sizes(self, values, purpose, on_replay=None):
         """allreduce_sum(values), in the same request as the sizes when they
@@ -119,8 +120,10 @@ class StepContext:
         self._on_replay.append(function)
 
     def requests(self):
-        """What `replay` issues: the logged requests and the replay hooks."""
-        return list(self._log), list(self._on_replay)
+        """What `replay` issues: the logged requests, the replay hooks, and
+        whether the step summed the sizes (so that the empty branch, like the
+        real one, makes no request of its own for the gradients' total weight)."""
+        return list(self._log), list(self._on_replay), self._sizes is not None
 
     def replay(self, previous=None):
         """Issue the logged requests with zero contributions (the empty branch).
@@ -128,7 +131,10 @@ class StepContext:
         real branch's graph cannot be used in this one. Run eagerly, only one
         branch runs, so nothing was logged in this step: `previous` (an
         earlier step's `requests()`) says what the real branch issues."""
-        log, hooks = (self._log, self._on_replay) if self._log or not previous else previous
+        if self._log or not previous:
+            log, hooks, self._replayed_sizes = self._log, self._on_replay, self._sizes is not None
+        else:
+            log, hooks, self._replayed_sizes = previous
         for name, length, consume in list(log):
             summed = _allreduce_sum_op(tf.zeros([length], tf.float64), name)
             if consume is not None:

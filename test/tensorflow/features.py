@@ -285,10 +285,13 @@ def array_fits(tnt, reference):
 
 def empty_slices(tnt, reference):
     """Steps in which rank 1's slice is empty (a last batch of 1 sample):
-    fit of a model with synchronised BatchNormalization layers (one over axis
-    1, whose statistics are transposed first): the empty rank must update the
-    moving statistics from the global moments like the others, and name its
-    gradient requests alike."""
+    - fit of a model with synchronised BatchNormalization layers (one over
+      axis 1, whose statistics are transposed first): the empty rank must
+      update the moving statistics from the global moments like the others,
+      and name its gradient requests alike;
+    - run eagerly, with a summed loss (a global normaliser: the step sums the
+      batch sizes), train_on_batch whose very first batch is smaller than the
+      ranks, then a full one, then another of 1 sample."""
     keras.utils.set_random_seed(11)
     model = keras.Sequential([
         keras.Input((4, 8)), keras.layers.Dense(6, activation="relu"),
@@ -302,6 +305,16 @@ def empty_slices(tnt, reference):
     model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0)
     out = {"batch_norm_weights": weights(model),
            "batch_norm_predict": model.predict(x[:B], batch_size=B, verbose=0).tolist()}
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), run_eagerly=True,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                  reduction="sum"))
+    x, y = data(22, seed=5)
+    out["eager_losses"] = [float(model.train_on_batch(x[a:b], y[a:b]))
+                           for a, b in ((0, 1), (1, 21), (21, 22))]
+    out["eager_weights"] = weights(model)
     return out
 
 

@@ -124,17 +124,21 @@ def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
     """A rank whose slice of a batch is empty skips the model but must do what
     the others do: update synchronised BatchNormalization's moving statistics
     (they were left behind, so the ranks ended with different weights and
-    predicted their rows with stale statistics), and name its gradient
-    requests as they do (a BatchNormalization over axis 1 left the real
-    branch's kernel gradient without a static shape, so the names differed: a
+    predicted their rows with stale statistics), name its gradient requests
+    as they do (a BatchNormalization over axis 1 left the real branch's kernel
+    gradient without a static shape, so the names differed: a timeout), and,
+    run eagerly, make the same requests (the first step knew nothing of a
+    summed loss's normaliser, later ones summed the weights once more: a
     timeout)."""
     ref = runs["ref"]["empty_slices"]
     for rank in runs["ranks"]:
         got = rank["empty_slices"]
-        for a, b in zip(got["batch_norm_weights"], ref["batch_norm_weights"]):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        for key in ("batch_norm_weights", "eager_weights"):
+            for a, b in zip(got[key], ref[key]):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=key)
         np.testing.assert_allclose(got["batch_norm_predict"], ref["batch_norm_predict"],
                                    rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got["eager_losses"], ref["eager_losses"], rtol=1e-6)
     assert runs["ranks"][0]["empty_slices"] == runs["ranks"][1]["empty_slices"]
 
 
