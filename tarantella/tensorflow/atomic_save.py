@@ -65,12 +65,21 @@ def remove_stale_twins(path):
             pass  # another save removed it first
 
 
-def atomic_save(path, save_fn):
-    """Call `save_fn(tmp_path)`, then move the result to `path`."""
+def atomic_save(path, save_fn, siblings=False):
+    """Call `save_fn(tmp_path)`, then move the result to `path`.
+
+    `siblings`: `save_fn` also writes files beside its target, named after
+    it (Keras' weight shards: `NAME_00000.weights.h5` for
+    `NAME.weights.json`, listed by name in it). It then writes in a temporary
+    directory beside `path`, under `path`'s own name, so that the files get
+    their final names; they are moved beside `path` first, `path` itself last
+    (each move is atomic, the set of them is not)."""
     path = os.fspath(path)
     if not _is_local(path):
         return save_fn(path)
     remove_stale_twins(path)
+    if siblings:
+        return _save_with_siblings(path, save_fn, temporary_twin(path))
     tmp = temporary_twin(path)
     try:
         result = save_fn(tmp)
@@ -89,3 +98,17 @@ def atomic_save(path, save_fn):
             shutil.rmtree(tmp, ignore_errors=True)
         elif os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _save_with_siblings(path, save_fn, tmp_dir):
+    directory, base = os.path.split(path)
+    os.makedirs(tmp_dir)
+    try:
+        result = save_fn(os.path.join(tmp_dir, base))
+        for name in sorted(os.listdir(tmp_dir)):
+            if name != base:
+                os.replace(os.path.join(tmp_dir, name), os.path.join(directory, name))
+        os.replace(os.path.join(tmp_dir, base), path)
+        return result
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)

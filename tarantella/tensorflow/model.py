@@ -705,9 +705,9 @@ class Model(keras.Model):
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
         self._tnt_synced = True
 
-    def _save_on_this_rank(self, save_all_devices, what, filepath, write):
+    def _save_on_this_rank(self, save_all_devices, what, filepath, write, siblings=False):
         if save_all_devices or core.is_master_rank():
-            atomic_save(filepath, write)
+            atomic_save(filepath, write, siblings=siblings)
         if core.get_size() > 1 and not self._tnt_master_only:
             # The file is complete when save() returns on any rank, so every
             # rank may load it next (assuming a shared filesystem).
@@ -734,7 +734,8 @@ class Model(keras.Model):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(
             tnt_save_all_devices, "save_weights", filepath,
-            lambda path: self.model.save_weights(path, overwrite=True, **kwargs))
+            lambda path: self.model.save_weights(path, overwrite=True, **kwargs),
+            siblings=kwargs.get("max_shard_size") is not None)  # the shards, named after it
 
     # ---- serialization: the wrapped model's ---------------------------------------------------
     def get_config(self):
