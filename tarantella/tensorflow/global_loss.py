@@ -74,6 +74,8 @@ def _parts(loss, y_true, y_pred, sample_weight):
                        "to the batch")
         return _Part("mean", value=loss(y_true, y_pred, sample_weight))
     if plain and mask is None:
+        if reduction in _MEANS:
+            _check_per_sample(loss, y_true, y_pred)
         return _Part("mean", value=loss(y_true, y_pred, sample_weight))
     dtype = loss.dtype
     with tf.name_scope(loss.name):
@@ -113,6 +115,25 @@ def _parts(loss, y_true, y_pred, sample_weight):
         else:  # no reduction: Keras returns the unreduced values; so do we
             return _Part("mean", value=loss(y_true, y_pred, sample_weight))
         return _Part("ratio", total=total, normaliser=normaliser)
+
+
+def _check_per_sample(loss, y_true, y_pred):
+    """Warn (once per loss) where a loss function returns one value for the
+    whole batch: Keras then divides by 1, and that value is whatever the
+    function made of the batch. Tarantella takes it for the mean over the
+    rank's slice, which is exact for a mean and N times too small for a sum,
+    and cannot tell the two apart."""
+    key = ("per-sample", type(loss).__name__, getattr(loss, "name", None))
+    if key in _warned or not getattr(y_pred, "shape", None) or y_pred.shape.rank in (None, 0):
+        return
+    _warned.add(key)
+    values = loss.call(y_true, y_pred)  # traced for its shape only; a graph prunes it
+    if getattr(values, "shape", None) is not None and values.shape.rank == 0:
+        get_logger().warning(
+            f"tnt.Model: loss {getattr(loss, 'name', type(loss).__name__)} returns one value for the whole "
+            "batch, not one per sample. Tarantella takes it for the mean over each rank's slice: exact if it "
+            "is a mean, N times too small on N ranks if it is a sum. Return one value per sample (leave the "
+            "reduction to Keras, or pass reduction=\"sum\" to a keras.losses.Loss) for the serial result.")
 
 
 _warned = set()

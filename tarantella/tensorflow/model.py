@@ -667,22 +667,25 @@ class Model(keras.Model):
         self._train_may_be_empty(True)  # any batch, even one smaller than the ranks
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
-        return super().train_on_batch(x, y, sample_weight=sample_weight,
-                                      class_weight=class_weight, return_dict=return_dict)
+        with collective_ops.collective_errors():  # a peer lost or a timeout as Tarantella's errors, as in fit
+            return super().train_on_batch(x, y, sample_weight=sample_weight,
+                                          class_weight=class_weight, return_dict=return_dict)
 
     def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
         """`keras.Model.test_on_batch` on a global batch (see train_on_batch)."""
         self._assert_compile_called("test_on_batch")
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
-        return super().test_on_batch(x, y, sample_weight=sample_weight, return_dict=return_dict)
+        with collective_ops.collective_errors():
+            return super().test_on_batch(x, y, sample_weight=sample_weight, return_dict=return_dict)
 
     def predict_on_batch(self, x):
         """`keras.Model.predict_on_batch` on a global batch: every rank predicts
         its slice and returns the predictions of the whole batch."""
         self._sync_weights(x)
         self._set_distributed_predict(core.get_size() > 1)
-        return super().predict_on_batch(_rank_slice(x))
+        with collective_ops.collective_errors():
+            return super().predict_on_batch(_rank_slice(x))
 
     def _set_distributed_predict(self, distributed):
         if distributed != self._tnt_distributed_predict:

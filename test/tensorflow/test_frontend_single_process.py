@@ -583,3 +583,27 @@ def test_pipelines_that_draw_at_random_are_not_compared():
     d = distribute_dataset(base.map(lambda a, b: (a + tf.random.uniform([4]), b)).batch(2),
                            rank=0, size=2)
     assert not d.first_batches.compared and d.first_batches.summary().tolist() == [-1, -1]
+
+
+def test_a_loss_function_that_returns_one_value_per_batch_is_warned_about():
+    """Keras divides a loss function's value by its number of elements: one
+    value per batch is whatever the function made of the batch (a mean or a
+    sum), which Tarantella cannot tell apart, so it says so, once per loss."""
+    from tarantella.common.logging import get_logger
+    from tarantella.tensorflow import global_loss
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    get_logger().addHandler(handler)
+    try:
+        y_true, y_pred = tf.zeros([4, 1]), tf.ones([4, 1])
+        for fn in (lambda t, p: tf.reduce_sum(tf.square(t - p)),  # one value per batch: warned
+                   lambda t, p: tf.reduce_mean(tf.square(t - p), axis=-1)):  # one per sample: not
+            compiled = keras.src.losses.LossFunctionWrapper(fn, name=f"fn{len(records)}")  # what compile makes of fn
+            global_loss._parts(compiled, y_true, y_pred, None)
+            global_loss._parts(compiled, y_true, y_pred, None)  # once per loss
+    finally:
+        get_logger().removeHandler(handler)
+    messages = [r.getMessage() for r in records]
+    assert len(messages) == 1 and "one value for the whole batch" in messages[0], messages
