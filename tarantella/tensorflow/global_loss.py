@@ -76,6 +76,11 @@ def _parts(loss, y_true, y_pred, sample_weight):
     if plain and mask is None:
         if reduction in _MEANS:
             _check_per_sample(loss, y_true, y_pred)
+        elif reduction in (None, "none"):
+            _warn_once(loss, "reduction=None gives Keras one loss per sample, whose gradient is that of their "
+                       "sum while the logs show their mean; Tarantella takes them for a batch mean, so the "
+                       "gradients differ from serial Keras's by about a factor N on N ranks. Use "
+                       "reduction=\"sum\" (or the default mean) for the serial result")
         return _Part("mean", value=loss(y_true, y_pred, sample_weight))
     dtype = loss.dtype
     with tf.name_scope(loss.name):

@@ -585,10 +585,11 @@ def test_pipelines_that_draw_at_random_are_not_compared():
     assert not d.first_batches.compared and d.first_batches.summary().tolist() == [-1, -1]
 
 
-def test_a_loss_function_that_returns_one_value_per_batch_is_warned_about():
+def test_losses_whose_normaliser_is_unknown_are_warned_about():
     """Keras divides a loss function's value by its number of elements: one
     value per batch is whatever the function made of the batch (a mean or a
-    sum), which Tarantella cannot tell apart, so it says so, once per loss."""
+    sum), which Tarantella cannot tell apart, so it says so, once per loss; as
+    for reduction=None (the gradient of the sum, the logs' mean)."""
     from tarantella.common.logging import get_logger
     from tarantella.tensorflow import global_loss
 
@@ -603,7 +604,9 @@ def test_a_loss_function_that_returns_one_value_per_batch_is_warned_about():
             compiled = keras.src.losses.LossFunctionWrapper(fn, name=f"fn{len(records)}")  # what compile makes of fn
             global_loss._parts(compiled, y_true, y_pred, None)
             global_loss._parts(compiled, y_true, y_pred, None)  # once per loss
+        global_loss._parts(keras.losses.MeanSquaredError(reduction=None), y_true, y_pred, None)
     finally:
         get_logger().removeHandler(handler)
     messages = [r.getMessage() for r in records]
-    assert len(messages) == 1 and "one value for the whole batch" in messages[0], messages
+    assert len(messages) == 2 and "one value for the whole batch" in messages[0], messages
+    assert "reduction=None" in messages[1], messages
