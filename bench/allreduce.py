@@ -39,6 +39,11 @@ rank's input, the result N times that, and bus bandwidth (N-1) x bytes / time
 (nccl-tests' (N-1)/N x the result's size); allgather has no `out` variant.
 `--collective broadcast` broadcasts from rank 0; its bus bandwidth is bytes / time.
 `--collective barrier` has one row (sizes are ignored) and no `out` variant.
+
+Before each launch, bench/cross_core.c (compiled with cc on first use) times a
+cache line's round trip between the first two CPUs, and the figures are printed
+under each table: a VM may move its vCPUs from a shared cache to far apart
+between launches, and rounds in the two placements do not compare.
 """
 import argparse
 import json
@@ -47,6 +52,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -164,6 +170,27 @@ def copy_bandwidth(nbytes=256 << 20):
     np.copyto(b, a)
     best = min(_timed(lambda: np.copyto(b, a)) for _ in range(5))
     return nbytes / best
+
+
+def cross_core_probe():
+    """A function giving the round trip of a cache line between this process's
+    first two CPUs now, in ns (bench/cross_core.c, compiled here once), or None
+    where it cannot run (no C compiler, one CPU). A VM's hypervisor can move its
+    vCPUs from a shared cache (~55 ns on the machine of 2026-11-29) to far apart
+    (~320 ns), where every byte handed between cores costs up to 2.7x."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if len(cpus) < 2 or not cc:
+        return None
+    exe = os.path.join(tempfile.mkdtemp(prefix="tnt-bench-"), "cross_core")
+    src = os.path.join(os.path.dirname(HERE), "cross_core.c")
+    if subprocess.run([cc, "-O2", "-pthread", "-o", exe, src], capture_output=True).returncode:
+        return None
+
+    def probe():
+        res = subprocess.run([exe, str(cpus[0]), str(cpus[1])], capture_output=True, text=True, timeout=60)
+        return int(res.stdout) if res.returncode == 0 else None
+    return probe
 
 
 def _timed(fn):
@@ -339,15 +366,22 @@ def main():
     lines = [f"memory copy bandwidth of one core (measured now): {copy_bw / 1e9:.1f} GB/s",
              f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} interleaved round(s); "
              f"peers: {', '.join(label for label, _, _ in peers) or 'none'}; {a.dtype}", ""]
+    probe = cross_core_probe()
     for ranks in [int(r) for r in a.ranks.split(",")]:
         jobs = jobs_for(ranks, a.transport, a.baseline, peers, settings)
-        per_job = {}
+        per_job, placement = {}, []
         for k in range(a.rounds):
+            trips = []
             for label, cmd, env in rotated(jobs, k):
+                trips.append(f"{label} {probe() if probe else '?'}")
                 per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants, a.dtype, a.collective))
+            placement.append(f"round {k + 1}: " + ", ".join(trips))
         columns = [(label, v) for label, _, _ in jobs for v in (variants if not label.startswith("mpi:") else ["mpi"])]
         lines += [f"### {a.collective}, {ranks} ranks (Tarantella over {a.transport})", "",
-                  *table(ranks, sizes, per_job, columns, a.collective), ""]
+                  *table(ranks, sizes, per_job, columns, a.collective), "",
+                  "Cross-core round trip (ns) just before each launch (bench/cross_core.c; rounds whose "
+                  "launches saw different placements of the cores do not compare):", "",
+                  *[f"- {line}" for line in placement], ""]
     text = "\n".join(lines)
     print(text)
     if a.markdown:
