@@ -43,7 +43,10 @@ rank's input, the result N times that, and bus bandwidth (N-1) x bytes / time
 Before each launch, bench/cross_core.c (compiled with cc on first use) times a
 cache line's round trip between the first two CPUs, and the figures are printed
 under each table: a VM may move its vCPUs from a shared cache to far apart
-between launches, and rounds in the two placements do not compare.
+between launches (2.7x slower hand-offs on the machine of 2026-11-29). The
+rounds whose every launch found the cores near make one table, those whose
+every launch found them far another, and a round whose launches saw both is
+left out.
 """
 import argparse
 import json
@@ -191,6 +194,21 @@ def cross_core_probe():
         res = subprocess.run([exe, str(cpus[0]), str(cpus[1])], capture_output=True, text=True, timeout=60)
         return int(res.stdout) if res.returncode == 0 else None
     return probe
+
+
+def by_placement(trips):
+    """[(title, round indices)]: the rounds whose every launch found the cores
+    near each other (a cache line's round trip under twice the run's least),
+    then those whose every launch found them far apart; a round whose launches
+    saw both is left out, since its sides ran on different machines in effect.
+    Without the probe, every round in one table."""
+    every = [ns for t in trips for _, ns in t if ns is not None]
+    if not every:
+        return [("All rounds:", list(range(len(trips))))]
+    far = [{ns > 2 * min(every) for _, ns in t if ns is not None} for t in trips]
+    out = [(f"Rounds whose every launch found the cores {word} ({sum(f == {key} for f in far)} of {len(trips)}):",
+            [k for k, f in enumerate(far) if f == {key}]) for word, key in (("near", False), ("far apart", True))]
+    return [(title, keep) for title, keep in out if keep]
 
 
 def _timed(fn):
@@ -369,19 +387,21 @@ def main():
     probe = cross_core_probe()
     for ranks in [int(r) for r in a.ranks.split(",")]:
         jobs = jobs_for(ranks, a.transport, a.baseline, peers, settings)
-        per_job, placement = {}, []
+        rounds, trips = [], []  # per round: {label: results}; [(label, ns)]
         for k in range(a.rounds):
-            trips = []
+            rounds.append({})
+            trips.append([])
             for label, cmd, env in rotated(jobs, k):
-                trips.append(f"{label} {probe() if probe else '?'}")
-                per_job.setdefault(label, []).append(launch(label, cmd, env, sizes, variants, a.dtype, a.collective))
-            placement.append(f"round {k + 1}: " + ", ".join(trips))
+                trips[-1].append((label, probe() if probe else None))
+                rounds[-1][label] = launch(label, cmd, env, sizes, variants, a.dtype, a.collective)
         columns = [(label, v) for label, _, _ in jobs for v in (variants if not label.startswith("mpi:") else ["mpi"])]
-        lines += [f"### {a.collective}, {ranks} ranks (Tarantella over {a.transport})", "",
-                  *table(ranks, sizes, per_job, columns, a.collective), "",
-                  "Cross-core round trip (ns) just before each launch (bench/cross_core.c; rounds whose "
-                  "launches saw different placements of the cores do not compare):", "",
-                  *[f"- {line}" for line in placement], ""]
+        lines.append(f"### {a.collective}, {ranks} ranks (Tarantella over {a.transport})")
+        for title, keep in by_placement(trips):
+            per_job = {label: [rounds[k].get(label) for k in keep] for label, _, _ in jobs}
+            lines += ["", title, "", *table(ranks, sizes, per_job, columns, a.collective)]
+        lines += ["", "Cross-core round trip (ns) just before each launch (bench/cross_core.c):", "",
+                  *[f"- round {k + 1}: " + ", ".join(f"{label} {ns if ns is not None else '?'}" for label, ns in t)
+                    for k, t in enumerate(trips)], ""]
     text = "\n".join(lines)
     print(text)
     if a.markdown:
