@@ -208,7 +208,8 @@ def by_placement(trips):
     far = [{ns > 2 * min(every) for _, ns in t if ns is not None} for t in trips]
     out = [(f"Rounds whose every launch found the cores {word} ({sum(f == {key} for f in far)} of {len(trips)}):",
             [k for k, f in enumerate(far) if f == {key}]) for word, key in (("near", False), ("far apart", True))]
-    return [(title, keep) for title, keep in out if keep]
+    return [(title, keep) for title, keep in out if keep] or \
+        [("No round found the cores in one placement for all its launches; every round:", list(range(len(trips))))]
 
 
 def _timed(fn):
