@@ -213,9 +213,11 @@ def _supervised(command, rank, local_rank, size, hide_stdout, env):
                 os.write(2, b"\n")  # the record starts on a line of its own
             rank_report.write(_record(rank, local_rank, size, child, code, ended, error_file,
                                       started), job_id)
-        return _end_like(code)
     finally:
         shutil.rmtree(private, ignore_errors=True)
+    # only now: a program ended by a signal ends the wrapper by the same signal, and no
+    # `finally` would run after that
+    return _end_like(code)
 
 
 def main(argv=None):

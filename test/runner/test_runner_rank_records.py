@@ -96,22 +96,28 @@ def test_wrapper_forwards_the_error_file_and_hides_other_ranks_stdout():
     assert not os.path.exists(os.path.dirname(error_file))  # the private folder is removed
 
 
-def test_wrapper_dies_by_the_programs_signal():
-    proc = _wrapper("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+def test_wrapper_dies_by_the_programs_signal(tmp_path):
+    # the wrapper's private folder (TNT_ERROR_FILE's) goes before the wrapper ends by the
+    # program's signal: it was left in the temporary directory of every host
+    proc = _wrapper("import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+                    extra_env={"TMPDIR": str(tmp_path)})
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     _, [record] = _records(err)
     assert record["returncode"] == -signal.SIGKILL and record["stopped"] is False
+    assert os.listdir(tmp_path) == []
 
 
-def test_wrapper_passes_a_stop_on_and_marks_the_rank_stopped():
-    proc = _wrapper("import sys, time; print('up', file=sys.stderr, flush=True); time.sleep(120)")
+def test_wrapper_passes_a_stop_on_and_marks_the_rank_stopped(tmp_path):
+    proc = _wrapper("import sys, time; print('up', file=sys.stderr, flush=True); time.sleep(120)",
+                    extra_env={"TMPDIR": str(tmp_path)})
     assert proc.stderr.readline() == b"up\n"
     proc.send_signal(signal.SIGTERM)  # what mpirun and srun send after another rank failed
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM
     _, [record] = _records(err)
     assert record["returncode"] == -signal.SIGTERM and record["stopped"] is True
+    assert os.listdir(tmp_path) == []  # no tnt-rank-* folder left behind
 
 
 def test_wrapper_success_sends_nothing():
