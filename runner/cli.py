@@ -185,14 +185,17 @@ def parse(argv, prog="tntrun"):
     """(args, command): options before `--`, the user's command after it (or from the
     first positional argument on, as torchrun and horovodrun accept)."""
     parser = build_parser(prog)
+    args = None
     if "--" in argv:
         cut = argv.index("--")
         args = parser.parse_args(argv[:cut])
-        if args.command:
-            _refuse_export_list(parser, args.command[0])
-            parser.error(f"unexpected argument(s) before --: {' '.join(args.command)}")
         command = argv[cut + 1:]
-    else:
+        if args.command:
+            # the command started before this `--` (`tntrun -n 2 train.py --epochs 3 -- x`):
+            # the `--` is one of its arguments, as every word after PROGRAM is
+            _refuse_export_list(parser, args.command[0])
+            args = None
+    if args is None:
         args = parser.parse_args(argv)
         command = list(args.command)
         if command and not os.path.exists(command[0]):

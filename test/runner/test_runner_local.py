@@ -275,9 +275,11 @@ def test_module_flag(tmp_path):
 
 def test_first_positional_starts_the_command(script):
     path = script("print('args', sys.argv[1:])\n")
-    res = run_tntrun(["-n", "1", path, "--epochs", "3", "-n", "9"])
+    # a `--` after PROGRAM is the program's, as every word after it (it was refused as
+    # "unexpected argument(s) before --")
+    res = run_tntrun(["-n", "1", path, "--epochs", "3", "-n", "9", "--", "x"])
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "args ['--epochs', '3', '-n', '9']"
+    assert res.stdout.strip() == "args ['--epochs', '3', '-n', '9', '--', 'x']"
 
 
 def test_dry_run_prints_every_rank_and_starts_nothing(script, tmp_path):
