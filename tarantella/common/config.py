@@ -52,6 +52,9 @@ _ROWS = (
     Param("TNT_LOCAL_RANK", "int", None, "rank among the ranks of this host"),
     Param("TNT_LOCAL_SIZE", "int", None, "number of ranks on this host"),
     Param("TNT_JOB_ID", "str", None, "per-job random id that names the job's shared-memory objects"),
+    Param("TNT_RANK_PID", "int", None,
+          "set by a rank of several in its own environment once initialized: a process it starts "
+          "(multiprocessing workers, subprocesses) is not a rank, and Tarantella refuses to initialize there"),
     ("TNT_FUSION_THRESHOLD_KB", _CORE),
     ("TNT_TIMEOUT_S", _CORE),
     Param("TNT_TRANSPORT", "choice", "auto", "transport between ranks", ("auto", "shm", "mpi", "gpi2")),

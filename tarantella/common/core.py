@@ -82,6 +82,7 @@ def init():
             _check_not_forked()
             return
         mark("tnt.init: begin")
+        _check_not_started_by_a_rank()
         lib_, _ = _load()
         from tarantella.common import plugins
 
@@ -90,6 +91,10 @@ def init():
         _state = "up"
         _pid = os.getpid()
         _running = True
+        if lib_.tnt_size() > 1:
+            # inherited by every process this rank starts (spawn workers, subprocesses): they
+            # see its TNT_RANK and TNT_JOB_ID too, and must not claim its rank a second time
+            os.environ[RANK_PID] = str(_pid)
         mark("tnt.init: connected")
     from tarantella.common import logging as tnt_logging
     from tarantella.common import error_file
@@ -132,6 +137,25 @@ def _check_not_forked():
             f"Tarantella cannot be used in a forked child process (pid {os.getpid()}; this rank lives in "
             f"pid {_pid}): the child shares its parent's rank. Call collectives from the parent, or start "
             "workers with the 'spawn' method (multiprocessing.set_start_method('spawn'))")
+
+
+RANK_PID = "TNT_RANK_PID"  # set by a rank of several once initialized (see init); tntrun drops it
+
+
+def started_by_a_rank():
+    """The pid of the initialized rank that started this process (directly or not), or None."""
+    owner = os.environ.get(RANK_PID)
+    return owner if owner and owner != str(os.getpid()) else None
+
+
+def _check_not_started_by_a_rank():
+    owner = started_by_a_rank()
+    if owner:
+        raise errors.InvalidUsageError(
+            f"this process (pid {os.getpid()}) was started by rank {os.environ.get('TNT_RANK', '?')} of the job "
+            f"(pid {owner}, {RANK_PID}), which has initialized Tarantella: it is not a rank, and cannot use "
+            "collectives or the rank API (it would claim that rank a second time). Call them in the rank "
+            "itself, and give a worker what it needs (e.g. tnt.get_rank()) as an argument")
 
 
 def ensure_initialized():

@@ -52,8 +52,9 @@ def install():
 
         # a fork()ed child's exception is its own: it neither aborts the rank's job (the
         # core ignores a child anyway) nor becomes the rank's error in tntrun's report,
-        # where it would stand for the rank's own failure
-        if os.getpid() == _installed_pid:
+        # where it would stand for the rank's own failure; nor is that of a process the
+        # rank started otherwise (spawn, subprocess), which inherited its TNT_ERROR_FILE
+        if os.getpid() == _installed_pid and not core.started_by_a_rank():
             try:
                 core.abort(f"uncaught {exc_type.__name__}: {exc}")
                 write(exc_type, exc, tb)

@@ -3,7 +3,7 @@
 These ranks run the real core (NumPy and tarantella, no TensorFlow), so that the survivors'
 error is the PeerLostError the core raises, written to their error files by tarantella."""
 import pytest
-from tntrun_helpers import run_tntrun
+from tntrun_helpers import run_tntrun, runner_env
 
 pytest.importorskip("numpy")
 try:
@@ -105,4 +105,53 @@ def test_an_exception_in_a_forked_child_is_not_the_ranks_error(script):
     assert "rank:    1 (local_rank 1)" in root and "exit code 3" in root, report
     # what the child printed is on the rank's stderr and shown as such, not as its error
     assert "error:   ValueError" not in root and "stderr (last" in root, report
+    assert res.returncode == 3, report
+
+
+def test_a_process_a_rank_starts_is_not_a_rank(script):
+    # a rank starts workers with spawn (as the fork error advises) and a subprocess, all of
+    # which import tarantella and inherit the rank's TNT_* variables. A worker that asks for
+    # its rank must be refused, not initialize the core as a second copy of its rank (the
+    # workers of the ranks formed a job of their own; two workers of one rank collided on
+    # the job's shared memory, "File exists", or waited TNT_TIMEOUT_S for a rank 0); an
+    # uncaught exception in the subprocess is not the rank's error in the report.
+    path = script("""
+        import multiprocessing
+        import subprocess
+        import numpy as np
+        import tarantella as tnt
+
+        def worker(conn):
+            try:
+                conn.send(f"worker is rank {tnt.get_rank()}")
+            except tnt.InvalidUsageError as exc:
+                conn.send(f"worker refused: {exc}")
+            except Exception as exc:  # noqa: BLE001 - sent, so that the rank never waits forever
+                conn.send(f"worker failed: {exc!r}")
+
+        if __name__ == "__main__":
+            tnt.allreduce(np.ones(2), name="first")
+            ctx = multiprocessing.get_context("spawn")
+            # pipes, not a Queue: its named semaphores would outlive the ranks that fail below
+            pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
+            workers = [ctx.Process(target=worker, args=(send,)) for _, send in pipes]
+            for w in workers:
+                w.start()
+            print(sorted(recv.recv() for recv, _ in pipes), flush=True)
+            for w in workers:
+                w.join()
+            tnt.allreduce(np.ones(2), name="after-workers")
+            if tnt.get_rank() == 1:
+                subprocess.run([sys.executable, "-c", "import tarantella\\n"
+                                "raise ValueError('raised in a process the rank started')"])
+                os._exit(3)  # the rank's own failure, with no exception of its own
+            tnt.allreduce(np.ones(2), name="never-completes")
+    """)
+    res = run_tntrun(["-n", "2", "--", path], timeout=120, env=runner_env(TNT_TIMEOUT_S="10"))
+    report = res.stderr[res.stderr.index("=" * WIDTH):]
+    assert res.stdout.count("worker refused: ") == 2, res.stdout + report  # rank 0's workers
+    assert "is not a rank" in res.stdout and "worker is rank" not in res.stdout, res.stdout
+    root = _section(report, "Root cause")
+    assert "rank:    1 (local_rank 1)" in root and "exit code 3" in root, report
+    assert "error:   ValueError" not in root, report
     assert res.returncode == 3, report
