@@ -83,9 +83,22 @@ def check_callbacks(tnt, files, reference):
         keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.9),
         keras.callbacks.TerminateOnNaN(), csv, ckpt, everywhere,
     ]
+    # LambdaCallback stores its functions on the object itself, where they shadowed
+    # the wrapper's hooks: the original Tarantella's documented master-only example
+    lambda_seen = {"master_only": 0, "local": []}
     if not reference:
+        lambda_master_only = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: lambda_seen.__setitem__(
+                "master_only", lambda_seen["master_only"] + 1),
+            on_epoch_end=lambda epoch, logs: lambda_seen.__setitem__(
+                "master_only", lambda_seen["master_only"] + 1))
+        lambda_local = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: (
+            lambda_seen["local"].append({k: float(v) for k, v in logs.items()})))
         callbacks += [tnt.keras.callbacks.Callback(master_only, run_on_all_ranks=False),
-                      tnt.keras.callbacks.Callback(local, aggregate_logs=False)]
+                      tnt.keras.callbacks.Callback(local, aggregate_logs=False),
+                      tnt.keras.callbacks.Callback(lambda_master_only, aggregate_logs=False,
+                                                   run_on_all_ranks=False),
+                      tnt.keras.callbacks.Callback(lambda_local, aggregate_logs=False)]
     history = model.fit(train, validation_data=val, epochs=8, verbose=2, callbacks=callbacks)
     result = {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
               "epochs_run": len(history.epoch), "everywhere": everywhere.epochs,
@@ -93,6 +106,8 @@ def check_callbacks(tnt, files, reference):
               "weights": weights(model)}
     if not reference:
         result.update(master_only_batches=master_only.batches, local_epochs=local.epochs,
+                      lambda_master_only_calls=lambda_seen["master_only"],
+                      lambda_local_epochs=lambda_seen["local"],
                       csv_is_wrapped=isinstance(csv, tnt.keras.callbacks.Callback),
                       wrapped_early_stopping={
                           "same_object": callbacks[0] is early,

@@ -51,6 +51,8 @@ def test_writing_callbacks_run_on_the_master_only(runs):
     with open(os.path.join(runs["out"], "stdout0.txt")) as f:
         assert "Epoch 1/8" in f.read()
     assert r0["master_only_batches"] > 0 and r1["master_only_batches"] == 0
+    # a LambdaCallback's functions (set on the object) obey run_on_all_ranks=False too
+    assert r0["lambda_master_only_calls"] > 0 and r1["lambda_master_only_calls"] == 0
     for r in runs["ranks"]:
         assert r["tensorboard"] == [False, "tb"]
     # a TensorBoard callback in fit wrote its event files, on the master only
@@ -82,6 +84,9 @@ def test_aggregate_logs_false_gives_local_logs(runs):
     assert local0["val_loss"] != local0["loss"]
     # the global loss is the sample-weighted mean of the ranks' local losses (90 = 45 + 45)
     assert glob["loss"] == pytest.approx((local0["loss"] + local1["loss"]) / 2, rel=1e-5)
+    # a LambdaCallback's on_epoch_end (set on the object) gets the local logs too
+    assert r0["lambda_local_epochs"] == r0["local_epochs"]
+    assert r1["lambda_local_epochs"] == r1["local_epochs"]
 
 
 def test_custom_loops_match_serial(runs):

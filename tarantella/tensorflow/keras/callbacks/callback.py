@@ -66,6 +66,7 @@ class Callback(keras.callbacks.Callback):
         if isinstance(callback, Callback):
             callback._tnt_aggregate_logs = bool(aggregate_logs)
             callback._tnt_run_on_all_ranks = bool(run_on_all_ranks)
+            _capture_instance_hooks(callback)
             return callback
         base = type(callback)
         with _lock:
@@ -76,6 +77,7 @@ class Callback(keras.callbacks.Callback):
         callback._tnt_aggregate_logs = bool(aggregate_logs)
         callback._tnt_run_on_all_ranks = bool(run_on_all_ranks)
         callback._tnt_local = {}
+        _capture_instance_hooks(callback)
         return callback
 
     def __init__(self, *args, **kwargs):
@@ -89,6 +91,17 @@ class Callback(keras.callbacks.Callback):
     @property
     def run_on_all_ranks(self):
         return self._tnt_run_on_all_ranks
+
+
+def _capture_instance_hooks(callback):
+    """Hooks set on the object itself (LambdaCallback(on_epoch_end=f) stores f
+    as `callback.on_epoch_end`) would shadow the wrapper's methods, so that
+    run_on_all_ranks and aggregate_logs did nothing for them: move them where
+    the wrapper's methods call them."""
+    hooks = callback.__dict__.setdefault("_tnt_instance_hooks", {})
+    for hook in _HOOKS:
+        if hook in callback.__dict__:
+            hooks[hook] = callback.__dict__.pop(hook)
 
 
 def _local_logs(callback, hook, logs):
@@ -137,7 +150,8 @@ def _make_hook(hook):
             previous = getattr(model, "_tnt_master_only", False)
             model._tnt_master_only = True
         try:
-            return getattr(super(Callback, self), hook)(*args, **kwargs)
+            own = self.__dict__.get("_tnt_instance_hooks", {}).get(hook)
+            return (own or getattr(super(Callback, self), hook))(*args, **kwargs)
         except Exception as exc:
             if not self._tnt_run_on_all_ranks:
                 _abort(self, hook, exc)
