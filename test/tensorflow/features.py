@@ -52,6 +52,17 @@ def weights(model):
     return [np.asarray(w).tolist() for w in model.get_weights()]
 
 
+class CountingMonitor(keras.callbacks.RemoteMonitor):
+    """A RemoteMonitor that counts the events it would send to its server."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.sent += 1
+
+
 class Recorder(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
@@ -75,13 +86,14 @@ def check_callbacks(tnt, files, reference):
     csv = keras.callbacks.CSVLogger(os.path.join(files, "log.csv"))
     ckpt = keras.callbacks.ModelCheckpoint(os.path.join(files, "ckpt.keras"), monitor="val_loss")
     everywhere, master_only, local = Recorder(), Recorder(), Recorder()
+    monitor = CountingMonitor()
     early = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.02)
     callbacks = [
         # wrapped explicitly: the wrapper must still be (and act as) this EarlyStopping
         early if reference else tnt.keras.callbacks.Callback(early),
         keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=0.05),
         keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.9),
-        keras.callbacks.TerminateOnNaN(), csv, ckpt, everywhere,
+        keras.callbacks.TerminateOnNaN(), csv, ckpt, everywhere, monitor,
     ]
     # LambdaCallback stores its functions on the object itself, where they shadowed
     # the wrapper's hooks: the original Tarantella's documented master-only example
@@ -103,6 +115,7 @@ def check_callbacks(tnt, files, reference):
     result = {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
               "epochs_run": len(history.epoch), "everywhere": everywhere.epochs,
               "csv_opened": getattr(csv, "csv_file", None) is not None,
+              "monitor_events": monitor.sent,
               "weights": weights(model)}
     if not reference:
         result.update(master_only_batches=master_only.batches, local_epochs=local.epochs,

@@ -44,6 +44,9 @@ def test_deciding_callbacks_decide_as_in_serial_training(runs):
 def test_writing_callbacks_run_on_the_master_only(runs):
     r0, r1 = (r["callbacks"] for r in runs["ranks"])
     assert r0["csv_opened"] and not r1["csv_opened"] and r0["csv_is_wrapped"]
+    # a RemoteMonitor sends each epoch's logs once, as in serial training (not once per rank)
+    assert runs["ref"]["callbacks"]["monitor_events"] == r0["monitor_events"] == r0["epochs_run"]
+    assert r1["monitor_events"] == 0
     files = os.listdir(os.path.join(runs["out"], "files"))
     assert "log.csv" in files and "ckpt.keras" in files
     with open(os.path.join(runs["out"], "stdout1.txt")) as f:

@@ -29,7 +29,8 @@ def prepare_callbacks(callbacks):
             prepared.append(cb)
         elif isinstance(cb, keras.callbacks.ProgbarLogger):
             prepared.append(Callback(cb, run_on_all_ranks=config.get("TNT_OUTPUT_ON_ALL_DEVICES")))
-        elif isinstance(cb, keras.callbacks.CSVLogger):
+        elif isinstance(cb, (keras.callbacks.CSVLogger, keras.callbacks.RemoteMonitor)):
+            # one file, one stream of events to the server: as serial training writes them
             prepared.append(Callback(cb, run_on_all_ranks=False))
         elif isinstance(cb, keras.callbacks.TensorBoard):
             if config.get("TNT_TENSORBOARD_ON_ALL_DEVICES") and core.get_size() > 1:
