@@ -26,7 +26,8 @@ from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
-from tarantella.tensorflow.save_paths import check_model_path, check_weights_path
+from tarantella.tensorflow.save_paths import (check_model_path, check_save_keywords,
+                                               check_save_weights_keywords, check_weights_path)
 
 class _StepState:
     """Per-step values shared between train_step and the optimizer hook; a
@@ -722,6 +723,7 @@ class Model(keras.Model):
         with `tnt_save_all_devices=True`). Call it on every rank."""
         filepath = os.fspath(filepath)
         check_model_path(filepath, zipped)  # on every rank, before any file or collective work
+        check_save_keywords(kwargs)
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(
@@ -733,6 +735,7 @@ class Model(keras.Model):
         writes), atomically, on the master rank only."""
         filepath = os.fspath(filepath)
         check_weights_path(filepath, kwargs.get("max_shard_size"))
+        check_save_weights_keywords(kwargs)
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         self._save_on_this_rank(

@@ -13,7 +13,7 @@ from tarantella.tensorflow import collective_ops
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.model import Model
 from tarantella.tensorflow.model import model_from_config as _model_from_config
-from tarantella.tensorflow.save_paths import check_model_path
+from tarantella.tensorflow.save_paths import check_model_path, check_save_keywords
 
 
 def _wrap(model):
@@ -30,6 +30,8 @@ def save_model(model, filepath, overwrite=True, tnt_save_all_devices=False, **kw
 
 def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
     check_model_path(filepath, kwargs.get("zipped"), what="tnt.models.save_model")
+    check_save_keywords({k: v for k, v in kwargs.items() if k != "zipped"},
+                        what="tnt.models.save_model")
     if save_all_devices or core.is_master_rank():
         atomic_save(filepath, lambda path: model.save(path, overwrite=overwrite, **kwargs))
     if core.get_size() > 1:

@@ -45,3 +45,34 @@ def check_weights_path(filepath, max_shard_size=None, what="tnt.Model.save_weigh
             f"{what}: Keras 3 saves weights{sharded} to a file whose name ends in "
             f"\"{suffix}\". Add the extension: filepath={_suggest(path, suffix)!r}. "
             f"Received: filepath={path!r}")
+
+
+# What Keras 3.15 takes besides filepath, overwrite and zipped: `model.save`
+# (saving_api.save_model pops these two and refuses any other keyword with a
+# ValueError) and `model.save_weights` (a TypeError for any other keyword).
+_SAVE_KEYWORDS = ("include_optimizer", "save_format")
+_SAVE_WEIGHTS_KEYWORDS = ("max_shard_size",)
+
+
+def check_save_keywords(kwargs, what="tnt.Model.save"):
+    """Raise, on every rank, the error Keras would raise on the master alone
+    for a keyword `model.save` does not take (Keras 2's `options`,
+    `signatures`, `save_traces`): the other ranks would wait at the save's
+    barrier for a master that had failed."""
+    unknown = sorted(set(kwargs) - set(_SAVE_KEYWORDS))
+    if unknown:
+        raise ValueError(
+            f"{what}: Keras 3 does not take the argument(s) {unknown} (TensorFlow SavedModel "
+            f"options of Keras 2; export a SavedModel with model.model.export(dir)). "
+            f"Received: {', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}")
+
+
+def check_save_weights_keywords(kwargs, what="tnt.Model.save_weights"):
+    """As check_save_keywords, for `model.save_weights` (Keras 2's
+    `save_format`, `options`)."""
+    unknown = sorted(set(kwargs) - set(_SAVE_WEIGHTS_KEYWORDS))
+    if unknown:
+        raise TypeError(
+            f"{what}: Keras 3 does not take the argument(s) {unknown}: the name decides the "
+            f"format (NAME.weights.h5). Received: "
+            f"{', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}")

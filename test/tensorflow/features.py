@@ -145,6 +145,19 @@ def check_save_load(tnt, files):
             out["bad_paths"].append(None)
         except ValueError as exc:
             out["bad_paths"].append(str(exc))
+    # Keras 2's keywords (the original Tarantella passed them on): Keras 3 refuses them,
+    # and so does every rank, before the master writes or the others wait for it
+    out["bad_keywords"] = []
+    for save, name, keywords in (
+            (model.save, "kw.keras", {"options": None, "signatures": None}),
+            (model.save_weights, "kw.weights.h5", {"save_format": "h5"}),
+            (lambda path, **kw: tnt.models.save_model(keras.Sequential([keras.Input((2,))]), path,
+                                                      **kw), "kw_plain.keras", {"save_traces": True})):
+        try:
+            save(os.path.join(files, name), **keywords)
+            out["bad_keywords"].append(None)
+        except (TypeError, ValueError) as exc:
+            out["bad_keywords"].append(f"{type(exc).__name__}: {exc}")
     compile_(model)
     train, _ = datasets()
     model.fit(train, epochs=1, verbose=0)

@@ -167,6 +167,14 @@ def test_save_and_load(runs):
         assert f"filepath='{bad}.keras'. Received: filepath='{bad}'" in model_error
         assert f"filepath='{bad}.weights.h5'. Received: filepath='{bad}'" in weights_error
     assert runs["ranks"][0]["save_load"]["bad_paths"] == runs["ranks"][1]["save_load"]["bad_paths"]
+    # keywords Keras 3 refuses: the same error on every rank, and nothing written
+    model_kw, weights_kw, plain_kw = runs["ranks"][0]["save_load"]["bad_keywords"]
+    assert model_kw.startswith("ValueError") and "['options', 'signatures']" in model_kw
+    assert weights_kw.startswith("TypeError") and "['save_format']" in weights_kw
+    assert plain_kw.startswith("ValueError") and "['save_traces']" in plain_kw
+    assert runs["ranks"][0]["save_load"]["bad_keywords"] == \
+        runs["ranks"][1]["save_load"]["bad_keywords"]
+    assert not {"kw.keras", "kw.weights.h5", "kw_plain.keras"} & set(files)
     assert "no_extension" not in files
     assert "by_rank0.keras" in files and "by_rank1.keras" not in files  # master only
     assert {"all_rank0.keras", "all_rank1.keras"} <= set(files)  # tnt_save_all_devices
