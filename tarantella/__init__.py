@@ -27,8 +27,29 @@ _FRONTEND = (
 )
 
 
+# the original Tarantella's public names that are gone: what to use instead (docs/migration.md)
+_GONE = {
+    **dict.fromkeys(("Group", "get_group_master_rank", "is_group_master_rank"),
+                    "there are no rank groups: every collective spans all ranks"),
+    "Allreduce": "use tnt.allreduce(x, op=\"sum\"|\"average\") or tnt.TensorAllreducer(x).allreduce(x)",
+    "Allgatherv": "use tnt.allgather(x) or tnt.TensorAllgatherer(x).allgather(x)",
+    "Broadcast": "use tnt.broadcast(x, root=r) or tnt.TensorBroadcaster(x, r).broadcast(x)",
+    "Barrier": "use tnt.barrier()",
+    "ReductionOp": "tnt.allreduce takes op=\"sum\" or \"average\"",
+    **dict.fromkeys(("SynchCommunicator", "PipelineCommunicator"),
+                    "gradients are averaged by tnt.Model, or tnt.DistributedOptimizer in a custom "
+                    "loop; pipelining is not available yet"),
+    "distributed_optimizers": "use tnt.DistributedOptimizer (or tnt.optimizers.Optimizer)",
+    "global_tnt_config": "settings are the TNT_* environment variables (docs/environment.md)",
+    "logger": "use logging.getLogger(\"tarantella\")",
+}
+
+
 def __getattr__(name):
-    if name in _FRONTEND:
+    if name in _GONE:
+        raise AttributeError(f"tarantella.{name} of the original Tarantella is not available: "
+                             f"{_GONE[name]} (docs/migration.md)")
+    if name in _FRONTEND or name == "Optimizer":  # Optimizer: Tarantella 0.8's, not in __all__
         import tarantella.tensorflow as frontend
 
         return getattr(frontend, name)

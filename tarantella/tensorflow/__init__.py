@@ -21,6 +21,7 @@ from tarantella.tensorflow.compression import Compression  # noqa: E402
 from tarantella.tensorflow.distributed_gradient_tape import DistributedGradientTape  # noqa: E402
 from tarantella.tensorflow.distributed_optimizer import DistributedOptimizer  # noqa: E402
 from tarantella.tensorflow.model import Model, Sequential  # noqa: E402
+from tarantella.tensorflow.optimizers import Optimizer  # noqa: E402,F401 - Tarantella 0.8's tnt.Optimizer
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy  # noqa: E402
 from tarantella.tensorflow.tensor_collectives import (  # noqa: E402
     TensorAllgatherer, TensorAllreducer, TensorBroadcaster, allgather, allreduce, broadcast)

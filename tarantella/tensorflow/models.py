@@ -77,4 +77,11 @@ def clone_model(model, **kwargs):
     return Model(keras.models.clone_model(inner, **kwargs))
 
 
+def __getattr__(name):
+    if name == "model_from_yaml":  # the original Tarantella's (docs/migration.md)
+        raise AttributeError("tarantella.models.model_from_yaml is not available: YAML was removed "
+                             "from Keras; use to_json and tnt.models.model_from_json")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["save_model", "load_model", "model_from_config", "model_from_json", "clone_model"]

@@ -610,3 +610,26 @@ def test_losses_whose_normaliser_is_unknown_are_warned_about():
     messages = [r.getMessage() for r in records]
     assert len(messages) == 2 and "one value for the whole batch" in messages[0], messages
     assert "reduction=None" in messages[1], messages
+
+
+def test_the_original_tarantellas_names_work_or_say_what_replaces_them():
+    """Tarantella 0.8's top-level `tnt.Optimizer` is the distributed optimizer;
+    its names that are gone raise an AttributeError that says what to use
+    (docs/migration.md), instead of only "has no attribute"."""
+    assert tnt.Optimizer is tnt.optimizers.Optimizer is tnt.DistributedOptimizer
+    gone = {"Barrier": "tnt.barrier()", "Allreduce": "tnt.allreduce", "Group": "no rank groups",
+            "ReductionOp": "op=", "get_group_master_rank": "no rank groups",
+            "SynchCommunicator": "tnt.DistributedOptimizer", "global_tnt_config": "TNT_*",
+            "logger": 'logging.getLogger("tarantella")',
+            "distributed_optimizers": "tnt.DistributedOptimizer"}
+    for name, hint in gone.items():
+        with pytest.raises(AttributeError, match="migration.md") as error:
+            getattr(tnt, name)
+        assert hint in str(error.value), name
+        assert not hasattr(tnt, name)
+    with pytest.raises(AttributeError, match=r"tnt\.data\.distribute_dataset\(dataset"):
+        tnt.data.Dataset  # noqa: B018
+    with pytest.raises(AttributeError, match="model_from_json"):
+        tnt.models.model_from_yaml  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        tnt.no_such_name  # noqa: B018

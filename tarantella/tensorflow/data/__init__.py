@@ -10,3 +10,12 @@ from tarantella.tensorflow.data.shuffle_seeding import DEFAULT_SEED, seed_unseed
 
 __all__ = ["array_dataset", "distribute_dataset", "micro_batch_offset", "micro_batch_size",
            "seed_unseeded_shuffles", "DEFAULT_SEED"]
+
+
+def __getattr__(name):
+    if name == "Dataset":  # the original Tarantella's class (docs/migration.md)
+        raise AttributeError(
+            "tarantella.data.Dataset of the original Tarantella is renamed: "
+            "tnt.data.distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None, "
+            "shuffle_seed=42).dataset is this rank's part (docs/migration.md)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
