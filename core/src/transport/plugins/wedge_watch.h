@@ -27,7 +27,9 @@
 
 #include "peer_health.h" /* and plugin_util.h */
 
-#define WATCH_S 0.5          /* how often the watch looks at the local peers */
+#define WATCH_S 0.1          /* how often the watch looks at the local peers (often enough to see the
+                              * first death alone: the ranks it brings down follow within a fraction
+                              * of a second, and the message must name the one that died first) */
 #define WEDGED_S 2.0         /* how long the lock may stay taken once a peer is gone */
 #define WEDGE_TRY_S 0.005    /* how often the lock is tried meanwhile */
 #define WEDGED_EXIT_CODE 70  /* EX_SOFTWARE: the process ended itself, stuck in its engine */
@@ -42,9 +44,9 @@ typedef struct {
   const char *engine; /* "MPI": named in the message */
 } wedge_watch_t;
 
-/* The first local peer whose process is gone, or -1. */
-static inline int first_gone_local_peer(const job_health_t *h) {
-  for (int r = 0; r < h->n; r++)
+/* The first local peer whose process is gone, from `from` on, or -1. */
+static inline int gone_local_peer(const job_health_t *h, int from) {
+  for (int r = from; r < h->n; r++)
     if (r != h->me && peer_pid_gone(h, r)) return r;
   return -1;
 }
@@ -75,16 +77,23 @@ static inline int lock_stays_taken(wedge_watch_t *w) {
 static inline void *wedge_watch_main(void *arg) {
   wedge_watch_t *w = arg;
   const job_health_t *h = w->health;
+  int dead = -1; /* the first peer seen gone: the others a death brings down go after it */
   while (!watch_pause(w, WATCH_S)) {
-    const int dead = first_gone_local_peer(h);
+    if (dead < 0) dead = gone_local_peer(h, 0);
     if (dead < 0 || !lock_stays_taken(w)) continue;
     const peer_health_t *p = &h->peer[dead];
+    char also[96] = ""; /* " (gone since: ranks 0 3)": the deaths seen after the first */
+    for (int r = gone_local_peer(h, 0); r >= 0; r = gone_local_peer(h, r + 1)) {
+      const size_t used = strlen(also);
+      if (r != dead && used < sizeof also - 16) snprintf(also + used, sizeof also - used, "%s %d", used ? "" : " (gone since: ranks", r);
+    }
+    if (also[0]) strcat(also, ")");
     plugin_log(LOG_ERROR, "wedge_watch.h", __LINE__,
                "rank %d is stuck inside %s: a call into it has not returned for %.0f s since rank %d (pid %d on %s) "
-               "died, and it never will (an MPI's shared-memory transport can wait for ever for a message whose "
-               "sender died writing it: Open MPI's does). This process ends now with exit code %d, so that the job does not hang; "
-               "rank %d's own output says why it died",
-               h->me, w->engine, WEDGED_S, dead, p->pid, p->host, WEDGED_EXIT_CODE, dead);
+               "died%s, and it never will (an MPI's shared-memory transport can wait for ever for a message whose "
+               "sender died writing it: Open MPI's does). This process ends now with exit code %d, so that the job "
+               "does not hang; rank %d's own output says why it died",
+               h->me, w->engine, WEDGED_S, dead, p->pid, p->host, also, WEDGED_EXIT_CODE, dead);
     _exit(WEDGED_EXIT_CODE);
   }
   return NULL;
