@@ -129,6 +129,34 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# TNT_* names read outside the table: overrides for tests and unusual systems
+_UNLISTED = ("TNT_CUDART_LIBRARY", "TNT_GPU_LISTING", "TNT_STAGING_ON_HOST", "TNT_STATE_DIR", "TNT_SYSFS_NODE_DIR")
+
+
+# the original Tarantella's settings that are not read here (docs/migration.md)
+_ORIGINAL = {"TNT_GPUS_PER_NODE": "tntrun counts each host's GPUs (--no-gpu hides them)",
+             "TNT_LOG_DIR": "the original Tarantella's, not available"}
+
+
+def unknown_names(environ=None):
+    """[(name, a hint)] for each TNT_* variable in the environment that
+    Tarantella does not read: a misspelled setting (TNT_TIMOUT_S=5) has no
+    effect, which nothing else would say. The hint names the setting it most
+    likely meant, or what replaces an original Tarantella's setting."""
+    import difflib
+
+    known = set(_by_name()) | set(_UNLISTED)
+    environ = os.environ if environ is None else environ
+    out = []
+    for name in sorted(environ):
+        if not name.startswith("TNT_") or name in known or name.startswith("TNT_TEST_"):
+            continue
+        meant = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        out.append((name, _ORIGINAL.get(name) or (f"did you mean {meant[0]}?" if meant else
+                                                  "docs/environment.md lists the settings")))
+    return out
+
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 

@@ -101,6 +101,15 @@ def init():
 
     tnt_logging.configure(lib_.tnt_rank(), MASTER_RANK)
     error_file.install()
+    _warn_unknown_settings()
+
+
+def _warn_unknown_settings():
+    from tarantella.common import config
+    from tarantella.common.logging import get_logger
+
+    for name, hint in config.unknown_names():
+        get_logger().warning(f"environment variable {name} is not one Tarantella reads ({hint}): it has no effect")
 
 
 def shutdown():

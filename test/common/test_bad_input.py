@@ -142,6 +142,18 @@ def test_bad_environment_values(var, value, words):
     raises("tnt.init()", "InvalidArgumentError", words, **{var: value})
 
 
+def test_settings_tarantella_does_not_read_are_named_once():
+    """A misspelled setting has no effect: init says so, with what it meant."""
+    res = run("tnt.init(); tnt.init(); print('up')", TNT_TIMOUT_S="5", TNT_GPUS_PER_NODE="4", TNT_FRobNICATE="1",
+              TNT_TIMEOUT_S="30")
+    assert res.returncode == 0 and "up" in res.stdout, res.stderr
+    warned = [line for line in res.stderr.splitlines() if "is not one Tarantella reads" in line]
+    assert len(warned) == 3, res.stderr
+    assert "TNT_TIMOUT_S is not one Tarantella reads (did you mean TNT_TIMEOUT_S?)" in res.stderr
+    assert "TNT_GPUS_PER_NODE is not one Tarantella reads (tntrun counts each host's GPUs" in res.stderr
+    assert "TNT_FRobNICATE is not one Tarantella reads (docs/environment.md lists the settings)" in res.stderr
+
+
 def test_bad_placement():
     raises("tnt.init()", "InvalidArgumentError", ["TNT_RANK=5", "0 <= rank < size"], TNT_RANK=5, TNT_SIZE=2)
     raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID is unset", "tntrun"], TNT_RANK=0, TNT_SIZE=2)
