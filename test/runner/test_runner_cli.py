@@ -32,6 +32,8 @@ def test_version():
     (["--timeout", "0", "--", "x.py"], "must be more than 0"),
     (["-x", "1BAD=v", "--", "x.py"], "-x expects NAME=VALUE"),
     (["-x", "TNT_SURELY_UNSET_VAR", "--", "x.py"], "is not set in this environment"),
+    (["-x", "TNT_JOB_ID=mine", "--", "x.py"], "tntrun sets TNT_JOB_ID itself"),
+    (["-x", "TNT_RANK=1", "--", "x.py"], "tntrun sets TNT_RANK itself"),
     (["--max-restarts", "3", "--", "x.py"], "restarts are not supported"),
     (["--n-per-node", "2", "--", "x.py"], "--n-per-node is for several hosts"),
     (["--no-python", "--python-interpreter", "python", "--", "x.py"], "contradict"),
