@@ -633,3 +633,23 @@ def test_the_original_tarantellas_names_work_or_say_what_replaces_them():
         tnt.models.model_from_yaml  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         tnt.no_such_name  # noqa: B018
+
+
+def test_callbacks_say_what_they_did_on_the_master_only(monkeypatch):
+    """EarlyStopping(verbose=1) and the like run on every rank but print once,
+    as serial training does (under mpirun every rank's output is shown);
+    TNT_OUTPUT_ON_ALL_DEVICES keeps them talking everywhere."""
+    from tarantella.common import core
+    from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
+
+    def prepared_verbosity(rank, everywhere=""):
+        monkeypatch.setattr(core, "is_master_rank", lambda: rank == 0)
+        monkeypatch.setenv("TNT_OUTPUT_ON_ALL_DEVICES", everywhere)
+        stop, plateau = keras.callbacks.EarlyStopping(verbose=1), keras.callbacks.ReduceLROnPlateau(verbose=1)
+        out = prepare_callbacks([stop, plateau])
+        assert out == [stop, plateau]  # the same objects, still run on every rank
+        return [stop.verbose, plateau.verbose]
+
+    assert prepared_verbosity(0) == [1, 1]
+    assert prepared_verbosity(1) == [0, 0]
+    assert prepared_verbosity(1, everywhere="1") == [1, 1]

@@ -40,5 +40,18 @@ def prepare_callbacks(callbacks):
         elif isinstance(cb, keras.callbacks.BackupAndRestore):
             Callback(cb)  # raises the explanation
         else:
+            if type(cb).__module__.startswith("keras.") and getattr(cb, "verbose", 0) and not _shows_output():
+                # Keras' EarlyStopping, ReduceLROnPlateau, ModelCheckpoint, ... (a user's class may
+                # use `verbose` for more than printing, and is left alone): it runs on every rank (it
+                # acts on the model), but says what it did once, as serial training does: the
+                # logs it decides on are the same on every rank (under mpirun or srun, which
+                # show every rank's output, each rank printed it)
+                cb.verbose = 0
             prepared.append(cb)
     return prepared
+
+
+def _shows_output():
+    """Whether this rank's console messages are shown: the master's, or every rank's with
+    TNT_OUTPUT_ON_ALL_DEVICES (tntrun --output-on-all-devices)."""
+    return core.is_master_rank() or config.get("TNT_OUTPUT_ON_ALL_DEVICES")
