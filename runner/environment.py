@@ -12,12 +12,6 @@ class UsageError(Exception):
     """Bad command-line input: reported with exit code 2, like argparse does."""
 
 
-# What tntrun alone sets, per job or per rank: an export of one would be overridden for the
-# placement (silently), or, for the job id, name shared memory that tntrun cannot find to clean up.
-_TNTRUN_OWN = ("TNT_RANK", "TNT_SIZE", "TNT_LOCAL_RANK", "TNT_LOCAL_SIZE", "TNT_JOB_ID", "TNT_RANK_PID",
-               "TNT_ERROR_FILE")
-
-
 def parse_exports(items, environ=None):
     """-x NAME=VALUE (value may contain '=' and spaces) or -x NAME (forward the current
     value, like mpirun). Returns a list of (name, value) in the order given."""
@@ -28,7 +22,9 @@ def parse_exports(items, environ=None):
         if not name or not (name[0].isalpha() or name[0] == "_") or not all(
                 c.isalnum() or c == "_" for c in name):
             raise UsageError(f"-x expects NAME=VALUE with NAME a variable name. Received: -x {item!r}")
-        if name in _TNTRUN_OWN:
+        if name == "TNT_JOB_ID" or (name.startswith("TNT_") and name in _PER_RANK):
+            # an export would be overridden for the placement (silently), or, for the job id,
+            # name shared memory that tntrun cannot find to clean up
             raise UsageError(
                 f"-x {name}: tntrun sets {name} itself for every rank (the placement and the job's "
                 "identity): leave it out; -n, -H and --hostfile choose the placement")

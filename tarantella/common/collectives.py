@@ -248,17 +248,15 @@ def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
 
 
 def _allreduce_async(array, op, name, prescale, out, layout=0):
-    """allreduce_async; `layout` (not 0): a structure's digest (_layout), which every rank must match."""
+    """allreduce_async; `layout`: a structure's digest (_layout), which every rank must match
+    (0, a plain array's, is what the core's calls without it pass)."""
     lib = core.ensure_initialized()
     _op_code(op)
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
-    args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op], float(prescale))
-    if layout:
-        handle = _submit(lib.tnt_allreduce_layout_async, auto_name("allreduce", name), *args, layout)
-    else:
-        handle = _submit(lib.tnt_allreduce_async, auto_name("allreduce", name), *args)
+    handle = _submit(lib.tnt_allreduce_layout_async, auto_name("allreduce", name), ffi.from_buffer(array),
+                     ffi.from_buffer(out), array.size, dt, codes.OPS[op], float(prescale), layout)
     return Handle(handle, lambda h: out, (array, out))
 
 
@@ -299,11 +297,9 @@ def _allreduce_now(array, op, name, prescale, out, layout=0):
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
     _bind_fastpath(lib, ffi)
-    args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale))
-    if layout:
-        return _blocking(lib.tnt_allreduce_layout, auto_name("allreduce", name), args + (layout,),
-                         lambda h: out, (array, out))
-    return _blocking(lib.tnt_allreduce, auto_name("allreduce", name), args, lambda h: out, (array, out))
+    return _blocking(lib.tnt_allreduce_layout, auto_name("allreduce", name),
+                     (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale), layout),
+                     lambda h: out, (array, out))
 
 
 def _blocking(fn, name, args, finish, keepalive, keep=False):
@@ -393,10 +389,7 @@ def _broadcast(array, root, name, out, blocking, layout=0):
     args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     if blocking:
         return _blocking(lib.tnt_broadcast, auto_name("broadcast", name), args, lambda h: out, (array, out))
-    if layout:
-        handle = _submit(lib.tnt_broadcast_layout_async, auto_name("broadcast", name), *args, layout)
-    else:
-        handle = _submit(lib.tnt_broadcast_async, auto_name("broadcast", name), *args)
+    handle = _submit(lib.tnt_broadcast_layout_async, auto_name("broadcast", name), *args, layout)
     return Handle(handle, lambda h: out, (array, out))
 
 
@@ -444,10 +437,7 @@ def _allgather(array, name, blocking, layout=0):
 
     if blocking:
         return _blocking(lib.tnt_allgather_into, auto_name("allgather", name), args, finish, (array, guess), keep=True)
-    if layout:
-        handle = _submit(lib.tnt_allgather_into_layout_async, auto_name("allgather", name), *args, layout)
-    else:
-        handle = _submit(lib.tnt_allgather_into_async, auto_name("allgather", name), *args)
+    handle = _submit(lib.tnt_allgather_into_layout_async, auto_name("allgather", name), *args, layout)
     return Handle(handle, finish, (array, guess))
 
 

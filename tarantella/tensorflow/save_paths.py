@@ -59,20 +59,24 @@ def check_save_keywords(kwargs, what="tnt.Model.save"):
     for a keyword `model.save` does not take (Keras 2's `options`,
     `signatures`, `save_traces`): the other ranks would wait at the save's
     barrier for a master that had failed."""
-    unknown = sorted(set(kwargs) - set(_SAVE_KEYWORDS))
+    unknown, received = _not_taken(kwargs, _SAVE_KEYWORDS)
     if unknown:
         raise ValueError(
             f"{what}: Keras 3 does not take the argument(s) {unknown} (TensorFlow SavedModel "
-            f"options of Keras 2; export a SavedModel with model.model.export(dir)). "
-            f"Received: {', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}")
+            f"options of Keras 2; export a SavedModel with model.model.export(dir)). Received: {received}")
 
 
 def check_save_weights_keywords(kwargs, what="tnt.Model.save_weights"):
     """As check_save_keywords, for `model.save_weights` (Keras 2's
     `save_format`, `options`)."""
-    unknown = sorted(set(kwargs) - set(_SAVE_WEIGHTS_KEYWORDS))
+    unknown, received = _not_taken(kwargs, _SAVE_WEIGHTS_KEYWORDS)
     if unknown:
         raise TypeError(
             f"{what}: Keras 3 does not take the argument(s) {unknown}: the name decides the "
-            f"format (NAME.weights.h5). Received: "
-            f"{', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}")
+            f"format (NAME.weights.h5). Received: {received}")
+
+
+def _not_taken(kwargs, taken):
+    """The keywords of `kwargs` not in `taken`, sorted, and how they were passed ("k=v, ...")."""
+    unknown = sorted(set(kwargs) - set(taken))
+    return unknown, ", ".join(f"{k}={kwargs[k]!r}" for k in unknown)
