@@ -647,11 +647,15 @@ def _structure_collective(structure, kind, name, start, now=None):
     arrays = [a for a, _ in converted]
     base = auto_name(kind, name)[0].decode()
     layout = _layout(structure, arrays)
-    groups = _groups(arrays)
+    # The first request is named `base` whatever its dtype, so that every rank has it and the
+    # core compares it: ranks whose only leaves differ in dtype, or an empty structure (one
+    # request of no values) against leaves, fail with the mismatch instead of waiting for
+    # requests that have no partner until TNT_TIMEOUT_S.
+    groups = _groups(arrays) or {np.dtype(np.float32): []}
     handles = []
-    for dtype, idx in groups.items():
-        flat = np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in idx])
-        group_name = f"{base}.{dtype.name}"
+    for n, (dtype, idx) in enumerate(groups.items()):
+        flat = np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in idx] or [np.empty(0, dtype)])
+        group_name = f"{base}.{dtype.name}" if n else base
         handles.append(_Done(now(flat, group_name, layout)) if now and len(groups) == 1
                        else start(flat, group_name, layout))
     results = [None] * len(arrays)
@@ -672,12 +676,15 @@ def _allgather_structure(structure, name):
     arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
     arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
     base = auto_name("allgather", name)[0].decode()
-    if not arrays:
-        return rebuild([])
     groups = _groups(arrays)
-    # The rows' request carries the layout: it is the one request every rank has, whatever its leaves' dtypes.
-    rows = _allgather(np.array([a.shape[0] for a in arrays], np.int64), f"{base}.rows", False,
+    # The rows' request carries the layout: it is the one request every rank has, whatever its
+    # leaves' dtypes, even an empty structure (one 0), which then fails against leaves instead of
+    # leaving the others waiting.
+    rows = _allgather(np.array([a.shape[0] for a in arrays] or [0], np.int64), f"{base}.rows", False,
                       _layout(structure, arrays, gather=True))
+    if not arrays:
+        rows.wait()
+        return rebuild([])
     data = [(idx, allgather_async(np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1)
                                                   for i in idx]), f"{base}.{dtype.name}"))
             for dtype, idx in groups.items()]

@@ -317,20 +317,15 @@ def broadcast_variables(variables, root_rank=0):
         tnt.broadcast_variables(optimizer.variables)   # once the optimizer is built
     """
     variables = list(variables)
-    if core.get_size() == 1 or not variables:
+    if core.get_size() == 1:
         return
-    groups = {}
-    for v in variables:
-        groups.setdefault(np.dtype(_numpy_dtype(v)), []).append(v)
-    for dtype, vs in groups.items():
-        flat = np.concatenate([np.asarray(_value(v), dtype=dtype).reshape(-1) for v in vs])
-        flat = collectives.broadcast(flat, root=root_rank, name=f"tnt.bcast.{dtype.name}")
-        offset = 0
-        for v in vs:
-            n = int(np.prod(v.shape, dtype=np.int64))
-            value = flat[offset:offset + n].reshape(tuple(v.shape))
-            v.assign(value.astype(tf.as_dtype(v.dtype).as_numpy_dtype))
-            offset += n
+    # One structure (fused per dtype, its layout compared): ranks whose lists differ in length,
+    # shapes or dtypes fail with tnt.MismatchError, even where each dtype's total count agrees,
+    # and an empty list on one rank fails the others instead of leaving them waiting.
+    values = collectives.broadcast([np.asarray(_value(v), dtype=_numpy_dtype(v)) for v in variables],
+                                   root=root_rank, name="tnt.bcast")
+    for v, value in zip(variables, values):
+        v.assign(np.asarray(value).astype(tf.as_dtype(v.dtype).as_numpy_dtype))
 
 
 def _value(variable):

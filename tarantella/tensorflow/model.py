@@ -23,6 +23,7 @@ from tarantella.tensorflow.data.step_counts import input_kind
 from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
+from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
 from tarantella.tensorflow.metrics_aggregation import global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
@@ -520,13 +521,18 @@ class Model(keras.Model):
         self._tnt_synced = True
 
     def _consistency_checks(self, stores):
-        """After the user's callbacks: the check that the ranks read the same
+        """After the user's callbacks: the ranks stop together
+        (keras/callbacks/stop_agreement.py), the check that they read the same
         batches (keras/callbacks/dataset_check.py, from the datasets'
         `first_batches`), and every epoch ends with a check that the ranks
         still hold one model (keras/callbacks/replica_check.py)."""
         if core.get_size() == 1:
             return []
-        return [DatasetCheck(stores), ReplicaCheck()]
+        return [StopAgreement(), DatasetCheck(stores), ReplicaCheck()]
+
+    def _stop_together(self, distributed=True):
+        """evaluate's and predict's share of _consistency_checks."""
+        return [StopAgreement()] if distributed and core.get_size() > 1 else []
 
     def _verbose(self, verbose):
         if core.is_master_rank() or config.get("TNT_OUTPUT_ON_ALL_DEVICES"):
@@ -629,7 +635,8 @@ class Model(keras.Model):
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             logs = super().evaluate(x=x, y=y, batch_size=batch_size,
                                     verbose=self._verbose(verbose), sample_weight=sample_weight,
-                                    steps=steps, callbacks=prepare_callbacks(callbacks),
+                                    steps=steps,
+                                    callbacks=prepare_callbacks(callbacks) + self._stop_together(),
                                     return_dict=return_dict, **kwargs)
         first_batches.check("the ranks read different data in evaluate", [data and data[4]])
         return logs
@@ -656,7 +663,8 @@ class Model(keras.Model):
         self._set_distributed_predict(distributed)
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             outputs = super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
-                                      steps=steps, callbacks=prepare_callbacks(callbacks))
+                                      steps=steps, callbacks=prepare_callbacks(callbacks)
+                                      + self._stop_together(distributed))
         first_batches.check("the ranks read different data in predict", [data and data[4]])
         return outputs
 

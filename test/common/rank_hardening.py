@@ -101,6 +101,16 @@ expect(errors.MismatchError, lambda: tnt.allreduce({"a": one, **extra}), "struct
 expect(errors.MismatchError, lambda: tnt.broadcast([one, *extra.values()]), "structure")
 alike = tnt.allreduce({"a": np.ones(2, np.float32), "b": np.full(3, 10, np.float32), "n": np.ones(4, np.int32)})
 assert (alike["a"] == size).all() and (alike["b"] == 10 * size).all() and (alike["n"] == size).all(), alike
+# the first request of a structure has one name whatever its dtype: where the ranks' only
+# leaves differ in dtype, or one rank's structure is empty, the others used to wait for a
+# request with no partner until TNT_TIMEOUT_S
+expect(errors.MismatchError, lambda: tnt.allreduce({"a": np.ones(2, np.int32 if rank else np.float32)}),
+       "structure")
+expect(errors.MismatchError, lambda: tnt.allreduce({} if rank == 0 else {"a": one}), "structure")
+expect(errors.MismatchError, lambda: tnt.broadcast([] if rank == 1 else [one]), "structure")
+expect(errors.MismatchError, lambda: tnt.allgather({} if rank == 2 else {"a": np.ones((1, 2), np.float32)}),
+       "structure")
+assert tnt.allreduce({}) == {} and tnt.broadcast(()) == () and tnt.allgather([]) == []
 ok("nested-structures-that-differ-fail")
 
 # fork(): the child is not a rank. Its collectives fail clearly; its exit

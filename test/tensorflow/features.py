@@ -385,6 +385,21 @@ def check_misc(tnt, files):
     compile_(model)
     model.fit(datasets()[0], epochs=1, verbose=0,
               callbacks=[keras.callbacks.TensorBoard(os.path.join(files, "tb_fit"))])
+    # broadcast_variables of lists that differ between the ranks: shapes (2, 3) and (3, 2) have
+    # one count, which used to be enough to assign the master's values in the wrong shape;
+    # an empty list on one rank left the others waiting
+    rank = tnt.get_rank()
+    for key, shapes in (("broadcast_shapes", [(2, 3) if rank == 0 else (3, 2), (4,)]),
+                        ("broadcast_empty", [] if rank == 1 else [(2,)])):
+        variables = [tf.Variable(tf.zeros(shape)) for shape in shapes]
+        try:
+            tnt.broadcast_variables(variables)
+            out[key] = None
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            out[key] = type(exc).__name__
+    variables = [tf.Variable(tf.fill((2, 3), float(rank))), tf.Variable(rank + 1), tf.Variable(rank > 0)]
+    tnt.broadcast_variables(variables, root_rank=1)
+    out["broadcast_values"] = [np.asarray(v).tolist() for v in variables]
     return out
 
 
@@ -419,10 +434,9 @@ def check_callback_failure(tnt, out):
 def check_replicas_diverging(tnt):
     """Callbacks that change the model on some ranks only: a master-only one sets
     the learning rate, one edits a kernel on rank 1 in the middle of the first
-    epoch, one stops training on rank 0. Without the epoch's check the first two
-    trained on without an error, each rank with its own model; the third left
-    rank 1 training alone. Every rank must raise the same MismatchError. Before
-    them, arrays that differ between the ranks, which fit refuses at once."""
+    epoch. Without the epoch's check both trained on without an error, each
+    rank with its own model. Every rank must raise the same MismatchError.
+    Before them, arrays that differ between the ranks, which fit refuses at once."""
     rank = tnt.get_rank()
 
     class LearningRate(keras.callbacks.Callback):
@@ -434,11 +448,6 @@ def check_replicas_diverging(tnt):
             if rank == 1 and batch == 1:
                 kernel = self.model.trainable_variables[0]
                 kernel.assign_add(tf.fill(kernel.shape, 1e-3))
-
-    class Stop(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            if rank == 0:
-                self.model.stop_training = True
 
     out = {}
     # arrays that differ between ranks: a value (another file), the number of samples
@@ -453,7 +462,7 @@ def check_replicas_diverging(tnt):
             out[key] = {"error": type(exc).__name__, "message": str(exc)}
     for key, callback in (("learning_rate", tnt.keras.callbacks.Callback(LearningRate(),
                                                                          run_on_all_ranks=False)),
-                          ("kernel", EditKernel()), ("stop", Stop())):
+                          ("kernel", EditKernel())):
         model = tnt.Model(build())
         compile_(model)
         history = keras.callbacks.History()
@@ -463,6 +472,53 @@ def check_replicas_diverging(tnt):
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             out[key] = {"error": type(exc).__name__, "message": str(exc)}
         out[key]["epochs_run"] = len(history.epoch)
+    return out
+
+
+def check_stops(tnt):
+    """Callbacks that stop a loop on one rank only: fit at the end of epoch 1
+    on rank 0, fit after batch 1 of epoch 1 on rank 1, evaluate after batch 0
+    on rank 0, predict after batch 1 on rank 1. Before, the stopping rank left
+    and the others waited for its next step until TNT_TIMEOUT_S (the epoch's
+    end raised a MismatchError). Every rank must stop with it, after the same
+    step, and say which rank asked."""
+    rank = tnt.get_rank()
+
+    class Stop(keras.callbacks.Callback):
+        def __init__(self, flag, hook, on_rank, at):
+            super().__init__()
+            self.flag, self.on_rank, self.at = flag, on_rank, at
+            setattr(self, hook, self._maybe_stop)
+
+        def _maybe_stop(self, step, logs=None):
+            if rank == self.on_rank and step == self.at:
+                setattr(self.model, self.flag, True)
+
+    class Record(logging.Handler):
+        def emit(self, record):
+            out["warnings"].append(record.getMessage())
+
+    out = {"warnings": []}
+    record = Record()
+    logging.getLogger("tarantella").addHandler(record)
+    x, y = data()
+    for key, callback in (("fit_epoch", Stop("stop_training", "on_epoch_end", 0, 0)),
+                          ("fit_batch", Stop("stop_training", "on_train_batch_end", 1, 1))):
+        model = tnt.Model(build())
+        compile_(model)
+        history = keras.callbacks.History()
+        started = time.monotonic()
+        model.fit(datasets()[0], epochs=3, verbose=0, callbacks=[callback, history])
+        out[key] = {"epochs_run": len(history.epoch), "steps": int(model.optimizer.iterations),
+                    "seconds": time.monotonic() - started, "weights": weights(model)}
+    model = tnt.Model(build())
+    compile_(model)
+    out["evaluate"] = model.evaluate(x, y, batch_size=B, verbose=0, return_dict=True,
+                                     callbacks=[Stop("stop_evaluating", "on_test_batch_end", 0, 0)])
+    out["evaluate_full"] = model.evaluate(x, y, batch_size=B, verbose=0, return_dict=True)
+    out["predict_rows"] = len(model.predict(
+        x, batch_size=B, verbose=0, callbacks=[Stop("stop_predicting", "on_predict_batch_end", 1, 1)]))
+    logging.getLogger("tarantella").removeHandler(record)
     return out
 
 
@@ -624,6 +680,7 @@ def main():
         results["misc"] = check_misc(tnt, files)
         results["overlap"] = check_overlap(tnt)
         results["replicas"] = check_replicas_diverging(tnt)
+        results["stops"] = check_stops(tnt)
         results["step_counts"] = check_step_counts(tnt)
         results["same_data"] = check_same_data(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)

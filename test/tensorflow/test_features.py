@@ -186,6 +186,15 @@ def test_warnings_and_xla(runs):
     assert master["jit_compile"] is False and master["xla_info"]
 
 
+def test_broadcast_variables_refuses_lists_that_differ_and_assigns_the_roots_values(runs):
+    for r in runs["ranks"]:
+        misc = r["misc"]
+        # same count, other shapes: refused; before, the root's values were assigned reshaped
+        assert misc["broadcast_shapes"] == "MismatchError", misc["broadcast_shapes"]
+        assert misc["broadcast_empty"] == "MismatchError", misc["broadcast_empty"]  # not a timeout
+        assert misc["broadcast_values"] == [[[1.0] * 3] * 2, 2, True], misc["broadcast_values"]
+
+
 def test_unsynchronised_batch_norm_warns_and_ranks_end_alike(runs):
     """Plain BatchNormalization with micro-batches of 20 and 19: a warning that
     says its statistics are per rank and how to synchronise them, and both
@@ -254,10 +263,10 @@ def test_unseeded_numpy_shuffle_is_fresh_per_run_and_the_same_on_every_rank(runs
 
 
 def test_a_change_to_the_model_on_some_ranks_only_fails_every_rank_at_the_epochs_end(runs):
-    # tnt.Model.fit checks after every epoch that the ranks' trainable weights, optimizer
-    # variables and stop_training agree (keras/callbacks/replica_check.py)
+    # tnt.Model.fit checks after every epoch that the ranks' trainable weights and optimizer
+    # variables agree (keras/callbacks/replica_check.py)
     r0, r1 = (r["replicas"] for r in runs["ranks"])
-    for key in ("learning_rate", "kernel", "stop"):
+    for key in ("learning_rate", "kernel"):
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
         assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
         assert r0[key]["message"].startswith("the ranks' replicas differ after epoch 1 of fit: "), r0[key]
@@ -272,7 +281,6 @@ def test_a_change_to_the_model_on_some_ranks_only_fails_every_rank_at_the_epochs
                      r0["kernel"]["message"]), r0["kernel"]
     # only the kernel: its momentum follows the summed gradients, which every rank shares
     assert "momentum" not in r0["kernel"]["message"] and "more" not in r0["kernel"]["message"]
-    assert "stop_training (rank 0: 1, rank 1: 0)" in r0["stop"]["message"], r0["stop"]
     # arrays that differ between ranks: refused when fit starts, before any step
     arrays, length = r0["arrays"], r0["arrays_length"]
     assert arrays["error"] == r1["arrays"]["error"] == "MismatchError", (arrays, r1["arrays"])
@@ -282,6 +290,29 @@ def test_a_change_to_the_model_on_some_ranks_only_fails_every_rank_at_the_epochs
     assert "in the number, shapes or dtypes of the arrays" in length["message"], length
     assert "this rank's: x float32(90, 8), y int32(90,)" in length["message"], length
     assert "this rank's: x float32(80, 8), y int32(80,)" in r1["arrays_length"]["message"]
+
+
+def test_a_callback_that_stops_on_one_rank_stops_every_rank_after_the_same_step(runs):
+    # keras/callbacks/stop_agreement.py: before, the stopping rank left the loop and the others
+    # waited for its next step until TNT_TIMEOUT_S (60 s here), then failed
+    r0, r1 = (r["stops"] for r in runs["ranks"])
+    # 90 samples in batches of 20: 5 steps an epoch
+    assert r0["fit_epoch"]["epochs_run"] == r1["fit_epoch"]["epochs_run"] == 1, (r0, r1)
+    assert r0["fit_epoch"]["steps"] == r1["fit_epoch"]["steps"] == 5
+    assert r0["fit_batch"]["epochs_run"] == r1["fit_batch"]["epochs_run"] == 1
+    assert r0["fit_batch"]["steps"] == r1["fit_batch"]["steps"] == 2  # batches 0 and 1
+    for key in ("fit_epoch", "fit_batch"):
+        assert r0[key]["weights"] == r1[key]["weights"], key  # one model
+        assert r0[key]["seconds"] < 30 and r1[key]["seconds"] < 30, key  # not a timeout's end
+    # evaluate stopped after its first batch on every rank: the logs of that batch only
+    assert r0["evaluate"] == r1["evaluate"] != r0["evaluate_full"], (r0, r1)
+    assert r0["predict_rows"] == r1["predict_rows"] == 2 * 20  # batches 0 and 1, of every rank
+    for r in (r0, r1):  # the same word on every rank (tntrun shows the master's)
+        said = "\n".join(r["warnings"])
+        assert "fit stops on every rank after epoch 1: rank(s) [0] set model.stop_training" in said, said
+        assert "fit stops on every rank after batch 1: rank(s) [1] set model.stop_training" in said, said
+        assert "evaluate stops on every rank after batch 0: rank(s) [0] set model.stop_evaluating" in said
+        assert "predict stops on every rank after batch 1: rank(s) [1] set model.stop_predicting" in said
 
 
 def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_before_the_first(runs):

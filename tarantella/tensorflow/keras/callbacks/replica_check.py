@@ -34,14 +34,13 @@ def _optimizer_variables(optimizer):
 
 class ReplicaCheck(keras.callbacks.Callback):
     """Raises tnt.MismatchError on every rank, at the end of the epoch in
-    which the ranks' weights, optimizer variables or decision to stop
-    training came apart."""
+    which the ranks' weights or optimizer variables came apart. (Their
+    decisions to stop are agreed on instead: stop_agreement.py.)"""
 
     def on_epoch_end(self, epoch, logs=None):
         model = self.model
         variables = list(model.trainable_variables) + _optimizer_variables(
             getattr(model, "optimizer", None))
         items = [(getattr(v, "path", v.name), keras.ops.convert_to_numpy(v)) for v in variables]
-        items.append(("stop_training", keras.ops.convert_to_numpy(bool(model.stop_training))))
         replicas.check(items, f"the ranks' replicas differ after epoch {epoch + 1} of fit", _ADVICE,
                        name="tnt.replicas.fit")
