@@ -14,6 +14,12 @@ from tarantella.common.startup_log import mark as _mark
 _mark("import tarantella")
 from tarantella import common as _common  # noqa: E402 - installs the error file hook (see there)
 from tarantella.common import __all__ as _common_all  # noqa: E402
+from tarantella._original_paths import OriginalPaths as _OriginalPaths  # noqa: E402
+import sys as _sys  # noqa: E402
+
+if not any(isinstance(f, _OriginalPaths) for f in _sys.meta_path):
+    # first: under the alias of a package, the path finder would load a second copy of its modules
+    _sys.meta_path.insert(0, _OriginalPaths())  # `import tarantella.keras`, as in the original
 
 __version__ = "0.1.0"
 

@@ -635,6 +635,30 @@ def test_the_original_tarantellas_names_work_or_say_what_replaces_them():
         tnt.no_such_name  # noqa: B018
 
 
+def test_the_original_tarantellas_module_paths_are_tarantella_tensorflows_modules():
+    """`import tarantella.keras.callbacks`, `from tarantella.optimizers import
+    ...`: the original's module paths (tarantella/_original_paths.py), each the
+    very module behind tnt.keras, ..., never a second copy of it (its classes
+    would fail isinstance checks against the first's)."""
+    import importlib
+
+    import tarantella.data
+    import tarantella.keras.callbacks
+    import tarantella.models
+    from tarantella.keras.callbacks import Callback
+    from tarantella.optimizers import Optimizer
+
+    assert tarantella.keras is tnt.keras is sys.modules["tarantella.tensorflow.keras"]
+    assert tarantella.keras.callbacks is sys.modules["tarantella.tensorflow.keras.callbacks"]
+    assert sys.modules["tarantella.keras.callbacks"] is tarantella.keras.callbacks
+    assert Callback is tnt.keras.callbacks.Callback and Optimizer is tnt.DistributedOptimizer
+    assert tarantella.data is tnt.data and tarantella.models is tnt.models
+    # its own spec, which reload() and find_spec() read, not the alias's
+    assert importlib.util.find_spec("tarantella.tensorflow.models").name == "tarantella.tensorflow.models"
+    with pytest.raises(ImportError):
+        importlib.import_module("tarantella.keras.no_such_module")
+
+
 def test_callbacks_say_what_they_did_on_the_master_only(monkeypatch):
     """EarlyStopping(verbose=1) and the like run on every rank but print once,
     as serial training does (under mpirun every rank's output is shown);
