@@ -30,18 +30,9 @@ import tempfile
 import threading
 import time
 
+from tarantella.common.engine_ranks import ENGINE_VARIABLES
 from tarantella.runner import gpus, pinning, rank_report
 
-# (rank, size, local rank, local size) variables of each engine, most specific first;
-# GPI-2's before Slurm's: gaspi_run in an sbatch script inherits the script's SLURM_PROCID=0
-# (core/src/params.c reads them in the same order)
-_ENGINES = (
-    ("GASPI_RANK", "GASPI_NRANKS", None, None),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
-)
 TAIL_BYTES = 64 * 1024
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PASSED_SIGNALS = STOP_SIGNALS + (signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2)
@@ -73,7 +64,7 @@ def _slurm_local_size(environ):
 def placement(environ, per_node=None, size=None):
     """(rank, size, local_rank, local_size) from the engine's variables; a missing local
     rank is derived from `per_node` (engines place ranks host by host, in order)."""
-    for rank_v, size_v, lrank_v, lsize_v in _ENGINES:
+    for rank_v, size_v, lrank_v, lsize_v in ENGINE_VARIABLES:
         if rank_v in environ:
             rank = int(environ[rank_v])
             total = int(environ.get(size_v) or size or 1)

@@ -1,9 +1,10 @@
 """The "tarantella" logger: level from TNT_LOG_LEVEL, master rank only unless
 TNT_LOG_ON_ALL_DEVICES is true, lines prefixed with the rank."""
 import logging as _logging
+import os
 import sys
 
-from tarantella.common import config
+from tarantella.common import config, engine_ranks
 
 logger = _logging.getLogger("tarantella")
 _configured = False
@@ -40,5 +41,8 @@ def configure(rank, master=0):
 
 def get_logger():
     if not _configured:
-        configure(rank=config.get("TNT_RANK") or 0)
+        # before init(): the rank tntrun or the engine gave (under a bare mpirun or srun every
+        # rank was labelled, and shown as, rank 0)
+        rank = config.get("TNT_RANK")
+        configure(rank=rank if rank is not None else engine_ranks.engine_rank(os.environ) or 0)
     return logger

@@ -177,6 +177,20 @@ def test_plain_python_is_rank_0_of_1():
     assert res.stdout.split("\n")[:2] == ["0 1 0 0 True", "local ok"], res.stdout + res.stderr
 
 
+def test_log_lines_before_init_carry_the_engines_rank():
+    # under a bare mpirun or srun (no TNT_RANK), lines logged before init() said "rank 0" on
+    # every rank, and every rank showed them as the master's
+    code = "from tarantella.common.logging import get_logger; get_logger().warning('early')"
+    for env, shown in (({"OMPI_COMM_WORLD_RANK": "1"}, ""),
+                       ({"OMPI_COMM_WORLD_RANK": "1", "TNT_LOG_ON_ALL_DEVICES": "1"}, "rank 1"),
+                       ({"SLURM_PROCID": "3", "TNT_LOG_ON_ALL_DEVICES": "1"}, "rank 3"),
+                       ({"TNT_RANK": "2", "OMPI_COMM_WORLD_RANK": "1", "TNT_LOG_ON_ALL_DEVICES": "1"}, "rank 2"),
+                       ({}, "rank 0")):
+        res = subprocess.run([sys.executable, "-c", code], env=clean_env(**env), capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        assert res.stderr == (f"[TNT WARNING {shown}] early\n" if shown else ""), (env, res.stderr)
+
+
 def test_import_is_cheap():
     res = subprocess.run([sys.executable, "-c", "import sys, tarantella; "
                           "print('tensorflow' in sys.modules, 'tarantella._core' in sys.modules)"],
