@@ -29,8 +29,8 @@ tnt_result_t tnt_allgather_ring(tnt_ring_t *ring, const void *in, void *out, con
       tnt_piece(offset[send_blk], bytes[send_blk], k, P, &pb, &pl);
       TNT_CHECK(tnt_ring_send(ring, dst + pb, (size_t)pl, deadline));
       const void *piece;
-      TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
       tnt_piece(offset[recv_blk], bytes[recv_blk], k, P, &pb, &pl);
+      TNT_CHECK(tnt_ring_recv(ring, (size_t)pl, &piece, deadline));
       tnt_copy_unaliased(dst + pb, piece, (size_t)pl);
       TNT_CHECK(tnt_ring_release(ring));
     }

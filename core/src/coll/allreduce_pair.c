@@ -69,9 +69,9 @@ tnt_result_t tnt_allreduce_pair(tnt_ring_t *ring, const void *in, void *out, int
       TNT_CHECK(tnt_ring_send(ring, piece_out, (size_t)pl * esz, deadline));
     }
     const void *got;
-    TNT_CHECK(tnt_ring_recv(ring, &got, deadline));
     int64_t pb, pl;
     tnt_piece(0, count, k, P, &pb, &pl);
+    TNT_CHECK(tnt_ring_recv(ring, (size_t)pl * esz, &got, deadline));
     const uint8_t *theirs = got;
     /* [pb, pb + pl) may straddle the split: each side in its segment's order */
     for (int64_t lo = pb; lo < pb + pl;) {

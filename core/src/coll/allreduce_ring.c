@@ -82,8 +82,8 @@ static tnt_result_t ring_step(tnt_ring_t *ring, const plan_t *p, const uint8_t *
     for (; sent < p->P && sent < k + ring->lookahead; sent++)
       TNT_CHECK(send_piece(ring, p, from, scale_out, sb, sl, sent, deadline));
     const void *piece;
-    TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
     tnt_piece(rb, rl, k, p->P, &pb, &pl);
+    TNT_CHECK(tnt_ring_recv(ring, (size_t)pl * p->esz, &piece, deadline));
     uint8_t *at = dst + pb * (int64_t)p->esz;
     /* partial sum of the earlier ranks first, then ours: the order of the ring */
     if (addend)
@@ -134,18 +134,18 @@ static tnt_result_t last_reduce_step(tnt_ring_t *ring, const plan_t *p, const ui
     int64_t pb, pl;
     TNT_CHECK(send_piece(ring, p, from, scale_out, sb, sl, k, deadline));
     const void *piece;
-    TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
     tnt_piece(db, dl, k, p->P, &pb, &pl);
     const size_t bytes = (size_t)pl * p->esz;
+    TNT_CHECK(tnt_ring_recv(ring, bytes, &piece, deadline));
     uint8_t *carry;
     TNT_CHECK(tnt_ring_stage(ring, bytes, deadline, &carry));
     tnt_reduce_scaled(p->dtype, carry, piece, src + pb * (int64_t)p->esz, p->prescale, divisor, (size_t)pl);
     TNT_CHECK(tnt_ring_release(ring));
     tnt_copy_streaming(dst + pb * (int64_t)p->esz, carry, bytes);
     TNT_CHECK(tnt_ring_send(ring, carry, bytes, deadline));
-    TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
-    if (in_place) TNT_CHECK(tnt_ring_flush(ring, deadline));
     tnt_piece(gb, gl, k, p->P, &pb, &pl);
+    TNT_CHECK(tnt_ring_recv(ring, (size_t)pl * p->esz, &piece, deadline));
+    if (in_place) TNT_CHECK(tnt_ring_flush(ring, deadline));
     tnt_copy_streaming(dst + pb * (int64_t)p->esz, piece, (size_t)pl * p->esz);
     TNT_CHECK(tnt_ring_release(ring));
   }

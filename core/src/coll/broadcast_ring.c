@@ -22,7 +22,7 @@ tnt_result_t tnt_broadcast_ring(tnt_ring_t *ring, const void *in, void *out, siz
       continue;
     }
     const void *piece;
-    TNT_CHECK(tnt_ring_recv(ring, &piece, deadline));
+    TNT_CHECK(tnt_ring_recv(ring, (size_t)pl, &piece, deadline));
     /* forwarded from out, not from the window: the put is asynchronous, and the
      * window slot goes back to prev at once */
     tnt_copy_unaliased((uint8_t *)out + pb, piece, (size_t)pl);

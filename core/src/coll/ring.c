@@ -68,13 +68,29 @@ static tnt_result_t wait_slot(tnt_ring_t *ring, double deadline) {
   return TNT_SUCCESS;
 }
 
-static size_t slot_offset(const tnt_ring_t *ring, uint64_t seq) {
-  return ring->region + (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
+/* Where piece `seq` of `len` bytes goes in the windows (from the start of a
+ * window: this channel's region, its slot, its place in the slot).
+ *
+ * Why a small piece moves through its slot: a line that the receiving core
+ * has read stays in its cache, and writing it again waits for that copy to be
+ * invalidated. On the 2-vCPU VM of docs/benchmarks.md a loop of 64 KiB swaps
+ * between two ranks took 11 us when each piece went to the start of its slot
+ * (the 8 slots' first 64 KiB: 512 KiB, the size of a core's L2) and 7 us when
+ * consecutive uses of a slot moved through its 256 KiB (2 MiB in all: lines
+ * the reader's L2 has since let go of). A piece of more than half a slot
+ * always starts at its slot's beginning. Both ends compute the same place:
+ * the sender from tx_seq, the receiver from rx_seq and the same length. */
+static size_t slot_offset(const tnt_ring_t *ring, uint64_t seq, size_t len) {
+  const size_t slot = ring->region + (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
+  const size_t span = (len + 4095) & ~(size_t)4095; /* whole pages: the places never share a line */
+  if (span == 0 || span > ring->slot_bytes / 2) return slot;
+  const size_t places = ring->slot_bytes / span;
+  return slot + (size_t)((seq / (uint64_t)ring->slots) % places) * span;
 }
 
 tnt_result_t tnt_ring_stage(tnt_ring_t *ring, size_t len, double deadline, uint8_t **buf) {
   TNT_CHECK(wait_slot(ring, deadline));
-  void *lent = ring->t->send_buffer(ring->ts, ring->next, slot_offset(ring, ring->tx_seq), len);
+  void *lent = ring->t->send_buffer(ring->ts, ring->next, slot_offset(ring, ring->tx_seq, len), len);
   *buf = lent ? (uint8_t *)lent : ring->staging;
   return TNT_SUCCESS;
 }
@@ -82,7 +98,7 @@ tnt_result_t tnt_ring_stage(tnt_ring_t *ring, size_t len, double deadline, uint8
 tnt_result_t tnt_ring_send(tnt_ring_t *ring, const void *src, size_t len, double deadline) {
   TNT_CHECK(wait_slot(ring, deadline));
   uint64_t seq = ring->tx_seq;
-  if (len) TNT_CHECK(ring->t->put(ring->ts, ring->next, slot_offset(ring, seq), src, len));
+  if (len) TNT_CHECK(ring->t->put(ring->ts, ring->next, slot_offset(ring, seq, len), src, len));
   TNT_CHECK(ring->t->notify(ring->ts, ring->next, ring->kind_data));
   ring->tx_seq = seq + 1;
   /* the put is asynchronous: memory of the ring's own (the staging slot, reused
@@ -98,10 +114,10 @@ tnt_result_t tnt_ring_flush(tnt_ring_t *ring, double deadline) {
   return ring->size > 1 ? ring->t->fence(ring->ts, ring->next, deadline) : TNT_SUCCESS;
 }
 
-tnt_result_t tnt_ring_recv(tnt_ring_t *ring, const void **piece, double deadline) {
+tnt_result_t tnt_ring_recv(tnt_ring_t *ring, size_t len, const void **piece, double deadline) {
   uint64_t seq = ring->rx_seq;
   TNT_CHECK(ring->t->wait(ring->ts, ring->kind_data, ring->prev, (uint32_t)(seq + 1), deadline));
-  *piece = ring->window + (size_t)(seq % (uint64_t)ring->slots) * ring->slot_bytes;
+  *piece = ring->window + (slot_offset(ring, seq, len) - ring->region);
   return TNT_SUCCESS;
 }
 

@@ -11,6 +11,10 @@
  * The sender of piece i waits until piece i - slots has been consumed, so up to
  * `slots` pieces are in flight and a slow rank never has its slot overwritten.
  * The counters persist across collectives, so no reset handshake is needed.
+ * A piece of at most half a slot does not always start at its slot's
+ * beginning: it moves through the slot from one use of the slot to the next
+ * (slot_offset in ring.c), so that a loop of small messages writes lines the
+ * receiver's core has not read lately.
  *
  * A ring is any cyclic order of some of the transport's ranks: `rank`/`size`
  * are this rank's position in it and its length (what the algorithms use),
@@ -65,8 +69,10 @@ tnt_result_t tnt_ring_stage(tnt_ring_t *ring, size_t len, double deadline, uint8
  * sent from may change. Every collective calls it before it returns or writes
  * over what it sent. */
 tnt_result_t tnt_ring_flush(tnt_ring_t *ring, double deadline);
-/* Wait for the next piece from prev; *piece points into this rank's window. */
-tnt_result_t tnt_ring_recv(tnt_ring_t *ring, const void **piece, double deadline);
+/* Wait for the next piece from prev, `len` bytes long (what prev passed to
+ * tnt_ring_send for it: a small piece's place in its slot depends on its
+ * length, see slot_offset); *piece points into this rank's window. */
+tnt_result_t tnt_ring_recv(tnt_ring_t *ring, size_t len, const void **piece, double deadline);
 /* Give the slot of the last received piece back to prev. */
 tnt_result_t tnt_ring_release(tnt_ring_t *ring);
 /* *buf: `bytes` of the ring's own memory, for an algorithm's use until it
