@@ -305,7 +305,10 @@ static tnt_result_t barrier_async_in(const char *name, tnt_handle_t *handle, int
 /* ---- completion ---- */
 
 static tnt_result_t bad_handle(tnt_handle_t handle) {
-  return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unknown or released handle %lld", (long long)handle);
+  return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
+                  "unknown or released handle %lld: released already, or made before tnt_finalize (Python: "
+                  "tnt.shutdown()), which failed and released every request in flight",
+                  (long long)handle);
 }
 
 

@@ -3,13 +3,27 @@
  * A handle is (generation << 32 | slot): a released slot is reused with the
  * next generation, so a stale handle is refused instead of reading someone
  * else's result. Generations run 1 .. 2^31 - 1 and wrap, so a handle stays a
- * positive int64. Every failure after a slot was taken gives it back. */
+ * positive int64. Every failure after a slot was taken gives it back.
+ *
+ * Generations go on across contexts (tnt_finalize, then tnt_init): a new
+ * table's slots start above every generation the last table used. They
+ * started at 1 again, so a handle kept across a shutdown and re-init (Python's
+ * Handle of a request pending at shutdown, or one a dropped Handle left to be
+ * reaped) named the new context's request in the same slot: waiting on it
+ * returned its own never-written result as a success and released the other
+ * request's handle under its owner. */
 #include "requests.h"
 
 #include "common.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+/* The generation the next table's new slots start from (process-wide; init
+ * and destroy run under context.c's init_mu, one table at a time). */
+static uint32_t generation_floor;
+
+static uint32_t next_generation(uint32_t g) { return g >= 0x7fffffffu ? 1u : g + 1u; }
 
 void tnt_requests_init(tnt_requests_t *q, int size) {
   memset(q, 0, sizeof *q);
@@ -32,7 +46,11 @@ static void free_slot(tnt_handle_slot_t *h) {
 }
 
 void tnt_requests_destroy(tnt_requests_t *q) {
-  for (int i = 0; i < q->nslots; i++) free_slot(&q->slots[i]);
+  for (int i = 0; i < q->nslots; i++) {
+    free_slot(&q->slots[i]);
+    /* (a slot whose generations wrapped restarts below: as rare as a wrap within one table) */
+    if (q->slots[i].generation > generation_floor) generation_floor = q->slots[i].generation;
+  }
   free(q->slots);
   tnt_namemap_free(&q->active);
   pthread_cond_destroy(&q->done_cond);
@@ -53,10 +71,10 @@ static tnt_handle_t slot_alloc(tnt_requests_t *q, tnt_request_t *req) {
       q->capslots = cap;
     }
     i = q->nslots++;
-    q->slots[i].generation = 0;
+    q->slots[i].generation = generation_floor; /* above every handle of an earlier table */
   }
   tnt_handle_slot_t *h = &q->slots[i];
-  uint32_t gen = h->generation >= 0x7fffffffu ? 1u : h->generation + 1u;
+  uint32_t gen = next_generation(h->generation);
   memset(h, 0, sizeof *h);
   h->generation = gen;
   h->used = 1;

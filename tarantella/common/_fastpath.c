@@ -432,6 +432,31 @@ static int claim_call(const unnamed_t *kind, PyObject *name, call_t *c, int like
   return 1;
 }
 
+/* The Python that takes over a request the core still holds (finish_slow,
+ * gather_uneven, gather_slow) returned `next`; NULL: it raised. A signal's
+ * exception (Ctrl+C during the first slice of a wait for a slow peer) is
+ * raised as that Python is entered, before a Handle owns the request: the core
+ * then wrote the result into `result` after it was freed, and read `array`,
+ * whose memory other arrays had taken (crashes, or another array overwritten
+ * by the sum). So the request goes to the orphans with both, as a dropped
+ * Handle's does, and an unnamed one (`unnamed_name`, else NULL) to the
+ * unnamed requests in flight (collectives._orphan_raised). Returns `next`. */
+static PyObject *orphan_if_raised(PyObject *next, tnt_handle_t handle, PyObject *array, PyObject *result,
+                                  PyObject *unnamed_name) {
+  if (next != NULL) return next;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject *number = PyLong_FromLongLong((long long)handle);
+  PyObject *entry = number ? Py_BuildValue("O(OO)", number, array, result) : NULL;
+  if (entry == NULL || PyList_Append(orphans, entry) != 0 ||
+      (unnamed_name != NULL && PyDict_SetDefault(in_flight, unnamed_name, number) == NULL))
+    PyErr_Clear(); /* the error already raised wins */
+  Py_XDECREF(entry);
+  Py_XDECREF(number);
+  PyErr_Restore(type, value, tb);
+  return NULL;
+}
+
 /* The call's end once the core returned `rc`: the result, the Python wait
  * for a slow peer (IN_PROGRESS), or the error raised. Releases `c`. */
 static PyObject *end_call(call_t *c, tnt_result_t rc, tnt_handle_t handle, PyObject *array) {
@@ -446,6 +471,7 @@ static PyObject *end_call(call_t *c, tnt_result_t rc, tnt_handle_t handle, PyObj
     if (c->name_bytes != NULL)
       next = PyObject_CallFunction(finish_slow, "LOOOO", (long long)handle, c->name_bytes,
                                    c->unnamed ? Py_True : Py_False, array, c->result);
+    next = orphan_if_raised(next, handle, array, c->result, c->unnamed ? c->name_bytes : NULL);
   } else {
     next = PyObject_CallFunction(check, "i", (int)rc); /* raises */
     if (next != NULL) { /* check() raised nothing: a code it does not know */
@@ -637,6 +663,7 @@ static PyObject *allgather(PyObject *self, PyObject *const *args, Py_ssize_t nar
   else if (c.name_bytes != NULL) /* a slow peer: the Python wait, interruptible, takes over */
     next = PyObject_CallFunction(gather_slow, "LOOOO", (long long)handle, c.name_bytes,
                                  c.unnamed ? Py_True : Py_False, array, c.result);
+  next = orphan_if_raised(next, handle, array, c.result, c.unnamed ? c.name_bytes : NULL);
   Py_CLEAR(c.name_bytes);
   Py_CLEAR(c.result);
   return next;

@@ -101,6 +101,8 @@ class Handle:
     complete takes the result and releases the core's handle, under a lock; the
     others get the same result (or the same error)."""
 
+    _done = True  # until __init__ runs: a Handle that a signal's exception left unbuilt owns nothing
+
     def __init__(self, handle, finish, keepalive):
         self._handle = handle
         self._finish = finish
@@ -170,14 +172,26 @@ _orphans = []  # (core handle, buffers) of dropped, unfinished requests
 
 
 def _reap_orphans():
+    """Release the dropped requests that completed. Any thread may reap while
+    others reap or drop handles, and tnt_test lets them run (it releases the
+    GIL): each entry is taken out with one pop() and the pending ones put back,
+    so that an entry is always in the list or in one reaper's hands. Rebuilding
+    the list (`_orphans[:] = still`) lost the entries that other threads added
+    or put back meanwhile, and with them the buffers of requests still in flight,
+    which the core then wrote into after they were freed (two threads dropping
+    async handles: heap corruption within a few hundred calls)."""
     lib = core.lib()
-    still = []
-    for handle, keepalive in _orphans:
+    taken = []
+    while _orphans:
+        try:
+            taken.append(_orphans.pop())
+        except IndexError:  # another reaper took the last one
+            break
+    for handle, keepalive in taken:
         if lib.tnt_test(handle) == codes.IN_PROGRESS:
-            still.append((handle, keepalive))
+            _orphans.append((handle, keepalive))
         else:
             lib.tnt_release(handle)
-    _orphans[:] = still
 
 
 def _settle_before(name, unnamed):
@@ -193,17 +207,36 @@ def _settle_before(name, unnamed):
             lib.tnt_wait(earlier, _WAIT_SLICE_S)
 
 
-def _submit(fn, name, *args):
-    """Submit `fn(name, *args, &handle)`; `name` comes from request_names.auto_name."""
+def _submit(fn, name, args, finish, keepalive):
+    """Submit `fn(name, *args, &handle)` (`name` from request_names.auto_name) and
+    return its Handle, which keeps `keepalive` (the buffers) until completion."""
     name, unnamed = name
-    lib, ffi = core.lib(), core.ffi()
     if _orphans or unnamed and _unnamed_in_flight:
         _settle_before(name, unnamed)
-    handle = ffi.new("tnt_handle_t *")
-    core.check(fn(name, *args, handle))
-    if unnamed:
-        _unnamed_in_flight[name] = handle[0]
-    return handle[0]
+    handle = core.ffi().new("tnt_handle_t *")  # 0, never a handle, until the core fills it
+    try:
+        core.check(fn(name, *args, handle))
+        if unnamed:
+            _unnamed_in_flight[name] = handle[0]
+        return Handle(handle[0], finish, keepalive)
+    except BaseException:
+        _orphan_raised(handle[0], keepalive, name, unnamed)
+        raise
+
+
+def _orphan_raised(handle, keepalive, name, unnamed):
+    """A call raised after the core took its request, before a Handle owned it: a
+    signal's exception (Ctrl+C) is raised as the core's call returns, or as the
+    Python that takes over a slow request is entered. The request then goes to
+    the orphans with its buffers, as a dropped Handle's does: else the core wrote
+    the result into memory that Python had freed and given to other arrays, and
+    crashed. A request that a Handle had taken (and released, or will orphan
+    itself) is refused as stale when reaped, which is harmless. An unnamed one
+    is also the name's request in flight, which its next use waits for."""
+    if handle:
+        _orphans.append((handle, keepalive))
+        if unnamed:
+            _unnamed_in_flight.setdefault(name, handle)
 
 
 def _described(out):
@@ -255,9 +288,9 @@ def _allreduce_async(array, op, name, prescale, out, layout=0):
     array, dt = _as_input(array, "allreduce")
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
-    handle = _submit(lib.tnt_allreduce_layout_async, auto_name("allreduce", name), ffi.from_buffer(array),
-                     ffi.from_buffer(out), array.size, dt, codes.OPS[op], float(prescale), layout)
-    return Handle(handle, lambda h: out, (array, out))
+    return _submit(lib.tnt_allreduce_layout_async, auto_name("allreduce", name),
+                   (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op], float(prescale),
+                    layout), lambda h: out, (array, out))
 
 
 # Python and NumPy scalars: converted before the fast path (np.asarray, as the
@@ -312,10 +345,14 @@ def _blocking(fn, name, args, finish, keepalive, keep=False):
     name, unnamed = name
     if _orphans or unnamed and _unnamed_in_flight:
         _settle_before(name, unnamed)
-    handle = core.ffi().new("tnt_handle_t *")
-    result = fn(name, *args, _WAIT_SLICE_S, handle)
-    if result == codes.IN_PROGRESS:
-        return _wait_in_slices(handle[0], name, unnamed, finish, keepalive)
+    handle = core.ffi().new("tnt_handle_t *")  # 0, never a handle, until the core fills it
+    try:
+        result = fn(name, *args, _WAIT_SLICE_S, handle)
+        if result == codes.IN_PROGRESS:
+            return _wait_in_slices(handle[0], name, unnamed, finish, keepalive)
+    except BaseException:  # Ctrl+C as the call returned, or while waiting for a slow peer
+        _orphan_raised(handle[0], keepalive, name, unnamed)
+        raise
     core.check(result)
     if not keep:
         return finish(None)
@@ -389,8 +426,8 @@ def _broadcast(array, root, name, out, blocking, layout=0):
     args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
     if blocking:
         return _blocking(lib.tnt_broadcast, auto_name("broadcast", name), args, lambda h: out, (array, out))
-    handle = _submit(lib.tnt_broadcast_layout_async, auto_name("broadcast", name), *args, layout)
-    return Handle(handle, lambda h: out, (array, out))
+    return _submit(lib.tnt_broadcast_layout_async, auto_name("broadcast", name), args + (layout,), lambda h: out,
+                   (array, out))
 
 
 def broadcast(array, root=0, name=None, out=None):
@@ -437,8 +474,8 @@ def _allgather(array, name, blocking, layout=0):
 
     if blocking:
         return _blocking(lib.tnt_allgather_into, auto_name("allgather", name), args, finish, (array, guess), keep=True)
-    handle = _submit(lib.tnt_allgather_into_layout_async, auto_name("allgather", name), *args, layout)
-    return Handle(handle, finish, (array, guess))
+    return _submit(lib.tnt_allgather_into_layout_async, auto_name("allgather", name), args + (layout,), finish,
+                   (array, guess))
 
 
 def _allgather_empty_rows(lib, array, dt, name, blocking):
@@ -455,7 +492,7 @@ def _allgather_empty_rows(lib, array, dt, name, blocking):
     args = (core.ffi().NULL, 0, 0, dt, core.ffi().NULL, 0)
     if blocking:
         return _blocking(lib.tnt_allgather_into, (name, unnamed), args, finish, (), keep=True)
-    return Handle(_submit(lib.tnt_allgather_into_async, (name, unnamed), *args), finish, ())
+    return _submit(lib.tnt_allgather_into_async, (name, unnamed), args, finish, ())
 
 
 def _gather_finish(h, array, guess):
@@ -514,8 +551,7 @@ def allgather(array, name=None):
 
 def barrier_async(name=None):
     lib = core.ensure_initialized()
-    handle = _submit(lib.tnt_barrier_async, auto_name("barrier", name))
-    return Handle(handle, lambda h: None, ())
+    return _submit(lib.tnt_barrier_async, auto_name("barrier", name), (), lambda h: None, ())
 
 
 def barrier(name=None):

@@ -113,6 +113,38 @@ expect(errors.MismatchError, lambda: tnt.allgather({} if rank == 2 else {"a": np
 assert tnt.allreduce({}) == {} and tnt.broadcast(()) == () and tnt.allgather([]) == []
 ok("nested-structures-that-differ-fail")
 
+# Ctrl+C while a blocking call waits for late peers: the KeyboardInterrupt is
+# raised as the Python that takes over the wait is entered, before a Handle owns
+# the request. The request must keep its buffers (the orphans hold them) until the
+# core has written the result: they were freed, and the sum landed in memory that
+# other arrays had taken. The peers submit only after rank 0's interrupt.
+import signal  # noqa: E402
+
+from tarantella.common import codes, collectives  # noqa: E402
+
+
+def interrupt(*_):
+    raise KeyboardInterrupt
+
+
+for path, prescale in (("fast", 1.0), ("general", 1)):  # an int prescale takes the Python path
+    name = f"interrupted-{path}"
+    if rank == 0:
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # within the call's first 0.25 s slice
+        expect(KeyboardInterrupt, lambda: tnt.allreduce(np.ones(20_000), name=name, prescale=prescale))
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        kept = [(h, k) for h, k in collectives._orphans if k and k[1].shape == (20_000,)]
+        assert len(kept) == 1, (path, collectives._orphans)
+    tnt.barrier(name=f"{name}-caught")
+    if rank:
+        tnt.allreduce(np.ones(20_000), name=name, prescale=prescale)
+    else:
+        assert core.lib().tnt_wait(kept[0][0], 60.0) == codes.SUCCESS
+        assert (kept[0][1][1] == size).all(), (path, kept[0][1][1][:4])  # the result, written into a live array
+        del kept
+ok("ctrl-c-in-a-blocking-call-keeps-its-buffers")
+
 # fork(): the child is not a rank. Its collectives fail clearly; its exit
 # (atexit, shutdown) leaves the parent's job untouched.
 pid = os.fork()
@@ -136,3 +168,15 @@ h = tnt.allreduce_async(np.ones(2), name="never-completes" if rank == 0 else "ot
 tnt.shutdown()
 expect(errors.InvalidUsageError, h.wait)
 ok("wait-after-shutdown-raises")
+
+# a handle kept across shutdown and init names no request of the new context:
+# generations restarted at 1, so the first request of the new context had the
+# stale handle's number, whose wait returned its never-written result
+tnt.init()
+stale = tnt.allreduce_async(np.ones(2), name=f"pending-at-shutdown-{rank}")  # the context's first request
+tnt.shutdown()
+tnt.init()
+fresh = tnt.allreduce_async(np.full(2, 1.0 + rank), name="first-after-init")
+expect(errors.InvalidArgumentError, stale.wait, "before tnt_finalize")
+assert (fresh.wait() == sum(1.0 + r for r in range(size))).all()
+ok("handle-from-before-shutdown-refused-after-init")

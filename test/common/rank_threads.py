@@ -8,8 +8,10 @@ integers in every dtype: every partial sum is exact). The threads stop
 together (an allreduce of "over BUDGET_S" every 16 iterations). Each worker
 also makes one unnamed allreduce per iteration, of the same shape in every
 thread. Then two living threads of one name make unnamed calls, and so do
-pools of one and of two threads. Writes OUTDIR/rank<r>.json with the counts,
-the errors seen and what the twins and the pools got.
+pools of one and of two threads; with MODE "own", two threads drop the handles
+of their async calls at once. Writes OUTDIR/rank<r>.json with the counts, the
+errors seen, what the twins and the pools got, and how many dropped requests'
+buffers were freed while in flight.
 
     rank_threads.py OUTDIR MODE THREADS BUDGET_S
 """
@@ -21,10 +23,12 @@ import random
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 
 import tarantella as tnt
+from tarantella.common import codes, core
 
 outdir, mode, threads, budget_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 rank, size = tnt.get_rank(), tnt.get_size()
@@ -214,11 +218,41 @@ def pools():
     return outcome
 
 
+def dropped(per_thread=500):
+    """Two threads drop the handles of their async calls at once while the peers
+    complete them: each submission reaps the dropped requests that completed, and
+    tnt_test lets the other thread run meanwhile. Returns how many out= arrays
+    were freed while their request was still in flight (each reaper rebuilt the
+    list of dropped requests, losing what the other added: heap corruption)."""
+    lib, freed_early, refs = core.lib(), [], []
+
+    def freed(number):
+        if lib.tnt_test(number) == codes.IN_PROGRESS:
+            freed_early.append(number)
+
+    def drop(t):
+        for i in range(per_thread):
+            out = np.empty(1000)
+            number = tnt.allreduce_async(np.ones(1000), name=f"dropped{t}/{i}", out=out)._handle
+            refs.append(weakref.ref(out, lambda _, number=number: freed(number)))
+            if rank and i % 7 == 0:
+                time.sleep(0.0005)  # the peer completes some while rank 0 drops more
+
+    both = [threading.Thread(target=drop, args=(t,), name=f"dropper{t}") for t in range(2)]
+    for t in both:
+        t.start()
+    for t in both:
+        t.join()
+    tnt.barrier(name="dropped")
+    return len(freed_early)
+
+
 twin_refused = twins()
 pooled = pools()
+freed_in_flight = dropped() if mode == "own" else 0
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, **stats, "errors": errors[:20], "seconds": time.monotonic() - begin,
-               "twin_refused": twin_refused, "pools": pooled}, f)
+               "twin_refused": twin_refused, "pools": pooled, "freed_in_flight": freed_in_flight}, f)
 print(f"rank {rank}: {stats['checked']} collectives checked from {threads + 1} threads, {stats['tests']} test() "
       f"calls ({stats['tests_done']} found their request complete), {len(errors)} errors in "
       f"{time.monotonic() - begin:.1f} s")

@@ -6,7 +6,8 @@ the handles that the other threads are waiting for (a Handle shared between
 threads, as a concurrent.futures.Future may be). The workers' unnamed calls,
 of one shape in every thread, pair by thread across ranks (request_names.py);
 two living threads of one name are refused, and so are unnamed
-calls in a pool of two threads."""
+calls in a pool of two threads. Two threads that drop the handles of their
+async calls at once never lose the buffers of one still in flight."""
 import json
 
 import pytest
@@ -33,3 +34,4 @@ def test_threads_submit_wait_and_test_concurrently(mode, tmp_path):
         assert rep["pools"][0] == [1, 1], rep  # 0 + 1: a pool of one thread pairs its calls
         assert len(rep["pools"]) == 3 and "worker thread of a ThreadPoolExecutor" in rep["pools"][1], rep
         assert "worker thread of a multiprocessing ThreadPool" in rep["pools"][2], rep
+        assert rep["freed_in_flight"] == 0, rep  # dropped handles reaped by two threads at once keep their buffers
