@@ -483,7 +483,7 @@ def _allgather_empty_rows(lib, array, dt, name, blocking):
     the dtype and the rows' size (0) as for any allgather, but its data is no
     bytes, which cannot say how many rows each rank has; so, once the ranks have
     agreed, they gather their row counts under the name + ".rows"."""
-    name, unnamed = auto_name("allgather", name)
+    name, unnamed = auto_name("allgather", name, len(".rows"))
 
     def finish(h):
         rows = allgather(np.array([array.shape[0]], np.int64), name=name.decode() + ".rows")
@@ -681,7 +681,7 @@ def _structure_collective(structure, kind, name, start, now=None):
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
-    base = auto_name(kind, name)[0].decode()
+    base = auto_name(kind, name, request_names.STRUCTURE_SUFFIX_BYTES)[0].decode()
     layout = _layout(structure, arrays)
     # The first request is named `base` whatever its dtype, so that every rank has it and the
     # core compares it: ranks whose only leaves differ in dtype, or an empty structure (one
@@ -711,7 +711,7 @@ def _allgather_structure(structure, name):
     leaves, rebuild = flatten(structure)
     arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
     arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
-    base = auto_name("allgather", name)[0].decode()
+    base = auto_name("allgather", name, request_names.STRUCTURE_SUFFIX_BYTES)[0].decode()
     groups = _groups(arrays)
     # The rows' request carries the layout: it is the one request every rank has, whatever its
     # leaves' dtypes, even an empty structure (one 0), which then fails against leaves instead of

@@ -24,14 +24,27 @@ _counter_lock = threading.Lock()
 _unnamed_names = {}  # kind -> the main thread's NAME_WINDOW names, made once (no cost on the hot path)
 
 
-def auto_name(kind, name):
-    """(name as bytes, True if it was made here for an unnamed call)."""
+# A nested structure's requests are named "<name>.<dtype>" and "<name>.rows"
+# (collectives.py): its name leaves room for the longest suffix.
+STRUCTURE_SUFFIX_BYTES = len(".bfloat16")
+
+
+def auto_name(kind, name, room=0):
+    """(name as bytes, True if it was made here for an unnamed call). `room`:
+    bytes the caller appends to the name (STRUCTURE_SUFFIX_BYTES), which a name
+    given must leave free of the core's 255."""
     if name is not None:
-        if not isinstance(name, str) or not name or len(name.encode()) > 255 or "\0" in name:
+        try:
+            encoded = name.encode() if isinstance(name, str) else None
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800"): not UTF-8, so no name the core can take
+            encoded = None
+        if not encoded or len(encoded) > 255 - room or b"\0" in encoded:
+            most = f"{255 - room} bytes (this call names its requests after it, adding up to {room} bytes, " \
+                "such as '.float32')" if room else "255 bytes"
             raise InvalidArgumentError(
-                "name must be a non-empty string of at most 255 bytes without NUL characters. "
-                f"Received: name={name!r}")
-        return name.encode(), False
+                f"name must be a non-empty string of at most {most}, in UTF-8, without NUL characters. "
+                f"Received: name={name!r:.300}" + (f" ({len(encoded)} bytes)" if encoded else ""))
+        return encoded, False
     thread = threading.current_thread()
     if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD):
         counter, names = unnamed_window(kind)

@@ -50,6 +50,12 @@ ok("integer-average-exact")
 
 # a name with a NUL byte would be cut at the NUL and paired with another name
 expect(errors.InvalidArgumentError, lambda: tnt.allreduce(np.ones(2), name="a\0b"), "NUL")
+# a lone surrogate is no UTF-8 (it raised UnicodeEncodeError); a structure's name of
+# 247-255 bytes was refused only at its second request, naming that request's suffixed name
+expect(errors.InvalidArgumentError, lambda: tnt.allreduce(np.ones(2), name="\ud800"), "UTF-8")
+mixed = {"a": np.ones(2, np.float32), "b": np.ones(2, np.int32)}
+expect(errors.InvalidArgumentError, lambda: tnt.allreduce(mixed, name="n" * 250), "at most 246 bytes")
+assert tnt.allreduce(mixed, name="n" * 246)["b"].tolist() == [size, size]
 ok("nul-name-refused")
 
 # fusion never changes the bits: one tensor's result, alone and fused behind
