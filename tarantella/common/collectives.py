@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from tarantella import _fastpath
-from tarantella.common import codes, core, dtypes, request_names, result_pool
+from tarantella.common import codes, core, dtypes, errors, request_names, result_pool
 from tarantella.common.errors import InvalidArgumentError
 from tarantella.common.request_names import auto_name
 
@@ -136,7 +136,12 @@ class Handle:
                 result = lib.tnt_wait(self._handle, float(timeout))
                 if result == codes.ERR_TIMEOUT and not self._done and \
                         lib.tnt_test(self._handle) == codes.IN_PROGRESS:
-                    core.check(result)  # the request stays pending: wait() may be called again
+                    # the request stays pending: not the job's timeout, whose message (advice on
+                    # TNT_TIMEOUT_S and ranks that differ) core.check would append
+                    raise errors.TimeoutError(
+                        f"wait(timeout={timeout!r}) ended before the request completed: it is still pending, and "
+                        "wait() or test() may be called again (the job is not broken: that would be "
+                        "TNT_TIMEOUT_S, which fails the request)")
             self._complete(result)
         return self._outcome()
 

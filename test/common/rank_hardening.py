@@ -168,6 +168,18 @@ assert os.waitstatus_to_exitcode(status) == 0, status
 assert (tnt.allreduce(np.ones(3), name="after-fork") == size).all()
 ok("fork-child-is-not-a-rank")
 
+# a wait with a bound of the caller's ends with a TimeoutError that says the request
+# is still pending (it used to carry the advice of the job's TNT_TIMEOUT_S), and the
+# request completes later; the peers submit only after rank 0's bounded wait
+if rank == 0:
+    bounded = tnt.allreduce_async(np.ones(2), name="bounded-wait")
+    expect(errors.TimeoutError, lambda: bounded.wait(timeout=0), "still pending", "may be called again")
+tnt.barrier(name="after-bounded-wait")
+if rank:
+    bounded = tnt.allreduce_async(np.ones(2), name="bounded-wait")
+assert (bounded.wait() == size).all()
+ok("bounded-wait-says-still-pending")
+
 # a handle waited for after shutdown raises instead of returning None
 tnt.barrier(name="before-shutdown")
 h = tnt.allreduce_async(np.ones(2), name="never-completes" if rank == 0 else "other-name")
