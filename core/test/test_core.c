@@ -10,6 +10,7 @@
 #include "dtype.h"
 #include "expect.h"
 #include "stream_store.h"
+#include "transport/put_copy.h"
 #include "tarantella.h"
 
 
@@ -54,6 +55,32 @@ static void test_streaming_copy(void) {
       mismatches += memcmp(want, got, sizeof want) != 0;
     }
   EXPECT(mismatches == 0);
+}
+
+/* A put's copier (transport/put_copy.h): every copy writes what memcpy writes.
+ * Taken as far apart, it copies with streaming stores and times no copy but
+ * every PUT_PROBE_EVERY-th, and one fast plain copy (this thread's own
+ * memory: no other core holds its lines) makes it near again. Pieces under
+ * 16 KiB are never timed. Defect guarded against: a copier that stays far
+ * (streaming stores, 2x slower near) once a few slow copies made it so. */
+static void test_put_copier(void) {
+  enum { LEN = 64 << 10 };
+  static uint8_t src[LEN + 64], dst[LEN + 64];
+  for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(i * 13 + 5);
+  tnt_put_copier_t c = {.samples = PUT_SAMPLES, .far = 1};
+  for (int i = 0; i < PUT_SAMPLES; i++) c.ns_per_byte[i] = 1.0; /* four slow copies */
+  int mismatches = 0;
+  for (int k = 1; k < PUT_PROBE_EVERY; k++) {
+    memset(dst, 0, sizeof dst);
+    tnt_put_copy(&c, dst + 3, src + k, LEN);
+    mismatches += memcmp(dst + 3, src + k, LEN) != 0 || dst[2] || dst[LEN + 3];
+  }
+  EXPECT(mismatches == 0);
+  EXPECT(c.far == 1 && c.samples == PUT_SAMPLES); /* streamed, untimed */
+  tnt_put_copy(&c, dst, src, LEN);                /* the probe: a plain copy, fast here */
+  EXPECT(c.samples == PUT_SAMPLES + 1 && c.far == 0 && memcmp(dst, src, LEN) == 0);
+  tnt_put_copy(&c, dst, src, 1000);
+  EXPECT(c.samples == PUT_SAMPLES + 1 && memcmp(dst, src, 1000) == 0); /* small: not timed */
 }
 
 /* tnt_copy_unaliased writes exactly what memcpy writes, both
@@ -132,6 +159,7 @@ static void test_serial_job(void) {
 int main(void) {
   test_half_precision();
   test_streaming_copy();
+  test_put_copier();
   test_copy_unaliased();
   test_misuse_before_init();
   test_serial_job();

@@ -49,6 +49,7 @@
 #include "transport.h"
 #include "host_load.h"
 #include "process_state.h"
+#include "put_copy.h"
 
 #define SHM_MAGIC 0x544e5432u /* "TNT2": changes with the segment's layout, so that ranks of two builds do not share one */
 #define CACHE_LINE 64
@@ -126,6 +127,7 @@ typedef struct {
   int bells_owed;      /* a cycle was asked for: wake the peers' threads if they do not join it by themselves */
   int *global;         /* [size] job-wide rank of each member, for messages (a group of a larger job) */
   char host[64];       /* this host's name, for messages: every peer of this segment is on it */
+  tnt_put_copier_t put_copier; /* how puts copy, from what they cost lately (put_copy.h) */
 } shm_t;
 
 /* The rank a message names: the job-wide one when this segment serves one host of many. */
@@ -623,7 +625,7 @@ static tnt_result_t shm_init(const tnt_placement_t *pl, const tnt_params_t *para
 static tnt_result_t shm_put(void *st, int peer, size_t offset, const void *src, size_t len) {
   shm_t *s = st;
   uint8_t *dst = s->windows[peer] + offset;
-  if (src != dst) memcpy(dst, src, len);
+  if (src != dst) tnt_put_copy(&s->put_copier, dst, src, len); /* plain, or streaming while the cores are far */
   return TNT_SUCCESS;
 }
 

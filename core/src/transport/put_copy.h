@@ -1,0 +1,38 @@
+/* put_copy.h - how a rank copies a piece into a peer's window on one host:
+ * with plain stores while the two cores are near, with streaming stores while
+ * they are far apart, decided from what the plain copies cost.
+ *
+ * A VM may place its vCPUs sharing a cache or far apart, and move them between
+ * the two every few seconds to minutes (docs/benchmarks.md, "The slow launches
+ * are the VM's two vCPUs placed far apart"). A plain store into a line the
+ * peer's core read last must first take the line from that core: cheap near,
+ * 5x dearer far. A streaming store writes whole lines without taking them, and
+ * the reader then reads them from memory. In a C probe of 64 KiB swaps between
+ * two pinned threads: near, 7 us plain against 15 us streaming; far, 34-40 us
+ * plain against 14 us streaming. The bytes are the same either way: each rank
+ * may choose alone.
+ *
+ * The signal is the plain copy's own time per byte: near it moved 64 KiB in
+ * 1.5-8 us, far in 23-63 us. The slowest samples may be a preempted copy, so a
+ * rank takes the cores as far apart only when its last PUT_SAMPLES plain
+ * copies were all slow, and as near again at its first fast one; while far,
+ * every PUT_PROBE_EVERY-th piece is copied plainly to look. */
+#ifndef TNT_PUT_COPY_H
+#define TNT_PUT_COPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PUT_SAMPLES 4
+#define PUT_PROBE_EVERY 32
+
+typedef struct {
+  double ns_per_byte[PUT_SAMPLES]; /* the last plain copies' costs, a ring */
+  uint32_t samples, puts;
+  int far;
+} tnt_put_copier_t;
+
+/* memcpy(dst, src, len) into a peer's window, as the placement asks. */
+void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len);
+
+#endif
