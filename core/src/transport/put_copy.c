@@ -11,7 +11,6 @@
 #define PUT_TIMED_MIN (16 << 10)
 /* Slower than this per byte, a plain copy took its lines from a far core
  * (near: <= 0.12 ns per byte, far: >= 0.35, on the machine of put_copy.h). */
-#define PUT_FAR_NS_PER_BYTE 0.2
 
 static int all_slow(const tnt_put_copier_t *c) {
   if (c->samples < PUT_SAMPLES) return 0;
@@ -31,7 +30,10 @@ void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len) {
   }
   const double t0 = tnt_now();
   memcpy(dst, src, len);
-  const double ns_per_byte = (tnt_now() - t0) * 1e9 / (double)len;
+  tnt_put_copier_record(c, (tnt_now() - t0) * 1e9 / (double)len);
+}
+
+void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte) {
   c->ns_per_byte[c->samples++ % PUT_SAMPLES] = ns_per_byte;
   c->far = ns_per_byte > PUT_FAR_NS_PER_BYTE && all_slow(c);
 }

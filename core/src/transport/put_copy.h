@@ -25,6 +25,9 @@
 
 #define PUT_SAMPLES 4
 #define PUT_PROBE_EVERY 32
+/* Slower than this per byte, a plain copy took its lines from a far core
+ * (near: <= 0.12 ns per byte, far: >= 0.35, on the machine above). */
+#define PUT_FAR_NS_PER_BYTE 0.2
 
 typedef struct {
   double ns_per_byte[PUT_SAMPLES]; /* the last plain copies' costs, a ring */
@@ -34,5 +37,7 @@ typedef struct {
 
 /* memcpy(dst, src, len) into a peer's window, as the placement asks. */
 void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len);
+/* What a plain copy cost: the verdict after it (tnt_put_copy times its plain copies). */
+void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte);
 
 #endif
