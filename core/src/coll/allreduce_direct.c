@@ -30,6 +30,12 @@
 #include "dtype.h"
 #include "ring.h"
 #include "stream_store.h"
+#include "transport/put_copy.h"
+
+/* How this rank copies its chunk into its exchange buffer, whose lines the
+ * other ranks read last: plainly, or with streaming stores while its core is
+ * far from theirs (put_copy.h). The engine runs one collective at a time. */
+static tnt_put_copier_t copier;
 
 /* out = the N contributions added, for the elements [lo, hi) of a buffer of
  * `count`, each in the ring's order of its segment. `out` holds the buffer's
@@ -99,8 +105,8 @@ tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, 
       tnt_scale(dtype, mine, src, prescale, (size_t)cl);
     } else {
       const size_t before = (size_t)(pb - cb) * esz, after = (size_t)(pb - cb + pl) * esz;
-      memcpy(mine, src, before);
-      memcpy(mine + after, src + after, (size_t)cl * esz - after);
+      tnt_put_copy(&copier, mine, src, before);
+      tnt_put_copy(&copier, mine + after, src + after, (size_t)cl * esz - after);
     }
     TNT_CHECK(tnt_exchange_in_place(t, ts, N, mine, (size_t)cl * esz, msgs, cap, deadline));
     if (prescale == 1.0) msgs[rank] = src;
