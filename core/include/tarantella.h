@@ -123,7 +123,8 @@ tnt_result_t tnt_barrier(const char *name, double timeout_s, tnt_handle_t *handl
  * structure's leaves): `layout` is the caller's digest of their keys, dtypes
  * and shapes, and every rank must pass the same one, as it must the same
  * count; else TNT_ERR_MISMATCH on every rank (equal counts alone would sum
- * one rank's leaf into another's). 0 is a plain array's layout. */
+ * one rank's leaf into another's). 0 is a 1-d array's layout; one array of
+ * more dimensions passes tnt_shape_layout of its shape (below). */
 tnt_result_t tnt_allreduce_layout_async(const char *name, const void *in, void *out, int64_t count,
                                         tnt_dtype_t dtype, tnt_reduce_op_t op, double prescale, uint64_t layout,
                                         tnt_handle_t *handle);
@@ -135,6 +136,24 @@ tnt_result_t tnt_broadcast_layout_async(const char *name, const void *in, void *
 tnt_result_t tnt_allgather_into_layout_async(const char *name, const void *in, int64_t count, int64_t row_elems,
                                              tnt_dtype_t dtype, void *out, int64_t out_count, uint64_t layout,
                                              tnt_handle_t *handle);
+/* Blocking forms, as tnt_broadcast and tnt_allgather_into are. */
+tnt_result_t tnt_broadcast_layout(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                  int root, uint64_t layout, double timeout_s, tnt_handle_t *handle);
+tnt_result_t tnt_allgather_into_layout(const char *name, const void *in, int64_t count, int64_t row_elems,
+                                       tnt_dtype_t dtype, void *out, int64_t out_count, uint64_t layout,
+                                       double timeout_s, tnt_handle_t *handle);
+/* The layout of one array of `ndim` dimensions `dims` (first first), for the
+ * calls above: equal counts do not make two shapes alike ((2, 3) summed into
+ * (3, 2) element by element). 0 when ndim < 2 (the count says it all: a 0-d
+ * array and a 1-element vector match), else never 0: its two lowest bits are
+ * binary 10, so a caller's own digests should be odd (the NumPy API's
+ * structures' are). Shapes that fit (ndim up to 9, each dimension within
+ * 58/ndim bits: (n, m) up to 536870911 each) are held exactly, and a mismatch
+ * message shows them ("float32[6] of shape (2, 3)"); others as a hash. The
+ * NumPy API and the TensorFlow ops pass it for every array: allreduce and
+ * broadcast the array's shape; allgather the shape of its rows (all
+ * dimensions but the first, so ndim >= 3; ndim 2 differs in row_elems). */
+uint64_t tnt_shape_layout(int ndim, const int64_t *dims);
 
 /* Completion. tnt_wait's timeout_s bounds this wait (TNT_ERR_TIMEOUT, the request
  * stays pending); a negative, NaN or infinite timeout_s (or one beyond 1e9 s)

@@ -489,14 +489,14 @@ static tnt_result_t allreduce_in(const char *name, const void *in, void *out, in
 }
 
 static tnt_result_t broadcast_in(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
-                                 double timeout_s, tnt_handle_t *handle) {
-  TNT_CHECK(broadcast_async_in(name, in, out, count, dtype, root, 0, handle, 1));
+                                 uint64_t layout, double timeout_s, tnt_handle_t *handle) {
+  TNT_CHECK(broadcast_async_in(name, in, out, count, dtype, root, layout, handle, 1));
   return wait_driven(*handle, timeout_s, 0);
 }
 
 static tnt_result_t allgather_in(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
-                                 void *out, int64_t out_count, double timeout_s, tnt_handle_t *handle) {
-  TNT_CHECK(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, 0, handle, 1));
+                                 void *out, int64_t out_count, uint64_t layout, double timeout_s, tnt_handle_t *handle) {
+  TNT_CHECK(allgather_async_in(name, in, count, row_elems, dtype, out, out_count, layout, handle, 1));
   return wait_driven(*handle, timeout_s, 1);
 }
 
@@ -523,12 +523,23 @@ tnt_result_t tnt_allreduce_layout_async(const char *name, const void *in, void *
 
 tnt_result_t tnt_broadcast(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype, int root,
                            double timeout_s, tnt_handle_t *handle) {
-  WITH_CONTEXT(broadcast_in(name, in, out, count, dtype, root, timeout_s, handle));
+  WITH_CONTEXT(broadcast_in(name, in, out, count, dtype, root, 0, timeout_s, handle));
+}
+
+tnt_result_t tnt_broadcast_layout(const char *name, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
+                                  int root, uint64_t layout, double timeout_s, tnt_handle_t *handle) {
+  WITH_CONTEXT(broadcast_in(name, in, out, count, dtype, root, layout, timeout_s, handle));
 }
 
 tnt_result_t tnt_allgather_into(const char *name, const void *in, int64_t count, int64_t row_elems, tnt_dtype_t dtype,
                                 void *out, int64_t out_count, double timeout_s, tnt_handle_t *handle) {
-  WITH_CONTEXT(allgather_in(name, in, count, row_elems, dtype, out, out_count, timeout_s, handle));
+  WITH_CONTEXT(allgather_in(name, in, count, row_elems, dtype, out, out_count, 0, timeout_s, handle));
+}
+
+tnt_result_t tnt_allgather_into_layout(const char *name, const void *in, int64_t count, int64_t row_elems,
+                                       tnt_dtype_t dtype, void *out, int64_t out_count, uint64_t layout,
+                                       double timeout_s, tnt_handle_t *handle) {
+  WITH_CONTEXT(allgather_in(name, in, count, row_elems, dtype, out, out_count, layout, timeout_s, handle));
 }
 
 tnt_result_t tnt_barrier(const char *name, double timeout_s, tnt_handle_t *handle) {

@@ -51,6 +51,7 @@
 
 #include "copy_unaliased.h"
 #include "dtype.h"
+#include "shape_layout.h"
 
 typedef struct {
   uint32_t proto;       /* TNT_PROTOCOL_VERSION */
@@ -178,6 +179,8 @@ static int meta_agree(const tnt_meta_t *a, const tnt_meta_t *b) {
   }
 }
 
+/* "allreduce(sum) float32[6] of shape (2, 3)": an array's shape in words when
+ * its layout holds it (tnt_shape_layout), else a structure's digest. */
 static void describe(const tnt_meta_t *m, char *out, size_t len) {
   const char *dt = tnt_dtype_name((tnt_dtype_t)m->dtype);
   switch (m->coll) {
@@ -191,7 +194,12 @@ static void describe(const tnt_meta_t *m, char *out, size_t len) {
     default: snprintf(out, len, "%s", tnt_coll_name(m->coll)); break;
   }
   const size_t used = strlen(out);
-  if (m->layout && used < len) snprintf(out + used, len - used, " of structure %016llx", (unsigned long long)m->layout);
+  char shape[128];
+  if (used >= len || !m->layout) return;
+  if (tnt_shape_layout_text(m->layout, shape, sizeof shape))
+    snprintf(out + used, len - used, m->coll == COLL_ALLGATHER ? ", each of %s" : " of %s", shape);
+  else
+    snprintf(out + used, len - used, " of structure %016llx", (unsigned long long)m->layout);
 }
 
 /* "tensor 'x': ranks submitted different collectives: ranks 0, 2: allreduce(sum) float32[10]; rank 1: ..." */
@@ -203,7 +211,7 @@ static char *mismatch_message(const tnt_negotiator_t *c, const tnt_gentry_t *g) 
   uint8_t *done = calloc((size_t)c->pl->size, 1);
   for (int r = 0; r < c->pl->size && done && used < cap - 200; r++) {
     if (done[r]) continue;
-    char desc[160], ranks[512];
+    char desc[256], ranks[512];
     size_t rl = 0;
     int n = 0;
     describe(&g->metas[r], desc, sizeof desc);
@@ -217,8 +225,8 @@ static char *mismatch_message(const tnt_negotiator_t *c, const tnt_gentry_t *g) 
   }
   free(done);
   if (used < cap - 2)
-    snprintf(msg + used, cap - used, " every rank must submit it with the same dtype, size and op (a nested structure: "
-             "the same keys, leaf dtypes and shapes)");
+    snprintf(msg + used, cap - used, " every rank must submit it with the same dtype, shape and op (allgather: the same "
+             "dimensions but the first; a nested structure: the same keys, leaf dtypes and shapes)");
   return msg;
 }
 

@@ -9,6 +9,7 @@
 #include "copy_unaliased.h"
 #include "dtype.h"
 #include "expect.h"
+#include "shape_layout.h"
 #include "stream_store.h"
 #include "transport/put_copy.h"
 #include "tarantella.h"
@@ -114,6 +115,42 @@ static void test_copy_unaliased(void) {
   EXPECT(mismatches == 0);
 }
 
+/* tnt_shape_layout: 0 below 2 dimensions; else never 0 and never odd (a
+ * structure's digest is), and different for different shapes of one count;
+ * the exact ones read back as the shape, the hashed ones (too many or too
+ * large dimensions) say how many dimensions. */
+static void test_shape_layout(void) {
+  const int64_t d23[2] = {2, 3}, d32[2] = {3, 2}, d16[2] = {1, 6}, d61[2] = {6, 1}, d03[2] = {0, 3}, d30[2] = {3, 0};
+  const int64_t d123[3] = {1, 2, 3}, d132[3] = {1, 3, 2}, big[2] = {INT64_C(1) << 40, 1}, big2[2] = {1, INT64_C(1) << 40};
+  const int64_t edge[2] = {(INT64_C(1) << 29) - 1, 1}, past[2] = {INT64_C(1) << 29, 1};
+  int64_t many[12], many2[12];
+  for (int i = 0; i < 12; i++) many[i] = many2[i] = 2;
+  many2[11] = 3;
+  EXPECT(tnt_shape_layout(0, NULL) == 0 && tnt_shape_layout(1, d16) == 0 && tnt_shape_layout(1, d61) == 0);
+  const uint64_t all[] = {tnt_shape_layout(2, d23), tnt_shape_layout(2, d32), tnt_shape_layout(2, d16),
+                          tnt_shape_layout(2, d61), tnt_shape_layout(2, d03), tnt_shape_layout(2, d30),
+                          tnt_shape_layout(3, d123), tnt_shape_layout(3, d132), tnt_shape_layout(2, big),
+                          tnt_shape_layout(2, big2), tnt_shape_layout(2, edge), tnt_shape_layout(2, past),
+                          tnt_shape_layout(12, many), tnt_shape_layout(12, many2)};
+  enum { N = sizeof all / sizeof all[0] };
+  int distinct = 1, tagged = 1;
+  for (int i = 0; i < N; i++) {
+    tagged &= all[i] != 0 && (all[i] & 1) == 0 && tnt_shape_layout_is_shape(all[i]);
+    for (int j = 0; j < i; j++) distinct &= all[i] != all[j];
+  }
+  EXPECT(distinct && tagged);
+  EXPECT(tnt_shape_layout(2, d23) == all[0]); /* the same shape, the same layout */
+  EXPECT(!tnt_shape_layout_is_shape(0) && !tnt_shape_layout_is_shape(all[0] | 1));
+  char text[128];
+  EXPECT(tnt_shape_layout_text(all[0], text, sizeof text) && !strcmp(text, "shape (2, 3)"));
+  EXPECT(tnt_shape_layout_text(all[5], text, sizeof text) && !strcmp(text, "shape (3, 0)"));
+  EXPECT(tnt_shape_layout_text(all[7], text, sizeof text) && !strcmp(text, "shape (1, 3, 2)"));
+  EXPECT(tnt_shape_layout_text(all[10], text, sizeof text) && !strcmp(text, "shape (536870911, 1)"));
+  EXPECT(tnt_shape_layout_text(all[11], text, sizeof text) && strstr(text, "a 2-dimensional shape (digest "));
+  EXPECT(tnt_shape_layout_text(all[12], text, sizeof text) && strstr(text, "a 12-dimensional shape (digest "));
+  EXPECT(!tnt_shape_layout_text(0x1234567, text, sizeof text) && !strcmp(text, "")); /* odd: a structure's */
+}
+
 static void test_misuse_before_init(void) {
   float buf[4] = {0};
   tnt_handle_t h;
@@ -171,6 +208,7 @@ int main(void) {
   test_streaming_copy();
   test_put_copier();
   test_copy_unaliased();
+  test_shape_layout();
   test_misuse_before_init();
   test_serial_job();
   printf("%d passed, %d failed\n", passed, failed);

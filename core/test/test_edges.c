@@ -1,8 +1,9 @@
 /* test_edges.c - the core at the edges of its contract, each edge once found
  * broken: one handle shared by threads, a handle slot reused 2^31 and 2^32
  * times, shutdown under a waiter, the timeouts of tnt_wait, fork() after
- * tnt_init, a rank that leaves as soon as its part of a broadcast is done, and
- * ranks that diverge while the negotiation is in bit rounds.
+ * tnt_init, a rank that leaves as soon as its part of a broadcast is done,
+ * ranks that diverge while the negotiation is in bit rounds, and ranks that
+ * pass arrays of other shapes but as many elements.
  * The comment above each case states the behaviour it expects and the defect
  * it was written against.
  *
@@ -753,6 +754,58 @@ static int diverged_rank(int r) {
   return failed;
 }
 
+/* ---- g. arrays of the same count but other shapes ---- */
+
+/* shapes_that_differ (2 ranks): each collective's _layout form with the
+ * tnt_shape_layout of (2, 3) on rank 0 and (3, 2) on rank 1 (allgather: rows
+ * of those shapes), blocking and asynchronous, twice (the second time after
+ * the same name succeeded with equal shapes and was cached).
+ * Expected: TNT_ERR_MISMATCH on both ranks, the message naming both shapes;
+ * equal shapes under the same names succeed.
+ * Reported: the layout was 0 for every plain array, so (2, 3) was summed into
+ * (3, 2) element by element without a word. */
+static int one_shaped(int kind, const char *name, uint64_t layout, int async) {
+  float in[6] = {1, 2, 3, 4, 5, 6}, out[12];
+  tnt_handle_t h = 0;
+  tnt_result_t r;
+  if (kind == 0)
+    r = async ? tnt_allreduce_layout_async(name, in, out, 6, TNT_FLOAT32, TNT_SUM, 1.0, layout, &h)
+              : tnt_allreduce_layout(name, in, out, 6, TNT_FLOAT32, TNT_SUM, 1.0, layout, -1, &h);
+  else if (kind == 1)
+    r = async ? tnt_broadcast_layout_async(name, in, out, 6, TNT_FLOAT32, 0, layout, &h)
+              : tnt_broadcast_layout(name, in, out, 6, TNT_FLOAT32, 0, layout, -1, &h);
+  else
+    r = async ? tnt_allgather_into_layout_async(name, in, 6, 6, TNT_FLOAT32, out, 12, layout, &h)
+              : tnt_allgather_into_layout(name, in, 6, 6, TNT_FLOAT32, out, 12, layout, -1, &h);
+  if (r == TNT_SUCCESS && (async || kind == 2)) {
+    if (async) r = tnt_wait(h, -1);
+    tnt_release(h);
+  }
+  return (int)r;
+}
+
+static int shapes_that_differ_rank(int r) {
+  const int64_t mine[3] = {1, r ? 3 : 2, r ? 2 : 3}, same[3] = {1, 2, 3};
+  int failed = 0;
+  CHECK(init_and_sync() == 0);
+  for (int round = 0; round < 2; round++)
+    for (int kind = 0; kind < 3; kind++)
+      for (int async = 0; async < 2; async++) {
+        char name[32];
+        snprintf(name, sizeof name, "shaped-%d-%d", kind, async);
+        /* (1, 2, 3) against (1, 3, 2): allgather's rows, and for the others the arrays of those rows */
+        const uint64_t differ = tnt_shape_layout(2, mine + 1), alike = tnt_shape_layout(2, same + 1);
+        int res = one_shaped(kind, name, differ, async);
+        EXPECT(res == TNT_ERR_MISMATCH, "%s (round %d) returned %d", name, round, res);
+        EXPECT(strstr(tnt_last_error(), "shape (2, 3)") && strstr(tnt_last_error(), "shape (3, 2)"), "%s: %s", name,
+               tnt_last_error());
+        res = one_shaped(kind, name, alike, async);
+        EXPECT(res == TNT_SUCCESS, "%s with equal shapes (round %d) returned %d", name, round, res);
+      }
+  CHECK(tnt_finalize() == TNT_SUCCESS);
+  return failed;
+}
+
 /* ---- the driver ---- */
 
 typedef struct {
@@ -777,6 +830,7 @@ static const edge_case_t cases[] = {
     {.name = "root_leaves_after_broadcast", .nranks = 3, .rank_main = root_leaves_after_broadcast_rank, .jobs = 10,
      .env = {"TNT_SHM_SLOTS=64", "TNT_SHM_SLOT_KB=64"}},
     {.name = "diverged_in_a_bit_round", .nranks = 2, .rank_main = diverged_rank},
+    {.name = "shapes_that_differ", .nranks = 2, .rank_main = shapes_that_differ_rank},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 

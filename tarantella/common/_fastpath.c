@@ -41,11 +41,14 @@ static inline PyObject *Py_NewRef(PyObject *o) {
 }
 #endif
 
+/* The core's _layout forms (tnt_allreduce_layout, ...): every call carries its
+ * array's shape layout (tnt_shape_layout), 0 for one of at most 1 dimension. */
 typedef tnt_result_t (*allreduce_fn)(const char *, const void *, void *, int64_t, tnt_dtype_t, tnt_reduce_op_t,
-                                     double, double, tnt_handle_t *);
-typedef tnt_result_t (*broadcast_fn)(const char *, const void *, void *, int64_t, tnt_dtype_t, int, double,
+                                     double, uint64_t, double, tnt_handle_t *);
+typedef tnt_result_t (*broadcast_fn)(const char *, const void *, void *, int64_t, tnt_dtype_t, int, uint64_t, double,
                                      tnt_handle_t *);
 typedef int (*size_fn)(void);
+typedef uint64_t (*shape_layout_fn)(int, const int64_t *);
 
 /* A kind of collective's unnamed calls: each kind numbers its own. */
 typedef struct {
@@ -73,6 +76,7 @@ static Py_ssize_t pooled_bytes; /* from this on they come from result_pool (alig
 static Py_ssize_t align;        /* and in between they are aligned to this many bytes here */
 static double wait_slice_s;     /* how long one call waits before handing over to the Python wait */
 static unsigned long main_thread; /* its unnamed calls are numbered here; other threads' by thread_name */
+static shape_layout_fn core_shape_layout; /* tnt_shape_layout: the one definition of a shape's layout */
 
 static PyObject *str_running, *str_dtype, *str_uint8, *str_base;
 
@@ -83,7 +87,7 @@ static unnamed_t broadcasts;
 
 /* Set by bind_allgather(); owned references. */
 typedef tnt_result_t (*allgather_fn)(const char *, const void *, int64_t, int64_t, tnt_dtype_t, void *, int64_t,
-                                     double, tnt_handle_t *);
+                                     uint64_t, double, tnt_handle_t *);
 typedef tnt_result_t (*result_count_fn)(tnt_handle_t, int64_t *);
 typedef tnt_result_t (*release_fn)(tnt_handle_t);
 static allgather_fn core_allgather;
@@ -126,21 +130,23 @@ static PyObject *bind_broadcast(PyObject *self, PyObject *args) {
 
 /* bind(address, core_module, ndarray, empty, aligned_empty, dtype_codes, op_codes, counter, names,
  *      in_flight, orphans, settle_before, finish_slow, check, thread_name, small_bytes, pooled_bytes, align,
- *      wait_slice_s, main_thread) */
+ *      wait_slice_s, main_thread, shape_layout_address): `address` is tnt_allreduce_layout's */
 static PyObject *bind(PyObject *self, PyObject *args) {
   (void)self;
-  unsigned long long address;
+  unsigned long long address, shape_layout_address;
   PyObject *o[N_BOUND];
   Py_ssize_t small, pooled, alignment;
   double slice;
   unsigned long long main_ident;
-  if (!PyArg_ParseTuple(args, "KOOOOO!O!OO!O!O!OOOOnnndK", &address, &o[0], &o[1], &o[2], &o[3], &PyDict_Type,
+  if (!PyArg_ParseTuple(args, "KOOOOO!O!OO!O!O!OOOOnnndKK", &address, &o[0], &o[1], &o[2], &o[3], &PyDict_Type,
                         &o[4], &PyDict_Type, &o[5], &o[6], &PyTuple_Type, &o[7], &PyDict_Type, &o[8], &PyList_Type,
-                        &o[9], &o[10], &o[11], &o[12], &o[13], &small, &pooled, &alignment, &slice, &main_ident))
+                        &o[9], &o[10], &o[11], &o[12], &o[13], &small, &pooled, &alignment, &slice, &main_ident,
+                        &shape_layout_address))
     return NULL;
-  if (!address || PyTuple_GET_SIZE(o[7]) == 0 || alignment < 1 || (alignment & (alignment - 1))) {
-    PyErr_SetString(PyExc_ValueError,
-                    "bind() needs the core's tnt_allreduce, at least one unnamed name and a power-of-two alignment");
+  if (!address || !shape_layout_address || PyTuple_GET_SIZE(o[7]) == 0 || alignment < 1 ||
+      (alignment & (alignment - 1))) {
+    PyErr_SetString(PyExc_ValueError, "bind() needs the core's tnt_allreduce_layout and tnt_shape_layout, at least "
+                                      "one unnamed name and a power-of-two alignment");
     return NULL;
   }
   forget_binding();
@@ -150,6 +156,7 @@ static PyObject *bind(PyObject *self, PyObject *args) {
   align = alignment;
   wait_slice_s = slice;
   main_thread = (unsigned long)main_ident;
+  core_shape_layout = (shape_layout_fn)(uintptr_t)shape_layout_address;
   core_allreduce = (allreduce_fn)(uintptr_t)address;
   Py_RETURN_NONE;
 }
@@ -172,6 +179,18 @@ static int has_dims(const Py_buffer *b, int ndim, const Py_ssize_t *shape, Py_ss
 }
 
 static int same_shape(const Py_buffer *a, const Py_buffer *b) { return has_dims(b, a->ndim, a->shape, a->itemsize); }
+
+#define LAYOUT_MAX_DIMS 64 /* numpy's limit (NPY_MAXDIMS in NumPy 2); more: the general path */
+
+/* The layout of `ndim` dimensions `shape` (collectives._shape_layout): 0 below
+ * 2 dimensions, with no call (a gradient's 1-d array costs nothing more);
+ * else the core's tnt_shape_layout. */
+static uint64_t shape_layout(int ndim, const Py_ssize_t *shape) {
+  if (ndim < 2) return 0;
+  int64_t dims[LAYOUT_MAX_DIMS];
+  for (int i = 0; i < ndim; i++) dims[i] = (int64_t)shape[i];
+  return core_shape_layout(ndim, dims);
+}
 
 /* out shares bytes with the input without being it: no collective can do that
  * (each reads the input after writing parts of the result); the general path
@@ -378,6 +397,10 @@ static int begin_call(const unnamed_t *kind, PyObject *array, PyObject *dtype, P
     PyErr_Clear();
     return 0;
   }
+  if (c->in.ndim > LAYOUT_MAX_DIMS) { /* more dimensions than shape_layout takes: the general path */
+    PyBuffer_Release(&c->in);
+    return 0;
+  }
   if (out == Py_None) {
     c->result = fresh_result(dtype, c->in.ndim, c->in.shape, c->in.itemsize, pooled_bytes);
   } else if (Py_TYPE(out) == (PyTypeObject *)ndarray_type) {
@@ -524,10 +547,11 @@ static PyObject *allreduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
   if (ready <= 0) return ready < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   const int64_t count = c.in.itemsize ? c.in.len / c.in.itemsize : 0;
   const double scale = PyFloat_AS_DOUBLE(prescale);
+  const uint64_t layout = shape_layout(c.in.ndim, c.in.shape);
   tnt_handle_t handle = 0;
   tnt_result_t rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = core_allreduce(c.cname, c.in.buf, c.res.buf, count, (tnt_dtype_t)dt, (tnt_reduce_op_t)opcode, scale,
+  rc = core_allreduce(c.cname, c.in.buf, c.res.buf, count, (tnt_dtype_t)dt, (tnt_reduce_op_t)opcode, scale, layout,
                       wait_slice_s, &handle);
   Py_END_ALLOW_THREADS
   return end_call(&c, rc, handle, array);
@@ -558,10 +582,11 @@ static PyObject *broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nar
   Py_DECREF(dtype);
   if (ready <= 0) return ready < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   const int64_t count = c.in.itemsize ? c.in.len / c.in.itemsize : 0;
+  const uint64_t layout = shape_layout(c.in.ndim, c.in.shape);
   tnt_handle_t handle = 0;
   tnt_result_t rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = core_broadcast(c.cname, c.in.buf, c.res.buf, count, (tnt_dtype_t)dt, (int)r, wait_slice_s, &handle);
+  rc = core_broadcast(c.cname, c.in.buf, c.res.buf, count, (tnt_dtype_t)dt, (int)r, layout, wait_slice_s, &handle);
   Py_END_ALLOW_THREADS
   return end_call(&c, rc, handle, array);
 }
@@ -642,11 +667,12 @@ static PyObject *allgather(PyObject *self, PyObject *const *args, Py_ssize_t nar
   if (ready <= 0) return ready < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   const int64_t count = c.in.len / c.in.itemsize, rows = c.in.shape[0];
   const int64_t row_elems = rows ? count / rows : 0, out_count = c.res.len / c.res.itemsize;
+  const uint64_t layout = shape_layout(c.in.ndim - 1, c.in.shape + 1); /* its rows' shape */
   tnt_handle_t handle = 0;
   tnt_result_t rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = core_allgather(c.cname, c.in.buf, count, row_elems, (tnt_dtype_t)dt, c.res.buf, out_count, wait_slice_s,
-                      &handle);
+  rc = core_allgather(c.cname, c.in.buf, count, row_elems, (tnt_dtype_t)dt, c.res.buf, out_count, layout,
+                      wait_slice_s, &handle);
   Py_END_ALLOW_THREADS
   if (rc != TNT_SUCCESS && rc != TNT_IN_PROGRESS) return end_call(&c, rc, handle, array);
   PyBuffer_Release(&c.in), PyBuffer_Release(&c.res);

@@ -286,8 +286,8 @@ def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
 
 
 def _allreduce_async(array, op, name, prescale, out, layout=0):
-    """allreduce_async; `layout`: a structure's digest (_layout), which every rank must match
-    (0, a plain array's, is what the core's calls without it pass)."""
+    """allreduce_async; `layout`: a structure's digest (_layout), which every rank must match;
+    0 for one array: its _shape_layout then."""
     lib = core.ensure_initialized()
     _op_code(op)
     array, dt = _as_input(array, "allreduce")
@@ -295,7 +295,16 @@ def _allreduce_async(array, op, name, prescale, out, layout=0):
     ffi = core.ffi()
     return _submit(lib.tnt_allreduce_layout_async, auto_name("allreduce", name),
                    (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op], float(prescale),
-                    layout), lambda h: out, (array, out))
+                    layout or _shape_layout(array.shape)), lambda h: out, (array, out))
+
+
+def _shape_layout(shape):
+    """The layout every rank's request of one array of `shape` carries: the
+    core's tnt_shape_layout (one definition for this module, the fast path
+    and the TensorFlow ops), 0 below 2 dimensions (the count says it all).
+    Equal counts do not make two shapes alike: (2, 3) would be summed into
+    (3, 2) element by element. Allgather passes its rows' shape (shape[1:])."""
+    return core.lib().tnt_shape_layout(len(shape), shape) if len(shape) >= 2 else 0
 
 
 # Python and NumPy scalars: converted before the fast path (np.asarray, as the
@@ -336,8 +345,8 @@ def _allreduce_now(array, op, name, prescale, out, layout=0):
     ffi = core.ffi()
     _bind_fastpath(lib, ffi)
     return _blocking(lib.tnt_allreduce_layout, auto_name("allreduce", name),
-                     (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale), layout),
-                     lambda h: out, (array, out))
+                     (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale),
+                      layout or _shape_layout(array.shape)), lambda h: out, (array, out))
 
 
 def _blocking(fn, name, args, finish, keepalive, keep=False):
@@ -399,14 +408,15 @@ def _bind_fastpath(lib, ffi):
     def thread_name(kind):  # another thread's next unnamed name of this kind
         return functools.partial(request_names.unnamed_name, kind)
 
-    _fastpath.bind(address("tnt_allreduce"), core, np.ndarray, np.empty,
+    _fastpath.bind(address("tnt_allreduce_layout"), core, np.ndarray, np.empty,
                    aligned_empty, _dtype_codes, codes.OPS, *request_names.unnamed_window("allreduce"),
                    _unnamed_in_flight, _orphans, _settle_before, _finish_in_progress, core.check,
                    thread_name("allreduce"), _ALIGN_FROM_BYTES, result_pool.RESULT_POOL_FROM_BYTES, _ALIGN,
-                   _WAIT_SLICE_S, threading.main_thread().ident)
-    _fastpath.bind_broadcast(address("tnt_broadcast"), address("tnt_size"),
+                   _WAIT_SLICE_S, threading.main_thread().ident, address("tnt_shape_layout"))
+    _fastpath.bind_broadcast(address("tnt_broadcast_layout"), address("tnt_size"),
                              *request_names.unnamed_window("broadcast"), thread_name("broadcast"))
-    _fastpath.bind_allgather(address("tnt_allgather_into"), address("tnt_result_count"), address("tnt_release"),
+    _fastpath.bind_allgather(address("tnt_allgather_into_layout"), address("tnt_result_count"),
+                             address("tnt_release"),
                              *request_names.unnamed_window("allgather"), thread_name("allgather"),
                              _gather_uneven, _finish_gather_in_progress, _GATHER_POOL_FROM_BYTES)
     _fastpath_bound = True
@@ -418,7 +428,7 @@ def broadcast_async(array, root=0, name=None, out=None):
 
 def _broadcast(array, root, name, out, blocking, layout=0):
     """broadcast_async's Handle, or (blocking) broadcast's result; `layout`
-    (not blocking) as in _allreduce_async."""
+    as in _allreduce_async."""
     lib = core.ensure_initialized()
     size = lib.tnt_size()
     if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
@@ -428,11 +438,11 @@ def _broadcast(array, root, name, out, blocking, layout=0):
     out = _output(out, array, "broadcast")
     ffi = core.ffi()
     _bind_fastpath(lib, ffi)
-    args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root))
+    args = (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, int(root),
+            layout or _shape_layout(array.shape))
     if blocking:
-        return _blocking(lib.tnt_broadcast, auto_name("broadcast", name), args, lambda h: out, (array, out))
-    return _submit(lib.tnt_broadcast_layout_async, auto_name("broadcast", name), args + (layout,), lambda h: out,
-                   (array, out))
+        return _blocking(lib.tnt_broadcast_layout, auto_name("broadcast", name), args, lambda h: out, (array, out))
+    return _submit(lib.tnt_broadcast_layout_async, auto_name("broadcast", name), args, lambda h: out, (array, out))
 
 
 def broadcast(array, root=0, name=None, out=None):
@@ -455,35 +465,35 @@ def allgather_async(array, name=None):
 
 def _allgather(array, name, blocking, layout=0):
     """allgather_async's Handle, or (blocking) allgather's result; `layout`
-    (not blocking) as in _allreduce_async."""
+    as in _allreduce_async (one array's: the _shape_layout of its rows)."""
     lib = core.ensure_initialized()
     array, dt = _as_input(array, "allgather")
     if array.ndim == 0:
         array = array.reshape(1)
     row_shape = array.shape[1:]
     row_elems = math.prod(row_shape)
+    layout = layout or _shape_layout(row_shape)
     if row_elems == 0:
-        assert not layout, "a structure's rows are int64 counts, never empty rows"
-        return _allgather_empty_rows(lib, array, dt, name, blocking)
+        return _allgather_empty_rows(lib, array, dt, name, blocking, layout)
     ffi = core.ffi()
     # The result as it is when every rank gives as many rows as this one (the
     # common case): the core writes straight into it, with no copy out of its
     # own buffer; any other size is copied out of the handle as before.
     guess = _gather_result((array.shape[0] * lib.tnt_size(),) + row_shape, array.dtype)
     args = (ffi.from_buffer(array), array.size, row_elems, dt, ffi.from_buffer(guess) if guess.size else ffi.NULL,
-            guess.size)
+            guess.size, layout)
     _bind_fastpath(lib, ffi)
 
     def finish(h):
         return _gather_finish(h, array, guess)
 
     if blocking:
-        return _blocking(lib.tnt_allgather_into, auto_name("allgather", name), args, finish, (array, guess), keep=True)
-    return _submit(lib.tnt_allgather_into_layout_async, auto_name("allgather", name), args + (layout,), finish,
-                   (array, guess))
+        return _blocking(lib.tnt_allgather_into_layout, auto_name("allgather", name), args, finish, (array, guess),
+                         keep=True)
+    return _submit(lib.tnt_allgather_into_layout_async, auto_name("allgather", name), args, finish, (array, guess))
 
 
-def _allgather_empty_rows(lib, array, dt, name, blocking):
+def _allgather_empty_rows(lib, array, dt, name, blocking, layout):
     """The allgather of rows of no elements (a (5, 0) array): the core agrees on
     the dtype and the rows' size (0) as for any allgather, but its data is no
     bytes, which cannot say how many rows each rank has; so, once the ranks have
@@ -494,10 +504,10 @@ def _allgather_empty_rows(lib, array, dt, name, blocking):
         rows = allgather(np.array([array.shape[0]], np.int64), name=name.decode() + ".rows")
         return np.empty((int(rows.sum()),) + array.shape[1:], array.dtype)
 
-    args = (core.ffi().NULL, 0, 0, dt, core.ffi().NULL, 0)
+    args = (core.ffi().NULL, 0, 0, dt, core.ffi().NULL, 0, layout)
     if blocking:
-        return _blocking(lib.tnt_allgather_into, (name, unnamed), args, finish, (), keep=True)
-    return _submit(lib.tnt_allgather_into_async, (name, unnamed), args, finish, ())
+        return _blocking(lib.tnt_allgather_into_layout, (name, unnamed), args, finish, (), keep=True)
+    return _submit(lib.tnt_allgather_into_layout_async, (name, unnamed), args, finish, ())
 
 
 def _gather_finish(h, array, guess):
@@ -650,7 +660,8 @@ def _layout(structure, arrays, gather=False):
     `layout`): its skeleton (keys, list or tuple), each leaf's dtype and shape
     (gather: but the first dimension). Equal per-dtype counts do not make two
     structures alike: {"a": 2 values, "b": 3} against {"a": 3, "b": 2} would sum
-    one rank's "b" into another's "a" without it. Never 0 (a plain array's)."""
+    one rank's "b" into another's "a" without it. Odd, so never 0 (a 1-d array's)
+    nor one array's _shape_layout (whose lowest bits are binary 10)."""
     shapes = [(a.dtype.str, a.shape[1:] if gather else a.shape) for a in arrays]
     text = f"{_skeleton(structure)}|{shapes}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") | 1

@@ -119,6 +119,52 @@ expect(errors.MismatchError, lambda: tnt.allgather({} if rank == 2 else {"a": np
 assert tnt.allreduce({}) == {} and tnt.broadcast(()) == () and tnt.allgather([]) == []
 ok("nested-structures-that-differ-fail")
 
+# arrays of other shapes but the same number of elements fail on every rank, on
+# every path (the fast path in C, the general path in Python, the async calls),
+# with both shapes in the message; before, they were combined element by element
+# ((2, 3) summed into (3, 2)). 0-d against a 1-element vector stays accepted.
+six = np.arange(6, dtype=np.float32)
+mine = (2, 3) if rank == 0 else (3, 2)
+shown = ("shape (2, 3)", "shape (3, 2)")
+unchecked = []
+for path, call in (
+        ("allreduce", lambda: tnt.allreduce(six.reshape(mine), name="shape-allreduce")),
+        ("allreduce unnamed", lambda: tnt.allreduce(six.reshape(mine))),
+        ("allreduce general path", lambda: tnt.allreduce(six.reshape(mine), prescale=1, name="shape-general")),
+        ("allreduce_async", lambda: tnt.allreduce_async(six.reshape(mine), name="shape-allreduce-async").wait()),
+        ("broadcast", lambda: tnt.broadcast(six.reshape(mine), name="shape-broadcast")),
+        ("broadcast out=", lambda: tnt.broadcast(six.reshape(mine), out=np.empty(mine, np.float32), name="shape-out")),
+        ("broadcast_async", lambda: tnt.broadcast_async(six.reshape(mine), name="shape-broadcast-async").wait()),
+        ("allgather", lambda: tnt.allgather(six.reshape((1,) + mine), name="shape-allgather")),
+        ("allgather_async", lambda: tnt.allgather_async(six.reshape((1,) + mine), name="shape-gather-async").wait()),
+        ("allgather of no rows", lambda: tnt.allgather(six.reshape((1, 1) + mine)[:0], name="shape-allgather-none")),
+        ("allgather of empty rows",
+         lambda: tnt.allgather(np.zeros((2,) + ((0, 3) if rank == 0 else (3, 0))), name="shape-empty-rows"))):
+    try:
+        expect(errors.MismatchError, call, "shape")
+    except AssertionError as exc:
+        unchecked.append(f"{path}: {exc}")
+assert not unchecked, unchecked
+expect(errors.MismatchError, lambda: tnt.allreduce(six.reshape(mine), name="shape-words"), *shown)
+expect(errors.MismatchError, lambda: tnt.allgather(six.reshape((1,) + mine), name="shape-rows-words"), *shown)
+# a 2-d array against a 1-d one of its elements (ndim 2 carries its shape)
+expect(errors.MismatchError, lambda: tnt.allreduce(six.reshape(1, 6) if rank == 0 else six, name="shape-1-6"),
+       "shape (1, 6)")
+# the same shapes still work, the names that failed too; an allgather's first dimension may differ
+assert (tnt.allreduce(six.reshape(2, 3), name="shape-allreduce") == size * six.reshape(2, 3)).all()
+assert (tnt.allreduce(six.reshape(2, 3)) == size * six.reshape(2, 3)).all()
+assert (tnt.broadcast(six.reshape(3, 2) + rank, name="shape-broadcast") == six.reshape(3, 2)).all()
+rows = tnt.allgather(np.full((rank + 1, 2, 3), rank, np.int32), name="shape-allgather")
+assert rows.shape == (size * (size + 1) // 2, 2, 3) and rows[-1, 0, 0] == size - 1, rows.shape
+# a scalar (0-d) and a 1-element vector: one value each, accepted as before
+scalar_or_vector = np.float32(rank) if rank == 0 else np.full(1, rank, np.float32)
+summed = tnt.allreduce(scalar_or_vector, name="shape-0d")
+assert np.shape(summed) == np.shape(scalar_or_vector) and np.asarray(summed).item() == sum(range(size)), summed
+sent = tnt.broadcast(np.asarray(scalar_or_vector) + 1, root=1, name="shape-0d-b")
+assert sent.shape == np.shape(scalar_or_vector) and sent.item() == 2, sent
+assert tnt.allgather(np.asarray(scalar_or_vector), name="shape-0d-g").tolist() == list(range(size))
+ok("shapes-that-differ-fail")
+
 # Ctrl+C while a blocking call waits for late peers: the KeyboardInterrupt is
 # raised as the Python that takes over the wait is entered, before a Handle owns
 # the request. The request must keep its buffers (the orphans hold them) until the

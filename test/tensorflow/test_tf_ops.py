@@ -141,3 +141,13 @@ def test_a_core_error_surfaces_as_a_tensorflow_error():
         pytest.skip("the compiled ops cannot be built here (see the WARNING)")
     with pytest.raises(tf.errors.InvalidArgumentError, match="Tarantella allreduce of x{300}: .*name"):
         compiled.run("allreduce", [tf.constant([1.0])], ["x" * 300])
+
+
+def test_shapes_agree_with_the_numpy_path_and_differing_ones_fail(tmp_path):
+    """A rank on the compiled ops and one on the NumPy API (a rank whose ops
+    could not be built falls back to it) carry the same layout for one shape,
+    and arrays of other shapes but as many elements fail with MismatchError on
+    both: tnt_ops.cc passes tnt_shape_layout as the NumPy API does."""
+    result = run_ranks(2, "tf_ops_shapes.py", env={"TNT_TF_OPS": "compiled", "TNT_TIMEOUT_S": 60},
+                       runner_args=("--output-on-all-devices",), check=False, timeout=300)
+    assert result.returncode == 0 and result.stdout.count("OK") == 2, result.stdout[-3000:] + result.stderr[-3000:]

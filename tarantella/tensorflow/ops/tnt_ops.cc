@@ -43,9 +43,13 @@ using namespace tensorflow;
 // ---- the core's entry points, resolved once in the loaded extension --------
 
 struct CoreApi {
-  decltype(&tnt_allreduce_async) allreduce_async;
-  decltype(&tnt_broadcast_async) broadcast_async;
-  decltype(&tnt_allgather_async) allgather_async;
+  // the _layout forms: every request carries its tensor's tnt_shape_layout,
+  // as the NumPy API's does, so that a rank on these ops and one on the
+  // numpy_function ops (TNT_TF_OPS=numpy) submit alike
+  decltype(&tnt_allreduce_layout_async) allreduce_async;
+  decltype(&tnt_broadcast_layout_async) broadcast_async;
+  decltype(&tnt_allgather_into_layout_async) allgather_async;
+  decltype(&tnt_shape_layout) shape_layout;
   decltype(&tnt_test) test;
   decltype(&tnt_wait) wait;
   decltype(&tnt_result_count) result_count;
@@ -56,6 +60,15 @@ struct CoreApi {
   decltype(&tnt_strerror) strerror;
 };
 std::atomic<const CoreApi *> g_api{nullptr};
+
+// The layout of the shape of `t` from dimension `from` on (allreduce and
+// broadcast: 0; allgather: 1, its rows): tnt_shape_layout, 0 below 2 dimensions.
+uint64_t ShapeLayout(const CoreApi &api, const Tensor &t, int from) {
+  if (t.dims() - from < 2) return 0;
+  std::vector<int64_t> dims;
+  for (int d = from; d < t.dims(); ++d) dims.push_back(t.dim_size(d));
+  return api.shape_layout(static_cast<int>(dims.size()), dims.data());
+}
 
 // Slices of a completion wait: the thread looks at the other queued tokens this
 // often while the oldest is still in flight (the core bounds the wait itself);
@@ -299,7 +312,8 @@ class StartOp : public OpKernel {
       if (kind_ == "allgather") {
         int64_t row = 1;
         for (int d = 1; d < in.dims(); ++d) row *= in.dim_size(d);
-        r = api->allgather_async(name, in.data(), in.NumElements(), row, dt, &h);
+        r = api->allgather_async(name, in.data(), in.NumElements(), row, dt, nullptr, 0, ShapeLayout(*api, in, 1),
+                                 &h);
       } else {
         // An allreduce may run in place (the core allows in == out): when this
         // op holds the only reference to an input (a packed bucket, a
@@ -310,10 +324,11 @@ class StartOp : public OpKernel {
           OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_temp({i}, in.dtype(), in.shape(), &out));
         else
           OP_REQUIRES_OK(ctx, ctx->allocate_temp(in.dtype(), in.shape(), &out));
+        const uint64_t layout = ShapeLayout(*api, in, 0);
         r = kind_ == "allreduce"
                 ? api->allreduce_async(name, in.data(), out.data(), in.NumElements(), dt,
-                                       static_cast<tnt_reduce_op_t>(reduce_op_), scale, &h)
-                : api->broadcast_async(name, in.data(), out.data(), in.NumElements(), dt, root_, &h);
+                                       static_cast<tnt_reduce_op_t>(reduce_op_), scale, layout, &h)
+                : api->broadcast_async(name, in.data(), out.data(), in.NumElements(), dt, root_, layout, &h);
         if (r == TNT_SUCCESS) p.outputs.push_back(out);
       }
       if (r != TNT_SUCCESS) {
@@ -407,9 +422,10 @@ extern "C" __attribute__((visibility("default"))) int tnt_tfop_bind(const char *
   }
   auto *api = new tnt_tf::CoreApi();
   struct Entry { void **slot; const char *name; } entries[] = {
-      {reinterpret_cast<void **>(&api->allreduce_async), "tnt_allreduce_async"},
-      {reinterpret_cast<void **>(&api->broadcast_async), "tnt_broadcast_async"},
-      {reinterpret_cast<void **>(&api->allgather_async), "tnt_allgather_async"},
+      {reinterpret_cast<void **>(&api->allreduce_async), "tnt_allreduce_layout_async"},
+      {reinterpret_cast<void **>(&api->broadcast_async), "tnt_broadcast_layout_async"},
+      {reinterpret_cast<void **>(&api->allgather_async), "tnt_allgather_into_layout_async"},
+      {reinterpret_cast<void **>(&api->shape_layout), "tnt_shape_layout"},
       {reinterpret_cast<void **>(&api->test), "tnt_test"},
       {reinterpret_cast<void **>(&api->wait), "tnt_wait"},
       {reinterpret_cast<void **>(&api->result_count), "tnt_result_count"},

@@ -1,0 +1,53 @@
+"""Two ranks, one on the compiled ops and one on the NumPy API, under the same
+names (test_tf_ops.py): a rank whose compiled ops were built meets one that
+fell back to tf.numpy_function, whose collectives are the NumPy API's. Arrays
+of one shape must pair (both sides carry the same shape layout,
+tnt_shape_layout); arrays of another shape but as many elements must fail
+with a MismatchError on both sides that names both shapes."""
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import tarantella as tnp
+import tarantella.tensorflow as tnt
+from tarantella.common import errors
+from tarantella.tensorflow import ops
+
+rank = tnt.get_rank()
+compiled = ops.get()
+assert compiled is not None, "the compiled ops cannot be built here"
+
+
+def call(kind, array, name):
+    """rank 0: the compiled op; rank 1: the NumPy API."""
+    if rank == 0:
+        try:
+            return compiled.run(kind, [tf.constant(array)], [name])[0].numpy()
+        except tf.errors.OpError as exc:
+            raise ops.tarantella_error(exc) or exc
+    return getattr(tnp, kind)(array, name=name)
+
+
+six = np.arange(6, dtype=np.float32)
+same = {"allreduce": (2, 3), "broadcast": (2, 3), "allgather": (1, 2, 3)}
+other = {"allreduce": (2, 3) if rank == 0 else (3, 2), "broadcast": (2, 3) if rank == 0 else (3, 2),
+         "allgather": (1, 2, 3) if rank == 0 else (1, 3, 2)}
+want = {"allreduce": 2 * six.reshape(2, 3), "broadcast": six.reshape(2, 3),
+        "allgather": np.concatenate([six.reshape(1, 2, 3)] * 2)}
+failures = 0
+for kind in ("allreduce", "broadcast", "allgather"):
+    got = call(kind, six.reshape(same[kind]), f"alike-{kind}")
+    if not (got.shape == want[kind].shape and (got == want[kind]).all()):
+        print(f"FAILED {kind} of one shape: {got!r}", flush=True)
+        failures += 1
+    try:
+        call(kind, six.reshape(other[kind]), f"unlike-{kind}")
+        print(f"FAILED {kind} of other shapes: no error", flush=True)
+        failures += 1
+    except errors.MismatchError as exc:
+        if "shape (2, 3)" not in str(exc) or "shape (3, 2)" not in str(exc):
+            print(f"FAILED {kind} of other shapes: {exc}", flush=True)
+            failures += 1
+print("OK" if not failures else f"{failures} FAILED", flush=True)
+sys.exit(1 if failures else 0)
