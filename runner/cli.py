@@ -228,6 +228,10 @@ def parse(argv, prog="tntrun"):
         if args.python_interpreter not in (None, ""):
             parser.error("--no-python and --python-interpreter contradict each other")
         args.python_interpreter = ""
+    if args.module and args.python_interpreter == "":
+        # `python -m MODULE` needs a Python: without one the rank would exec "-m"
+        parser.error("-m/--module runs PROGRAM as `python -m PROGRAM`, so it needs a Python "
+                     "interpreter: leave out --no-python / --python-interpreter \"\"")
     return parser, args, command
 
 

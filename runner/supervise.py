@@ -28,6 +28,7 @@ Supervisor.run must run on a thread that lives as long as the job: tntrun's main
 """
 import ctypes
 import dataclasses
+import errno
 import os
 import queue
 import signal
@@ -204,6 +205,31 @@ class _Forwarder(threading.Thread):
         self.pipe.close()
 
 
+def _cannot_start(program, exc, cwd=None):
+    """What went wrong when `program` could not be executed, and what to do: every OSError of
+    exec(2) is a LaunchError (exit 127 with one line), not a traceback of tntrun's own."""
+    where = os.path.join(cwd or os.getcwd(), program)
+    if exc.errno == errno.ENOENT:
+        if os.sep not in program and os.path.isfile(where):
+            # exec searches PATH only, as a shell does: a file in the current directory
+            # is not found under its bare name
+            return (f"cannot start {program!r}: no such command on PATH; the current directory "
+                    f"has a file of that name: write ./{program}")
+        return (f"cannot start {program!r}: no such file or command. Check the program name, "
+                "or --python-interpreter (use --python-interpreter \"\" to run PROGRAM as an executable)")
+    if exc.errno == errno.EACCES and os.path.isdir(where):
+        return f"cannot start {program!r}: it is a directory, not a program"
+    if exc.errno == errno.EACCES:
+        return (f"cannot start {program!r}: permission denied. Make it executable "
+                f"(chmod +x {program}) or run it through an interpreter with --python-interpreter")
+    if exc.errno == errno.ENOEXEC:
+        # a script without a `#!` line: a shell would run it with itself, exec(2) cannot
+        return (f"cannot start {program!r}: not a format this system can execute (Exec format "
+                "error). A script needs a first line such as #!/bin/bash, or run it through its "
+                "interpreter: --python-interpreter bash")
+    return f"cannot start {program!r}: {exc.strerror or exc}"
+
+
 def _no_error_file(res):
     return False, None
 
@@ -242,16 +268,8 @@ class Supervisor:
                 start_new_session=True, close_fds=True,
                 preexec_fn=die_with_launcher(death_signal(spec)),
             )
-        except FileNotFoundError as exc:
-            raise LaunchError(
-                f"cannot start {spec.argv[0]!r}: no such file or command. Check the program name, "
-                "or --python-interpreter (use --python-interpreter \"\" to run PROGRAM as an executable)"
-            ) from exc
-        except PermissionError as exc:
-            raise LaunchError(
-                f"cannot start {spec.argv[0]!r}: permission denied. Make it executable "
-                f"(chmod +x {spec.argv[0]}) or run it through an interpreter with --python-interpreter"
-            ) from exc
+        except OSError as exc:
+            raise LaunchError(_cannot_start(spec.argv[0], exc, spec.cwd)) from exc
         mark(f"tntrun: started rank {spec.label}", label="tntrun")
         label = spec.label.encode()
         prefix = b"[" + label + b"] " if spec.prefix else b""

@@ -37,6 +37,7 @@ def test_version():
     (["--max-restarts", "3", "--", "x.py"], "restarts are not supported"),
     (["--n-per-node", "2", "--", "x.py"], "--n-per-node is for several hosts"),
     (["--no-python", "--python-interpreter", "python", "--", "x.py"], "contradict"),
+    (["-m", "--no-python", "--", "json.tool"], "-m/--module runs PROGRAM as `python -m PROGRAM`"),
 ])
 def test_usage_errors(args, message):
     res = run_tntrun(args)

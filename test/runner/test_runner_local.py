@@ -296,3 +296,26 @@ def test_program_not_found(tmp_path):
     res = run_tntrun(["-n", "2", "--python-interpreter", "", "--", str(tmp_path / "nope")])
     assert res.returncode == 127
     assert "no such file" in res.stderr
+
+
+@pytest.mark.parametrize("what, message", [
+    ("no-shebang", "not a format this system can execute (Exec format error). A script needs a "
+                   "first line such as #!/bin/bash"),
+    ("directory", "it is a directory, not a program"),
+    ("bare-name", "no such command on PATH; the current directory has a file of that name: "
+                  "write ./run.sh"),
+])
+def test_program_that_cannot_be_executed_is_named_with_what_to_do(tmp_path, what, message):
+    # each used to be a traceback of tntrun (Exec format error), or a wrong hint (a directory
+    # "permission denied. Make it executable", a script of the current directory "no such file")
+    program = "run.sh"
+    if what == "directory":
+        (tmp_path / program).mkdir()
+    else:
+        (tmp_path / program).write_text("echo hi\n")
+        (tmp_path / program).chmod(0o755)
+    argv = ["-n", "2", "--no-python", "--", program if what == "bare-name" else "./" + program]
+    res = run_tntrun(argv, cwd=str(tmp_path))
+    assert res.returncode == 127, res.stderr
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr
