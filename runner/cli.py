@@ -347,7 +347,8 @@ def main(argv=None):
             shutil.rmtree(private_dir, ignore_errors=True)
             raise
         return local.run(specs, job_id, program=command[0], command=command,
-                         one_line=(args.log_level == "ERROR"), private_dir=private_dir)
+                         one_line=(args.log_level == "ERROR"), private_dir=private_dir,
+                         adopt=True)
     except UsageError as exc:
         parser.error(str(exc))
     except LaunchError as exc:

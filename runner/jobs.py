@@ -61,6 +61,23 @@ def is_stopped(pid):
     return bool(fields) and fields[0] in (b"T", b"t")
 
 
+def state_of(pid):
+    """The state letter of a process (b"R", b"S", b"D", b"Z", ...), or None if there is none."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def is_zombie(pid):
+    """True for a process that has exited and waits to be reaped (state Z)."""
+    return state_of(pid) == b"Z"
+
+
+def parent_of(pid):
+    """The parent pid of a process, or None if there is no such process."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
 def same_process(pid, start):
     return pid is not None and start is not None and process_start_time(pid) == start
 

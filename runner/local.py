@@ -40,13 +40,15 @@ def private_tempdir(job_id):
 
 
 def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_dir=None,
-        files=(), translate=None, watch=None):
+        files=(), translate=None, watch=None, adopt=False):
     """Run the ranks until the job ends, print the failure report (before the error files
     go away with `private_dir`), clean up, and return tntrun's exit code. `private_dir` and
     `files` (an engine's machinefile...) are recorded, so that --cleanup removes them if
     tntrun is killed. `translate(job)` may replace how the job ended before it is
     reported (across hosts: the ranks' own failures instead of the engine's). `watch(supervisor)`
-    is called before the job starts (across hosts: to hear of the ranks' failures)."""
+    is called before the job starts (across hosts: to hear of the ranks' failures). `adopt`:
+    this process is tntrun, and ends what the ranks left behind outside their process groups
+    (Supervisor's adopt)."""
     cwd = os.getcwd()
     record = {
         "job_id": job_id, "runner_pid": os.getpid(),
@@ -72,7 +74,7 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
         print(f"tntrun: {reason}", file=sys.stderr, flush=True)
 
     supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping,
-                            error_of=report.error_of)
+                            error_of=report.error_of, adopt=adopt)
     if watch is not None:
         watch(supervisor)
     try:

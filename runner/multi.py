@@ -331,7 +331,7 @@ def run(args, command, job_id):
         return local.run([spec], job_id, program=command[0], command=command,
                          one_line=(args.log_level == "ERROR"), private_dir=private_dir,
                          files=list(plan.files), watch=stall_watch(collector, name),
-                         translate=lambda job: ranks_job(job, collector.records, name))
+                         translate=lambda job: ranks_job(job, collector.records, name), adopt=True)
     except engines.EngineMissing as exc:
         print(f"tntrun: error: {exc}", file=sys.stderr)
         return 127

@@ -103,6 +103,7 @@ class LaunchError(Exception):
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def death_signal(spec):
@@ -131,6 +132,21 @@ def die_with_launcher(sig, launcher_pid=None):
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def adopt_orphans():
+    """Make this process a child subreaper (prctl PR_SET_CHILD_SUBREAPER, Linux): a process
+    below it whose parent exits is re-parented to it, not to init. A rank's process group
+    does not hold what the rank started in a session or group of its own (setsid, a daemon,
+    `start_new_session=True`), and once that process's parent has exited nothing else
+    leads to it: as tntrun's child it can be found and ended with the job. True if set."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                          ctypes.c_ulong]
+        return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def exit_code_of(returncode):
@@ -243,8 +259,13 @@ class Supervisor:
     files. It decides the root cause."""
 
     def __init__(self, specs, grace_s=3.0, on_started=None, on_stopping=None,
-                 error_of=_no_error_file):
+                 error_of=_no_error_file, adopt=False):
         self.specs = specs
+        # end what the processes started and left behind outside their process groups
+        # (adopt_orphans); only for a process that is tntrun, not one that runs a
+        # Supervisor among other work (a test), whose other children it would take for them
+        self.adopt = adopt
+        self._own_children = set()  # this process's children from before the job
         self.grace_s = grace_s
         self.error_of = error_of
         self._stopped_at = None  # when tntrun began to stop processes
@@ -312,6 +333,9 @@ class Supervisor:
         job = JobResult(results=results, started_at=started_at)
         sys.stdout.flush()
         sys.stderr.flush()
+        if self.adopt:
+            self.adopt = adopt_orphans()
+            self._own_children = {pid for pid, _ in _children(os.getpid())}
         try:
             for index, spec in enumerate(self.specs):
                 try:
@@ -364,6 +388,7 @@ class Supervisor:
                 job.root_cause = self._root_cause(results)
         finally:
             self._kill_leftovers()
+            self._kill_orphans()
             for thread in self._forwarders:
                 thread.join(timeout=2.0)  # a grandchild that escaped its group may hold a pipe
             for proc, res in zip(self._procs, results):
@@ -431,6 +456,42 @@ class Supervisor:
         by the kernel (ESRCH)."""
         for i in range(len(self._procs)):
             self._signal_group(i, signal.SIGKILL)
+
+    def _kill_orphans(self):
+        """With `adopt`: every process that was re-parented to tntrun during the job (a
+        process a rank started in a session of its own, whose parent has exited), and all
+        below it, is killed and reaped. Those still below a living parent were in a rank's
+        group (killed by _kill_leftovers) or below an engine (killed by _stop); killing an
+        orphan re-parents its own children to tntrun in turn, hence a few rounds."""
+        if not self.adopt:
+            return
+        started = {p.pid for p in self._procs}
+        for _ in range(5):
+            adopted = [(pid, start) for pid, start in _children(os.getpid())
+                       if pid not in started and pid not in self._own_children]
+            strays = adopted + [d for pid, _ in adopted for d in jobs.descendants(pid)]
+            alive = [(pid, start) for pid, start in strays if not jobs.is_zombie(pid)]
+            for pid, start in alive:
+                if jobs.same_process(pid, start):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            for pid, _ in adopted:
+                if jobs.state_of(pid) == b"D":
+                    continue  # uninterruptible: never wait for it (init reaps it after us)
+                try:
+                    os.waitpid(pid, 0)  # ours now: reap it (SIGKILLed, it ends at once)
+                except ChildProcessError:
+                    pass
+            if not alive:
+                break
+
+
+def _children(pid):
+    """[(pid, start time)] of the direct children of `pid`."""
+    return [(child, start) for child, start in jobs.descendants(pid)
+            if jobs.parent_of(child) == pid]
 
 
 def root_cause(results, error_of, stopped_at):

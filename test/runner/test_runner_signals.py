@@ -59,6 +59,45 @@ def test_signal_to_runner_stops_every_rank(script, sig):
         proc.communicate()
 
 
+@pytest.mark.parametrize("how", ["rank-fails", "ctrl-c", "all-succeed"])
+def test_processes_a_rank_started_in_a_session_of_their_own_end_with_the_job(script, how):
+    # a rank starts a daemon (a session of its own, as setsid, nohup-style daemons and
+    # start_new_session=True make) and one more through a shell that exits at once: neither
+    # is in the rank's process group, and both outlived every way a job ends
+    path = script("""
+        import subprocess
+        daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                  start_new_session=True)
+        subprocess.run(["bash", "-c", "setsid sleep 121 & echo SHELLDAEMON $!"])
+        print("DAEMON", daemon.pid, flush=True)
+        print("UP", os.environ["TNT_JOB_ID"], os.getpid(), flush=True)
+        if os.environ["TNT_RANK"] == "1" and sys.argv[1] == "rank-fails":
+            sys.exit(5)
+        if sys.argv[1] != "all-succeed":
+            time.sleep(120)
+    """)
+    proc = start_tntrun(["-n", "2", "--output-on-all-devices", "--", path, how])
+    try:
+        seen = ""
+        if how == "ctrl-c":
+            while seen.count(" UP ") < 2:  # "[r] UP ..." once every rank has started its strays
+                line = proc.stdout.readline()
+                assert line, "tntrun ended before the ranks were up"
+                seen += line
+            proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        out = seen + out
+        assert proc.returncode == {"rank-fails": 5, "ctrl-c": 130, "all-succeed": 0}[how]
+        strays = [int(p) for p in re.findall(r"(?:SHELLDAEMON|DAEMON) (\d+)", out)]
+        assert len(strays) == 4, out
+        # reaped by tntrun: gone, not zombies
+        assert [p for p in strays if psutil.pid_exists(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(script):
     path = script("""
         import signal
