@@ -142,15 +142,18 @@ def placement(args):
     return result, True
 
 
-def choose_engine(args):
+def choose_engine(args, spots):
     transport = args.transport or os.environ.get("TNT_TRANSPORT") or "auto"
-    if transport == "shm":
-        raise UsageError("--transport shm works on one host only; with several hosts use auto, "
-                         "mpi or gpi2")
+    if transport == "shm" and len(spots) > 1:
+        given = "--transport shm" if args.transport else "TNT_TRANSPORT=shm"
+        raise UsageError(f"{given} works on one host only, and the job has {len(spots)} "
+                         f"({', '.join(h for h, _ in spots)}): use --transport auto, mpi or gpi2")
     if transport == "gpi2":
         return "gaspi_run", transport
     if os.environ.get("SLURM_JOB_ID"):
         return "srun", transport
+    # shm on the one host named (-H localhost:4): the engine starts the ranks there, and
+    # they meet in shared memory as tntrun's own ranks do
     if transport == "auto" and not (engines.shutil.which("mpirun") or engines.shutil.which("mpiexec")) \
             and engines.shutil.which("gaspi_run"):
         return "gaspi_run", "gpi2"
@@ -186,7 +189,7 @@ def build(args, command, job_id, workdir):
     """The engine command, its environment and the files it needs (written into `workdir`)."""
     spots, named = placement(args)
     total = sum(n for _, n in spots)
-    engine, transport = choose_engine(args)
+    engine, transport = choose_engine(args, spots)
     exports = environment.parse_exports(args.exports)
     env = environment.job_env(args, exports, job_id)
     if not args.transport and transport != "auto":

@@ -162,6 +162,17 @@ def test_shm_refused_across_hosts(tmp_path):
     assert res.returncode == 2 and "shm works on one host only" in res.stderr
 
 
+def test_shm_on_the_one_host_named_is_not_refused():
+    # -H localhost:2 is one host: shm was refused with "works on one host only"
+    res = run_tntrun(["-H", "localhost:2", "--transport", "shm", "--dry-run", "--", "t.py"])
+    assert res.returncode == 0, res.stderr
+    assert "TNT_TRANSPORT=shm" in res.stdout and "-np 2 --host localhost:2" in res.stdout
+    res = run_tntrun(["-H", "a,b", "--dry-run", "--", "t.py"],
+                     env=runner_env(TNT_TRANSPORT="shm"))
+    assert res.returncode == 2
+    assert "TNT_TRANSPORT=shm works on one host only, and the job has 2 (a, b)" in res.stderr
+
+
 def test_engine_failure_is_reported(tmp_path):
     fake = 'echo "rank 3 on node2 died" >&2; exit 9'
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=fake) + os.pathsep + os.environ["PATH"])
