@@ -12,8 +12,10 @@ How the job ends:
   another one did (a rank raising PeerLostError after a peer aborted) is not: the others get
   the grace period to end on their own first, so that the rank that failed first (it aborted
   the others, then exits) is named and not stopped while it reports its error;
-- SIGINT/SIGTERM/SIGHUP to tntrun stops every process the same way (a second one kills at
-  once) and the exit code is 128 + that signal.
+- SIGINT/SIGTERM/SIGHUP/SIGQUIT to tntrun stops every process the same way (a second one
+  kills at once) and the exit code is 128 + that signal;
+- SIGUSR1/SIGUSR2 to tntrun are passed on to every rank (or to the engine, which passes
+  them on to its ranks), and the job goes on.
 
 Each process runs in its own session (so its process group holds everything it starts,
 and Ctrl+C in a terminal reaches only tntrun, which then stops the ranks in order). One
@@ -41,7 +43,12 @@ from tarantella.common.startup_log import mark
 from tarantella.runner import jobs
 
 TAIL_BYTES = 64 * 1024  # what is kept of each process's stderr for the failure report
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGQUIT (Ctrl+\) too: by default it would end tntrun alone, leaving its temporary folder
+# and job record, and its ranks killed by the parent-death signal with no report
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# passed on to the job, which goes on (see Supervisor._forward): by default they would end
+# tntrun as SIGQUIT would
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 @dataclasses.dataclass
@@ -315,6 +322,25 @@ class Supervisor:
     def _on_signal(self, signum, frame):
         self._events.put(("signal", signum, time.time()))
 
+    def _forward(self, signum, frame):
+        """SIGUSR1/SIGUSR2 are for the program, as mpirun and srun treat them: Slurm sends one
+        before a job's time limit (sbatch --signal=USR1@120, scancel --signal=USR1) so that
+        the ranks checkpoint. Each rank gets it, its main process only (not its group: a
+        worker process without a handler would die of it), or the engine does (mpirun,
+        srun and Hydra pass them on to their ranks; gaspi_run, a shell script, would die of
+        it). Python runs this handler in the main thread, between bytecodes: kill is safe."""
+        for proc, spec in zip(list(self._procs), self.specs):
+            if proc.returncode is not None:
+                continue  # reaped: its pid may be another process's now
+            if spec.rank is None and spec.label == "gaspi_run":
+                print(f"tntrun: WARNING: {signal.Signals(signum).name} not passed on: gaspi_run "
+                      "does not forward signals to its ranks", file=sys.stderr, flush=True)
+                continue
+            try:
+                os.kill(proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def stall_after(self, reason, seconds):
         """Stop the job if it has not ended `seconds` from now (any thread): across hosts a
         rank reported its failure, and the engine must end the job, but may not (mpirun
@@ -327,8 +353,14 @@ class Supervisor:
         started_at = time.time()
         previous = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                previous[sig] = signal.signal(sig, self._on_signal)
+            for sig in STOP_SIGNALS + FORWARDED_SIGNALS:
+                if signal.getsignal(sig) == signal.SIG_IGN:
+                    # ignored by whoever started tntrun (`nohup tntrun ...` for SIGHUP, a
+                    # shell's background job for SIGINT and SIGQUIT): that holds for the job,
+                    # as for any program; the ranks inherit it
+                    continue
+                handler = self._on_signal if sig in STOP_SIGNALS else self._forward
+                previous[sig] = signal.signal(sig, handler)
         results = []
         job = JobResult(results=results, started_at=started_at)
         sys.stdout.flush()

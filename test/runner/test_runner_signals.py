@@ -39,8 +39,10 @@ def _wait_up(proc, ranks):
     return job, pids
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGQUIT])
 def test_signal_to_runner_stops_every_rank(script, sig):
+    # SIGQUIT (Ctrl+\) used to end tntrun alone (its default action), leaving its temporary
+    # folder and job record, its ranks SIGKILLed by the parent-death signal
     path = script(RANK + "\n")
     proc = start_tntrun(["-n", "3", "--output-on-all-devices", "--", path])
     try:
@@ -92,6 +94,37 @@ def test_processes_a_rank_started_in_a_session_of_their_own_end_with_the_job(scr
         assert len(strays) == 4, out
         # reaped by tntrun: gone, not zombies
         assert [p for p in strays if psutil.pid_exists(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("nohup", [False, True])
+def test_sigusr_is_passed_on_to_every_rank_and_nohup_is_kept(script, nohup):
+    # SIGUSR1 (Slurm's warning before the time limit: sbatch --signal=USR1@120) ended tntrun
+    # (its default action) and with it the ranks, which never saw it; mpirun and srun pass
+    # it on. Under nohup (SIGHUP ignored), tntrun's handler made a hangup stop the job.
+    path = script("""
+        import signal
+        def on_usr1(sig, frame):
+            print("GOT USR1", os.environ["TNT_RANK"], flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGUSR1, on_usr1)
+        print("UP", os.environ["TNT_JOB_ID"], os.getpid(), flush=True)
+        time.sleep(120)
+        sys.exit(4)
+    """)
+    ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
+    proc = start_tntrun(["-n", "2", "--output-on-all-devices", "--", path], preexec_fn=ignore_hup)
+    try:
+        _wait_up(proc, 2)
+        if nohup:
+            proc.send_signal(signal.SIGHUP)  # ignored: the job goes on to get SIGUSR1
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert sorted(re.findall(r"GOT USR1 (\d)", out)) == ["0", "1"]
     finally:
         if proc.poll() is None:
             proc.kill()
