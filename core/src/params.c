@@ -266,6 +266,7 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
     long lrank = env_int(s->local_rank), lsize = env_int(s->local_size);
     pl->rank = (int)rank;
     pl->size = (int)size;
+    tnt_log_init(pl->rank); /* the lines below are this rank's (they read "rank 0" on every rank) */
     pl->local_rank = lrank >= 0 ? (int)lrank : (int)rank;
     pl->local_size = lsize >= 1 ? (int)lsize : (int)size;
     if (!s->local_rank) gaspi_local(pl);

@@ -189,6 +189,14 @@ def test_log_lines_before_init_carry_the_engines_rank():
         res = subprocess.run([sys.executable, "-c", code], env=clean_env(**env), capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
         assert res.stderr == (f"[TNT WARNING {shown}] early\n" if shown else ""), (env, res.stderr)
+    # the core's lines of init() too: "placement from tntrun" read "rank 0" on every rank (and
+    # showed, as the master's, without TNT_LOG_ON_ALL_DEVICES); rank 0 is missing, so init
+    # times out after a second
+    for everywhere in ("1", ""):
+        res = run("tnt.init()", TNT_RANK="1", TNT_SIZE="2", TNT_JOB_ID=f"lonely-{secrets.token_hex(4)}",
+                  TNT_TIMEOUT_S="1", TNT_LOG_LEVEL="INFO", TNT_LOG_ON_ALL_DEVICES=everywhere)
+        assert "TimeoutError" in res.stderr and "[TNT INFO rank 0]" not in res.stderr, res.stderr
+        assert ("[TNT INFO rank 1]" in res.stderr and "placement from tntrun: rank 1 of 2" in res.stderr) == bool(everywhere)
 
 
 def test_import_is_cheap():
