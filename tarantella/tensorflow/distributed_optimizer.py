@@ -38,7 +38,7 @@ def _distributed_class(base):
                     shapes = [g.shape if trainable_variables is None else v.shape
                               for g, v in zip(grads, trainable_variables or grads)]
                     calls.append((self, trainable_variables, [
-                        None if g is None else (shape, g.dtype)
+                        None if g is None else (shape, g.dtype, isinstance(g, tf.IndexedSlices))
                         for g, shape in zip(grads, shapes)]))
                 weight, total = _weight_and_total(self)
                 grads = collective_ops.weighted_average(
@@ -111,8 +111,11 @@ def _serial_finite(optimizer, grads, finite):
     flags = getattr(optimizer, "_tnt_float16", None)
     if not flags:
         return finite
+    # An IndexedSlices gradient (a lookup) has no sum over the batch: its
+    # slices are serial training's own, and the inherited check sees them.
     in_range = [tf.reduce_all(tf.math.is_finite(tf.cast(g, tf.float16)))
-                for g, flag in zip(grads, flags) if flag and g is not None]
+                for g, flag in zip(grads, flags)
+                if flag and g is not None and not isinstance(g, tf.IndexedSlices)]
     if not in_range:
         return finite
     return tf.logical_and(tf.cast(finite, tf.bool), tf.reduce_all(tf.stack(in_range)))
@@ -144,9 +147,26 @@ def _with_static_shape(grad, variable):
     packs are derived from static shapes, and the empty-slice branch of a
     tnt.Model step, which applies zeros of the variables' shapes, must derive
     the same ones, or the ranks wait for requests the others never make."""
+    if isinstance(grad, tf.IndexedSlices):  # its dense shape names the request
+        if grad.shape.is_fully_defined():
+            return grad
+        return tf.IndexedSlices(grad.values, grad.indices,
+                                tf.constant(tf.TensorShape(variable.shape).as_list(),
+                                            grad.dense_shape.dtype))
     if not isinstance(grad, tf.Tensor) or grad.shape.is_fully_defined():
         return grad
     return tf.ensure_shape(grad, variable.shape)
+
+
+def zero_gradient(shape, dtype, sparse=False):
+    """What a rank whose slice of the batch is empty applies in place of a
+    gradient of `shape` and `dtype`: zeros, or, for an IndexedSlices gradient
+    (an embedding's), no slices, so that it takes part in the same gather."""
+    if not sparse:
+        return tf.zeros(shape, dtype)
+    shape = tf.TensorShape(shape).as_list()
+    return tf.IndexedSlices(tf.zeros([0] + shape[1:], dtype), tf.zeros([0], tf.int64),
+                            tf.constant(shape, tf.int64))
 
 
 def _default_name(variables, grads):

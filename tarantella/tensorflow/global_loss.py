@@ -73,6 +73,8 @@ def _parts(loss, y_true, y_pred, sample_weight):
                        f"{reduction!r}, mask: {mask is not None}) is taken as proportional "
                        "to the batch")
         return _Part("mean", value=loss(y_true, y_pred, sample_weight))
+    if plain and mask is None and reduction in _MEANS and _masks_its_values(loss, y_true, y_pred):
+        plain = False  # e.g. ignore_class: the normaliser is the global count of unmasked values
     if plain and mask is None:
         if reduction in _MEANS:
             _check_per_sample(loss, y_true, y_pred)
@@ -120,6 +122,17 @@ def _parts(loss, y_true, y_pred, sample_weight):
         else:  # no reduction: Keras returns the unreduced values; so do we
             return _Part("mean", value=loss(y_true, y_pred, sample_weight))
         return _Part("ratio", total=total, normaliser=normaliser)
+
+
+def _masks_its_values(loss, y_true, y_pred):
+    """Whether `loss` puts a mask on its per-sample values itself (e.g.
+    `SparseCategoricalCrossentropy(ignore_class=c)`, whose mask drops the
+    entries of class c): Keras then divides by the number of unmasked values,
+    which is not proportional to the batch. Traced for the mask only; the
+    graph prunes the values."""
+    convert = lambda x: keras.ops.convert_to_tensor(x, dtype=loss.dtype)  # noqa: E731
+    values = loss.call(tf.nest.map_structure(convert, y_true), tf.nest.map_structure(convert, y_pred))
+    return get_keras_mask(values) is not None
 
 
 def _check_per_sample(loss, y_true, y_pred):

@@ -12,7 +12,6 @@ from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
                                    dropout, global_loss, step_context)
-from tarantella.tensorflow import ops as tf_ops
 from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
@@ -366,8 +365,8 @@ class Model(keras.Model):
                 applies = [(self.optimizer, self.model.trainable_variables,
                             [(v.shape, v.dtype) for v in self.model.trainable_variables])]
             for optimizer, variables, grads in applies or []:
-                optimizer.apply([None if g is None else tf.zeros(g[0], g[1]) for g in grads],
-                                variables)
+                optimizer.apply([None if g is None else distributed_optimizer.zero_gradient(*g)
+                                 for g in grads], variables)
             if after_skip is not None:
                 after_skip()
             spec = state.logs.get(kind) or tf.nest.map_structure(
@@ -827,18 +826,7 @@ def model_from_config(config, custom_objects=None):
 
 def _allgather_tensor(tensor):
     """The rank-ordered concatenation of every rank's rows (predict's outputs)."""
-    compiled = tf_ops.get()
-    if compiled is not None:
-        return compiled.run("allgather", [tensor], ["tnt.predict"])[0]
-
-    @collective_ops.reporting
-    def gather(array):
-        return collective_ops.allgather_array(array, name="tnt.predict")
-
-    gathered = tf.numpy_function(gather, [tensor], tensor.dtype, stateful=True,
-                                 name="TntAllgather")
-    gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
-    return gathered
+    return collective_ops.allgather_tensors([tensor], ["tnt.predict"])[0]
 
 
 def _weighted_mean(structure, weight):

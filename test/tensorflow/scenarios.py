@@ -139,6 +139,21 @@ def sequence_model():
     return keras.Model(inputs, keras.layers.Dense(5)(h))
 
 
+def embedding_model():
+    """An Embedding's gradient is an IndexedSlices (one slice per token); 6
+    trainable variables, like the other models (the fusion-off timeline
+    check counts the requests)."""
+    keras.utils.set_random_seed(9)
+    return keras.Sequential([
+        keras.Input((SEQ,), dtype="int32"),
+        keras.layers.Embedding(20, 8),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(16, activation="tanh", use_bias=False),
+        keras.layers.Dense(10),
+    ])
+
+
 def two_heads():
     keras.utils.set_random_seed(5)
     inputs = keras.Input((20,))
@@ -244,6 +259,16 @@ def scenarios(size):
                             x=sequences(N_TRAIN, 9)[0], y=sequences(N_TRAIN, 9)[1],
                             val=sequences(N_VAL, 10), sizes=(2, 3),
                             compile=dict(metrics=["accuracy"])),
+        # Adam (and clipnorm) on an Embedding's IndexedSlices gradient: Keras adds the squares
+        # of the slices, so the ranks' slices are gathered, not summed densely (4 ranks: an
+        # empty slice of the last batch gathers none); a loss that masks its own values
+        # (ignore_class: a quarter of the labels) is normalised by the global unmasked count
+        "embedding_adam_ignore_class": dict(
+            build=embedding_model, opt=lambda: keras.optimizers.Adam(0.01, clipnorm=0.5), B=25,
+            kind="dataset", x=sequences(N_TRAIN, 11)[0], y=ym % 4,
+            val=(sequences(N_VAL, 12)[0], ymv % 4), sizes=(2, 3, 4),
+            loss=lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                    ignore_class=3)),
         # per-output losses (cls_loss, val_reg_loss, ...) and EarlyStopping on one of them
         "two_heads": dict(build=two_heads, opt=sgd, B=25, kind="dataset", x=xm,
                           y={"cls": ym, "reg": xm[:, :1] * 2.0}, sizes=(2, 3), epochs=5,

@@ -122,18 +122,21 @@ def _assert_each_gradient_reduced_alone(out, n):
     """Every scenario's model has 6 trainable variables (the BN CNN 10), and
     its requests are tnt.grads.<digest of the gradients' shapes>: with fusion
     off, each gradient must be its own request (6 or 10 per model: the
-    frontend packed nothing) and the core must not fuse requests either (no
+    frontend packed nothing; an Embedding's IndexedSlices gradient is one
+    gather of its values, .s<k>.values) and the core must not fuse requests either (no
     fusion-buffer copies, no "fused" allreduce), for anything. A small request
     may run in one round (e.g. the weights' sum, whose ranks submit together
     on the compiled ops' path): that is not fusion."""
     for rank in range(n):
         tl = timeline(os.path.join(out, f"trace.rank{rank}.json"))
-        grads = [name for name in tl if re.fullmatch(r"tnt\.grads\.[0-9a-f]+\.b\d+\.\d+", name)]
+        grads = [name for name in tl
+                 if re.fullmatch(r"tnt\.grads\.[0-9a-f]+\.(b\d+\.\d+|s\d+\.values)", name)]
         per_model = collections.Counter(name.split(".")[2] for name in grads)
         assert per_model and set(per_model.values()) <= {6, 10}, sorted(grads)
         assert 10 in per_model.values(), sorted(grads)
         for name in grads:
-            assert len(tl[name]["ALLREDUCE"]) == len(tl[name]["NEGOTIATE"]) > 0, name
+            phase = "ALLGATHER" if name.endswith(".values") else "ALLREDUCE"
+            assert len(tl[name][phase]) == len(tl[name]["NEGOTIATE"]) > 0, name
         for name, phases in tl.items():
             assert "MEMCPY_IN_FUSION_BUFFER" not in phases, name
             # "one round" (a small request whose data came with the negotiation,
