@@ -324,6 +324,30 @@ def array_fits(tnt, reference):
     return {"history": history, "weights": weights(model), "empty_slice_branch": conds}
 
 
+def list_arrays(tnt, reference):
+    """fit/evaluate/predict on arrays given as lists (x=[a, b] of a two-input
+    model, y=[y1, y2] of a two-output one): tf.data refuses lists in a
+    dataset's elements, so every rank failed with a TypeError about
+    Dataset.map where serial Keras trains."""
+    keras.utils.set_random_seed(8)
+    a, b = keras.Input((8,)), keras.Input((2,))
+    h = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()([a, b]))
+    model = keras.Model([a, b], [keras.layers.Dense(3, name="cls")(h), keras.layers.Dense(1, name="reg")(h)])
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss_weights=[1.0, 0.5],
+                  loss=[keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"])
+    x, y = data(81, seed=4)
+    x2 = x[:, :2] * 2.0
+    h = model.fit([x, x2], [y, x[:, :1]], batch_size=B, epochs=2, shuffle=False, verbose=0,
+                  validation_data=([x, x2], [y, x[:, :1]]))
+    evaluated = model.evaluate([x, x2], [y, x[:, :1]], batch_size=B, verbose=0)
+    predicted = model.predict([x, x2], batch_size=B, verbose=0)
+    return {"history": {k: [float(v) for v in vs] for k, vs in sorted(h.history.items())},
+            "evaluate": [float(v) for v in evaluated], "weights": weights(model),
+            "predict": [np.asarray(p).tolist() for p in predicted]}
+
+
 def empty_slices(tnt, reference):
     """Steps in which rank 1's slice is empty (a last batch of 1 sample):
     - fit of a model with synchronised BatchNormalization layers (one over
@@ -675,6 +699,7 @@ def main():
     results["own_compile"] = own_compile(tnt, args.reference)
     results["array_fits"] = array_fits(tnt, args.reference)
     results["empty_slices"] = empty_slices(tnt, args.reference)
+    results["list_arrays"] = list_arrays(tnt, args.reference)
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)

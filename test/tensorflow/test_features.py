@@ -128,6 +128,21 @@ def test_array_fits_trace_the_empty_slice_branch_only_when_a_slice_can_be_empty(
     assert runs["ranks"][0]["array_fits"] == runs["ranks"][1]["array_fits"]
 
 
+def test_arrays_in_lists_train_as_in_serial_keras(runs):
+    """x=[a, b] and y=[y1, y2] as lists of arrays (fit, validation, evaluate,
+    predict) train as in serial Keras instead of failing in tf.data."""
+    ref = runs["ref"]["list_arrays"]
+    for rank in runs["ranks"]:
+        got = rank["list_arrays"]
+        assert got["history"].keys() == ref["history"].keys()
+        for key, values in ref["history"].items():
+            np.testing.assert_allclose(got["history"][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(got["evaluate"], ref["evaluate"], rtol=1e-6, atol=1e-6)
+        for a, b in zip(got["weights"] + got["predict"], ref["weights"] + ref["predict"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert runs["ranks"][0]["list_arrays"] == runs["ranks"][1]["list_arrays"]
+
+
 def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
     """A rank whose slice of a batch is empty skips the model but must do what
     the others do: update synchronised BatchNormalization's moving statistics

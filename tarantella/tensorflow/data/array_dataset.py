@@ -108,8 +108,11 @@ def array_dataset(data, batch_size, rank, size, shuffle=False):
     whose first dimension is the sample), cut from global batches of
     `batch_size` samples in the order serial Keras' fit takes them (`shuffle`:
     False, True or "batch", as in Keras)."""
+    # Lists (y=[y1, y2] of a two-output model, x=[a, b]) become tuples, as in
+    # Keras' own array adapter: tf.data refuses a list in a map's result.
     data = tf.nest.map_structure(
-        lambda t: t if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else tf.convert_to_tensor(t), data)
+        lambda t: t if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else tf.convert_to_tensor(t),
+        keras.tree.lists_to_tuples(data))
     n = sample_count(data)
     indices = sample_order(n, batch_size, shuffle, size)
 
