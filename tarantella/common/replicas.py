@@ -50,13 +50,18 @@ def _shown(bits, array):
     return int(value) if array.dtype.kind in "biu" else value
 
 
-def check(items, lead, advice, name="tnt.replicas"):
+def check(items, lead, advice, name="tnt.replicas", compare_labels=True):
     """Collective: raise MismatchError on every rank unless every rank's
     `items` (a list of (label, numpy array), in the same order on every rank)
-    are the same bits. The message is `lead`, what differs, then `advice`."""
+    are the same bits. The message is `lead`, what differs, then `advice`.
+    `compare_labels=False`: the labels only name the arrays in the message
+    (variable paths such as "sequential_3/dense_5/kernel" come from
+    per-process name counters, so a rank that built one more model than the
+    others labels the same variables differently)."""
     arrays = [np.asarray(a) for _, a in items]
     layout = ", ".join(f"{label} {a.dtype.name}{a.shape}" for (label, _), a in zip(items, arrays))
-    header = np.array([len(arrays), zlib.crc32(layout.encode())], np.int64)
+    compared = layout if compare_labels else ", ".join(f"{a.dtype.name}{a.shape}" for a in arrays)
+    header = np.array([len(arrays), zlib.crc32(compared.encode())], np.int64)
     headers = collectives.allgather(header, name=f"{name}.layout").reshape(-1, 2)
     if (headers != headers[0]).any():
         ranks = [r for r in range(len(headers)) if (headers[r] != headers[0]).any()]
