@@ -295,6 +295,18 @@ class Model(keras.Model):
         if self.built and getattr(self, "optimizer", None) is not None:
             self.optimizer.build(self.trainable_variables)
 
+    def _assert_compile_called(self, method_name=None):
+        if not self.compiled and getattr(self.model, "compiled", False):
+            # Keras' own message ("You must call `compile()`") puzzles a user whose
+            # model was compiled, by them or by keras.models.load_model.
+            raise ValueError(
+                f"Call compile() on the tnt.Model before {method_name or 'using it'}(): the model "
+                "it wraps was compiled, but a tnt.Model makes its optimizer average the gradients "
+                "across ranks in its own compile(). Compile after wrapping, or load a saved model "
+                "with tnt.models.load_model(path), which returns a compiled tnt.Model with the "
+                "optimizer's state.")
+        super()._assert_compile_called(method_name)
+
     # ---- the steps: the wrapped model's own, on this rank's slice -----------------------------
     # Each step is the wrapped model's train_step / test_step / predict_step
     # (a user's own, or Keras' default), run on this rank's micro-batch; the

@@ -132,6 +132,22 @@ def test_generators_are_refused_with_a_clear_error():
         _model().fit(gen(), epochs=1, verbose=0)
 
 
+def test_a_compiled_model_wrapped_uncompiled_says_to_compile_the_wrapper(tmp_path):
+    """keras.models.load_model returns a compiled model; wrapped, it is not
+    compiled for data parallelism, and the error says so and what to do
+    (Keras' own message said to call compile(), which the user had done)."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.save(tmp_path / "m.keras")
+    wrapped = tnt.Model(keras.models.load_model(tmp_path / "m.keras"))
+    with pytest.raises(ValueError, match=r"Call compile\(\) on the tnt.Model before fit\(\).*"
+                                         r"tnt.models.load_model"):
+        wrapped.fit(np.zeros((4, 3)), np.zeros((4, 2)), verbose=0)
+    with pytest.raises(ValueError, match="You must call `compile"):  # a model never compiled
+        tnt.Model(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])).evaluate(
+            np.zeros((4, 3)), np.zeros((4, 2)), verbose=0)
+
+
 def test_batch_size_with_a_dataset_is_refused():
     ds = tf.data.Dataset.from_tensor_slices((np.zeros((8, 4)), np.zeros((8, 2)))).batch(4)
     with pytest.raises(ValueError, match="batch_size"):
