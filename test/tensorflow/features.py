@@ -560,6 +560,43 @@ def check_stops(tnt):
     return out
 
 
+def check_rank_state(tnt):
+    """Non-trainable state that each rank updates from its own slice (a
+    custom layer summing its inputs) differed without a word: the epoch's
+    replica check now warns, naming it, once per fit. A model with
+    BatchNormalization and Dropout (whose moving statistics are averaged and
+    whose seed states draw per rank on purpose) fits without that warning."""
+    class Total(keras.layers.Layer):
+        def build(self, input_shape):
+            self.total = self.add_weight(shape=(), initializer="zeros", trainable=False, name="total")
+
+        def call(self, inputs, training=None):
+            if training:
+                self.total.assign_add(tf.reduce_sum(inputs))
+            return inputs
+
+    said = []
+
+    class Record(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    record = Record()
+    logging.getLogger("tarantella").addHandler(record)
+    out = {}
+    for key, layers in (("alike", [keras.layers.Dense(16), keras.layers.BatchNormalization(synchronized=True),
+                                   keras.layers.Dropout(0.3), keras.layers.Dense(3)]),
+                        ("total", [Total(), keras.layers.Dense(3)])):
+        keras.utils.set_random_seed(3)
+        model = tnt.Model(keras.Sequential([keras.Input((8,))] + layers))
+        compile_(model)
+        said.clear()
+        model.fit(datasets()[0], epochs=2, verbose=0)
+        out[key] = [m for m in said if "non-trainable state" in m]
+    logging.getLogger("tarantella").removeHandler(record)
+    return out
+
+
 def run_cases(tnt, cases):
     """Each case on a fresh compiled model: {key: {"error": None}} or the
     error's type and message."""
@@ -720,6 +757,7 @@ def main():
         results["overlap"] = check_overlap(tnt)
         results["replicas"] = check_replicas_diverging(tnt)
         results["stops"] = check_stops(tnt)
+        results["rank_state"] = check_rank_state(tnt)
         results["step_counts"] = check_step_counts(tnt)
         results["same_data"] = check_same_data(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)

@@ -332,6 +332,15 @@ def test_a_callback_that_stops_on_one_rank_stops_every_rank_after_the_same_step(
         assert "predict stops on every rank after batch 1: rank(s) [1] set model.stop_predicting" in said
 
 
+def test_non_trainable_state_that_ranks_update_apart_is_warned_about_once(runs):
+    for r in runs["ranks"]:
+        state = r["rank_state"]
+        assert state["alike"] == [], state["alike"]  # averaged BN statistics, per-rank seeds: no word
+        assert len(state["total"]) == 1, state["total"]  # once per fit, not every epoch
+        assert state["total"][0].startswith("the ranks' non-trainable state differs after epoch 1 of fit: ")
+        assert "total (rank 0: " in state["total"][0] and "tnt.allreduce" in state["total"][0]
+
+
 def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_before_the_first(runs):
     # tnt.Model compares what fixes each rank's number of steps (data/step_counts.py): every
     # step is collective, so these used to wait until TNT_TIMEOUT_S with no word of the cause

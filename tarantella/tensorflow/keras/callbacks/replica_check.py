@@ -10,13 +10,18 @@ callback after the user's, so that it sees what their `on_epoch_end` did;
 it costs one read of the weights and optimizer variables per epoch and two
 small allgathers.
 
-Not compared: non-trainable weights (unsynchronised BatchNormalization's
-moving statistics are each rank's own until the end of `fit`), random
-generator states (they draw per rank on purpose).
+Non-trainable weights (a custom layer's counter, a running statistic) are
+compared too, but differing ones only warn, once per fit: a layer that
+updates them from its own rank's slice of each batch leaves each rank its
+own value, which may be meant. BatchNormalization's moving statistics are
+averaged over the ranks after every step, so they agree. Random generators'
+states are not compared: they draw per rank on purpose.
 """
 import keras
 
 from tarantella.common import replicas
+from tarantella.common.errors import MismatchError
+from tarantella.common.logging import get_logger
 
 _ADVICE = ("Something changed the model or its optimizer on some ranks only, so training "
            "would no longer match serial Keras: a callback that acts on one rank "
@@ -24,6 +29,20 @@ _ADVICE = ("Something changed the model or its optimizer on some ranks only, so 
            "or on what differs between ranks (files, the clock, unseeded random numbers). "
            "Make every rank apply the same change, or let a callback that runs on every rank "
            "decide it from the global logs (docs/keras.md, \"Callbacks\").")
+
+
+_STATE_ADVICE = ("A layer updates non-trainable state from its own rank's slice of each batch, "
+                 "so each rank holds its own value (the master's is what tnt.Model.save writes), where "
+                 "serial Keras would hold one value from every sample. If it should describe the "
+                 "global batch, compute it from values summed over the ranks (tnt.allreduce); if it "
+                 "is per rank on purpose, ignore this warning (docs/keras.md, \"Ranks that come apart\").")
+
+
+def _non_trainable_state(model):
+    """The model's non-trainable variables but its random generators' states."""
+    seeds = {id(g.state) for layer in model._flatten_layers(include_self=True)
+             for g in getattr(layer, "_seed_generators", []) or []}
+    return [v for v in model.non_trainable_variables if id(v) not in seeds]
 
 
 def _optimizer_variables(optimizer):
@@ -37,6 +56,10 @@ class ReplicaCheck(keras.callbacks.Callback):
     which the ranks' weights or optimizer variables came apart. (Their
     decisions to stop are agreed on instead: stop_agreement.py.)"""
 
+    def __init__(self):
+        super().__init__()
+        self._state_warned = False
+
     def on_epoch_end(self, epoch, logs=None):
         model = self.model
         variables = list(model.trainable_variables) + _optimizer_variables(
@@ -47,3 +70,13 @@ class ReplicaCheck(keras.callbacks.Callback):
         # checkpoint on the master only, say) has advanced further than the others.
         replicas.check(items, f"the ranks' replicas differ after epoch {epoch + 1} of fit", _ADVICE,
                        name="tnt.replicas.fit", compare_labels=False)
+        if self._state_warned:
+            return
+        state = [(getattr(v, "path", v.name), keras.ops.convert_to_numpy(v))
+                 for v in _non_trainable_state(getattr(model, "model", model))]
+        try:  # the same verdict on every rank, so every rank warns, or none
+            replicas.check(state, f"the ranks' non-trainable state differs after epoch {epoch + 1} of fit",
+                           _STATE_ADVICE, name="tnt.replicas.state", compare_labels=False)
+        except MismatchError as apart:
+            self._state_warned = True
+            get_logger().warning(str(apart))
