@@ -222,3 +222,8 @@ def test_edges_root_leaves_after_broadcast(builds, kind):
 @pytest.mark.parametrize("kind", BUILDS)
 def test_edges_diverged_in_a_bit_round(builds, kind):
     edge_case(builds, kind, "diverged_in_a_bit_round")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_shapes_that_differ(builds, kind):
+    edge_case(builds, kind, "shapes_that_differ")
