@@ -6,6 +6,8 @@ tnt.Model is the plain Keras file of the wrapped model, compiled, with its
 optimizer state (recorded as the plain Keras class): plain Keras loads it
 without Tarantella, and `load_model` here returns it as a tnt.Model.
 """
+import os
+
 import keras
 
 from tarantella.common import collectives, core
@@ -32,8 +34,12 @@ def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
     check_model_path(filepath, kwargs.get("zipped"), what="tnt.models.save_model")
     check_save_keywords({k: v for k, v in kwargs.items() if k != "zipped"},
                         what="tnt.models.save_model")
+    # the write goes to a fresh temporary, where Keras' own overwrite check never fires:
+    # refuse here (on every rank, as tnt.Model.save does), or the file was replaced
+    if not overwrite and os.path.exists(filepath):
+        raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
     if save_all_devices or core.is_master_rank():
-        atomic_save(filepath, lambda path: model.save(path, overwrite=overwrite, **kwargs))
+        atomic_save(filepath, lambda path: model.save(path, overwrite=True, **kwargs))
     if core.get_size() > 1:
         collectives.barrier(name="tnt.save")
 

@@ -82,6 +82,23 @@ def test_unbatched_dataset_with_micro_batch_size():
     assert [b.tolist() for b in parts[1]] == [[2, 3], [6, 7], [9]]
 
 
+
+@pytest.mark.parametrize("unbatch", ["flat_map", "interleave", "from_tensors"])
+def test_samples_flattened_out_of_batches_are_not_taken_for_batches(unbatch):
+    """A batch op before a flat_map/interleave says nothing about their
+    elements: `batch(4).flat_map(from_tensor_slices)` yields single samples,
+    which were taken for batches of 4 (each rank got some of every sample's
+    features)."""
+    pairs = tf.data.Dataset.range(8).map(lambda v: tf.stack([v, v + 100]))
+    ds = {"flat_map": pairs.batch(4).flat_map(tf.data.Dataset.from_tensor_slices),
+          "interleave": pairs.batch(4).interleave(tf.data.Dataset.from_tensor_slices),
+          "from_tensors": tf.data.Dataset.from_tensors(tf.stack([tf.range(8, dtype=tf.int64)] * 2, 1))
+          .flat_map(tf.data.Dataset.from_tensor_slices)}[unbatch]
+    parts = [_batches(distribute_dataset(ds, micro_batch_size=2, rank=r, size=2).dataset)
+             for r in range(2)]
+    for step, global_batch in enumerate(_batches(ds.batch(4))):
+        np.testing.assert_array_equal(np.concatenate([p[step] for p in parts]), global_batch)
+
 def test_structures_are_sliced_alike():
     x = np.arange(12, dtype="float32").reshape(6, 2)
     ds = tf.data.Dataset.from_tensor_slices(({"a": x, "b": x[:, 0]}, np.arange(6))).batch(6)
@@ -428,6 +445,23 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
         atomic_save(str(path), failing)
     assert path.read_text() == "good" and os.listdir(tmp_path) == ["m.keras"]
 
+
+
+def test_save_model_of_a_plain_model_keeps_a_file_when_overwrite_is_false(tmp_path):
+    """tnt.models.save_model(keras_model, path, overwrite=False) wrote to a fresh
+    temporary, where Keras' overwrite check never fires, and renamed it over
+    the user's file."""
+    path = str(tmp_path / "m.keras")
+    plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    tnt.models.save_model(plain, path)
+    before = open(path, "rb").read()
+    plain.set_weights([w + 1 for w in plain.get_weights()])
+    with pytest.raises(FileExistsError, match="overwrite=False"):
+        tnt.models.save_model(plain, path, overwrite=False)
+    assert open(path, "rb").read() == before and os.listdir(tmp_path) == ["m.keras"]
+    tnt.models.save_model(plain, path)  # overwrite=True (the default) still replaces it
+    np.testing.assert_array_equal(keras.saving.load_model(path).get_weights()[1],
+                                  plain.get_weights()[1])
 
 def test_sharded_weights_keep_the_names_of_their_shards(tmp_path):
     """save_weights(max_shard_size=...) writes NAME.weights.json and shards

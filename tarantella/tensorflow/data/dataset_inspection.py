@@ -11,6 +11,11 @@ from tensorflow.python.framework import op_def_registry  # is an op stateful (re
 _BATCH_OPS = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset",
               "_DenseToRaggedDataset", "_RebatchDataset")
 _UNBATCH_OPS = ("_UnbatchDataset",)
+# Ops whose elements come from a user function's datasets (or windows): a batch op
+# before them says nothing about what they yield (`batch(4).flat_map(from_tensor_slices)`
+# yields single samples; taking it for batches of 4 sliced each sample's features).
+_RESTRUCTURE_OPS = ("_FlatMapDataset", "_InterleaveDataset", "_ParallelInterleaveDataset",
+                    "_GroupByWindowDataset", "_WindowDataset")
 
 
 @dataclasses.dataclass
@@ -41,7 +46,7 @@ def batching(dataset):
     """Whether `dataset` yields batches, and of which global size."""
     for ds in chain(dataset):
         name = type(ds).__name__
-        if name in _UNBATCH_OPS:
+        if name in _UNBATCH_OPS or name in _RESTRUCTURE_OPS:
             break
         if name in _BATCH_OPS:
             size = _static(getattr(ds, "_batch_size", None))
@@ -53,7 +58,7 @@ def batching(dataset):
     firsts = {s[0] for s in shapes if s is not None and s.rank}
     if type(source).__name__ == "_TensorDataset" and len(firsts) == 1 and None not in firsts \
             and all(s is not None and s.rank for s in shapes) and not any(
-                type(d).__name__ in _UNBATCH_OPS for d in chain(dataset)):
+                type(d).__name__ in _UNBATCH_OPS + _RESTRUCTURE_OPS for d in chain(dataset)):
         # Dataset.from_tensors(batch): each element is a whole (global) batch
         return Batching(True, firsts.pop())
     ranks = [s.rank for s in shapes if s is not None]
