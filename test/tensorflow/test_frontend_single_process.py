@@ -99,6 +99,36 @@ def test_samples_flattened_out_of_batches_are_not_taken_for_batches(unbatch):
     for step, global_batch in enumerate(_batches(ds.batch(4))):
         np.testing.assert_array_equal(np.concatenate([p[step] for p in parts]), global_batch)
 
+
+@pytest.mark.parametrize("where", ["map", "batch", "options"])
+def test_out_of_order_pipelines_are_read_in_order(where):
+    """deterministic=False let each rank's pipeline yield the samples in its
+    own order (a costlier sample finishing later): the ranks sliced different
+    global batches, some samples used twice and others never."""
+    from tarantella.tensorflow.data import dataset_inspection
+
+    def work(v):  # a cost that differs per sample, so that the order can change
+        n = (v * 7919) % 13 * 3000
+        return tf.while_loop(lambda i, a: i < n, lambda i, a: (i + 1, a + 1),
+                             (tf.constant(0, tf.int64), v))[1] - n
+
+    loose = where != "options"
+    ds = tf.data.Dataset.range(24).map(work, num_parallel_calls=4,
+                                       deterministic=False if where == "map" else None)
+    ds = ds.filter(lambda v: True).batch(6, num_parallel_calls=2 if where == "batch" else None,
+                                         deterministic=False if where == "batch" else None)
+    if not loose:
+        options = tf.data.Options()
+        options.deterministic = False
+        ds = ds.with_options(options)
+    parts = [distribute_dataset(ds, rank=r, size=2).dataset for r in range(2)]
+    for part in parts:
+        assert part.options().deterministic is not False
+        assert all(getattr(op, "_deterministic", None) != "false"
+                   for op in dataset_inspection._datasets(part))
+    samples = [v for part in parts for batch in _batches(part) for v in batch.tolist()]
+    assert sorted(samples) == list(range(24))
+
 def test_structures_are_sliced_alike():
     x = np.arange(12, dtype="float32").reshape(6, 2)
     ds = tf.data.Dataset.from_tensor_slices(({"a": x, "b": x[:, 0]}, np.arange(6))).batch(6)

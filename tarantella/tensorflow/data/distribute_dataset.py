@@ -58,6 +58,8 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
                                          or micro_batch_size <= 0):
         raise ValueError(f"{what} must be a positive integer. Received: {what}={micro_batch_size!r}")
     dataset = shuffle_seeding.seed_unseeded_shuffles(dataset, shuffle_seed)
+    if size > 1:  # every rank must read the samples in the same order
+        dataset = shuffle_seeding.keep_order(dataset)
     info = dataset_inspection.batching(dataset)
     if info.batched is False:
         if micro_batch_size is None:

@@ -7,6 +7,8 @@ unseeded shuffle on, re-applying each later op with its recorded arguments.
 This reads private tf.data attributes; an op it does not know stops the
 rebuild with an error that says how to avoid it (pass `seed=` to shuffle).
 """
+import warnings
+
 import tensorflow as tf
 
 from tarantella.tensorflow.data import dataset_inspection
@@ -25,8 +27,9 @@ def _deterministic(ds):
     return None if value == "default" else value == "true" or value is True
 
 
-def _replay(op, upstream, seed):
-    """`op` re-applied on top of `upstream`."""
+def _replay(op, upstream, seed, deterministic=False):
+    """`op` re-applied on top of `upstream` (`deterministic`: its parallel
+    map or batch in order, whatever it asked)."""
     name = type(op).__name__
     if name == "_ShuffleDataset":
         seeded = dataset_inspection._static(op._seed) != 0 or dataset_inspection._static(op._seed2) != 0
@@ -39,7 +42,7 @@ def _replay(op, upstream, seed):
         return upstream.map(op._map_func._func)
     if name == "_ParallelMapDataset":
         return upstream.map(op._map_func._func, num_parallel_calls=_arg(op, "_num_parallel_calls"),
-                            deterministic=_deterministic(op))
+                            deterministic=True if deterministic else _deterministic(op))
     if name == "_FilterDataset":
         return upstream.filter(op._predicate._func)
     if name == "_BatchDataset":
@@ -47,7 +50,7 @@ def _replay(op, upstream, seed):
     if name == "_ParallelBatchDataset":
         return upstream.batch(_arg(op, "_batch_size"), drop_remainder=bool(_arg(op, "_drop_remainder")),
                               num_parallel_calls=_arg(op, "_num_parallel_calls"),
-                              deterministic=_deterministic(op))
+                              deterministic=True if deterministic else _deterministic(op))
     if name == "_UnbatchDataset":
         return upstream.unbatch()
     if name == "_PrefetchDataset":
@@ -80,3 +83,35 @@ def seed_unseeded_shuffles(dataset, seed=DEFAULT_SEED):
     for op in reversed(ops[:first + 1]):
         rebuilt = _replay(op, rebuilt, seed)
     return rebuilt
+
+
+def keep_order(dataset):
+    """`dataset` with its parallel maps and batches made deterministic
+    (`deterministic=False`, or `Options.deterministic = False`), as far as
+    it can be rebuilt; a warning where it cannot.
+
+    Out of order, each rank's pipeline yields the samples in an order of its
+    own, so the ranks slice different global batches: some samples were used
+    twice in an epoch and others never, without an error (the first batch,
+    which first_batches compares, is usually still the same). Serial Keras
+    uses each sample once, in whatever order."""
+    ops = dataset_inspection.chain(dataset)
+    loose = [i for i, op in enumerate(ops) if getattr(op, "_deterministic", None) == "false"]
+    if loose:
+        first = max(loose)  # the oldest one: rebuild from there
+        rebuilt = ops[first]._input_dataset
+        try:
+            for op in reversed(ops[:first + 1]):
+                rebuilt = _replay(op, rebuilt, DEFAULT_SEED, deterministic=True)
+            dataset = rebuilt
+        except ValueError:
+            warnings.warn(
+                "The dataset has a map or batch with deterministic=False that Tarantella cannot "
+                "rebuild in order: each rank may then read the samples in another order and "
+                "slice other global batches (some samples used twice, others never). Pass "
+                "deterministic=True (or leave it out).", stacklevel=3)
+    if dataset.options().deterministic is False:
+        options = tf.data.Options()
+        options.deterministic = True  # a later option wins
+        dataset = dataset.with_options(options)
+    return dataset
