@@ -13,6 +13,7 @@ from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
                                    dropout, global_loss, step_context)
 from tarantella.tensorflow import compression as compression_lib
+from tarantella.tensorflow import master_only
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
@@ -126,7 +127,6 @@ class Model(keras.Model):
         self._tnt_compression = compressor
         self._tnt_step = _StepState()
         self._tnt_synced = False
-        self._tnt_master_only = False
         self._tnt_distributed_predict = False
         if model.built:
             self.built = True
@@ -731,7 +731,7 @@ class Model(keras.Model):
     def _save_on_this_rank(self, save_all_devices, what, filepath, write, siblings=False):
         if save_all_devices or core.is_master_rank():
             atomic_save(filepath, write, siblings=siblings)
-        if core.get_size() > 1 and not self._tnt_master_only:
+        if core.get_size() > 1 and not master_only.active():
             # The file is complete when save() returns on any rank, so every
             # rank may load it next (assuming a shared filesystem).
             collectives.barrier(name=f"tnt.{what}")

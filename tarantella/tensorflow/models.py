@@ -11,7 +11,7 @@ import os
 import keras
 
 from tarantella.common import collectives, core
-from tarantella.tensorflow import collective_ops
+from tarantella.tensorflow import collective_ops, master_only
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.model import Model
 from tarantella.tensorflow.model import model_from_config as _model_from_config
@@ -40,7 +40,7 @@ def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
         raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
     if save_all_devices or core.is_master_rank():
         atomic_save(filepath, lambda path: model.save(path, overwrite=True, **kwargs))
-    if core.get_size() > 1:
+    if core.get_size() > 1 and not master_only.active():  # inside a master-only callback: alone
         collectives.barrier(name="tnt.save")
 
 

@@ -161,6 +161,18 @@ def check_save_load(tnt, files):
     compile_(model)
     train, _ = datasets()
     model.fit(train, epochs=1, verbose=0)
+    # saves inside a callback that runs on the master only skip their barrier (the other
+    # ranks are not saving): tnt.Model.save did; tnt.models.save_model of the plain Keras
+    # model waited there for the others until TNT_TIMEOUT_S
+
+    class SaveOnMaster(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.save(os.path.join(files, "master_cb.keras"))
+            tnt.models.save_model(self.model.model, os.path.join(files, "master_cb_plain.keras"))
+
+    model.fit(train, epochs=1, verbose=0,
+              callbacks=[tnt.keras.callbacks.Callback(SaveOnMaster(), run_on_all_ranks=False)])
+    out["master_callback_saved"] = sorted(f for f in os.listdir(files) if f.startswith("master_cb"))
     path = os.path.join(files, "model.keras")
     model.save(path)
     # master only by default: a rank-specific name shows who wrote

@@ -175,6 +175,8 @@ def test_save_and_load(runs):
         assert s["from_json_is_tnt"] and s["model_from_config_is_tnt"] and s["clone"] == [True, True]
         assert s["set_weights_value"] == 1.0  # the master's values win
     assert runs["ranks"][0]["save_load"]["master_only_load"] == "SGD"
+    # saved inside a master-only callback, by tnt.Model.save and by save_model of the plain model
+    assert runs["ranks"][0]["save_load"]["master_callback_saved"] == ["master_cb.keras", "master_cb_plain.keras"]
     files = os.listdir(os.path.join(runs["out"], "files"))
     bad = os.path.join(runs["out"], "files", "no_extension")
     for rank in runs["ranks"]:  # the same error on every rank, naming the user's path

@@ -1,9 +1,11 @@
 """tnt.keras.callbacks.Callback: choose where a Keras callback runs and which logs it sees."""
+import contextlib
 import threading
 
 import keras
 
 from tarantella.common import core
+from tarantella.tensorflow import master_only
 
 # Callbacks whose decisions change training (the learning rate, stopping):
 # they must decide the same on every rank, or ranks would diverge or deadlock.
@@ -143,22 +145,16 @@ def _make_hook(hook):
                 kwargs["logs"] = _local_logs(self, hook, kwargs["logs"])
             elif len(args) > int(takes_step):
                 args[int(takes_step)] = _local_logs(self, hook, args[int(takes_step)])
-        model = getattr(self, "_model", None)
-        master_only = not self._tnt_run_on_all_ranks and model is not None
-        if master_only:
-            # tnt.Model.save skips its barrier here: the other ranks are not saving.
-            previous = getattr(model, "_tnt_master_only", False)
-            model._tnt_master_only = True
+        # saves made here skip their barrier: the other ranks are not saving
+        section = master_only.section() if not self._tnt_run_on_all_ranks else contextlib.nullcontext()
         try:
-            own = self.__dict__.get("_tnt_instance_hooks", {}).get(hook)
-            return (own or getattr(super(Callback, self), hook))(*args, **kwargs)
+            with section:
+                own = self.__dict__.get("_tnt_instance_hooks", {}).get(hook)
+                return (own or getattr(super(Callback, self), hook))(*args, **kwargs)
         except Exception as exc:
             if not self._tnt_run_on_all_ranks:
                 _abort(self, hook, exc)
             raise
-        finally:
-            if master_only:
-                model._tnt_master_only = previous
 
     method.__name__ = hook
     return method
