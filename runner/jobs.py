@@ -57,8 +57,7 @@ def process_start_time(pid):
 def is_stopped(pid):
     """True for a process stopped by a signal (state T: SIGSTOP, Ctrl+Z) or by a tracer (t).
     It acts on no signal but SIGKILL until it is continued."""
-    fields = _stat(pid)
-    return bool(fields) and fields[0] in (b"T", b"t")
+    return state_of(pid) in (b"T", b"t")
 
 
 def state_of(pid):

@@ -475,12 +475,7 @@ class Supervisor:
             if value in results_by_index:
                 res = results_by_index[value]
                 res.returncode, res.ended_at = self._procs[value].returncode, when
-        for pid, start in below:
-            if jobs.same_process(pid, start):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        _kill_each(below)
 
     def _kill_leftovers(self):
         """Anything still alive in a rank's process group (a child the rank started and left
@@ -503,12 +498,7 @@ class Supervisor:
                        if pid not in started and pid not in self._own_children]
             strays = adopted + [d for pid, _ in adopted for d in jobs.descendants(pid)]
             alive = [(pid, start) for pid, start in strays if not jobs.is_zombie(pid)]
-            for pid, start in alive:
-                if jobs.same_process(pid, start):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+            _kill_each(alive)
             for pid, _ in adopted:
                 if jobs.state_of(pid) == b"D":
                     continue  # uninterruptible: never wait for it (init reaps it after us)
@@ -518,6 +508,16 @@ class Supervisor:
                     pass
             if not alive:
                 break
+
+
+def _kill_each(processes):
+    """SIGKILL each (pid, start time) that is still that process (a pid reused since is left alone)."""
+    for pid, start in processes:
+        if jobs.same_process(pid, start):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _children(pid):
