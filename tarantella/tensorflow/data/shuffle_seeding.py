@@ -78,10 +78,15 @@ def seed_unseeded_shuffles(dataset, seed=DEFAULT_SEED):
     unseeded = dataset_inspection.unseeded_shuffles(dataset)
     if not unseeded:
         return dataset
-    first = max(ops.index(s) for s in unseeded)  # the oldest one: rebuild from there
+    return _rebuild_from(ops, max(ops.index(s) for s in unseeded), seed)  # the oldest one
+
+
+def _rebuild_from(ops, first, seed, deterministic=False):
+    """The chain `ops` (newest first) with ops[first] and every later op
+    re-applied on ops[first]'s input (_replay's `seed` and `deterministic`)."""
     rebuilt = ops[first]._input_dataset
     for op in reversed(ops[:first + 1]):
-        rebuilt = _replay(op, rebuilt, seed)
+        rebuilt = _replay(op, rebuilt, seed, deterministic)
     return rebuilt
 
 
@@ -98,12 +103,8 @@ def keep_order(dataset):
     ops = dataset_inspection.chain(dataset)
     loose = [i for i, op in enumerate(ops) if getattr(op, "_deterministic", None) == "false"]
     if loose:
-        first = max(loose)  # the oldest one: rebuild from there
-        rebuilt = ops[first]._input_dataset
         try:
-            for op in reversed(ops[:first + 1]):
-                rebuilt = _replay(op, rebuilt, DEFAULT_SEED, deterministic=True)
-            dataset = rebuilt
+            dataset = _rebuild_from(ops, max(loose), DEFAULT_SEED, deterministic=True)  # the oldest one
         except ValueError:
             warnings.warn(
                 "The dataset has a map or batch with deterministic=False that Tarantella cannot "
