@@ -264,6 +264,17 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
                       s->engine, s->rank, getenv(s->rank) ? getenv(s->rank) : "(unset)", s->size,
                       getenv(s->size) ? getenv(s->size) : "(unset)");
     long lrank = env_int(s->local_rank), lsize = env_int(s->local_size);
+    /* The launcher's local placement picks the transport (shm serves a job whose ranks
+     * are all local) and the GPU: a bad TNT_LOCAL_* is an error, as every TNT_* is,
+     * never the global rank and size instead. (The engines' own variables keep the
+     * fallback: their spelling is the engine's, not the user's.) */
+    if (i == 0 && (lrank == -2 || lsize == -2 || lsize == 0 || (lsize > 0 && lsize > size) ||
+                   (lrank >= 0 && lrank >= (lsize > 0 ? lsize : size))))
+      return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
+                      "bad placement from %s: %s=%s and %s=%s must be whole numbers with "
+                      "0 <= local rank < local size <= size (%s=%ld); unset, they are the rank and size",
+                      s->engine, s->local_rank, getenv(s->local_rank) ? getenv(s->local_rank) : "(unset)",
+                      s->local_size, getenv(s->local_size) ? getenv(s->local_size) : "(unset)", s->size, size);
     pl->rank = (int)rank;
     pl->size = (int)size;
     tnt_log_init(pl->rank); /* the lines below are this rank's (they read "rank 0" on every rank) */

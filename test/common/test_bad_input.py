@@ -157,6 +157,18 @@ def test_settings_tarantella_does_not_read_are_named_once():
 def test_bad_placement():
     raises("tnt.init()", "InvalidArgumentError", ["TNT_RANK=5", "0 <= rank < size"], TNT_RANK=5, TNT_SIZE=2)
     raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID is unset", "tntrun"], TNT_RANK=0, TNT_SIZE=2)
+    # the local placement too (it picks the transport and the GPU): a bad value was taken
+    # silently as the global one (TNT_LOCAL_SIZE=two: "local 0 of 2"), a local rank
+    # beyond the local size was kept (TNT_LOCAL_RANK=5: "local 5 of 2")
+    job = dict(TNT_SIZE=2, TNT_JOB_ID="x", TNT_TIMEOUT_S=2)
+    for bad, words in ((dict(TNT_RANK=0, TNT_LOCAL_RANK="x"), ["TNT_LOCAL_RANK=x"]),
+                       (dict(TNT_RANK=0, TNT_LOCAL_SIZE="two"), ["TNT_LOCAL_SIZE=two"]),
+                       (dict(TNT_RANK=0, TNT_LOCAL_SIZE="0"), ["TNT_LOCAL_SIZE=0"]),
+                       (dict(TNT_RANK=1, TNT_LOCAL_RANK="5"), ["TNT_LOCAL_RANK=5", "TNT_LOCAL_SIZE=(unset)"]),
+                       (dict(TNT_RANK=0, TNT_LOCAL_RANK="2", TNT_LOCAL_SIZE="2"), ["TNT_LOCAL_RANK=2"]),
+                       (dict(TNT_RANK=0, TNT_LOCAL_SIZE="3"), ["TNT_LOCAL_SIZE=3", "TNT_SIZE=2"])):
+        raises("tnt.init()", "InvalidArgumentError", words + ["0 <= local rank < local size <= size"],
+               **job, **bad)
 
 
 def test_unknown_transport_is_refused_naming_the_choices():
