@@ -309,6 +309,8 @@ def main(argv=None):
             parser.error("missing PROGRAM: write `tntrun [options] -- PROGRAM [ARGS...]`, "
                          "e.g. tntrun -n 2 -- train.py")
         job_id = secrets.token_hex(16)
+        args.output_on_all_devices = environment.as_ranks_see_it(args, "TNT_OUTPUT_ON_ALL_DEVICES")
+        args.one_line_report = environment.as_ranks_see_it(args, "TNT_LOG_LEVEL") == "ERROR"
         from tarantella.runner import multi
         tasks = multi.step_task_count()
         if tasks:
@@ -347,7 +349,7 @@ def main(argv=None):
             shutil.rmtree(private_dir, ignore_errors=True)
             raise
         return local.run(specs, job_id, program=command[0], command=command,
-                         one_line=(args.log_level == "ERROR"), private_dir=private_dir,
+                         one_line=args.one_line_report, private_dir=private_dir,
                          adopt=True)
     except UsageError as exc:
         parser.error(str(exc))

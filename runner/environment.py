@@ -88,6 +88,20 @@ def job_env(args, exports, job_id, base=None):
     return env
 
 
+def as_ranks_see_it(args, name):
+    """The value of the setting `name` (TNT_OUTPUT_ON_ALL_DEVICES, TNT_LOG_LEVEL) that the
+    ranks will read: the environment, then the flag, then -x (job_env's order). tntrun acts
+    on it too (whose output to show, a one-line report), so that it never hides what the
+    ranks print for a setting given without the flag. A bad value is a UsageError."""
+    from tarantella.common import config
+    from tarantella.common.errors import InvalidArgumentError
+
+    try:
+        return config.get(name, environ=job_env(args, parse_exports(args.exports), ""))
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def exported_names(args, exports):
     """Names an engine must forward to remote ranks (everything tntrun sets)."""
     names = ["PYTHONUNBUFFERED", "TNT_JOB_ID"] + list(tnt_settings(args))

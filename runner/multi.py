@@ -332,7 +332,7 @@ def run(args, command, job_id):
                         stdout_filter=(rank_report.MarkerFilter(collector)
                                        if plan.engine == "gaspi_run" else None))
         return local.run([spec], job_id, program=command[0], command=command,
-                         one_line=(args.log_level == "ERROR"), private_dir=private_dir,
+                         one_line=args.one_line_report, private_dir=private_dir,
                          files=list(plan.files), watch=stall_watch(collector, name),
                          translate=lambda job: ranks_job(job, collector.records, name), adopt=True)
     except engines.EngineMissing as exc:

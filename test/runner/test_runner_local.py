@@ -154,6 +154,26 @@ def test_output_on_all_devices_prefixes_every_line(script):
         assert f"[{r}] TNT_OUTPUT_ON_ALL_DEVICES=true" in out
 
 
+def test_output_and_log_settings_from_the_environment_are_the_flags(script):
+    # "a flag that is not given leaves the variable as it is in your environment" (cli.md):
+    # the ranks read TNT_OUTPUT_ON_ALL_DEVICES / TNT_LOG_LEVEL from there (or from -x), so
+    # tntrun must act on them as on the flags. Before, TNT_OUTPUT_ON_ALL_DEVICES=true made
+    # every rank print (Keras' progress, callbacks) and tntrun hid all but rank 0's, and
+    # TNT_LOG_LEVEL=ERROR kept the full report
+    path = script("print(f\"out of {os.environ['TNT_RANK']}\")\nsys.exit(int(os.environ['TNT_RANK']) * 5)\n")
+    for env, extra in ((runner_env(TNT_OUTPUT_ON_ALL_DEVICES="true"), []),
+                       (runner_env(), ["-x", "TNT_OUTPUT_ON_ALL_DEVICES=1"])):
+        res = run_tntrun(["-n", "3", *extra, "--", path], env=env)
+        out = set(res.stdout.splitlines())
+        assert {"[0] out of 0", "[1] out of 1"} <= out, res.stdout + res.stderr
+    res = run_tntrun(["-n", "2", "-l", "-x", "TNT_OUTPUT_ON_ALL_DEVICES=false", "--", path])
+    assert res.stdout.splitlines() == ["out of 0"], res.stdout + res.stderr  # -x wins, as for the ranks
+    res = run_tntrun(["-n", "2", "--", path], env=runner_env(TNT_LOG_LEVEL="error"))
+    assert res.returncode == 5 and "rank 1: Exit code 5" in res.stderr and "Root cause" not in res.stderr
+    res = run_tntrun(["-n", "2", "--", path], env=runner_env(TNT_OUTPUT_ON_ALL_DEVICES="maybe"))
+    assert res.returncode == 2 and "TNT_OUTPUT_ON_ALL_DEVICES=maybe" in res.stderr, res.stderr
+
+
 def _on_one_core():
     """preexec_fn: run tntrun (and so its ranks) on one core of this machine, whatever its size."""
     core = min(os.sched_getaffinity(0))
