@@ -11,6 +11,15 @@ def test_environment_table_is_generated_from_the_parameter_table():
         assert config.markdown_table() in f.read()
 
 
+def test_every_variable_read_outside_the_table_is_documented():
+    # TNT_GPU_LISTING, TNT_STATE_DIR, ... are read, and unknown_names() keeps quiet
+    # about them: environment.md must name them, as it names the table's
+    with open(os.path.join(DOCS, "environment.md")) as f:
+        text = f.read()
+    missing = [name for name in config._UNLISTED if f"| `{name}` |" not in text]
+    assert not missing, f"not in docs/environment.md: {missing}"
+
+
 def test_core_reads_the_documented_defaults():
     # the C core has its own table (core/src/params.c): the defaults must agree
     with open(os.path.join(DOCS, "..", "core", "src", "params.c")) as f:
