@@ -62,6 +62,12 @@ def test_writing_callbacks_run_on_the_master_only(runs):
     tb = os.path.join(runs["out"], "files", "tb_fit")
     assert os.listdir(os.path.join(tb, "train")) and not any(
         name.startswith("rank_") for name in os.listdir(tb))
+    # by one process (events.out.tfevents.<time>.<host>.<pid>.<n>.v2): rank 1 wrote an event
+    # file of its own there too, from TensorBoard.set_model (the model's summary), which
+    # Keras calls on every rank
+    writers = {re.search(r"\.(\d+)\.\d+\.v2$", name).group(1)
+               for name in os.listdir(os.path.join(tb, "train"))}
+    assert len(writers) == 1, os.listdir(os.path.join(tb, "train"))
 
 
 def test_master_only_callback_failure_ends_every_rank_at_once(tmp_path):

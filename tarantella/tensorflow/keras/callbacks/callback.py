@@ -86,6 +86,15 @@ class Callback(keras.callbacks.Callback):
         # __new__ returned the (already initialized) user callback: nothing to do.
         pass
 
+    def set_model(self, model):
+        # Keras calls set_model on every rank. A master-only callback's own set_model may
+        # already write: TensorBoard's writes the model's summary into an event file of
+        # log_dir, so rank 1 added an event file of its own to the master's run. Elsewhere
+        # than on the master, only remember the model (what keras.callbacks.Callback does).
+        if not self._tnt_run_on_all_ranks and not core.is_master_rank():
+            return keras.callbacks.Callback.set_model(self, model)
+        return super().set_model(model)
+
     @property
     def aggregate_logs(self):
         return self._tnt_aggregate_logs
