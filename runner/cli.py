@@ -151,7 +151,8 @@ def build_parser(prog="tntrun"):
                       help="a rank waiting longer than S seconds for a peer fails "
                            f"(TNT_TIMEOUT_S; default {config.BY_NAME['TNT_TIMEOUT_S'].default:g})")
     perf.add_argument("--timeline", "--timeline-filename", metavar="FILE",
-                      help="write a Chrome-trace timeline of the collectives to FILE (TNT_TIMELINE)")
+                      help="write a Chrome-trace timeline of the collectives to FILE (TNT_TIMELINE); "
+                           "with several ranks one file per rank, e.g. trace.rank0.json")
     perf.add_argument("--pin-to-socket", action="store_true",
                       help="bind each rank's CPUs to one socket (NUMA node), round robin; uses numactl")
     perf.add_argument("--bind-to", "--numa-binding", dest="bind_to", choices=("socket",),

@@ -92,7 +92,8 @@ _ROWS = (
     Param("TNT_NCCL_LIBRARY", "str", None,
           "the NCCL library the core loads (2.14 or newer; default: the nvidia-nccl-cu12 wheel's, else "
           "libnccl.so.2 on the library path); `tntrun --version` says whether it loads"),
-    Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path"),
+    Param("TNT_TIMELINE", "str", None, "write a Chrome-trace JSON of each rank's collectives to this path; "
+          "with several ranks one file per rank, `.rank<r>` before the extension (trace.rank0.json)"),
     Param("TNT_STARTUP_LOG", "str", None,
           "append when each step of starting the job happened (tntrun and every rank, one line per event) to "
           "this file, to measure the time to the first training step (bench/startup.py)"),
