@@ -289,6 +289,19 @@ def _print_dry_run(specs, base_env):
               + shlex.join(spec.argv))
 
 
+def _print_report(parts):
+    """Print each part's text; a reader that stops early (`tntrun --version | head -2`)
+    ends the report quietly, as other tools' reports do, instead of with a traceback."""
+    try:
+        for part in parts:
+            print(part(), flush=True)
+    except BrokenPipeError:
+        # stdout is gone: point it at /dev/null so that the interpreter's own flush at
+        # exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 def main(argv=None):
     mark("tntrun: main", label="tntrun")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -298,10 +311,7 @@ def main(argv=None):
     parser, args, command = parse(argv, prog)
     if args.version:
         from tarantella.runner import frontend_info, transports
-        print(_version())
-        print(transports.describe())
-        print(frontend_info.describe())
-        return 0
+        return _print_report([_version, transports.describe, frontend_info.describe])
     try:
         if args.cleanup:
             from tarantella.runner import cleanup

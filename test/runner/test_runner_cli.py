@@ -1,6 +1,6 @@
 """Usage errors (exit code 2 with a message saying what to do), --help and --version."""
 import pytest
-from tntrun_helpers import run_tntrun
+from tntrun_helpers import run_tntrun, start_tntrun
 
 
 def test_help_is_grouped_and_has_examples():
@@ -17,6 +17,16 @@ def test_help_is_grouped_and_has_examples():
 def test_version():
     res = run_tntrun(["--version"])
     assert res.returncode == 0 and res.stdout.startswith("Tarantella ")
+
+
+def test_version_read_in_part_ends_quietly():
+    # `tntrun --version | head -1`: the reader closes the pipe after one line
+    proc = start_tntrun(["--version"])
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0 and first.startswith("Tarantella ")
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 @pytest.mark.parametrize("args, message", [
