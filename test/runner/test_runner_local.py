@@ -160,14 +160,17 @@ def test_output_and_log_settings_from_the_environment_are_the_flags(script):
     # tntrun must act on them as on the flags. Before, TNT_OUTPUT_ON_ALL_DEVICES=true made
     # every rank print (Keras' progress, callbacks) and tntrun hid all but rank 0's, and
     # TNT_LOG_LEVEL=ERROR kept the full report
-    path = script("print(f\"out of {os.environ['TNT_RANK']}\")\nsys.exit(int(os.environ['TNT_RANK']) * 5)\n")
+    # every rank prints, and exits 0 (a rank that fails early would have tntrun stop the others,
+    # perhaps before they print)
+    prints = script("print(f\"out of {os.environ['TNT_RANK']}\")\n")
     for env, extra in ((runner_env(TNT_OUTPUT_ON_ALL_DEVICES="true"), []),
                        (runner_env(), ["-x", "TNT_OUTPUT_ON_ALL_DEVICES=1"])):
-        res = run_tntrun(["-n", "3", *extra, "--", path], env=env)
+        res = run_tntrun(["-n", "3", *extra, "--", prints], env=env)
         out = set(res.stdout.splitlines())
-        assert {"[0] out of 0", "[1] out of 1"} <= out, res.stdout + res.stderr
-    res = run_tntrun(["-n", "2", "-l", "-x", "TNT_OUTPUT_ON_ALL_DEVICES=false", "--", path])
+        assert {"[0] out of 0", "[1] out of 1", "[2] out of 2"} <= out, res.stdout + res.stderr
+    res = run_tntrun(["-n", "2", "-l", "-x", "TNT_OUTPUT_ON_ALL_DEVICES=false", "--", prints])
     assert res.stdout.splitlines() == ["out of 0"], res.stdout + res.stderr  # -x wins, as for the ranks
+    path = script("sys.exit(int(os.environ['TNT_RANK']) * 5)\n")
     res = run_tntrun(["-n", "2", "--", path], env=runner_env(TNT_LOG_LEVEL="error"))
     assert res.returncode == 5 and "rank 1: Exit code 5" in res.stderr and "Root cause" not in res.stderr
     res = run_tntrun(["-n", "2", "--", path], env=runner_env(TNT_OUTPUT_ON_ALL_DEVICES="maybe"))
