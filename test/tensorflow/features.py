@@ -777,6 +777,14 @@ def main():
 
         tb = prepare_callbacks([keras.callbacks.TensorBoard(os.path.join(files, "tb"))])[0]
         results["tensorboard"] = [tb.run_on_all_ranks, os.path.relpath(tb.log_dir, files)]
+        # wrapped by the user to run on every rank (the original Tarantella's way to ask for
+        # every rank's events): each rank in its own log_dir/rank_<r>, never one shared folder
+        wrap = tnt.keras.callbacks.Callback
+        results["tensorboard_wrapped"] = [  # prepared twice: passed to two fit calls
+            os.path.relpath(prepare_callbacks(prepare_callbacks([cb]))[0].log_dir, files) for cb in (
+                wrap(keras.callbacks.TensorBoard(os.path.join(files, "tb_all")), run_on_all_ranks=True),
+                wrap(keras.callbacks.TensorBoard(os.path.join(files, "tb_unset"))),
+                wrap(keras.callbacks.TensorBoard(os.path.join(files, "tb_one")), run_on_all_ranks=False))]
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
 

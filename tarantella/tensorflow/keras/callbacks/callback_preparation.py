@@ -8,12 +8,16 @@ from tarantella.tensorflow.keras.callbacks.callback import Callback
 
 
 def _tensorboard_on_all_ranks(callback):
-    # Each rank writes its own event files, under log_dir/rank_<r>.
-    callback.log_dir = os.path.join(os.fspath(callback.log_dir), f"rank_{core.get_rank()}")
-    callback._log_write_dir = callback.log_dir
-    callback._train_dir = os.path.join(callback.log_dir, "train")
-    callback._val_dir = os.path.join(callback.log_dir, "validation")
-    return Callback(callback)
+    """Each rank writes its own event files, under log_dir/rank_<r>: in one
+    folder, TensorBoard would show the ranks' events as one run. Once per
+    callback object (it may be passed to several fit calls)."""
+    if not getattr(callback, "_tnt_rank_log_dir", False):
+        callback.log_dir = os.path.join(os.fspath(callback.log_dir), f"rank_{core.get_rank()}")
+        callback._log_write_dir = callback.log_dir
+        callback._train_dir = os.path.join(callback.log_dir, "train")
+        callback._val_dir = os.path.join(callback.log_dir, "validation")
+        callback._tnt_rank_log_dir = True
+    return callback if isinstance(callback, Callback) else Callback(callback)
 
 
 def prepare_callbacks(callbacks):
@@ -26,6 +30,8 @@ def prepare_callbacks(callbacks):
     prepared = []
     for cb in callbacks or []:
         if isinstance(cb, Callback):
+            if isinstance(cb, keras.callbacks.TensorBoard) and cb.run_on_all_ranks and core.get_size() > 1:
+                cb = _tensorboard_on_all_ranks(cb)  # the user asked for every rank's events
             prepared.append(cb)
         elif isinstance(cb, keras.callbacks.ProgbarLogger):
             prepared.append(Callback(cb, run_on_all_ranks=config.get("TNT_OUTPUT_ON_ALL_DEVICES")))
