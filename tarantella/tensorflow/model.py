@@ -20,7 +20,8 @@ from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro
 from tarantella.tensorflow.data import first_batches, step_counts
 from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
 from tarantella.tensorflow.data.step_counts import input_kind
-from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
+from tarantella.tensorflow.keras.callbacks.callback_preparation import (check_same_checkpoints,
+                                                                        prepare_callbacks)
 from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
@@ -581,6 +582,7 @@ class Model(keras.Model):
             "validation_batch_size": validation_batch_size,
             "tnt_validation_micro_batch_size": tnt_validation_micro_batch_size,
             "shuffle": shuffle, "class_weight": class_weight})
+        check_same_checkpoints(callbacks)
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
         self._train_may_be_empty(train is None or train[3])

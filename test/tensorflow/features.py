@@ -658,6 +658,26 @@ def check_step_counts(tnt):
     return run_cases(tnt, cases)
 
 
+def check_master_only_checkpoints(tnt, files):
+    """A ModelCheckpoint passed to fit on the master only (Horovod's `if
+    hvd.rank() == 0: callbacks.append(...)`): its save waited for the other
+    ranks until TNT_TIMEOUT_S. fit refuses it on every rank before the first
+    step; wrapped to run on the master only, or the same History on the
+    master only (the original Tarantella's documented example), it runs."""
+    master = tnt.is_master_rank()
+    path = os.path.join(files, "master_only_{epoch}.keras")
+    cases = {
+        "guarded": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            keras.callbacks.ModelCheckpoint(path)] if master else []),
+        "wrapped": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            tnt.keras.callbacks.Callback(keras.callbacks.ModelCheckpoint(path),
+                                         run_on_all_ranks=False)] if master else []),
+        "history": lambda m: m.fit(datasets()[0], epochs=1, verbose=0,
+                                   callbacks=[keras.callbacks.History()] if master else []),
+    }
+    return run_cases(tnt, cases)
+
+
 def check_same_data(tnt):
     """Datasets that yield different batches on different ranks (each rank
     keeps its slice of its own global batch, so their samples were mixed: some
@@ -772,6 +792,7 @@ def main():
         results["rank_state"] = check_rank_state(tnt)
         results["step_counts"] = check_step_counts(tnt)
         results["same_data"] = check_same_data(tnt)
+        results["master_only_checkpoints"] = check_master_only_checkpoints(tnt, files)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

@@ -377,6 +377,21 @@ def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_befor
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
 
 
+def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(runs):
+    # its save waits for the other ranks: they used to wait until TNT_TIMEOUT_S
+    r0, r1 = (r["master_only_checkpoints"] for r in runs["ranks"])
+    assert r0["guarded"]["error"] == r1["guarded"]["error"] == "MismatchError", (r0, r1)
+    assert r0["guarded"]["message"] == r1["guarded"]["message"]
+    said = r0["guarded"]["message"]
+    assert said.startswith("fit was given ModelCheckpoint callbacks on some ranks only "
+                           "(rank 0: 1, rank 1: 0)"), said
+    assert "is_master_rank()" in said and "run_on_all_ranks=False" in said, said
+    # wrapped to run on the master only, or callbacks that never wait (History): they run
+    for key in ("wrapped", "history"):
+        assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
+    assert "master_only_1.keras" in os.listdir(os.path.join(runs["out"], "files"))
+
+
 def test_datasets_that_differ_between_ranks_fail_every_rank_once_their_first_batch_is_used(runs):
     # each rank keeps its slice of its own global batch: a dataset that differs between ranks
     # mixed their samples without a word (data/first_batches.py)
