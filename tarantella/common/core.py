@@ -73,9 +73,24 @@ def check(result):
                                 if result in (codes.ERR_PEER_LOST, codes.ERR_TIMEOUT) else None)
 
 
-def init():
+def init(devices_per_node=None):
     """Start the core: read the placement from the environment, connect to the
-    other ranks, start the background thread. Idempotent."""
+    other ranks, start the background thread. Idempotent.
+
+    `devices_per_node` is the original Tarantella's (its GPUs per host); it is
+    accepted so that its scripts run, and ignored with a warning: tntrun gives
+    each rank of a host its own GPU."""
+    _init()
+    if devices_per_node is not None:
+        from tarantella.common.logging import get_logger
+
+        get_logger().warning(
+            f"tnt.init(devices_per_node={devices_per_node!r}) is ignored: tntrun gives each rank "
+            "of a host its own GPU (CUDA_VISIBLE_DEVICES); choose the ranks per host with "
+            "`tntrun --n-per-node N`, and `--no-gpu` to use none (docs/migration.md)")
+
+
+def _init():
     global _state, _pid, _running
     with _lock:
         if _state == "up":

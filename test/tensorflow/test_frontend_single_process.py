@@ -697,6 +697,19 @@ def test_the_original_tarantellas_names_work_or_say_what_replaces_them():
     its names that are gone raise an AttributeError that says what to use
     (docs/migration.md), instead of only "has no attribute"."""
     assert tnt.Optimizer is tnt.optimizers.Optimizer is tnt.DistributedOptimizer
+    # tnt.init(devices_per_node=N) of its first releases: runs, and says the GPUs are tntrun's
+    from tarantella.common.logging import get_logger
+
+    warned = []
+    catch = logging.Handler(level=logging.WARNING)
+    catch.emit = lambda record: warned.append(record.getMessage())
+    get_logger().addHandler(catch)
+    try:
+        tnt.init(devices_per_node=2)
+    finally:
+        get_logger().removeHandler(catch)
+    assert tnt.is_initialized() and len(warned) == 1, warned
+    assert "devices_per_node=2) is ignored" in warned[0] and "--n-per-node" in warned[0], warned
     gone = {"Barrier": "tnt.barrier()", "Allreduce": "tnt.allreduce", "Group": "no rank groups",
             "ReductionOp": "op=", "get_group_master_rank": "no rank groups",
             "SynchCommunicator": "tnt.DistributedOptimizer", "global_tnt_config": "TNT_*",
