@@ -70,6 +70,15 @@ def _first_dim(x):
     return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
 
 
+# the original Tarantella's tnt.Model attributes that are gone: what to use instead
+_GONE = {
+    "dist_optimizer": "use model.optimizer (the compiled optimizer, made distributed)",
+    "group": "there are no rank groups: every collective spans all ranks",
+    "to_yaml": "Keras 3 removed YAML: use to_json() and tnt.models.model_from_json",
+    **dict.fromkeys(("reset_states", "add_metric", "state_updates"), "Keras 3 removed it"),
+}
+
+
 @keras.saving.register_keras_serializable(package="tarantella", name="Model")
 class Model(keras.Model):
     """Wrap a Keras model to train it data-parallel on all ranks.
@@ -156,6 +165,9 @@ class Model(keras.Model):
         # (inputs, outputs, input_shape, ... of a Functional model).
         if name.startswith("__") or name in ("model", "_tracker") or "model" not in self.__dict__:
             raise AttributeError(name)
+        if name in _GONE and not hasattr(self.__dict__["model"], name):
+            raise AttributeError(f"tnt.Model.{name} of the original Tarantella is not available: "
+                                 f"{_GONE[name]} (docs/migration.md)")
         return getattr(self.__dict__["model"], name)
 
     # What a user reads of a model is the wrapped model's: these (and

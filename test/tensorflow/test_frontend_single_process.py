@@ -726,6 +726,16 @@ def test_the_original_tarantellas_names_work_or_say_what_replaces_them():
         tnt.models.model_from_yaml  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         tnt.no_such_name  # noqa: B018
+    # its tnt.Model attributes that are gone say what replaces them (not "'Sequential' object has
+    # no attribute", naming the wrapped model); those the wrapped model has are still its own
+    model = tnt.Model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+    for name, hint in (("dist_optimizer", "model.optimizer"), ("to_yaml", "to_json()"),
+                       ("reset_states", "Keras 3 removed it"), ("group", "no rank groups")):
+        with pytest.raises(AttributeError, match=r"tnt\.Model\." + name + " of the original") as error:
+            getattr(model, name)
+        assert hint in str(error.value) and "migration.md" in str(error.value), name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        model.no_such_name  # noqa: B018
 
 
 def test_the_original_tarantellas_module_paths_are_tarantella_tensorflows_modules():
