@@ -58,9 +58,10 @@ def test_writing_callbacks_run_on_the_master_only(runs):
     assert r0["lambda_master_only_calls"] > 0 and r1["lambda_master_only_calls"] == 0
     for rank, r in enumerate(runs["ranks"]):
         assert r["tensorboard"] == [False, "tb"]
-        # tnt.keras.callbacks.Callback(TensorBoard(d)) on every rank: each writes d/rank_<r>
-        # (both ranks' event files used to land in d/train, which TensorBoard shows as one run)
-        assert r["tensorboard_wrapped"] == [f"tb_all/rank_{rank}", f"tb_unset/rank_{rank}", "tb_one"]
+        # tnt.keras.callbacks.Callback(TensorBoard(d), run_on_all_ranks=True): each rank writes
+        # d/rank_<r> (both ranks' event files used to land in d/train, which TensorBoard shows
+        # as one run); run_on_all_ranks unset: on the master only, as unwrapped
+        assert r["tensorboard_wrapped"] == [f"tb_all/rank_{rank}", "tb_unset", "tb_one"]
     # a TensorBoard callback in fit wrote its event files, on the master only
     tb = os.path.join(runs["out"], "files", "tb_fit")
     assert os.listdir(os.path.join(tb, "train")) and not any(

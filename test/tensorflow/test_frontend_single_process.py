@@ -435,6 +435,18 @@ def test_callback_rules():
     wrapped = tnt.keras.callbacks.Callback(history, aggregate_logs=False)
     assert wrapped is history and isinstance(wrapped, keras.callbacks.History)
     assert isinstance(wrapped, tnt.keras.callbacks.Callback) and not wrapped.aggregate_logs
+    # run_on_all_ranks unset: where tnt.Model runs the callback unwrapped. The writers of the
+    # job's one file, stream or progress bar on the master only: wrapped with the default,
+    # CSVLogger ran on every rank, each writing the same file (lines of both ranks mixed with
+    # aggregate_logs=False); the original Tarantella ran them on one rank
+    wrap = tnt.keras.callbacks.Callback
+    assert [wrap(cb).run_on_all_ranks for cb in (
+        keras.callbacks.CSVLogger("/tmp/x.csv"), keras.callbacks.RemoteMonitor(),
+        keras.callbacks.TensorBoard("/tmp/x"), keras.callbacks.ProgbarLogger())] == [False] * 4
+    assert [wrap(cb).run_on_all_ranks for cb in (
+        keras.callbacks.History(), keras.callbacks.ModelCheckpoint("/tmp/x.keras"),
+        keras.callbacks.EarlyStopping())] == [True] * 3
+    assert wrap(keras.callbacks.CSVLogger("/tmp/x.csv"), run_on_all_ranks=True).run_on_all_ranks
 
 
 def test_wrapper_behaves_like_the_model(tmp_path):

@@ -4,13 +4,30 @@ import threading
 
 import keras
 
-from tarantella.common import core
+from tarantella.common import config, core
 from tarantella.tensorflow import master_only
 
 # Callbacks whose decisions change training (the learning rate, stopping):
 # they must decide the same on every rank, or ranks would diverge or deadlock.
 _DECIDING = (keras.callbacks.EarlyStopping, keras.callbacks.ReduceLROnPlateau,
              keras.callbacks.LearningRateScheduler, keras.callbacks.TerminateOnNaN)
+
+# Callbacks that write the job's one file, stream of events or progress bar
+WRITERS = (keras.callbacks.CSVLogger, keras.callbacks.RemoteMonitor, keras.callbacks.TensorBoard,
+           keras.callbacks.ProgbarLogger)
+
+
+def runs_on_all_ranks_by_default(callback):
+    """Where a callback runs when nobody said: the WRITERS on the master only,
+    as serial training writes them (TensorBoard on every rank, each in its own
+    folder, with TNT_TENSORBOARD_ON_ALL_DEVICES; the progress bar everywhere
+    with TNT_OUTPUT_ON_ALL_DEVICES); every other callback on every rank."""
+    if isinstance(callback, keras.callbacks.ProgbarLogger):
+        return bool(config.get("TNT_OUTPUT_ON_ALL_DEVICES"))
+    if isinstance(callback, keras.callbacks.TensorBoard):
+        return bool(config.get("TNT_TENSORBOARD_ON_ALL_DEVICES"))
+    return not isinstance(callback, WRITERS)
+
 
 _HOOKS = ("on_train_begin", "on_train_end", "on_test_begin", "on_test_end", "on_predict_begin",
           "on_predict_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
@@ -40,10 +57,12 @@ class Callback(keras.callbacks.Callback):
         aggregate_logs: Boolean, default True. True: the callback sees the
             global logs (every metric computed over all ranks' samples, equal
             to serial training). False: it sees this rank's local metrics.
-        run_on_all_ranks: Boolean, default True. False: the callback runs on
-            the master rank only. Callbacks that decide (EarlyStopping,
-            ReduceLROnPlateau, LearningRateScheduler, TerminateOnNaN) must run
-            on every rank.
+        run_on_all_ranks: Boolean. False: the callback runs on the master
+            rank only. Unset: where tnt.Model would run it unwrapped (the
+            writers above on the master only, every other callback on every
+            rank). Callbacks that decide (EarlyStopping, ReduceLROnPlateau,
+            LearningRateScheduler, TerminateOnNaN) must run on every rank. A
+            CSVLogger run on every rank needs a file name per rank.
 
     Example:
 
@@ -53,11 +72,14 @@ class Callback(keras.callbacks.Callback):
     ```
     """
 
-    def __new__(cls, callback, aggregate_logs=True, run_on_all_ranks=True):
+    def __new__(cls, callback, aggregate_logs=True, run_on_all_ranks=None):
         if not isinstance(callback, keras.callbacks.Callback):
             raise TypeError(
                 "tnt.keras.callbacks.Callback expects a keras.callbacks.Callback instance. "
                 f"Received: callback={callback!r} (of type {type(callback).__name__})")
+        if run_on_all_ranks is None:
+            # e.g. a CSVLogger on the master only: on every rank, each would write the same file
+            run_on_all_ranks = runs_on_all_ranks_by_default(callback)
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             raise ValueError(
                 "BackupAndRestore is not supported by Tarantella yet: use ModelCheckpoint, and "

@@ -6,7 +6,7 @@ import numpy as np
 
 from tarantella.common import collectives, config, core
 from tarantella.common.errors import MismatchError
-from tarantella.tensorflow.keras.callbacks.callback import Callback
+from tarantella.tensorflow.keras.callbacks.callback import WRITERS, Callback
 
 
 def _tensorboard_on_all_ranks(callback):
@@ -31,22 +31,13 @@ def prepare_callbacks(callbacks):
     """
     prepared = []
     for cb in callbacks or []:
-        if isinstance(cb, Callback):
-            if isinstance(cb, keras.callbacks.TensorBoard) and cb.run_on_all_ranks and core.get_size() > 1:
-                cb = _tensorboard_on_all_ranks(cb)  # the user asked for every rank's events
-            prepared.append(cb)
-        elif isinstance(cb, keras.callbacks.ProgbarLogger):
-            prepared.append(Callback(cb, run_on_all_ranks=config.get("TNT_OUTPUT_ON_ALL_DEVICES")))
-        elif isinstance(cb, (keras.callbacks.CSVLogger, keras.callbacks.RemoteMonitor)):
-            # one file, one stream of events to the server: as serial training writes them
-            prepared.append(Callback(cb, run_on_all_ranks=False))
-        elif isinstance(cb, keras.callbacks.TensorBoard):
-            if config.get("TNT_TENSORBOARD_ON_ALL_DEVICES") and core.get_size() > 1:
-                prepared.append(_tensorboard_on_all_ranks(cb))
-            else:
-                prepared.append(Callback(cb, run_on_all_ranks=False))
-        elif isinstance(cb, keras.callbacks.BackupAndRestore):
+        if isinstance(cb, keras.callbacks.BackupAndRestore):
             Callback(cb)  # raises the explanation
+        if isinstance(cb, (Callback, *WRITERS)):
+            cb = cb if isinstance(cb, Callback) else Callback(cb)  # where callback.py says
+            if isinstance(cb, keras.callbacks.TensorBoard) and cb.run_on_all_ranks and core.get_size() > 1:
+                cb = _tensorboard_on_all_ranks(cb)  # every rank's events, each in its folder
+            prepared.append(cb)
         else:
             if type(cb).__module__.startswith("keras.") and getattr(cb, "verbose", 0) and not _shows_output():
                 # Keras' EarlyStopping, ReduceLROnPlateau, ModelCheckpoint, ... (a user's class may
