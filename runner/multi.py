@@ -128,8 +128,13 @@ def placement(args):
     if hosts is None:  # inside Slurm without a host list: the allocation's nodes
         return _slurm_placement(args, per_node), False
     if per_node is None and all(s is None for _, s in hosts):
-        # the seed's default: one rank per GPU of a node (nodes are alike), else one
+        # the seed's default: one rank per GPU of a node (nodes are alike), else one, with a
+        # WARNING as on one host (and in the original `tarantella`), unless --no-gpu asked for it
         per_node = (0 if args.no_gpu else len(gpus.detect())) or 1
+        if not args.no_gpu and per_node == 1 and not gpus.detect():
+            print("tntrun: WARNING: no GPU found on this host: running 1 rank per host on the CPU "
+                  "(use --n-per-node N for N ranks per host, --no-gpu to silence this)",
+                  file=sys.stderr, flush=True)
     result = [(h, per_node if per_node is not None else (s or 1)) for h, s in hosts]
     total = sum(n for _, n in result)
     if args.n is not None and args.n != total:

@@ -72,6 +72,20 @@ def test_n_per_node_cpu_counts_the_cores_tntrun_may_run_on(tmp_path):
     assert argv[start + 1:start + 7] == ["-np", "2", "--host", "node1:1,node2:1", "-npernode", "1"]
 
 
+def test_a_host_list_without_gpus_runs_one_rank_per_host_and_says_so(tmp_path):
+    # as on one host, and as the original `tarantella --hostfile` documented: a WARNING,
+    # unless --no-gpu asked for the CPU (no warning was given with a host list)
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
+    for flags, warned in (([], True), (["--no-gpu"], False), (["--n-per-node", "1"], False)):
+        res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), *flags, "--", "t.py"], env=env)
+        assert res.returncode == 0, res.stderr
+        argv = _without_root_flag(_command_line(res.stdout))
+        start = next(i for i, w in enumerate(argv) if w.endswith("/mpirun"))
+        assert argv[start + 1:start + 5] == ["-np", "2", "--host", "node1:1,node2:1"], flags
+        assert ("WARNING: no GPU found on this host: running 1 rank per host" in res.stderr) == warned, (
+            flags, res.stderr)
+
+
 def test_openmpi_hosts_flag_and_slots(tmp_path):
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
     res = run_tntrun(["--dry-run", "-H", "a:1,b:3", "--output-on-all-devices", "--", "t.py"], env=env)
