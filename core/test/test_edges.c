@@ -1,7 +1,7 @@
 /* test_edges.c - the core at the edges of its contract, each edge once found
  * broken: one handle shared by threads, a handle slot reused 2^31 and 2^32
  * times, shutdown under a waiter, the timeouts of tnt_wait, fork() after
- * tnt_init, a rank that leaves as soon as its part of a broadcast is done,
+ * tnt_init and before it, a rank that leaves as soon as its part of a broadcast is done,
  * ranks that diverge while the negotiation is in bit rounds, and ranks that
  * pass arrays of other shapes but as many elements.
  * The comment above each case states the behaviour it expects and the defect
@@ -674,6 +674,61 @@ static int fork_child_exit_rank(int r) {
   return 0;
 }
 
+/* fork_child_before_init: rank 0 forks before tnt_init (a worker pool made
+ * early, a data loader's workers); once rank 0 has initialized and made a
+ * collective with rank 1, the child calls tnt_init with the same environment
+ * (TNT_RANK=0 and the job's TNT_JOB_ID), as a worker calling get_rank() does.
+ * Expected: the child's tnt_init returns TNT_ERR_INVALID_USAGE at once, with a
+ * message that names rank 0's pid as the process that started it ("started
+ * by pid N"); rank 0's next collectives with rank 1 succeed.
+ * Reported: the job's segment is unlinked once every rank has attached, so the
+ * child created a new one under the same name as rank 0 of a second job: it
+ * waited TNT_TIMEOUT_S for a rank 1 that never came (a pool's worker hung),
+ * or, where every rank's worker did the same, the workers formed a job of
+ * their own without a word; a worker started after tnt_init was refused. */
+static int child_inits_after_parent(int ready_fd) {
+  char b;
+  CHECK(read(ready_fd, &b, 1) == 1, "the parent never said it had initialized");
+  setenv("TNT_TIMEOUT_S", "5", 1); /* the defect waits this long for a rank 1 of a second job */
+  tnt_result_t res = tnt_init();
+  char msg[512], want[64];
+  snprintf(msg, sizeof msg, "%s", tnt_last_error());
+  snprintf(want, sizeof want, "started by pid %d", (int)getppid());
+  CHECK(res == TNT_ERR_INVALID_USAGE && strstr(msg, want), "child of rank 0: tnt_init returned %d (%s)", (int)res, msg);
+  return 0;
+}
+
+static int fork_child_before_init_rank(int r) {
+  int ready[2] = {-1, -1};
+  pid_t child = -1;
+  if (r == 0) {
+    CHECK(pipe(ready) == 0);
+    fflush(NULL);
+    child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+      in_fork_child = 1;
+      alarm(CHILD_WATCHDOG_S);
+      who = "forked child of rank";
+      close(ready[1]);
+      _exit(child_inits_after_parent(ready[0]));
+    }
+    close(ready[0]);
+  }
+  if (init_and_sync() || sum_of_ranks("before-child")) return 1;
+  int st = 0;
+  if (r == 0) {
+    CHECK(write(ready[1], "g", 1) == 1);
+    close(ready[1]);
+    CHECK(waitpid(child, &st, 0) == child);
+  }
+  if (sum_of_ranks("after-child")) return 1;
+  char text[128];
+  CHECK(r == 1 || (WIFEXITED(st) && WEXITSTATUS(st) == 0), "forked child %s", status_text(st, text, sizeof text));
+  CHECK(tnt_finalize() == TNT_SUCCESS);
+  return 0;
+}
+
 /* ---- f. a rank that is done leaves ---- */
 
 /* root_leaves_after_broadcast (3 ranks; found by `make asan`, where test_ranks
@@ -826,6 +881,7 @@ static const edge_case_t cases[] = {
     {.name = "wait_forever", .nranks = 2, .rank_main = wait_forever_rank},
     {.name = "fork_child_collective", .nranks = 2, .rank_main = fork_child_collective_rank},
     {.name = "fork_child_exit", .nranks = 2, .rank_main = fork_child_exit_rank},
+    {.name = "fork_child_before_init", .nranks = 2, .rank_main = fork_child_before_init_rank},
     /* 64 slots of 64 KiB: the root can put the whole message and leave at once */
     {.name = "root_leaves_after_broadcast", .nranks = 3, .rank_main = root_leaves_after_broadcast_rank, .jobs = 10,
      .env = {"TNT_SHM_SLOTS=64", "TNT_SHM_SLOT_KB=64"}},

@@ -1,13 +1,22 @@
 """Run inside each of 3 ranks by test_hardening.py: the numbers, names, fork
 and lifecycle checks of the core's hardening, in one launch. Prints one line
 "ok <check>" per check that passed; any failure raises (and fails the job)."""
+import multiprocessing
 import os
+import subprocess
 import sys
 
 import numpy as np
 
 import tarantella as tnt
 from tarantella.common import errors
+
+# workers this rank starts before tnt.init(), for "workers-started-before-init-are-not-ranks":
+# a fork pool's worker and a fresh interpreter (as a spawn pool's), which asks for its rank when told
+early_pool = multiprocessing.get_context("fork").Pool(1)
+EARLY = ("import sys\nimport tarantella as tnt\nsys.stdin.readline()\ntry:\n    print('joined as rank', tnt.get_rank())\n"
+         "except tnt.InvalidUsageError as exc:\n    print('refused:', exc)\n")
+early_spawned = subprocess.Popen([sys.executable, "-c", EARLY], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 rank, size = tnt.get_rank(), tnt.get_size()
 
@@ -197,6 +206,24 @@ for path, prescale in (("fast", 1.0), ("general", 1)):  # an int prescale takes 
         del kept
 ok("ctrl-c-in-a-blocking-call-keeps-its-buffers")
 
+# workers started before tnt.init() (at the top of this file) inherited TNT_RANK and TNT_JOB_ID
+# before this rank had anything to mark them with: their get_rank() found the job's segment name
+# gone (removed once every rank has attached) and made a second job under the job's id, which
+# paired the ranks' workers without a word (or waited TNT_TIMEOUT_S where one rank had none).
+# They are refused, naming this rank's process, as workers started after tnt.init() are.
+try:
+    got = early_pool.apply(tnt.get_rank)
+except errors.InvalidUsageError as exc:
+    assert f"started by pid {os.getpid()}," in str(exc), str(exc)
+else:
+    raise AssertionError(f"a fork pool's worker made before tnt.init() got rank {got}")
+early_pool.close()
+early_pool.join()
+said, _ = early_spawned.communicate("go\n", timeout=120)
+assert said.startswith("refused:") and f"started by pid {os.getpid()}," in said, said
+assert (tnt.allreduce(np.ones(3), name="after-early-workers") == size).all()
+ok("workers-started-before-init-are-not-ranks")
+
 # fork(): the child is not a rank. Its collectives fail clearly; its exit
 # (atexit, shutdown) leaves the parent's job untouched.
 pid = os.fork()
@@ -213,6 +240,7 @@ _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0, status
 assert (tnt.allreduce(np.ones(3), name="after-fork") == size).all()
 ok("fork-child-is-not-a-rank")
+
 
 # a wait with a bound of the caller's ends with a TimeoutError that says the request
 # is still pending (it used to carry the advice of the job's TNT_TIMEOUT_S), and the

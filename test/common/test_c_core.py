@@ -215,6 +215,11 @@ def test_edges_fork_child_exit(builds, kind):
 
 
 @pytest.mark.parametrize("kind", BUILDS)
+def test_edges_fork_child_before_init(builds, kind):
+    edge_case(builds, kind, "fork_child_before_init")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
 def test_edges_root_leaves_after_broadcast(builds, kind):
     edge_case(builds, kind, "root_leaves_after_broadcast")
 

@@ -47,6 +47,7 @@
 
 #include "common.h"
 #include "transport.h"
+#include "ancestry.h"
 #include "host_load.h"
 #include "process_state.h"
 #include "put_copy.h"
@@ -491,6 +492,19 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   double deadline = tnt_now() + params->timeout_s;
   tnt_result_t res = TNT_SUCCESS;
 
+  /* a worker a rank started before its tnt_init inherited TNT_RANK and TNT_JOB_ID: refuse it
+   * before it makes a second job under the same name (ancestry.c) */
+  pid_t rank_above = tnt_ancestor_in_job(s->name);
+  if (rank_above) {
+    res = tnt_fail(TNT_ERR_INVALID_USAGE,
+                   "this process (pid %d) was started by pid %d, directly or not, which is a rank of job %s, whose %d "
+                   "ranks have all started: this process is not one of them (a worker of a rank, such as a process "
+                   "pool's or a data loader's, made before or after tnt.init()) and cannot use collectives or the "
+                   "rank API (it would claim rank %d a second time). Call them in the rank itself, and give a worker "
+                   "what it needs (e.g. tnt.get_rank()) as an argument",
+                   (int)getpid(), (int)rank_above, pl->job_id, pl->size, G(s, pl->rank));
+    goto fail;
+  }
   if (pl->rank == 0) {
     s->fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (s->fd < 0) {
