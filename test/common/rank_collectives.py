@@ -103,6 +103,32 @@ if size == 2:
     z = xs[rank].copy()  # in place: what is sent must leave before the sum overwrites it
     check("pair-window-in-place", tnt.allreduce(z, out=z, name="pair-window-in-place"), xs[0] + xs[1])
 
+# NaNs of other signs and payloads on each rank at the same places: a sum of two NaNs keeps
+# one of them, and every rank must keep the same one (the digests are compared across ranks).
+# The pair's swap of whole buffers (2 ranks, 48-128 KiB) had each rank keep its own NaN.
+NAN_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000, "float64": 0x7FF8000000000000}
+for dtype in dtypes:
+    dt = np.dtype(dtype)
+    if not is_float(dt):
+        continue
+    bits = np.dtype(f"u{dt.itemsize}")
+    sign = 1 << (8 * dt.itemsize - 1)
+    nan = NAN_BITS[dt.name] | (rank + 1) | (sign if rank % 2 else 0)  # quiet, a payload of its own, signs alternate
+    for count in (5, 96 * 1024 // dt.itemsize + 1, 300_001):  # one exchange, the pair's window, the ring
+        x = np.ones(count, dt)
+        x.view(bits)[::3] = nan
+        # each rank's own prescale: its contribution is scaled where it is added
+        for variant, op, prescale in (("sum", "sum", 1.0), ("own-prescale", "sum", 1.0 if rank == 0 else 0.5),
+                                      ("average", "average", 1.0)):
+            tag = f"nan-bits-{dt.name}-{count}-{variant}"
+            y = tnt.allreduce(x, op=op, prescale=prescale, name=tag)
+            results[tag] = digest(y)
+            if not np.isnan(y[::3].astype(np.float32)).all():
+                failures.append(f"{tag}: a NaN did not propagate")
+            inplace = x.copy()
+            tnt.allreduce(inplace, op=op, prescale=prescale, out=inplace, name=f"{tag}-in-place")
+            results[f"{tag}-in-place"] = digest(inplace)
+
 # non-integer data: rounding differs from NumPy's order, but must be the same
 # bits on every rank and on every run
 for dtype in dtypes:

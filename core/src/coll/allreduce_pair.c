@@ -24,22 +24,33 @@
 #include "dtype.h"
 #include "ring.h"
 
-/* out[0, n) = mine * factor + theirs (mine first), for the ranges where this
- * rank's contribution comes first; blockwise through the stack so that the
- * product is rounded before the sum, as everywhere else. */
-static void add_mine_first(tnt_dtype_t dtype, uint8_t *out, const uint8_t *mine, const uint8_t *theirs, double factor,
-                           size_t n) {
-  if (factor == 1.0) { /* x * 1 is x: the sum's operands are mine and theirs, in this order */
-    tnt_reduce_sum(dtype, out, mine, theirs, n);
-    return;
-  }
+/* out[0, n) = the segment's first contribution + its second, where this rank's
+ * (`mine`, scaled by `factor` here: the peer's arrived scaled) is the first when
+ * `mine_first`. Both ranks sum an element through this one call of
+ * tnt_reduce_sum, with the same operands in the same places and over the same
+ * blocks of the same ranges, so that they get the same bits also where both
+ * operands are NaN: the sum then keeps one of the two NaNs, and which one
+ * depends on the operand order of the machine code (x86 keeps the first
+ * source's), which the compiler picks per loop. The rank whose contribution came
+ * second used to add through tnt_reduce_scaled, the other through
+ * tnt_reduce_sum: with NaNs of other signs or payloads on the two ranks (2 ranks
+ * on one host, 48-128 KiB), each rank kept its own NaN. Blockwise through the
+ * stack whatever the factor (which each rank has its own of), so that both
+ * ranks' calls cover the same elements; the product is rounded before the sum,
+ * as everywhere else. */
+static void add_in_segment_order(tnt_dtype_t dtype, uint8_t *out, const uint8_t *mine, const uint8_t *peer,
+                                 double factor, int mine_first, size_t n) {
   enum { BLOCK = 2048 };
   uint64_t scaled[BLOCK]; /* 16 KiB: one block of the largest dtype stays in L1 */
   const size_t esz = tnt_dtype_size(dtype);
   for (size_t done = 0; done < n; done += BLOCK) {
     const size_t len = n - done < BLOCK ? n - done : BLOCK;
-    tnt_scale(dtype, scaled, mine + done * esz, factor, len);
-    tnt_reduce_sum(dtype, out + done * esz, scaled, theirs + done * esz, len);
+    const uint8_t *m = mine + done * esz, *p = peer + done * esz;
+    if (factor != 1.0) { /* x * 1 is x: then mine is its own operand */
+      tnt_scale(dtype, scaled, m, factor, len);
+      m = (const uint8_t *)scaled;
+    }
+    tnt_reduce_sum(dtype, out + done * esz, mine_first ? m : p, mine_first ? p : m, len);
   }
 }
 
@@ -80,10 +91,7 @@ tnt_result_t tnt_allreduce_pair(tnt_ring_t *ring, const void *in, void *out, int
       const size_t n = (size_t)(hi - lo);
       uint8_t *at = dst + lo * (int64_t)esz;
       const uint8_t *mine = src + lo * (int64_t)esz, *peer = theirs + (lo - pb) * (int64_t)esz;
-      if (seg == me)
-        add_mine_first(dtype, at, mine, peer, prescale, n);
-      else
-        tnt_reduce_scaled(dtype, at, peer, mine, prescale, 1, n);
+      add_in_segment_order(dtype, at, mine, peer, prescale, seg == me, n);
       lo = hi;
     }
     TNT_CHECK(tnt_ring_release(ring));

@@ -19,9 +19,11 @@
  * rank, 256 KB in 0.17 ms by the swap, 0.33 by halves, 0.37 by the ring).
  *
  * The bits are the ring's (ring.h): with two ranks every element is one
- * addition of two (already scaled) operands, and the addition of every dtype
- * (tnt_reduce_sum; float16 and bfloat16 through float) is commutative, so it
- * does not matter which rank adds. */
+ * addition of two (already scaled) operands, position 0's first, whichever rank
+ * adds. The addition of every dtype (tnt_reduce_sum; float16 and bfloat16
+ * through float) is commutative but for NaNs: of two NaNs the sum keeps one,
+ * and which one depends on the operand order of the machine code, so that
+ * both ranks of a swap adding "mine + theirs" kept each its own NaN. */
 #include "common.h"
 #include "dtype.h"
 #include "ring.h"
@@ -64,7 +66,8 @@ tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *o
     uint8_t *land = scratch ? scratch : dst + mb * esz;
     TNT_CHECK(t->sendrecv(ring->ts, ring->next, src + tb * esz, (size_t)(tl * esz), land, (size_t)(ml * esz),
                           deadline));
-    tnt_reduce_sum(dtype, dst + mb * esz, src + mb * esz, land, (size_t)ml);
+    const uint8_t *mine = src + mb * esz; /* position 0's operand first (see above) */
+    tnt_reduce_sum(dtype, dst + mb * esz, ring->rank == 0 ? mine : land, ring->rank == 0 ? land : mine, (size_t)ml);
   }
   if (swap) return TNT_SUCCESS; /* every element summed here */
   return t->sendrecv(ring->ts, ring->next, dst + mine_at * esz, (size_t)(mine_n * esz), dst + theirs_at * esz,
