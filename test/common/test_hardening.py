@@ -38,7 +38,7 @@ except Exception as exc:
 
 def start(rank, size, job, **env):
     e = clean_env(TNT_RANK=rank, TNT_SIZE=size, TNT_LOCAL_RANK=rank, TNT_LOCAL_SIZE=size, TNT_JOB_ID=job,
-                  TNT_TIMEOUT_S=20, **env)
+                  **{"TNT_TIMEOUT_S": 20, **env})
     return subprocess.Popen([sys.executable, "-c", PROBE], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -80,4 +80,16 @@ def test_two_processes_claiming_one_rank_void_the_job_on_every_rank():
     results = [outcome(p) for p in first + [intruder]]
     for got in results:
         assert got["error"] == "InvalidUsageError" and "claimed rank 1" in got["message"], results
+    assert shm_objects(job) == []
+
+
+def test_a_rank_whose_set_up_failed_tells_the_others_why():
+    # rank 1 never starts; rank 2 gives up first (a bound of its own) and rank 0 learns it from
+    # rank 2's abort, whose reason was empty: rank 0 read "rank 2 aborted ()", without the missing rank
+    job = secrets.token_hex(16)
+    procs = [start(0, 3, job, TNT_TIMEOUT_S=60), start(2, 3, job, TNT_TIMEOUT_S=2)]
+    waited, gave_up = (outcome(p) for p in procs)
+    assert gave_up["error"] == "TimeoutError" and "ranks [1] to start" in gave_up["message"], gave_up
+    assert waited["error"] == "PeerLostError", waited
+    assert "rank 2 aborted (rank 2 waited 2 s (TNT_TIMEOUT_S) for ranks [1] to start" in waited["message"], waited
     assert shm_objects(job) == []

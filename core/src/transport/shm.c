@@ -622,8 +622,11 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
            pl->size, s->ncpu, s->online);
   return TNT_SUCCESS;
 fail:
-  if (s->base && s->base != MAP_FAILED && pl->rank < pl->size && s->ranks[pl->rank])
+  if (s->base && s->base != MAP_FAILED && pl->rank < pl->size && s->ranks[pl->rank]) {
+    /* why, for the ranks that attached: they read "rank N aborted ()" without the rank it waited for */
+    snprintf(s->ranks[pl->rank]->reason, sizeof s->ranks[pl->rank]->reason, "%s", tnt_last_error());
     atomic_store(&s->ranks[pl->rank]->state, RANK_FAILED);
+  }
   /* the set-up failed: leave no name behind (ranks already attached keep their mapping) */
   if (s->fd >= 0) shm_unlink(s->name);
   shm_free(s);
