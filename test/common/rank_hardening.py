@@ -55,6 +55,9 @@ for dt in (np.int32, np.int64):
                       np.stack([np.array([-7 - r, 5 + 2 * r, 1]) for r in range(size)]).T], dt)
     assert (got3 == want3).all(), (dt, got3, want3)
     expect(errors.InvalidArgumentError, lambda: tnt.allreduce(mine, prescale=0.5, name="int-prescale"), "integer")
+    # a whole factor past int64's range was refused as if it were a fraction ("must be a whole number")
+    expect(errors.InvalidArgumentError, lambda: tnt.allreduce(mine, prescale=2.0 ** 63, name="int-prescale"),
+           "below 9.2e18")
 ok("integer-average-exact")
 
 # a name with a NUL byte would be cut at the NUL and paired with another name
