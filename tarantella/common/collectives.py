@@ -74,6 +74,17 @@ def _result_like(array):
 _dtype_codes = {}  # NumPy dtype -> core code, filled on first use of each dtype
 
 
+def _refuse_masked(array, what):
+    """The core reads the data under a mask too: the masked values would be combined as
+    if they were there, and the result would come back without a mask."""
+    if isinstance(array, np.ma.MaskedArray):
+        raise InvalidArgumentError(
+            f"{what} does not take masked arrays: the masked values would be combined too. "
+            "Fill them with what the collective should see (array.filled(0) for a sum), or "
+            "combine the mask separately (e.g. an allreduce of (~array.mask).astype(np.int64) "
+            "to count the valid values)")
+
+
 def _as_input(array, what):
     if type(array) is np.ndarray and array.flags.c_contiguous:  # the common case, without a detour
         code = _dtype_codes.get(array.dtype)
@@ -86,6 +97,7 @@ def _as_input(array, what):
         except Exception:
             raise InvalidArgumentError(
                 f"{what} expects a NumPy array. Received: {type(array).__name__}") from None
+    _refuse_masked(array, what)
     if not array.flags.c_contiguous:
         raise InvalidArgumentError(
             f"{what} needs a C-contiguous array; pass np.ascontiguousarray(array). "
@@ -614,6 +626,7 @@ def flatten(structure):
 def _leaf_array(leaf, what):
     """(array, is_scalar) for one leaf, or a TypeError naming its type."""
     if isinstance(leaf, np.ndarray):
+        _refuse_masked(leaf, what)
         return leaf, False
     if isinstance(leaf, (int, float, np.number, np.bool_)):
         return np.asarray(leaf), True

@@ -69,6 +69,12 @@ def test_bad_input_to_a_running_core():
             # out sharing bytes with the input without being it: a silent wrong sum if let through
             "out-overlaps": lambda: tnt.allreduce(nine[:-1], out=nine[1:]),
             "out-overlaps-broadcast": lambda: tnt.broadcast(nine[1:], out=nine[:-1]),
+            # the core would read the masked values too, and the result would have no mask
+            "masked": lambda: tnt.allreduce(np.ma.array([1.0, 2.0], mask=[0, 1])),
+            "masked-broadcast": lambda: tnt.broadcast(np.ma.array([1.0, 2.0], mask=[0, 1])),
+            "masked-allgather": lambda: tnt.allgather(np.ma.array([1.0, 2.0], mask=[0, 1])),
+            "masked-leaf": lambda: tnt.allreduce({"a": np.ma.array([1.0, 2.0], mask=[0, 1])}),
+            "masked-leaf-allgather": lambda: tnt.allgather([np.ma.array([1.0, 2.0], mask=[0, 1])]),
         }
         for label, call in cases.items():
             try:
@@ -85,7 +91,10 @@ def test_bad_input_to_a_running_core():
                 "name-type": "non-empty string", "out-readonly": "Received: float32(4,), read-only", "out-shape": "float32(4,)",
                 "out-dtype": "float32(4,)", "out-strided": "Received: float32(4,), not C-contiguous",
                 "out-overlaps": "overlaps the input without being it (it starts +4 bytes",
-                "out-overlaps-broadcast": "overlaps the input without being it (it starts -4 bytes"}
+                "out-overlaps-broadcast": "overlaps the input without being it (it starts -4 bytes",
+                "masked": "does not take masked arrays", "masked-broadcast": "does not take masked arrays",
+                "masked-allgather": "does not take masked arrays", "masked-leaf": "does not take masked arrays",
+                "masked-leaf-allgather": "does not take masked arrays"}
     for label, words in expected.items():
         assert lines.get(label, "").startswith("MESSAGE:") and words in lines[label], (label, res.stdout + res.stderr)
     assert lines.get("after:") == "[2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0] [1.0, 1.0, 1.0, 1.0]", res.stdout + res.stderr
