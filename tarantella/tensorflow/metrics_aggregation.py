@@ -1,4 +1,4 @@
-"""Global metric results from per-rank metric states.
+"""Global metric results from per-rank metric states, and a step's logs made global.
 
 Keras' accumulating metrics (Mean, accuracies, AUC, Precision/Recall, F1,
 MeanIoU, RMSE, the loss tracker) keep sums and counts in their variables, so
@@ -12,21 +12,102 @@ per-batch values) are only approximately global.
 The metric variables keep their local values; only the returned results are
 global (`stateless_result`), so the per-rank state never double-counts.
 """
+import tensorflow as tf
+
 from tarantella.tensorflow import collective_ops
 
 
 def global_metrics_result(metrics, name="tnt.metrics"):
     """The dict `Model.get_metrics_result()` would return if all ranks'
     samples had been seen by one process (one allreduce for all metrics)."""
+    results = {}
+    for metric, result in zip(metrics, _global_results(metrics, [], name)[0]):
+        _add(results, metric, result, nested=False)
+    return results
+
+
+def global_logs(logs, metrics, local_batch, name="tnt.metrics"):
+    """A step's `logs` as serial training shows them, from this rank's logs
+    and `metrics` after a step on `local_batch` samples (one allreduce).
+
+    An entry that is the result of one of `metrics` (its name and its value:
+    `{m.name: m.result()}`, a metric that returns a dict, such as Keras'
+    `compile_metrics`, under its own name or its entries' names) is that
+    metric's global result. Whether it is is decided by value: an entry named
+    "loss" that a custom train_step computed from its batch, while Keras'
+    loss tracker (also "loss") was never updated, is not the tracker's
+    result; the ranks decide together (a rank with an empty slice has no
+    say), so they show the same logs. Any other entry is the mean of the
+    ranks' values weighted by their micro-batch sizes."""
+    local = _by_name(metrics, [m.result() for m in metrics])
+    flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(logs)]
+    weight = tf.cast(local_batch, tf.float64)
+    matches = {}  # log entry -> scalar bool: this rank's value is that metric's result
+    for key, value in (logs.items() if isinstance(logs, dict) else []):
+        if key in local and _same_layout(value, local[key]):
+            matches[key] = tf.logical_or(local_batch <= 0, _equal(value, local[key]))
+    extra = [tf.cast(t, tf.float64) * weight for t in flat] + [weight] + [
+        tf.cast(tf.logical_not(m), tf.float64) for m in matches.values()]
+    results, summed = _global_results(metrics, extra, name)
+    total, mismatches = summed[len(flat)], summed[len(flat) + 1:]
+    means = tf.nest.pack_sequence_as(logs, [
+        tf.cast(tf.math.divide_no_nan(s, total), t.dtype) for s, t in zip(summed, flat)])
+    if not matches:
+        return means
+    results = _by_name(metrics, results)
+    out = dict(means)
+    for (key, _), mismatch in zip(matches.items(), mismatches):
+        out[key] = tf.nest.map_structure(
+            lambda result, mean: tf.where(mismatch == 0, tf.cast(result, mean.dtype), mean),
+            results[key], means[key])
+    return {k: out[k] for k in logs}
+
+
+def _global_results(metrics, extra, name):
+    """([each metric's global result], [Σ_r t_r for t in extra]): one allreduce."""
     variables = [v for m in metrics for v in m.variables]
-    summed = collective_ops.sum_across_ranks([v.value for v in variables], name=name)
-    results, offset = {}, 0
+    summed = collective_ops.sum_across_ranks([v.value for v in variables] + list(extra), name=name)
+    results, offset = [], 0
     for metric in metrics:
         count = len(metric.variables)
-        result = metric.stateless_result(summed[offset:offset + count])
+        results.append(metric.stateless_result(summed[offset:offset + count]))
         offset += count
-        if isinstance(result, dict):
-            results.update(result)
-        else:
+    return results, summed[offset:]
+
+
+def _add(results, metric, result, nested):
+    """As Model.get_metrics_result: a dict result's entries at the top level
+    (and, with `nested`, the dict itself under the metric's name too)."""
+    if isinstance(result, dict):
+        results.update(result)
+        if nested:
             results[metric.name] = result
-    return results
+    else:
+        results[metric.name] = result
+
+
+def _by_name(metrics, results):
+    out = {}
+    for metric, result in zip(metrics, results):
+        _add(out, metric, result, nested=True)
+    return out
+
+
+def _same_layout(value, result):
+    try:
+        tf.nest.assert_same_structure(value, result)
+    except (TypeError, ValueError):
+        return False
+    return all(tf.TensorShape(tf.convert_to_tensor(v).shape).is_compatible_with(r.shape)
+               for v, r in zip(tf.nest.flatten(value), tf.nest.flatten(result)))
+
+
+def _equal(value, result):
+    """Whether `value` is bitwise `result` (NaN equal to NaN), as a scalar bool."""
+    same = []
+    for v, r in zip(tf.nest.flatten(value), tf.nest.flatten(result)):
+        v = tf.cast(v, tf.float64)
+        r = tf.cast(r, tf.float64)
+        both_nan = tf.logical_and(tf.math.is_nan(v), tf.math.is_nan(r))
+        same.append(tf.reduce_all(tf.logical_or(tf.equal(v, r), both_nan)))
+    return tf.reduce_all(tf.stack(same)) if same else tf.constant(True)

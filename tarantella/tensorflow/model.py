@@ -25,7 +25,7 @@ from tarantella.tensorflow.keras.callbacks.callback_preparation import (check_sa
 from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
-from tarantella.tensorflow.metrics_aggregation import global_metrics_result
+from tarantella.tensorflow.metrics_aggregation import global_logs, global_metrics_result
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
 from tarantella.tensorflow.save_paths import (check_model_path, check_save_keywords,
@@ -411,14 +411,11 @@ class Model(keras.Model):
         return tf.cond(local_batch > 0, run, skip)
 
     def _global_logs(self, logs, local_batch):
-        """The step's logs, global: an entry named like a metric of the model
-        is that metric's global result (from the summed metric states, exact);
-        any other entry is the mean over ranks weighted by the micro-batch size."""
-        results = self.get_metrics_result()
-        if not isinstance(logs, dict):  # Keras expects a dict; anything else is averaged
-            return _weighted_mean(logs, local_batch)
-        others = _weighted_mean({k: v for k, v in logs.items() if k not in results}, local_batch)
-        return {k: results[k] if k in results else others[k] for k in logs}
+        """The step's logs, global (metrics_aggregation.global_logs): an entry
+        that is a metric's result is that metric's global result (from the
+        summed metric states, exact); any other entry is the mean over ranks
+        weighted by the micro-batch size."""
+        return global_logs(logs, self.metrics, local_batch)
 
     def test_step(self, data):
         if core.get_size() == 1:
@@ -853,19 +850,6 @@ def model_from_config(config, custom_objects=None):
 def _allgather_tensor(tensor):
     """The rank-ordered concatenation of every rank's rows (predict's outputs)."""
     return collective_ops.allgather_tensors([tensor], ["tnt.predict"])[0]
-
-
-def _weighted_mean(structure, weight):
-    """Σ_r w_r·x_r / Σ_r w_r over ranks for every tensor of `structure` (one
-    allreduce, in float64)."""
-    flat = tf.nest.flatten(structure)
-    if not flat:
-        return structure
-    weight = tf.cast(weight, tf.float64)
-    summed = collective_ops.sum_across_ranks(
-        [tf.cast(t, tf.float64) * weight for t in flat] + [weight], name="tnt.logs")
-    means = [tf.cast(tf.math.divide_no_nan(s, summed[-1]), t.dtype) for s, t in zip(summed, flat)]
-    return tf.nest.pack_sequence_as(structure, means)
 
 
 def _rank_slice(batch):

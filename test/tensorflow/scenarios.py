@@ -111,6 +111,42 @@ class CustomSteps(keras.Model):
         return tf.nn.softmax(self(x, training=False))
 
 
+class GuideSteps(CallInputsOnly):
+    """The steps of Keras 3's guide "customizing what happens in fit()": they
+    return `{m.name: m.result() for m in self.metrics}`, so the compiled
+    metrics come as one nested entry, "compile_metrics" (which tnt averaged
+    over the ranks, weighted by their last slice: val_accuracy off by up to
+    0.1). The train step returns its batch's loss as "loss" and leaves Keras'
+    loss tracker, also named "loss", alone (tnt showed the tracker: 0.0)."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name != "loss":
+                metric.update_state(y, y_pred)
+        return {"loss": loss, **{m.name: m.result() for m in self.metrics if m.name != "loss"}}
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x)
+        loss = self.compute_loss(y=y, y_pred=y_pred)
+        for metric in self.metrics:
+            if metric.name == "loss":  # weighted by the batch size: see docs/keras.md
+                metric.update_state(loss, sample_weight=tf.shape(x)[0])
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def guide_steps():
+    keras.utils.set_random_seed(10)
+    return GuideSteps()
+
+
 def call_inputs_only():
     keras.utils.set_random_seed(4)
     return CallInputsOnly()
@@ -240,6 +276,8 @@ def scenarios(size):
                                 val=None),
         "sub_custom_steps": dict(build=custom_steps, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
                                  val=(xmv, ymv)),
+        "sub_guide_steps": dict(build=guide_steps, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
+                                val=(xmv, ymv)),
         # train/test/predict_on_batch, run eagerly, from rank-dependent initial weights
         "mlp_on_batch_eager": dict(build=mlp, opt=sgd, B=25, kind="on_batch", x=xm, y=ym,
                                    val=(xmv, ymv)),

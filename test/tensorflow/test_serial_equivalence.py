@@ -6,7 +6,8 @@ batch (25) that no rank count of 2-4 divides and 103 samples (a last batch of
 an unbatched dataset with tnt_micro_batch_size, NumPy arrays (with
 validation), and a dataset with an unseeded shuffle; subclassed models whose
 call() takes only `inputs`, or `inputs` and `training` with their own
-train_step/test_step/predict_step and metrics; and train_on_batch /
+train_step/test_step/predict_step and metrics, or the steps of Keras' guide
+(the compiled metrics as one nested entry, a batch's loss named "loss"); and train_on_batch /
 test_on_batch / predict (then predict_on_batch) run eagerly from
 rank-dependent initial weights. It records the final weights, History,
 evaluate() (test_on_batch) and predict() on every rank. It also checks the
