@@ -11,10 +11,24 @@ per-batch values) are only approximately global.
 
 The metric variables keep their local values; only the returned results are
 global (`stateless_result`), so the per-rank state never double-counts.
+
+A `keras.metrics.Mean` that a step updates with one value for its batch and
+no sample weight (`loss_tracker.update_state(loss)`, as in Keras' guides)
+counts one per update: serially one per step, on N ranks N per step, each
+rank's value over its own slice. `weight_step_means` makes such an update
+inside a tnt.Model step count b_r / B, this rank's share of the global batch:
+the ranks' shares then add up to the serial step's count of one and value
+(a batch mean's shares add up to the global batch's mean).
 """
+import threading
+
+import keras
 import tensorflow as tf
 
-from tarantella.tensorflow import collective_ops
+from tarantella.tensorflow import collective_ops, step_context
+
+_mean_classes = {}
+_lock = threading.Lock()
 
 
 def global_metrics_result(metrics, name="tnt.metrics"):
@@ -111,3 +125,34 @@ def _equal(value, result):
         both_nan = tf.logical_and(tf.math.is_nan(v), tf.math.is_nan(r))
         same.append(tf.reduce_all(tf.logical_or(tf.equal(v, r), both_nan)))
     return tf.reduce_all(tf.stack(same)) if same else tf.constant(True)
+
+
+def weight_step_means(metrics):
+    """Make each plain `keras.metrics.Mean` among `metrics` (a user's tracker,
+    not a wrapper of a per-sample function) count an update of one value
+    without a sample weight, made inside a tnt.Model step, as this rank's
+    share of the global batch, b_r / B (see the module's docstring). The
+    class is swapped in place, as for optimizers: the object, its state and
+    `isinstance` checks stay. Outside a step (one rank, user code) nothing
+    changes."""
+    for metric in metrics:
+        if isinstance(metric, keras.metrics.Mean) and \
+                type(metric).update_state is keras.metrics.Mean.update_state:
+            metric.__class__ = _step_mean_class(type(metric))
+
+
+def _step_mean_class(base):
+    with _lock:
+        if base not in _mean_classes:
+            def update_state(self, values, sample_weight=None):
+                context = step_context.current()
+                if context is not None and sample_weight is None and \
+                        tf.convert_to_tensor(values).shape.rank == 0:
+                    sample_weight = context.local_batch / context.global_batch()
+                return super(cls, self).update_state(values, sample_weight=sample_weight)
+
+            cls = type(base.__name__, (base,), {
+                "update_state": update_state, "__module__": base.__module__,
+                "__qualname__": base.__qualname__})
+            _mean_classes[base] = cls
+        return _mean_classes[base]

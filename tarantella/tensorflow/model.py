@@ -25,7 +25,8 @@ from tarantella.tensorflow.keras.callbacks.callback_preparation import (check_sa
 from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
-from tarantella.tensorflow.metrics_aggregation import global_logs, global_metrics_result
+from tarantella.tensorflow.metrics_aggregation import (global_logs, global_metrics_result,
+                                                       weight_step_means)
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
 from tarantella.tensorflow.save_paths import (check_model_path, check_save_keywords,
@@ -292,6 +293,7 @@ class Model(keras.Model):
     def _prepare_layers(self):
         batch_normalization.prepare(self.model)  # synchronized=True: global statistics
         dropout.prepare(self.model)  # the serial masks of the global batch, sliced
+        weight_step_means(self.model.metrics)  # tracker.update_state(loss): the serial mean
 
     def _float16_variables(self):
         """The trainable variables that layers computing in float16 read

@@ -135,8 +135,8 @@ class GuideSteps(CallInputsOnly):
         y_pred = self(x)
         loss = self.compute_loss(y=y, y_pred=y_pred)
         for metric in self.metrics:
-            if metric.name == "loss":  # weighted by the batch size: see docs/keras.md
-                metric.update_state(loss, sample_weight=tf.shape(x)[0])
+            if metric.name == "loss":  # one value per step, no sample weight: counted once
+                metric.update_state(loss)  # per rank and step, val_loss was off by 1e-3
             else:
                 metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
