@@ -479,6 +479,7 @@ class Model(keras.Model):
                 f"tnt.Model.{what}: tnt_distribute_dataset=False, so the data is used as given: "
                 "each rank must feed its own part of every global batch.")
             return None
+        self._refuse_stateful_rnn(what)
         if isinstance(x, tf.data.Dataset):
             if y is not None or sample_weight is not None:
                 raise ValueError(
@@ -519,6 +520,24 @@ class Model(keras.Model):
         last = sample_count(data) % int(batch_size)  # the last batch's samples (0: a full batch)
         may_be_empty = batch_size < size or 0 < last < size
         return dataset, int(batch_size), -(-int(batch_size) // size), may_be_empty, None
+
+    def _refuse_stateful_rnn(self, what):
+        """A stateful RNN keeps one state per sample of a fixed batch (its
+        `batch_shape`), and a rank computes on its slice of each global batch:
+        the shapes clashed in a TensorFlow error about incompatible shapes, or,
+        with slices of one sample, broadcast to every state without a word.
+        Every rank raises here alike, before any collective of the call."""
+        if core.get_size() == 1:
+            return
+        for layer in self.model._flatten_layers(include_self=False):
+            if isinstance(layer, (keras.layers.RNN, keras.layers.Bidirectional)) and layer.stateful:
+                raise ValueError(
+                    f"tnt.Model.{what}: layer {layer.name!r} is a stateful RNN (stateful=True): it "
+                    "keeps a state for each sample of a fixed batch, but each rank computes on its "
+                    "slice of the global batch, whose samples would not meet their states. Use "
+                    "stateful=False, or give each rank its own part of the data with "
+                    "tnt_distribute_dataset=False and a batch_shape of that part's size. Received: "
+                    f"{layer.name}.stateful=True on {core.get_size()} ranks")
 
     def _warn_batch_norm(self, micro_batch_size):
         if batch_normalization.prepare(self.model):
@@ -698,6 +717,7 @@ class Model(keras.Model):
         same batch and trains on its slice; the logs are global."""
         self._assert_compile_called("train_on_batch")
         self._train_may_be_empty(True)  # any batch, even one smaller than the ranks
+        self._refuse_stateful_rnn("train_on_batch")
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
         with collective_ops.collective_errors():  # a peer lost or a timeout as Tarantella's errors, as in fit
@@ -707,6 +727,7 @@ class Model(keras.Model):
     def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
         """`keras.Model.test_on_batch` on a global batch (see train_on_batch)."""
         self._assert_compile_called("test_on_batch")
+        self._refuse_stateful_rnn("test_on_batch")
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
         with collective_ops.collective_errors():
@@ -715,6 +736,7 @@ class Model(keras.Model):
     def predict_on_batch(self, x):
         """`keras.Model.predict_on_batch` on a global batch: every rank predicts
         its slice and returns the predictions of the whole batch."""
+        self._refuse_stateful_rnn("predict_on_batch")
         self._sync_weights(x)
         self._set_distributed_predict(core.get_size() > 1)
         with collective_ops.collective_errors():

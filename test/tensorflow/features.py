@@ -678,6 +678,50 @@ def check_master_only_checkpoints(tnt, files):
     return run_cases(tnt, cases)
 
 
+def check_stateful_rnn(tnt):
+    """A stateful LSTM (one state per sample of a fixed batch of 20): each rank's
+    slice of 10 clashed with its 20 states in a TensorFlow error about
+    incompatible shapes ("[10,1] vs. [20,1]"; with slices of one sample they
+    broadcast, silently). Every distributed call now refuses it alike, naming
+    the layer; each rank's own data (tnt_distribute_dataset=False) with a
+    batch_shape of its part's size still trains."""
+    def stateful(batch):
+        keras.utils.set_random_seed(3)
+        inputs = keras.Input(batch_shape=(batch, 4, 2))
+        model = tnt.Model(keras.Model(inputs, keras.layers.Dense(1)(
+            keras.layers.LSTM(4, stateful=True, name="stateful_lstm")(inputs))))
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    x = np.random.default_rng(0).normal(size=(2 * B, 4, 2)).astype("float32")
+    y = x[:, 0, :1]
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+    cases = {
+        "fit": lambda m: m.fit(ds, epochs=1, verbose=0),
+        "fit_arrays": lambda m: m.fit(x, y, batch_size=B, shuffle=False, verbose=0),
+        "evaluate": lambda m: m.evaluate(ds, verbose=0),
+        "predict": lambda m: m.predict(x, batch_size=B, verbose=0),
+        "train_on_batch": lambda m: m.train_on_batch(x[:B], y[:B]),
+        "predict_on_batch": lambda m: m.predict_on_batch(x[:B]),
+    }
+    out = {}
+    for key, run in cases.items():
+        try:
+            run(stateful(B))
+            out[key] = {"error": None}
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            out[key] = {"error": type(exc).__name__, "message": str(exc)}
+    half = B // tnt.get_size()
+    mine = slice(tnt.get_rank() * half, (tnt.get_rank() + 1) * half)
+    try:
+        stateful(half).fit(x[mine], y[mine], batch_size=half, shuffle=False, verbose=0,
+                           tnt_distribute_dataset=False)
+        out["own_data"] = {"error": None}
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        out["own_data"] = {"error": type(exc).__name__, "message": str(exc)}
+    return out
+
+
 def check_same_data(tnt):
     """Datasets that yield different batches on different ranks (each rank
     keeps its slice of its own global batch, so their samples were mixed: some
@@ -793,6 +837,7 @@ def main():
         results["step_counts"] = check_step_counts(tnt)
         results["same_data"] = check_same_data(tnt)
         results["master_only_checkpoints"] = check_master_only_checkpoints(tnt, files)
+        results["stateful_rnn"] = check_stateful_rnn(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

@@ -393,6 +393,19 @@ def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(
     assert "master_only_1.keras" in os.listdir(os.path.join(runs["out"], "files"))
 
 
+def test_a_stateful_rnn_is_refused_where_ranks_slice_the_batch(runs):
+    # its states belong to the samples of a fixed batch: a TensorFlow shape error before
+    r0, r1 = (r["stateful_rnn"] for r in runs["ranks"])
+    for key in ("fit", "fit_arrays", "evaluate", "predict", "train_on_batch", "predict_on_batch"):
+        assert r0[key]["error"] == r1[key]["error"] == "ValueError", (key, r0[key], r1[key])
+        assert r0[key]["message"] == r1[key]["message"], key
+        what = "fit" if key == "fit_arrays" else key
+        assert r0[key]["message"].startswith(
+            f"tnt.Model.{what}: layer 'stateful_lstm' is a stateful RNN (stateful=True)"), r0[key]
+        assert "tnt_distribute_dataset=False" in r0[key]["message"], key  # the way out
+    assert r0["own_data"] == r1["own_data"] == {"error": None}, (r0["own_data"], r1["own_data"])
+
+
 def test_datasets_that_differ_between_ranks_fail_every_rank_once_their_first_batch_is_used(runs):
     # each rank keeps its slice of its own global batch: a dataset that differs between ranks
     # mixed their samples without a word (data/first_batches.py)
