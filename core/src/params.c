@@ -176,16 +176,19 @@ typedef struct {
   const char *rank, *size, *local_rank, *local_size, *engine;
 } placement_source_t;
 
-/* The launcher's variables first, then the engines' (DESIGN.md "Environment contract").
- * GPI-2's before Slurm's: gaspi_run inside an sbatch script inherits the
- * script's SLURM_PROCID=0, which is no rank of its job. GPI-2 gives no local
- * variables: see gaspi_local. */
+/* The launcher's variables first, then the engines' (DESIGN.md "Environment contract"),
+ * in the order of tarantella/common/engine_ranks.py. Slurm's last: an engine
+ * started inside an sbatch script (gaspi_run, mpirun, mpiexec) hands its ranks
+ * the script's SLURM_PROCID=0 and SLURM_NTASKS, or, across nodes, those of the
+ * daemon srun started on each node (SLURM_PROCID = the node's index), which are
+ * no rank of its job: read first, every rank of a node took the same rank.
+ * GPI-2 gives no local variables: see gaspi_local. */
 static const placement_source_t sources[] = {
     {"TNT_RANK", "TNT_SIZE", "TNT_LOCAL_RANK", "TNT_LOCAL_SIZE", "tntrun"},
     {"GASPI_RANK", "GASPI_NRANKS", NULL, NULL, "GPI-2"},
-    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm"},
     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OpenMPI"},
     {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI"},
+    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "Slurm"},
 };
 
 /* The local rank and size of a rank gaspi_run started: gaspi_run exports only

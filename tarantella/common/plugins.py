@@ -209,9 +209,10 @@ def gpi2_plugin():
 _BUILDERS = {"mpi": ("TNT_MPI_PLUGIN", mpi_plugin), "gpi2": ("TNT_GPI2_PLUGIN", gpi2_plugin)}
 
 
-# (size, ranks on this host) as the core reads them (core/src/params.c): the launcher's first
-_PLACEMENT = (("TNT_SIZE", "TNT_LOCAL_SIZE"), ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
-              ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("PMI_SIZE", "MPI_LOCALNRANKS"))
+# (size, ranks on this host) as the core reads them (core/src/params.c): the launcher's first,
+# Slurm's last (engine_ranks.py says why)
+_PLACEMENT = (("TNT_SIZE", "TNT_LOCAL_SIZE"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+              ("PMI_SIZE", "MPI_LOCALNRANKS"), ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"))
 
 
 def spans_hosts(environ=None):

@@ -220,6 +220,38 @@ def test_log_lines_before_init_carry_the_engines_rank():
         assert ("[TNT INFO rank 1]" in res.stderr and "placement from tntrun: rank 1 of 2" in res.stderr) == bool(everywhere)
 
 
+
+@pytest.mark.parametrize("env, placement", [
+    # `mpirun python train.py` (Open MPI) and `mpiexec` (MPICH/Hydra) in an sbatch script of
+    # `-N1 --ntasks-per-node=2`: the ranks inherit the script's SLURM_PROCID=0 and
+    # SLURM_NTASKS, which were read first, so that both ranks took rank 0 ("shm_open ...
+    # File exists" on one of them)
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "OpenMPI: rank 1 of 2 (local 1 of 2)"),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+     "PMI: rank 1 of 2 (local 1 of 2)"),
+])
+def test_an_engines_placement_inside_a_slurm_job(env, placement):
+    batch = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "0", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2"}
+    res = run("tnt.init()", **{**batch, **env}, TNT_JOB_ID=f"lonely-{secrets.token_hex(4)}", TNT_TIMEOUT_S="1",
+              TNT_LOG_LEVEL="INFO", TNT_LOG_ON_ALL_DEVICES="1")
+    # rank 0 is missing: init times out after a second, having read its placement
+    assert "TimeoutError" in res.stderr and f"placement from {placement}" in res.stderr, res.stderr
+
+
+def test_the_mpi_plugin_is_made_ready_for_an_engines_ranks_on_several_nodes_of_a_slurm_job():
+    # `mpirun` in an sbatch script of 2 nodes starts its daemon on the second node with srun,
+    # whose ranks there inherit the daemon's SLURM_NTASKS=1: read first, "one host", and the
+    # mpi plugin was not built for them ("libtnt-transport-mpi.so does not exist")
+    from tarantella.common import plugins
+
+    daemon = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+              "SLURM_NTASKS_PER_NODE": "1"}
+    assert plugins.spans_hosts({**daemon, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert plugins.spans_hosts({**daemon, "PMI_SIZE": "4", "MPI_LOCALNRANKS": "2"})
+    assert not plugins.spans_hosts({**daemon, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+
 def test_import_is_cheap():
     res = subprocess.run([sys.executable, "-c", "import sys, tarantella; "
                           "print('tensorflow' in sys.modules, 'tarantella._core' in sys.modules)"],
