@@ -9,7 +9,7 @@ import sys
 from tarantella.runner import command as cmd
 from tarantella.runner import engines, environment, gpus, hostfile, local, rank_report, report, shm
 from tarantella.runner.environment import UsageError
-from tarantella.runner.rank import slurm_tasks_per_node
+from tarantella.common.engine_ranks import slurm_tasks_per_node
 from tarantella.runner.supervise import JobResult, ProcResult, ProcSpec, root_cause
 
 

@@ -20,7 +20,6 @@ that tntrun, which sees only the engine, learns why a rank failed on whatever ho
 """
 import argparse
 import os
-import re
 import shutil
 import signal
 import socket
@@ -30,35 +29,12 @@ import tempfile
 import threading
 import time
 
-from tarantella.common.engine_ranks import ENGINE_VARIABLES
+from tarantella.common.engine_ranks import ENGINE_VARIABLES, slurm_local_size
 from tarantella.runner import gpus, pinning, rank_report
 
 TAIL_BYTES = 64 * 1024
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PASSED_SIGNALS = STOP_SIGNALS + (signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def slurm_tasks_per_node(text):
-    """Slurm's compressed task counts per node, "2(x3),1" -> [2, 2, 2, 1] (None if unreadable)."""
-    counts = []
-    for item in (text or "").split(","):
-        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
-        if not match:
-            return None
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts or None
-
-
-def _slurm_local_size(environ):
-    """Tasks of this step on this node, from SLURM_STEP_TASKS_PER_NODE (or the job's
-    SLURM_TASKS_PER_NODE) and SLURM_NODEID."""
-    counts = slurm_tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE")
-                                  or environ.get("SLURM_TASKS_PER_NODE"))
-    try:
-        node = int(environ.get("SLURM_NODEID", ""))
-    except ValueError:
-        return None
-    return counts[node] if counts and 0 <= node < len(counts) else None
 
 
 def placement(environ, per_node=None, size=None):
@@ -72,8 +48,8 @@ def placement(environ, per_node=None, size=None):
             local_rank = int(environ[lrank_v]) if lrank_v and lrank_v in environ else rank % per
             if lsize_v and lsize_v in environ:
                 local_size = int(environ[lsize_v])
-            elif rank_v == "SLURM_PROCID" and _slurm_local_size(environ):
-                local_size = _slurm_local_size(environ)
+            elif rank_v == "SLURM_PROCID" and slurm_local_size(environ):
+                local_size = slurm_local_size(environ)
             else:
                 local_size = per
             return rank, total, local_rank, local_size

@@ -235,6 +235,36 @@ static void gaspi_local(tnt_placement_t *pl) {
   free(hosts);
 }
 
+/* The number of tasks of this job step on this node, from Slurm's compressed
+ * counts per node ("2(x3),1": 2, 2, 2, 1), SLURM_STEP_TASKS_PER_NODE (the
+ * step's; else the job's SLURM_TASKS_PER_NODE), at this node's index
+ * SLURM_NODEID; -1 where they cannot be read. Not SLURM_NTASKS_PER_NODE: srun
+ * sets it only when --ntasks-per-node was given, and its tasks inherit the
+ * allocation's (salloc --ntasks-per-node=4, then srun -n 2: 4, with 2 tasks on
+ * the node); engine_ranks.slurm_local_size is the same rule in Python. */
+static long slurm_step_local_size(void) {
+  const char *counts = getenv("SLURM_STEP_TASKS_PER_NODE");
+  if (!counts || !*counts) counts = getenv("SLURM_TASKS_PER_NODE");
+  long node = env_int("SLURM_NODEID");
+  if (!counts || node < 0) return -1;
+  for (const char *c = counts; *c;) {
+    char *end = NULL;
+    long n = strtol(c, &end, 10), times = 1;
+    if (end == c || n < 1) return -1;
+    if (!strncmp(end, "(x", 2)) {
+      c = end + 2;
+      times = strtol(c, &end, 10);
+      if (end == c || times < 1 || *end != ')') return -1;
+      end++;
+    }
+    if (node < times) return n;
+    node -= times;
+    if (*end != ',' && *end) return -1;
+    c = *end ? end + 1 : end;
+  }
+  return -1;
+}
+
 /* A job id every rank of an engine-launched job derives alike. It is guessable,
  * but the objects it names are owner-only; tntrun always passes a random one. */
 static void engine_job_id(char *out, size_t len) {
@@ -278,6 +308,10 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
                       "0 <= local rank < local size <= size (%s=%ld); unset, they are the rank and size",
                       s->engine, s->local_rank, getenv(s->local_rank) ? getenv(s->local_rank) : "(unset)",
                       s->local_size, getenv(s->local_size) ? getenv(s->local_size) : "(unset)", s->size, size);
+    if (!strcmp(s->engine, "Slurm")) {
+      const long step = slurm_step_local_size();
+      if (step >= 1) lsize = step;
+    }
     pl->rank = (int)rank;
     pl->size = (int)size;
     tnt_log_init(pl->rank); /* the lines below are this rank's (they read "rank 0" on every rank) */

@@ -26,7 +26,7 @@ import re
 import shlex
 import shutil
 
-from tarantella.common import build_cache, errors
+from tarantella.common import build_cache, engine_ranks, errors
 
 _ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 _PACKAGED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_plugin_src")
@@ -223,6 +223,8 @@ def spans_hosts(environ=None):
         if not size:
             continue
         local = environ.get(local_var, "").strip()
+        if size_var == "SLURM_NTASKS":  # the step's tasks on this node, as the core counts them
+            local = str(engine_ranks.slurm_local_size(environ) or local)
         return size.isdigit() and local.isdigit() and 0 < int(local) < int(size)
     return False
 

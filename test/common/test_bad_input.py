@@ -230,6 +230,12 @@ def test_log_lines_before_init_carry_the_engines_rank():
       "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "OpenMPI: rank 1 of 2 (local 1 of 2)"),
     ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
      "PMI: rank 1 of 2 (local 1 of 2)"),
+    # a bare `srun -n 2` in `salloc -N1 --ntasks-per-node=4`: its tasks inherit the
+    # allocation's SLURM_NTASKS_PER_NODE=4, which was read as the local size: "the 2 ranks of
+    # this job are on several hosts (4 on this one)"
+    ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
+      "SLURM_NODEID": "0", "SLURM_NTASKS_PER_NODE": "4", "SLURM_STEP_TASKS_PER_NODE": "2",
+      "SLURM_TASKS_PER_NODE": "4"}, "Slurm: rank 1 of 2 (local 1 of 2)"),
 ])
 def test_an_engines_placement_inside_a_slurm_job(env, placement):
     batch = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
@@ -240,7 +246,7 @@ def test_an_engines_placement_inside_a_slurm_job(env, placement):
     assert "TimeoutError" in res.stderr and f"placement from {placement}" in res.stderr, res.stderr
 
 
-def test_the_mpi_plugin_is_made_ready_for_an_engines_ranks_on_several_nodes_of_a_slurm_job():
+def test_the_mpi_plugin_is_made_ready_for_ranks_on_several_nodes_of_a_slurm_job():
     # `mpirun` in an sbatch script of 2 nodes starts its daemon on the second node with srun,
     # whose ranks there inherit the daemon's SLURM_NTASKS=1: read first, "one host", and the
     # mpi plugin was not built for them ("libtnt-transport-mpi.so does not exist")
@@ -251,6 +257,12 @@ def test_the_mpi_plugin_is_made_ready_for_an_engines_ranks_on_several_nodes_of_a
     assert plugins.spans_hosts({**daemon, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
     assert plugins.spans_hosts({**daemon, "PMI_SIZE": "4", "MPI_LOCALNRANKS": "2"})
     assert not plugins.spans_hosts({**daemon, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    # a bare `srun -N 2 -n 2` in `salloc -N 2 --ntasks-per-node=2`: one task per node, though
+    # the allocation's SLURM_NTASKS_PER_NODE=2 says 2 (the core counts the step's tasks)
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NODEID": "1",
+            "SLURM_NTASKS_PER_NODE": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert plugins.spans_hosts(step)
+    assert not plugins.spans_hosts({**step, "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2"})
 
 def test_import_is_cheap():
     res = subprocess.run([sys.executable, "-c", "import sys, tarantella; "

@@ -9,6 +9,7 @@ from tntrun_helpers import fake_bin, import_runner, run_tntrun, runner_env
 import_runner()
 from tarantella.runner import multi  # noqa: E402
 from tarantella.runner import rank as rank_wrapper  # noqa: E402
+from tarantella.common import engine_ranks  # noqa: E402
 
 OPENMPI = 'echo "mpirun (Open MPI) 4.1.4"'
 MPICH = 'echo "HYDRA build details:"; echo "    Version:  4.0.2"'
@@ -301,6 +302,6 @@ def test_slurm_node_lists(text, names):
 
 
 def test_slurm_task_counts():
-    assert rank_wrapper.slurm_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-    assert rank_wrapper.slurm_tasks_per_node("4") == [4]
-    assert rank_wrapper.slurm_tasks_per_node("2(x") is None
+    assert engine_ranks.slurm_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert engine_ranks.slurm_tasks_per_node("4") == [4]
+    assert engine_ranks.slurm_tasks_per_node("2(x") is None
