@@ -95,7 +95,7 @@ def mpich_machinefile(placement):
     return "".join(f"{h}:{n}\n" for h, n in placement)
 
 
-def srun(srun_path, placement, rank_cmd, output_all, nodes_given):
+def srun(srun_path, placement, rank_cmd, output_all, nodes_given, in_step=False):
     total = sum(n for _, n in placement)
     argv = [srun_path, f"--ntasks={total}"]
     per_node = uniform(placement)
@@ -106,6 +106,11 @@ def srun(srun_path, placement, rank_cmd, output_all, nodes_given):
         argv.append("--nodelist=" + ",".join(h for h, _ in placement))
     # srun passes tntrun's whole environment on (--export=ALL is its default; made explicit)
     argv += ["--export=ALL", "--kill-on-bad-exit=1"]
+    if in_step:
+        # tntrun is itself the task of a job step (`srun -N1 -n1 tntrun`, `srun --pty bash`),
+        # which holds CPUs of the allocation: without --overlap (Slurm 20.11+) the ranks' step
+        # waits for them for ever ("step creation temporarily disabled ... Requested nodes are busy")
+        argv.append("--overlap")
     if output_all:
         argv.append("--label")
     return argv + rank_cmd

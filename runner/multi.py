@@ -82,6 +82,13 @@ def step_task_count(environ=None):
     return count if count > 1 else 0
 
 
+def inside_step(environ=None):
+    """True when tntrun runs as the task of a Slurm job step (`srun -N1 -n1 tntrun`, a shell
+    from `srun --pty bash`), not in an allocation's shell or batch script (no SLURM_STEP_ID)."""
+    environ = os.environ if environ is None else environ
+    return bool(environ.get("SLURM_STEP_ID"))
+
+
 def allocation_nodes(environ=None):
     environ = os.environ if environ is None else environ
     try:
@@ -243,7 +250,8 @@ def build(args, command, job_id, workdir):
         if named and not per_node:
             raise UsageError("under Slurm every host runs the same number of ranks: give "
                              "--n-per-node N")
-        argv = engines.srun(path, spots, rank_cmd, args.output_on_all_devices, named)
+        argv = engines.srun(path, spots, rank_cmd, args.output_on_all_devices, named,
+                            in_step=inside_step())
     else:
         path, flavour = _locate(engines.mpi_launcher, ("mpirun", "openmpi"), args.dry_run)
         if flavour == "mpich":

@@ -37,9 +37,9 @@ def cluster():
         c.close()
 
 
-def salloc(cluster, tmp_path, args):
+def salloc(cluster, tmp_path, args, timeout=180):
     res = cluster.run("slurmctl", ["salloc", *args], env=cluster.env(job_env(tmp_path)),
-                      cwd=str(tmp_path), timeout=180)
+                      cwd=str(tmp_path), timeout=timeout)
     daemons = [p.pid for _, p in cluster.procs]
     assert nothing_left(cluster.bed, cluster.nodes, keep=daemons), "job steps left on the nodes"
     return res
@@ -57,6 +57,17 @@ def test_plain_tntrun_uses_the_whole_allocation(cluster, tmp_path):
         ("0", "hostA", "0", "2", "4"), ("1", "hostA", "1", "2", "4"),
         ("2", "hostB", "0", "2", "4"), ("3", "hostB", "1", "2", "4")]
     assert len({p["job_id"] for p in probes(res.stderr)}) == 1
+    assert res.stdout.splitlines() == ["stdout of rank 0"]
+
+
+def test_tntrun_as_the_one_task_of_a_step_uses_the_allocation(cluster, tmp_path):
+    # `srun -N1 -n1 tntrun` (as a shell from `srun --pty bash`): tntrun's own step holds the
+    # allocation's CPU on hostA, and the ranks' step waited for it for ever ("step creation
+    # temporarily disabled, retrying (Requested nodes are busy)"): now it may overlap
+    res = salloc(cluster, tmp_path, ["-N", "2", "srun", "-N1", "-n1", "tntrun", "-n", "2", "--", "probe.py"],
+                 timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert placement(res.stderr) == [("0", "hostA", "0", "1", "2"), ("1", "hostB", "0", "1", "2")]
     assert res.stdout.splitlines() == ["stdout of rank 0"]
 
 

@@ -281,6 +281,15 @@ def test_one_node_allocation_runs_here(tmp_path):
     assert "# rank 1" in res.stdout and "srun" not in res.stdout
 
 
+def test_tntrun_as_the_one_task_of_a_step_lets_the_ranks_step_overlap(tmp_path):
+    # `srun -N1 -n1 tntrun` holds a CPU of the allocation: the ranks' step must share it
+    env = runner_env(PATH=fake_bin(tmp_path, srun="exit 0") + os.pathsep + os.environ["PATH"],
+                     **ALLOCATION, SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="1")
+    res = run_tntrun(["--dry-run", "-n", "2", "--", "t.py"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert "/srun --ntasks=2 --ntasks-per-node=1 --nodes=2 --export=ALL --kill-on-bad-exit=1 --overlap " in res.stdout
+
+
 def test_tntrun_as_one_of_many_step_tasks_is_refused(tmp_path):
     env = runner_env(**ALLOCATION, SLURM_STEP_ID="0", SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="4")
     res = run_tntrun(["--", "t.py"], env=env)
