@@ -14,6 +14,9 @@ by mpirun directly), so that one launch checks many things:
                                          kill: the last rank SIGKILLs itself in an allreduce, the
                                          others print what they raised (JSON on stdout); in a
                                          child, whose end this process shows 3 s later
+    rank_multihost.py OUTDIR init        only tnt.init(): its error, if any, in OUTDIR/init<r>.json (r: the
+                                         engine's rank), then exit 3 after 3 s (a bare mpirun with
+                                         settings that differ between hosts)
 
 BIG_BYTES is an argument, not an environment variable: mpirun forwards only the variables
 it is told to (-x) to other hosts."""
@@ -48,6 +51,15 @@ if mode == "kill":
     if os.WIFSIGNALED(status):
         os.kill(os.getpid(), os.WTERMSIG(status))
     sys.exit(os.WEXITSTATUS(status))
+if mode == "init":
+    try:
+        tnt.init()
+    except tnt.TarantellaError as exc:
+        with open(os.path.join(outdir, f"init{os.environ['OMPI_COMM_WORLD_RANK']}.json"), "w") as f:
+            json.dump({"host": socket.gethostname(), "error": type(exc).__name__, "message": str(exc)}, f)
+        time.sleep(3)  # mpirun stops every rank once one ended badly: let the others write theirs
+        sys.exit(3)
+    sys.exit(0)
 os.environ["TNT_TEST_BIG_BYTES"] = sys.argv[3] if len(sys.argv) > 3 else str(3 << 20)
 tnt.init()
 rank = tnt.get_rank()

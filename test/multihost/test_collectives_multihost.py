@@ -61,12 +61,18 @@ def tntrun(bed, tmp_path, layout, *args):
                              str(tmp_path), *args], env=env_for(bed, tmp_path), cwd=str(tmp_path), timeout=600)
 
 
-def mpirun(bed, tmp_path, layout, *args):
+def mpirun(bed, tmp_path, layout, *args, here_only=None):
+    """mpirun itself; `here_only`: variables set in its environment but not named with -x, which
+    only the ranks on hostA see (Open MPI's ssh launch forwards what -x names)."""
     n = sum(int(h.split(":")[1]) for h in layout.split(","))
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    env = env_for(bed, tmp_path)
+    env.update(here_only or {})
+    # the same Tarantella on every host: the one under test where PYTHONPATH names it
+    forward = ["-x", "PATH", "-x", "TNT_LOG_LEVEL"] + (["-x", "PYTHONPATH"] if env.get("PYTHONPATH") else [])
     return bed.run("hostA", [MPIRUN, *root, "--bind-to", "none", "-np", str(n), "--host", layout,
-                             "-x", "PATH", "-x", "TNT_LOG_LEVEL", sys.executable, RANK, str(tmp_path), *args],
-                   env=env_for(bed, tmp_path), cwd=str(tmp_path), timeout=600)
+                             *forward, sys.executable, RANK, str(tmp_path), *args],
+                   env=env, cwd=str(tmp_path), timeout=600)
 
 
 def hosts_of(layout):
@@ -139,6 +145,21 @@ def test_a_rank_killed_on_one_host_is_named_on_every_host(bed, tmp_path):
     assert "  rank:    3 (local_rank 1)\n" in root and "  host:    hostB\n" in root, root
     assert "  exit:    signal 9 (SIGKILL)\n" in root, root
     assert shm_names(open(tmp_path / "job").read()) == []
+    assert nothing_left(bed, bed.hosts)
+
+
+def test_a_transport_set_on_one_host_only_fails_every_rank_saying_so(bed, tmp_path):
+    # TNT_TRANSPORT=mpi set before a bare mpirun reaches only hostA's ranks: hostB's take auto
+    # (shm+mpi), which discovers the hosts where mpi goes on with its set-up. Their exchanges
+    # stopped pairing up: hostA's ranks said "rank 2 sent a set-up record of 6 bytes, not 96:
+    # every rank must run the same release of Tarantella" (its host name), hostB's that a
+    # rank of hostA had shut down. Every rank now names the setting, in the transport's hello
+    res = mpirun(bed, tmp_path, "hostA:2,hostB:2", "init", here_only={"TNT_TRANSPORT": "mpi"})
+    assert res.returncode != 0, res.stderr[-3000:]
+    for r in range(4):
+        got = json.load(open(tmp_path / f"init{r}.json"))
+        assert got["error"] == "InvalidUsageError", got
+        assert "the ranks disagree on TNT_TRANSPORT (rank 0 on hostA: mpi, rank 2 on hostB: auto)" in got["message"], got
     assert nothing_left(bed, bed.hosts)
 
 

@@ -126,6 +126,7 @@ typedef struct {
   uint32_t magic, abi;
   int32_t rank, size, local_rank, local_size, from_launcher, pid;
   double heartbeat_s;
+  char transport[16]; /* TNT_TRANSPORT as this rank read it (auto, mpi) */
   char host[64];
   char node[96]; /* boot id and pid namespace: equal means "pids are comparable" */
   tnt_cpus_t cpus; /* the CPUs this rank may run on: its host's union counts the waits' cores */
@@ -758,6 +759,16 @@ static tnt_result_t check_hellos(const tnt_placement_t *pl, const hello_t *all, 
                    "process MPI's rank and size",
                    q, msize, h->pid, h->host, h->rank, h->size,
                    h->from_launcher ? "TNT_RANK/TNT_SIZE" : "the launcher's variables");
+    /* The first exchange of every rank over MPI, whatever it selected: a rank of
+     * shm+mpi (auto) goes on to discover the hosts, one of mpi to its own
+     * set-up, so that their next exchanges no longer pair up. mpirun gives
+     * ranks it starts through ssh only the variables -x names: TNT_TRANSPORT=mpi
+     * set before a bare mpirun reaches this host's ranks, not the others'. */
+    if (strncmp(h->transport, all[0].transport, sizeof h->transport))
+      return failf(TNT_ERR_INVALID_USAGE, -1, "the ranks disagree on TNT_TRANSPORT (rank 0 on %s: %s, rank %d on %s: "
+                   "%s): give every rank the same environment (tntrun does; a bare mpirun passes a variable to the "
+                   "ranks of other hosts only with -x NAME)",
+                   all[0].host, all[0].transport, q, h->host, h->transport);
     if (h->heartbeat_s != beat)
       return failf(TNT_ERR_INVALID_USAGE, -1, "the ranks disagree on TNT_MPI_HEARTBEAT_S (rank 0: %g, rank %d: %g): "
                    "give every rank the same environment", all[0].heartbeat_s, q, h->heartbeat_s);
@@ -802,6 +813,7 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
   mine.from_launcher = pl->from_launcher;
   mine.pid = (int32_t)getpid();
   mine.heartbeat_s = beat;
+  snprintf(mine.transport, sizeof mine.transport, "%s", params->transport);
   gethostname(mine.host, sizeof mine.host - 1);
   node_id(mine.node, sizeof mine.node);
   tnt_cpus_mine(&mine.cpus);
