@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +43,37 @@ def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hos
 @pytest.mark.parametrize("hosts,n", [("hostA:1,hostB:1,hostC:1", 3), ("hostA:3,hostB:1", 4)], ids=["3x1", "3+1"])
 def test_collectives_across_three_hosts_and_uneven_hosts(multihost3, tmp_path, hosts, n):
     check_collectives(multihost3, tmp_path, hosts, n)
+
+
+def test_two_jobs_at_once_on_the_same_hosts(multihost, tmp_path):
+    # GPI-2 ignores the TCP port gaspi_config_set gives it: its ethernet device listened on
+    # 19000 in every job, and a second job on the same hosts failed in gaspi_proc_init with
+    # "Device operation error". The first job reduces until stopped; the second runs whole
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")  # gaspi_run
+    first_out, second_out = tmp_path / "first", tmp_path / "second"
+    first_out.mkdir()
+    second_out.mkdir()
+    tntrun = ["tntrun", "-H", "hostA:1,hostB:1", "--transport", "gpi2", "--"]
+    first = multihost.popen("hostA", tntrun + [os.path.join(HERE, "rank_cut.py"), str(first_out)], env=env,
+                            cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # both ranks of the first job reduce
+            ready = [f for f in os.listdir(first_out) if open(first_out / f).read()]
+            if len(ready) == 2 or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert len(ready) == 2, first.communicate(timeout=60)
+        second = multihost.run("hostA", tntrun + [os.path.join(HERE, "rank_bare.py"), str(second_out)], env=env,
+                               cwd=str(tmp_path), timeout=300)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        assert [json.load(open(second_out / f"bare{r}.json"))["sum"] for r in range(2)] == [3.0, 3.0]
+        assert first.poll() is None, first.communicate(timeout=60)  # undisturbed
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGINT)
+        first.communicate(timeout=120)
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
 
 
 def check_collectives(multihost, tmp_path, hosts, n):

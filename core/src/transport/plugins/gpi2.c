@@ -224,6 +224,9 @@ typedef struct {
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static void *gpi2_lib;
+/* GPI-2's own configuration, where the library exports it (glb_gaspi_cfg, the
+ * struct gaspi_config_get copies out): see set_tcp_port */
+static gpi2_config_head_t *gpi2_config;
 static char gpi2_path[PATH_MAX];
 static int gaspi_up;          /* gaspi_proc_init succeeded in this process */
 static int up_rank, up_size;  /* ... as this rank of this many */
@@ -340,6 +343,7 @@ static int load_gpi2(char *why, size_t len) {
     }
   }
   G.error_str = (const char *(*)(gaspi_return_t))dlsym(lib, "gaspi_error_str");
+  gpi2_config = (gpi2_config_head_t *)dlsym(lib, "glb_gaspi_cfg");
   gpi2_lib = lib;
   return 0;
 }
@@ -366,22 +370,52 @@ static tnt_result_t job_ports(const tnt_placement_t *pl, unsigned *out) {
   return TNT_SUCCESS;
 }
 
-/* GPI-2 gives up on a port it cannot bind with no word why: try ours first. */
-static tnt_result_t check_port_free(unsigned port, const char *what, int from_env) {
+/* 0 when `port` can be bound on this host, else the errno. */
+static int port_taken(unsigned port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return TNT_SUCCESS;
+  if (fd < 0) return 0;
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as GPI-2 does: TIME_WAIT is fine */
   struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr = {htonl(INADDR_ANY)}};
   int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr), err = errno;
   close(fd);
-  if (rc == 0) return TNT_SUCCESS;
+  return rc == 0 ? 0 : err;
+}
+
+/* GPI-2 gives up on a port it cannot bind with no word why: try ours first. */
+static tnt_result_t check_port_free(unsigned port, const char *what, int from_env) {
+  const int err = port_taken(port);
+  if (!err) return TNT_SUCCESS;
   return failf(TNT_ERR_INVALID_USAGE, -1,
                "the gpi2 transport cannot use port %u (%s) on this host: %s. Another GPI-2 job (or program) holds it; "
                "%s give this job another range with TNT_GPI2_PORT (it uses TNT_GPI2_PORT + local rank, + %d + local "
                "rank and + %d + local rank)",
                port, what, strerror(err), from_env ? "TNT_GPI2_PORT is set:" : "the job id chose the range:", MAX_PPN,
                2 * MAX_PPN);
+}
+
+/* The ethernet device's first port, after gaspi_config_set. GPI-2 (1.5 to
+ * 1.6) copies every setting of gaspi_config_set but that one, so its device
+ * listened on 19000 + local rank in every job: a second gpi2 job on a host
+ * failed in gaspi_proc_init with only "Device operation error" (its debug
+ * library: "Failed to bind to port 19000"). The port therefore also goes into
+ * GPI-2's exported configuration, which the device reads; where that cannot
+ * be done, the port it keeps is checked, and a job that finds it taken says
+ * why instead. */
+static tnt_result_t set_tcp_port(unsigned want, int local, int from_env) {
+  if (gpi2_config && gpi2_config->network_type == GASPI_ETHERNET) gpi2_config->tcp_port = want;
+  gpi2_config_t used;
+  memset(&used, 0, sizeof used);
+  G.config_get(&used);
+  const unsigned port = used.head.tcp_port + (unsigned)local;
+  if (used.head.tcp_port == want) return check_port_free(port, "GPI-2's ethernet device", from_env);
+  const int err = port_taken(port);
+  if (!err) return TNT_SUCCESS;
+  return failf(TNT_ERR_INVALID_USAGE, -1,
+               "the gpi2 transport cannot use port %u (GPI-2's ethernet device) on this host: %s. This GPI-2 keeps "
+               "its device on port %u + local rank in every job (it ignores the port set through gaspi_config_set), "
+               "and another GPI-2 job (or program) holds it: run one gpi2 job per host at a time",
+               port, strerror(err), used.head.tcp_port);
 }
 
 /* Under gaspi_run the GASPI_* variables are set; a job tntrun started on one
@@ -471,15 +505,14 @@ static tnt_result_t ensure_gaspi(const tnt_placement_t *pl, double timeout_s) {
   int ethernet = conf.head.network_type == GASPI_ETHERNET;
   if (ethernet) conf.head.tcp_port = port_base + 2 * MAX_PPN;
   if ((res = check_port_free(port_base + (unsigned)local, "GPI-2's service port", from_env)) != TNT_SUCCESS ||
-      (res = check_port_free(port_base + MAX_PPN + (unsigned)local, "GPI-2's start-up port", from_env)) != TNT_SUCCESS ||
-      (ethernet && (res = check_port_free(conf.head.tcp_port + (unsigned)local, "GPI-2's ethernet device", from_env)) !=
-                       TNT_SUCCESS))
+      (res = check_port_free(port_base + MAX_PPN + (unsigned)local, "GPI-2's start-up port", from_env)) != TNT_SUCCESS)
     goto out;
   gaspi_return_t rc = G.config_set(conf);
   if (rc != GASPI_SUCCESS) {
     res = failf(TNT_ERR_SYSTEM, -1, "gaspi_config_set failed: %s", gerr(rc));
     goto out;
   }
+  if (ethernet && (res = set_tcp_port(conf.head.tcp_port, local, from_env)) != TNT_SUCCESS) goto out;
   double t0 = host->now();
   rc = G.proc_init((gaspi_timeout_t)(timeout_s * 1000));
   if (rc != GASPI_SUCCESS) {
