@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from tarantella import _fastpath
-from tarantella.common import codes, core, dtypes, errors, request_names, result_pool
+from tarantella.common import codes, core, dtypes, errors, master_only, request_names, result_pool
 from tarantella.common.errors import InvalidArgumentError
 from tarantella.common.request_names import auto_name
 
@@ -294,6 +294,8 @@ def _op_code(op):
 
 def allreduce_async(array, op="sum", name=None, prescale=1.0, out=None):
     """Start an allreduce; see allreduce()."""
+    if master_only.open_sections:  # on the master only: refused, the others never call it
+        master_only.refuse("tnt.allreduce_async")
     return _allreduce_async(array, op, name, prescale, out)
 
 
@@ -334,6 +336,8 @@ def allreduce(array, op="sum", name=None, prescale=1.0, out=None):
 
     `array` may also be a nested structure (lists, tuples, dicts) of arrays,
     scalars and tensors (see the module docstring)."""
+    if master_only.open_sections:  # on the master only: refused, the others never call it
+        master_only.refuse("tnt.allreduce")
     if isinstance(array, _SCALARS):  # a loss or a metric: the 0-d array the general path makes of it
         array = np.asarray(array)
     result = _fastpath.allreduce(array, op, name, prescale, out)  # the common call, in C
@@ -435,6 +439,8 @@ def _bind_fastpath(lib, ffi):
 
 
 def broadcast_async(array, root=0, name=None, out=None):
+    if master_only.open_sections:  # on the master only: refused, the others never call it
+        master_only.refuse("tnt.broadcast_async")
     return _broadcast(array, root, name, out, blocking=False)
 
 
@@ -461,6 +467,8 @@ def broadcast(array, root=0, name=None, out=None):
     """`root`'s array on every rank (every rank passes an array of the same dtype
     and shape). `out=` receives the result in place of a new array. `array`
     may be a nested structure (every rank passes the same structure)."""
+    if master_only.open_sections:  # on the master only: refused, the others never call it
+        master_only.refuse("tnt.broadcast")
     if _is_structure(array):
         _no_out(out, "broadcast")
         return _structure_collective(array, "broadcast", name,
@@ -472,6 +480,8 @@ def broadcast(array, root=0, name=None, out=None):
 
 
 def allgather_async(array, name=None):
+    if master_only.open_sections:  # on the master only: refused, the others never call it
+        master_only.refuse("tnt.allgather_async")
     return _allgather(array, name, blocking=False)
 
 
@@ -568,6 +578,8 @@ def allgather(array, name=None):
     first dimension may differ between ranks; the other dimensions must agree.
     `array` may be a nested structure: each leaf is gathered so (a scalar or
     0-d leaf as one row, giving a 1-d array of one value per rank)."""
+    if master_only.open_sections:  # on the master only: refused, the others never call it
+        master_only.refuse("tnt.allgather")
     if _is_structure(array):
         return _allgather_structure(array, name)
     result = _fastpath.allgather(array, name)  # the common call, in C
@@ -577,12 +589,16 @@ def allgather(array, name=None):
 
 
 def barrier_async(name=None):
+    if master_only.open_sections:  # on the master only: refused, the others never call it
+        master_only.refuse("tnt.barrier_async")
     lib = core.ensure_initialized()
     return _submit(lib.tnt_barrier_async, auto_name("barrier", name), (), lambda h: None, ())
 
 
 def barrier(name=None):
     """Return once every rank has entered the barrier."""
+    if master_only.open_sections:  # on the master only: refused, the others never call it
+        master_only.refuse("tnt.barrier")
     lib = core.ensure_initialized()
     _blocking(lib.tnt_barrier, auto_name("barrier", name), (), lambda h: None, ())
 

@@ -7,13 +7,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella.common import collectives, config, core
+from tarantella.common import collectives, config, core, master_only
 from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
                                    dropout, global_loss, step_context)
 from tarantella.tensorflow import compression as compression_lib
-from tarantella.tensorflow import master_only
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
@@ -451,6 +450,7 @@ class Model(keras.Model):
         return self.model.metrics
 
     def get_metrics_result(self):
+        master_only.refuse("tnt.Model.get_metrics_result")
         if core.get_size() == 1:
             return self.model.get_metrics_result()
         return global_metrics_result(self.metrics)
@@ -592,6 +592,7 @@ class Model(keras.Model):
         with the global batch size, an unbatched dataset with
         `tnt_micro_batch_size`, or arrays with `batch_size` the global batch
         size. Returns the History of global logs on every rank."""
+        master_only.refuse("tnt.Model.fit")
         self._assert_compile_called("fit")
         mark("fit: begin")
         if validation_split and validation_data is None:
@@ -659,6 +660,7 @@ class Model(keras.Model):
                  tnt_distribute_dataset=True, **kwargs):
         """`keras.Model.evaluate`, data-parallel; the result is global (the
         same on every rank)."""
+        master_only.refuse("tnt.Model.evaluate")
         if kwargs.get("_use_cached_eval_dataset"):  # validation inside fit: already distributed
             return super().evaluate(x=x, y=y, batch_size=batch_size, verbose=verbose,
                                     sample_weight=sample_weight, steps=steps, callbacks=callbacks,
@@ -688,6 +690,7 @@ class Model(keras.Model):
                 tnt_micro_batch_size=None, tnt_distribute_dataset=True):
         """`keras.Model.predict`, data-parallel: every rank predicts its slice
         of each global batch and returns the full predictions, in order."""
+        master_only.refuse("tnt.Model.predict")
         # Undistributed, each rank predicts its own data alone: nothing to agree on but that.
         kind = input_kind(x) if tnt_distribute_dataset else step_counts.KINDS[0]
         step_counts.check_same_arguments("predict", {
@@ -715,6 +718,7 @@ class Model(keras.Model):
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
         """`keras.Model.train_on_batch` on a global batch: every rank passes the
         same batch and trains on its slice; the logs are global."""
+        master_only.refuse("tnt.Model.train_on_batch")
         self._assert_compile_called("train_on_batch")
         self._train_may_be_empty(True)  # any batch, even one smaller than the ranks
         self._refuse_stateful_rnn("train_on_batch")
@@ -726,6 +730,7 @@ class Model(keras.Model):
 
     def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
         """`keras.Model.test_on_batch` on a global batch (see train_on_batch)."""
+        master_only.refuse("tnt.Model.test_on_batch")
         self._assert_compile_called("test_on_batch")
         self._refuse_stateful_rnn("test_on_batch")
         self._sync_weights(x)
@@ -736,6 +741,7 @@ class Model(keras.Model):
     def predict_on_batch(self, x):
         """`keras.Model.predict_on_batch` on a global batch: every rank predicts
         its slice and returns the predictions of the whole batch."""
+        master_only.refuse("tnt.Model.predict_on_batch")
         self._refuse_stateful_rnn("predict_on_batch")
         self._sync_weights(x)
         self._set_distributed_predict(core.get_size() > 1)
@@ -750,12 +756,14 @@ class Model(keras.Model):
     # ---- weights and saving -------------------------------------------------------------------
     def set_weights(self, weights):
         """Set the weights on every rank to the master rank's `weights` (collective)."""
+        master_only.refuse("tnt.Model.set_weights")
         super().set_weights(weights)
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
         self._tnt_synced = True
 
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
         """Load weights on every rank, then broadcast the master's (collective)."""
+        master_only.refuse("tnt.Model.load_weights")
         optimizer = getattr(self, "optimizer", None)
         if self.built and optimizer is not None and not optimizer.built:
             optimizer.build(self.trainable_variables)  # so that its saved state loads too

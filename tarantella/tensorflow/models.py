@@ -10,8 +10,8 @@ import os
 
 import keras
 
-from tarantella.common import collectives, core
-from tarantella.tensorflow import collective_ops, master_only
+from tarantella.common import collectives, core, master_only
+from tarantella.tensorflow import collective_ops
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.model import Model
 from tarantella.tensorflow.model import model_from_config as _model_from_config

@@ -13,7 +13,7 @@ import itertools
 
 import tensorflow as tf
 
-from tarantella.common import collectives, dtypes
+from tarantella.common import collectives, dtypes, master_only
 from tarantella.tensorflow import ops as tf_ops
 
 _graph_names = itertools.count()  # unnamed collectives inside tf.function: one name per trace
@@ -46,6 +46,7 @@ def _is_tensor(leaf):
 
 
 def _run(x, collective, kind, name=None, **options):
+    master_only.refuse(f"tnt.{kind}")  # eagerly, and when a tf.function is traced
     leaves, rebuild = collectives.flatten(x)
     if any(_is_tensor(leaf) for leaf in leaves) and not tf.executing_eagerly():
         compiled = tf_ops.get()

@@ -658,6 +658,43 @@ def check_step_counts(tnt):
     return run_cases(tnt, cases)
 
 
+def check_master_only_collectives(tnt):
+    """A callback that runs on the master only calls collectives: the other
+    ranks never call them, so each waited for them until TNT_TIMEOUT_S (or, an
+    unnamed one, took the name of their next collective). Each is refused at
+    once with an InvalidUsageError naming it; the callback catches them here,
+    so fit goes on, on every rank."""
+    import tarantella.tensorflow as tnt_tf
+    tried = {}
+
+    class Collectives(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            calls = {
+                "allreduce": lambda: tnt.allreduce(np.ones(2, np.float32)),
+                "allreduce_async": lambda: tnt.allreduce_async(np.ones(2, np.float32)).wait(),
+                "broadcast": lambda: tnt.broadcast(np.ones(2, np.float32)),
+                "allgather": lambda: tnt.allgather(np.ones(2, np.float32)),
+                "barrier": lambda: tnt.barrier(),
+                "tf_allreduce": lambda: tnt_tf.allreduce(tf.ones(2)),
+                "evaluate": lambda: self.model.evaluate(datasets()[1], verbose=0),
+                "predict": lambda: self.model.predict(data()[0][:8], verbose=0),
+                "set_weights": lambda: self.model.set_weights(self.model.get_weights()),
+                "get_metrics_result": lambda: self.model.get_metrics_result(),
+            }
+            for key, call in calls.items():
+                try:
+                    call()
+                    tried[key] = {"error": None}
+                except Exception as exc:  # noqa: BLE001 - recorded for the test
+                    tried[key] = {"error": type(exc).__name__, "message": str(exc)}
+
+    model = tnt.Model(build())
+    compile_(model)
+    history = model.fit(datasets()[0], epochs=2, verbose=0,
+                        callbacks=[tnt.keras.callbacks.Callback(Collectives(), run_on_all_ranks=False)])
+    return {"tried": tried, "epochs": len(history.history["loss"])}
+
+
 def check_master_only_checkpoints(tnt, files):
     """A ModelCheckpoint passed to fit on the master only (Horovod's `if
     hvd.rank() == 0: callbacks.append(...)`): its save waited for the other
@@ -837,6 +874,7 @@ def main():
         results["step_counts"] = check_step_counts(tnt)
         results["same_data"] = check_same_data(tnt)
         results["master_only_checkpoints"] = check_master_only_checkpoints(tnt, files)
+        results["master_only_collectives"] = check_master_only_collectives(tnt)
         results["stateful_rnn"] = check_stateful_rnn(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks

@@ -5,7 +5,7 @@ import threading
 import keras
 
 from tarantella.common import config, core
-from tarantella.tensorflow import master_only
+from tarantella.common import master_only
 
 # Callbacks whose decisions change training (the learning rate, stopping):
 # they must decide the same on every rank, or ranks would diverge or deadlock.
