@@ -10,8 +10,8 @@ import tensorflow as tf
 from tarantella.common import collectives, config, core, master_only
 from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
-from tarantella.tensorflow import (batch_normalization, collective_ops, distributed_optimizer,
-                                   dropout, global_loss, step_context)
+from tarantella.tensorflow import (batch_normalization, call_agreement, collective_ops,
+                                   distributed_optimizer, dropout, global_loss, step_context)
 from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
@@ -595,6 +595,7 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.fit")
         self._assert_compile_called("fit")
         mark("fit: begin")
+        call_agreement.check("fit", self, not self._tnt_synced)
         if validation_split and validation_data is None:
             if not _is_array_like(x):
                 raise ValueError(
@@ -666,6 +667,7 @@ class Model(keras.Model):
                                     sample_weight=sample_weight, steps=steps, callbacks=callbacks,
                                     return_dict=return_dict, **kwargs)
         self._assert_compile_called("evaluate")
+        call_agreement.check("evaluate", self, not self._tnt_synced)
         kind = input_kind(x)
         step_counts.check_same_arguments("evaluate", {
             "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset, "steps": steps,
@@ -691,6 +693,7 @@ class Model(keras.Model):
         """`keras.Model.predict`, data-parallel: every rank predicts its slice
         of each global batch and returns the full predictions, in order."""
         master_only.refuse("tnt.Model.predict")
+        call_agreement.check("predict", self, not self._tnt_synced)
         # Undistributed, each rank predicts its own data alone: nothing to agree on but that.
         kind = input_kind(x) if tnt_distribute_dataset else step_counts.KINDS[0]
         step_counts.check_same_arguments("predict", {

@@ -695,6 +695,48 @@ def check_master_only_collectives(tnt):
     return {"tried": tried, "epochs": len(history.history["loss"])}
 
 
+def check_rank_branches(tnt):
+    """A branch on the rank in the script: evaluate on the master only, a layer
+    frozen on one rank, a recompile on the master only, a loss chosen per rank.
+    Each made the ranks request what the others never did (the call's own
+    checks, the broadcast of the weights after compile, gradients named after
+    other shapes, a global normaliser), and they waited for each other until
+    TNT_TIMEOUT_S. Every rank must raise the same MismatchError when the call
+    begins; the same changes made on every rank must train."""
+    rank = tnt.get_rank()
+    ds = datasets()[0]
+
+    def evaluate_on_master(m):
+        if rank == 0:
+            m.evaluate(ds, verbose=0)
+        m.fit(ds, epochs=1, verbose=0)
+
+    def frozen(on_ranks):
+        def run(m):
+            if rank in on_ranks:
+                m.layers[0].trainable = False
+            compile_(m)
+            m.fit(ds, epochs=1, verbose=0)
+        return run
+
+    def compiled_on_master(m):
+        m.fit(ds, epochs=1, verbose=0)
+        if rank == 0:
+            compile_(m, lr=0.01)
+        m.fit(ds, epochs=1, verbose=0)
+
+    def loss_per_rank(m):
+        m.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="sum" if rank else "sum_over_batch_size"))
+        m.fit(ds, epochs=1, verbose=0)
+
+    return run_cases(tnt, {"evaluate_on_master": evaluate_on_master,
+                           "frozen_on_one_rank": frozen((1,)),
+                           "compiled_on_master": compiled_on_master,
+                           "loss_per_rank": loss_per_rank,
+                           "frozen_everywhere": frozen((0, 1))})
+
+
 def check_master_only_checkpoints(tnt, files):
     """A ModelCheckpoint passed to fit on the master only (Horovod's `if
     hvd.rank() == 0: callbacks.append(...)`): its save waited for the other
@@ -876,6 +918,7 @@ def main():
         results["master_only_checkpoints"] = check_master_only_checkpoints(tnt, files)
         results["master_only_collectives"] = check_master_only_collectives(tnt)
         results["stateful_rnn"] = check_stateful_rnn(tnt)
+        results["rank_branches"] = check_rank_branches(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

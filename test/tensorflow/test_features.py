@@ -378,6 +378,30 @@ def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_befor
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
 
 
+def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_begins(runs):
+    # call_agreement.py: the ranks used to wait for each other until TNT_TIMEOUT_S (60 s here),
+    # for requests the others never made
+    r0, r1 = (r["rank_branches"] for r in runs["ranks"])
+    lead = "the ranks are not in the same call on one model: "
+    expected = {
+        "evaluate_on_master": "the call (rank 0: evaluate, rank 1: fit)",
+        "frozen_on_one_rank": "the number of trainable variables (rank 0: 4, rank 1: 2); the "
+                              "trainable variables' shapes and dtypes (ranks [1] differ from rank 0)",
+        "compiled_on_master": "whether the model broadcasts the master's weights first, as after "
+                              "compile, set_weights or load_weights (rank 0: True, rank 1: False); "
+                              "what compile was given (loss, metrics, optimizer and its settings) "
+                              "(ranks [1] differ from rank 0)",
+        "loss_per_rank": "what compile was given (loss, metrics, optimizer and its settings) "
+                         "(ranks [1] differ from rank 0)",
+    }
+    for key, what in expected.items():
+        assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
+        assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
+        assert r0[key]["message"].startswith(lead + what + ". fit, evaluate and predict are "
+                                             "collective"), (key, r0[key]["message"])
+    assert r0["frozen_everywhere"] == r1["frozen_everywhere"] == {"error": None}
+
+
 def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(runs):
     # its save waits for the other ranks: they used to wait until TNT_TIMEOUT_S
     r0, r1 = (r["master_only_checkpoints"] for r in runs["ranks"])

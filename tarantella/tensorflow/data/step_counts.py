@@ -32,7 +32,9 @@ UNKNOWN = int(tf.data.UNKNOWN_CARDINALITY)  # -2: not known, so not compared
 INFINITE = int(tf.data.INFINITE_CARDINALITY)  # -1
 _NONE = -3  # an argument left at None
 KINDS = ("None", "a tf.data.Dataset", "arrays", "another input")  # what `input_kind` says
-_WORDS = KINDS + ("False", "True", "batch")  # the words an argument can be (shuffle="batch")
+CALLS = ("fit", "evaluate", "predict")  # the calls that compare what they are (call_agreement.py)
+# the words a value can be (shuffle="batch", the call's name)
+_WORDS = KINDS + ("False", "True", "batch") + CALLS
 _WORD_BASE = -10  # _WORDS[i] travels as _WORD_BASE - i
 _OTHER_BASE = -(1 << 40)  # any other value: below it, by a CRC of its repr
 
@@ -93,11 +95,13 @@ def _shown(value):
     return {UNKNOWN: "unknown", INFINITE: "infinite", _NONE: "None"}.get(value, str(value))
 
 
-def _compare(what, name, values, skip_unknown):
+def compare(name, values, lead, advice, skip_unknown=False):
     """Collective: MismatchError on every rank unless every rank has the same
-    `values` (label -> int, the labels the same on every rank). With
-    `skip_unknown`, a label that is None (not counted) or UNKNOWN on some rank
-    is not compared; returns the labels that were UNKNOWN somewhere."""
+    `values` (label -> int, bool, None, one of _WORDS, or any other value,
+    compared by a CRC of its repr; the labels the same on every rank), which
+    reads `lead`, each differing label with the ranks' values, then `advice`.
+    With `skip_unknown`, a label that is None (not counted) or UNKNOWN on some
+    rank is not compared; returns the labels that were UNKNOWN somewhere."""
     if core.get_size() == 1:
         return []
     labels = list(values)
@@ -108,8 +112,7 @@ def _compare(what, name, values, skip_unknown):
     differ = [i for i in range(len(labels)) if (every[:, i] != every[0, i]).any() and not skipped(i)]
     if differ:
         said = "; ".join(_differing(labels[i], every[:, i]) for i in differ)
-        raise MismatchError(f"the ranks would take different numbers of steps in {what}: "
-                            f"{said}. {_ADVICE}")
+        raise MismatchError(f"{lead}: {said}. {advice}")
     return unknown
 
 
@@ -125,7 +128,7 @@ def check_same_arguments(what, arguments):
     """Collective: the same MismatchError on every rank unless the ranks pass
     the same `arguments` (label -> int, bool, None, one of KINDS or "batch";
     any other value, such as class_weight, is compared by a CRC of its repr)."""
-    _compare(what, f"tnt.steps.{what}.arguments", arguments, skip_unknown=False)
+    compare(f"tnt.steps.{what}.arguments", arguments, _lead(what), _ADVICE)
 
 
 def check_same_batches(what, counts):
@@ -133,7 +136,11 @@ def check_same_batches(what, counts):
     inputs have the same numbers of batches (label -> count; None, not
     counted on purpose, or UNKNOWN on any rank: not compared). Returns what
     `timeout_hint` needs: the labels tf.data could not count on some rank."""
-    return _compare(what, f"tnt.steps.{what}.batches", counts, skip_unknown=True)
+    return compare(f"tnt.steps.{what}.batches", counts, _lead(what), _ADVICE, skip_unknown=True)
+
+
+def _lead(what):
+    return f"the ranks would take different numbers of steps in {what}"
 
 
 def timeout_hint(uncounted):

@@ -1,0 +1,103 @@
+"""Whether every rank enters the same fit, evaluate or predict, on a model
+compiled alike.
+
+Those calls are collective, and so is every step they take. A branch on the
+rank in a user's script breaks that without any collective noticing at
+once: `if tnt.is_master_rank(): model.evaluate(...)`, a layer frozen
+(`trainable = False`) or a model recompiled on some ranks only, a loss or
+optimizer chosen per rank. The ranks then made requests the others never
+made (the call's own checks are named after the call, the weights are
+broadcast by the ranks that compiled since their last call only, the
+gradients' requests are named after the trainable variables' shapes) and
+waited for each other until TNT_TIMEOUT_S (300 s by default), with a message
+about a tensor one rank never submitted.
+
+So every such call begins with one small allgather, under one name for all
+three calls, of what must be the same: which call it is, whether the model
+broadcasts the master's weights first (after compile, set_weights or
+load_weights), the trainable variables (count, shapes, dtypes) and what
+`compile` was given (loss, metrics, optimizer and its settings). A difference
+is the same tnt.MismatchError on every rank, naming it.
+"""
+import numbers
+import zlib
+
+import keras
+import numpy as np
+
+from tarantella.common import core
+from tarantella.tensorflow.data import step_counts
+
+_ADVICE = (
+    "fit, evaluate and predict are collective: every rank must make the same calls, on a model "
+    "built, compiled and frozen (trainable) alike. A branch on the rank (`if tnt.get_rank() == "
+    "0:`) that calls one of them, compiles, or sets `trainable` on some ranks only would leave "
+    "the ranks waiting for each other until TNT_TIMEOUT_S, or training different models")
+_CHECKED_CONFIG = ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")
+
+
+def check(what, model, broadcasts_first):
+    """Collective: the same MismatchError on every rank unless every rank is
+    in the call `what` (one of step_counts.CALLS) of `model` (the wrapped
+    Keras model), with the same `broadcasts_first` and the same trainable
+    variables and compile arguments."""
+    if core.get_size() == 1:
+        return
+    trainable = model.trainable_variables
+    step_counts.compare("tnt.call", {
+        "the call": what,
+        "whether the model broadcasts the master's weights first, as after compile, set_weights "
+        "or load_weights": bool(broadcasts_first),
+        "the number of trainable variables": len(trainable),
+        "the trainable variables' shapes and dtypes": _crc(
+            ";".join(f"{v.dtype}{tuple(v.shape)}" for v in trainable)),
+        "what compile was given (loss, metrics, optimizer and its settings)": _crc(
+            _describe(_compile_arguments(model))),
+    }, "the ranks are not in the same call on one model", _ADVICE)
+
+
+def _crc(text):
+    # an int compared as it is; wrapped in a str, compare() shows which ranks differ instead
+    return f"crc {zlib.crc32(text.encode())}"
+
+
+def _compile_arguments(model):
+    config = getattr(model, "_compile_config", None)
+    if not getattr(model, "compiled", False) or config is None:
+        return None
+    return {k: v for k, v in config.config.items() if k in _CHECKED_CONFIG}
+
+
+def _describe(value):
+    """A text that is the same on every rank for the same compile argument:
+    built from class names and plain values only (never an object's repr,
+    which may hold an address)."""
+    if value is None or isinstance(value, (bool, str)):
+        return repr(value)
+    if isinstance(value, numbers.Number) or isinstance(value, np.generic):
+        return repr(np.asarray(value).item())
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in sorted(
+            value.items(), key=lambda item: repr(item[0]))) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_describe(v) for v in value) + "]"
+    name = type(value).__qualname__
+    if isinstance(value, (keras.losses.Loss, keras.metrics.Metric, keras.optimizers.Optimizer,
+                          keras.optimizers.schedules.LearningRateSchedule)):
+        try:
+            config = value.get_config()
+        except Exception:  # noqa: BLE001 - a custom object without a config: its class only
+            return name
+        return name + _describe(_without_names(config))
+    return getattr(value, "__qualname__", name)  # a function: its name
+
+
+def _without_names(config):
+    """A config without its "name" entries, nested ones too (a LossScaleOptimizer's inner
+    optimizer): Keras numbers optimizers' names per process (sgd, sgd_1, ...), so a rank that
+    built one more optimizer than the others names the same one apart."""
+    if isinstance(config, dict):
+        return {k: _without_names(v) for k, v in config.items() if k != "name"}
+    if isinstance(config, (list, tuple)):
+        return [_without_names(v) for v in config]
+    return config
