@@ -43,8 +43,12 @@ def prepare(model):
 
 
 def unsynchronized(model):
-    """The model's BatchNormalization layers whose statistics are per rank."""
-    return [layer for layer in _layers(model) if not layer.synchronized]
+    """The model's BatchNormalization layers whose statistics are per rank. Not
+    a frozen one (`trainable = False`: transfer learning's pretrained base):
+    Keras normalises with its moving statistics and never updates them, so it
+    trains as in serial Keras, and averaging its identical statistics over the
+    ranks would only round them anew every step."""
+    return [layer for layer in _layers(model) if not layer.synchronized and layer.trainable]
 
 
 def moving_statistics(layers):

@@ -412,6 +412,23 @@ def check_misc(tnt, files):
     model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(39), epochs=2, verbose=0)
     out["batch_norm_warning"] = [m for m in records if "BatchNormalization" in m]
     out["batch_norm_weights"] = weights(model)
+    # a frozen BatchNormalization (transfer learning's pretrained base, trainable=False)
+    # normalises with its moving statistics and never updates them, as in serial Keras: it
+    # must not warn, and its statistics must stay what they were (they were averaged over
+    # the ranks after every step, which rounded them anew: 1 ulp of drift per step)
+    records.clear()
+    model = tnt.Model(build(batch_norm=True))
+    norm = model.layers[1]
+    norm.moving_mean.assign(np.linspace(-1.0, 1.0, 16) * 0.37)
+    norm.moving_variance.assign(np.linspace(0.5, 2.0, 16) * 1.13)
+    statistics = [np.array(norm.moving_mean), np.array(norm.moving_variance)]
+    norm.trainable = False
+    compile_(model)
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(39), epochs=2, verbose=0)
+    out["frozen_batch_norm"] = {
+        "warning": [m for m in records if "BatchNormalization" in m],
+        "statistics_kept": [np.array_equal(a, np.array(v)) for a, v in
+                            zip(statistics, (norm.moving_mean, norm.moving_variance))]}
     model = tnt.Model(build())
     model.compile(optimizer="sgd", loss="mse", jit_compile=True)
     out["jit_compile"] = bool(model.jit_compile)

@@ -231,6 +231,10 @@ def test_unsynchronised_batch_norm_warns_and_ranks_end_alike(runs):
     assert "micro-batch of 20 samples" in master["batch_norm_warning"][0]
     assert "synchronized=True" in master["batch_norm_warning"][0]
     assert runs["ranks"][1]["misc"]["batch_norm_weights"] == master["batch_norm_weights"]
+    # frozen (trainable=False): it normalises with its moving statistics, as in serial Keras,
+    # so no warning, and they are not averaged over the ranks (which rounded them every step)
+    for rank in runs["ranks"]:
+        assert rank["misc"]["frozen_batch_norm"] == {"warning": [], "statistics_kept": [True, True]}
 
 
 def test_gradient_allreduce_overlaps_backprop(runs):
