@@ -6,6 +6,7 @@ import os
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.ops.operation import Operation
 
 from tarantella.common import collectives, config, core, master_only
 from tarantella.common.startup_log import mark
@@ -180,11 +181,19 @@ class Model(keras.Model):
 
     @property
     def input(self):
-        return self.model.input
+        try:
+            return self.model.input
+        except AttributeError:  # see output
+            return super().input
 
     @property
     def output(self):
-        return self.model.output
+        try:
+            return self.model.output
+        except AttributeError:
+            # A Sequential that was never called itself has none; the wrapper, called as a
+            # layer of another model, has its own (Keras reads it to build that model).
+            return super().output
 
     @property
     def inputs(self):
@@ -208,6 +217,14 @@ class Model(keras.Model):
 
     def compute_output_shape(self, *args, **kwargs):
         return self.model.compute_output_shape(*args, **kwargs)
+
+    def compute_output_spec(self, *args, **kwargs):
+        # Called on symbolic inputs (a tnt.Model used as a layer of another model, e.g. the
+        # base of transfer learning loaded with tnt.models.load_model), Keras would hand the
+        # overridden compute_output_shape its shapes by keyword ("inputs_shape"), which the
+        # wrapped model's compute_output_shape(input_shape) does not take: trace call() on
+        # the symbolic inputs instead, as Keras does for a model of its own.
+        return Operation.compute_output_spec(self, *args, **kwargs)
 
     def compute_mask(self, *args, **kwargs):
         return self.model.compute_mask(*args, **kwargs)

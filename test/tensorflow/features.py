@@ -298,6 +298,36 @@ def own_compile(tnt, reference):
     return {"history": [float(v) for v in history.history["loss"]], "weights": weights(model)}
 
 
+def transfer_learning(tnt, reference):
+    """Fine-tuning as Keras' transfer learning guide does it, on a base that is
+    a tnt.Model itself (as tnt.models.load_model returns it): fit a new head
+    on the frozen base, then unfreeze it, recompile with a lower learning rate
+    and fit again (the trainable variables change between the fits). Used as
+    a layer of another model, a tnt.Model failed at once: Keras handed its
+    compute_output_shape the shapes by keyword, and read the output of a
+    Sequential that was never called itself."""
+    keras.utils.set_random_seed(12)
+    base = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dropout(0.2), keras.layers.Dense(12, activation="relu")])
+    if not reference:
+        base = tnt.Model(base)
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(base(inputs)))
+    if not reference:
+        model = tnt.Model(model)
+    x, y = data(103, seed=13)  # global batches of 20, the last of 3
+    out = {}
+    for phase, trainable, lr in (("frozen", False, 0.05), ("fine_tuned", True, 0.01)):
+        base.trainable = trainable
+        model.compile(optimizer=keras.optimizers.Adam(lr),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0)
+        out[phase] = {"history": [float(v) for v in history.history["loss"]],
+                      "weights": weights(model)}
+    out["predict"] = model.predict(x[:B], batch_size=B, verbose=0).tolist()
+    return out
+
+
 def _traced_step_has_a_cond(model):
     """Whether the train function Keras traced last contains a tf.cond (tnt's
     empty-slice branch: a tiny Dense model has no other)."""
@@ -923,6 +953,7 @@ def main():
     results["array_fits"] = array_fits(tnt, args.reference)
     results["empty_slices"] = empty_slices(tnt, args.reference)
     results["list_arrays"] = list_arrays(tnt, args.reference)
+    results["transfer_learning"] = transfer_learning(tnt, args.reference)
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)

@@ -153,6 +153,21 @@ def test_arrays_in_lists_train_as_in_serial_keras(runs):
     assert runs["ranks"][0]["list_arrays"] == runs["ranks"][1]["list_arrays"]
 
 
+def test_fine_tuning_a_tnt_model_used_as_a_layer_trains_as_in_serial_keras(runs):
+    """A frozen base (a tnt.Model used as a layer of the model), then unfrozen
+    and recompiled with a lower learning rate: serial Keras after each fit."""
+    ref = runs["ref"]["transfer_learning"]
+    for rank in runs["ranks"]:
+        got = rank["transfer_learning"]
+        for phase in ("frozen", "fine_tuned"):
+            np.testing.assert_allclose(got[phase]["history"], ref[phase]["history"], rtol=1e-6,
+                                       atol=1e-6, err_msg=phase)
+            for a, b in zip(got[phase]["weights"], ref[phase]["weights"]):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=phase)
+        np.testing.assert_allclose(got["predict"], ref["predict"], rtol=1e-5, atol=1e-5)
+    assert runs["ranks"][0]["transfer_learning"] == runs["ranks"][1]["transfer_learning"]
+
+
 def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
     """A rank whose slice of a batch is empty skips the model but must do what
     the others do: update synchronised BatchNormalization's moving statistics
