@@ -328,6 +328,25 @@ def transfer_learning(tnt, reference):
     return out
 
 
+def epoch_loop(tnt, reference):
+    """fit in a loop of one epoch each (initial_epoch=e), on a dataset with an
+    unseeded shuffle, which tnt seeds with 42 (the reference passes seed=42):
+    every pass must draw a new order, as serial Keras' shuffle does. tnt
+    rebuilt the seeded pipeline at every fit, so each epoch trained on the
+    first epoch's order again."""
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    x, y = data()
+    tf.random.set_seed(None)  # build() set one, from which TF would derive the shuffle's seed
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N, seed=42 if reference else None)
+    ds = ds.batch(B)
+    history = [float(model.fit(ds, epochs=e + 1, initial_epoch=e, verbose=0).history["loss"][0])
+               for e in range(3)]
+    return {"history": history, "weights": weights(model)}
+
+
 def _traced_step_has_a_cond(model):
     """Whether the train function Keras traced last contains a tf.cond (tnt's
     empty-slice branch: a tiny Dense model has no other)."""
@@ -954,6 +973,7 @@ def main():
     results["empty_slices"] = empty_slices(tnt, args.reference)
     results["list_arrays"] = list_arrays(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
+    results["epoch_loop"] = epoch_loop(tnt, args.reference)
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)

@@ -168,6 +168,18 @@ def test_fine_tuning_a_tnt_model_used_as_a_layer_trains_as_in_serial_keras(runs)
     assert runs["ranks"][0]["transfer_learning"] == runs["ranks"][1]["transfer_learning"]
 
 
+def test_fit_in_a_loop_of_one_epoch_each_reshuffles_every_epoch_as_serial_keras(runs):
+    """An unseeded shuffle, seeded by tnt, draws a new order at every fit call
+    (before: the first epoch's order, every time), as serial Keras' does."""
+    ref = runs["ref"]["epoch_loop"]
+    for rank in runs["ranks"]:
+        got = rank["epoch_loop"]
+        np.testing.assert_allclose(got["history"], ref["history"], rtol=1e-6, atol=1e-6)
+        for a, b in zip(got["weights"], ref["weights"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert runs["ranks"][0]["epoch_loop"] == runs["ranks"][1]["epoch_loop"]
+
+
 def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
     """A rank whose slice of a batch is empty skips the model but must do what
     the others do: update synchronised BatchNormalization's moving statistics

@@ -8,12 +8,21 @@ This reads private tf.data attributes; an op it does not know stops the
 rebuild with an error that says how to avoid it (pass `seed=` to shuffle).
 """
 import warnings
+import weakref
 
 import tensorflow as tf
 
 from tarantella.tensorflow.data import dataset_inspection
 
 DEFAULT_SEED = 42
+
+# dataset -> {(seed, deterministic): its rebuilt pipeline}. A dataset passed
+# again (fit in a loop of one epoch each, validation_data, evaluate after fit)
+# gets the same rebuilt pipeline, whose shuffles keep their state and so draw
+# a new order for every pass, as the user's own shuffle does in serial Keras.
+# Rebuilt anew each time, a shuffle started again from its seed: every call of
+# fit(ds, epochs=e + 1, initial_epoch=e) trained on the same order.
+_rebuilt = weakref.WeakKeyDictionary()
 
 
 def _arg(ds, name, default=None):
@@ -83,11 +92,16 @@ def seed_unseeded_shuffles(dataset, seed=DEFAULT_SEED):
 
 def _rebuild_from(ops, first, seed, deterministic=False):
     """The chain `ops` (newest first) with ops[first] and every later op
-    re-applied on ops[first]'s input (_replay's `seed` and `deterministic`)."""
-    rebuilt = ops[first]._input_dataset
-    for op in reversed(ops[:first + 1]):
-        rebuilt = _replay(op, rebuilt, seed, deterministic)
-    return rebuilt
+    re-applied on ops[first]'s input (_replay's `seed` and `deterministic`);
+    the same object for the same chain and arguments (see _rebuilt)."""
+    known = _rebuilt.setdefault(ops[0], {})
+    key = (first, seed, deterministic)
+    if key not in known:
+        rebuilt = ops[first]._input_dataset
+        for op in reversed(ops[:first + 1]):
+            rebuilt = _replay(op, rebuilt, seed, deterministic)
+        known[key] = rebuilt
+    return known[key]
 
 
 def keep_order(dataset):
