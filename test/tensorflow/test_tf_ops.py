@@ -74,6 +74,23 @@ def test_a_lost_peer_fails_the_op_with_its_rank(tmp_path):
         result.stdout[-2000:] + result.stderr[-2000:]
 
 
+
+def test_ranks_agree_on_the_fallback_when_one_rank_cannot_build(tmp_path):
+    """Rank 1's compiler fails (a host without one), rank 0 has the ops: both
+    take tf.numpy_function, whose requests are named otherwise than the
+    compiled ops' (a mix waited until TNT_TIMEOUT_S), and rank 0's WARNING
+    names rank 1 and why."""
+    result = run_ranks(2, "tf_ops_probe.py", "--out", tmp_path, "--broken-rank", 1,
+                       "--broken-cache", tmp_path / "cache", env={"TNT_TIMEOUT_S": 30}, timeout=200)
+    for r in (0, 1):
+        got = _load(tmp_path, r)
+        assert got["library"] is None and "PyFunc" in got["op_types"], got
+        assert "TntCollectiveStart" not in got["op_types"], got
+        assert got["summed"] == [3.0] * 3 and got["gathered"] == [1.0, 2.0] and got["pair"] == [[3.0], [6.0, 6.0]]
+    output = result.stdout + result.stderr
+    assert output.count("compiled TensorFlow ops cannot be used") == 1, output[-3000:]
+    assert "rank 1: building Tarantella's TensorFlow ops with false failed" in output, output[-3000:]
+
 @pytest.fixture
 def failing_compiler(tmp_path, monkeypatch):
     """A C++ compiler that counts its calls and fails, and a fresh cache."""
@@ -144,8 +161,8 @@ def test_a_core_error_surfaces_as_a_tensorflow_error():
 
 
 def test_shapes_agree_with_the_numpy_path_and_differing_ones_fail(tmp_path):
-    """A rank on the compiled ops and one on the NumPy API (a rank whose ops
-    could not be built falls back to it) carry the same layout for one shape,
+    """A rank on the compiled ops and one on the NumPy API (a tf.function on
+    one rank, an eager call on another) carry the same layout for one shape,
     and arrays of other shapes but as many elements fail with MismatchError on
     both: tnt_ops.cc passes tnt_shape_layout as the NumPy API does."""
     result = run_ranks(2, "tf_ops_shapes.py", env={"TNT_TF_OPS": "compiled", "TNT_TIMEOUT_S": 60},

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tarantella.tensorflow as tnt
 from tarantella.common import core, errors
-from tarantella.tensorflow import collective_ops
+from tarantella.tensorflow import collective_ops, ops
 
 
 @tf.function
@@ -19,6 +19,7 @@ def step(x):
 
 
 step_input = tf.fill([4], 1.0)
+ops.get()  # the ranks agree on the compiled ops (a collective) while both are alive
 tnt.barrier()
 if tnt.get_rank() == 1:
     core.abort("rank 1 fails on purpose")

@@ -1,6 +1,6 @@
 """Two ranks, one on the compiled ops and one on the NumPy API, under the same
-names (test_tf_ops.py): a rank whose compiled ops were built meets one that
-fell back to tf.numpy_function, whose collectives are the NumPy API's. Arrays
+names (test_tf_ops.py): one rank's tf.function meets another's eager call,
+whose collectives are the NumPy API's. Arrays
 of one shape must pair (both sides carry the same shape layout,
 tnt_shape_layout); arrays of another shape but as many elements must fail
 with a MismatchError on both sides that names both shapes."""

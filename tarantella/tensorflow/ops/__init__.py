@@ -18,9 +18,10 @@ import os
 import re
 import threading
 
+import numpy as np
 import tensorflow as tf
 
-from tarantella.common import config, core, errors
+from tarantella.common import collectives, config, core, errors
 from tarantella.common.logging import get_logger
 from tarantella.common.startup_log import mark
 
@@ -101,6 +102,19 @@ def get():
 
 
 def _load(chosen):
+    compiled, why = _try(chosen)
+    compiled, why = _agreed(compiled, why)
+    if compiled is None and chosen == "compiled":
+        raise errors.SystemError(f"TNT_TF_OPS=compiled, but Tarantella's TensorFlow ops cannot be used: {why}")
+    if compiled is None and chosen == "auto":
+        get_logger().warning(
+            "Tarantella's compiled TensorFlow ops cannot be used, so collectives inside tf.function go through "
+            "tf.numpy_function (correct, but slower; set TNT_TF_OPS=numpy to silence this): %s", why)
+    return compiled, why
+
+
+def _try(chosen):
+    """(this rank's compiled ops or None, why not)."""
     if chosen == "numpy":
         return None, "TNT_TF_OPS=numpy"
     try:
@@ -108,14 +122,31 @@ def _load(chosen):
 
         return CompiledOps(build.library()), ""
     except Exception as exc:  # noqa: BLE001 - any failure to build or load selects the fallback
-        why = str(exc) if isinstance(exc, errors.TarantellaError) else f"{type(exc).__name__}: {exc}"
-        if chosen == "compiled":
-            raise errors.SystemError(f"TNT_TF_OPS=compiled, but Tarantella's TensorFlow ops cannot be used: {why}") \
-                from exc
-        get_logger().warning(
-            "Tarantella's compiled TensorFlow ops cannot be used, so collectives inside tf.function go through "
-            "tf.numpy_function (correct, but slower; set TNT_TF_OPS=numpy to silence this): %s", why)
-        return None, why
+        return None, str(exc) if isinstance(exc, errors.TarantellaError) else f"{type(exc).__name__}: {exc}"
+
+
+def _agreed(compiled, why):
+    """Every rank's choice, the same on all: the compiled ops only where every
+    rank has them. A rank on the compiled ops names its requests otherwise than
+    one on tf.numpy_function (one per leaf, not one per dtype), so a mix of the
+    two (a host without a compiler, a rank with TNT_TF_OPS=numpy) would wait for
+    partners that never come until TNT_TIMEOUT_S. `why` then says which ranks
+    could not, and why."""
+    if core.get_size() == 1:
+        return compiled, why
+    # the reasons travel as int32 code units (the collectives carry no bytes)
+    mine = np.frombuffer(b"" if compiled else (why or "unknown").encode()[:4000], np.uint8).astype(np.int32)
+    lengths = collectives.allgather(np.array([mine.size], np.int64), name="tnt.tf_ops.agree")
+    if not lengths.any():
+        return compiled, why
+    text = collectives.allgather(mine, name="tnt.tf_ops.why").astype(np.uint8).tobytes()
+    reasons, offset = {}, 0
+    for rank, n in enumerate(lengths.tolist()):
+        if n:
+            reasons.setdefault(text[offset:offset + n].decode(errors="replace"), []).append(rank)
+        offset += n
+    return None, "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {reason}"
+                           for reason, r in reasons.items())
 
 
 def status():
