@@ -60,13 +60,17 @@ def private_dir(path, what, instead):
     """Make `path` and refuse it, or the cache above it, if others could write
     into it. `what` names the library for the messages, `instead` what the user
     can do when no cache can be had."""
+    checked = (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path)))
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        # each checked folder made 0700 itself: makedirs gives its mode to the last one only, and
+        # under a umask of 002 (Debian's for users) the others came out group-writable, refused below
+        for folder in reversed(checked):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as exc:
         raise errors.SystemError(
             f"{what} cannot be built: cannot create {path} ({exc.strerror}): set XDG_CACHE_HOME to a writable "
             f"folder of your own, or {instead}") from None
-    for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+    for folder in checked:
         st = os.stat(folder)
         if st.st_uid != os.getuid() or st.st_mode & 0o022:
             raise errors.InvalidUsageError(

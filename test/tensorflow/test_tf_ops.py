@@ -116,6 +116,20 @@ def test_build_error_is_remembered_and_compiled_mode_refuses(failing_compiler):
     assert not available and "broken-c++ failed" in detail
 
 
+
+def test_a_fresh_cache_is_private_under_a_group_writable_umask(failing_compiler, tmp_path):
+    """With umask 002 (Debian's and Ubuntu's for users), the cache folders
+    Tarantella makes are still its own alone: it gets as far as compiling
+    instead of refusing the cache it has just made."""
+    old = os.umask(0o002)
+    try:
+        compiled, why = ops._load("auto")
+    finally:
+        os.umask(old)
+    assert compiled is None and "broken-c++ failed" in why, why
+    for folder in (tmp_path / "cache" / "tarantella", tmp_path / "cache" / "tarantella" / "plugins"):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+
 def test_auto_mode_warns_once_and_falls_back(failing_compiler):
     import logging
 
