@@ -100,7 +100,15 @@ def build_once(folder, lib, cmd, failure, log_note="", remember_failure=False):
     the folder to try again)."""
     path = os.path.join(folder, lib)
     failed = os.path.join(folder, FAILED)
-    with open(os.path.join(folder, ".lock"), "w") as lock:
+    if os.path.isfile(path):  # built: no lock needed (nor a writable cache: it is only read)
+        return path
+    try:
+        lock = open(os.path.join(folder, ".lock"), "w")
+    except OSError as exc:
+        raise errors.SystemError(
+            f"{failure}: cannot write into the build cache {folder} ({exc.strerror}): set XDG_CACHE_HOME to a "
+            "writable folder of your own") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks of this host wait for the first to build
         if os.path.isfile(path):
             return path

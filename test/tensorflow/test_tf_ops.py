@@ -91,6 +91,22 @@ def test_ranks_agree_on_the_fallback_when_one_rank_cannot_build(tmp_path):
     assert output.count("compiled TensorFlow ops cannot be used") == 1, output[-3000:]
     assert "rank 1: building Tarantella's TensorFlow ops with false failed" in output, output[-3000:]
 
+
+def test_a_built_library_is_used_from_a_cache_that_cannot_be_written(tmp_path):
+    """A read-only cache (a shared home mounted so on compute nodes) still
+    serves what is built in it, and an unbuilt one says what to do. (The lock
+    file is a folder here: root, who runs CI, may write anywhere.)"""
+    from tarantella.common import build_cache
+
+    folder = tmp_path / "tfops"
+    folder.mkdir()
+    (folder / ".lock").mkdir()  # cannot be opened for writing, as in a read-only cache
+    cmd = ["sh", "-c", 'echo built > "$0"', "{out}"]
+    with pytest.raises(errors.SystemError, match="cannot write into the build cache .*tfops .*XDG_CACHE_HOME"):
+        build_cache.build_once(str(folder), "lib.so", cmd, "building failed")
+    (folder / "lib.so").write_text("built")
+    assert build_cache.build_once(str(folder), "lib.so", cmd, "building failed") == str(folder / "lib.so")
+
 @pytest.fixture
 def failing_compiler(tmp_path, monkeypatch):
     """A C++ compiler that counts its calls and fails, and a fresh cache."""
