@@ -175,6 +175,25 @@ def test_no_compiler_and_numpy_mode(tmp_path, monkeypatch):
     assert ops.status() == (False, "not used: TNT_TF_OPS=numpy")
 
 
+
+def test_a_host_without_a_compiler_uses_what_another_built(tmp_path, monkeypatch):
+    """A login node built the ops into the shared home; a compute node without
+    a compiler finds them for the same TensorFlow and source instead of
+    falling back."""
+    cxx = tmp_path / "fake-c++"  # "compiles" by writing its output file
+    cxx.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && echo lib > "$2"; shift; done\n')
+    cxx.chmod(0o755)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(cxx))
+    built = build.library()
+    assert built.startswith(str(tmp_path / "cache"))
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(errors.SystemError, match="no C\\+\\+ compiler found"):
+        build.compiler()
+    assert build.library() == built and build.cached() == built
+    assert ops.status() == (True, f"built for TensorFlow {tf.__version__}: {built}")
+
 def test_bad_switch_value_names_the_variable(monkeypatch):
     monkeypatch.setenv("TNT_TF_OPS", "fast")
     with pytest.raises(errors.InvalidArgumentError, match="TNT_TF_OPS must be auto \\| compiled \\| numpy"):

@@ -4,10 +4,12 @@
 built at first use: with $CXX (else c++ or g++ on PATH) and TensorFlow's own
 flags (`tf.sysconfig.get_compile_flags()` / `get_link_flags()`), into the
 build cache of tarantella.common.build_cache, in a folder named after the
-TensorFlow version, its C++ ABI and a digest of the source, the core's header,
-the compiler and the flags. A failed build is remembered there, so the ranks
-of later runs do not each compile again to fail again.
+TensorFlow version, its C++ ABI, a digest of the source, the core's header and
+the flags, and a digest of the compiler. A failed build is remembered there, so
+the ranks of later runs do not each compile again to fail again. A host
+without a compiler loads what another compiler built for the same rest.
 """
+import glob
 import os
 import shutil
 
@@ -49,22 +51,39 @@ def command(cxx, cflags, lflags, include, out="{out}"):
             "-I", include, SOURCE, "-o", out, *cflags, *lflags, "-ldl", "-pthread"]
 
 
+def _base():
+    """(folder name without the compiler's part, compile command without the
+    compiler): what the library depends on but the compiler."""
+    cflags, lflags = tf_flags()
+    include = os.path.join(plugins.source_dir(), "include")
+    args = command([], cflags, lflags, include)
+    parts = [open(SOURCE, "rb").read(), open(os.path.join(include, "tarantella.h"), "rb").read(), *args]
+    return f"tfops-tf{tf.__version__}-{_abi(cflags)}-{build_cache.digest(*parts)}", args
+
+
 def plan():
     """(folder, compile command) for the TensorFlow and compiler found now; raises
     a TarantellaError saying why when the ops cannot be built here."""
+    base, args = _base()
     cxx = compiler()
-    cflags, lflags = tf_flags()
-    include = os.path.join(plugins.source_dir(), "include")
-    cmd = command(cxx, cflags, lflags, include)
-    parts = [open(SOURCE, "rb").read(), open(os.path.join(include, "tarantella.h"), "rb").read(),
-             os.path.realpath(shutil.which(cxx[0])), *cmd]
-    name = f"tfops-tf{tf.__version__}-{_abi(cflags)}-{build_cache.digest(*parts)}"
-    return os.path.join(build_cache.cache_root(), name), cmd
+    name = f"{base}-{build_cache.digest(os.path.realpath(shutil.which(cxx[0])), *cxx[1:])}"
+    return os.path.join(build_cache.cache_root(), name), [*cxx, *args]
+
+
+def built_by_any_compiler():
+    """A library built from this source for this TensorFlow, by whichever
+    compiler (the newest), or None: a host without a compiler (an HPC compute
+    node) uses what a login node sharing the home built."""
+    found = glob.glob(os.path.join(glob.escape(build_cache.cache_root()), glob.escape(_base()[0]) + "-*", LIBRARY))
+    return max(found, key=os.path.getmtime) if found else None
 
 
 def cached():
     """The path of an already built library for this TensorFlow, or None (never builds)."""
-    folder, _ = plan()
+    try:
+        folder, _ = plan()
+    except errors.TarantellaError:  # no compiler here: one built elsewhere is used
+        return built_by_any_compiler()
     path = os.path.join(folder, LIBRARY)
     return path if os.path.isfile(path) else None
 
@@ -72,7 +91,15 @@ def cached():
 def library():
     """The path of the ops' library, built if needed; raises a TarantellaError
     that says why when there can be none."""
-    folder, cmd = plan()
+    try:
+        folder, cmd = plan()
+    except errors.TarantellaError:
+        path = built_by_any_compiler()
+        if path is None:
+            raise
+        build_cache.private_dir(os.path.dirname(path), "Tarantella's TensorFlow ops", "TNT_TF_OPS=numpy")
+        build_cache.check_owned(path)
+        return path
     build_cache.private_dir(folder, "Tarantella's TensorFlow ops", "TNT_TF_OPS=numpy")
     path = build_cache.build_once(folder, LIBRARY, cmd, f"building Tarantella's TensorFlow ops with {cmd[0]} failed",
                                   log_note=f"TensorFlow {tf.__version__}", remember_failure=True)
