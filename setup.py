@@ -50,7 +50,8 @@ setup(
     # tnt.allreduce's common call in C (tarantella/common/_fastpath.c): it takes
     # Python objects, which a cffi function cannot
     ext_modules=[Extension("tarantella._fastpath", ["tarantella/common/_fastpath.c"], include_dirs=["core/include"],
-                           extra_compile_args=["-O2", "-Wall"])],
+                           # its own -std, as the core's (_build_core.py): these come after CFLAGS
+                           extra_compile_args=["-std=gnu11", "-O2", "-Wall"])],
     cmdclass={"build_py": BuildPyWithPluginSources},
     zip_safe=False,
 )
