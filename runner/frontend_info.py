@@ -13,7 +13,7 @@ import importlib.metadata
 import importlib.util
 import os
 
-from tarantella.common import build_cache, errors
+from tarantella.common import build_cache, config, errors
 
 _DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tf-nightly",
                   "tf-nightly-cpu")
@@ -36,7 +36,10 @@ def _tensorflow(environ):
 def ops_status(environ=None):
     """(available, detail) of the compiled ops, without TensorFlow and without building."""
     environ = os.environ if environ is None else environ
-    mode = environ.get("TNT_TF_OPS", "auto").strip().lower() or "auto"
+    try:
+        mode = config.get("TNT_TF_OPS", environ)  # as a rank reads it: a bad value fails there
+    except errors.InvalidArgumentError as exc:
+        return False, str(exc)
     if mode == "numpy":
         return False, "not used: TNT_TF_OPS=numpy"
     version, folder = _tensorflow(environ)

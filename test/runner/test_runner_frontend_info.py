@@ -32,6 +32,15 @@ def test_numpy_mode_says_so(cache):
     assert frontend_info.ops_status({"TNT_TF_OPS": "numpy"}) == (False, "not used: TNT_TF_OPS=numpy")
 
 
+
+def test_a_bad_mode_is_reported_as_the_ranks_would_fail(cache):
+    """A rank refuses TNT_TF_OPS=fast (and an empty value) at its first
+    tf.function with a collective: --version says so instead of 'available'."""
+    for value in ("fast", ""):
+        ok, why = frontend_info.ops_status({"TNT_TF_OPS": value})
+        assert not ok and "TNT_TF_OPS must be auto | compiled | numpy" in why, why
+    assert frontend_info.ops_status({"TNT_TF_OPS": " NumPy "}) == (False, "not used: TNT_TF_OPS=numpy")
+
 @needs_tf
 def test_a_built_library_for_this_tensorflow_is_reported(cache):
     lib = _folder(cache) / "libtnt-tf-ops.so"
