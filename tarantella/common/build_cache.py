@@ -10,7 +10,10 @@ must be this user's alone: the libraries in it are loaded into every rank.
 Several ranks start at once: the first takes the folder's lock and builds
 into a temporary file, then renames it into place (atomic, also for a rank
 on another host sharing the home); the others wait on the lock and find it.
+Where the file system has no locks, each may build, and the rename still
+puts one whole library in place.
 """
+import errno
 import fcntl
 import hashlib
 import os
@@ -109,7 +112,13 @@ def build_once(folder, lib, cmd, failure, log_note="", remember_failure=False):
             f"{failure}: cannot write into the build cache {folder} ({exc.strerror}): set XDG_CACHE_HOME to a "
             "writable folder of your own") from None
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks of this host wait for the first to build
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks of this host wait for the first to build
+        except OSError as exc:
+            # a file system without locks (Lustre mounted without -o flock): each rank may then
+            # build, into its own temporary file that the rename below puts into place whole
+            if exc.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
+                raise
         if os.path.isfile(path):
             return path
         if remember_failure and os.path.isfile(failed):
