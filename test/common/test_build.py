@@ -1,17 +1,36 @@
-"""The C extensions' build (setup.py), as pip runs it on a user's machine."""
+"""The C extensions' build (setup.py), as pip runs it on a user's machine:
+from the source distribution, which `python -m build` and an install from an
+sdist build from."""
 import os
 import subprocess
 import sys
+import tarfile
+
+from tarantella.common import plugins
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_the_extensions_build_under_an_old_c_standard_in_cflags(tmp_path):
-    """CFLAGS comes before each extension's own flags: an old -std there (a
-    site's environment, gcc's gnu89 of old) must not reach code written for
-    C11, so every extension names its standard."""
-    env = dict(os.environ, CFLAGS="-std=gnu89")
-    result = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "-j", "2", "-b", tmp_path / "lib",
-                             "-t", tmp_path / "tmp"], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=600)
+def _run(args, cwd, **env):
+    result = subprocess.run([sys.executable, "setup.py", "-q", *map(str, args)], cwd=cwd,
+                            env=dict(os.environ, **env), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+
+
+def test_the_sdist_builds_also_under_an_old_c_standard_in_cflags(tmp_path):
+    """The sdist holds every file the build reads (the core's headers, the
+    transport plugins' sources shipped as tarantella/_plugin_src), and CFLAGS,
+    which comes before each extension's own flags, cannot give code written
+    for C11 an old -std (a site's environment, gcc's gnu89 of old): every
+    extension names its standard."""
+    _run(["sdist", "-d", tmp_path / "dist"], REPO)
+    [sdist] = os.listdir(tmp_path / "dist")
+    with tarfile.open(tmp_path / "dist" / sdist) as tar:
+        tar.extractall(tmp_path / "src", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    src = tmp_path / "src" / sdist[:-len(".tar.gz")]
+    _run(["build", "-j", "2", "-b", tmp_path / "build"], src, CFLAGS="-std=gnu89")
+    lib = next((tmp_path / "build").glob("lib*"))
+    shipped = {os.path.relpath(os.path.join(d, f), lib / "tarantella" / "_plugin_src")
+               for d, _, files in os.walk(lib / "tarantella" / "_plugin_src") for f in files}
+    assert set(plugins.SOURCES) <= shipped, set(plugins.SOURCES) - shipped
+    assert list(lib.glob("tarantella/_core*.so")) and list(lib.glob("tarantella/_fastpath*.so"))
