@@ -126,21 +126,28 @@ def build_once(folder, lib, cmd, failure, log_note="", remember_failure=False):
                 raise errors.SystemError(f.read())
         fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
         os.close(fd)
-        cmd = [tmp if c == "{out}" else c for c in cmd]
-        res = run(cmd, failure)
-        log = os.path.join(folder, "build.log")
-        with open(log, "w") as f:
-            f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n" + res.stdout + res.stderr)
-            f.write(f"\nexit status {res.returncode}\n{log_note}\n")
-        if res.returncode != 0:
-            os.unlink(tmp)
-            output = (res.stderr + res.stdout).strip()
-            message = (f"{failure} (exit status {res.returncode}); the compiler said:\n{output[-3000:]}\n"
-                       f"(full log: {log})")
-            if remember_failure:
-                with open(failed, "w") as f:
-                    f.write(message + f"\n(this failure is remembered: delete {folder} to try again)")
-            raise errors.SystemError(message)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)  # atomic: a rank on another host sharing this home sees all of it or nothing
+        try:
+            cmd = [tmp if c == "{out}" else c for c in cmd]
+            res = run(cmd, failure)
+            log = os.path.join(folder, "build.log")
+            with open(log, "w") as f:
+                f.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n" + res.stdout + res.stderr)
+                f.write(f"\nexit status {res.returncode}\n{log_note}\n")
+            if res.returncode != 0:
+                output = (res.stderr + res.stdout).strip()
+                message = (f"{failure} (exit status {res.returncode}); the compiler said:\n{output[-3000:]}\n"
+                           f"(full log: {log})")
+                if remember_failure:
+                    with open(failed, "w") as f:
+                        f.write(message + f"\n(this failure is remembered: delete {folder} to try again)")
+                raise errors.SystemError(message)
+            os.chmod(tmp, 0o755)
+            # on disk before its name: a machine that crashes right after the rename must not leave
+            # a library that is named but truncated (loading it is a SIGBUS, not a fallback)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # atomic: a rank on another host sharing this home sees all of it or nothing
+        finally:
+            if os.path.exists(tmp):  # a build that failed or was interrupted (Ctrl+C) leaves nothing behind
+                os.unlink(tmp)
     return path

@@ -124,6 +124,26 @@ def test_a_cache_on_a_file_system_without_locks_still_builds(tmp_path, monkeypat
     path = build_cache.build_once(str(tmp_path), "lib.so", cmd, "building failed")
     assert open(path).read() == "built\n"
 
+def test_a_build_that_fails_or_is_interrupted_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """The compiler writes into a temporary file renamed into place: a failed
+    build, or one interrupted (Ctrl+C while the compiler runs), removes it;
+    they were left in the cache folder for good."""
+    from tarantella.common import build_cache
+
+    failing = ["sh", "-c", 'echo half > "$0"; exit 1', "{out}"]
+    with pytest.raises(errors.SystemError, match="building failed"):
+        build_cache.build_once(str(tmp_path), "lib.so", failing, "building failed")
+
+    def interrupted(cmd, what, **kw):
+        open(cmd[-1], "w").write("half")  # the compiler had begun writing
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_cache, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_cache.build_once(str(tmp_path), "lib.so", ["cc", "{out}"], "building failed")
+    assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".so")) == [], os.listdir(tmp_path)
+
+
 @pytest.fixture
 def failing_compiler(tmp_path, monkeypatch):
     """A C++ compiler that counts its calls and fails, and a fresh cache."""
