@@ -12,7 +12,8 @@ from tarantella.common import collectives, config, core, master_only
 from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, call_agreement, collective_ops,
-                                   distributed_optimizer, dropout, global_loss, step_context)
+                                   distributed_optimizer, global_loss, random_layers,
+                                   step_context)
 from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
@@ -308,7 +309,7 @@ class Model(keras.Model):
 
     def _prepare_layers(self):
         batch_normalization.prepare(self.model)  # synchronized=True: global statistics
-        dropout.prepare(self.model)  # the serial masks of the global batch, sliced
+        random_layers.prepare(self.model)  # the serial noise of the global batch, sliced
         weight_step_means(self.model.metrics)  # tracker.update_state(loss): the serial mean
 
     def _float16_variables(self):
@@ -575,8 +576,9 @@ class Model(keras.Model):
             else:
                 inputs = tf.nest.map_structure(lambda t: t[:1], x)
             self(inputs)
-        collective_ops.broadcast_variables(self.model.weights + dropout.seed_states(self.model),
-                                           root_rank=core.get_master_rank())
+        collective_ops.broadcast_variables(
+            self.model.weights + random_layers.seed_states(self.model),
+            root_rank=core.get_master_rank())
         self._tnt_synced = True
 
     def _consistency_checks(self, stores):

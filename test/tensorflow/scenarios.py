@@ -158,10 +158,16 @@ def custom_steps():
 
 
 def mlp_dropout():
+    """Every random layer tnt.Model makes exact: GaussianNoise, Dropout,
+    AlphaDropout (and one whose noise is shared by the batch's samples),
+    GaussianDropout."""
     keras.utils.set_random_seed(8)
     inputs = keras.Input((20,))
-    h = keras.layers.Dropout(0.3)(keras.layers.Dense(32, activation="relu")(inputs))
-    h = keras.layers.Dense(16, activation="tanh")(h)
+    h = keras.layers.GaussianNoise(0.3)(inputs)
+    h = keras.layers.Dropout(0.3)(keras.layers.Dense(32, activation="relu")(h))
+    h = keras.layers.AlphaDropout(0.2)(keras.layers.Dense(24, activation="selu")(h))
+    h = keras.layers.AlphaDropout(0.3, noise_shape=(1, 24))(h)
+    h = keras.layers.GaussianDropout(0.3)(keras.layers.Dense(16, activation="tanh")(h))
     return keras.Model(inputs, keras.layers.Dense(10)(h))
 
 
@@ -318,8 +324,9 @@ def scenarios(size):
                           callbacks=lambda: [keras.callbacks.EarlyStopping(
                               monitor="val_reg_loss", mode="min", patience=0,
                               min_delta=0.3)]),
-        # Dropout draws the serial mask of the global batch (4 ranks: one rank's last slice is
-        # empty, yet its seed generator advances like the others')
+        # Dropout, AlphaDropout, GaussianNoise and GaussianDropout draw the serial noise of the
+        # global batch (4 ranks: one rank's last slice is empty, yet its seed generators
+        # advance like the others')
         "mlp_dropout": dict(build=mlp_dropout, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
                             val=(xmv, ymv), sizes=(2, 3, 4), epochs=3),
         # synchronised BatchNormalization: global batch statistics, serial-equivalent

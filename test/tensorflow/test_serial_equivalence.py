@@ -13,11 +13,12 @@ rank-dependent initial weights. It records the final weights, History,
 evaluate() (test_on_batch) and predict() on every rank. It also checks the
 TF-level collectives on nested structures (tensors back for tensors).
 
-On 2 and 3 ranks (4 for Dropout) it also runs what needs a global quantity:
-losses with reduction="sum", "mean_with_sample_weight" with sample weights and
-a mask (per-timestep loss of padded sequences), a two-output model (per-output
-losses, loss weights, EarlyStopping on val_reg_loss), Dropout (the serial
-masks), synchronised BatchNormalization, fit(x, y, shuffle=True) after
+On 2 and 3 ranks (4 for the random layers) it also runs what needs a global
+quantity: losses with reduction="sum", "mean_with_sample_weight" with sample
+weights and a mask (per-timestep loss of padded sequences), a two-output model
+(per-output losses, loss weights, EarlyStopping on val_reg_loss), Dropout,
+AlphaDropout, GaussianNoise and GaussianDropout (the serial noise),
+synchronised BatchNormalization, fit(x, y, shuffle=True) after
 set_random_seed, and mixed_float16 (the loss scale of every step must be
 serial Keras').
 
