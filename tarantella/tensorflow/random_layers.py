@@ -59,10 +59,18 @@ def _global_rows(context, draw, shape, shared=False):
 
 
 def _noise_shape(layer, inputs):
-    """The layer's noise_shape (None entries: the inputs'), as Keras' call takes it."""
+    """The layer's noise_shape (None entries: the inputs'), as Keras' call
+    takes it, and whether the user's noise_shape shares one row of noise
+    between all samples (its first entry is 1). Only the user's noise_shape
+    says so: the SpatialDropout layers' shape starts with the inputs' batch
+    dimension, which is a static 1 on a rank whose micro-batch is 1 (eagerly,
+    or a step traced for that shape), where serial Keras draws B rows."""
+    declared = layer.noise_shape  # the SpatialDropout layers: None
+    shared = declared is not None and declared[0] == 1
     get = getattr(layer, "_get_noise_shape", None)  # the SpatialDropout layers
-    noise_shape = get(inputs) if get is not None else layer.noise_shape
-    shared = noise_shape is not None and isinstance(noise_shape[0], int) and noise_shape[0] == 1
+    noise_shape = get(inputs) if get is not None else declared
+    if noise_shape is not None and not shared:
+        noise_shape = (None, *noise_shape[1:])  # the batch's: this rank's micro-batch
     return tf.cast(tf.stack(_get_concrete_noise_shape(inputs, noise_shape)), tf.int32), shared
 
 

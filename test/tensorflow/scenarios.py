@@ -171,6 +171,16 @@ def mlp_dropout():
     return keras.Model(inputs, keras.layers.Dense(10)(h))
 
 
+def spatial_dropout():
+    """SpatialDropout1D: one mask entry per sample and channel."""
+    keras.utils.set_random_seed(9)
+    inputs = keras.Input((20,))
+    h = keras.layers.Reshape((5, 4))(keras.layers.Dense(20, activation="relu")(inputs))
+    h = keras.layers.Dense(16, activation="tanh")(keras.layers.Flatten()(
+        keras.layers.SpatialDropout1D(0.3)(h)))
+    return keras.Model(inputs, keras.layers.Dense(10)(h))
+
+
 def sequence_model():
     """Per-timestep classes of padded sequences: the loss is a mean over the
     unmasked steps (Embedding(mask_zero=True), return_sequences=True)."""
@@ -329,6 +339,12 @@ def scenarios(size):
         # advance like the others')
         "mlp_dropout": dict(build=mlp_dropout, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
                             val=(xmv, ymv), sizes=(2, 3, 4), epochs=3),
+        # SpatialDropout1D run eagerly: the last batch (3) gives micro-batches of a static 1,
+        # where serial Keras draws 3 rows of noise (each rank drew the shape (1, 1, 4) as
+        # shared by the batch, every rank the same row)
+        "spatial_dropout_on_batch_eager": dict(build=spatial_dropout, opt=sgd, B=25,
+                                               kind="on_batch", x=xm, y=ym, val=(xmv, ymv),
+                                               sizes=(2, 3)),
         # synchronised BatchNormalization: global batch statistics, serial-equivalent
         # (tolerance: serial Keras computing the same moments in float64 instead of float32
         # already ends this far from serial Keras; BN amplifies rounding, see docs/keras.md)
