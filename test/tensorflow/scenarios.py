@@ -164,11 +164,11 @@ def mlp_dropout():
     keras.utils.set_random_seed(8)
     inputs = keras.Input((20,))
     h = keras.layers.GaussianNoise(0.3)(inputs)
-    h = keras.layers.Dropout(0.3)(keras.layers.Dense(32, activation="relu")(h))
-    h = keras.layers.AlphaDropout(0.2)(keras.layers.Dense(24, activation="selu")(h))
-    h = keras.layers.AlphaDropout(0.3, noise_shape=(1, 24))(h)
-    h = keras.layers.GaussianDropout(0.3)(keras.layers.Dense(16, activation="tanh")(h))
-    return keras.Model(inputs, keras.layers.Dense(10)(h))
+    h = keras.layers.AlphaDropout(0.2)(keras.layers.Dense(32, activation="selu")(h))
+    h = keras.layers.AlphaDropout(0.3, noise_shape=(1, 32))(h)
+    h = keras.layers.Dropout(0.3)(keras.layers.Dense(16, activation="tanh")(h))
+    h = keras.layers.GaussianDropout(0.3)(h)
+    return keras.Model(inputs, keras.layers.Dense(10)(h))  # 6 variables, as the others
 
 
 def spatial_dropout():
