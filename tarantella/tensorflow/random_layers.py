@@ -54,8 +54,17 @@ def _global_rows(context, draw, shape, shared=False):
         return draw(shape)
     total = tf.cast(context.global_batch(), tf.int32)
     offset = tf.cast(context.offset(), tf.int32)
-    full = draw(tf.concat([[total], shape[1:]], 0))
-    return full[offset:offset + shape[0]]
+    mine = tf.cast(context.sizes()[core.get_rank()], tf.int32)
+
+    def global_rows():
+        full = draw(tf.concat([[total], shape[1:]], 0))
+        return full[offset:offset + shape[0]]
+
+    # A first dimension that is not this rank's micro-batch is not the batch (the layer
+    # follows a transpose to time-major, say): rows cut from the global batch's noise along
+    # it would overlap between ranks, or run past the end on some ranks only (a shape error
+    # there, the others waiting). Such a layer draws per rank, as Keras' own call does.
+    return tf.cond(tf.equal(shape[0], mine), global_rows, lambda: draw(shape))
 
 
 def _noise_shape(layer, inputs):

@@ -803,6 +803,27 @@ def check_rank_branches(tnt):
                            "frozen_everywhere": frozen((0, 1))})
 
 
+def check_noise_off_the_batch_axis(tnt):
+    """A Dropout after a transpose to time-major: its input's first dimension
+    (6 steps) is not the batch (4 samples a rank). Rows cut from the global
+    batch's noise along it ran past the end on rank 1 only (a shape error
+    there, rank 0 waiting for it); such a layer draws per rank instead."""
+    inputs = keras.Input((6, 3))
+    h = keras.layers.Lambda(lambda t: keras.ops.transpose(t, (1, 0, 2)))(inputs)  # (6, batch, 3)
+    h = keras.layers.Dropout(0.3, seed=1)(h)
+    h = keras.layers.Lambda(lambda t: keras.ops.transpose(t, (1, 0, 2)))(h)
+    outputs = keras.layers.Dense(2)(keras.layers.Flatten()(h))
+    model = tnt.Model(keras.Model(inputs, outputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(16, 6, 3)).astype("float32"), rng.normal(size=(16, 2)).astype("float32")
+    try:
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=1, verbose=0)
+        return {"error": None, "kernel": float(np.sum(model.get_weights()[0]))}
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        return {"error": type(exc).__name__, "message": str(exc)[:300]}
+
+
 def check_master_only_checkpoints(tnt, files):
     """A ModelCheckpoint passed to fit on the master only (Horovod's `if
     hvd.rank() == 0: callbacks.append(...)`): its save waited for the other
@@ -987,6 +1008,7 @@ def main():
         results["master_only_collectives"] = check_master_only_collectives(tnt)
         results["stateful_rnn"] = check_stateful_rnn(tnt)
         results["rank_branches"] = check_rank_branches(tnt)
+        results["noise_off_the_batch_axis"] = check_noise_off_the_batch_axis(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

@@ -461,6 +461,14 @@ def test_collectives_in_a_master_only_callback_are_refused_at_once(runs):
         assert r0["tried"][key]["message"].startswith(what + " is a collective"), (key, r0["tried"][key])
 
 
+def test_a_dropout_whose_first_axis_is_not_the_batch_trains_on_every_rank(runs):
+    # its rows were cut from the global batch's noise along the time axis: a shape error on
+    # rank 1 only, rank 0 waiting for it
+    r0, r1 = (r["noise_off_the_batch_axis"] for r in runs["ranks"])
+    assert r0["error"] is None and r1["error"] is None, (r0, r1)
+    assert r0["kernel"] == r1["kernel"]
+
+
 def test_a_stateful_rnn_is_refused_where_ranks_slice_the_batch(runs):
     # its states belong to the samples of a fixed batch: a TensorFlow shape error before
     r0, r1 = (r["stateful_rnn"] for r in runs["ranks"])
