@@ -6,7 +6,7 @@ Reducing at its start means gradient clipping, weight decay and loss scaling
 see the averaged gradient, exactly as in serial training.
 
 The optimizer is not copied: its class is swapped in place to a dynamic
-subclass with the same `__name__` and `__module__`, so its state (slots,
+subclass with the same `__name__` and `__module__` (class_swap), so its state (slots,
 iterations) stays where it is, `isinstance` checks still hold, and saved files
 still say "Adam" (loading them needs no Tarantella).
 """
@@ -17,53 +17,48 @@ import threading
 import keras
 import tensorflow as tf
 
-from tarantella.tensorflow import collective_ops, step_context
+from tarantella.tensorflow import class_swap, collective_ops, step_context
 from tarantella.tensorflow import compression as compression_lib
 
-_classes = {}  # base class -> distributed subclass
-_lock = threading.Lock()
 _recording = threading.local()  # see record_applies()
 
 
+@class_swap.once_per_class
 def _distributed_class(base):
-    with _lock:
-        if base not in _classes:
-            def apply(self, grads, trainable_variables=None):
-                grads = list(grads)
-                if trainable_variables is not None:
-                    grads = [_with_static_shape(g, v) for g, v in zip(grads, trainable_variables)]
-                self._tnt_missing = [g is None for g in grads]
-                calls = getattr(_recording, "calls", None)
-                if calls is not None:  # the dense shape (an embedding's gradient is sparse)
-                    shapes = [g.shape if trainable_variables is None else v.shape
-                              for g, v in zip(grads, trainable_variables or grads)]
-                    calls.append((self, trainable_variables, [
-                        None if g is None else (shape, g.dtype, isinstance(g, tf.IndexedSlices))
-                        for g, shape in zip(grads, shapes)]))
-                weight, total = _weight_and_total(self)
-                grads = collective_ops.weighted_average(
-                    list(grads), weight=weight, total=total,
-                    name=self._tnt_name or _default_name(trainable_variables, grads),
-                    compression=self._tnt_compression)
-                self._tnt_float16 = _float16_flags(self, trainable_variables)
-                try:
-                    return super(cls, self).apply(grads, trainable_variables)
-                finally:
-                    self._tnt_float16 = None
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if trainable_variables is not None:
+            grads = [_with_static_shape(g, v) for g, v in zip(grads, trainable_variables)]
+        self._tnt_missing = [g is None for g in grads]
+        calls = getattr(_recording, "calls", None)
+        if calls is not None:  # the dense shape (an embedding's gradient is sparse)
+            shapes = [g.shape if trainable_variables is None else v.shape
+                      for g, v in zip(grads, trainable_variables or grads)]
+            calls.append((self, trainable_variables, [
+                None if g is None else (shape, g.dtype, isinstance(g, tf.IndexedSlices))
+                for g, shape in zip(grads, shapes)]))
+        weight, total = _weight_and_total(self)
+        grads = collective_ops.weighted_average(
+            list(grads), weight=weight, total=total,
+            name=self._tnt_name or _default_name(trainable_variables, grads),
+            compression=self._tnt_compression)
+        self._tnt_float16 = _float16_flags(self, trainable_variables)
+        try:
+            return super(cls, self).apply(grads, trainable_variables)
+        finally:
+            self._tnt_float16 = None
 
-            def scale_loss(self, loss):
-                return _fold_batch_share(self, super(cls, self).scale_loss(loss))
+    def scale_loss(self, loss):
+        return _fold_batch_share(self, super(cls, self).scale_loss(loss))
 
-            def check_finite(self, grads):
-                return _serial_finite(self, grads, super(cls, self).check_finite(grads))
+    def check_finite(self, grads):
+        return _serial_finite(self, grads, super(cls, self).check_finite(grads))
 
-            members = {"apply": apply, "scale_loss": scale_loss, "__module__": base.__module__,
-                       "__qualname__": base.__qualname__, "_tnt_distributed": True}
-            if issubclass(base, keras.optimizers.LossScaleOptimizer):
-                members["check_finite"] = check_finite
-            cls = type(base.__name__, (base,), members)
-            _classes[base] = cls
-        return _classes[base]
+    members = {"apply": apply, "scale_loss": scale_loss, "_tnt_distributed": True}
+    if issubclass(base, keras.optimizers.LossScaleOptimizer):
+        members["check_finite"] = check_finite
+    cls = class_swap.subclass(base, members)
+    return cls
 
 
 def _scales_loss(optimizer):

@@ -31,8 +31,6 @@ that computes each output's loss itself (from the loss object's `call`, like
 `keras.losses.Loss.__call__`) and combines them; the structure handling of
 CompileLoss (nested outputs, dicts, loss weights) stays Keras'.
 """
-import threading
-
 import keras
 import tensorflow as tf
 from keras.src.backend.common.masking import get_keras_mask
@@ -40,10 +38,8 @@ from keras.src.losses.loss import squeeze_or_expand_to_same_rank
 
 from tarantella.common import core
 from tarantella.common.logging import get_logger
-from tarantella.tensorflow import step_context
+from tarantella.tensorflow import class_swap, step_context
 
-_classes = {}
-_lock = threading.Lock()
 _MEANS = ("sum_over_batch_size", "mean")
 
 
@@ -214,47 +210,42 @@ def _combine(compile_loss, entries, metrics, sink, context):
     return sum(values) if values else None
 
 
+@class_swap.once_per_class
 def _distributed_class(base):
-    with _lock:
-        if base in _classes:
-            return _classes[base]
+    def call(self, y_true, y_pred, sample_weight=None):
+        context = step_context.current()
+        if context is None or core.get_size() == 1:
+            return super(cls, self).call(y_true, y_pred, sample_weight)
+        sink = {}
+        self.__dict__["_tnt_sink"] = sink
+        try:
+            super(cls, self).call(y_true, y_pred, sample_weight)
+        finally:
+            del self.__dict__["_tnt_sink"]
+        entries = self.__dict__["_flat_losses"]
+        return _combine(self, entries, list(self.__dict__["_metrics"]), sink, context)
 
-        def call(self, y_true, y_pred, sample_weight=None):
-            context = step_context.current()
-            if context is None or core.get_size() == 1:
-                return super(cls, self).call(y_true, y_pred, sample_weight)
-            sink = {}
-            self.__dict__["_tnt_sink"] = sink
-            try:
-                super(cls, self).call(y_true, y_pred, sample_weight)
-            finally:
-                del self.__dict__["_tnt_sink"]
-            entries = self.__dict__["_flat_losses"]
-            return _combine(self, entries, list(self.__dict__["_metrics"]), sink, context)
+    def flat_losses(self):
+        entries = self.__dict__.get("_flat_losses")
+        sink = self.__dict__.get("_tnt_sink")
+        if sink is None or entries is None or not self.built:  # build() appends to it
+            return entries
+        return [entry._replace(loss=_Recording(i, entry.loss, sink))
+                for i, entry in enumerate(entries)]
 
-        def flat_losses(self):
-            entries = self.__dict__.get("_flat_losses")
-            sink = self.__dict__.get("_tnt_sink")
-            if sink is None or entries is None or not self.built:  # build() appends to it
-                return entries
-            return [entry._replace(loss=_Recording(i, entry.loss, sink))
-                    for i, entry in enumerate(entries)]
+    def set_flat_losses(self, value):
+        self.__dict__["_flat_losses"] = value
 
-        def set_flat_losses(self, value):
-            self.__dict__["_flat_losses"] = value
+    def metrics(self):
+        real = self.__dict__["_metrics"]
+        if self.__dict__.get("_tnt_sink") is not None:
+            return [_Silent() for _ in real]
+        return real
 
-        def metrics(self):
-            real = self.__dict__["_metrics"]
-            if self.__dict__.get("_tnt_sink") is not None:
-                return [_Silent() for _ in real]
-            return real
-
-        cls = type(base.__name__, (base,), {
-            "call": call, "_flat_losses": property(flat_losses, set_flat_losses),
-            "metrics": property(metrics), "__module__": base.__module__,
-            "__qualname__": base.__qualname__, "_tnt_global": True})
-        _classes[base] = cls
-        return cls
+    cls = class_swap.subclass(base, {
+        "call": call, "_flat_losses": property(flat_losses, set_flat_losses),
+        "metrics": property(metrics), "_tnt_global": True})
+    return cls
 
 
 def distribute(compile_loss):

@@ -20,15 +20,10 @@ inside a tnt.Model step count b_r / B, this rank's share of the global batch:
 the ranks' shares then add up to the serial step's count of one and value
 (a batch mean's shares add up to the global batch's mean).
 """
-import threading
-
 import keras
 import tensorflow as tf
 
-from tarantella.tensorflow import collective_ops, step_context
-
-_mean_classes = {}
-_lock = threading.Lock()
+from tarantella.tensorflow import class_swap, collective_ops, step_context
 
 
 def global_metrics_result(metrics, name="tnt.metrics"):
@@ -132,8 +127,8 @@ def weight_step_means(metrics):
     not a wrapper of a per-sample function) count an update of one value
     without a sample weight, made inside a tnt.Model step, as this rank's
     share of the global batch, b_r / B (see the module's docstring). The
-    class is swapped in place, as for optimizers: the object, its state and
-    `isinstance` checks stay. Outside a step (one rank, user code) nothing
+    class is swapped in place (class_swap), as for optimizers: the object,
+    its state and `isinstance` checks stay. Outside a step (one rank, user code) nothing
     changes."""
     for metric in metrics:
         if isinstance(metric, keras.metrics.Mean) and \
@@ -141,18 +136,14 @@ def weight_step_means(metrics):
             metric.__class__ = _step_mean_class(type(metric))
 
 
+@class_swap.once_per_class
 def _step_mean_class(base):
-    with _lock:
-        if base not in _mean_classes:
-            def update_state(self, values, sample_weight=None):
-                context = step_context.current()
-                if context is not None and sample_weight is None and \
-                        tf.convert_to_tensor(values).shape.rank == 0:
-                    sample_weight = context.local_batch / context.global_batch()
-                return super(cls, self).update_state(values, sample_weight=sample_weight)
+    def update_state(self, values, sample_weight=None):
+        context = step_context.current()
+        if context is not None and sample_weight is None and \
+                tf.convert_to_tensor(values).shape.rank == 0:
+            sample_weight = context.local_batch / context.global_batch()
+        return super(cls, self).update_state(values, sample_weight=sample_weight)
 
-            cls = type(base.__name__, (base,), {
-                "update_state": update_state, "__module__": base.__module__,
-                "__qualname__": base.__qualname__})
-            _mean_classes[base] = cls
-        return _mean_classes[base]
+    cls = class_swap.subclass(base, {"update_state": update_state})
+    return cls

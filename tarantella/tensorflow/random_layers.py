@@ -15,11 +15,11 @@ them. The cost: every rank generates the noise of the whole global batch.
 Each kind of layer is one row of `_KINDS`: the Keras class, the Keras `call`s
 whose draws it reproduces (a subclass with its own `call` is left alone: what
 it draws is unknown), and the exact version of that call. The layer's class is
-swapped in place for a subclass whose `call` runs the exact version inside a
-tnt.Model step while training, and Keras' own `call` everywhere else.
+swapped in place (class_swap) for a subclass whose `call` runs the exact
+version inside a tnt.Model step while training, and Keras' own `call`
+everywhere else.
 """
 import math
-import threading
 from typing import Callable, NamedTuple
 
 import keras
@@ -31,10 +31,7 @@ from keras.src.random.seed_generator import draw_seed
 from tensorflow.python.ops import nn_ops
 
 from tarantella.common import core
-from tarantella.tensorflow import step_context
-
-_classes = {}
-_lock = threading.Lock()
+from tarantella.tensorflow import class_swap, step_context
 
 
 def _seed(layer, context):
@@ -159,20 +156,17 @@ _KINDS = (
 )
 
 
+@class_swap.once_per_class
 def _exact_class(base, kind):
-    with _lock:
-        if base not in _classes:
-            def call(self, inputs, training=False):
-                context = step_context.current()
-                if context is None or not training or not kind.draws(self):
-                    return super(cls, self).call(inputs, training=training)
-                return kind.exact(self, inputs, context)
+    """`kind`: the one of _KINDS that `base` belongs to (_random_layers)."""
+    def call(self, inputs, training=False):
+        context = step_context.current()
+        if context is None or not training or not kind.draws(self):
+            return super(cls, self).call(inputs, training=training)
+        return kind.exact(self, inputs, context)
 
-            cls = type(base.__name__, (base,), {
-                "call": call, "__module__": base.__module__, "__qualname__": base.__qualname__,
-                "_tnt_exact": True})
-            _classes[base] = cls
-        return _classes[base]
+    cls = class_swap.subclass(base, {"call": call, "_tnt_exact": True})
+    return cls
 
 
 def _original_class(layer):

@@ -1,11 +1,11 @@
 """tnt.keras.callbacks.Callback: choose where a Keras callback runs and which logs it sees."""
 import contextlib
-import threading
 
 import keras
 
 from tarantella.common import config, core
 from tarantella.common import master_only
+from tarantella.tensorflow import class_swap
 
 # Callbacks whose decisions change training (the learning rate, stopping):
 # they must decide the same on every rank, or ranks would diverge or deadlock.
@@ -33,16 +33,14 @@ _HOOKS = ("on_train_begin", "on_train_end", "on_test_begin", "on_test_end", "on_
           "on_predict_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
           "on_train_batch_end", "on_test_batch_begin", "on_test_batch_end",
           "on_predict_batch_begin", "on_predict_batch_end")
-_classes = {}
-_lock = threading.Lock()
 
 
 class Callback(keras.callbacks.Callback):
     """Wrap a Keras callback to choose where it runs and which logs it sees.
 
     The callback object is returned itself, with its class swapped in place
-    for a subclass of its own class (so `isinstance` checks, and Keras' search
-    for a History or ProgbarLogger, still see what it is).
+    for a subclass of its own class (class_swap: `isinstance` checks, and
+    Keras' search for a History or ProgbarLogger, still see what it is).
 
     Callbacks passed to `tnt.Model.fit/evaluate/predict` are wrapped
     automatically: ProgbarLogger, CSVLogger, RemoteMonitor and TensorBoard run
@@ -93,12 +91,7 @@ class Callback(keras.callbacks.Callback):
             callback._tnt_run_on_all_ranks = bool(run_on_all_ranks)
             _capture_instance_hooks(callback)
             return callback
-        base = type(callback)
-        with _lock:
-            if base not in _classes:
-                _classes[base] = type(base.__name__, (Callback, base), {
-                    "__module__": base.__module__, "__qualname__": base.__qualname__})
-        callback.__class__ = _classes[base]
+        callback.__class__ = _wrapper_class(type(callback))
         callback._tnt_aggregate_logs = bool(aggregate_logs)
         callback._tnt_run_on_all_ranks = bool(run_on_all_ranks)
         callback._tnt_local = {}
@@ -125,6 +118,12 @@ class Callback(keras.callbacks.Callback):
     @property
     def run_on_all_ranks(self):
         return self._tnt_run_on_all_ranks
+
+
+@class_swap.once_per_class
+def _wrapper_class(base):
+    """`base` with Callback's methods first (its name: class_swap)."""
+    return class_swap.subclass(base, {}, mixins=(Callback,))
 
 
 def _capture_instance_hooks(callback):

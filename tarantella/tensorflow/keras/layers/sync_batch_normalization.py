@@ -1,11 +1,9 @@
 """Batch normalisation over the global batch: the statistics of all ranks' samples."""
-import threading
-
 import keras
 import tensorflow as tf
 
 from tarantella.common import core
-from tarantella.tensorflow import step_context
+from tarantella.tensorflow import class_swap, step_context
 
 
 def _gradient_weight(context):
@@ -148,26 +146,18 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         return super()._moments(inputs, mask)
 
 
-_classes = {}
-_lock = threading.Lock()
-
-
+@class_swap.once_per_class
 def synchronized_class(base):
     """A subclass of the BatchNormalization class `base` (same name and
-    module, so saved files stay plain Keras) whose statistics are global when
-    the layer is `synchronized`."""
-    with _lock:
-        if base not in _classes:
-            def _moments(self, inputs, mask):
-                if self.synchronized and core.get_size() > 1:
-                    return sync_moments(self, inputs, mask)
-                return super(cls, self)._moments(inputs, mask)
+    module, so saved files stay plain Keras: class_swap) whose statistics are
+    global when the layer is `synchronized`."""
+    def _moments(self, inputs, mask):
+        if self.synchronized and core.get_size() > 1:
+            return sync_moments(self, inputs, mask)
+        return super(cls, self)._moments(inputs, mask)
 
-            cls = type(base.__name__, (base,), {
-                "_moments": _moments, "__module__": base.__module__,
-                "__qualname__": base.__qualname__, "_tnt_synchronized": True})
-            _classes[base] = cls
-        return _classes[base]
+    cls = class_swap.subclass(base, {"_moments": _moments, "_tnt_synchronized": True})
+    return cls
 
 
 def synchronize_batch_normalization(model):
