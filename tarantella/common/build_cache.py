@@ -32,15 +32,27 @@ def cache_root():
     return os.path.join(base, "tarantella", "plugins")  # made 0700 below ~/.cache
 
 
+def compiler_from_environment(variables, complaint):
+    """The command that the first of the environment `variables` set (not
+    blank) names, as an argument list, or None when none is set; raise
+    InvalidArgumentError(complaint.format(var=..., value=...)) when its program
+    is not an executable on PATH."""
+    for var in variables:
+        value = os.environ.get(var, "").strip()
+        if value:
+            cmd = shlex.split(value)
+            if not shutil.which(cmd[0]):
+                raise errors.InvalidArgumentError(complaint.format(var=var, value=value))
+            return cmd
+    return None
+
+
 def find_cxx():
     """The C++ compiler as an argument list ($CXX, else c++, g++ or clang++ on
     PATH), or raise saying why there is none."""
-    value = os.environ.get("CXX", "").strip()
-    if value:
-        cmd = shlex.split(value)
-        if not shutil.which(cmd[0]):
-            raise errors.InvalidArgumentError(
-                f"CXX={value} is not an executable C++ compiler: point CXX at g++ or clang++, or unset it")
+    cmd = compiler_from_environment(
+        ("CXX",), "{var}={value} is not an executable C++ compiler: point CXX at g++ or clang++, or unset it")
+    if cmd is not None:
         return cmd
     for name in ("c++", "g++", "clang++"):
         found = shutil.which(name)

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 
 from tarantella.common import build_cache, engine_ranks, errors
@@ -64,15 +63,11 @@ def abi_version(src=None):
 
 def find_mpicc():
     """The MPI compiler wrapper as an argument list, or raise saying why there is none."""
-    for var in ("TNT_MPICC", "MPICC"):
-        value = os.environ.get(var, "").strip()
-        if value:
-            cmd = shlex.split(value)
-            if not shutil.which(cmd[0]):
-                raise errors.InvalidArgumentError(
-                    f"the mpi transport: {var}={value} is not an executable compiler wrapper: point {var} at your "
-                    f"MPI's mpicc, or unset it to use the mpicc on PATH")
-            return cmd
+    cmd = build_cache.compiler_from_environment(
+        ("TNT_MPICC", "MPICC"), "the mpi transport: {var}={value} is not an executable compiler wrapper: point "
+        "{var} at your MPI's mpicc, or unset it to use the mpicc on PATH")
+    if cmd is not None:
+        return cmd
     found = shutil.which("mpicc")
     if not found:
         raise errors.InvalidArgumentError(
@@ -162,15 +157,11 @@ def _build(mpicc, mpi, src, folder, lib, command=compile_command, name="mpi"):
 
 def find_cc():
     """The C compiler for the gpi2 plugin as an argument list, or raise saying why there is none."""
-    for var in ("TNT_CC", "CC"):
-        value = os.environ.get(var, "").strip()
-        if value:
-            cmd = shlex.split(value)
-            if not shutil.which(cmd[0]):
-                raise errors.InvalidArgumentError(
-                    f"the gpi2 transport: {var}={value} is not an executable C compiler: point {var} at one, or "
-                    "unset it to use cc on PATH")
-            return cmd
+    cmd = build_cache.compiler_from_environment(
+        ("TNT_CC", "CC"), "the gpi2 transport: {var}={value} is not an executable C compiler: point {var} at "
+        "one, or unset it to use cc on PATH")
+    if cmd is not None:
+        return cmd
     found = shutil.which("cc") or shutil.which("gcc")
     if not found:
         raise errors.InvalidArgumentError(
