@@ -41,6 +41,8 @@ HEADERS = ("src/transport_plugin.h", "src/transport.h", "src/params.h", "src/tra
            "src/transport/plugins/peer_health.h", "src/transport/plugins/wedge_watch.h", "include/tarantella.h")
 LIBRARY = "libtnt-transport-mpi.so"
 GPI2_LIBRARY = "libtnt-transport-gpi2.so"
+_MPI_SOURCE = "src/transport/plugins/mpi.c"
+_GPI2_SOURCE = "src/transport/plugins/gpi2.c"
 _VERSION_MACROS = ("OMPI_MAJOR_VERSION", "OMPI_MINOR_VERSION", "OMPI_RELEASE_VERSION", "MPICH_VERSION",
                    "I_MPI_VERSION", "MVAPICH2_VERSION", "MPI_VERSION", "MPI_SUBVERSION")
 
@@ -117,19 +119,29 @@ def _private_dir(path):
     build_cache.private_dir(path, "the transport plugin", "TNT_MPI_PLUGIN / TNT_GPI2_PLUGIN to a plugin built elsewhere")
 
 
-def build_dir(mpi, src):
+def _digest(src, source, compiler):
+    """What names a plugin's folder: a digest of its `source` and the HEADERS
+    (under `src`) and of `compiler` (a dict describing the compiler)."""
     digest = hashlib.sha256()
-    for rel in ("src/transport/plugins/mpi.c",) + HEADERS:
+    for rel in (source,) + HEADERS:
         with open(os.path.join(src, rel), "rb") as f:
             digest.update(rel.encode() + b"\0" + f.read())
-    digest.update(json.dumps(mpi, sort_keys=True).encode())
-    return os.path.join(cache_root(), f"mpi-{mpi['name']}-abi{abi_version(src)}-{digest.hexdigest()[:12]}")
+    digest.update(json.dumps(compiler, sort_keys=True).encode())
+    return digest.hexdigest()[:12]
+
+
+def _compile_command(compiler, src, out, source, *libraries):
+    return [*compiler, "-std=gnu11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
+            "-I", os.path.join(src, "include"), "-I", os.path.join(src, "src"),
+            os.path.join(src, source), "-o", out, "-lpthread", *libraries]
+
+
+def build_dir(mpi, src):
+    return os.path.join(cache_root(), f"mpi-{mpi['name']}-abi{abi_version(src)}-{_digest(src, _MPI_SOURCE, mpi)}")
 
 
 def compile_command(mpicc, src, out):
-    return [*mpicc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
-            "-I", os.path.join(src, "include"), "-I", os.path.join(src, "src"),
-            os.path.join(src, "src", "transport", "plugins", "mpi.c"), "-o", out, "-lpthread"]
+    return _compile_command(mpicc, src, out, _MPI_SOURCE)
 
 
 def mpi_plugin():
@@ -138,19 +150,21 @@ def mpi_plugin():
     mpicc = find_mpicc()
     src = source_dir()
     mpi = describe_mpi(mpicc)
-    folder = build_dir(mpi, src)
-    lib = os.path.join(folder, LIBRARY)
+    return _plugin(mpicc, mpi, src, build_dir(mpi, src), LIBRARY)
+
+
+def _plugin(compiler, described, src, folder, library, command=compile_command, name="mpi"):
+    """`folder`/`library`, built by `command(compiler, src, out)` unless it is
+    there (`described` describes the compiler in the build log), and checked
+    to be this user's alone."""
+    lib = os.path.join(folder, library)
     _private_dir(folder)
     if not os.path.isfile(lib):
-        _build(mpicc, mpi, src, folder, lib)
+        failure = f"TNT_TRANSPORT={name}, but building the {name} transport plugin with {' '.join(compiler)} failed"
+        build_cache.build_once(folder, library, command(compiler, src, "{out}"), failure,
+                               log_note=f"{name.upper()}: {json.dumps(described, sort_keys=True)}")
     build_cache.check_owned(lib)
     return lib
-
-
-def _build(mpicc, mpi, src, folder, lib, command=compile_command, name="mpi"):
-    failure = f"TNT_TRANSPORT={name}, but building the {name} transport plugin with {' '.join(mpicc)} failed"
-    build_cache.build_once(folder, os.path.basename(lib), command(mpicc, src, "{out}"), failure,
-                           log_note=f"{name.upper()}: {json.dumps(mpi, sort_keys=True)}")
 
 
 # ---- gpi2: compiled with the plain C compiler; GPI-2 is found when the transport starts ----
@@ -172,9 +186,7 @@ def find_cc():
 
 
 def gpi2_compile_command(cc, src, out):
-    return [*cc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
-            "-I", os.path.join(src, "include"), "-I", os.path.join(src, "src"),
-            os.path.join(src, "src", "transport", "plugins", "gpi2.c"), "-o", out, "-lpthread", "-ldl"]
+    return _compile_command(cc, src, out, _GPI2_SOURCE, "-ldl")
 
 
 def gpi2_plugin():
@@ -182,19 +194,9 @@ def gpi2_plugin():
     GPI-2: the plugin finds GPI-2 when the transport starts and says so if not)."""
     cc = find_cc()
     src = source_dir()
-    digest = hashlib.sha256()
-    for rel in ("src/transport/plugins/gpi2.c",) + HEADERS:
-        with open(os.path.join(src, rel), "rb") as f:
-            digest.update(rel.encode() + b"\0" + f.read())
     compiler = {"cc": os.path.realpath(shutil.which(cc[0])), "args": cc[1:]}
-    digest.update(json.dumps(compiler, sort_keys=True).encode())
-    folder = os.path.join(cache_root(), f"gpi2-abi{abi_version(src)}-{digest.hexdigest()[:12]}")
-    lib = os.path.join(folder, GPI2_LIBRARY)
-    _private_dir(folder)
-    if not os.path.isfile(lib):
-        _build(cc, compiler, src, folder, lib, command=gpi2_compile_command, name="gpi2")
-    build_cache.check_owned(lib)
-    return lib
+    folder = os.path.join(cache_root(), f"gpi2-abi{abi_version(src)}-{_digest(src, _GPI2_SOURCE, compiler)}")
+    return _plugin(cc, compiler, src, folder, GPI2_LIBRARY, command=gpi2_compile_command, name="gpi2")
 
 
 _BUILDERS = {"mpi": ("TNT_MPI_PLUGIN", mpi_plugin), "gpi2": ("TNT_GPI2_PLUGIN", gpi2_plugin)}
