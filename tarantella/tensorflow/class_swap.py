@@ -16,7 +16,10 @@ object's own class, because
 * the subclass has its base's `__name__`, `__module__` and `__qualname__`, so
   `type(obj).__name__`, `get_config` and Keras' serialisation name the base
   class: a saved file says "Adam" from "keras.optimizers" and loads without
-  Tarantella.
+  Tarantella. A class the user registered
+  (`keras.saving.register_keras_serializable`) is saved under its registered
+  name ("package>Name"), which Keras looks up by the class object: the
+  subclass is given the base's.
 
 `subclass` makes such a class, and `once_per_class` makes each kind of swap
 create one subclass per base class (under a lock: the first swaps may run on
@@ -28,14 +31,22 @@ the subclass, or the method it replaces.
 import functools
 import threading
 
+from keras.src.saving import object_registration
+
 
 def subclass(base, members, mixins=()):
     """A subclass of `base` (after `mixins`, whose methods then come first)
     with the attributes `members`, named as `base` (see the module's docstring).
     A method of `members` calls the base's as `super(cls, self).method(...)`,
     `cls` being this function's result."""
-    return type(base.__name__, (*mixins, base), {
+    cls = type(base.__name__, (*mixins, base), {
         **members, "__module__": base.__module__, "__qualname__": base.__qualname__})
+    # Without it a registered class was saved as its bare name, which loading cannot find.
+    # Only the name: the registry of objects still gives the user's class back on loading.
+    registered = object_registration.GLOBAL_CUSTOM_NAMES.get(base)
+    if registered is not None:
+        object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
+    return cls
 
 
 def once_per_class(make):

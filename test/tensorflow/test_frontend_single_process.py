@@ -215,6 +215,36 @@ def test_distributed_optimizer_keeps_its_type_and_saves_as_keras():
     assert keras.saving.serialize_keras_object(opt)["class_name"] == "Adam"
 
 
+def test_a_registered_class_is_saved_under_its_registered_name_once_swapped(tmp_path):
+    """Tarantella swaps the class of an optimizer (of layers, metrics, the
+    compiled loss: class_swap) for a subclass named alike. A class registered
+    with register_keras_serializable was then saved under its bare name
+    ("RegisteredAdam", not "tnt_test>RegisteredAdam"), and
+    keras.saving.load_model failed: Could not locate class 'RegisteredAdam'."""
+    from tarantella.tensorflow import class_swap
+
+    @keras.saving.register_keras_serializable(package="tnt_test")
+    class RegisteredAdam(keras.optimizers.Adam):
+        pass
+
+    @keras.saving.register_keras_serializable(package="tnt_test")
+    class RegisteredDropout(keras.layers.Dropout):
+        pass
+
+    layer = RegisteredDropout(0.5)
+    expected = keras.saving.serialize_keras_object(layer)
+    layer.__class__ = class_swap.subclass(RegisteredDropout, {})
+    assert keras.saving.serialize_keras_object(layer) == expected
+    assert type(keras.saving.deserialize_keras_object(expected)) is RegisteredDropout
+    model = tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(5)]))
+    model.compile(optimizer=RegisteredAdam(0.1), loss="mse")
+    model.fit(np.ones((8, 4), "float32"), np.zeros((8, 5), "float32"), batch_size=4, verbose=0)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    plain = keras.saving.load_model(path)
+    assert type(plain.optimizer) is RegisteredAdam and int(plain.optimizer.iterations) == 2
+
+
 def _info_messages():
     records = []
 
