@@ -12,6 +12,7 @@ still say "Adam" (loading them needs no Tarantella).
 """
 import contextlib
 import hashlib
+import sys
 import threading
 
 import keras
@@ -21,11 +22,56 @@ from tarantella.tensorflow import class_swap, collective_ops, step_context
 from tarantella.tensorflow import compression as compression_lib
 
 _recording = threading.local()  # see record_applies()
+_reduced = threading.local()  # see _applying_reduced()
+
+
+@contextlib.contextmanager
+def _applying_reduced():
+    """Mark the gradients handed on by a distributed optimizer's `apply` as
+    reduced: a distributed optimizer it wraps (the inner optimizer of a
+    LossScaleOptimizer, each distributed) applies them as they are, instead
+    of averaging them a second time (twice the traffic, and not bitwise the
+    serial gradient on 3 ranks)."""
+    previous = getattr(_reduced, "active", False)
+    _reduced.active = True
+    try:
+        yield
+    finally:
+        _reduced.active = previous
+
+
+def _caller_wrapping(optimizer):
+    """The LossScaleOptimizer whose __init__ (our caller's caller) is making
+    `optimizer` its inner optimizer, or None.
+
+    Keras' LossScaleOptimizer skips a step when its *own* gradients are not
+    finite, and calls the inner optimizer's `apply` only when they are: with
+    a distributed inner optimizer, a rank whose local gradients overflowed
+    skipped the allreduce the others made (a hang, or its next step's
+    gradients summed with their previous ones). Keras' compile makes such a
+    wrapper itself under mixed_float16, around the optimizer it is given."""
+    wrapper = sys._getframe(2).f_locals.get("self")
+    if isinstance(wrapper, keras.optimizers.LossScaleOptimizer) and \
+            getattr(wrapper, "inner_optimizer", None) is optimizer:
+        return wrapper
+    return None
+
+
+def _distribute_wrapper(optimizer, wrapper):
+    """The loss scale must decide on the reduced gradients, alike on every
+    rank (as when the LossScaleOptimizer itself is wrapped): distribute the
+    wrapper too, with `optimizer`'s settings; `optimizer` then applies what
+    the wrapper reduced as it is (_applying_reduced)."""
+    if not is_distributed(wrapper):
+        DistributedOptimizer(wrapper, name=optimizer._tnt_name, compression=optimizer._tnt_compression)
+        set_gradient_weight(wrapper, optimizer._tnt_weight_fn)
 
 
 @class_swap.once_per_class
 def _distributed_class(base):
     def apply(self, grads, trainable_variables=None):
+        if getattr(_reduced, "active", False):  # inside a distributed wrapper's apply
+            return super(cls, self).apply(grads, trainable_variables)
         grads = list(grads)
         if trainable_variables is not None:
             grads = [_with_static_shape(g, v) for g, v in zip(grads, trainable_variables)]
@@ -44,7 +90,8 @@ def _distributed_class(base):
             compression=self._tnt_compression)
         self._tnt_float16 = _float16_flags(self, trainable_variables)
         try:
-            return super(cls, self).apply(grads, trainable_variables)
+            with _applying_reduced():
+                return super(cls, self).apply(grads, trainable_variables)
         finally:
             self._tnt_float16 = None
 
@@ -57,6 +104,17 @@ def _distributed_class(base):
     members = {"apply": apply, "scale_loss": scale_loss, "_tnt_distributed": True}
     if issubclass(base, keras.optimizers.LossScaleOptimizer):
         members["check_finite"] = check_finite
+    else:
+        def __setattr__(self, name, value):  # noqa: N807
+            # LossScaleOptimizer.__init__ sets its inner optimizer's
+            # loss_scale_factor: that is how it is told apart
+            if name == "loss_scale_factor":
+                wrapper = _caller_wrapping(self)
+                if wrapper is not None:
+                    _distribute_wrapper(self, wrapper)
+            super(cls, self).__setattr__(name, value)
+
+        members["__setattr__"] = __setattr__
     cls = class_swap.subclass(base, members)
     return cls
 

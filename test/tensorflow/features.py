@@ -249,6 +249,54 @@ def custom_loop(tnt, reference, tape_mode):
     return weights(model)
 
 
+def loss_scale_around_a_distributed_optimizer(tnt, reference, how):
+    """mixed_float16 with the LossScaleOptimizer *around* a DistributedOptimizer:
+    made by the user in a loop (how="loop"), or by Keras' compile given
+    tnt.DistributedOptimizer(SGD), of a plain model ("compile") or of a
+    tnt.Model ("tnt_model", fed the global batches). The first global batch of 20 overflows in float16 on rank 0's half only: serial
+    training skips it, and so must every rank. The loss scale after each step
+    and the weights."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(3)])
+        # a tnt.Model: a last batch of 1, whose empty slice on rank 1 replays the step's applies
+        x, y = data(61 if how == "tnt_model" else 60)
+        x[0] *= 1e4  # the first batch's first sample: rank 0's micro-batch
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+        optimizer = keras.optimizers.SGD(0.1)
+        if not reference:
+            if how == "tnt_model":
+                model = tnt.Model(model)
+            else:
+                ds = tnt.data.distribute_dataset(ds).dataset
+                tnt.broadcast_variables(model.variables)
+            optimizer = tnt.DistributedOptimizer(optimizer)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        scales = []
+        if how != "loop":
+            model.compile(optimizer=optimizer, loss=loss_fn)
+            record = keras.callbacks.LambdaCallback(
+                on_train_batch_end=lambda batch, logs: scales.append(float(model.optimizer.scale_loss(1.0))))
+            model.fit(ds, epochs=1, verbose=0, callbacks=[record])
+            return {"scales": scales, "weights": weights(model)}
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+
+        @tf.function
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = optimizer.scale_loss(loss_fn(yb, model(xb, training=True)))
+            optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+        for xb, yb in ds:
+            step(xb, yb)
+            scales.append(float(optimizer.scale_loss(1.0)))
+        return {"scales": scales, "weights": weights(model)}
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 class TwoOptimizers(keras.Model):
     """The GAN pattern of Keras' "customize what happens in fit()": its own
     compile(first, second, loss_fn) and a train_step that applies `first` to
@@ -990,6 +1038,8 @@ def main():
     results["loop_optimizer"] = custom_loop(tnt, args.reference, tape_mode=False)
     results["loop_tape"] = custom_loop(tnt, args.reference, tape_mode=True)
     results["own_compile"] = own_compile(tnt, args.reference)
+    for how in ("loop", "compile", "tnt_model"):
+        results[f"loss_scale_{how}"] = loss_scale_around_a_distributed_optimizer(tnt, args.reference, how)
     results["array_fits"] = array_fits(tnt, args.reference)
     results["empty_slices"] = empty_slices(tnt, args.reference)
     results["list_arrays"] = list_arrays(tnt, args.reference)

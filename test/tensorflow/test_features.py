@@ -110,6 +110,25 @@ def test_custom_loops_match_serial(runs):
         assert runs["ranks"][0][key] == runs["ranks"][1][key]
 
 
+def test_a_loss_scale_around_a_distributed_optimizer_skips_the_steps_serial_training_skips(runs):
+    """A LossScaleOptimizer wrapping tnt.DistributedOptimizer (made in a loop,
+    or by Keras' compile under mixed_float16) decides on the reduced gradients:
+    a step that overflows on one rank only is skipped on every rank, as in
+    serial training. Before, the rank whose gradients overflowed skipped the
+    step and its allreduce, and its next step's allreduce summed with the
+    other rank's previous one (or waited forever); a tnt.Model reduced the
+    gradients twice, and a rank with an empty slice submitted one name twice
+    (InvalidUsageError)."""
+    for key in ("loss_scale_loop", "loss_scale_compile", "loss_scale_tnt_model"):
+        ref = runs["ref"][key]
+        assert ref["scales"][0] == 2.0 ** 14, ref  # serial training skipped the first step
+        for rank in runs["ranks"]:
+            assert rank[key]["scales"] == ref["scales"], key
+            for got, want in zip(rank[key]["weights"], ref["weights"]):
+                np.testing.assert_allclose(got, want, rtol=0, atol=2e-3, err_msg=key)
+        assert runs["ranks"][0][key] == runs["ranks"][1][key]
+
+
 def test_own_compile_and_two_optimizers_match_serial(runs):
     """A model with its own compile() (two optimizers, the GAN pattern) trains
     as in serial Keras; the rank with an empty slice of the last batch still
