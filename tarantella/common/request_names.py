@@ -86,6 +86,17 @@ _sequence_threads = {}  # thread name -> weak reference to the thread that numbe
 _thread_windows = threading.local()  # by_kind: {kind: (counter, names)} of this thread's sequence
 
 
+def thread_sequence():
+    """The name of the calling thread's sequence of unnamed calls: None in the
+    main thread and in threads Python did not start, else the thread's name
+    (refused as for an unnamed call: a pool's worker thread, two living
+    threads of one name)."""
+    thread = threading.current_thread()
+    if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD):
+        return None
+    return _sequence_of(thread)
+
+
 def _thread_window(kind, thread):
     """(counter, names) of a kind's unnamed calls in a thread other than the main one. The count
     lives on with the thread's name (a later thread of the name goes on with it); the names live in

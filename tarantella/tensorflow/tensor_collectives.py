@@ -9,14 +9,46 @@ compiled ops, one request per leaf (tarantella/tensorflow/ops), or, on the
 numpy_function path (TNT_TF_OPS), as one `tf.numpy_function`; eagerly they
 run at once.
 """
-import itertools
+import hashlib
+import threading
+import weakref
 
 import tensorflow as tf
+from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
-from tarantella.common import collectives, dtypes, master_only
+from tarantella.common import collectives, dtypes, master_only, request_names
 from tarantella.tensorflow import ops as tf_ops
 
-_graph_names = itertools.count()  # unnamed collectives inside tf.function: one name per trace
+_graph_counts = weakref.WeakKeyDictionary()  # a traced function's graph -> its unnamed collectives so far
+_graph_lock = threading.Lock()
+
+
+def _graph_name(kind):
+    """The name of an unnamed collective traced into a tf.function: the
+    function's name and the collective's place in it, "tf.<kind>.<function>.<k>".
+
+    Every trace of a function names its collectives alike, so ranks pair them
+    whichever trace each runs. A count over all traces of the process (as
+    before) differed between ranks as soon as one retraced and another did
+    not (an allgather of rows that differ between ranks, an uneven last
+    micro-batch), and the ranks then waited for names the others never
+    submitted. A cond or while branch counts in the function that holds it.
+    Traced in a thread other than the main one, the names end in
+    "@<thread name>", as the NumPy collectives' unnamed calls do: threads that
+    each trace a function of one name do not submit one name twice at once."""
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(graph, ControlFlowFuncGraph):
+        graph = graph.outer_graph
+    with _graph_lock:
+        k = _graph_counts.get(graph, 0)
+        _graph_counts[graph] = k + 1
+    function = getattr(graph, "name", "graph")
+    thread = request_names.thread_sequence()
+    if thread is not None:
+        function = f"{function}@{thread}"
+    if len(function.encode()) > 64:  # leave room in the core's 255 bytes
+        function = hashlib.sha1(function.encode()).hexdigest()[:16]
+    return f"tf.{kind}.{function}.{k}"
 
 
 def allreduce(x, op="sum", name=None, prescale=1.0, out=None):
@@ -61,7 +93,7 @@ def _run(x, collective, kind, name=None, **options):
 
 def _run_compiled(compiled, tensors, kind, name, options):
     """One request per leaf (a 0-d leaf of an allgather travels as one row)."""
-    base = name if name is not None else f"tf.{kind}.{next(_graph_names)}"
+    base = name if name is not None else _graph_name(kind)
     if kind == "allgather":
         tensors = [tf.reshape(t, [1]) if t.shape.rank == 0 else t for t in tensors]
     return compiled.run(kind, tensors, [f"{base}.{i}" for i in range(len(tensors))], **options)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -738,6 +739,45 @@ def run_cases(tnt, cases):
     return out
 
 
+def check_unnamed_tf_collectives(tnt):
+    """Unnamed TF collectives in a tf.function that ranks retrace apart: 99
+    samples in global batches of 25 give rank 0 micro-batches of 13 and (last)
+    12, rank 1 only 12s, so rank 0 traces the step twice and rank 1 once.
+    Each step allgathers its samples and sums their count; the sums and the
+    gathered batches, which every rank must see as the serial global ones."""
+    import tarantella.tensorflow as ttf
+
+    x = np.arange(99, dtype="float32")
+    local = tnt.data.distribute_dataset(tf.data.Dataset.from_tensor_slices(x).batch(25)).dataset
+
+    @tf.function
+    def step(xb):
+        return ttf.allgather(xb), ttf.allreduce(tf.cast(tf.shape(xb)[0], tf.float32))
+
+    gathered, counts = [], []
+    for xb in local:
+        batch, count = step(xb)
+        gathered.append(batch.numpy().tolist())
+        counts.append(float(count))
+    # threads that each trace a function named "f" at once: each pairs with its namesake thread
+    sums = {}
+
+    def work(t):
+        @tf.function
+        def f(v):
+            return ttf.allreduce(v)
+
+        sums[t] = [float(f(tf.fill([4], 10.0 * t + tnt.get_rank()))[0]) for _ in range(20)]
+
+    threads = [threading.Thread(target=work, args=(t,), name=f"summer{t}") for t in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"gathered": gathered, "counts": counts, "traces": step.experimental_get_tracing_count(),
+            "threads": [sums.get(t) for t in range(3)]}
+
+
 def check_step_counts(tnt):
     """Inputs and arguments that would make the ranks take different numbers
     of steps (each step is collective, so they used to wait for each other
@@ -1053,6 +1093,7 @@ def main():
         results["stops"] = check_stops(tnt)
         results["rank_state"] = check_rank_state(tnt)
         results["step_counts"] = check_step_counts(tnt)
+        results["unnamed_tf_collectives"] = check_unnamed_tf_collectives(tnt)
         results["same_data"] = check_same_data(tnt)
         results["master_only_checkpoints"] = check_master_only_checkpoints(tnt, files)
         results["master_only_collectives"] = check_master_only_collectives(tnt)

@@ -428,6 +428,22 @@ def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_befor
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
 
 
+def test_unnamed_tf_collectives_pair_up_whichever_trace_each_rank_runs(runs):
+    """Unnamed collectives in a tf.function are named after the function and
+    their place in it, the same in every trace. Before, one count over all
+    traces named them: rank 0, which retraced the step for its 13 samples,
+    submitted names rank 1 never did, and both waited until TNT_TIMEOUT_S.
+    Threads that each trace a function of one name pair with their namesakes
+    (as the NumPy collectives' unnamed calls do)."""
+    r0, r1 = (rank["unnamed_tf_collectives"] for rank in runs["ranks"])
+    assert (r0["traces"], r1["traces"]) == (2, 1)  # the case is real: the ranks traced apart
+    x = list(map(float, range(99)))
+    for got in (r0, r1):
+        assert got["gathered"] == [x[i:i + 25] for i in range(0, 99, 25)]
+        assert got["counts"] == [25.0, 25.0, 25.0, 24.0]
+        assert got["threads"] == [[20.0 * t + 1.0] * 20 for t in range(3)]
+
+
 def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_begins(runs):
     # call_agreement.py: the ranks used to wait for each other until TNT_TIMEOUT_S (60 s here),
     # for requests the others never made
