@@ -244,6 +244,14 @@ def build(args, command, job_id, workdir):
         files[mfile] = engines.gaspi_machinefile(spots)
         files[script] = engines.gaspi_script(env, everything, rank_cmd, os.getcwd())
         argv = engines.gaspi(path, spots, mfile, script)
+        real_ssh = engines.shutil.which("ssh", path=env.get("PATH"))
+        if real_ssh:
+            # gaspi_run does not notice a host its ssh could not start ranks on (the others
+            # would wait until TNT_TIMEOUT_S): its ssh is ours, which reports it (gaspi_ssh.py).
+            # Only gaspi_run's PATH: the ranks' own PATH is the one the script exports
+            files[os.path.join(workdir, "ssh")] = engines.gaspi_ssh_shim(sys.executable, real_ssh,
+                                                                          job_id, mfile)
+            env = dict(env, PATH=workdir + os.pathsep + env.get("PATH", ""))
     elif engine == "srun":
         path = _locate(lambda: engines.find("srun", "inside a Slurm allocation"), "srun",
                        args.dry_run)
@@ -311,6 +319,11 @@ def stall_watch(collector, engine_name, seconds=ENGINE_SETTLE_S):
     def watch(supervisor):
         def on_record(record):
             host = record.get("host") or "?"
+            if record.get("not_started"):
+                # gaspi_run's ssh could not start the ranks of a host (gaspi_ssh.py): the
+                # others would wait for them until TNT_TIMEOUT_S, and gaspi_run with them
+                supervisor.stall_after(f"{engine_name} could not start the ranks on {host}", 0)
+                return
             supervisor.stall_after(f"rank {record.get('rank')} failed on {host} and {engine_name} had not ended "
                                    f"the job {seconds:g} s later", seconds)
         collector.on_record = on_record

@@ -394,8 +394,9 @@ class Supervisor:
                     job.interrupted_by = value
                     break
                 if kind == "stall":
-                    if stall is None:
-                        stall = (value[0], time.monotonic() + value[1])
+                    deadline = time.monotonic() + value[1]
+                    if stall is None or deadline < stall[1]:  # the most urgent one
+                        stall = (value[0], deadline)
                     continue
                 running.discard(value)
                 res = results[value]

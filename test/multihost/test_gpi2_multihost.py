@@ -170,6 +170,27 @@ def test_a_rank_killed_on_hostB_is_the_root_cause(multihost, tmp_path):
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
 
 
+def test_a_host_ssh_cannot_reach_is_named_at_once(multihost, tmp_path):
+    # gaspi_run starts each host's ranks with `ssh HOST ... &` and never looks at ssh's exit:
+    # with a host that does not resolve, rank 0 waited in gaspi_proc_init until TNT_TIMEOUT_S
+    # and the report blamed it (a TimeoutError on hostA). tntrun's ssh for gaspi_run
+    # (gaspi_ssh.py) reports the host; tntrun stops the job at once and names it
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="30")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    res = multihost.run("hostA", ["tntrun", "-H", "hostA:1,nohost:2", "--transport", "gpi2", "--",
+                                  os.path.join(HERE, "rank_bare.py"), str(tmp_path)],
+                        env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 255, res.stdout[-3000:] + res.stderr[-3000:]
+    root = root_cause(res.stderr)
+    assert root.startswith("  rank:    1 (local_rank 0)\n  host:    nohost\n"), res.stderr[-3000:]
+    assert "NotStartedError: ssh could not reach nohost: rank(s) 1, 2 were not started" in root, root
+    assert "Could not resolve hostname nohost" in root, root  # ssh's own words
+    assert "TimeoutError" not in res.stderr, res.stderr[-3000:]
+    assert "tntrun stopped gaspi_run: gaspi_run could not start the ranks on nohost" in res.stderr
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tnt-")]  # its script and machine file
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
+
 def bare_gaspi_run(bed, tmp_path, hosts, transport):
     """`gaspi_run -m MACHINEFILE -n N PROGRAM` on hostA, no tntrun: PROGRAM is a script that
     sets what a user's shell profile would on every host (gaspi_run forwards no environment)

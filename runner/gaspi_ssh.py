@@ -1,0 +1,85 @@
+"""The `ssh` that gaspi_run calls under tntrun: the real ssh, and a report when it fails.
+
+gaspi_run starts the ranks of every host with `ssh HOST "nohup ssh.spawner ..." &` and never
+looks at ssh's exit: when a host cannot be reached (a wrong name, a node that is down, no
+key), its ranks never start, and the others wait for them in gaspi_proc_init until
+TNT_TIMEOUT_S. tntrun puts this program first on gaspi_run's PATH (engines.gaspi_ssh_shim);
+it runs the real ssh, passing everything through, and when a call that starts a host's ranks failed (ssh
+exits 255 for its own errors, ssh(1); 127 where the remote spawner is missing), writes a failure record
+(rank_report) for the first rank of that host, with ssh's own message, to its stderr, which
+is gaspi_run's and so tntrun's. tntrun then ends the job at once, naming the host.
+
+    python -m tarantella.runner.gaspi_ssh REAL_SSH JOB_ID MACHINEFILE HOST COMMAND...
+"""
+import os
+import subprocess
+import sys
+import time
+
+from tarantella.runner import rank_report
+
+SSH_FAILED = 255  # ssh(1): "ssh exits ... with 255 if an error occurred"
+TAIL = 4096
+
+
+def _ranks_on(machinefile, host):
+    """The ranks gaspi_run places on `host`: one per line of its machine file, in order."""
+    try:
+        with open(machinefile) as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except OSError:
+        return []
+    return [r for r, name in enumerate(lines) if name == host]
+
+
+def _failed_start(code, command):
+    """True when this ssh call left the host's ranks unstarted: a call of gaspi_run's
+    spawner (ssh.spawner), which always exits 0 once it ran, that did not (255: ssh failed;
+    127: no GPI-2 at the same path on that host). Not its other calls: the clean-up
+    (`killall`, after a failure), or the start of rank 0 on another host, whose failure
+    gaspi_run reports itself ("Failed to start ... on HOST") and whose status may be the
+    program's own."""
+    return code != 0 and "ssh.spawner" in command and "killall" not in command
+
+
+def main(argv):
+    real_ssh, job_id, machinefile, host = argv[:4]
+    command = " ".join(argv[4:])
+    try:
+        proc = subprocess.Popen([real_ssh, host, *argv[4:]], stderr=subprocess.PIPE)
+    except OSError as exc:
+        code, tail = 127, f"cannot run {real_ssh}: {exc.strerror}".encode()
+    else:
+        tail = bytearray()
+        while True:  # ssh's own messages, passed on as they come, the last ones kept
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            tail += chunk
+            del tail[:-TAIL]
+            try:
+                os.write(2, chunk)
+            except OSError:
+                pass
+        code = proc.wait()
+        code = 128 - code if code < 0 else code  # a signal: as a shell reports it
+    if _failed_start(code, command):
+        ranks = _ranks_on(machinefile, host)
+        said = bytes(tail).decode("utf-8", "replace").strip()
+        what = (f"ssh could not reach {host}" if code == SSH_FAILED
+                else f"ssh {host} could not run GPI-2's spawner there (exit {code})")
+        listed = ", ".join(map(str, ranks)) or "?"
+        message = (f"NotStartedError: {what}: rank(s) {listed} were not started. "
+                   f"gaspi_run starts the ranks of every host with ssh: check that `ssh {host} "
+                   f"true` works without a password, and that GPI-2 is installed at the same "
+                   f"path on {host}" + (f" (ssh said: {said.splitlines()[-1]})" if said else ""))
+        rank_report.write({
+            "rank": ranks[0] if ranks else -1, "local_rank": 0, "host": host, "pid": None,
+            "returncode": code, "ended_at": time.time(), "stopped": False, "not_started": True,
+            "error": {"message": message, "timestamp": time.time()},
+            "stderr_tail": said}, job_id)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
