@@ -95,6 +95,19 @@ def mpich_machinefile(placement):
     return "".join(f"{h}:{n}\n" for h, n in placement)
 
 
+# srun reads these as its options (srun(1), INPUT ENVIRONMENT VARIABLES); salloc and sbatch
+# set them from the allocation's request (`--ntasks-per-node=2`), so that inside it they would
+# ask for a layout of their own beside the counts tntrun gives: srun warned "can't honor
+# --ntasks-per-node set to 2 which doesn't match the requested tasks 3 ..." for `tntrun -n 3`.
+# tntrun gives every count itself (srun below): they are left out of srun's environment
+SRUN_LAYOUT_VARIABLES = ("SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_SOCKET", "SLURM_NTASKS_PER_CORE",
+                         "SLURM_NTASKS_PER_GPU", "SLURM_NTASKS_PER_TRES")
+# ...and, where tntrun is itself the task of a step (`srun -N1 -n1 tntrun`), that step's own
+# distribution: srun sets SLURM_DISTRIBUTION=cyclic for a step of one task, and the ranks'
+# srun read it: ranks 0 and 2 on hostA, 1 and 3 on hostB, not the blocks tntrun places
+STEP_LAYOUT_VARIABLES = ("SLURM_DISTRIBUTION",)
+
+
 def srun(srun_path, placement, rank_cmd, output_all, nodes_given, in_step=False):
     total = sum(n for _, n in placement)
     argv = [srun_path, f"--ntasks={total}"]

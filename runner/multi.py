@@ -258,8 +258,11 @@ def build(args, command, job_id, workdir):
         if named and not per_node:
             raise UsageError("under Slurm every host runs the same number of ranks: give "
                              "--n-per-node N")
+        in_step = inside_step()
         argv = engines.srun(path, spots, rank_cmd, args.output_on_all_devices, named,
-                            in_step=inside_step())
+                            in_step=in_step)
+        left_out = engines.SRUN_LAYOUT_VARIABLES + (engines.STEP_LAYOUT_VARIABLES if in_step else ())
+        env = {k: v for k, v in env.items() if k not in left_out}
     else:
         path, flavour = _locate(engines.mpi_launcher, ("mpirun", "openmpi"), args.dry_run)
         if flavour == "mpich":

@@ -58,6 +58,13 @@ def test_plain_tntrun_uses_the_whole_allocation(cluster, tmp_path):
         ("2", "hostB", "0", "2", "4"), ("3", "hostB", "1", "2", "4")]
     assert len({p["job_id"] for p in probes(res.stderr)}) == 1
     assert res.stdout.splitlines() == ["stdout of rank 0"]
+    # -n 3 in blocks (2 + 1): the allocation's SLURM_NTASKS_PER_NODE=2 reached srun beside
+    # tntrun's own counts, and srun warned "can't honor --ntasks-per-node set to 2 ..."
+    res = salloc(cluster, tmp_path, ["-N", "2", "--ntasks-per-node=2", "tntrun", "-n", "3", "--", "probe.py"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert placement(res.stderr) == [
+        ("0", "hostA", "0", "2", "3"), ("1", "hostA", "1", "2", "3"), ("2", "hostB", "0", "1", "3")]
+    assert "honor" not in res.stderr and "Warning" not in res.stderr, res.stderr
 
 
 def test_tntrun_as_the_one_task_of_a_step_uses_the_allocation(cluster, tmp_path):
@@ -69,6 +76,14 @@ def test_tntrun_as_the_one_task_of_a_step_uses_the_allocation(cluster, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert placement(res.stderr) == [("0", "hostA", "0", "1", "2"), ("1", "hostB", "0", "1", "2")]
     assert res.stdout.splitlines() == ["stdout of rank 0"]
+    # the step's own SLURM_DISTRIBUTION=cyclic (a step of one task) reached the ranks' srun:
+    # ranks 0 and 2 ran on hostA, 1 and 3 on hostB; now in blocks, as tntrun places them
+    res = salloc(cluster, tmp_path, ["-N", "2", "--ntasks-per-node=2", "srun", "-N1", "-n1", "tntrun", "--",
+                                     "probe.py"], timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert placement(res.stderr) == [
+        ("0", "hostA", "0", "2", "4"), ("1", "hostA", "1", "2", "4"),
+        ("2", "hostB", "0", "2", "4"), ("3", "hostB", "1", "2", "4")]
 
 
 def test_the_failed_rank_and_its_own_status_not_sruns(cluster, tmp_path):
