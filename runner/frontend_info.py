@@ -4,9 +4,10 @@
 The runner never imports TensorFlow (seconds, and a GPU context): the answer
 comes from what is on disk, the way a rank would find it. TNT_TF_OPS, the
 installed TensorFlow's version and headers, the C++ compiler, and the build
-cache: a library built for this TensorFlow version, or a remembered failed
-build. (A rank also keys the cache on the compiler, the flags and the source:
-"built" here means built for this TensorFlow by some earlier run.)
+cache: a library built for this TensorFlow version from this release's sources
+(the folder's SOURCES_STAMP), or a remembered failed build of them. (A rank also
+keys the cache on the compiler and TensorFlow's flags, which only TensorFlow
+itself can tell.)
 """
 import glob
 import importlib.metadata
@@ -45,12 +46,20 @@ def ops_status(environ=None):
     version, folder = _tensorflow(environ)
     if version is None:
         return False, folder
-    built = sorted(glob.glob(os.path.join(build_cache.cache_root(), f"tfops-tf{version}-*", "libtnt-tf-ops.so")),
-                   key=os.path.getmtime)
+    def ours(name):
+        """The files `name` of this TensorFlow's build folders for these sources, newest last:
+        a library an older release built is not the one a rank loads (another digest)."""
+        try:
+            sources = build_cache.sources_digest(build_cache.tf_ops_sources())
+        except (OSError, errors.TarantellaError):
+            sources = None
+        found = glob.glob(os.path.join(glob.escape(build_cache.cache_root()), f"tfops-tf{glob.escape(version)}-*", name))
+        return sorted((p for p in found if build_cache.stamped(os.path.dirname(p), sources)), key=os.path.getmtime)
+
+    built = ours("libtnt-tf-ops.so")
     if built:
         return True, f"built for TensorFlow {version}: {built[-1]}"
-    failed = sorted(glob.glob(os.path.join(build_cache.cache_root(), f"tfops-tf{version}-*", build_cache.FAILED)),
-                    key=os.path.getmtime)
+    failed = ours(build_cache.FAILED)
     if failed:
         with open(failed[-1]) as f:
             return False, f"the last build failed: {f.read().strip()}"

@@ -25,6 +25,10 @@ import tempfile
 from tarantella.common import errors
 
 FAILED = "build.failed"  # next to the library: a build that failed, remembered
+# next to the library: the digest of the sources it is built from (sources_digest), so that a
+# reader that cannot compute the folder's whole name (tntrun --version: no TensorFlow
+# imported, so not its flags) still tells this release's build from an older one's
+SOURCES_STAMP = "sources.digest"
 
 
 def cache_root():
@@ -69,6 +73,48 @@ def digest(*parts):
     for part in parts:
         h.update((part.encode() if isinstance(part, str) else part) + b"\0")
     return h.hexdigest()[:12]
+
+
+def tf_ops_sources():
+    """The files the TensorFlow ops are compiled from (tarantella/tensorflow/ops/build.py),
+    found without importing TensorFlow."""
+    from tarantella.common import plugins  # it imports this module
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return (os.path.join(here, "tensorflow", "ops", "tnt_ops.cc"),
+            os.path.join(plugins.source_dir(), "include", "tarantella.h"))
+
+
+def sources_digest(paths):
+    """digest() of the contents of the files `paths`."""
+    parts = []
+    for path in paths:
+        with open(path, "rb") as f:
+            parts.append(f.read())
+    return digest(*parts)
+
+
+def stamp_sources(folder, value):
+    """Write SOURCES_STAMP into `folder` unless it says `value` already (best effort: a
+    read-only cache is used as it is)."""
+    if stamped(folder, value):
+        return
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".stamp-", dir=folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(value + "\n")
+        os.replace(tmp, os.path.join(folder, SOURCES_STAMP))
+    except OSError:
+        pass
+
+
+def stamped(folder, value):
+    """True when `folder`'s SOURCES_STAMP says `value`."""
+    try:
+        with open(os.path.join(folder, SOURCES_STAMP)) as f:
+            return f.read().strip() == value
+    except OSError:
+        return False
 
 
 def private_dir(path, what, instead):

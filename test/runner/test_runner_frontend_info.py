@@ -21,10 +21,16 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "tarantella" / "plugins"
 
 
-def _folder(cache, name="tfops-tf{v}-cxx11abi1-0123456789ab"):
+def _folder(cache, name="tfops-tf{v}-cxx11abi1-0123456789ab", sources="these"):
+    """A build folder of this TensorFlow, stamped as built from this release's sources
+    (sources="these"), from other sources (a digest), or not stamped (None)."""
     version = frontend_info._tensorflow(os.environ)[0]
     folder = cache / name.format(v=version)
     folder.mkdir(parents=True)
+    if sources == "these":
+        sources = frontend_info.build_cache.sources_digest(frontend_info.build_cache.tf_ops_sources())
+    if sources is not None:
+        (folder / frontend_info.build_cache.SOURCES_STAMP).write_text(sources + "\n")
     return folder
 
 
@@ -47,6 +53,25 @@ def test_a_built_library_for_this_tensorflow_is_reported(cache):
     lib.write_bytes(b"")
     ok, why = frontend_info.ops_status({})
     assert ok and why.endswith(str(lib))
+
+
+@needs_tf
+def test_a_library_of_other_sources_is_not_reported_as_built(cache, monkeypatch):
+    # a library an older release built for this TensorFlow (another digest in its folder's
+    # name) is not the one a rank loads: it builds its own at first use. --version said
+    # "built" for any library of this TensorFlow version
+    monkeypatch.setenv("CXX", "g++")
+    if not frontend_info.build_cache.shutil.which("g++"):
+        pytest.skip("no g++")
+    for name, sources in (("tfops-tf{v}-cxx11abi1-aaaaaaaaaaaa", "0123456789ab"),
+                          ("tfops-tf{v}-cxx11abi1-bbbbbbbbbbbb", None)):
+        (_folder(cache, name, sources) / "libtnt-tf-ops.so").write_bytes(b"")
+    (_folder(cache, "tfops-tf{v}-cxx11abi1-cccccccccccc", "0123456789ab") / "build.failed").write_text("old failure")
+    ok, why = frontend_info.ops_status({})
+    assert ok and why.startswith("built at first use for TensorFlow "), why
+    lib = _folder(cache) / "libtnt-tf-ops.so"
+    lib.write_bytes(b"")
+    assert frontend_info.ops_status({}) == (True, f"built for TensorFlow {frontend_info._tensorflow(os.environ)[0]}: {lib}")
 
 
 @needs_tf

@@ -15,10 +15,9 @@ import shutil
 
 import tensorflow as tf
 
-from tarantella.common import build_cache, errors, plugins
+from tarantella.common import build_cache, errors
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(HERE, "tnt_ops.cc")
+SOURCE, HEADER = build_cache.tf_ops_sources()  # tnt_ops.cc, the core's tarantella.h
 LIBRARY = "libtnt-tf-ops.so"
 _HEADER = "tensorflow/core/framework/op_kernel.h"
 
@@ -55,9 +54,9 @@ def _base():
     """(folder name without the compiler's part, compile command without the
     compiler): what the library depends on but the compiler."""
     cflags, lflags = tf_flags()
-    include = os.path.join(plugins.source_dir(), "include")
+    include = os.path.dirname(HEADER)
     args = command([], cflags, lflags, include)
-    parts = [open(SOURCE, "rb").read(), open(os.path.join(include, "tarantella.h"), "rb").read(), *args]
+    parts = [open(SOURCE, "rb").read(), open(HEADER, "rb").read(), *args]
     return f"tfops-tf{tf.__version__}-{_abi(cflags)}-{build_cache.digest(*parts)}", args
 
 
@@ -99,8 +98,11 @@ def library():
             raise
         build_cache.private_dir(os.path.dirname(path), "Tarantella's TensorFlow ops", "TNT_TF_OPS=numpy")
         build_cache.check_owned(path)
+        build_cache.stamp_sources(os.path.dirname(path), build_cache.sources_digest((SOURCE, HEADER)))
         return path
     build_cache.private_dir(folder, "Tarantella's TensorFlow ops", "TNT_TF_OPS=numpy")
+    # the folder's name holds the sources' digest: say it in the folder too, for tntrun --version
+    build_cache.stamp_sources(folder, build_cache.sources_digest((SOURCE, HEADER)))
     path = build_cache.build_once(folder, LIBRARY, cmd, f"building Tarantella's TensorFlow ops with {cmd[0]} failed",
                                   log_note=f"TensorFlow {tf.__version__}", remember_failure=True)
     build_cache.check_owned(path)
