@@ -48,6 +48,9 @@ def test_version_read_in_part_ends_quietly():
     (["--n-per-node", "2", "--", "x.py"], "--n-per-node is for several hosts"),
     (["--no-python", "--python-interpreter", "python", "--", "x.py"], "contradict"),
     (["-m", "--no-python", "--", "json.tool"], "-m/--module runs PROGRAM as `python -m PROGRAM`"),
+    # an empty host list (an unset variable) ran the job on this host alone, without a word
+    (["-H", "", "--", "x.py"], "-H/--hosts is empty"),
+    (["--hostfile", " ", "--", "x.py"], "--hostfile is empty"),
 ])
 def test_usage_errors(args, message):
     res = run_tntrun(args)
