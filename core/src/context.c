@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "context.h"
+#include "transport/host_marks.h"
 #include "copy_unaliased.h"
 #include "dtype.h"
 #include "stream_store.h"
@@ -117,14 +118,19 @@ tnt_result_t tnt_init(void) {
   if ((res = tnt_timeline_open(&c->timeline, c->params.timeline, c->pl.rank, c->pl.size)) != TNT_SUCCESS) goto out;
   tnt_requests_init(&c->requests, c->pl.size);
   if (c->pl.size > 1) {
+    /* the ranks of this host must take one transport (host_marks.h): checked before the
+     * set-up, where each would wait for the others until TNT_TIMEOUT_S */
     if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS ||
+        (res = tnt_host_marks_begin(&c->pl, c->params.transport, c->transport->name)) != TNT_SUCCESS ||
         (res = c->transport->init(&c->pl, &c->params,
                                   (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots *
                                       (size_t)tnt_transport_regions(c->transport),
                                   &c->ts)) != TNT_SUCCESS) {
+      tnt_host_marks_end();
       c->transport = NULL;
       goto out;
     }
+    tnt_host_marks_end();
     if ((res = tnt_engine_start(&c->engine, &c->pl, &c->params, c->transport, c->ts, &c->requests, c->timeline)) !=
         TNT_SUCCESS) {
       c->transport->finalize(c->ts);

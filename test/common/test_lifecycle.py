@@ -3,6 +3,7 @@ in /dev/shm; TNT_TIMELINE writes one valid Chrome trace per rank."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -73,11 +74,14 @@ def test_shared_memory_is_owner_only_and_removed_when_set_up_fails():
                             env=clean_env(TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID=job, TNT_TIMEOUT_S=3),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 10
-    while not shm_objects(job) and time.monotonic() < deadline:
+    while len(shm_objects(job)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    (name,) = shm_objects(job)  # rank 0 waits for rank 1, which never starts
-    mode = os.stat(os.path.join("/dev/shm", name)).st_mode
-    assert stat.S_IMODE(mode) == 0o600
+    # rank 0 waits for rank 1, which never starts: the segment, and the host's transport marks
+    # (core/src/transport/host_marks.c)
+    names = shm_objects(job)
+    assert sorted(names) == [f"tnt-{job}", f"tnt-{job}-marks-{socket.gethostname()}"], names
+    for name in names:
+        assert stat.S_IMODE(os.stat(os.path.join("/dev/shm", name)).st_mode) == 0o600
     out, err = proc.communicate(timeout=30)
     assert proc.returncode != 0
     assert "TimeoutError" in err and "ranks [1] to start" in err, err[-2000:]

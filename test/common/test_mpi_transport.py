@@ -4,6 +4,7 @@ bitwise identical on every rank (2 and 3 ranks); a killed, an aborting and a
 frozen rank named on the others within a bounded time; and the plugin's error
 paths (no MPI, a failed build, a missing library, another ABI) with stand-in
 plugins built here. Skips with the reason where mpirun or mpicc is absent."""
+import glob
 import json
 import os
 import re
@@ -224,6 +225,40 @@ def test_ranks_not_started_by_mpi_are_refused_clearly(cache, tmp_path):
                                                           "TNT_TIMEOUT_S": 30}, timeout=120)
     assert res.returncode != 0
     assert "needs ranks started by an MPI launcher" in res.stdout + res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
+
+
+MIXED = textwrap.dedent("""
+    import json, os, sys, time, tarantella as tnt
+    time.sleep(float(sys.argv[1]))
+    try:
+        tnt.init()
+        print(json.dumps({"rank": tnt.get_rank(), "error": None}), flush=True)
+    except tnt.TarantellaError as exc:
+        print(json.dumps({"rank": int(os.environ["OMPI_COMM_WORLD_RANK"]), "error": type(exc).__name__,
+                          "message": str(exc)}), flush=True)
+""")
+
+
+@needs_mpi
+def test_ranks_of_one_host_that_take_different_transports_fail_at_once(cache):
+    # a hand-made launch that gives one rank TNT_TRANSPORT=shm and the other mpi: the shm rank
+    # waited for its peer to attach until TNT_TIMEOUT_S ("waited 60 s for ranks [1] to start"),
+    # the mpi rank in MPI_Init for its peer to join MPI. Each rank now marks its transport for
+    # the others of its host (core/src/transport/host_marks.c): the mpi rank, coming 2 s late,
+    # fails at once, and the shm rank, which was waiting, sees it in its wait
+    env = mpi_env(cache, TNT_TIMEOUT_S=60)
+    del env["TNT_TRANSPORT"]
+    app = [sys.executable, "-c", MIXED]
+    res = subprocess.run([MPIRUN, "--bind-to", "none", "--enable-recovery", "-np", "1", "-x", "TNT_TRANSPORT=shm",
+                          *app, "0", ":", "-np", "1", "-x", "TNT_TRANSPORT=mpi", *app, "2"],
+                         env=env, capture_output=True, text=True, timeout=240)
+    said = sorted(json_lines(res.stdout), key=lambda x: x["rank"])
+    assert [x["rank"] for x in said] == [0, 1], res.stdout[-3000:] + res.stderr[-3000:]
+    for x in said:
+        assert x["error"] == "InvalidUsageError", said
+        assert "the ranks of this host took different transports" in x["message"], x
+        assert "shm (TNT_TRANSPORT=shm)" in x["message"] and "mpi (TNT_TRANSPORT=mpi)" in x["message"], x
+    assert not glob.glob("/dev/shm/tnt-engine-*-marks-*"), glob.glob("/dev/shm/tnt-engine-*-marks-*")
 
 
 # ---- the plugin's error paths: one process, before any peer is contacted ----

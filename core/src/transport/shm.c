@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "host_marks.h"
 #include "transport.h"
 #include "ancestry.h"
 #include "host_load.h"
@@ -377,6 +378,7 @@ static tnt_result_t sleep_until_word(shm_t *s, shm_word_t *w, uint32_t target, i
     if (now >= next_check) { /* not before the first slice: most waits end within it */
       next_check = now + SLICE_S;
       TNT_CHECK(check_job(s, what));
+      TNT_CHECK(tnt_host_marks_poll()); /* during the set-up: a rank of this host took another transport */
       if (from >= 0) TNT_CHECK(check_awaited(s, from, what));
       else if (from == FROM_EXCHANGE) TNT_CHECK(check_missing(s, what));
       else TNT_CHECK(check_all(s, NULL, what));
@@ -546,6 +548,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
         res = tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s", s->name, strerror(errno));
         goto fail;
       }
+      if ((res = tnt_host_marks_poll()) != TNT_SUCCESS) goto fail; /* rank 0 took another transport */
       if (tnt_now() > deadline) {
         res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d waited %.0f s for rank 0 to create %s: is rank 0 running with the same TNT_JOB_ID?",
                        pl->rank, params->timeout_s, s->name);
