@@ -346,9 +346,11 @@ def main(argv=None):
             # transport takes its ranks from MPI_COMM_WORLD), as with -H localhost:N
             args.hosts = f"localhost:{args.n or 1}"
         if args.hostfile or args.hosts or (in_slurm and (
-                args.n_per_node is not None or len(multi.allocation_nodes()) > 1)):
+                args.n_per_node is not None or len(multi.allocation_nodes()) > 1
+                or multi.off_the_allocation())):
             # several hosts; inside a Slurm allocation of several nodes (or with
-            # --n-per-node) its nodes, through srun
+            # --n-per-node) its nodes, through srun; so too from salloc's shell on the login
+            # node, for an allocation of one node (the ranks ran on the login node)
             return multi.run(args, command, job_id)
         if args.n_per_node is not None:
             parser.error("--n-per-node is for several hosts: give --hostfile or --hosts too, "

@@ -89,6 +89,20 @@ def inside_step(environ=None):
     return bool(environ.get("SLURM_STEP_ID"))
 
 
+def off_the_allocation(environ=None):
+    """True where tntrun runs outside the allocation's nodes: in the shell of `salloc`, which
+    runs on the login node (not in a batch script or a step: Slurm sets SLURMD_NODENAME
+    there). Ranks started here would run on the login node, not on the nodes allocated."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SLURMD_NODENAME"):
+        return False
+    names = expand_nodelist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
+    if not names:
+        return False  # unreadable: as before, here
+    short = platform.node().split(".")[0]
+    return short not in {n.split(".")[0] for n in names}
+
+
 def allocation_nodes(environ=None):
     environ = os.environ if environ is None else environ
     try:

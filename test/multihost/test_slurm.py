@@ -67,6 +67,16 @@ def test_plain_tntrun_uses_the_whole_allocation(cluster, tmp_path):
     assert "honor" not in res.stderr and "Warning" not in res.stderr, res.stderr
 
 
+def test_an_allocation_of_one_node_runs_on_that_node_not_on_the_login_node(cluster, tmp_path):
+    # salloc's shell runs on the login host (slurmctl here): tntrun started the ranks of an
+    # allocation of one node itself, there, outside the allocation. It now goes through srun
+    res = salloc(cluster, tmp_path, ["-N", "1", "-n", "2", "tntrun", "--", "probe.py"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    ranks = placement(res.stderr)
+    assert [r[0] for r in ranks] == ["0", "1"] and {r[1] for r in ranks} < {"hostA", "hostB"}, ranks
+    assert ranks[0][1] == ranks[1][1] and [r[2:] for r in ranks] == [("0", "2", "2"), ("1", "2", "2")], ranks
+
+
 def test_tntrun_as_the_one_task_of_a_step_uses_the_allocation(cluster, tmp_path):
     # `srun -N1 -n1 tntrun` (as a shell from `srun --pty bash`): tntrun's own step holds the
     # allocation's CPU on hostA, and the ranks' step waited for it for ever ("step creation

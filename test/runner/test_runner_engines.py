@@ -275,10 +275,19 @@ def test_plain_tntrun_in_an_allocation_uses_its_nodes(tmp_path, extra, args, exp
 
 
 def test_one_node_allocation_runs_here(tmp_path):
-    env = runner_env(SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node1")
+    # on the allocation's node (a batch script, a step: Slurm sets SLURMD_NODENAME there)
+    env = runner_env(SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node1",
+                     SLURMD_NODENAME="node1")
     res = run_tntrun(["--dry-run", "-n", "2", "--", "t.py"], env=env)
     assert res.returncode == 0, res.stderr
     assert "# rank 1" in res.stdout and "srun" not in res.stdout
+    # in salloc's shell on the login node, which is not node1: the ranks ran here, outside
+    # the allocation; they go to node1 through srun
+    env = runner_env(PATH=fake_bin(tmp_path, srun="exit 0") + os.pathsep + os.environ["PATH"],
+                     SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node1")
+    res = run_tntrun(["--dry-run", "-n", "2", "--", "t.py"], env=env)
+    assert res.returncode == 0, res.stderr
+    assert "2 rank(s) on node1:2 through srun" in res.stdout, res.stdout
 
 
 def test_tntrun_as_the_one_task_of_a_step_lets_the_ranks_step_overlap(tmp_path):
