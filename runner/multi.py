@@ -364,9 +364,16 @@ def run(args, command, job_id):
                   + shlex.join(plan.argv))
             return 0
         for path, text in plan.files.items():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+            except OSError as exc:  # gaspi_run's files go into the current folder (shared by the hosts)
+                where = ("the current folder, which every host must see: run tntrun from a writable "
+                         "shared folder" if os.path.dirname(path) == os.getcwd() else "tntrun's own folder")
+                print(f"tntrun: error: cannot write {path} ({exc.strerror}): {plan.engine}'s files go into "
+                      f"{where}", file=sys.stderr)
+                return 1
         collector = rank_report.Collector(job_id)
         name = "gaspi_run" if plan.engine == "gaspi_run" else os.path.basename(plan.argv[0])  # not bash
         # gaspi_run's ssh commands end in 2>&1: the remote ranks' records come on its stdout

@@ -133,6 +133,16 @@ def test_gaspi_run(tmp_path):
     assert not list(tmp_path.glob(".tnt-*"))  # a dry run writes nothing
 
 
+def test_gaspi_run_from_a_folder_it_cannot_write(tmp_path):
+    # gaspi_run's machine file and script go into the current folder: where none can be made
+    # there (/proc, even for root) tntrun ended with a FileNotFoundError traceback
+    env = runner_env(PATH=fake_bin(tmp_path, gaspi_run="exit 0") + os.pathsep + os.environ["PATH"])
+    res = run_tntrun(["-H", "node1:1,node2:1", "--transport", "gpi2", "--", "t.py"], env=env, cwd="/proc")
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert "tntrun: error: cannot write /proc/.tnt-" in res.stderr and "writable shared folder" in res.stderr
+
+
 def test_slurm(tmp_path):
     env = runner_env(PATH=fake_bin(tmp_path, srun="exit 0") + os.pathsep + os.environ["PATH"],
                      SLURM_JOB_ID="1234", SLURM_JOB_NUM_NODES="3")
