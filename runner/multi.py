@@ -228,7 +228,7 @@ def build(args, command, job_id, workdir):
     if (per_node or max(n for _, n in spots)) > cores and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"
         names.append("OMP_NUM_THREADS")
-        print(f"tntrun: WARNING: {per_node} ranks per host on {cores} cores: setting "
+        print(f"tntrun: WARNING: {per_node or max(n for _, n in spots)} ranks per host on {cores} cores: setting "
               "OMP_NUM_THREADS=1 for every rank", file=sys.stderr)
     mpi_names = names + [n for n in engines.PASS_THROUGH if n in env and n not in names]
     # Open MPI's mpirun and gaspi_run hand tntrun's environment only to ranks on this host:
@@ -239,6 +239,8 @@ def build(args, command, job_id, workdir):
     wrapper = [sys.executable, "-m", "tarantella.runner.rank", "--report", f"--size={total}"]
     if per_node:
         wrapper.append(f"--per-node={per_node}")
+    else:  # hosts that differ: where the engine gives no local rank (gaspi_run), it comes from these
+        wrapper.append("--per-host=" + ",".join(str(n) for _, n in spots))
     if args.ranks_per_gpu != 1:
         wrapper.append(f"--ranks-per-gpu={args.ranks_per_gpu}")
     for flag, on in (("--output-all", args.output_on_all_devices), ("--no-gpu", args.no_gpu),

@@ -37,14 +37,31 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PASSED_SIGNALS = STOP_SIGNALS + (signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def placement(environ, per_node=None, size=None):
+def _in_blocks(rank, per_host):
+    """(local rank, local size) of `rank` where the hosts hold per_host[0], per_host[1], ...
+    ranks, in order (gaspi_run's machine file: rank r on line r)."""
+    first = 0
+    for count in per_host:
+        if rank < first + count:
+            return rank - first, count
+        first += count
+    return None
+
+
+def placement(environ, per_node=None, size=None, per_host=None):
     """(rank, size, local_rank, local_size) from the engine's variables; a missing local
-    rank is derived from `per_node` (engines place ranks host by host, in order)."""
+    rank is derived from `per_host` (the ranks of each host, in order: engines place ranks
+    host by host) or `per_node`."""
     for rank_v, size_v, lrank_v, lsize_v in ENGINE_VARIABLES:
         if rank_v in environ:
             rank = int(environ[rank_v])
             total = int(environ.get(size_v) or size or 1)
             per = per_node or total
+            # gaspi_run gives no local rank: with uneven hosts (-H a:3,b:1) rank % total made
+            # rank 3 local rank 3 of 4 on b, alone there (its GPU, get_local_rank/size)
+            blocks = _in_blocks(rank, per_host) if per_host and not (lrank_v and lrank_v in environ) else None
+            if blocks:
+                return rank, total, blocks[0], blocks[1]
             local_rank = int(environ[lrank_v]) if lrank_v and lrank_v in environ else rank % per
             if lsize_v and lsize_v in environ:
                 local_size = int(environ[lsize_v])
@@ -192,6 +209,8 @@ def main(argv=None):
     cut = argv.index("--")
     p = argparse.ArgumentParser(prog="tarantella.runner.rank")
     p.add_argument("--per-node", type=int)
+    p.add_argument("--per-host", type=lambda t: [int(x) for x in t.split(",")],
+                   help="ranks on each host, in order (hosts that hold different numbers of ranks)")
     p.add_argument("--size", type=int)
     p.add_argument("--output-all", action="store_true")
     p.add_argument("--no-gpu", action="store_true")
@@ -203,7 +222,7 @@ def main(argv=None):
     opts = p.parse_args(argv[:cut])
     command = argv[cut + 1:]
     env = os.environ
-    rank, size, local_rank, local_size = placement(env, opts.per_node, opts.size)
+    rank, size, local_rank, local_size = placement(env, opts.per_node, opts.size, opts.per_host)
     env.update(TNT_RANK=str(rank), TNT_SIZE=str(size), TNT_LOCAL_RANK=str(local_rank),
                TNT_LOCAL_SIZE=str(local_size))
     if opts.no_gpu:

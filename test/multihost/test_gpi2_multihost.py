@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from multihost_helpers import cut_off, job_env, next_json, nothing_left, root_cause
+from multihost_helpers import cut_off, job_env, next_json, nothing_left, placement, root_cause
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -43,6 +43,21 @@ def test_collectives_across_hosts_are_bitwise_identical(multihost, tmp_path, hos
 @pytest.mark.parametrize("hosts,n", [("hostA:1,hostB:1,hostC:1", 3), ("hostA:3,hostB:1", 4)], ids=["3x1", "3+1"])
 def test_collectives_across_three_hosts_and_uneven_hosts(multihost3, tmp_path, hosts, n):
     check_collectives(multihost3, tmp_path, hosts, n)
+
+
+def test_hosts_of_different_sizes_give_each_rank_its_local_place(multihost, tmp_path):
+    # gaspi_run gives a rank no local rank: the wrapper took rank % size, and with -H hostA:3,
+    # hostB:1 every rank had local size 4, rank 3 local rank 3 on hostB, alone there (its GPU
+    # and get_local_rank() follow). tntrun now tells the wrapper the ranks of each host
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    res = multihost.run("hostA", ["tntrun", "-H", "hostA:3,hostB:1", "--transport", "gpi2", "--", "probe.py"],
+                        env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    # hostB's lines come through ssh on gaspi_run's stdout
+    assert placement(res.stdout + res.stderr) == [
+        ("0", "hostA", "0", "3", "4"), ("1", "hostA", "1", "3", "4"), ("2", "hostA", "2", "3", "4"),
+        ("3", "hostB", "0", "1", "4")]
 
 
 def test_two_jobs_at_once_on_the_same_hosts(multihost, tmp_path):
