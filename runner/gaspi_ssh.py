@@ -9,8 +9,17 @@ exits 255 for its own errors, ssh(1); 127 where the remote spawner is missing), 
 (rank_report) for the first rank of that host, with ssh's own message, to its stderr, which
 is gaspi_run's and so tntrun's. tntrun then ends the job at once, naming the host.
 
-    python -m tarantella.runner.gaspi_ssh REAL_SSH JOB_ID MACHINEFILE HOST COMMAND...
+It also keeps the job alive until those ranks end. gaspi_run starts them in a subshell it
+never waits for: it ends when rank 0 does, and tntrun then ended the job, ranks of other
+hosts still running (one writing its results after the last collective lost them, and
+tntrun said the job succeeded). Each starting call holds a shared lock on LOCK while its
+ssh runs; tntrun runs gaspi_run under `--engine LOCK`, which, when gaspi_run succeeded,
+waits for the exclusive lock: until every host's ranks have ended.
+
+    python -m tarantella.runner.gaspi_ssh REAL_SSH JOB_ID MACHINEFILE LOCK HOST COMMAND...
+    python -m tarantella.runner.gaspi_ssh --engine LOCK GASPI_RUN_ARGV...
 """
+import fcntl
 import os
 import subprocess
 import sys
@@ -42,9 +51,25 @@ def _failed_start(code, command):
     return code != 0 and "ssh.spawner" in command and "killall" not in command
 
 
+def engine(lock, argv):
+    """Run gaspi_run; when it succeeded, wait until no starting call holds LOCK."""
+    code = subprocess.call(argv)
+    if code == 0:
+        with open(lock, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+    return 128 - code if code < 0 else code
+
+
 def main(argv):
-    real_ssh, job_id, machinefile, host = argv[:4]
+    if argv[0] == "--engine":
+        return engine(argv[1], argv[2:])
+    real_ssh, job_id, machinefile, lock, host = argv[:5]
+    argv = [real_ssh, job_id, machinefile, host, *argv[5:]]
     command = " ".join(argv[4:])
+    holder = None
+    if "ssh.spawner" in command and "killall" not in command:  # it starts ranks: hold the job open
+        holder = open(lock, "a")
+        fcntl.flock(holder, fcntl.LOCK_SH)
     try:
         proc = subprocess.Popen([real_ssh, host, *argv[4:]], stderr=subprocess.PIPE)
     except OSError as exc:

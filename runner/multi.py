@@ -265,9 +265,12 @@ def build(args, command, job_id, workdir):
             # gaspi_run does not notice a host its ssh could not start ranks on (the others
             # would wait until TNT_TIMEOUT_S): its ssh is ours, which reports it (gaspi_ssh.py).
             # Only gaspi_run's PATH: the ranks' own PATH is the one the script exports
+            lock = os.path.join(workdir, "ranks.lock")
             files[os.path.join(workdir, "ssh")] = engines.gaspi_ssh_shim(sys.executable, real_ssh,
-                                                                          job_id, mfile)
+                                                                          job_id, mfile, lock)
             env = dict(env, PATH=workdir + os.pathsep + env.get("PATH", ""))
+            # gaspi_run ends with rank 0, the others' ssh then killed with it: wait for them
+            argv = engines.gaspi_until_ranks_end(sys.executable, lock, argv)
     elif engine == "srun":
         path = _locate(lambda: engines.find("srun", "inside a Slurm allocation"), "srun",
                        args.dry_run)

@@ -60,6 +60,33 @@ def test_hosts_of_different_sizes_give_each_rank_its_local_place(multihost, tmp_
         ("3", "hostB", "0", "1", "4")]
 
 
+LATE = """
+import os, sys, time
+import numpy as np
+import tarantella as tnt
+tnt.init()
+tnt.allreduce(np.ones(4, np.float32), name="last")
+if tnt.get_rank() == tnt.get_size() - 1:  # on hostB: its results, after the last collective
+    time.sleep(3)
+    with open(os.path.join(sys.argv[1], "late.txt"), "w") as f:
+        f.write("written")
+"""
+
+
+def test_the_job_lasts_until_the_ranks_of_every_host_have_ended(multihost, tmp_path):
+    # gaspi_run starts other hosts' ranks in a subshell it never waits for: it ended with rank
+    # 0, and tntrun, the job over, killed hostB's rank while it wrote its results (late.txt
+    # never written) and exited 0
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    (tmp_path / "late.py").write_text(LATE)
+    res = multihost.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--transport", "gpi2", "--", "late.py",
+                                  str(tmp_path)], env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (tmp_path / "late.txt").read_text() == "written"
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
+
 def test_two_jobs_at_once_on_the_same_hosts(multihost, tmp_path):
     # GPI-2 ignores the TCP port gaspi_config_set gives it: its ethernet device listened on
     # 19000 in every job, and a second job on the same hosts failed in gaspi_proc_init with
