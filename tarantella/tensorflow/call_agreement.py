@@ -18,6 +18,15 @@ broadcasts the master's weights first (after compile, set_weights or
 load_weights), the trainable variables (count, shapes, dtypes) and what
 `compile` was given (loss, metrics, optimizer and its settings). A difference
 is the same tnt.MismatchError on every rank, naming it.
+
+The `*_on_batch` calls are collective too, but an allgather in each would
+cost a round per batch: they agree once, on the first call of each kind after
+each compile (check_once), which costs nothing in the steady state and still
+sees a loss, optimizer or frozen layer chosen per rank, or a per-batch call
+that only some ranks make first. A compile on some ranks only *between*
+per-batch calls is not seen there (the other ranks have no reason to compare
+anything): those ranks wait for each other, and the TimeoutError says so
+(PER_BATCH_HINT).
 """
 import numbers
 import zlib
@@ -25,15 +34,31 @@ import zlib
 import keras
 import numpy as np
 
-from tarantella.common import core
+from tarantella.common import core, errors
 from tarantella.tensorflow.data import step_counts
 
 _ADVICE = (
-    "fit, evaluate and predict are collective: every rank must make the same calls, on a model "
-    "built, compiled and frozen (trainable) alike. A branch on the rank (`if tnt.get_rank() == "
-    "0:`) that calls one of them, compiles, or sets `trainable` on some ranks only would leave "
-    "the ranks waiting for each other until TNT_TIMEOUT_S, or training different models")
+    "fit, evaluate, predict and the *_on_batch calls are collective: every rank must make the "
+    "same calls, on a model built, compiled and frozen (trainable) alike. A branch on the rank "
+    "(`if tnt.get_rank() == 0:`) that calls one of them, compiles, or sets `trainable` on some "
+    "ranks only would leave the ranks waiting for each other until TNT_TIMEOUT_S, or training "
+    "different models")
 _CHECKED_CONFIG = ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")
+PER_BATCH_HINT = (
+    "If a rank compiled the model, froze a layer (trainable) or made a *_on_batch call on some "
+    "ranks only, this is how they stop: the *_on_batch calls compare the model and the call only "
+    "on their first call of each kind after compile. Compile, freeze and call alike on every rank.")
+
+
+class State:
+    """The per-batch calls a tnt.Model has agreed on since its last compile (a
+    plain object, so that Keras does not track it)."""
+
+    def __init__(self):
+        self.agreed = set()
+
+    def reset(self):
+        self.agreed.clear()
 
 
 def check(what, model, broadcasts_first):
@@ -54,6 +79,18 @@ def check(what, model, broadcasts_first):
         "what compile was given (loss, metrics, optimizer and its settings)": _crc(
             _describe(_compile_arguments(model))),
     }, "the ranks are not in the same call on one model", _ADVICE)
+
+
+def check_once(what, model, state, broadcasts_first):
+    """check() for a `*_on_batch` call: on its first call of each kind since
+    the last `state.reset()` (compile) only, see the module's docstring."""
+    if what in state.agreed or core.get_size() == 1:
+        return
+    try:
+        check(what, model, broadcasts_first)
+    except errors.TimeoutError as exc:  # the others are in a step: they compiled earlier
+        raise errors.TimeoutError(f"{exc} {PER_BATCH_HINT}", rank=exc.rank) from None
+    state.agreed.add(what)
 
 
 def _crc(text):

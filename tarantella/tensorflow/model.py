@@ -139,6 +139,7 @@ class Model(keras.Model):
         self._tnt_compression = compressor
         self._tnt_step = _StepState()
         self._tnt_synced = False
+        self._tnt_agreement = call_agreement.State()
         self._tnt_distributed_predict = False
         if model.built:
             self.built = True
@@ -255,6 +256,7 @@ class Model(keras.Model):
                 "contain Tarantella's collective ops, which XLA cannot compile.")
             self.jit_compile = False
         self._tnt_synced = False  # broadcast again before the next fit/evaluate/predict
+        self._tnt_agreement.reset()  # the *_on_batch calls compare the new compile once
 
     def _compile_keras(self, optimizer="rmsprop", loss=None, loss_weights=None, metrics=None,
                        weighted_metrics=None, run_eagerly=False, steps_per_execution=1,
@@ -744,9 +746,11 @@ class Model(keras.Model):
         self._assert_compile_called("train_on_batch")
         self._train_may_be_empty(True)  # any batch, even one smaller than the ranks
         self._refuse_stateful_rnn("train_on_batch")
+        call_agreement.check_once("train_on_batch", self, self._tnt_agreement, not self._tnt_synced)
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
-        with collective_ops.collective_errors():  # a peer lost or a timeout as Tarantella's errors, as in fit
+        # a peer lost or a timeout as Tarantella's errors, as in fit
+        with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):
             return super().train_on_batch(x, y, sample_weight=sample_weight,
                                           class_weight=class_weight, return_dict=return_dict)
 
@@ -755,9 +759,10 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.test_on_batch")
         self._assert_compile_called("test_on_batch")
         self._refuse_stateful_rnn("test_on_batch")
+        call_agreement.check_once("test_on_batch", self, self._tnt_agreement, not self._tnt_synced)
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
-        with collective_ops.collective_errors():
+        with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):
             return super().test_on_batch(x, y, sample_weight=sample_weight, return_dict=return_dict)
 
     def predict_on_batch(self, x):
@@ -765,9 +770,11 @@ class Model(keras.Model):
         its slice and returns the predictions of the whole batch."""
         master_only.refuse("tnt.Model.predict_on_batch")
         self._refuse_stateful_rnn("predict_on_batch")
+        call_agreement.check_once("predict_on_batch", self, self._tnt_agreement,
+                                  not self._tnt_synced)
         self._sync_weights(x)
         self._set_distributed_predict(core.get_size() > 1)
-        with collective_ops.collective_errors():
+        with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):
             return super().predict_on_batch(_rank_slice(x))
 
     def _set_distributed_predict(self, distributed):

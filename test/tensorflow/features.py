@@ -884,11 +884,46 @@ def check_rank_branches(tnt):
             from_logits=True, reduction="sum" if rank else "sum_over_batch_size"))
         m.fit(ds, epochs=1, verbose=0)
 
+    # the *_on_batch calls compare the same on their first call of each kind after compile
+    # (they waited until TNT_TIMEOUT_S too); alternated and recompiled alike, they train
+    x, y = data()
+
+    def on_batch_loss_per_rank(m):
+        m.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="sum" if rank else "sum_over_batch_size"))
+        m.train_on_batch(x[:B], y[:B])
+
+    def test_on_batch_on_master(m):
+        if rank == 0:
+            m.test_on_batch(x[:B], y[:B])
+        m.train_on_batch(x[:B], y[:B])
+
+    def on_batch_frozen_on_one_rank(m):
+        m.train_on_batch(x[:B], y[:B])
+        if rank == 1:
+            m.layers[0].trainable = False
+        compile_(m)
+        m.train_on_batch(x[:B], y[:B])
+
+    def on_batch_alike(m):
+        for _ in range(2):
+            m.train_on_batch(x[:B], y[:B])
+            m.test_on_batch(x[B:2 * B], y[B:2 * B])
+            m.predict_on_batch(x[:B])
+        compile_(m, lr=0.01)
+        m.train_on_batch(x[:B], y[:B])
+        m.fit(ds, epochs=1, verbose=0)
+        m.train_on_batch(x[:B], y[:B])
+
     return run_cases(tnt, {"evaluate_on_master": evaluate_on_master,
                            "frozen_on_one_rank": frozen((1,)),
                            "compiled_on_master": compiled_on_master,
                            "loss_per_rank": loss_per_rank,
-                           "frozen_everywhere": frozen((0, 1))})
+                           "frozen_everywhere": frozen((0, 1)),
+                           "on_batch_loss_per_rank": on_batch_loss_per_rank,
+                           "test_on_batch_on_master": test_on_batch_on_master,
+                           "on_batch_frozen_on_one_rank": on_batch_frozen_on_one_rank,
+                           "on_batch_alike": on_batch_alike})
 
 
 def check_noise_off_the_batch_axis(tnt):

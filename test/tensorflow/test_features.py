@@ -459,13 +459,21 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
                               "(ranks [1] differ from rank 0)",
         "loss_per_rank": "what compile was given (loss, metrics, optimizer and its settings) "
                          "(ranks [1] differ from rank 0)",
+        # the *_on_batch calls, on their first call of each kind after compile
+        "on_batch_loss_per_rank": "what compile was given (loss, metrics, optimizer and its "
+                                  "settings) (ranks [1] differ from rank 0)",
+        "test_on_batch_on_master": "the call (rank 0: test_on_batch, rank 1: train_on_batch)",
+        "on_batch_frozen_on_one_rank": "the number of trainable variables (rank 0: 4, rank 1: 2); "
+                                       "the trainable variables' shapes and dtypes (ranks [1] "
+                                       "differ from rank 0)",
     }
     for key, what in expected.items():
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
         assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
-        assert r0[key]["message"].startswith(lead + what + ". fit, evaluate and predict are "
-                                             "collective"), (key, r0[key]["message"])
-    assert r0["frozen_everywhere"] == r1["frozen_everywhere"] == {"error": None}
+        assert r0[key]["message"].startswith(lead + what + ". fit, evaluate, predict and the "
+                                             "*_on_batch calls are collective"), (key, r0[key]["message"])
+    for key in ("frozen_everywhere", "on_batch_alike"):
+        assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
 
 
 def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(runs):

@@ -32,7 +32,8 @@ UNKNOWN = int(tf.data.UNKNOWN_CARDINALITY)  # -2: not known, so not compared
 INFINITE = int(tf.data.INFINITE_CARDINALITY)  # -1
 _NONE = -3  # an argument left at None
 KINDS = ("None", "a tf.data.Dataset", "arrays", "another input")  # what `input_kind` says
-CALLS = ("fit", "evaluate", "predict")  # the calls that compare what they are (call_agreement.py)
+# the calls that compare what they are (call_agreement.py)
+CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
 # the words a value can be (shuffle="batch", the call's name)
 _WORDS = KINDS + ("False", "True", "batch") + CALLS
 _WORD_BASE = -10  # _WORDS[i] travels as _WORD_BASE - i
