@@ -28,6 +28,7 @@ per-batch calls is not seen there (the other ranks have no reason to compare
 anything): those ranks wait for each other, and the TimeoutError says so
 (PER_BATCH_HINT).
 """
+import itertools
 import numbers
 import zlib
 
@@ -50,27 +51,45 @@ PER_BATCH_HINT = (
     "on their first call of each kind after compile. Compile, freeze and call alike on every rank.")
 
 
+_first_used = itertools.count()  # the next tnt.Model's number (State.ordinal)
+
+
 class State:
-    """The per-batch calls a tnt.Model has agreed on since its last compile (a
-    plain object, so that Keras does not track it)."""
+    """What a tnt.Model's calls agree on that is the model's own (a plain
+    object, so that Keras does not track it): its number among the process's
+    tnt.Models in the order their first call began, and the per-batch calls
+    agreed on since its last compile.
+
+    The number tells apart two models of the same shapes and compile (rank 0
+    in model_a.fit, rank 1 in model_b.fit: their requests have the same names,
+    so the ranks paired up and averaged the two models' gradients without a
+    word). It is taken at the first call, not when the model is made: a rank
+    may make models of its own (the master loading a checkpoint to inspect
+    it) as long as it makes no collective call on them. Two models that both
+    begin their first call then still pair up (each is number n on its rank)."""
 
     def __init__(self):
+        self.ordinal = None
         self.agreed = set()
 
     def reset(self):
         self.agreed.clear()
 
 
-def check(what, model, broadcasts_first):
+def check(what, model, state, broadcasts_first):
     """Collective: the same MismatchError on every rank unless every rank is
-    in the call `what` (one of step_counts.CALLS) of `model` (the wrapped
-    Keras model), with the same `broadcasts_first` and the same trainable
-    variables and compile arguments."""
+    in the call `what` (one of step_counts.CALLS) of the same tnt.Model
+    `model` (`state` its State), with the same `broadcasts_first` and the
+    same trainable variables and compile arguments."""
     if core.get_size() == 1:
         return
+    if state.ordinal is None:
+        state.ordinal = next(_first_used)
     trainable = model.trainable_variables
     step_counts.compare("tnt.call", {
         "the call": what,
+        "which tnt.Model it is (each rank numbers its models in the order of their first fit, "
+        "evaluate, predict or *_on_batch call)": state.ordinal,
         "whether the model broadcasts the master's weights first, as after compile, set_weights "
         "or load_weights": bool(broadcasts_first),
         "the number of trainable variables": len(trainable),
@@ -87,7 +106,7 @@ def check_once(what, model, state, broadcasts_first):
     if what in state.agreed or core.get_size() == 1:
         return
     try:
-        check(what, model, broadcasts_first)
+        check(what, model, state, broadcasts_first)
     except errors.TimeoutError as exc:  # the others are in a step: they compiled earlier
         raise errors.TimeoutError(f"{exc} {PER_BATCH_HINT}", rank=exc.rank) from None
     state.agreed.add(what)

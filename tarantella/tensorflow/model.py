@@ -616,7 +616,7 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.fit")
         self._assert_compile_called("fit")
         mark("fit: begin")
-        call_agreement.check("fit", self, not self._tnt_synced)
+        call_agreement.check("fit", self, self._tnt_agreement, not self._tnt_synced)
         if validation_split and validation_data is None:
             if not _is_array_like(x):
                 raise ValueError(
@@ -688,7 +688,7 @@ class Model(keras.Model):
                                     sample_weight=sample_weight, steps=steps, callbacks=callbacks,
                                     return_dict=return_dict, **kwargs)
         self._assert_compile_called("evaluate")
-        call_agreement.check("evaluate", self, not self._tnt_synced)
+        call_agreement.check("evaluate", self, self._tnt_agreement, not self._tnt_synced)
         kind = input_kind(x)
         step_counts.check_same_arguments("evaluate", {
             "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset, "steps": steps,
@@ -714,7 +714,7 @@ class Model(keras.Model):
         """`keras.Model.predict`, data-parallel: every rank predicts its slice
         of each global batch and returns the full predictions, in order."""
         master_only.refuse("tnt.Model.predict")
-        call_agreement.check("predict", self, not self._tnt_synced)
+        call_agreement.check("predict", self, self._tnt_agreement, not self._tnt_synced)
         # Undistributed, each rank predicts its own data alone: nothing to agree on but that.
         kind = input_kind(x) if tnt_distribute_dataset else step_counts.KINDS[0]
         step_counts.check_same_arguments("predict", {

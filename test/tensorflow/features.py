@@ -915,6 +915,22 @@ def check_rank_branches(tnt):
         m.fit(ds, epochs=1, verbose=0)
         m.train_on_batch(x[:B], y[:B])
 
+    # another tnt.Model of the same shapes and compile on one rank: the ranks paired up and
+    # averaged the two models' gradients without a word; a model made (and compiled) on the
+    # master only, for itself, and never used in a collective call, is fine
+    def other_model_on_one_rank(m):
+        other = tnt.Model(build())
+        compile_(other)
+        m.fit(ds, epochs=1, verbose=0)
+        other.fit(ds, epochs=1, verbose=0)
+        (m if rank == 0 else other).fit(ds, epochs=1, verbose=0)
+
+    def extra_model_on_master(m):
+        if rank == 0:
+            compile_(tnt.Model(build()))
+        m.fit(ds, epochs=1, verbose=0)
+        m.train_on_batch(x[:B], y[:B])
+
     return run_cases(tnt, {"evaluate_on_master": evaluate_on_master,
                            "frozen_on_one_rank": frozen((1,)),
                            "compiled_on_master": compiled_on_master,
@@ -923,7 +939,9 @@ def check_rank_branches(tnt):
                            "on_batch_loss_per_rank": on_batch_loss_per_rank,
                            "test_on_batch_on_master": test_on_batch_on_master,
                            "on_batch_frozen_on_one_rank": on_batch_frozen_on_one_rank,
-                           "on_batch_alike": on_batch_alike})
+                           "on_batch_alike": on_batch_alike,
+                           "other_model_on_one_rank": other_model_on_one_rank,
+                           "extra_model_on_master": extra_model_on_master})
 
 
 def check_noise_off_the_batch_axis(tnt):

@@ -472,8 +472,15 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
         assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
         assert r0[key]["message"].startswith(lead + what + ". fit, evaluate, predict and the "
                                              "*_on_batch calls are collective"), (key, r0[key]["message"])
-    for key in ("frozen_everywhere", "on_batch_alike"):
+    for key in ("frozen_everywhere", "on_batch_alike", "extra_model_on_master"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
+    # another model of the same shapes on one rank: its gradients were averaged with the model's
+    other = r0["other_model_on_one_rank"]
+    assert other["error"] == r1["other_model_on_one_rank"]["error"] == "MismatchError", other
+    assert other["message"] == r1["other_model_on_one_rank"]["message"]
+    assert re.match(re.escape(lead + "which tnt.Model it is (each rank numbers its models in the "
+                              "order of their first fit, evaluate, predict or *_on_batch call) ")
+                    + r"\(rank 0: (\d+), rank 1: (\d+)\)\. fit", other["message"]), other["message"]
 
 
 def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(runs):
