@@ -86,3 +86,50 @@ def test_shared_memory_is_owner_only_and_removed_when_set_up_fails():
     assert proc.returncode != 0
     assert "TimeoutError" in err and "ranks [1] to start" in err, err[-2000:]
     assert shm_objects(job) == []
+
+
+def test_a_segment_left_by_a_killed_job_is_named_on_every_rank_of_a_job_reusing_its_id():
+    """A job of a user's own TNT_JOB_ID killed while its rank 0 waited for the others
+    leaves /dev/shm/tnt-<id> (the last rank to attach removes it). A new job with the
+    same id failed three ways, none naming it: rank 0 "shm_open ... File exists", a rank
+    that joined the leftover "rank 0 (pid of the dead job) died", or rank 0 (started
+    after that rank had joined and removed the name) timing out for it. Now every rank,
+    whichever starts first, names the leftover and how to remove it, and leaves it there
+    for the others to find."""
+    import secrets
+
+    job = f"reused-{secrets.token_hex(4)}"
+    path = f"/dev/shm/tnt-{job}"
+    init = [sys.executable, "-c", "import tarantella as tnt; tnt.init()"]
+
+    def start(rank, timeout_s):
+        return subprocess.Popen(init, env=clean_env(TNT_RANK=rank, TNT_SIZE=2, TNT_LOCAL_RANK=rank, TNT_LOCAL_SIZE=2,
+                                                    TNT_JOB_ID=job, TNT_TIMEOUT_S=timeout_s),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    killed = start(0, 60)
+    try:
+        deadline = time.monotonic() + 30
+        while not shm_objects(job) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # past its set-up: waiting for rank 1
+    finally:
+        killed.kill()
+        killed.communicate()
+    try:
+        assert shm_objects(job) == [f"tnt-{job}"]
+        for order in ((0, 1), (1, 0)):
+            ranks = {}
+            for rank in order:
+                ranks[rank] = start(rank, 10)
+                time.sleep(0.5)  # the first has looked at the segment
+            for rank, proc in ranks.items():
+                _, err = proc.communicate(timeout=60)
+                assert proc.returncode != 0
+                assert (f"InvalidUsageError: rank {rank}: the shared segment {path} is left from a job with "
+                        f"TNT_JOB_ID={job} that ended before all its ranks started (its rank 0, pid {killed.pid}, is "
+                        f"gone). Remove it (rm {path})") in err, (order, rank, err[-2000:])
+            assert shm_objects(job) == [f"tnt-{job}"], order  # still there, for the next rank to name
+    finally:
+        for name in shm_objects(job):
+            os.unlink(os.path.join("/dev/shm", name))

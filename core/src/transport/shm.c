@@ -468,6 +468,49 @@ static long host_cpus(shm_header_t *hdr) {
   return tnt_cpus_count(&all);
 }
 
+/* The pid of rank 0 of the segment mapped at `base` (its block follows the
+ * header at the same offset whatever the job's size), where that process is
+ * gone; else 0. A segment whose rank 0 is gone can only be the leftover of a
+ * job killed before all its ranks attached (the last to attach unlinks the
+ * name): with an id of the user's own, reused, a new rank 0 found the name taken
+ * ("File exists"), and a new rank r joined it and failed later, on the dead rank
+ * 0 or waiting for the new one, neither naming the leftover. */
+static pid_t gone_rank0(const uint8_t *base) {
+  const shm_header_t *hdr = (const shm_header_t *)base;
+  if (atomic_load(&hdr->magic) != SHM_MAGIC) return 0;
+  const shm_rank_t *r0 = (const shm_rank_t *)(base + align_up(sizeof(shm_header_t), 4096));
+  pid_t pid = atomic_load(&r0->pid);
+  return pid > 0 && process_dead(pid) ? pid : 0;
+}
+
+static tnt_result_t stale_segment(const shm_t *s, pid_t pid) {
+  return tnt_fail(TNT_ERR_INVALID_USAGE,
+                  "rank %d: the shared segment /dev/shm%s is left from a job with TNT_JOB_ID=%s that ended before "
+                  "all its ranks started (its rank 0, pid %d, is gone). Remove it (rm /dev/shm%s) and start again, "
+                  "or give every job a fresh TNT_JOB_ID (tntrun makes one per job, and removes what its jobs leave)",
+                  G(s, s->pl.rank), s->name, s->pl.job_id, (int)pid, s->name);
+}
+
+/* Rank 0 found its segment's name taken: the error, naming a leftover (gone_rank0). */
+static tnt_result_t name_taken(const shm_t *s, int err) {
+  int fd = shm_open(s->name, O_RDONLY | O_CLOEXEC, 0);
+  struct stat st;
+  size_t need = align_up(sizeof(shm_header_t), 4096) + sizeof(shm_rank_t);
+  pid_t gone = 0;
+  if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && (size_t)st.st_size >= need) {
+    void *base = mmap(NULL, need, PROT_READ, MAP_SHARED, fd, 0);
+    if (base != MAP_FAILED) {
+      gone = gone_rank0(base);
+      munmap(base, need);
+    }
+  }
+  if (fd >= 0) close(fd);
+  if (gone) return stale_segment(s, gone);
+  return tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s (a job with this TNT_JOB_ID exists: /dev/shm%s; use a fresh "
+                  "id, or, if no job with this id runs, remove it: rm /dev/shm%s)", s->name, strerror(err), s->name,
+                  s->name);
+}
+
 tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
                                 const int *global, void **state) {
   shm_t *s = calloc(1, sizeof *s);
@@ -510,8 +553,8 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   if (pl->rank == 0) {
     s->fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (s->fd < 0) {
-      res = tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s%s", s->name, strerror(errno),
-                     errno == EEXIST ? " (a job with this TNT_JOB_ID exists: use a fresh id, or `tntrun --cleanup`)" : "");
+      res = errno == EEXIST ? name_taken(s, errno)
+                            : tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s", s->name, strerror(errno));
       goto fail;
     }
     int err = posix_fallocate(s->fd, 0, (off_t)s->total); /* fail now, not with SIGBUS later */
@@ -572,10 +615,19 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   } else {
     while (atomic_load(&s->hdr->magic) != SHM_MAGIC) {
       if (tnt_now() > deadline) {
-        res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d: shared segment %s was never initialized by rank 0", pl->rank, s->name);
+        res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d: shared segment /dev/shm%s was never initialized by rank 0 (if no job "
+                       "with this TNT_JOB_ID runs, a killed one left it: rm /dev/shm%s)", pl->rank, s->name, s->name);
         goto fail;
       }
       usleep(1000);
+    }
+    pid_t gone = gone_rank0(s->base);
+    if (gone) { /* never join it, nor remove it: the new rank 0 finds it and says the same */
+      res = stale_segment(s, gone);
+      s->ranks[pl->rank] = NULL; /* not ours: the failure path must not mark it */
+      close(s->fd);
+      s->fd = -1;
+      goto fail;
     }
     if (s->hdr->size != (uint32_t)pl->size || s->hdr->total_bytes != s->total) {
       res = tnt_fail(TNT_ERR_INVALID_ARGUMENT, "rank %d disagrees with rank 0 on the job: TNT_SIZE %d vs %u, or different TNT_SHM_* settings; give every rank the same environment",
