@@ -76,17 +76,19 @@ class State:
         self.agreed.clear()
 
 
-def check(what, model, state, broadcasts_first):
+def check(what, model, state, broadcasts_first, *groups):
     """Collective: the same MismatchError on every rank unless every rank is
     in the call `what` (one of step_counts.CALLS) of the same tnt.Model
     `model` (`state` its State), with the same `broadcasts_first` and the
-    same trainable variables and compile arguments."""
+    same trainable variables and compile arguments; then unless the `groups`
+    (step_counts.Group: what else the call compares before it begins, e.g.
+    its arguments) agree, in the same allgather (one round, not one each)."""
     if core.get_size() == 1:
         return
     if state.ordinal is None:
         state.ordinal = next(_first_used)
     trainable = model.trainable_variables
-    step_counts.compare("tnt.call", {
+    step_counts.compare_groups("tnt.call", [step_counts.Group({
         "the call": what,
         "which tnt.Model it is (each rank numbers its models in the order of their first fit, "
         "evaluate, predict or *_on_batch call)": state.ordinal,
@@ -97,7 +99,7 @@ def check(what, model, state, broadcasts_first):
             ";".join(f"{v.dtype}{tuple(v.shape)}" for v in trainable)),
         "what compile was given (loss, metrics, optimizer and its settings)": _crc(
             _describe(_compile_arguments(model))),
-    }, "the ranks are not in the same call on one model", _ADVICE)
+    }, "the ranks are not in the same call on one model", _ADVICE), *groups])
 
 
 def check_once(what, model, state, broadcasts_first):

@@ -21,8 +21,8 @@ from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro
 from tarantella.tensorflow.data import first_batches, step_counts
 from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
 from tarantella.tensorflow.data.step_counts import input_kind
-from tarantella.tensorflow.keras.callbacks.callback_preparation import (check_same_checkpoints,
-                                                                        prepare_callbacks)
+from tarantella.tensorflow.keras.callbacks.callback_preparation import (prepare_callbacks,
+                                                                        same_checkpoints)
 from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
@@ -616,7 +616,6 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.fit")
         self._assert_compile_called("fit")
         mark("fit: begin")
-        call_agreement.check("fit", self, self._tnt_agreement, not self._tnt_synced)
         if validation_split and validation_data is None:
             if not _is_array_like(x):
                 raise ValueError(
@@ -625,7 +624,7 @@ class Model(keras.Model):
             (x, y, sample_weight), validation_data = _split_arrays(
                 (x, y, sample_weight), validation_split)
         kinds = {"x": input_kind(x), "validation_data": input_kind(validation_data)}
-        step_counts.check_same_arguments("fit", {
+        arguments = step_counts.same_arguments("fit", {
             "the type of x": kinds["x"], "tnt_distribute_dataset": tnt_distribute_dataset,
             "epochs": epochs, "initial_epoch": initial_epoch, "steps_per_epoch": steps_per_epoch,
             "the type of validation_data": kinds["validation_data"],
@@ -635,7 +634,9 @@ class Model(keras.Model):
             "validation_batch_size": validation_batch_size,
             "tnt_validation_micro_batch_size": tnt_validation_micro_batch_size,
             "shuffle": shuffle, "class_weight": class_weight})
-        check_same_checkpoints(callbacks)
+        # one round: the call, its arguments, its checkpoints (each group's error as before)
+        call_agreement.check("fit", self, self._tnt_agreement, not self._tnt_synced, arguments,
+                             same_checkpoints(callbacks))
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
         self._train_may_be_empty(train is None or train[3])
@@ -688,11 +689,11 @@ class Model(keras.Model):
                                     sample_weight=sample_weight, steps=steps, callbacks=callbacks,
                                     return_dict=return_dict, **kwargs)
         self._assert_compile_called("evaluate")
-        call_agreement.check("evaluate", self, self._tnt_agreement, not self._tnt_synced)
         kind = input_kind(x)
-        step_counts.check_same_arguments("evaluate", {
+        arguments = step_counts.same_arguments("evaluate", {
             "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset, "steps": steps,
             "batch_size": batch_size, "tnt_micro_batch_size": tnt_micro_batch_size})
+        call_agreement.check("evaluate", self, self._tnt_agreement, not self._tnt_synced, arguments)
         data = self._distribute(x, y, sample_weight, batch_size, False, tnt_micro_batch_size,
                                 tnt_distribute_dataset, "evaluate", "tnt_micro_batch_size")
         if data is not None:
@@ -714,14 +715,14 @@ class Model(keras.Model):
         """`keras.Model.predict`, data-parallel: every rank predicts its slice
         of each global batch and returns the full predictions, in order."""
         master_only.refuse("tnt.Model.predict")
-        call_agreement.check("predict", self, self._tnt_agreement, not self._tnt_synced)
         # Undistributed, each rank predicts its own data alone: nothing to agree on but that.
         kind = input_kind(x) if tnt_distribute_dataset else step_counts.KINDS[0]
-        step_counts.check_same_arguments("predict", {
+        arguments = step_counts.same_arguments("predict", {
             "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset,
             "steps": steps if tnt_distribute_dataset else None,
             "batch_size": batch_size if tnt_distribute_dataset else None,
             "tnt_micro_batch_size": tnt_micro_batch_size if tnt_distribute_dataset else None})
+        call_agreement.check("predict", self, self._tnt_agreement, not self._tnt_synced, arguments)
         data = self._distribute(x, None, None, batch_size, False, tnt_micro_batch_size,
                                 tnt_distribute_dataset, "predict", "tnt_micro_batch_size")
         distributed = data is not None and core.get_size() > 1

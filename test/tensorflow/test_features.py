@@ -483,6 +483,15 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
                     + r"\(rank 0: (\d+), rank 1: (\d+)\)\. fit", other["message"]), other["message"]
 
 
+def test_a_call_compares_itself_its_arguments_and_checkpoints_in_one_round(runs):
+    # call_agreement.check carries the step counts' arguments and fit's ModelCheckpoint count:
+    # they were three allgathers of their own at the start of every fit (two in evaluate, predict)
+    for rank in (0, 1):
+        names = set(timeline(os.path.join(runs["out"], f"trace.rank{rank}.json"), "tnt."))
+        assert "tnt.call" in names and "tnt.steps.fit.batches" in names, sorted(names)
+        assert not [n for n in names if n.endswith(".arguments") or ".checkpoints" in n], sorted(names)
+
+
 def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(runs):
     # its save waits for the other ranks: they used to wait until TNT_TIMEOUT_S
     r0, r1 = (r["master_only_checkpoints"] for r in runs["ranks"])

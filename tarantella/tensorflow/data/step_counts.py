@@ -11,7 +11,8 @@ compare what fixes their step counts, in two small allgathers:
 
 1. before anything else is distributed, the arguments (`epochs`,
    `steps_per_epoch`, ...) and the type of each input, which decide which
-   collectives distributing them takes (check_same_arguments);
+   collectives distributing them takes (same_arguments: a Group that rides in
+   the call agreement's allgather, call_agreement.py);
 2. after, the number of batches of each input where it is known and no
    argument sets the steps (check_same_batches): a tf.data pipeline's
    cardinality, arrays' length over the batch size. A count tf.data cannot
@@ -96,6 +97,18 @@ def _shown(value):
     return {UNKNOWN: "unknown", INFINITE: "infinite", _NONE: "None"}.get(value, str(value))
 
 
+class Group:
+    """Labels compared in one round of `compare_groups`, and how a difference
+    reads: `lead`, each differing label with the ranks' values, then `advice`;
+    or `message(every)` (the ranks' values, one row per rank) where given.
+    With `skip_unknown`, a label that is None (not counted) or UNKNOWN on some
+    rank is not compared."""
+
+    def __init__(self, values, lead=None, advice=None, skip_unknown=False, message=None):
+        self.values, self.lead, self.advice = values, lead, advice
+        self.skip_unknown, self.message = skip_unknown, message
+
+
 def compare(name, values, lead, advice, skip_unknown=False):
     """Collective: MismatchError on every rank unless every rank has the same
     `values` (label -> int, bool, None, one of _WORDS, or any other value,
@@ -103,17 +116,49 @@ def compare(name, values, lead, advice, skip_unknown=False):
     reads `lead`, each differing label with the ranks' values, then `advice`.
     With `skip_unknown`, a label that is None (not counted) or UNKNOWN on some
     rank is not compared; returns the labels that were UNKNOWN somewhere."""
+    return compare_groups(name, [Group(values, lead, advice, skip_unknown)])
+
+
+def compare_groups(name, groups):
+    """`compare` of several Groups in one allgather (one round where there
+    were as many as groups): the MismatchError is the first differing group's,
+    as if each had been compared in turn. Only the first group's labels must be
+    the same on every rank: it says which call this is, which decides the
+    others' (a rank in evaluate sends fewer than one in fit, which then differ
+    in the first group). Returns the labels that were UNKNOWN somewhere."""
     if core.get_size() == 1:
         return []
-    labels = list(values)
-    every = collectives.allgather(np.array([_encoded(v) for v in values.values()], np.int64),
-                                  name=name).reshape(-1, len(labels))
+    encoded = [_encoded(v) for g in groups for v in g.values.values()]
+    gathered = collectives.allgather(np.array([len(encoded)] + encoded, np.int64), name=name)
+    rows, at = [], 0
+    while at < len(gathered):  # each rank's values, after their count
+        rows.append(gathered[at + 1:at + 1 + int(gathered[at])])
+        at += 1 + int(gathered[at])
+    unknown, begin = [], 0
+    for g in groups:
+        end = begin + len(g.values)
+        if any(len(r) < end for r in rows):  # only after a first group that agreed: a bug here
+            raise MismatchError(f"{name}: the ranks compared different values ({[len(r) for r in rows]})")
+        unknown += _check_group(g, np.stack([r[begin:end] for r in rows]))
+        begin = end
+    if any(len(r) != begin for r in rows):
+        raise MismatchError(f"{name}: the ranks compared different values ({[len(r) for r in rows]})")
+    return unknown
+
+
+def _check_group(group, every):
+    """The MismatchError of `group` whose ranks' values are `every` (one row a
+    rank); else its labels that were UNKNOWN somewhere."""
+    labels = list(group.values)
     unknown = [labels[i] for i in range(len(labels)) if (every[:, i] == UNKNOWN).any()]
-    skipped = lambda i: skip_unknown and ((every[:, i] == UNKNOWN) | (every[:, i] == _NONE)).any()
+    skip = group.skip_unknown
+    skipped = lambda i: skip and ((every[:, i] == UNKNOWN) | (every[:, i] == _NONE)).any()
     differ = [i for i in range(len(labels)) if (every[:, i] != every[0, i]).any() and not skipped(i)]
     if differ:
+        if group.message is not None:
+            raise MismatchError(group.message(every))
         said = "; ".join(_differing(labels[i], every[:, i]) for i in differ)
-        raise MismatchError(f"{lead}: {said}. {advice}")
+        raise MismatchError(f"{group.lead}: {said}. {group.advice}")
     return unknown
 
 
@@ -125,11 +170,12 @@ def _differing(label, values):
     return f"{label} (" + ", ".join(f"rank {r}: {_shown(int(v))}" for r, v in enumerate(values)) + ")"
 
 
-def check_same_arguments(what, arguments):
-    """Collective: the same MismatchError on every rank unless the ranks pass
-    the same `arguments` (label -> int, bool, None, one of KINDS or "batch";
-    any other value, such as class_weight, is compared by a CRC of its repr)."""
-    compare(f"tnt.steps.{what}.arguments", arguments, _lead(what), _ADVICE)
+def same_arguments(what, arguments):
+    """The Group (for call_agreement.check) that fails unless the ranks pass
+    the same `arguments` to `what` (label -> int, bool, None, one of KINDS or
+    "batch"; any other value, such as class_weight, is compared by a CRC of
+    its repr)."""
+    return Group(arguments, _lead(what), _ADVICE)
 
 
 def check_same_batches(what, counts):

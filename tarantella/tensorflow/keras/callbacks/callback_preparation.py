@@ -2,10 +2,9 @@
 import os
 
 import keras
-import numpy as np
 
-from tarantella.common import collectives, config, core
-from tarantella.common.errors import MismatchError
+from tarantella.common import config, core
+from tarantella.tensorflow.data import step_counts
 from tarantella.tensorflow.keras.callbacks.callback import WRITERS, Callback
 
 
@@ -56,22 +55,21 @@ def _shows_output():
     return core.is_master_rank() or config.get("TNT_OUTPUT_ON_ALL_DEVICES")
 
 
-def check_same_checkpoints(callbacks):
-    """Collective (fit): the same MismatchError on every rank unless every rank
+def same_checkpoints(callbacks):
+    """The Group (for call_agreement.check in fit) that fails unless every rank
     passes as many ModelCheckpoints that run on every rank. Their saves end in
     a barrier (every rank can read the file after), so one given on the master
     only (Horovod's `if hvd.rank() == 0: callbacks.append(...)`) waited there
     for the others until TNT_TIMEOUT_S."""
-    if core.get_size() == 1:
-        return
     count = sum(1 for cb in callbacks or [] if isinstance(cb, keras.callbacks.ModelCheckpoint)
                 and not (isinstance(cb, Callback) and not cb.run_on_all_ranks))
-    every = collectives.allgather(np.array([count], np.int64), name="tnt.callbacks.fit.checkpoints")
-    if (every != every[0]).any():
-        counts = ", ".join(f"rank {r}: {int(c)}" for r, c in enumerate(every))
-        raise MismatchError(
+
+    def message(every):
+        counts = ", ".join(f"rank {r}: {int(c)}" for r, c in enumerate(every[:, 0]))
+        return (
             f"fit was given ModelCheckpoint callbacks on some ranks only ({counts}): their saves "
             "wait for every rank, so the ranks would wait for each other until TNT_TIMEOUT_S. "
             "Pass the same callbacks on every rank (drop an `if tnt.is_master_rank()` or "
             "`hvd.rank() == 0` guard): the master alone writes the files. To run one on the "
             "master only, wrap it: tnt.keras.callbacks.Callback(checkpoint, run_on_all_ranks=False)")
+    return step_counts.Group({"the ModelCheckpoints that run on every rank": count}, message=message)
