@@ -16,8 +16,9 @@ So every such call begins with one small allgather, under one name for all
 three calls, of what must be the same: which call it is, whether the model
 broadcasts the master's weights first (after compile, set_weights or
 load_weights), the trainable variables (count, shapes, dtypes) and what
-`compile` was given (loss, metrics, optimizer and its settings). A difference
-is the same tnt.MismatchError on every rank, naming it.
+`compile` was given (loss, metrics, optimizer and its settings,
+steps_per_execution). A difference is the same tnt.MismatchError on every
+rank, naming it.
 
 The `*_on_batch` calls are collective too, but an allgather in each would
 cost a round per batch: they agree once, on the first call of each kind after
@@ -99,6 +100,10 @@ def check(what, model, state, broadcasts_first, *groups):
             ";".join(f"{v.dtype}{tuple(v.shape)}" for v in trainable)),
         "what compile was given (loss, metrics, optimizer and its settings)": _crc(
             _describe(_compile_arguments(model))),
+        # Keras runs the callbacks after every steps_per_execution steps, and tnt's own
+        # (StopAgreement) are collective: 1 on one rank and 2 on another waited until
+        # TNT_TIMEOUT_S
+        "compile's steps_per_execution": getattr(model, "steps_per_execution", None),
     }, "the ranks are not in the same call on one model", _ADVICE), *groups])
 
 

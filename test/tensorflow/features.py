@@ -879,6 +879,10 @@ def check_rank_branches(tnt):
             compile_(m, lr=0.01)
         m.fit(ds, epochs=1, verbose=0)
 
+    def steps_per_execution_per_rank(m):
+        m.compile(optimizer="sgd", loss="mse", steps_per_execution=1 + rank)
+        m.fit(ds.map(lambda x, y: (x, tf.one_hot(y, 3))), epochs=1, verbose=0)
+
     def loss_per_rank(m):
         m.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction="sum" if rank else "sum_over_batch_size"))
@@ -935,6 +939,7 @@ def check_rank_branches(tnt):
                            "frozen_on_one_rank": frozen((1,)),
                            "compiled_on_master": compiled_on_master,
                            "loss_per_rank": loss_per_rank,
+                           "steps_per_execution_per_rank": steps_per_execution_per_rank,
                            "frozen_everywhere": frozen((0, 1)),
                            "on_batch_loss_per_rank": on_batch_loss_per_rank,
                            "test_on_batch_on_master": test_on_batch_on_master,

@@ -459,6 +459,8 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
                               "(ranks [1] differ from rank 0)",
         "loss_per_rank": "what compile was given (loss, metrics, optimizer and its settings) "
                          "(ranks [1] differ from rank 0)",
+        # Keras calls the (collective) callbacks every steps_per_execution steps
+        "steps_per_execution_per_rank": "compile's steps_per_execution (rank 0: 1, rank 1: 2)",
         # the *_on_batch calls, on their first call of each kind after compile
         "on_batch_loss_per_rank": "what compile was given (loss, metrics, optimizer and its "
                                   "settings) (ranks [1] differ from rank 0)",
