@@ -25,7 +25,8 @@ from tarantella.common.errors import MismatchError
 _MAX_NAMED = 3  # differing items named in the message; the rest are counted
 
 
-def _fingerprint(array):
+def fingerprint(array):
+    """(wrapping sum, XOR) of `array`'s bytes as 64-bit words: see the module's docstring."""
     raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     if raw.size % 8:
         raw = np.concatenate([raw, np.zeros(8 - raw.size % 8, np.uint8)])
@@ -69,7 +70,7 @@ def check(items, lead, advice, name="tnt.replicas", compare_labels=True):
             f"{lead}: ranks {ranks} differ from rank 0 in the number, shapes or dtypes of the "
             f"arrays (rank 0: {int(headers[0][0])} arrays, rank {ranks[0]}: "
             f"{int(headers[ranks[0]][0])}; this rank's: {layout[:300]}). {advice}")
-    mine = np.array([(*_fingerprint(a), _scalar_bits(a)) for a in arrays], np.uint64).reshape(-1, 3)
+    mine = np.array([(*fingerprint(a), _scalar_bits(a)) for a in arrays], np.uint64).reshape(-1, 3)
     every = collectives.allgather(mine.reshape(-1).view(np.int64), name=f"{name}.state")  # no uint64 in the core
     every = every.view(np.uint64).reshape(len(headers), -1, 3)
     apart = (every[:, :, :2] != every[0, :, :2]).any(axis=2)  # [rank, item]: not rank 0's fingerprint

@@ -35,8 +35,9 @@ import zlib
 
 import keras
 import numpy as np
+import tensorflow as tf
 
-from tarantella.common import core, errors
+from tarantella.common import core, errors, replicas
 from tarantella.tensorflow.data import step_counts
 
 _ADVICE = (
@@ -46,6 +47,11 @@ _ADVICE = (
     "ranks only would leave the ranks waiting for each other until TNT_TIMEOUT_S, or training "
     "different models")
 _CHECKED_CONFIG = ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")
+_BATCH_ADVICE = (
+    "Every rank passes the same global batch to the *_on_batch calls and works on its slice of it "
+    "(the batch is compared on the first call of each kind after compile only). Give every rank "
+    "the same data, or use fit/evaluate/predict with tnt_distribute_dataset=False to feed each "
+    "rank its own part")
 PER_BATCH_HINT = (
     "If a rank compiled the model, froze a layer (trainable) or made a *_on_batch call on some "
     "ranks only, this is how they stop: the *_on_batch calls compare the model and the call only "
@@ -107,16 +113,36 @@ def check(what, model, state, broadcasts_first, *groups):
     }, "the ranks are not in the same call on one model", _ADVICE), *groups])
 
 
-def check_once(what, model, state, broadcasts_first):
+def check_once(what, model, state, broadcasts_first, batch):
     """check() for a `*_on_batch` call: on its first call of each kind since
-    the last `state.reset()` (compile) only, see the module's docstring."""
+    the last `state.reset()` (compile) only, see the module's docstring. It
+    compares the global `batch` too (a nest of arrays: x, y, sample_weight),
+    which every rank must pass alike: each rank trains on its slice of its own
+    copy, so ranks that loaded their own data mixed their samples without a
+    word (a first batch of each kind that differs shows such a script)."""
     if what in state.agreed or core.get_size() == 1:
         return
+    same_batch = step_counts.Group(
+        {"the batch's arrays (their shapes, dtypes and values)": _batch_digest(batch)},
+        f"the ranks passed different batches to {what}", _BATCH_ADVICE)
     try:
-        check(what, model, state, broadcasts_first)
+        check(what, model, state, broadcasts_first, same_batch)
     except errors.TimeoutError as exc:  # the others are in a step: they compiled earlier
         raise errors.TimeoutError(f"{exc} {PER_BATCH_HINT}", rank=exc.rank) from None
     state.agreed.add(what)
+
+
+def _batch_digest(batch):
+    """A CRC of the shapes, dtypes and bits of `batch`'s arrays (None kept as
+    such), the same on every rank that passed the same batch."""
+    parts = []
+    for leaf in tf.nest.flatten(batch):
+        array = None if leaf is None else np.asarray(leaf)
+        if array is None or array.dtype == object:  # None, or ragged lists: by their repr
+            parts.append(repr(None if array is None else array.tolist()))
+        else:
+            parts.append(f"{array.dtype}{array.shape}{replicas.fingerprint(array)}")
+    return _crc(";".join(parts))
 
 
 def _crc(text):

@@ -747,7 +747,8 @@ class Model(keras.Model):
         self._assert_compile_called("train_on_batch")
         self._train_may_be_empty(True)  # any batch, even one smaller than the ranks
         self._refuse_stateful_rnn("train_on_batch")
-        call_agreement.check_once("train_on_batch", self, self._tnt_agreement, not self._tnt_synced)
+        call_agreement.check_once("train_on_batch", self, self._tnt_agreement, not self._tnt_synced,
+                                  (x, y, sample_weight, class_weight))
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
         # a peer lost or a timeout as Tarantella's errors, as in fit
@@ -760,7 +761,8 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.test_on_batch")
         self._assert_compile_called("test_on_batch")
         self._refuse_stateful_rnn("test_on_batch")
-        call_agreement.check_once("test_on_batch", self, self._tnt_agreement, not self._tnt_synced)
+        call_agreement.check_once("test_on_batch", self, self._tnt_agreement, not self._tnt_synced,
+                                  (x, y, sample_weight))
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
         with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):
@@ -772,7 +774,7 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.predict_on_batch")
         self._refuse_stateful_rnn("predict_on_batch")
         call_agreement.check_once("predict_on_batch", self, self._tnt_agreement,
-                                  not self._tnt_synced)
+                                  not self._tnt_synced, x)
         self._sync_weights(x)
         self._set_distributed_predict(core.get_size() > 1)
         with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):

@@ -909,6 +909,14 @@ def check_rank_branches(tnt):
         compile_(m)
         m.train_on_batch(x[:B], y[:B])
 
+    # each rank trains on its slice of its own copy of the batch: ranks that passed their own
+    # data mixed their samples without a word
+    def on_batch_own_data(m):
+        m.train_on_batch(x[:B] + rank, y[:B])
+
+    def predict_on_batch_own_size(m):
+        m.predict_on_batch(x[:B + rank])
+
     def on_batch_alike(m):
         for _ in range(2):
             m.train_on_batch(x[:B], y[:B])
@@ -944,6 +952,8 @@ def check_rank_branches(tnt):
                            "on_batch_loss_per_rank": on_batch_loss_per_rank,
                            "test_on_batch_on_master": test_on_batch_on_master,
                            "on_batch_frozen_on_one_rank": on_batch_frozen_on_one_rank,
+                           "on_batch_own_data": on_batch_own_data,
+                           "predict_on_batch_own_size": predict_on_batch_own_size,
                            "on_batch_alike": on_batch_alike,
                            "other_model_on_one_rank": other_model_on_one_rank,
                            "extra_model_on_master": extra_model_on_master})

@@ -476,6 +476,15 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
                                              "*_on_batch calls are collective"), (key, r0[key]["message"])
     for key in ("frozen_everywhere", "on_batch_alike", "extra_model_on_master"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
+    # each rank's own batch: the ranks' slices of different batches trained together silently
+    for key, what in (("on_batch_own_data", "train_on_batch"), ("predict_on_batch_own_size",
+                                                               "predict_on_batch")):
+        assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
+        assert r0[key]["message"] == r1[key]["message"], key
+        assert r0[key]["message"].startswith(
+            f"the ranks passed different batches to {what}: the batch's arrays (their shapes, "
+            "dtypes and values) (ranks [1] differ from rank 0). Every rank passes the same global "
+            "batch"), (key, r0[key]["message"])
     # another model of the same shapes on one rank: its gradients were averaged with the model's
     other = r0["other_model_on_one_rank"]
     assert other["error"] == r1["other_model_on_one_rank"]["error"] == "MismatchError", other
