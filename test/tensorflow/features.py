@@ -988,6 +988,10 @@ def check_master_only_checkpoints(tnt, files):
     master only (the original Tarantella's documented example), it runs."""
     master = tnt.is_master_rank()
     path = os.path.join(files, "master_only_{epoch}.keras")
+
+    def stop(**kwargs):  # stops after the first epoch
+        return keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=100, **kwargs)
+
     cases = {
         "guarded": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
             keras.callbacks.ModelCheckpoint(path)] if master else []),
@@ -996,6 +1000,13 @@ def check_master_only_checkpoints(tnt, files):
                                          run_on_all_ranks=False)] if master else []),
         "history": lambda m: m.fit(datasets()[0], epochs=1, verbose=0,
                                    callbacks=[keras.callbacks.History()] if master else []),
+        # its restore is set_weights, collective: the master waited there for the others
+        "restoring_stop": lambda m: m.fit(datasets()[0], epochs=3, verbose=0, callbacks=[
+            stop(restore_best_weights=True)] if master else []),
+        "restoring_stop_everywhere": lambda m: m.fit(datasets()[0], epochs=3, verbose=0,
+                                                     callbacks=[stop(restore_best_weights=True)]),
+        "stop_on_master": lambda m: m.fit(datasets()[0], epochs=3, verbose=0,
+                                          callbacks=[stop()] if master else []),
     }
     return run_cases(tnt, cases)
 

@@ -512,8 +512,14 @@ def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(
     assert said.startswith("fit was given ModelCheckpoint callbacks on some ranks only "
                            "(rank 0: 1, rank 1: 0)"), said
     assert "is_master_rank()" in said and "run_on_all_ranks=False" in said, said
-    # wrapped to run on the master only, or callbacks that never wait (History): they run
-    for key in ("wrapped", "history"):
+    said = r0["restoring_stop"]["message"]
+    assert r0["restoring_stop"]["error"] == r1["restoring_stop"]["error"] == "MismatchError", said
+    assert said == r1["restoring_stop"]["message"]
+    assert said.startswith("fit was given EarlyStopping callbacks with restore_best_weights=True on "
+                           "some ranks only (rank 0: 1, rank 1: 0)"), said
+    # wrapped to run on the master only, or callbacks that never wait (History, an EarlyStopping
+    # that does not restore: the ranks stop together): they run
+    for key in ("wrapped", "history", "restoring_stop_everywhere", "stop_on_master"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
     assert "master_only_1.keras" in os.listdir(os.path.join(runs["out"], "files"))
 

@@ -55,19 +55,46 @@ def _shows_output():
     return core.is_master_rank() or config.get("TNT_OUTPUT_ON_ALL_DEVICES")
 
 
+def _on_every_rank(callbacks, kind):
+    """The callbacks of type `kind` among `callbacks` that run on every rank."""
+    return [cb for cb in callbacks or [] if isinstance(cb, kind)
+            and not (isinstance(cb, Callback) and not cb.run_on_all_ranks)]
+
+
+def _counts(every):
+    return ", ".join(f"rank {r}: {int(c)}" for r, c in enumerate(every[:, 0]))
+
+
+def same_restoring_stops(callbacks):
+    """The Group (for call_agreement.check in fit) that fails unless every rank
+    passes as many EarlyStopping callbacks with restore_best_weights=True. The
+    restore is tnt.Model.set_weights, collective: one given on the master only
+    left it waiting there for the others, which had left fit, until
+    TNT_TIMEOUT_S."""
+    count = sum(1 for cb in _on_every_rank(callbacks, keras.callbacks.EarlyStopping)
+                if cb.restore_best_weights)
+
+    def message(every):
+        return (
+            f"fit was given EarlyStopping callbacks with restore_best_weights=True on some ranks "
+            f"only ({_counts(every)}): restoring the best weights sets them on every rank, so the "
+            "ranks would wait for each other until TNT_TIMEOUT_S (or hold different weights). "
+            "Pass the same callbacks on every rank: every rank stops and restores alike.")
+    return step_counts.Group({"the EarlyStoppings that restore the best weights": count},
+                             message=message)
+
+
 def same_checkpoints(callbacks):
     """The Group (for call_agreement.check in fit) that fails unless every rank
     passes as many ModelCheckpoints that run on every rank. Their saves end in
     a barrier (every rank can read the file after), so one given on the master
     only (Horovod's `if hvd.rank() == 0: callbacks.append(...)`) waited there
     for the others until TNT_TIMEOUT_S."""
-    count = sum(1 for cb in callbacks or [] if isinstance(cb, keras.callbacks.ModelCheckpoint)
-                and not (isinstance(cb, Callback) and not cb.run_on_all_ranks))
+    count = len(_on_every_rank(callbacks, keras.callbacks.ModelCheckpoint))
 
     def message(every):
-        counts = ", ".join(f"rank {r}: {int(c)}" for r, c in enumerate(every[:, 0]))
         return (
-            f"fit was given ModelCheckpoint callbacks on some ranks only ({counts}): their saves "
+            f"fit was given ModelCheckpoint callbacks on some ranks only ({_counts(every)}): their saves "
             "wait for every rank, so the ranks would wait for each other until TNT_TIMEOUT_S. "
             "Pass the same callbacks on every rank (drop an `if tnt.is_master_rank()` or "
             "`hvd.rank() == 0` guard): the master alone writes the files. To run one on the "
