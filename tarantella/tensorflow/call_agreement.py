@@ -95,22 +95,28 @@ def check(what, model, state, broadcasts_first, *groups):
     if state.ordinal is None:
         state.ordinal = next(_first_used)
     trainable = model.trainable_variables
+    # A model whose weights are made at its first call (a subclassed one, a Sequential without
+    # an Input) may be built on some ranks only (the master called it to have a look): the
+    # others build it from their first batch and take the master's weights (_sync_weights),
+    # so an unbuilt model's variables are not compared (UNKNOWN: skipped), nor refused
+    built = getattr(model, "model", model).built
     step_counts.compare_groups("tnt.call", [step_counts.Group({
         "the call": what,
         "which tnt.Model it is (each rank numbers its models in the order of their first fit, "
         "evaluate, predict or *_on_batch call)": state.ordinal,
         "whether the model broadcasts the master's weights first, as after compile, set_weights "
         "or load_weights": bool(broadcasts_first),
-        "the number of trainable variables": len(trainable),
+        "the number of trainable variables": len(trainable) if built else step_counts.UNKNOWN,
         "the trainable variables' shapes and dtypes": _crc(
-            ";".join(f"{v.dtype}{tuple(v.shape)}" for v in trainable)),
+            ";".join(f"{v.dtype}{tuple(v.shape)}" for v in trainable))
+        if built else step_counts.UNKNOWN,
         "what compile was given (loss, metrics, optimizer and its settings)": _crc(
             _describe(_compile_arguments(model))),
         # Keras runs the callbacks after every steps_per_execution steps, and tnt's own
         # (StopAgreement) are collective: 1 on one rank and 2 on another waited until
         # TNT_TIMEOUT_S
         "compile's steps_per_execution": getattr(model, "steps_per_execution", None),
-    }, "the ranks are not in the same call on one model", _ADVICE), *groups])
+    }, "the ranks are not in the same call on one model", _ADVICE, skip_unknown=True), *groups])
 
 
 def check_once(what, model, state, broadcasts_first, batch):

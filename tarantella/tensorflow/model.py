@@ -564,9 +564,11 @@ class Model(keras.Model):
             self.train_function = None  # newly synchronised layers: trace the step again
         batch_normalization.warn_unsynchronized(self.model, micro_batch_size)
 
-    def _sync_weights(self, x):
+    def _sync_weights(self, x, stores=()):
         """Make every rank start from the master's weights (once after compile
-        and after weights are loaded or set). `x` is what Keras will get."""
+        and after weights are loaded or set). `x` is what Keras will get;
+        `stores` its datasets' first_batches (a pass read here is this rank's
+        alone where the model is built on other ranks)."""
         if self._tnt_synced or core.get_size() == 1:
             self._tnt_synced = True
             return
@@ -574,7 +576,8 @@ class Model(keras.Model):
             # A subclassed model creates its weights at its first call: do it
             # now, on this rank's first batch, so they can be broadcast.
             if isinstance(x, tf.data.Dataset):
-                inputs = keras.utils.unpack_x_y_sample_weight(next(iter(x)))[0]
+                with first_batches.unrecorded(stores):
+                    inputs = keras.utils.unpack_x_y_sample_weight(next(iter(x)))[0]
             else:
                 inputs = tf.nest.map_structure(lambda t: t[:1], x)
             self(inputs)
@@ -665,7 +668,7 @@ class Model(keras.Model):
                 validation_data, validation_batch_size or batch_size, validation_steps,
                 kinds["validation_data"], tnt_distribute_validation_dataset)})
         mark("fit: datasets distributed")
-        self._sync_weights(x)
+        self._sync_weights(x, seen)
         mark("fit: weights in sync")
         # a lost peer as PeerLostError
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
@@ -700,7 +703,7 @@ class Model(keras.Model):
             x, y, sample_weight, batch_size = data[0], None, None, None
         uncounted = step_counts.check_same_batches("evaluate", {"the batches of x": _counted_batches(
             x, batch_size, steps, kind, tnt_distribute_dataset)})
-        self._sync_weights(x)
+        self._sync_weights(x, [data and data[4]])
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             logs = super().evaluate(x=x, y=y, batch_size=batch_size,
                                     verbose=self._verbose(verbose), sample_weight=sample_weight,
@@ -730,7 +733,7 @@ class Model(keras.Model):
             x, batch_size = data[0], None
         uncounted = step_counts.check_same_batches("predict", {"the batches of x": _counted_batches(
             x, batch_size, steps, kind, tnt_distribute_dataset)}) if tnt_distribute_dataset else []
-        self._sync_weights(x)
+        self._sync_weights(x, [data and data[4]])
         self._set_distributed_predict(distributed)
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             outputs = super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),

@@ -937,6 +937,17 @@ def check_rank_branches(tnt):
         other.fit(ds, epochs=1, verbose=0)
         (m if rank == 0 else other).fit(ds, epochs=1, verbose=0)
 
+    # a model that makes its weights at its first call, called on the master only to have a
+    # look: the others build it from their first batch and take the master's weights (it was
+    # refused: "the number of trainable variables (rank 0: 4, rank 1: 0)")
+    def built_on_master_only(m):
+        plain = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+        model = tnt.Model(plain)
+        compile_(model)
+        if rank == 0:
+            plain(x[:1])
+        model.fit(ds, epochs=1, verbose=0)
+
     def extra_model_on_master(m):
         if rank == 0:
             compile_(tnt.Model(build()))
@@ -956,7 +967,8 @@ def check_rank_branches(tnt):
                            "predict_on_batch_own_size": predict_on_batch_own_size,
                            "on_batch_alike": on_batch_alike,
                            "other_model_on_one_rank": other_model_on_one_rank,
-                           "extra_model_on_master": extra_model_on_master})
+                           "extra_model_on_master": extra_model_on_master,
+                           "built_on_master_only": built_on_master_only})
 
 
 def check_noise_off_the_batch_axis(tnt):

@@ -474,7 +474,7 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
         assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
         assert r0[key]["message"].startswith(lead + what + ". fit, evaluate, predict and the "
                                              "*_on_batch calls are collective"), (key, r0[key]["message"])
-    for key in ("frozen_everywhere", "on_batch_alike", "extra_model_on_master"):
+    for key in ("frozen_everywhere", "on_batch_alike", "extra_model_on_master", "built_on_master_only"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
     # each rank's own batch: the ranks' slices of different batches trained together silently
     for key, what in (("on_batch_own_data", "train_on_batch"), ("predict_on_batch_own_size",

@@ -23,6 +23,7 @@ comparison of their index. The first batch of a pass is used before the check
 runs, and the next pass starts only after it, so every rank has recorded the
 same passes when it compares, whatever tf.data prefetched.
 """
+import contextlib
 import hashlib
 import threading
 
@@ -76,10 +77,12 @@ class FirstBatches:
         self.compared = compared
         self._fingerprints = []
         self._lock = threading.Lock()
+        self._unrecorded = 0  # > 0 inside unrecorded(): a pass of this rank alone
 
     def _add(self, value):
         with self._lock:
-            self._fingerprints.append(int(value.numpy()))
+            if not self._unrecorded:
+                self._fingerprints.append(int(value.numpy()))
         return np.int64(0)
 
     def noted(self, index, element):
@@ -100,6 +103,25 @@ class FirstBatches:
             values = np.array(self._fingerprints, np.int64)
         digest = hashlib.blake2b(values.tobytes(), digest_size=8).digest()
         return np.array([len(values), int.from_bytes(digest, "little", signed=True)], np.int64)
+
+
+@contextlib.contextmanager
+def unrecorded(stores):
+    """Passes begun inside are not recorded in `stores` (FirstBatches or None):
+    a rank that reads a first batch on its own (tnt.Model building a model
+    that makes its weights at its first call, unbuilt on this rank only) must
+    not count a pass the other ranks did not make, which read as different
+    data."""
+    stores = [s for s in stores if s is not None]
+    for s in stores:
+        with s._lock:
+            s._unrecorded += 1
+    try:
+        yield
+    finally:
+        for s in stores:
+            with s._lock:
+                s._unrecorded -= 1
 
 
 def map_global_batches(dataset, store, fn):
