@@ -15,7 +15,8 @@ about a tensor one rank never submitted.
 So every such call begins with one small allgather, under one name for all
 three calls, of what must be the same: which call it is, whether the model
 broadcasts the master's weights first (after compile, set_weights or
-load_weights), the trainable variables (count, shapes, dtypes) and what
+load_weights), the trainable variables (count, shapes, dtypes), the layers'
+settings (taken once after each compile: _layers_digest) and what
 `compile` was given (loss, metrics, optimizer and its settings,
 steps_per_execution). A difference is the same tnt.MismatchError on every
 rank, naming it.
@@ -78,9 +79,11 @@ class State:
     def __init__(self):
         self.ordinal = None
         self.agreed = set()
+        self.layers = None  # _layers_digest, taken once after each compile
 
     def reset(self):
         self.agreed.clear()
+        self.layers = None
 
 
 def check(what, model, state, broadcasts_first, *groups):
@@ -98,8 +101,11 @@ def check(what, model, state, broadcasts_first, *groups):
     # A model whose weights are made at its first call (a subclassed one, a Sequential without
     # an Input) may be built on some ranks only (the master called it to have a look): the
     # others build it from their first batch and take the master's weights (_sync_weights),
-    # so an unbuilt model's variables are not compared (UNKNOWN: skipped), nor refused
+    # so an unbuilt model's variables and layers (a Sequential adds its InputLayer when
+    # built) are not compared (UNKNOWN: skipped), nor refused
     built = getattr(model, "model", model).built
+    if state.layers is None and built:  # ~30 ms for a ResNet50: once after each compile
+        state.layers = _layers_digest(getattr(model, "model", model))
     step_counts.compare_groups("tnt.call", [step_counts.Group({
         "the call": what,
         "which tnt.Model it is (each rank numbers its models in the order of their first fit, "
@@ -112,6 +118,8 @@ def check(what, model, state, broadcasts_first, *groups):
         if built else step_counts.UNKNOWN,
         "what compile was given (loss, metrics, optimizer and its settings)": _crc(
             _describe(_compile_arguments(model))),
+        "the layers' settings (each layer's class and config; a lookup layer's vocabulary)":
+            state.layers if built else step_counts.UNKNOWN,
         # Keras runs the callbacks after every steps_per_execution steps, and tnt's own
         # (StopAgreement) are collective: 1 on one rank and 2 on another waited until
         # TNT_TIMEOUT_S
@@ -136,6 +144,43 @@ def check_once(what, model, state, broadcasts_first, batch):
     except errors.TimeoutError as exc:  # the others are in a step: they compiled earlier
         raise errors.TimeoutError(f"{exc} {PER_BATCH_HINT}", rank=exc.rank) from None
     state.agreed.add(what)
+
+
+# Config entries that may differ between ranks without changing what they train: the
+# initial weights and the random layers' seeds are the master's (broadcast before the first
+# step), and names are numbered per process; `trainable` is compared as the trainable
+# variables, every call
+_UNCOMPARED_KEYS = ("trainable", "seed", "kernel_initializer", "bias_initializer", "embeddings_initializer",
+                    "recurrent_initializer", "beta_initializer", "gamma_initializer",
+                    "moving_mean_initializer", "moving_variance_initializer",
+                    "depthwise_initializer", "pointwise_initializer")
+
+
+def _layers_digest(model):
+    """A CRC of what each layer of `model` computes with, beyond its weights
+    (which the master broadcasts): its class and config (a Dropout's rate, an
+    activation), and a lookup layer's vocabulary (a StringLookup or
+    TextVectorization adapted on each rank's own data: not a weight, so never
+    broadcast). Ranks that built such a model differently trained it with
+    different settings and summed the gradients without a word. Nested models
+    and Lambda layers are taken by class only: their configs name other layers
+    (numbered per process) or hold marshalled code."""
+    parts = []
+    for layer in model._flatten_layers(include_self=False):
+        parts.append(type(layer).__qualname__)
+        if isinstance(layer, (keras.Model, keras.layers.Lambda)):
+            continue
+        try:
+            config = layer.get_config()
+        except Exception:  # noqa: BLE001 - a custom layer without a config: its class only
+            config = None
+        parts.append(_describe(_without_keys(config, ("name",) + _UNCOMPARED_KEYS)))
+        if hasattr(layer, "get_vocabulary"):
+            try:
+                parts.append(repr([str(t) for t in layer.get_vocabulary()]))
+            except Exception:  # noqa: BLE001 - not adapted yet
+                pass
+    return _crc(";".join(parts))
 
 
 def _batch_digest(batch):
@@ -191,8 +236,13 @@ def _without_names(config):
     """A config without its "name" entries, nested ones too (a LossScaleOptimizer's inner
     optimizer): Keras numbers optimizers' names per process (sgd, sgd_1, ...), so a rank that
     built one more optimizer than the others names the same one apart."""
+    return _without_keys(config, ("name",))
+
+
+def _without_keys(config, keys):
+    """`config` without its entries named one of `keys`, nested ones too."""
     if isinstance(config, dict):
-        return {k: _without_names(v) for k, v in config.items() if k != "name"}
+        return {k: _without_keys(v, keys) for k, v in config.items() if k not in keys}
     if isinstance(config, (list, tuple)):
-        return [_without_names(v) for v in config]
+        return [_without_keys(v, keys) for v in config]
     return config

@@ -948,6 +948,45 @@ def check_rank_branches(tnt):
             plain(x[:1])
         model.fit(ds, epochs=1, verbose=0)
 
+    # a model built with other settings on each rank (a rate from a per-rank config, a lookup
+    # layer adapted on each rank's own data, whose vocabulary is no weight): the ranks summed
+    # the gradients of different computations without a word
+    def rate_per_rank(m):
+        keras.utils.set_random_seed(3)
+        model = tnt.Model(keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                            keras.layers.Dropout(0.1 + 0.4 * rank),
+                                            keras.layers.Dense(3)]))
+        compile_(model)
+        model.fit(ds, epochs=1, verbose=0)
+
+    def lookup(adapted_on):
+        inputs = keras.Input((8,), dtype="int64")
+        layer = keras.layers.IntegerLookup()
+        layer.adapt(adapted_on)
+        h = keras.layers.Flatten()(keras.layers.Embedding(12, 2)(layer(inputs)))
+        model = tnt.Model(keras.Model(inputs, keras.layers.Dense(3)(h)))
+        compile_(model)
+        return model
+
+    tokens = (np.abs(x) * 3).astype("int64") % 10
+
+    def vocabulary_per_rank(m):
+        lookup(tokens[:30 * (1 + rank)]).fit(tokens, y, batch_size=B, epochs=1, verbose=0)
+
+    # alike where it counts: names numbered apart (a rank built one more model first), a
+    # nested model, per-rank initializer seeds (the master's weights are broadcast)
+    def built_alike_named_apart(m):
+        if rank == 0:
+            keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+        keras.utils.set_random_seed(3)
+        inner = keras.Sequential([keras.Input((8,)), keras.layers.Dense(
+            16, kernel_initializer=keras.initializers.GlorotUniform(seed=rank))])
+        inputs = keras.Input((8,))
+        model = tnt.Model(keras.Model(inputs, keras.layers.Dense(3)(inner(inputs))))
+        compile_(model)
+        model.fit(ds, epochs=1, verbose=0)
+        lookup(tokens).fit(tokens, y, batch_size=B, epochs=1, verbose=0)
+
     def extra_model_on_master(m):
         if rank == 0:
             compile_(tnt.Model(build()))
@@ -968,7 +1007,10 @@ def check_rank_branches(tnt):
                            "on_batch_alike": on_batch_alike,
                            "other_model_on_one_rank": other_model_on_one_rank,
                            "extra_model_on_master": extra_model_on_master,
-                           "built_on_master_only": built_on_master_only})
+                           "built_on_master_only": built_on_master_only,
+                           "rate_per_rank": rate_per_rank,
+                           "vocabulary_per_rank": vocabulary_per_rank,
+                           "built_alike_named_apart": built_alike_named_apart})
 
 
 def check_noise_off_the_batch_axis(tnt):

@@ -459,6 +459,11 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
                               "(ranks [1] differ from rank 0)",
         "loss_per_rank": "what compile was given (loss, metrics, optimizer and its settings) "
                          "(ranks [1] differ from rank 0)",
+        # a model built with other settings on each rank: different computations, summed
+        "rate_per_rank": "the layers' settings (each layer's class and config; a lookup layer's "
+                         "vocabulary) (ranks [1] differ from rank 0)",
+        "vocabulary_per_rank": "the layers' settings (each layer's class and config; a lookup "
+                               "layer's vocabulary) (ranks [1] differ from rank 0)",
         # Keras calls the (collective) callbacks every steps_per_execution steps
         "steps_per_execution_per_rank": "compile's steps_per_execution (rank 0: 1, rank 1: 2)",
         # the *_on_batch calls, on their first call of each kind after compile
@@ -474,7 +479,8 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
         assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
         assert r0[key]["message"].startswith(lead + what + ". fit, evaluate, predict and the "
                                              "*_on_batch calls are collective"), (key, r0[key]["message"])
-    for key in ("frozen_everywhere", "on_batch_alike", "extra_model_on_master", "built_on_master_only"):
+    for key in ("frozen_everywhere", "on_batch_alike", "extra_model_on_master", "built_on_master_only",
+                "built_alike_named_apart"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
     # each rank's own batch: the ranks' slices of different batches trained together silently
     for key, what in (("on_batch_own_data", "train_on_batch"), ("predict_on_batch_own_size",
