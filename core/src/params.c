@@ -324,7 +324,12 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
       for (const char *c = job; *c; c++)
         if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '-' || *c == '_'))
           return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_JOB_ID may contain only letters, digits, '-' and '_'. Received: TNT_JOB_ID=%s", job);
-      snprintf(pl->job_id, sizeof pl->job_id, "%.100s", job);
+      /* cut to 100, two ids alike in their first 100 characters named one job's shared
+       * memory: the second job failed as "two jobs were started with the same TNT_JOB_ID" */
+      if (strlen(job) > 100)
+        return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_JOB_ID may be at most 100 characters long. Received: "
+                        "TNT_JOB_ID=%.40s... (%zu characters)", job, strlen(job));
+      snprintf(pl->job_id, sizeof pl->job_id, "%s", job);
     } else if (size > 1) {
       if (i == 0)
         return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_SIZE=%ld but TNT_JOB_ID is unset: start the job with tntrun, "

@@ -166,6 +166,11 @@ def test_settings_tarantella_does_not_read_are_named_once():
 def test_bad_placement():
     raises("tnt.init()", "InvalidArgumentError", ["TNT_RANK=5", "0 <= rank < size"], TNT_RANK=5, TNT_SIZE=2)
     raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID is unset", "tntrun"], TNT_RANK=0, TNT_SIZE=2)
+    # cut to 100 characters, ids alike in those named one job's shared memory: the second job
+    # was told "two jobs were started with the same TNT_JOB_ID"
+    raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID may be at most 100 characters long",
+                                                  "(101 characters)"],
+           TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID="a" * 101, TNT_TIMEOUT_S=2)
     # the local placement too (it picks the transport and the GPU): a bad value was taken
     # silently as the global one (TNT_LOCAL_SIZE=two: "local 0 of 2"), a local rank
     # beyond the local size was kept (TNT_LOCAL_RANK=5: "local 5 of 2")
