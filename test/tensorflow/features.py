@@ -1061,6 +1061,9 @@ def check_master_only_checkpoints(tnt, files):
                                                      callbacks=[stop(restore_best_weights=True)]),
         "stop_on_master": lambda m: m.fit(datasets()[0], epochs=3, verbose=0,
                                           callbacks=[stop()] if master else []),
+        # the ranks applied the summed gradients at different rates: seen after the epoch
+        "rate_on_master": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr / 2)] if master else []),
     }
     return run_cases(tnt, cases)
 

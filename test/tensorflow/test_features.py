@@ -523,6 +523,11 @@ def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(
     assert said == r1["restoring_stop"]["message"]
     assert said.startswith("fit was given EarlyStopping callbacks with restore_best_weights=True on "
                            "some ranks only (rank 0: 1, rank 1: 0)"), said
+    said = r0["rate_on_master"]["message"]
+    assert r0["rate_on_master"]["error"] == r1["rate_on_master"]["error"] == "MismatchError", said
+    assert said == r1["rate_on_master"]["message"]
+    assert said.startswith("fit was given callbacks that set the learning rate (LearningRateScheduler, "
+                           "ReduceLROnPlateau) on some ranks only (rank 0: 1, rank 1: 0)"), said
     # wrapped to run on the master only, or callbacks that never wait (History, an EarlyStopping
     # that does not restore: the ranks stop together): they run
     for key in ("wrapped", "history", "restoring_stop_everywhere", "stop_on_master"):

@@ -84,6 +84,25 @@ def same_restoring_stops(callbacks):
                              message=message)
 
 
+def same_rate_setters(callbacks):
+    """The Group (for call_agreement.check in fit) that fails unless every rank
+    passes as many callbacks that set the learning rate (LearningRateScheduler,
+    ReduceLROnPlateau). Given on some ranks only, the ranks applied the summed
+    gradients at different rates: their models came apart, seen only at the
+    end of the epoch (keras/callbacks/replica_check.py); refused before the
+    first step instead, naming the cause."""
+    count = len(_on_every_rank(callbacks, (keras.callbacks.LearningRateScheduler,
+                                           keras.callbacks.ReduceLROnPlateau)))
+
+    def message(every):
+        return (
+            f"fit was given callbacks that set the learning rate (LearningRateScheduler, "
+            f"ReduceLROnPlateau) on some ranks only ({_counts(every)}): the ranks would apply the "
+            "summed gradients at different rates and train different models. Pass the same "
+            "callbacks on every rank: they decide alike, from the global logs.")
+    return step_counts.Group({"the callbacks that set the learning rate": count}, message=message)
+
+
 def same_checkpoints(callbacks):
     """The Group (for call_agreement.check in fit) that fails unless every rank
     passes as many ModelCheckpoints that run on every rank. Their saves end in
