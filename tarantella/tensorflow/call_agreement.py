@@ -29,6 +29,15 @@ that only some ranks make first. A compile on some ranks only *between*
 per-batch calls is not seen there (the other ranks have no reason to compare
 anything): those ranks wait for each other, and the TimeoutError says so
 (PER_BATCH_HINT).
+
+Saves, loads and set_weights meet in the same allgather, after the master's
+write (it is their closing barrier too) or every rank's read and before the
+broadcast of the master's weights. `if tnt.is_master_rank(): model.save(path)`
+then pairs with the other ranks' next call, an error on every rank at once,
+instead of a wait until TNT_TIMEOUT_S (the file is written). The allgather
+also carries whether each rank's own part failed (the master's write: a
+missing directory, a full disk; a rank's read of the file), so that every rank
+raises instead of the others waiting for it.
 """
 import itertools
 import numbers
@@ -39,14 +48,16 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella.common import core, errors, replicas
+from tarantella.common.errors import MismatchError, TarantellaError
 from tarantella.tensorflow.data import step_counts
 
 _ADVICE = (
-    "fit, evaluate, predict and the *_on_batch calls are collective: every rank must make the "
-    "same calls, on a model built, compiled and frozen (trainable) alike. A branch on the rank "
-    "(`if tnt.get_rank() == 0:`) that calls one of them, compiles, or sets `trainable` on some "
-    "ranks only would leave the ranks waiting for each other until TNT_TIMEOUT_S, or training "
-    "different models")
+    "fit, evaluate, predict, the *_on_batch calls, save, save_weights, load_weights, set_weights "
+    "and tnt.models.load_model are collective: every rank must make the same calls, on a model "
+    "built, compiled and frozen (trainable) alike (a save writes on the master only anyway). A "
+    "branch on the rank (`if tnt.get_rank() == 0:`) that calls one of them, compiles, or sets "
+    "`trainable` on some ranks only would leave the ranks waiting for each other until "
+    "TNT_TIMEOUT_S, or training different models")
 _CHECKED_CONFIG = ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")
 _BATCH_ADVICE = (
     "Every rank passes the same global batch to the *_on_batch calls and works on its slice of it "
@@ -86,45 +97,70 @@ class State:
         self.layers = None
 
 
-def check(what, model, state, broadcasts_first, *groups):
+def check(what, model, state, broadcasts_first, *groups, error=None):
     """Collective: the same MismatchError on every rank unless every rank is
     in the call `what` (one of step_counts.CALLS) of the same tnt.Model
     `model` (`state` its State), with the same `broadcasts_first` and the
     same trainable variables and compile arguments; then unless the `groups`
     (step_counts.Group: what else the call compares before it begins, e.g.
-    its arguments) agree, in the same allgather (one round, not one each)."""
+    its arguments) agree, in the same allgather (one round, not one each).
+
+    `error`: what this rank's own part of the call raised before (a save's
+    write on the master, a load's read), or None. A rank's failure is raised
+    on every rank instead: itself where it happened, a TarantellaError that
+    names those ranks on the others (they would otherwise go on to the
+    call's next collective, a broadcast, and wait there until TNT_TIMEOUT_S).
+    `model` and `state` may be None (a load whose read failed; a plain Keras
+    model given to tnt.models.save_model): what they say is not compared."""
     if core.get_size() == 1:
+        if error is not None:
+            raise error
         return
-    if state.ordinal is None:
+    if state is not None and state.ordinal is None:
         state.ordinal = next(_first_used)
-    trainable = model.trainable_variables
+    keras_model = None if model is None else getattr(model, "model", model)
     # A model whose weights are made at its first call (a subclassed one, a Sequential without
     # an Input) may be built on some ranks only (the master called it to have a look): the
     # others build it from their first batch and take the master's weights (_sync_weights),
     # so an unbuilt model's variables and layers (a Sequential adds its InputLayer when
     # built) are not compared (UNKNOWN: skipped), nor refused
-    built = getattr(model, "model", model).built
-    if state.layers is None and built:  # ~30 ms for a ResNet50: once after each compile
-        state.layers = _layers_digest(getattr(model, "model", model))
-    step_counts.compare_groups("tnt.call", [step_counts.Group({
+    built = keras_model is not None and keras_model.built
+    trainable = model.trainable_variables if built else []
+    if state is not None and state.layers is None and built:  # ~30 ms for a ResNet50: once after each compile
+        state.layers = _layers_digest(keras_model)
+    unknown = step_counts.UNKNOWN
+    call = step_counts.Group({
         "the call": what,
         "which tnt.Model it is (each rank numbers its models in the order of their first fit, "
-        "evaluate, predict or *_on_batch call)": state.ordinal,
+        "evaluate, predict or *_on_batch call)": unknown if state is None else state.ordinal,
         "whether the model broadcasts the master's weights first, as after compile, set_weights "
         "or load_weights": bool(broadcasts_first),
-        "the number of trainable variables": len(trainable) if built else step_counts.UNKNOWN,
+        "the number of trainable variables": len(trainable) if built else unknown,
         "the trainable variables' shapes and dtypes": _crc(
-            ";".join(f"{v.dtype}{tuple(v.shape)}" for v in trainable))
-        if built else step_counts.UNKNOWN,
+            ";".join(f"{v.dtype}{tuple(v.shape)}" for v in trainable)) if built else unknown,
         "what compile was given (loss, metrics, optimizer and its settings)": _crc(
-            _describe(_compile_arguments(model))),
+            _describe(None if model is None else _compile_arguments(model))),
         "the layers' settings (each layer's class and config; a lookup layer's vocabulary)":
-            state.layers if built else step_counts.UNKNOWN,
+            state.layers if built and state is not None else unknown,
         # Keras runs the callbacks after every steps_per_execution steps, and tnt's own
         # (StopAgreement) are collective: 1 on one rank and 2 on another waited until
         # TNT_TIMEOUT_S
         "compile's steps_per_execution": getattr(model, "steps_per_execution", None),
-    }, "the ranks are not in the same call on one model", _ADVICE, skip_unknown=True), *groups])
+    }, "the ranks are not in the same call on one model", _ADVICE, skip_unknown=True)
+    failed_part = step_counts.Group({"whether this rank's part of the call failed": int(error is not None)})
+    rows = step_counts.gather_groups("tnt.call", [call, *groups, failed_part])
+    failed = [r for r, row in enumerate(rows) if row[-1]]
+    if failed and all(row[0] == rows[0][0] for row in rows):  # every rank in this call
+        if error is not None:
+            raise error
+        raise TarantellaError(
+            f"The {what} call failed on rank(s) {failed} (the error is raised there: see that "
+            "rank's output), so it fails on every rank: no rank goes on alone to wait for the "
+            "others")
+    try:
+        step_counts.check_groups("tnt.call", [call, *groups], [row[:-1] for row in rows])
+    except MismatchError as mismatch:
+        raise mismatch from error
 
 
 def check_once(what, model, state, broadcasts_first, batch):

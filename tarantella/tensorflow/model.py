@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.ops.operation import Operation
 
-from tarantella.common import collectives, config, core, master_only
+from tarantella.common import config, core, master_only
 from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, call_agreement, collective_ops,
@@ -800,20 +800,19 @@ class Model(keras.Model):
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
         """Load weights on every rank, then broadcast the master's (collective)."""
         master_only.refuse("tnt.Model.load_weights")
-        optimizer = getattr(self, "optimizer", None)
-        if self.built and optimizer is not None and not optimizer.built:
-            optimizer.build(self.trainable_variables)  # so that its saved state loads too
-        self.model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+        error = None
+        try:
+            optimizer = getattr(self, "optimizer", None)
+            if self.built and optimizer is not None and not optimizer.built:
+                optimizer.build(self.trainable_variables)  # so that its saved state loads too
+            self.model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
+            error = exc
+        # a rank that could not read the file fails every rank here, before the broadcast
+        call_agreement.check("load_weights", self, self._tnt_agreement, not self._tnt_synced,
+                             error=error)
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
         self._tnt_synced = True
-
-    def _save_on_this_rank(self, save_all_devices, what, filepath, write, siblings=False):
-        if save_all_devices or core.is_master_rank():
-            atomic_save(filepath, write, siblings=siblings)
-        if core.get_size() > 1 and not master_only.active():
-            # The file is complete when save() returns on any rank, so every
-            # rank may load it next (assuming a shared filesystem).
-            collectives.barrier(name=f"tnt.{what}")
 
     def save(self, filepath, overwrite=True, zipped=None, tnt_save_all_devices=False, **kwargs):
         """Save the wrapped model (`.keras`, compiled with its optimizer state:
@@ -824,9 +823,9 @@ class Model(keras.Model):
         check_save_keywords(kwargs)
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
-        self._save_on_this_rank(
-            tnt_save_all_devices, "save", filepath,
-            lambda path: self.model.save(path, overwrite=True, zipped=zipped, **kwargs))
+        save_together("save", self, not self._tnt_synced, filepath,
+                      lambda path: self.model.save(path, overwrite=True, zipped=zipped, **kwargs),
+                      tnt_save_all_devices)
 
     def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Save the wrapped model's weights (`.weights.h5`, the file plain Keras
@@ -836,10 +835,10 @@ class Model(keras.Model):
         check_save_weights_keywords(kwargs)
         if not overwrite and os.path.exists(filepath):
             raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
-        self._save_on_this_rank(
-            tnt_save_all_devices, "save_weights", filepath,
-            lambda path: self.model.save_weights(path, overwrite=True, **kwargs),
-            siblings=kwargs.get("max_shard_size") is not None)  # the shards, named after it
+        save_together("save_weights", self, not self._tnt_synced, filepath,
+                      lambda path: self.model.save_weights(path, overwrite=True, **kwargs),
+                      tnt_save_all_devices,
+                      siblings=kwargs.get("max_shard_size") is not None)  # the shards, named after it
 
     # ---- serialization: the wrapped model's ---------------------------------------------------
     def get_config(self):
@@ -893,6 +892,28 @@ class Sequential(Model):
             raise ValueError("tnt.Sequential.from_config takes a Sequential model's config. "
                              f"Received: the config of a {type(model).__name__}")
         return cls(model)
+
+
+def save_together(what, model, broadcasts_first, filepath, write, save_all_devices,
+                  siblings=False):
+    """A save (`what`, one of step_counts.CALLS) of `model`, called on every
+    rank: `write(path)` writes `filepath` atomically on the master (every rank
+    with `save_all_devices`), then the ranks meet in the call agreement, so
+    that every rank may read the file once it returns, a save called on the
+    master only fails at the other ranks' next call instead of waiting for
+    them, and a write that failed raises on every rank. Inside a callback that
+    runs on the master only, the other ranks are not saving: no collective."""
+    error = None
+    if save_all_devices or core.is_master_rank():
+        try:
+            atomic_save(filepath, write, siblings=siblings)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
+            error = exc
+    if core.get_size() > 1 and not master_only.active():
+        call_agreement.check(what, model, getattr(model, "_tnt_agreement", None), broadcasts_first,
+                             error=error)
+    elif error is not None:
+        raise error
 
 
 def model_from_config(config, custom_objects=None):

@@ -10,10 +10,9 @@ import os
 
 import keras
 
-from tarantella.common import collectives, core, master_only
-from tarantella.tensorflow import collective_ops
-from tarantella.tensorflow.atomic_save import atomic_save
-from tarantella.tensorflow.model import Model
+from tarantella.common import core, master_only
+from tarantella.tensorflow import call_agreement, collective_ops
+from tarantella.tensorflow.model import Model, save_together
 from tarantella.tensorflow.model import model_from_config as _model_from_config
 from tarantella.tensorflow.save_paths import check_model_path, check_save_keywords
 
@@ -38,10 +37,8 @@ def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
     # refuse here (on every rank, as tnt.Model.save does), or the file was replaced
     if not overwrite and os.path.exists(filepath):
         raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
-    if save_all_devices or core.is_master_rank():
-        atomic_save(filepath, lambda path: model.save(path, overwrite=True, **kwargs))
-    if core.get_size() > 1 and not master_only.active():  # inside a master-only callback: alone
-        collectives.barrier(name="tnt.save")
+    save_together("save", model, False, filepath,
+                  lambda path: model.save(path, overwrite=True, **kwargs), save_all_devices)
 
 
 def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # noqa: A002
@@ -51,18 +48,30 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # 
     then broadcast from the master rank. The model is compiled if it was saved
     compiled and `compile=True`; its optimizer state is restored.
     """
+    master_only.refuse("tnt.models.load_model")
+    model, error = None, None
+    try:
+        model = _loaded(filepath, custom_objects, compile, safe_mode)
+    except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
+        error = exc
+    # a rank that could not read the file fails every rank here, before the broadcast
+    call_agreement.check("load_model", model, getattr(model, "_tnt_agreement", None), True,
+                         error=error)
+    collective_ops.broadcast_variables(model.model.weights, root_rank=core.get_master_rank())
+    model._tnt_synced = True
+    return model
+
+
+def _loaded(filepath, custom_objects, compile, safe_mode):  # noqa: A002
     loaded = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile,
                                      safe_mode=safe_mode)
     if isinstance(loaded, Model):
-        model = loaded
-    else:
-        model = Model(loaded)
-        if compile and getattr(loaded, "compiled", False):
-            # compile the wrapper alike, with the loaded optimizer and its state
-            arguments = keras.saving.deserialize_keras_object(loaded.get_compile_config())
-            model.compile(**dict(arguments, optimizer=loaded.optimizer))
-    collective_ops.broadcast_variables(model.model.weights, root_rank=core.get_master_rank())
-    model._tnt_synced = True
+        return loaded
+    model = Model(loaded)
+    if compile and getattr(loaded, "compiled", False):
+        # compile the wrapper alike, with the loaded optimizer and its state
+        arguments = keras.saving.deserialize_keras_object(loaded.get_compile_config())
+        model.compile(**dict(arguments, optimizer=loaded.optimizer))
     return model
 
 

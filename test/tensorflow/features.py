@@ -1068,6 +1068,43 @@ def check_master_only_checkpoints(tnt, files):
     return run_cases(tnt, cases)
 
 
+def check_rank_only_saves(tnt, files):
+    """Saves and loads that some ranks only make: Horovod's `if hvd.rank() ==
+    0: model.save(path)`, a load on the master only, a write or a read that
+    fails on one rank (a missing directory, a file the other rank cannot
+    see). The master waited in the save's barrier, or the ranks in the load's
+    broadcast, until TNT_TIMEOUT_S; each now fails every rank at once (the
+    other ranks' next call, or the failure, is met in the call agreement)."""
+    rank = tnt.get_rank()
+    ds = datasets()[0]
+    path = os.path.join(files, "rank_only.keras")
+    wpath = os.path.join(files, "rank_only.weights.h5")
+    missing = os.path.join(files, "no_such_dir", "m.keras")
+
+    def on_master(call):
+        def run(m):
+            m.save(path)
+            m.save_weights(wpath)
+            if rank == 0:
+                call(m)
+            m.fit(ds, epochs=1, verbose=0)
+        return run
+
+    return run_cases(tnt, {
+        "save_on_master": on_master(lambda m: m.save(os.path.join(files, "on_master.keras"))),
+        "save_weights_on_master": on_master(lambda m: m.save_weights(wpath)),
+        "load_weights_on_master": on_master(lambda m: m.load_weights(wpath)),
+        "load_model_on_master": on_master(lambda m: tnt.models.load_model(path)),
+        "save_to_a_missing_directory": lambda m: m.save(missing),
+        "save_model_to_a_missing_directory": lambda m: tnt.models.save_model(m.model, missing),
+        "load_weights_missing_on_rank_1": lambda m: m.load_weights(
+            wpath if rank == 0 else os.path.join(files, "none.weights.h5")),
+        "load_model_missing_on_rank_1": lambda m: tnt.models.load_model(
+            path if rank == 0 else os.path.join(files, "none.keras")),
+        "fit_after": lambda m: m.fit(ds, epochs=1, verbose=0),
+    })
+
+
 def check_stateful_rnn(tnt):
     """A stateful LSTM (one state per sample of a fixed batch of 20): each rank's
     slice of 10 clashed with its 20 states in a TensorFlow error about
@@ -1233,6 +1270,7 @@ def main():
         results["same_data"] = check_same_data(tnt)
         results["master_only_checkpoints"] = check_master_only_checkpoints(tnt, files)
         results["master_only_collectives"] = check_master_only_collectives(tnt)
+        results["rank_only_saves"] = check_rank_only_saves(tnt, files)
         results["stateful_rnn"] = check_stateful_rnn(tnt)
         results["rank_branches"] = check_rank_branches(tnt)
         results["noise_off_the_batch_axis"] = check_noise_off_the_batch_axis(tnt)

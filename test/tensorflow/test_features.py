@@ -477,8 +477,10 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
     for key, what in expected.items():
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
         assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
-        assert r0[key]["message"].startswith(lead + what + ". fit, evaluate, predict and the "
-                                             "*_on_batch calls are collective"), (key, r0[key]["message"])
+        assert r0[key]["message"].startswith(lead + what + ". fit, evaluate, predict, the "
+                                             "*_on_batch calls, save, save_weights, load_weights, "
+                                             "set_weights and tnt.models.load_model are collective"), \
+            (key, r0[key]["message"])
     for key in ("frozen_everywhere", "on_batch_alike", "extra_model_on_master", "built_on_master_only",
                 "built_alike_named_apart"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
@@ -533,6 +535,33 @@ def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(
     for key in ("wrapped", "history", "restoring_stop_everywhere", "stop_on_master"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
     assert "master_only_1.keras" in os.listdir(os.path.join(runs["out"], "files"))
+
+
+def test_a_save_or_load_on_some_ranks_only_fails_every_rank_at_once(runs):
+    # the master waited in the save's barrier (or the ranks in the load's broadcast) for ranks
+    # that never came, until TNT_TIMEOUT_S (60 s here); every later collective failed too
+    r0, r1 = (r["rank_only_saves"] for r in runs["ranks"])
+    lead = "the ranks are not in the same call on one model: the call (rank 0: "
+    for key, call in (("save_on_master", "save"), ("save_weights_on_master", "save_weights"),
+                      ("load_weights_on_master", "load_weights"),
+                      ("load_model_on_master", "load_model")):
+        assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
+        assert r0[key]["message"] == r1[key]["message"], key
+        assert r0[key]["message"].startswith(f"{lead}{call}, rank 1: fit)"), r0[key]["message"]
+    # the file a save on the master only wrote is there, complete
+    assert "on_master.keras" in os.listdir(os.path.join(runs["out"], "files"))
+    # a write that fails on the master, a read that fails on rank 1: that rank raises its own
+    # error, the other one an error that names it (it waited in the barrier or the broadcast)
+    for key, failing, other, error in (
+            ("save_to_a_missing_directory", r0, r1, "FileNotFoundError"),
+            ("save_model_to_a_missing_directory", r0, r1, "FileNotFoundError"),
+            ("load_weights_missing_on_rank_1", r1, r0, "FileNotFoundError"),
+            ("load_model_missing_on_rank_1", r1, r0, "ValueError")):
+        assert failing[key]["error"] == error, (key, failing[key])
+        assert other[key]["error"] == "TarantellaError", (key, other[key])
+        assert f"failed on rank(s) [{1 if failing is r1 else 0}]" in other[key]["message"], other[key]
+    assert r0["fit_after"] == r1["fit_after"] == {"error": None}
+    assert "no_such_dir" not in os.listdir(os.path.join(runs["out"], "files"))
 
 
 def test_collectives_in_a_master_only_callback_are_refused_at_once(runs):

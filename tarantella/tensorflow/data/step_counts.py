@@ -34,7 +34,8 @@ INFINITE = int(tf.data.INFINITE_CARDINALITY)  # -1
 _NONE = -3  # an argument left at None
 KINDS = ("None", "a tf.data.Dataset", "arrays", "another input")  # what `input_kind` says
 # the calls that compare what they are (call_agreement.py)
-CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
+CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch",
+         "save", "save_weights", "load_weights", "load_model", "export", "set_weights")
 # the words a value can be (shuffle="batch", the call's name)
 _WORDS = KINDS + ("False", "True", "batch") + CALLS
 _WORD_BASE = -10  # _WORDS[i] travels as _WORD_BASE - i
@@ -128,12 +129,23 @@ def compare_groups(name, groups):
     in the first group). Returns the labels that were UNKNOWN somewhere."""
     if core.get_size() == 1:
         return []
+    return check_groups(name, groups, gather_groups(name, groups))
+
+
+def gather_groups(name, groups):
+    """Collective: every rank's values of `groups`, encoded: one array a rank
+    (of other lengths where the ranks are in other calls)."""
     encoded = [_encoded(v) for g in groups for v in g.values.values()]
     gathered = collectives.allgather(np.array([len(encoded)] + encoded, np.int64), name=name)
     rows, at = [], 0
     while at < len(gathered):  # each rank's values, after their count
         rows.append(gathered[at + 1:at + 1 + int(gathered[at])])
         at += 1 + int(gathered[at])
+    return rows
+
+
+def check_groups(name, groups, rows):
+    """`compare_groups` on the `rows` gather_groups(name, groups) returned."""
     unknown, begin = [], 0
     for g in groups:
         end = begin + len(g.values)
