@@ -15,6 +15,7 @@ from tarantella.tensorflow import (batch_normalization, call_agreement, collecti
                                    distributed_optimizer, global_loss, random_layers,
                                    step_context)
 from tarantella.tensorflow import compression as compression_lib
+from tarantella.tensorflow import keras_saving
 from tarantella.tensorflow.atomic_save import atomic_save
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
@@ -959,3 +960,7 @@ def _split_arrays(arrays, validation_split):
     from keras.src.trainers.data_adapters import array_slicing
 
     return array_slicing.train_validation_split(arrays, validation_split=validation_split)
+
+
+# keras.saving.save_model(model, path) and keras.saving.save_weights of a tnt.Model: its own saves
+keras_saving.install()

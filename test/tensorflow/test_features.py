@@ -230,6 +230,9 @@ def test_save_and_load(runs):
         assert s["weights_roundtrip"] and s["from_config_layers"] == 2
         assert s["from_json_is_tnt"] and s["model_from_config_is_tnt"] and s["clone"] == [True, True]
         assert s["set_weights_value"] == 1.0  # the master's values win
+        # keras.saving.save_model / save_weights of the tnt.Model: its plain Keras file, whole
+        assert s["keras_save_model"] == ["Sequential", "SGD", True]
+        assert s["keras_save_weights"] is True
     assert runs["ranks"][0]["save_load"]["master_only_load"] == "SGD"
     # saved inside a master-only callback, by tnt.Model.save and by save_model of the plain model
     assert runs["ranks"][0]["save_load"]["master_callback_saved"] == ["master_cb.keras", "master_cb_plain.keras"]

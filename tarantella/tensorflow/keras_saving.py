@@ -1,0 +1,74 @@
+"""Keras' saving functions given a tnt.Model save it as `tnt.Model.save` does.
+
+`keras.saving.save_model(model, path)` (also `keras.models.save_model`,
+`tf.keras.models.save_model`) and `keras.saving.save_weights(model, path)`
+write the file themselves, without calling the model's `save`: given a
+tnt.Model, every rank wrote the same file at once (on 2 ranks a zip whose
+reading failed with "Bad CRC-32"), not atomically, and under the wrapper's
+class instead of the wrapped model's plain Keras file.
+
+Those functions reach the file through three functions of Keras 3.15's
+internals, looked up on their modules at every call
+(`saving_lib.save_model`, `saving_lib.save_weights_only`,
+`legacy_h5_format.save_model_to_hdf5`). `install` puts a wrapper in their
+place that hands a tnt.Model to its own `save` / `save_weights` (the master
+writes atomically, every rank meets after) and passes anything else to Keras
+unchanged: the wrapped model that tnt.Model.save hands Keras goes there too.
+"""
+import functools
+import os
+
+_INSTALLED = "_tnt_routes_tnt_models"
+
+
+def _is_path(filepath):
+    return isinstance(filepath, (str, os.PathLike))  # not a file object
+
+
+def _route(original, save):
+    """`original(model, filepath, ...)`, or `save(model, filepath, ...)` for a
+    tnt.Model written to a path."""
+
+    @functools.wraps(original)
+    def routed(model, filepath, *args, **kwargs):
+        from tarantella.tensorflow.model import Model  # model.py installs this module
+
+        if isinstance(model, Model) and _is_path(filepath):
+            return save(model, filepath, *args, **kwargs)
+        return original(model, filepath, *args, **kwargs)
+
+    setattr(routed, _INSTALLED, True)
+    return routed
+
+
+def _save_model(model, filepath, weights_format="h5", zipped=True):
+    if weights_format != "h5":  # Keras' own choice for every .keras file it saves
+        raise ValueError(f"tnt.Model.save writes the weights as h5. Received: "
+                         f"weights_format={weights_format!r}")
+    return model.save(filepath, zipped=zipped)
+
+
+def _save_weights(model, filepath, max_shard_size=None, objects_to_skip=None):
+    if objects_to_skip is not None:
+        raise ValueError("tnt.Model.save_weights saves every object. Received: objects_to_skip="
+                         f"{objects_to_skip!r}")
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    return model.save_weights(filepath, **kwargs)
+
+
+def _save_model_to_hdf5(model, filepath, overwrite=True, include_optimizer=True):
+    # Keras' save_model asked about an existing file before it came here
+    return model.save(filepath, include_optimizer=include_optimizer)
+
+
+def install():
+    """Route Keras' saving functions' tnt.Models to their own saves (once)."""
+    from keras.src.legacy.saving import legacy_h5_format
+    from keras.src.saving import saving_lib
+
+    for module, name, save in ((saving_lib, "save_model", _save_model),
+                               (saving_lib, "save_weights_only", _save_weights),
+                               (legacy_h5_format, "save_model_to_hdf5", _save_model_to_hdf5)):
+        original = getattr(module, name)
+        if not getattr(original, _INSTALLED, False):
+            setattr(module, name, _route(original, save))
