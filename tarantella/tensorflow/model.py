@@ -841,6 +841,19 @@ class Model(keras.Model):
                       tnt_save_all_devices,
                       siblings=kwargs.get("max_shard_size") is not None)  # the shards, named after it
 
+    def export(self, filepath, format="tf_saved_model", verbose=None,  # noqa: A002 - Keras' name
+               input_signature=None, **kwargs):
+        """The wrapped model's `export` (a TensorFlow SavedModel directory by
+        default), atomically, on the master rank only. Call it on every rank.
+        Keras' own refused the wrapper, which fit never calls itself ("The model
+        provided has never called"), and would have had every rank write the
+        same directory at once."""
+        filepath = os.fspath(filepath)
+        save_together("export", self, not self._tnt_synced, filepath,
+                      lambda path: self.model.export(path, format=format, verbose=verbose,
+                                                     input_signature=input_signature, **kwargs),
+                      False)
+
     # ---- serialization: the wrapped model's ---------------------------------------------------
     def get_config(self):
         """The wrapped model's config (`tnt.Model.from_config` takes it back)."""

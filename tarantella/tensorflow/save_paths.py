@@ -63,7 +63,7 @@ def check_save_keywords(kwargs, what="tnt.Model.save"):
     if unknown:
         raise ValueError(
             f"{what}: Keras 3 does not take the argument(s) {unknown} (TensorFlow SavedModel "
-            f"options of Keras 2; export a SavedModel with model.model.export(dir)). Received: {received}")
+            f"options of Keras 2; export a SavedModel with model.export(dir)). Received: {received}")
 
 
 def check_save_weights_keywords(kwargs, what="tnt.Model.save_weights"):

@@ -218,6 +218,12 @@ def check_save_load(tnt, files):
     other.load_weights(kwpath)
     out["keras_save_weights"] = all(np.array_equal(a, b) for a, b in zip(model.get_weights(),
                                                                         other.get_weights()))
+    # model.export: refused by Keras ("The model provided has never called"); the master
+    # writes the SavedModel, every rank can serve from it once export returns
+    model.export(os.path.join(files, "exported"), verbose=False)
+    exported = tf.saved_model.load(os.path.join(files, "exported"))  # kept: serve uses its variables
+    served = exported.serve(data()[0][:4])
+    out["exported_max_diff"] = float(np.max(np.abs(served - model(data()[0][:4]))))
     config = model.get_config()
     out["from_config_layers"] = len(tnt.Model.from_config(config).layers)
     out["from_json_is_tnt"] = isinstance(tnt.models.model_from_json(model.to_json()), tnt.Model)

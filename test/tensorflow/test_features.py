@@ -233,6 +233,7 @@ def test_save_and_load(runs):
         # keras.saving.save_model / save_weights of the tnt.Model: its plain Keras file, whole
         assert s["keras_save_model"] == ["Sequential", "SGD", True]
         assert s["keras_save_weights"] is True
+        assert s["exported_max_diff"] < 1e-6  # model.export, read on every rank
     assert runs["ranks"][0]["save_load"]["master_only_load"] == "SGD"
     # saved inside a master-only callback, by tnt.Model.save and by save_model of the plain model
     assert runs["ranks"][0]["save_load"]["master_callback_saved"] == ["master_cb.keras", "master_cb_plain.keras"]
@@ -255,6 +256,7 @@ def test_save_and_load(runs):
     assert "by_rank0.keras" in files and "by_rank1.keras" not in files  # master only
     assert {"all_rank0.keras", "all_rank1.keras"} <= set(files)  # tnt_save_all_devices
     assert not [f for f in files if f.startswith(".")]  # no temporary files left
+    assert "exported" in files
 
 
 def test_warnings_and_xla(runs):
