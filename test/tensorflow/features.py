@@ -1178,6 +1178,19 @@ def check_same_data(tnt):
     x, y = data()
     same = tf.data.Dataset.from_tensor_slices((x, y))
     other = tf.data.Dataset.from_tensor_slices((x + rank, y))  # another file on rank 1
+
+    def unseeded(make):  # build() set a global seed, which gives every shuffle a seed alike
+        def run(m):
+            tf.random.set_seed(None)
+            m.fit(make(), epochs=1, verbose=0)
+        return run
+
+    # a shuffle inside an interleave's function (a shard or file each): a stateful function, so
+    # the batches are not compared, and each rank shuffled its own way: the ranks' global
+    # batches mixed other samples without a word
+    def files(seed):
+        return tf.data.Dataset.range(2).interleave(
+            lambda k: same.shard(2, k).shuffle(N, seed=seed), cycle_length=2).batch(B)
     cases = {
         "shuffle_seed": lambda m: m.fit(same.shuffle(N, seed=rank).batch(B), epochs=2, verbose=0),
         "other_file": lambda m: m.evaluate(other.batch(B), verbose=0),
@@ -1189,7 +1202,11 @@ def check_same_data(tnt):
         "augmented_on_one_rank": lambda m: m.fit(
             (same.map(lambda a, b: (a + tf.random.uniform([8]), b)) if rank == 0 else same).batch(B),
             epochs=1, verbose=0),
+        "shuffle_in_interleave": unseeded(lambda: files(None)),
+        "shuffle_before_enumerate": unseeded(lambda: same.shuffle(N).enumerate().map(
+            lambda i, e: e).batch(B)),
         # must run
+        "shuffle_in_interleave_seeded": unseeded(lambda: files(1)),
         "same": lambda m: m.fit(same.shuffle(N).batch(B), validation_data=same.batch(B), epochs=2,
                                 verbose=0),
         "augmented": lambda m: m.fit(same.map(lambda a, b: (a + tf.random.uniform([8]), b)).batch(B),

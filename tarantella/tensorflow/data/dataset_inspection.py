@@ -76,6 +76,51 @@ def unseeded_shuffles(dataset):
             and _static(getattr(ds, "_seed", 1)) == 0 and _static(getattr(ds, "_seed2", 1)) == 0]
 
 
+# tf.data's shuffle ops whose inputs 2 and 3 are the seed pair (0, 0: no seed)
+_SHUFFLE_OPS = ("ShuffleDataset", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
+                "ShuffleAndRepeatDatasetV2")
+
+
+def _zero_constant(nodes, name):
+    node = nodes.get(name.lstrip("^").split(":")[0])
+    if node is None or node.op != "Const":
+        return False  # computed: from a global seed (tf.random.set_seed), never (0, 0)
+    value = tf.make_ndarray(node.attr["value"].tensor)
+    return value.size == 1 and int(value) == 0
+
+
+def _unseeded_shuffle_in(graph_def):
+    bodies = [graph_def.node] + [f.node_def for f in graph_def.library.function]
+    for body in bodies:
+        nodes = {n.name: n for n in body}
+        for n in body:
+            if n.op in _SHUFFLE_OPS and len(n.input) >= 4 and all(
+                    _zero_constant(nodes, i) for i in n.input[2:4]):
+                return True
+    return False
+
+
+def hidden_unseeded_shuffles(dataset):
+    """The datasets of the pipeline (named by their op) that hold a shuffle
+    without a seed where no rebuild of the chain can reach it: inside a
+    function (`interleave(lambda f: TFRecordDataset(f).shuffle(n))`,
+    `flat_map`), or in an input of a zip (`enumerate()` is one)."""
+    in_chain = {id(ds) for ds in chain(dataset)}
+    hidden = []
+    for ds in _datasets(dataset):
+        name = type(ds).__name__
+        if id(ds) not in in_chain and ds in unseeded_shuffles(ds):
+            hidden.append("an input of a zip (or enumerate)")
+        for value in vars(ds).values():
+            graph = getattr(getattr(value, "function", None), "graph", None)
+            try:
+                if graph is not None and _unseeded_shuffle_in(graph.as_graph_def()):
+                    hidden.append(f"the function of {name}")
+            except (AttributeError, ValueError, TypeError):
+                pass
+    return hidden
+
+
 def is_infinite(dataset):
     return dataset.cardinality() == tf.data.INFINITE_CARDINALITY
 

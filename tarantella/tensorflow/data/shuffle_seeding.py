@@ -83,6 +83,17 @@ def _replay(op, upstream, seed, deterministic=False):
 def seed_unseeded_shuffles(dataset, seed=DEFAULT_SEED):
     """`dataset` with every unseeded shuffle seeded by `seed` (the dataset
     itself when there is none)."""
+    hidden = dataset_inspection.hidden_unseeded_shuffles(dataset)
+    if hidden:
+        # each rank would draw its own order there: the ranks' global batches would hold
+        # different samples (some trained on twice, others never), and a pipeline with a
+        # function (a stateful one, as such a shuffle is) is not compared by first_batches
+        raise ValueError(
+            f"The dataset has a shuffle() without a seed in {' and '.join(sorted(set(hidden)))}, "
+            "where Tarantella cannot add one: every rank would shuffle differently and their "
+            "global batches would mix other samples. Pass a seed to that shuffle "
+            "(`shuffle(buffer_size, seed=42)`), or set a global seed, the same on every rank "
+            "(`keras.utils.set_random_seed(42)`), before building the dataset")
     ops = dataset_inspection.chain(dataset)
     unseeded = dataset_inspection.unseeded_shuffles(dataset)
     if not unseeded:
