@@ -156,6 +156,15 @@ def test_unseeded_shuffle_is_seeded_alike():
 def test_unbatched_dataset_without_micro_batch_size_is_refused():
     with pytest.raises(ValueError, match="not batched.*tnt_micro_batch_size"):
         distribute_dataset(tf.data.Dataset.range(10), rank=0, size=2)
+    # elements that may be whole batches (every component's first dimension 6): the error
+    # said only to batch them, which made batches of batches; it says how to declare them
+    x, y = np.zeros((4, 6, 3), "float32"), np.zeros((4, 6), "int32")
+    with pytest.raises(ValueError, match=r"If each element is a global batch of 6 samples "
+                                         r"already.*as None.*unbatch\(\).batch\(6\)"):
+        distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)), rank=0, size=2)
+    with pytest.raises(ValueError) as refused:  # scalars: plainly samples, no such hint
+        distribute_dataset(tf.data.Dataset.range(10), rank=0, size=2)
+    assert "already" not in str(refused.value)
 
 
 def test_micro_batch_size_inconsistent_with_global_batch_is_refused():

@@ -28,6 +28,23 @@ def _check_micro_batch_size(micro_batch_size, global_batch_size, size, what):
             f"(ranks={size})")
 
 
+def _already_batches(dataset):
+    """What to do if the elements of a dataset taken for unbatched are batches
+    already: every component's first dimension the same known size, as in a
+    generator that yields batches with a static output_signature or slices of
+    arrays shaped (steps, batch, ...). Batching it again (what the error
+    otherwise suggests) would make batches of batches."""
+    shapes = [getattr(s, "shape", None) for s in tf.nest.flatten(dataset.element_spec)]
+    firsts = {s[0] for s in shapes if s is not None and s.rank}
+    if len(firsts) != 1 or None in firsts or not all(s is not None and s.rank for s in shapes):
+        return ""
+    n = firsts.pop()
+    return (f" If each element is a global batch of {n} samples already (a generator yielding "
+            f"batches, slices of arrays shaped (steps, {n}, ...)), say so: give the batch "
+            "dimension as None (from_generator's output_signature), or "
+            f"`dataset.unbatch().batch({n})`.")
+
+
 def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
                        shuffle_seed=shuffle_seeding.DEFAULT_SEED, what="tnt_micro_batch_size",
                        slice_early=True, label="the dataset"):
@@ -66,8 +83,8 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
             raise ValueError(
                 f"The dataset is not batched: batch it with the global batch size "
                 f"(`dataset.batch(global_batch_size)`), or pass {what} (the per-rank batch size; "
-                f"the global batch is then {what} * {size} ranks). Received: an unbatched dataset "
-                f"with element_spec={dataset.element_spec}")
+                f"the global batch is then {what} * {size} ranks).{_already_batches(dataset)} "
+                f"Received: an unbatched dataset with element_spec={dataset.element_spec}")
         global_batch = micro_batch_size * size
         dataset = dataset.batch(global_batch)
         info = dataset_inspection.Batching(True, global_batch)
