@@ -1205,8 +1205,15 @@ def check_same_data(tnt):
         "shuffle_in_interleave": unseeded(lambda: files(None)),
         "shuffle_before_enumerate": unseeded(lambda: same.shuffle(N).enumerate().map(
             lambda i, e: e).batch(B)),
+        # its random choice of the next sample drawn per rank, under random augmentation (so
+        # not compared): the ranks' batches mixed other samples without a word
+        "sample_from_datasets": unseeded(lambda: tf.data.Dataset.sample_from_datasets(
+            [same.shard(2, 0), same.shard(2, 1)]).map(
+                lambda a, b: (a + tf.random.uniform([8]), b)).batch(B)),
         # must run
         "shuffle_in_interleave_seeded": unseeded(lambda: files(1)),
+        "sample_from_datasets_seeded": unseeded(lambda: tf.data.Dataset.sample_from_datasets(
+            [same.shard(2, 0), same.shard(2, 1)], seed=1).batch(B)),
         "same": lambda m: m.fit(same.shuffle(N).batch(B), validation_data=same.batch(B), epochs=2,
                                 verbose=0),
         "augmented": lambda m: m.fit(same.map(lambda a, b: (a + tf.random.uniform([8]), b)).batch(B),

@@ -624,14 +624,17 @@ def test_datasets_that_differ_between_ranks_fail_every_rank_once_their_first_bat
         assert "tnt_distribute_dataset=False" in r0[key]["message"], key  # what to do
     # not refused: the same data (an unseeded shuffle is seeded alike), and augmentation
     # drawn at random on each rank (each sample is still used once: not compared)
-    for key in ("same", "augmented", "shuffle_in_interleave_seeded"):
+    for key in ("same", "augmented", "shuffle_in_interleave_seeded", "sample_from_datasets_seeded"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
     # a shuffle without a seed where tnt cannot give it one (inside an interleave's function, in
     # a zip's input): refused on every rank before the first step, saying how to seed it
-    for key, where in (("shuffle_in_interleave", "the function of _InterleaveDataset"),
-                       ("shuffle_before_enumerate", "an input of a zip (or enumerate)")):
+    for key, what in (
+            ("shuffle_in_interleave", "a shuffle() without a seed in the function of "
+                                      "_InterleaveDataset"),
+            ("shuffle_before_enumerate", "a shuffle() without a seed in an input of a zip (or "
+                                         "enumerate)"),
+            ("sample_from_datasets", "a sample_from_datasets() without a seed")):
         assert r0[key]["error"] == r1[key]["error"] == "ValueError", (key, r0[key], r1[key])
         assert r0[key]["message"].startswith(
-            f"The dataset has a shuffle() without a seed in {where}, where Tarantella cannot add "
-            "one"), r0[key]["message"]
+            f"The dataset has {what}, where Tarantella cannot add one"), r0[key]["message"]
         assert "keras.utils.set_random_seed" in r0[key]["message"]

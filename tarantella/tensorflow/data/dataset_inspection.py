@@ -100,22 +100,32 @@ def _unseeded_shuffle_in(graph_def):
     return False
 
 
+def _unseeded_random(ds):
+    return type(ds).__name__ == "_RandomDataset" and _static(getattr(ds, "_seed", 1)) == 0 \
+        and _static(getattr(ds, "_seed2", 1)) == 0
+
+
 def hidden_unseeded_shuffles(dataset):
-    """The datasets of the pipeline (named by their op) that hold a shuffle
-    without a seed where no rebuild of the chain can reach it: inside a
-    function (`interleave(lambda f: TFRecordDataset(f).shuffle(n))`,
-    `flat_map`), or in an input of a zip (`enumerate()` is one)."""
+    """What in the pipeline draws the order of the samples without a seed
+    where no rebuild of the chain can reach it, each said as "a shuffle()
+    without a seed in <where>": inside a function
+    (`interleave(lambda f: TFRecordDataset(f).shuffle(n))`, `flat_map`), in
+    an input of a zip (`enumerate()` is one), or the random choice of
+    `sample_from_datasets(..., seed=None)`."""
     in_chain = {id(ds) for ds in chain(dataset)}
     hidden = []
     for ds in _datasets(dataset):
         name = type(ds).__name__
         if id(ds) not in in_chain and ds in unseeded_shuffles(ds):
-            hidden.append("an input of a zip (or enumerate)")
+            hidden.append("a shuffle() without a seed in an input of a zip (or enumerate)")
+        if name == "_DirectedInterleaveDataset" and any(
+                _unseeded_random(d) for d in _datasets(getattr(ds, "_selector_input", None))):
+            hidden.append("a sample_from_datasets() without a seed")
         for value in vars(ds).values():
             graph = getattr(getattr(value, "function", None), "graph", None)
             try:
                 if graph is not None and _unseeded_shuffle_in(graph.as_graph_def()):
-                    hidden.append(f"the function of {name}")
+                    hidden.append(f"a shuffle() without a seed in the function of {name}")
             except (AttributeError, ValueError, TypeError):
                 pass
     return hidden

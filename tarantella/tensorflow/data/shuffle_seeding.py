@@ -89,10 +89,10 @@ def seed_unseeded_shuffles(dataset, seed=DEFAULT_SEED):
         # different samples (some trained on twice, others never), and a pipeline with a
         # function (a stateful one, as such a shuffle is) is not compared by first_batches
         raise ValueError(
-            f"The dataset has a shuffle() without a seed in {' and '.join(sorted(set(hidden)))}, "
-            "where Tarantella cannot add one: every rank would shuffle differently and their "
-            "global batches would mix other samples. Pass a seed to that shuffle "
-            "(`shuffle(buffer_size, seed=42)`), or set a global seed, the same on every rank "
+            f"The dataset has {' and '.join(sorted(set(hidden)))}, where Tarantella cannot add "
+            "one: every rank would shuffle differently and their global batches would mix other "
+            "samples. Pass it a seed (`shuffle(buffer_size, seed=42)`, `sample_from_datasets(..., "
+            "seed=42)`), or set a global seed, the same on every rank "
             "(`keras.utils.set_random_seed(42)`), before building the dataset")
     ops = dataset_inspection.chain(dataset)
     unseeded = dataset_inspection.unseeded_shuffles(dataset)
