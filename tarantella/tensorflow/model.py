@@ -794,7 +794,15 @@ class Model(keras.Model):
     def set_weights(self, weights):
         """Set the weights on every rank to the master rank's `weights` (collective)."""
         master_only.refuse("tnt.Model.set_weights")
-        super().set_weights(weights)
+        error = None
+        try:
+            super().set_weights(weights)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
+            error = exc
+        # called on some ranks only, or failing on one (weights of other shapes): every rank
+        # fails here, instead of waiting in the broadcast until TNT_TIMEOUT_S
+        call_agreement.check("set_weights", self, self._tnt_agreement, not self._tnt_synced,
+                             error=error)
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
         self._tnt_synced = True
 

@@ -1114,12 +1114,15 @@ def check_rank_only_saves(tnt, files):
         "save_weights_on_master": on_master(lambda m: m.save_weights(wpath)),
         "load_weights_on_master": on_master(lambda m: m.load_weights(wpath)),
         "load_model_on_master": on_master(lambda m: tnt.models.load_model(path)),
+        "set_weights_on_master": on_master(lambda m: m.set_weights(m.get_weights())),
         "save_to_a_missing_directory": lambda m: m.save(missing),
         "save_model_to_a_missing_directory": lambda m: tnt.models.save_model(m.model, missing),
         "load_weights_missing_on_rank_1": lambda m: m.load_weights(
             wpath if rank == 0 else os.path.join(files, "none.weights.h5")),
         "load_model_missing_on_rank_1": lambda m: tnt.models.load_model(
             path if rank == 0 else os.path.join(files, "none.keras")),
+        "set_weights_of_other_shapes_on_rank_1": lambda m: m.set_weights(
+            m.get_weights() if rank == 0 else m.get_weights()[:1]),
         "fit_after": lambda m: m.fit(ds, epochs=1, verbose=0),
     })
 

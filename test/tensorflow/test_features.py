@@ -549,7 +549,8 @@ def test_a_save_or_load_on_some_ranks_only_fails_every_rank_at_once(runs):
     lead = "the ranks are not in the same call on one model: the call (rank 0: "
     for key, call in (("save_on_master", "save"), ("save_weights_on_master", "save_weights"),
                       ("load_weights_on_master", "load_weights"),
-                      ("load_model_on_master", "load_model")):
+                      ("load_model_on_master", "load_model"),
+                      ("set_weights_on_master", "set_weights")):
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
         assert r0[key]["message"] == r1[key]["message"], key
         assert r0[key]["message"].startswith(f"{lead}{call}, rank 1: fit)"), r0[key]["message"]
@@ -561,7 +562,8 @@ def test_a_save_or_load_on_some_ranks_only_fails_every_rank_at_once(runs):
             ("save_to_a_missing_directory", r0, r1, "FileNotFoundError"),
             ("save_model_to_a_missing_directory", r0, r1, "FileNotFoundError"),
             ("load_weights_missing_on_rank_1", r1, r0, "FileNotFoundError"),
-            ("load_model_missing_on_rank_1", r1, r0, "ValueError")):
+            ("load_model_missing_on_rank_1", r1, r0, "ValueError"),
+            ("set_weights_of_other_shapes_on_rank_1", r1, r0, "ValueError")):
         assert failing[key]["error"] == error, (key, failing[key])
         assert other[key]["error"] == "TarantellaError", (key, other[key])
         assert f"failed on rank(s) [{1 if failing is r1 else 0}]" in other[key]["message"], other[key]
