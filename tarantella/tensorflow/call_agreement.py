@@ -39,7 +39,6 @@ also carries whether each rank's own part failed (the master's write: a
 missing directory, a full disk; a rank's read of the file), so that every rank
 raises instead of the others waiting for it.
 """
-import itertools
 import numbers
 import zlib
 
@@ -70,20 +69,21 @@ PER_BATCH_HINT = (
     "on their first call of each kind after compile. Compile, freeze and call alike on every rank.")
 
 
-_first_used = itertools.count()  # the next tnt.Model's number (State.ordinal)
+_numbered = [0]  # how many tnt.Models have a number (State.ordinal): the next one's
 
 
 class State:
     """What a tnt.Model's calls agree on that is the model's own (a plain
     object, so that Keras does not track it): its number among the process's
-    tnt.Models in the order their first call began, and the per-batch calls
+    tnt.Models in the order their first calls agreed, and the per-batch calls
     agreed on since its last compile.
 
     The number tells apart two models of the same shapes and compile (rank 0
     in model_a.fit, rank 1 in model_b.fit: their requests have the same names,
     so the ranks paired up and averaged the two models' gradients without a
-    word). It is taken at the first call, not when the model is made: a rank
-    may make models of its own (the master loading a checkpoint to inspect
+    word). It is taken once the model's first call has agreed on every rank
+    (a refused call numbers nothing, so the later models' numbers stay alike),
+    not when the model is made: a rank may make models of its own (the master loading a checkpoint to inspect
     it) as long as it makes no collective call on them. Two models that both
     begin their first call then still pair up (each is number n on its rank)."""
 
@@ -116,8 +116,10 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
         if error is not None:
             raise error
         return
-    if state is not None and state.ordinal is None:
-        state.ordinal = next(_first_used)
+    # a model's number is taken once its first call agreed: a call refused (made on one rank
+    # only) numbers nothing, so the ranks' next models still have the same numbers
+    ordinal = None if state is None else (
+        _numbered[0] if state.ordinal is None else state.ordinal)
     keras_model = None if model is None else getattr(model, "model", model)
     # A model whose weights are made at its first call (a subclassed one, a Sequential without
     # an Input) may be built on some ranks only (the master called it to have a look): the
@@ -132,7 +134,7 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
     call = step_counts.Group({
         "the call": what,
         "which tnt.Model it is (each rank numbers its models in the order of their first fit, "
-        "evaluate, predict or *_on_batch call)": unknown if state is None else state.ordinal,
+        "evaluate, predict or *_on_batch call)": unknown if ordinal is None else ordinal,
         "whether the model broadcasts the master's weights first, as after compile, set_weights "
         "or load_weights": bool(broadcasts_first),
         "the number of trainable variables": len(trainable) if built else unknown,
@@ -161,6 +163,9 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
         step_counts.check_groups("tnt.call", [call, *groups], [row[:-1] for row in rows])
     except MismatchError as mismatch:
         raise mismatch from error
+    if state is not None and state.ordinal is None:
+        state.ordinal = ordinal
+        _numbered[0] += 1
 
 
 def check_once(what, model, state, broadcasts_first, batch):
