@@ -18,7 +18,11 @@ counts one per update: serially one per step, on N ranks N per step, each
 rank's value over its own slice. `weight_step_means` makes such an update
 inside a tnt.Model step count b_r / B, this rank's share of the global batch:
 the ranks' shares then add up to the serial step's count of one and value
-(a batch mean's shares add up to the global batch's mean).
+(a batch mean's shares add up to the global batch's mean). tnt.Model applies
+it at compile and again whenever it traces a step, so that a tracker added
+to the model after compile counts alike. A `keras.metrics.Sum` is left as it
+is: a scalar it adds is most often a total over the slice (a sample count, a
+sum of losses), whose sum over the ranks is already the serial value.
 """
 import keras
 import tensorflow as tf
@@ -129,7 +133,7 @@ def weight_step_means(metrics):
     share of the global batch, b_r / B (see the module's docstring). The
     class is swapped in place (class_swap), as for optimizers: the object,
     its state and `isinstance` checks stay. Outside a step (one rank, user code) nothing
-    changes."""
+    changes. Idempotent: a swapped metric's `update_state` is its own."""
     for metric in metrics:
         if isinstance(metric, keras.metrics.Mean) and \
                 type(metric).update_state is keras.metrics.Mean.update_state:

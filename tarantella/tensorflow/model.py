@@ -360,6 +360,7 @@ class Model(keras.Model):
         # mean gradient even when micro-batches differ in size or are empty.
         local_batch = _first_dim(x)
         self._tnt_step.local_batch = local_batch
+        weight_step_means(self.model.metrics)  # also trackers made after compile
         try:
             with step_context.step(local_batch) as step:
                 moving = batch_normalization.moving_statistics(
@@ -444,6 +445,7 @@ class Model(keras.Model):
             return self.model.test_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         local_batch = _first_dim(x)
+        weight_step_means(self.model.metrics)  # also trackers made after compile
         with step_context.step(local_batch) as step:
             logs = self._unless_empty("test", local_batch, lambda: self.model.test_step(data), step)
         return self._global_logs(logs, local_batch)

@@ -142,6 +142,42 @@ class GuideSteps(CallInputsOnly):
         return {m.name: m.result() for m in self.metrics}
 
 
+class LateTrackers(CallInputsOnly):
+    """Trackers added to the model after compile (it is built at its first
+    call, so Keras lets it), each updated with one value and no sample
+    weight: a Mean of the batch's loss (each rank's update counted once,
+    val_late_loss off by 1e-3: only the trackers seen at compile counted
+    this rank's share of the batch), and a Sum of the batch's samples (a
+    total over the slice: the ranks' values add up to serial's)."""
+
+    def add_trackers(self):
+        self.late_loss = keras.metrics.Mean(name="late_loss")
+        self.samples = keras.metrics.Sum(name="samples")
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return self._update(x, y, y_pred, loss)
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x)
+        return self._update(x, y, y_pred, self.compute_loss(y=y, y_pred=y_pred))
+
+    def _update(self, x, y, y_pred, loss):
+        self.late_loss.update_state(loss)
+        self.samples.update_state(tf.shape(x)[0])
+        return self.compute_metrics(x, y, y_pred)
+
+
+def late_trackers():
+    keras.utils.set_random_seed(11)
+    return LateTrackers()
+
+
 def guide_steps():
     keras.utils.set_random_seed(10)
     return GuideSteps()
@@ -294,6 +330,9 @@ def scenarios(size):
                                  val=(xmv, ymv)),
         "sub_guide_steps": dict(build=guide_steps, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
                                 val=(xmv, ymv)),
+        # a Mean and a Sum updated with one value per step, made after compile (uneven slices)
+        "sub_late_trackers": dict(build=late_trackers, opt=sgd, B=25, kind="dataset", x=xm, y=ym,
+                                  val=(xmv, ymv), sizes=(2, 3)),
         # train/test/predict_on_batch, run eagerly, from rank-dependent initial weights
         "mlp_on_batch_eager": dict(build=mlp, opt=sgd, B=25, kind="on_batch", x=xm, y=ym,
                                    val=(xmv, ymv)),
@@ -374,6 +413,8 @@ def run(name, s, reference, out):
     if not reference:
         model = tnt.Model(model)
     compile_(model, s["opt"](), s["loss"]() if "loss" in s else None, **s.get("compile", {}))
+    if hasattr(model, "add_trackers"):  # (tnt.Model: the wrapped model's)
+        model.add_trackers()  # after compile, before the first step
     B, x, y, kw = s["B"], s["x"], s["y"], {}
     val = s["val"]
     train = (x, y, s["sw"]) if "sw" in s else (x, y)
