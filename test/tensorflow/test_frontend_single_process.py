@@ -470,6 +470,19 @@ def test_callback_rules():
         tnt.keras.callbacks.Callback(keras.callbacks.EarlyStopping(), run_on_all_ranks=False)
     with pytest.raises(ValueError, match="BackupAndRestore"):
         tnt.keras.callbacks.Callback(keras.callbacks.BackupAndRestore("/tmp/x"))
+    # callbacks that decide from their logs, on every rank, with each rank's own logs: they
+    # acted apart (a save_best_only checkpoint saved on one rank, whose save waited for the
+    # others until TNT_TIMEOUT_S; a learning rate reduced on some ranks)
+    for decides in (keras.callbacks.EarlyStopping(), keras.callbacks.ReduceLROnPlateau(),
+                    keras.callbacks.TerminateOnNaN(),
+                    keras.callbacks.ModelCheckpoint("/tmp/x.keras", save_best_only=True)):
+        with pytest.raises(ValueError, match="aggregate_logs=False each rank would decide"):
+            tnt.keras.callbacks.Callback(decides, aggregate_logs=False)
+    alone = keras.callbacks.ModelCheckpoint("/tmp/x.keras", save_best_only=True)
+    assert not tnt.keras.callbacks.Callback(alone, aggregate_logs=False,
+                                            run_on_all_ranks=False).aggregate_logs
+    assert not tnt.keras.callbacks.Callback(keras.callbacks.ModelCheckpoint("/tmp/x.keras"),
+                                            aggregate_logs=False).aggregate_logs
     history = keras.callbacks.History()
     wrapped = tnt.keras.callbacks.Callback(history, aggregate_logs=False)
     assert wrapped is history and isinstance(wrapped, keras.callbacks.History)

@@ -12,6 +12,17 @@ from tarantella.tensorflow import class_swap
 _DECIDING = (keras.callbacks.EarlyStopping, keras.callbacks.ReduceLROnPlateau,
              keras.callbacks.LearningRateScheduler, keras.callbacks.TerminateOnNaN)
 
+
+def _decides_from_logs(callback):
+    """Whether what the callback does on a rank depends on the logs' values:
+    each rank must then see the same (global) logs. A ModelCheckpoint with
+    save_best_only saves (a save every rank joins) when its monitor improves."""
+    if isinstance(callback, keras.callbacks.ModelCheckpoint):
+        return bool(getattr(callback, "save_best_only", False))
+    return isinstance(callback, (keras.callbacks.EarlyStopping, keras.callbacks.ReduceLROnPlateau,
+                                 keras.callbacks.TerminateOnNaN))
+
+
 # Callbacks that write the job's one file, stream of events or progress bar
 WRITERS = (keras.callbacks.CSVLogger, keras.callbacks.RemoteMonitor, keras.callbacks.TensorBoard,
            keras.callbacks.ProgbarLogger)
@@ -54,7 +65,10 @@ class Callback(keras.callbacks.Callback):
         callback: A `keras.callbacks.Callback` instance.
         aggregate_logs: Boolean, default True. True: the callback sees the
             global logs (every metric computed over all ranks' samples, equal
-            to serial training). False: it sees this rank's local metrics.
+            to serial training). False: it sees this rank's local metrics
+            (refused for a callback that decides from them on every rank:
+            EarlyStopping, ReduceLROnPlateau, TerminateOnNaN, a
+            ModelCheckpoint with save_best_only).
         run_on_all_ranks: Boolean. False: the callback runs on the master
             rank only. Unset: where tnt.Model would run it unwrapped (the
             writers above on the master only, every other callback on every
@@ -86,6 +100,16 @@ class Callback(keras.callbacks.Callback):
             raise ValueError(
                 f"{type(callback).__name__} must run on every rank: it changes training, so ranks "
                 f"running it differently would diverge. Received: run_on_all_ranks=False")
+        if run_on_all_ranks and not aggregate_logs and _decides_from_logs(callback):
+            # each rank would decide from its own slice's metrics: a learning rate or a stop
+            # on some ranks only, or a save the other ranks never join (until TNT_TIMEOUT_S)
+            raise ValueError(
+                f"{type(callback).__name__} decides from the logs it sees, on every rank: with "
+                "aggregate_logs=False each rank would decide from its own slice's metrics, and the "
+                "ranks would act apart. Keep aggregate_logs=True (the global logs, as in serial "
+                "training), or run it on the master only (run_on_all_ranks=False), where a "
+                "ModelCheckpoint may decide alone. Received: aggregate_logs=False, "
+                "run_on_all_ranks=True")
         if isinstance(callback, Callback):
             callback._tnt_aggregate_logs = bool(aggregate_logs)
             callback._tnt_run_on_all_ranks = bool(run_on_all_ranks)
