@@ -50,30 +50,57 @@ def global_logs(logs, metrics, local_batch, name="tnt.metrics"):
     "loss" that a custom train_step computed from its batch, while Keras'
     loss tracker (also "loss") was never updated, is not the tracker's
     result; the ranks decide together (a rank with an empty slice has no
-    say), so they show the same logs. Any other entry is the mean of the
-    ranks' values weighted by their micro-batch sizes."""
+    say), so they show the same logs. An entry that is not its namesake's
+    result (or has none) but equals exactly one other metric's result on
+    every rank is that metric's global result: Keras' VAE guide returns
+    `{"loss": self.total_loss_tracker.result()}`. Any other entry (several
+    metrics equal to it: ambiguous) is the mean of the ranks' values weighted
+    by their micro-batch sizes."""
     local = _by_name(metrics, [m.result() for m in metrics])
     flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(logs)]
     weight = tf.cast(local_batch, tf.float64)
-    matches = {}  # log entry -> scalar bool: this rank's value is that metric's result
+    # log entry -> [(a metric result's name, scalar bool: this rank's value is that result)],
+    # its namesake first
+    candidates = {}
     for key, value in (logs.items() if isinstance(logs, dict) else []):
-        if key in local and _same_layout(value, local[key]):
-            matches[key] = tf.logical_or(local_batch <= 0, _equal(value, local[key]))
-    extra = [tf.cast(t, tf.float64) * weight for t in flat] + [weight] + [
-        tf.cast(tf.logical_not(m), tf.float64) for m in matches.values()]
+        for other in [key] * (key in local) + [n for n in local if n != key]:
+            if _same_layout(value, local[other]):
+                candidates.setdefault(key, []).append(
+                    (other, tf.logical_or(local_batch <= 0, _equal(value, local[other]))))
+    flags = [tf.cast(tf.logical_not(m), tf.float64) for c in candidates.values() for _, m in c]
+    extra = [tf.cast(t, tf.float64) * weight for t in flat] + [weight] + flags
     results, summed = _global_results(metrics, extra, name)
     total, mismatches = summed[len(flat)], summed[len(flat) + 1:]
     means = tf.nest.pack_sequence_as(logs, [
         tf.cast(tf.math.divide_no_nan(s, total), t.dtype) for s, t in zip(summed, flat)])
-    if not matches:
+    if not candidates:
         return means
     results = _by_name(metrics, results)
-    out = dict(means)
-    for (key, _), mismatch in zip(matches.items(), mismatches):
-        out[key] = tf.nest.map_structure(
-            lambda result, mean: tf.where(mismatch == 0, tf.cast(result, mean.dtype), mean),
-            results[key], means[key])
+    out, offset = dict(means), 0
+    for key, cands in candidates.items():
+        matched = [mismatch == 0 for mismatch in mismatches[offset:offset + len(cands)]]
+        offset += len(cands)
+        out[key] = _pick(key, [n for n, _ in cands], matched, results, means[key])
     return {k: out[k] for k in logs}
+
+
+def _pick(key, names, matched, results, mean):
+    """The global result of the metric that entry `key` is, else `mean`: its
+    namesake's (names[0] == key) where all ranks matched it, else the one
+    other metric's that all ranks matched (none or several: `mean`)."""
+    named = names[0] == key
+    others = list(zip(names, matched))[1 if named else 0:]
+    count = tf.add_n([tf.cast(m, tf.int32) for _, m in others]) if others else 0
+    choices = [(tf.logical_and(m, count == 1), n) for n, m in others]
+    if named:
+        choices.append((matched[0], key))  # last: it wins
+    picked = mean
+    for chosen, name in choices:
+        picked = tf.nest.map_structure(
+            lambda result, current, chosen=chosen: tf.where(chosen, tf.cast(result, current.dtype),
+                                                            current),
+            results[name], picked)
+    return picked
 
 
 def _global_results(metrics, extra, name):

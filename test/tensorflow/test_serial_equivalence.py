@@ -19,7 +19,7 @@ weights and a mask (per-timestep loss of padded sequences), a two-output model
 (per-output losses, loss weights, EarlyStopping on val_reg_loss), Dropout,
 AlphaDropout, GaussianNoise and GaussianDropout (the serial noise),
 SpatialDropout1D by train_on_batch (micro-batches of a static 1), a Mean and a Sum tracker
-added after compile, synchronised BatchNormalization, fit(x, y, shuffle=True) after
+added after compile, metrics' results logged under other names, synchronised BatchNormalization, fit(x, y, shuffle=True) after
 set_random_seed, and mixed_float16 (the loss scale of every step must be
 serial Keras').
 
