@@ -6,8 +6,9 @@ summing the variables over ranks and computing the result from the sums gives
 exactly the serial value; averaging per-rank *results* would not when ranks
 see different numbers of samples. The loss tracker is updated with the local
 batch size as sample weight, so its summed (total, count) is the global mean
-loss. Metrics whose state is not a sum (e.g. PearsonCorrelation, a mean of
-per-batch values) are only approximately global.
+loss. Metrics that average one value per batch (PearsonCorrelation with
+axis=0, a correlation over the batch's samples) are only approximately global;
+with the default axis=-1 (one value per sample) they are exact.
 
 The metric variables keep their local values; only the returned results are
 global (`stateless_result`), so the per-rank state never double-counts.
