@@ -366,8 +366,8 @@ class Model(keras.Model):
                 moving = batch_normalization.moving_statistics(
                     batch_normalization.unsynchronized(self.model))
 
-                def train():
-                    logs = self.model.train_step(data)
+                def train(batch):
+                    logs = self.model.train_step(batch)
                     # identical weights on every rank (see batch_normalization.py)
                     batch_normalization.average_moving_statistics(moving, local_batch, step)
                     return logs
@@ -376,15 +376,15 @@ class Model(keras.Model):
                     batch_normalization.average_moving_statistics(moving, 0, step)
 
                 if self._tnt_step.train_may_be_empty:
-                    logs = self._unless_empty("train", local_batch, train, step, after_skip)
+                    logs = self._unless_empty("train", local_batch, train, data, step, after_skip)
                 else:  # no empty-slice branch: a smaller graph to trace (bench/startup.py)
-                    logs = train()
+                    logs = train(data)
             return self._global_logs(logs, local_batch)
         finally:
             self._tnt_step.local_batch = None
 
-    def _unless_empty(self, kind, local_batch, run_step, step, after_skip=None):
-        """`run_step()`'s logs; a rank whose slice of the last, partial batch is
+    def _unless_empty(self, kind, local_batch, run_step, data, step, after_skip=None):
+        """`run_step(data)`'s logs; a rank whose slice of the last, partial batch is
         empty does not run the model (some TF kernels, e.g. oneDNN
         convolutions, fail on an empty batch) but still takes part in every
         collective of the step, in the same order: the step context's requests
@@ -393,9 +393,9 @@ class Model(keras.Model):
         then `after_skip()`; it returns zeros of the logs' structure."""
         state = self._tnt_step
 
-        def run():
+        def run(batch=data):
             with distributed_optimizer.record_applies() as applies:
-                logs = tf.nest.map_structure(tf.convert_to_tensor, run_step())
+                logs = tf.nest.map_structure(tf.convert_to_tensor, run_step(batch))
             state.logs[kind] = tf.nest.map_structure(
                 lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
             state.applies[kind] = applies
@@ -430,7 +430,13 @@ class Model(keras.Model):
             # statistics, Dropout's offset), and the other ranks would wait for
             # it. Traced, tf.cond traces the real branch first: this one step
             # runs as a function, and later eager steps replay what it logged.
-            return tf.function(lambda: tf.cond(local_batch > 0, run, skip), autograph=False)()
+            # The batch's first dimension is traced as unknown, as in a step
+            # Keras traces: a static 0 changes what the real branch issues (a
+            # tracker's update_state(loss) saw a loss of shape (0,), no scalar,
+            # and skipped the batch sizes' allreduce the other ranks made).
+            return tf.function(lambda: tf.cond(
+                local_batch > 0, lambda: run(tf.nest.map_structure(_unknown_batch, data)), skip),
+                autograph=False)()
         return tf.cond(local_batch > 0, run, skip)
 
     def _global_logs(self, logs, local_batch):
@@ -447,7 +453,7 @@ class Model(keras.Model):
         local_batch = _first_dim(x)
         weight_step_means(self.model.metrics)  # also trackers made after compile
         with step_context.step(local_batch) as step:
-            logs = self._unless_empty("test", local_batch, lambda: self.model.test_step(data), step)
+            logs = self._unless_empty("test", local_batch, self.model.test_step, data, step)
         return self._global_logs(logs, local_batch)
 
     def predict_step(self, data):
@@ -963,6 +969,15 @@ def model_from_config(config, custom_objects=None):
 def _allgather_tensor(tensor):
     """The rank-ordered concatenation of every rank's rows (predict's outputs)."""
     return collective_ops.allgather_tensors([tensor], ["tnt.predict"])[0]
+
+
+def _unknown_batch(t):
+    """A tensor or array `t` as a tensor whose first dimension is statically
+    unknown (its value unchanged); anything else as it is."""
+    if isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape):
+        t = tf.convert_to_tensor(t)
+        return tf.compat.v1.placeholder_with_default(t, [None] + t.shape[1:].as_list())
+    return t
 
 
 def _rank_slice(batch):

@@ -477,6 +477,25 @@ def list_arrays(tnt, reference):
             "predict": [np.asarray(p).tolist() for p in predicted]}
 
 
+class OneValueTracker(keras.Model):
+    """A test step that updates a Mean tracker with its batch's loss alone
+    (Keras' guides): inside tnt, a share of the global batch, which sums the
+    batch sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+        self.tracker = keras.metrics.Mean(name="tracked")
+
+    def call(self, x):
+        return self.dense(x)
+
+    def test_step(self, data):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        self.tracker.update_state(self.compute_loss(x=x, y=y, y_pred=self(x)))
+        return {"tracked": self.tracker.result()}
+
+
 def empty_slices(tnt, reference):
     """Steps in which rank 1's slice is empty (a last batch of 1 sample):
     - fit of a model with synchronised BatchNormalization layers (one over
@@ -485,7 +504,10 @@ def empty_slices(tnt, reference):
       and name its gradient requests alike;
     - run eagerly, with a summed loss (a global normaliser: the step sums the
       batch sizes), train_on_batch whose very first batch is smaller than the
-      ranks, then a full one, then another of 1 sample."""
+      ranks, then a full one, then another of 1 sample; test_on_batch alike of
+      a model whose test step updates a tracker with one value (the empty
+      rank's first step, traced with a static batch of 0, saw a loss of
+      shape (0,), skipped the batch sizes' sum: a timeout)."""
     keras.utils.set_random_seed(11)
     model = keras.Sequential([
         keras.Input((4, 8)), keras.layers.Dense(6, activation="relu"),
@@ -509,6 +531,14 @@ def empty_slices(tnt, reference):
     out["eager_losses"] = [float(model.train_on_batch(x[a:b], y[a:b]))
                            for a, b in ((0, 1), (1, 21), (21, 22))]
     out["eager_weights"] = weights(model)
+    keras.utils.set_random_seed(12)
+    model = OneValueTracker()
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer="sgd", run_eagerly=True,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    out["eager_tracked"] = [float(model.test_on_batch(x[a:b], y[a:b], return_dict=True)["tracked"])
+                            for a, b in ((0, 1), (1, 21), (21, 22))]
     return out
 
 

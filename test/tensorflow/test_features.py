@@ -208,7 +208,8 @@ def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
     gradient without a static shape, so the names differed: a timeout), and,
     run eagerly, make the same requests (the first step knew nothing of a
     summed loss's normaliser, later ones summed the weights once more: a
-    timeout)."""
+    timeout; a tracker updated with one value skipped the batch sizes' sum in
+    the first step: a timeout)."""
     ref = runs["ref"]["empty_slices"]
     for rank in runs["ranks"]:
         got = rank["empty_slices"]
@@ -218,6 +219,7 @@ def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
         np.testing.assert_allclose(got["batch_norm_predict"], ref["batch_norm_predict"],
                                    rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got["eager_losses"], ref["eager_losses"], rtol=1e-6)
+        np.testing.assert_allclose(got["eager_tracked"], ref["eager_tracked"], rtol=1e-6)
     assert runs["ranks"][0]["empty_slices"] == runs["ranks"][1]["empty_slices"]
 
 
