@@ -1,27 +1,32 @@
 """Write a file or directory so that an interrupted save never replaces a
 good one with a half-written one: write next to the target, then rename."""
+import ctypes
+import errno
 import os
 import re
 import shutil
 
+from tarantella.common.logging import get_logger
+
 _TMP_MARK = ".tnt-tmp-"
+_OLD_MARK = ".tnt-old-"  # a replaced directory, moved aside where it could not be exchanged
 
 
 def _is_local(path):
     return "://" not in path
 
 
-def _twin_parts(path):
+def _twin_parts(path, mark=_TMP_MARK):
     directory, base = os.path.split(path)
     stem, dot, rest = base.partition(".")
-    return directory, f".{stem}{_TMP_MARK}", f"{dot}{rest}"
+    return directory, f".{stem}{mark}", f"{dot}{rest}"
 
 
-def temporary_twin(path, pid=None):
+def temporary_twin(path, pid=None, mark=_TMP_MARK):
     """A path in the same directory (same filesystem, so the rename is atomic)
     whose name ends like `path` (Keras checks suffixes such as `.keras` and
     `.weights.h5`): `.NAME.tnt-tmp-<pid>.keras` for `NAME.keras`."""
-    directory, head, tail = _twin_parts(path)
+    directory, head, tail = _twin_parts(path, mark)
     return os.path.join(directory, f"{head}{os.getpid() if pid is None else pid}{tail}")
 
 
@@ -37,6 +42,37 @@ def _process_exists(pid):
     return True
 
 
+def _dead_twins(path, mark):
+    """The twins of `path` with `mark` (as `temporary_twin` names them) whose
+    process no longer exists, newest first."""
+    directory, head, tail = _twin_parts(path, mark)
+    pattern = re.compile(re.escape(head) + r"([0-9]+)" + re.escape(tail) + r"\Z")
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return []
+    dead = [os.path.join(directory, name) for name in names
+            if (match := pattern.match(name)) and not _process_exists(int(match.group(1)))]
+    return sorted(dead, key=_mtime, reverse=True)
+
+
+def _mtime(path):
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0  # removed meanwhile
+
+
+def _remove(path):
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    except FileNotFoundError:
+        pass  # another save removed it first
+
+
 def remove_stale_twins(path):
     """Remove the temporaries that interrupted saves of `path` left behind
     (killed before their rename or clean-up): those named as
@@ -44,25 +80,46 @@ def remove_stale_twins(path):
     concurrent save's temporary (its process is alive) is left alone; so is
     anything of another target. The pid is looked up on this host: saves of
     one target from several hosts at once are not supported anyway (the last
-    rename would win)."""
-    directory, head, tail = _twin_parts(path)
-    pattern = re.compile(re.escape(head) + r"([0-9]+)" + re.escape(tail) + r"\Z")
+    rename would win).
+
+    A directory a save moved aside (`_swap_in` where the exchange is refused)
+    is the user's last good save if that save was killed before moving the
+    new one in: with `path` missing it is put back (and said so), otherwise
+    it is stale."""
+    for old in _dead_twins(path, _OLD_MARK):
+        if not os.path.lexists(path):
+            try:
+                os.rename(old, path)
+                get_logger().warning(f"{path} was missing: a save of it was interrupted after "
+                                     f"moving it aside; restored it from {old}")
+                continue
+            except OSError:
+                pass  # another save put one there first
+        _remove(old)
+    for stale in _dead_twins(path, _TMP_MARK):
+        _remove(stale)
+
+
+def explain_missing(error, path):
+    """`error` (a load of `path` failed), or, where `path` is missing because
+    a save was killed after moving it aside (see remove_stale_twins), a
+    FileNotFoundError that names where the user's last good save is. Never
+    raises (it runs on one rank's failure, before the ranks agree)."""
     try:
-        names = os.listdir(directory or ".")
-    except OSError:
-        return
-    for name in names:
-        match = pattern.match(name)
-        if not match or _process_exists(int(match.group(1))):
-            continue
-        stale = os.path.join(directory, name)
-        try:
-            if os.path.isdir(stale) and not os.path.islink(stale):
-                shutil.rmtree(stale)
-            else:
-                os.remove(stale)
-        except FileNotFoundError:
-            pass  # another save removed it first
+        path = os.fspath(path)
+    except TypeError:
+        return error  # a file object
+    if not _is_local(path) or os.path.lexists(path):
+        return error
+    aside = _dead_twins(path, _OLD_MARK)
+    if not aside:
+        return error
+    explained = FileNotFoundError(
+        f"{path} is missing because a save of it was interrupted: the last good save is "
+        f"{aside[0]} (the next save of {path} puts it back; or rename it yourself). "
+        f"The load raised: {error}")
+    explained.__cause__ = error
+    return explained
 
 
 def atomic_save(path, save_fn, siblings=False):
@@ -84,12 +141,7 @@ def atomic_save(path, save_fn, siblings=False):
     try:
         result = save_fn(tmp)
         if os.path.isdir(tmp):
-            # a directory cannot replace another atomically: swap it in with two renames
-            old = tmp + ".old"
-            if os.path.exists(path):
-                os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            _swap_in(tmp, path)
         else:
             os.replace(tmp, path)
         return result
@@ -98,6 +150,61 @@ def atomic_save(path, save_fn, siblings=False):
             shutil.rmtree(tmp, ignore_errors=True)
         elif os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _swap_in(new, path):
+    """Put the directory `new` at `path`. rename() cannot replace a non-empty
+    directory: the two are exchanged in one step where the file system can
+    (Linux renameat2 RENAME_EXCHANGE), so that `path` holds the old directory
+    or the new one at every instant, then the old one (now at `new`) is
+    removed. Elsewhere the old one is moved aside first, as
+    `.NAME.tnt-old-<pid>`: a kill between the two renames leaves it there, and
+    the next save puts it back (remove_stale_twins)."""
+    if _exchange(new, path):
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    old = temporary_twin(path, mark=_OLD_MARK)
+    moved = os.path.lexists(path)
+    if moved:
+        os.replace(path, old)
+    try:
+        os.replace(new, path)
+    except Exception:
+        if moved:
+            os.replace(old, path)
+        raise
+    if moved:
+        _remove(old)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+# errors for "this file system (or kernel, or libc) cannot exchange": rename instead
+_CANNOT_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV,
+                    errno.ENOENT}  # ENOENT: no old directory, nothing to exchange with
+_renameat2 = []
+
+
+def _exchange(a, b):
+    """Exchange the paths `a` and `b` atomically; False where that is not
+    possible here (not Linux, an old libc, a file system that refuses it, or
+    `b` missing), for the caller to rename instead."""
+    if not _renameat2:
+        try:
+            function = ctypes.CDLL(None, use_errno=True).renameat2
+            function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                                 ctypes.c_uint]
+        except (OSError, AttributeError):
+            function = None
+        _renameat2.append(function)
+    if _renameat2[0] is None:
+        return False
+    if _renameat2[0](_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _CANNOT_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), a, None, b)
 
 
 def _save_with_siblings(path, save_fn, tmp_dir):

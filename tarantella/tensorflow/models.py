@@ -12,6 +12,7 @@ import keras
 
 from tarantella.common import core, master_only
 from tarantella.tensorflow import call_agreement, collective_ops
+from tarantella.tensorflow.atomic_save import explain_missing
 from tarantella.tensorflow.model import Model, save_together
 from tarantella.tensorflow.model import model_from_config as _model_from_config
 from tarantella.tensorflow.save_paths import check_model_path, check_save_keywords
@@ -53,7 +54,7 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # 
     try:
         model = _loaded(filepath, custom_objects, compile, safe_mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
-        error = exc
+        error = explain_missing(exc, filepath)
     # a rank that could not read the file fails every rank here, before the broadcast
     call_agreement.check("load_model", model, getattr(model, "_tnt_agreement", None), True,
                          error=error)

@@ -600,6 +600,108 @@ def test_a_save_removes_stale_temporaries_of_its_target(tmp_path):
         ["m.keras", concurrent.name, other_target.name, longer_name.name])
 
 
+def _directory_writer(text):
+    """A save_fn that writes a directory holding `text`, and records its inode."""
+    written = {}
+
+    def write(tmp):
+        os.mkdir(tmp)
+        with open(os.path.join(tmp, "content.txt"), "w") as f:
+            f.write(text)
+        written["inode"] = os.stat(tmp).st_ino
+
+    return write, written
+
+
+def _content(path):
+    return open(os.path.join(path, "content.txt")).read()
+
+
+def test_a_directory_save_swaps_the_directories_in_one_step(tmp_path, monkeypatch):
+    """A directory (zipped=False, export) replaced the old one with two
+    renames, the old one aside first: a save killed between them left no
+    directory at the path. The directories are now exchanged in one step
+    (renameat2 RENAME_EXCHANGE): after every rename the path holds a whole
+    directory, the old one until the new one is there."""
+    from tarantella.tensorflow import atomic_save as module
+
+    path = str(tmp_path / "exported")
+    os.mkdir(path)
+    open(os.path.join(path, "content.txt"), "w").write("old")
+    seen = []  # the path's content after each rename
+
+    def watched(rename):
+        def call(*args):
+            result = rename(*args)
+            seen.append(_content(path) if os.path.isdir(path) else None)
+            return result
+        return call
+
+    monkeypatch.setattr(os, "replace", watched(os.replace))
+    monkeypatch.setattr(os, "rename", watched(os.rename))
+    if hasattr(module, "_exchange"):
+        monkeypatch.setattr(module, "_exchange", watched(module._exchange))
+    write, written = _directory_writer("new")
+    atomic_save(path, write)
+    assert seen == ["new"]  # one step, from the old directory to the new one
+    assert os.stat(path).st_ino == written["inode"]  # moved in, not copied
+    assert os.listdir(tmp_path) == ["exported"]  # the old one removed
+
+
+class _Killed(BaseException):
+    """A kill between two renames (no cleanup but the finally clauses)."""
+
+
+def test_an_interrupted_directory_save_loses_nothing(tmp_path, monkeypatch):
+    """Where the file system refuses the exchange, the old directory is moved
+    aside as `.NAME.tnt-old-<pid>`, then the new one in: a save killed between
+    the two leaves that directory and no target. The next save of the target
+    puts it back before writing (a save that then fails leaves it at the
+    path), and a load of the missing target says where it is; with the target
+    there it is removed as stale. It was named `.NAME.tnt-tmp-<pid>.old`,
+    never put back nor removed, and the load said "File format not
+    supported"."""
+    from tarantella.tensorflow import atomic_save as module
+
+    path = str(tmp_path / "exported")
+    os.mkdir(path)
+    open(os.path.join(path, "content.txt"), "w").write("old")
+    monkeypatch.setattr(module, "_exchange", lambda new, target: False, raising=False)
+    real_replace, calls = os.replace, []
+
+    def replace_then_die(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise _Killed()
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with pytest.raises(_Killed):
+        atomic_save(path, _directory_writer("new")[0])
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not os.path.exists(path)
+    aside = [os.path.join(tmp_path, name) for name in os.listdir(tmp_path)]
+    assert len(aside) == 1 and _content(aside[0]) == "old", aside
+    gone = _gone_pid()  # that save's process is gone
+    os.rename(aside[0], str(tmp_path / f".exported.tnt-old-{gone}"))
+    with pytest.raises(FileNotFoundError, match=f"last good save is .*tnt-old-{gone}"):
+        tnt.models.load_model(path)  # says where it is, instead of "File format not supported"
+
+    def failing(tmp):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_save(path, failing)
+    assert os.listdir(tmp_path) == ["exported"] and _content(path) == "old"  # put back
+    # with the target in place, a dead save's old directory is stale: removed
+    os.mkdir(tmp_path / f".exported.tnt-old-{gone}")
+    live = tmp_path / f".exported.tnt-old-{os.getppid()}"  # a save in flight: left alone
+    os.mkdir(live)
+    atomic_save(path, _directory_writer("newer")[0])
+    assert sorted(os.listdir(tmp_path)) == sorted(["exported", live.name])
+    assert _content(path) == "newer"
+
+
 def test_from_tensors_of_a_batch_counts_as_batched():
     ds = tf.data.Dataset.from_tensors((np.zeros((6, 3), "float32"), np.arange(6))).repeat(2)
     parts = [list(distribute_dataset(ds, rank=r, size=4).dataset)[0][1].numpy().tolist()
