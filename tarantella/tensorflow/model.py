@@ -287,13 +287,7 @@ class Model(keras.Model):
         (attributes, in name order: the same order on every rank) is made
         distributed, and the wrapper is compiled for Keras' fit machinery."""
         self.model.compile(*args, **kwargs)
-        optimizers = []
-        for name in sorted(vars(self.model)):
-            value = vars(self.model)[name]
-            is_new = all(value is not o for o in optimizers)
-            if isinstance(value, keras.optimizers.Optimizer) and is_new:
-                optimizers.append(value)
-        for optimizer in optimizers:
+        for optimizer in _held_optimizers(self.model):
             distributed_optimizer._check_supported(optimizer)
             self._distribute_optimizer(optimizer)
         global_loss.distribute(getattr(self.model, "_compile_loss", None))
@@ -815,7 +809,8 @@ class Model(keras.Model):
         self._tnt_synced = True
 
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
-        """Load weights on every rank, then broadcast the master's (collective)."""
+        """Load weights on every rank, then broadcast the master's, with its
+        optimizer state (collective)."""
         master_only.refuse("tnt.Model.load_weights")
         error = None
         try:
@@ -828,7 +823,22 @@ class Model(keras.Model):
         # a rank that could not read the file fails every rank here, before the broadcast
         call_agreement.check("load_weights", self, self._tnt_agreement, not self._tnt_synced,
                              error=error)
-        collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
+        self._broadcast_loaded_state()
+
+    def _broadcast_loaded_state(self):
+        """After a load, in which every rank read its own copy of the file:
+        every rank takes the master's weights, random generators' states and
+        built optimizers' variables. A rank that read a stale file (no shared
+        filesystem) kept its own optimizer state where only the weights were
+        broadcast, caught at the end of the next epoch by the replica check
+        at best; and a loaded model's generators had per-rank seeds, so its
+        Dropout drew other noise than serial training (_sync_weights, which
+        broadcasts them, is skipped after a load)."""
+        optimizers = _held_optimizers(self.model, [getattr(self, "optimizer", None)])
+        collective_ops.broadcast_variables(
+            self.model.weights + random_layers.seed_states(self.model)
+            + [v for o in optimizers if o.built for v in o.variables],
+            root_rank=core.get_master_rank())
         self._tnt_synced = True
 
     def save(self, filepath, overwrite=True, zipped=None, tnt_save_all_devices=False, **kwargs):
@@ -944,6 +954,19 @@ def save_together(what, model, broadcasts_first, filepath, write, save_all_devic
                              error=error)
     elif error is not None:
         raise error
+
+
+def _held_optimizers(keras_model, first=()):
+    """The optimizers in `first` (None skipped), then those `keras_model` holds
+    as attributes (a GAN's d_optimizer, g_optimizer), in name order (the same
+    on every rank); each once."""
+    optimizers = []
+    candidates = list(first) + [vars(keras_model)[name] for name in sorted(vars(keras_model))]
+    for value in candidates:
+        is_new = all(value is not o for o in optimizers)
+        if isinstance(value, keras.optimizers.Optimizer) and is_new:
+            optimizers.append(value)
+    return optimizers
 
 
 def model_from_config(config, custom_objects=None):

@@ -10,8 +10,8 @@ import os
 
 import keras
 
-from tarantella.common import core, master_only
-from tarantella.tensorflow import call_agreement, collective_ops
+from tarantella.common import master_only
+from tarantella.tensorflow import call_agreement
 from tarantella.tensorflow.atomic_save import explain_missing
 from tarantella.tensorflow.model import Model, save_together
 from tarantella.tensorflow.model import model_from_config as _model_from_config
@@ -45,8 +45,9 @@ def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
 def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # noqa: A002
     """Load a model saved by `tnt.Model.save` or by plain Keras, as a tnt.Model.
 
-    Every rank reads the file (a shared filesystem is assumed); the weights are
-    then broadcast from the master rank. The model is compiled if it was saved
+    Every rank reads the file (a shared filesystem is assumed); the weights,
+    optimizer state and random generators' states are then broadcast from the
+    master rank. The model is compiled if it was saved
     compiled and `compile=True`; its optimizer state is restored.
     """
     master_only.refuse("tnt.models.load_model")
@@ -58,8 +59,7 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # 
     # a rank that could not read the file fails every rank here, before the broadcast
     call_agreement.check("load_model", model, getattr(model, "_tnt_agreement", None), True,
                          error=error)
-    collective_ops.broadcast_variables(model.model.weights, root_rank=core.get_master_rank())
-    model._tnt_synced = True
+    model._broadcast_loaded_state()  # weights, optimizer state, random generators
     return model
 
 

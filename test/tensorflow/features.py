@@ -542,6 +542,51 @@ def empty_slices(tnt, reference):
     return out
 
 
+def check_stale_file_loads(tnt, files):
+    """Every rank reads the file it loads: without a shared filesystem, one
+    may read a stale copy. Rank r reads its own file here (the same relative
+    path in its own directory), of a model that has trained 1 + r epochs on
+    its own data: after tnt.models.load_model and load_weights every rank
+    holds the master's weights, optimizer state (Adam's iterations and slots:
+    only the weights were broadcast) and Dropout's generator state (a loaded
+    model's was per rank, so its noise was not serial training's)."""
+    rank = tnt.get_rank()
+
+    def build_with_dropout():  # its seed per rank (the global ones are left alone)
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                 keras.layers.Dropout(0.3, seed=100 + rank), keras.layers.Dense(3)])
+
+    def compile_adam(model):
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    own = os.path.join(files, f"stale_rank{rank}")
+    os.makedirs(own, exist_ok=True)
+    plain = build_with_dropout()  # a plain Keras model: each rank trains and saves its own
+    compile_adam(plain)
+    x, y = data(24, seed=10 + rank)
+    plain.fit(x, y, batch_size=8, epochs=1 + rank, verbose=0)
+    plain.save(os.path.join(own, "stale.keras"))
+    plain.save_weights(os.path.join(own, "stale.weights.h5"))
+    here = os.getcwd()
+    os.chdir(own)
+    try:
+        loaded = tnt.models.load_model("stale.keras")
+        into = tnt.Model(build_with_dropout())
+        compile_adam(into)
+        into.load_weights("stale.weights.h5")
+    finally:
+        os.chdir(here)
+    out = {}
+    for name, model in (("load_model", loaded), ("load_weights", into)):
+        out[name] = {
+            "weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "optimizer": [np.asarray(v).tolist() for v in model.optimizer.variables],
+            "seeds": [np.asarray(layer.seed_generator.state).tolist() for layer in model.layers
+                      if hasattr(layer, "seed_generator")]}
+    return out
+
+
 def check_misc(tnt, files):
     out = {}
     records = []
@@ -1337,6 +1382,7 @@ def main():
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)
+        results["stale_file_loads"] = check_stale_file_loads(tnt, files)
         results["overlap"] = check_overlap(tnt)
         results["replicas"] = check_replicas_diverging(tnt)
         results["stops"] = check_stops(tnt)

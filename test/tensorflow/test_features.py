@@ -261,6 +261,18 @@ def test_save_and_load(runs):
     assert "exported" in files
 
 
+def test_a_rank_that_loads_a_stale_file_ends_with_the_masters_full_state(runs):
+    """Each rank loaded its own file (a stale copy, no shared filesystem):
+    load_model and load_weights broadcast the master's optimizer state and
+    generator seeds with the weights (the optimizer state differed)."""
+    first, second = (rank["stale_file_loads"] for rank in runs["ranks"])
+    for how in ("load_model", "load_weights"):
+        assert first[how]["weights"] == second[how]["weights"]
+        assert first[how]["optimizer"] == second[how]["optimizer"], how
+        assert first[how]["seeds"] and first[how]["seeds"] == second[how]["seeds"], how
+        assert first[how]["optimizer"][0] == 3  # the master's iterations: 1 epoch of 3 steps
+
+
 def test_warnings_and_xla(runs):
     master = runs["ranks"][0]["misc"]
     assert master["jit_compile"] is False and master["xla_info"]
