@@ -243,7 +243,11 @@ def build(args, command, job_id, workdir):
         wrapper.append("--per-host=" + ",".join(str(n) for _, n in spots))
     if args.ranks_per_gpu != 1:
         wrapper.append(f"--ranks-per-gpu={args.ranks_per_gpu}")
-    for flag, on in (("--output-all", args.output_on_all_devices), ("--no-gpu", args.no_gpu),
+    # mpirun (--tag-output), mpiexec (-prepend-rank) and srun (--label) label every rank's lines
+    # under --output-on-all-devices; gaspi_run cannot, so the rank wrapper does (else the
+    # ranks' lines came unlabelled, mixed)
+    label = args.output_on_all_devices and engine == "gaspi_run"
+    for flag, on in (("--output-all", args.output_on_all_devices), ("--label", label), ("--no-gpu", args.no_gpu),
                      ("--pin-cpu", args.pin_to_socket), ("--pin-memory", args.pin_memory_to_socket)):
         if on:
             wrapper.append(flag)

@@ -16,7 +16,10 @@ that tntrun, which sees only the engine, learns why a rank failed on whatever ho
   file, stderr tail) goes to stderr as marker lines (rank_report.py), which the engine
   forwards to tntrun; then the wrapper ends as the program did: the same exit code, or the
   same signal (without a core dump of its own), so the engine sees what it would have seen;
-- the program dies with the wrapper (parent-death signal SIGKILL).
+- the program dies with the wrapper (parent-death signal SIGKILL);
+- with --label (tntrun passes it under gaspi_run, which labels no output, when every rank's
+  output is shown), its stdout passes through the wrapper too, and every line of both gets
+  the prefix "[RANK] ", as mpirun and srun label their ranks' lines.
 """
 import argparse
 import os
@@ -26,13 +29,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from tarantella.common.engine_ranks import ENGINE_VARIABLES, slurm_local_size
 from tarantella.runner import gpus, pinning, rank_report
 
-TAIL_BYTES = 64 * 1024
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PASSED_SIGNALS = STOP_SIGNALS + (signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -74,26 +75,42 @@ def placement(environ, per_node=None, size=None, per_host=None):
 
 
 class _Child:
-    """The program, run as a child whose stderr passes through us (see the module's doc)."""
+    """The program, run as a child whose stderr passes through us (see the module's doc);
+    with `label` (b"[3] "), its stdout too, every line of both labelled with it."""
 
-    def __init__(self, command, hide_stdout, env):
+    def __init__(self, command, hide_stdout, env, label=b""):
         self.stopped = False
         self.stopped_at = None
         self.proc = None
         self._pending = []
-        self.tail = bytearray()
-        self.at_line_start = True
+        self.label = label
         for sig in PASSED_SIGNALS:
             signal.signal(sig, self._on_signal)
-        from tarantella.runner.supervise import die_with_launcher
+        from tarantella.runner.supervise import _Forwarder, _Writer, die_with_launcher
 
+        stdout = subprocess.DEVNULL if hide_stdout else subprocess.PIPE if label else None
         self.proc = subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL if hide_stdout else None,
-            stderr=subprocess.PIPE, preexec_fn=die_with_launcher(signal.SIGKILL))
+            command, env=env, stdout=stdout, stderr=subprocess.PIPE,
+            preexec_fn=die_with_launcher(signal.SIGKILL))
         for sig in self._pending:  # arrived while the program was being started
             self._pass(sig)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        # passed on at once, chunk by chunk (whole lines when labelled); the stderr's tail kept
+        writer = _Writer()
+        self._stderr = _Forwarder(self.proc.stderr, 2, True, label, writer, True)
+        self._readers = [self._stderr]
+        if self.proc.stdout is not None:
+            self._readers.append(_Forwarder(self.proc.stdout, 1, True, label, writer, False))
+        for reader in self._readers:
+            reader.start()
+
+    @property
+    def tail(self):
+        return self._stderr.tail
+
+    @property
+    def at_line_start(self):
+        """Whether what we passed on of its stderr ended a line (labelled: whole lines only)."""
+        return bool(self.label) or not self.tail or self.tail.endswith(b"\n")
 
     def _on_signal(self, signum, frame):
         if signum in STOP_SIGNALS and (self.proc is None or self.proc.returncode is None):
@@ -110,29 +127,12 @@ class _Child:
         except (ProcessLookupError, OSError):
             pass
 
-    def _read(self):
-        fd = self.proc.stderr.fileno()
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            self.tail += chunk
-            del self.tail[:-TAIL_BYTES]
-            self.at_line_start = chunk.endswith(b"\n")
-            view = memoryview(chunk)
-            try:
-                while view:
-                    view = view[os.write(2, view):]
-            except OSError:
-                pass  # our stderr is gone: keep draining the pipe
-
     def wait(self):
         code = self.proc.wait()
         ended = time.time()
-        self._reader.join(timeout=5.0)  # a grandchild may hold the pipe open: do not hang
+        deadline = time.monotonic() + 5.0  # a grandchild may hold the pipes open: do not hang
+        for reader in self._readers:
+            reader.join(timeout=max(0.0, deadline - time.monotonic()))
         return code, ended
 
 
@@ -173,7 +173,7 @@ def _end_like(code):
     return code
 
 
-def _supervised(command, rank, local_rank, size, hide_stdout, env):
+def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False):
     job_id = env.get("TNT_JOB_ID", "")
     private = tempfile.mkdtemp(prefix=f"tnt-rank-{job_id[:8]}-")
     error_file = os.path.join(private, f"error-rank{rank}.json")
@@ -182,7 +182,7 @@ def _supervised(command, rank, local_rank, size, hide_stdout, env):
     child = None
     try:
         try:
-            child = _Child(command, hide_stdout, env)
+            child = _Child(command, hide_stdout, env, f"[{rank}] ".encode() if label else b"")
         except OSError as exc:
             message = (f"tntrun (rank {rank} on {socket.gethostname()}): cannot start "
                        f"{command[0]!r}: {exc.strerror}")
@@ -219,6 +219,9 @@ def main(argv=None):
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--report", action="store_true",
                    help="run the program as a child and report its failure to tntrun")
+    p.add_argument("--label", action="store_true",
+                   help="with --report: prefix each line of the program's stdout and stderr with "
+                        "\"[RANK] \", for an engine that does not label them itself (gaspi_run)")
     opts = p.parse_args(argv[:cut])
     command = argv[cut + 1:]
     env = os.environ
@@ -238,7 +241,7 @@ def main(argv=None):
     # only the master's output is shown; stderr stays, so errors of any rank reach the engine
     hide_stdout = rank != 0 and not opts.output_all
     if opts.report:
-        return _supervised(command, rank, local_rank, size, hide_stdout, dict(env))
+        return _supervised(command, rank, local_rank, size, hide_stdout, dict(env), opts.label)
     if hide_stdout:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)

@@ -60,6 +60,28 @@ def test_hosts_of_different_sizes_give_each_rank_its_local_place(multihost, tmp_
         ("3", "hostB", "0", "1", "4")]
 
 
+
+def test_output_on_all_devices_labels_every_line_with_its_rank(multihost, tmp_path):
+    # mpirun (--tag-output) and srun (--label) label each rank's lines, gaspi_run cannot: the
+    # ranks' stdout and stderr came unlabelled, mixed. The rank wrapper labels them "[RANK] "
+    # (whole lines), its failure record still reaching tntrun unlabelled
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    res = multihost.run("hostA", ["tntrun", "-H", "hostA:2,hostB:1", "--transport", "gpi2", "-l", "--",
+                                  "probe.py", "2", "3"], env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    shown = (res.stdout + res.stderr[:res.stderr.index("=" * 72)]).splitlines()
+    for rank in range(3):
+        assert f"[{rank}] stdout of rank {rank}" in shown, shown
+        assert [ln for ln in shown if ln.startswith(f"[{rank}] PROBE ")], shown
+    assert "[2] rank 2 fails on purpose on hostB" in shown, shown
+    assert [ln for ln in shown if ln.strip() and not re.match(r"\[[0-2]\] |tntrun: ", ln)] == [], shown
+    root = root_cause(res.stderr)
+    assert root.startswith("  rank:    2 (local_rank 0)\n  host:    hostB\n"), res.stderr[-3000:]
+    assert "    rank 2 fails on purpose on hostB\n" in root, root  # its stderr as written
+    assert "\x1e" not in res.stdout + res.stderr
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
 LATE = """
 import os, sys, time
 import numpy as np
