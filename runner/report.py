@@ -87,7 +87,9 @@ def _entry(res, brief=False):
     lines = [
         f"  {'process:' if spec.rank is None else 'rank:':<9}{who}",
         f"  {'host:':<9}{spec.host or '?'}",
-        f"  {'pid:':<9}{res.pid}",
+        # no pid: a rank whose program never ran (its host unreachable, its program not
+        # found), whose record came from its host
+        f"  {'pid:':<9}{'not started' if res.pid is None else res.pid}",
         f"  {'exit:':<9}{describe_exit(res.returncode)}",
         f"  {'time:':<9}{_when(res.ended_at)}",
     ]

@@ -246,7 +246,8 @@ def test_a_host_ssh_cannot_reach_is_named_at_once(multihost, tmp_path):
                         env=env, cwd=str(tmp_path), timeout=300)
     assert res.returncode == 255, res.stdout[-3000:] + res.stderr[-3000:]
     root = root_cause(res.stderr)
-    assert root.startswith("  rank:    1 (local_rank 0)\n  host:    nohost\n"), res.stderr[-3000:]
+    assert root.startswith("  rank:    1 (local_rank 0)\n  host:    nohost\n  pid:     not started\n"), \
+        res.stderr[-3000:]  # not "pid: None"
     assert "NotStartedError: ssh could not reach nohost: rank(s) 1, 2 were not started" in root, root
     assert "Could not resolve hostname nohost" in root, root  # ssh's own words
     assert "TimeoutError" not in res.stderr, res.stderr[-3000:]

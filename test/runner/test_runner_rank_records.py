@@ -178,6 +178,21 @@ def test_a_rank_stopped_in_its_shutdown_after_finishing_is_not_the_root_cause():
     assert multi.ranks_job(_engine_job(code=1), stuck, "mpirun").root_cause.spec.rank == 3
 
 
+def test_a_rank_that_was_never_started_says_so():
+    # gaspi_run's ssh could not reach a host (gaspi_ssh.py), or the wrapper could not start the
+    # program: the record has no pid, and the report said "pid:     None"
+    records = [{"rank": 1, "local_rank": 0, "host": "nohost", "pid": None, "returncode": 255,
+                "ended_at": 3.0, "stopped": False, "not_started": True,
+                "error": {"message": "NotStartedError: ssh could not reach nohost", "timestamp": 3.0}},
+               {"rank": 2, "local_rank": 0, "host": "hostB", "pid": None, "returncode": 127,
+                "ended_at": 3.5, "stopped": False, "stderr_tail": "cannot start 'nothere.py'"}]
+    text = report.format_failure(multi.ranks_job(_engine_job(code=1), records, "gaspi_run"), "train.py")
+    root = text.split("Root cause")[1].split("-" * 72)[0]
+    assert "  rank:    1 (local_rank 0)\n  host:    nohost\n  pid:     not started\n" in root, text
+    other = text.split("Other failures:")[1]
+    assert "  host:    hostB\n  pid:     not started\n" in other, text
+    assert "None" not in text, text
+
 def test_without_records_the_engine_stays_the_root_cause():
     job = _engine_job(code=255)
     assert multi.ranks_job(job, [], "mpirun") is job
