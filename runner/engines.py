@@ -129,6 +129,22 @@ def srun(srun_path, placement, rank_cmd, output_all, nodes_given, in_step=False)
     return argv + rank_cmd
 
 
+# srun's words when a step asks for more tasks than the allocation has CPUs (`salloc -N 1`
+# holds one CPU under select/cons_tres, and `tntrun -n 2` asks srun for 2 tasks)
+SRUN_TOO_FEW_CPUS = b"More processors requested than permitted"
+
+
+def srun_too_few_cpus_advice(placement, environ):
+    """The line tntrun adds under srun's SRUN_TOO_FEW_CPUS: what to change."""
+    total, nodes = sum(n for _, n in placement), len(placement)
+    per_node = uniform(placement)
+    cpus = environ.get("SLURM_JOB_CPUS_PER_NODE")
+    layout = f" or --ntasks-per-node={per_node}" if per_node and nodes > 1 else ""
+    return (f"tntrun: srun needs a CPU of the allocation per rank, and it holds fewer than the {total} "
+            f"rank(s) asked for" + (f" (SLURM_JOB_CPUS_PER_NODE={cpus})" if cpus else "") +
+            f": allocate a task per rank (salloc -N {nodes} -n {total}{layout}, the same options for sbatch), "
+            f"or run fewer ranks (tntrun -n)\n").encode()
+
 def gaspi_machinefile(placement):
     # gaspi_run starts one rank per line, in order: rank r runs on line r
     return "".join(f"{h}\n" * n for h, n in placement)

@@ -356,6 +356,43 @@ def stall_watch(collector, engine_name, seconds=ENGINE_SETTLE_S):
     return watch
 
 
+class AdviceFilter:
+    """An engine's output filter: `inner`'s output passed on, with `advice` (a line) added
+    once after the first whole line that holds `words` (an engine's error that tntrun knows
+    the fix of)."""
+
+    def __init__(self, inner, words, advice):
+        self.inner, self.words, self.advice = inner, words, advice
+        self.line = b""  # the current line so far (words may come in two chunks)
+
+    def feed(self, chunk):
+        return self._look(self.inner.feed(chunk))
+
+    def flush(self):
+        out = self._look(self.inner.flush())
+        if self.advice is not None and self.words in self.line:  # a last line without newline
+            out += b"\n" + self.advice
+        return out
+
+    def _look(self, out):
+        if self.advice is None or not out:
+            return out
+        pieces = out.split(b"\n")
+        result = []
+        for i, piece in enumerate(pieces):
+            self.line = (self.line + piece)[-4096:]
+            result.append(piece)
+            if i == len(pieces) - 1:
+                break
+            result.append(b"\n")
+            if self.words in self.line:
+                result.append(self.advice)
+                self.advice = None
+                result.append(b"\n".join(pieces[i + 1:]))
+                break
+            self.line = b""
+        return b"".join(result)
+
 def run(args, command, job_id):
     private_dir = local.private_tempdir(job_id)
     plan = None
@@ -386,8 +423,12 @@ def run(args, command, job_id):
         collector = rank_report.Collector(job_id)
         name = "gaspi_run" if plan.engine == "gaspi_run" else os.path.basename(plan.argv[0])  # not bash
         # gaspi_run's ssh commands end in 2>&1: the remote ranks' records come on its stdout
+        stderr_filter = rank_report.MarkerFilter(collector)
+        if plan.engine == "srun":  # srun's own words say nothing of what to change
+            stderr_filter = AdviceFilter(stderr_filter, engines.SRUN_TOO_FEW_CPUS,
+                                         engines.srun_too_few_cpus_advice(plan.placement, os.environ))
         spec = ProcSpec(argv=plan.argv, env=plan.env, label=name, host=platform.node(),
-                        stdin=True, stderr_filter=rank_report.MarkerFilter(collector),
+                        stdin=True, stderr_filter=stderr_filter,
                         stdout_filter=(rank_report.MarkerFilter(collector)
                                        if plan.engine == "gaspi_run" else None))
         return local.run([spec], job_id, program=command[0], command=command,

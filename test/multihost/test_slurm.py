@@ -77,6 +77,16 @@ def test_an_allocation_of_one_node_runs_on_that_node_not_on_the_login_node(clust
     assert ranks[0][1] == ranks[1][1] and [r[2:] for r in ranks] == [("0", "2", "2"), ("1", "2", "2")], ranks
 
 
+
+def test_more_ranks_than_the_allocation_has_cpus_says_how_to_fix_it(cluster, tmp_path):
+    # salloc -N 1 holds one CPU (select/cons_tres): `tntrun -n 2` ended with srun's bare "More
+    # processors requested than permitted"; tntrun now says what to ask for instead
+    res = salloc(cluster, tmp_path, ["-N", "1", "tntrun", "-n", "2", "--", "probe.py"])
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "More processors requested than permitted\ntntrun: srun needs a CPU of the allocation per rank" \
+        in res.stderr, res.stderr
+    assert "(SLURM_JOB_CPUS_PER_NODE=1): allocate a task per rank (salloc -N 1 -n 2, " in res.stderr, res.stderr
+
 def test_tntrun_as_the_one_task_of_a_step_uses_the_allocation(cluster, tmp_path):
     # `srun -N1 -n1 tntrun` (as a shell from `srun --pty bash`): tntrun's own step holds the
     # allocation's CPU on hostA, and the ranks' step waited for it for ever ("step creation

@@ -300,6 +300,24 @@ def test_one_node_allocation_runs_here(tmp_path):
     assert "2 rank(s) on node1:2 through srun" in res.stdout, res.stdout
 
 
+
+def test_an_allocation_with_fewer_cpus_than_ranks_says_how_to_fix_it(tmp_path):
+    # `salloc -N 1` holds one CPU: `tntrun -n 2` ended with srun's bare "More processors
+    # requested than permitted". tntrun now adds what to change, after srun's line (in
+    # pieces: srun's words may come in two writes)
+    fake = ("printf 'srun: error: Unable to create step for job 77: More proc' >&2; sleep 0.2; "
+            "printf 'essors requested than permitted\\n' >&2; exit 1")
+    env = runner_env(PATH=fake_bin(tmp_path, srun=fake) + os.pathsep + os.environ["PATH"],
+                     SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node1",
+                     SLURM_JOB_CPUS_PER_NODE="1")
+    res = run_tntrun(["-n", "2", "--", "t.py"], env=env)
+    assert res.returncode == 1, res.stderr
+    advice = ("tntrun: srun needs a CPU of the allocation per rank, and it holds fewer than the 2 rank(s) "
+              "asked for (SLURM_JOB_CPUS_PER_NODE=1): allocate a task per rank (salloc -N 1 -n 2, the "
+              "same options for sbatch), or run fewer ranks (tntrun -n)\n")
+    assert "More processors requested than permitted\n" + advice in res.stderr, res.stderr
+    assert res.stderr.count(advice) == 2, res.stderr  # as it came, and in the report's stderr tail
+
 def test_tntrun_as_the_one_task_of_a_step_lets_the_ranks_step_overlap(tmp_path):
     # `srun -N1 -n1 tntrun` holds a CPU of the allocation: the ranks' step must share it
     env = runner_env(PATH=fake_bin(tmp_path, srun="exit 0") + os.pathsep + os.environ["PATH"],
