@@ -53,7 +53,7 @@ def source_dir():
         if all(os.path.isfile(os.path.join(base, s)) for s in SOURCES):
             return base
     raise errors.InternalError(
-        "the sources of the mpi transport plugin are missing from this installation "
+        "the sources of the transport plugins (mpi, gpi2) are missing from this installation "
         f"(looked in {_PACKAGED} and {os.path.join(_ROOT, 'core')}): reinstall Tarantella")
 
 
