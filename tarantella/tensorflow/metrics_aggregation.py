@@ -25,9 +25,12 @@ to the model after compile counts alike. A `keras.metrics.Sum` is left as it
 is: a scalar it adds is most often a total over the slice (a sample count, a
 sum of losses), whose sum over the ranks is already the serial value.
 """
+import functools
+
 import keras
 import tensorflow as tf
 
+from tarantella.common import core, errors
 from tarantella.tensorflow import class_swap, collective_ops, step_context
 
 
@@ -54,26 +57,42 @@ def global_logs(logs, metrics, local_batch, name="tnt.metrics"):
     say), so they show the same logs. An entry that is not its namesake's
     result (or has none) but equals exactly one other metric's result on
     every rank is that metric's global result: Keras' VAE guide returns
-    `{"loss": self.total_loss_tracker.result()}`. Any other entry (several
-    metrics equal to it: ambiguous) is the mean of the ranks' values weighted
-    by their micro-batch sizes."""
+    `{"loss": self.total_loss_tracker.result()}`. Any other scalar entry
+    (several metrics equal to it: ambiguous) is the mean of the ranks' values
+    weighted by their micro-batch sizes. An array that is no metric's result
+    is combined by `_global_arrays`."""
     local = _by_name(metrics, [m.result() for m in metrics])
     flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(logs)]
+    mask = _array_mask(logs, local)
+    arrays = tf.nest.flatten(mask)
+    scalars = [t for t, array in zip(flat, arrays) if not array]
     weight = tf.cast(local_batch, tf.float64)
     # log entry -> [(a metric result's name, scalar bool: this rank's value is that result)],
     # its namesake first
     candidates = {}
     for key, value in (logs.items() if isinstance(logs, dict) else []):
+        if any(tf.nest.flatten(mask[key])):  # no metric's result
+            continue
         for other in [key] * (key in local) + [n for n in local if n != key]:
             if _same_layout(value, local[other]):
                 candidates.setdefault(key, []).append(
                     (other, tf.logical_or(local_batch <= 0, _equal(value, local[other]))))
     flags = [tf.cast(tf.logical_not(m), tf.float64) for c in candidates.values() for _, m in c]
-    extra = [tf.cast(t, tf.float64) * weight for t in flat] + [weight] + flags
+    array_values = [t for t, array in zip(flat, arrays) if array]
+    # each rank's batch and arrays' first dimensions, in its own row of a table
+    # that the allreduce fills in (no extra round)
+    table = _own_row([local_batch] + [tf.shape(t)[0] for t in array_values]) if array_values else []
+    extra = [tf.cast(t, tf.float64) * weight for t in scalars] + [weight] + flags + table
     results, summed = _global_results(metrics, extra, name)
-    total, mismatches = summed[len(flat)], summed[len(flat) + 1:]
+    n = len(scalars)
+    total, mismatches = summed[n], summed[n + 1:n + 1 + len(flags)]
+    combined = iter(_global_arrays(array_values, _array_keys(logs, arrays), summed[-1], name)
+                    if array_values else [])
+    scalar_means = iter(summed[:n])
     means = tf.nest.pack_sequence_as(logs, [
-        tf.cast(tf.math.divide_no_nan(s, total), t.dtype) for s, t in zip(summed, flat)])
+        next(combined) if array else tf.cast(tf.math.divide_no_nan(next(scalar_means), total),
+                                             t.dtype)
+        for t, array in zip(flat, arrays)])
     if not candidates:
         return means
     results = _by_name(metrics, results)
@@ -83,6 +102,101 @@ def global_logs(logs, metrics, local_batch, name="tnt.metrics"):
         offset += len(cands)
         out[key] = _pick(key, [n for n, _ in cands], matched, results, means[key])
     return {k: out[k] for k in logs}
+
+
+def _array_mask(logs, local):
+    """`logs`' structure of bools: whether each entry is an array (not a
+    scalar) that is not the result of the metric it is named after. Decided
+    from the ranks of the shapes only, which every rank's step has alike
+    (their sizes differ with the slices')."""
+    def mask(value, namesake=None):
+        if namesake is not None and _same_layout(value, namesake):
+            return tf.nest.map_structure(lambda _: False, value)
+        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(t).shape.rank != 0, value)
+
+    if isinstance(logs, dict):
+        return {key: mask(value, local.get(key)) for key, value in logs.items()}
+    return mask(logs)
+
+
+def _array_keys(logs, arrays):
+    """The name of each array entry's log key, for error messages."""
+    keys = [key for key, value in logs.items() for _ in tf.nest.flatten(value)] \
+        if isinstance(logs, dict) else ["logs"] * len(arrays)
+    return [k for k, array in zip(keys, arrays) if array]
+
+
+def _own_row(values):
+    """`values` (int scalars) in this rank's row of a [size, len(values)]
+    table of zeros, flat: summed over the ranks, every rank's row."""
+    size, rank = core.get_size(), core.get_rank()
+    row = tf.cast(tf.stack(values), tf.float64)
+    width = len(values)
+    return [tf.concat([tf.zeros([rank * width], tf.float64), row,
+                       tf.zeros([(size - rank - 1) * width], tf.float64)], 0)]
+
+
+def _global_arrays(arrays, keys, table, name):
+    """The global value of each array entry of the logs (`keys` their names),
+    from every rank's rows (one allgather each, at once) and `table`: each
+    rank's [batch size, the arrays' first dimensions].
+
+    An array of one row per sample of its rank's slice on every rank (a
+    custom step's `{"per_sample": losses}`) is what serial Keras shows: the
+    global batch's rows, the ranks' slices in rank order. An array of the
+    same length on every rank (one value per class) is the ranks' mean
+    weighted by their slice sizes. Both hold when every slice's size is the
+    array's length: it is taken as per sample. Any other array (its length
+    neither its slice's nor the same on every rank) has no global value: an
+    InvalidArgumentError on every rank names it."""
+    size = core.get_size()
+    table = tf.reshape(tf.cast(table, tf.int64), [size, len(arrays) + 1])
+    batches = table[:, 0]
+    gathered = collective_ops.allgather_tensors(
+        [_gatherable(t) for t in arrays], [f"{name}.array.{i}" for i in range(len(arrays))])
+    out = []
+    for i, (array, rows, key) in enumerate(zip(arrays, gathered, keys)):
+        lengths = table[:, i + 1]
+        per_sample = tf.reduce_all(tf.equal(lengths, batches))
+        same_length = tf.reduce_all(tf.equal(lengths, lengths[0]))
+        per_sample = tf.numpy_function(  # raises unless one of the two
+            functools.partial(_refuse_lengths, key), [per_sample, same_length, lengths, batches],
+            tf.bool, stateful=True, name="TntLogArrayCheck")
+        per_sample.set_shape([])
+
+        def weighted_mean(rows=rows, lengths=lengths):
+            stacked = tf.reshape(tf.cast(rows, tf.float64),
+                                 tf.concat([[size, lengths[0]], tf.shape(rows, out_type=tf.int64)[1:]], 0))
+            weights = tf.cast(batches, tf.float64)
+            weights = tf.reshape(tf.math.divide_no_nan(weights, tf.reduce_sum(weights)),
+                                 [size] + [1] * (rows.shape.rank))
+            return tf.cast(tf.reduce_sum(stacked * weights, 0), array.dtype)
+
+        out.append(tf.cond(per_sample, lambda rows=rows: tf.cast(rows, array.dtype),
+                           weighted_mean))
+    return out
+
+
+@collective_ops.reporting
+def _refuse_lengths(key, per_sample, same_length, lengths, batches):
+    """`per_sample`; raise, the same on every rank (they all see the same
+    table), unless the array entry `key` has one row per sample of each
+    rank's slice, or the same length on every rank."""
+    if not (per_sample or same_length):
+        raise errors.InvalidArgumentError(
+            f"The step's log entry {key!r} is an array whose length is neither the same on every "
+            f"rank nor each rank's number of samples (the ranks' lengths: {lengths.tolist()}; "
+            f"their slices' samples: {batches.tolist()}), so it has no global value. Return a "
+            "scalar, a keras.metrics.Metric's result (exact over all ranks), or one value per "
+            "sample (shown for the whole batch, as serial Keras shows it)")
+    return per_sample
+
+
+def _gatherable(t):
+    """`t` in a dtype the allgather carries (bool and others: as float64)."""
+    if t.dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64):
+        return t
+    return tf.cast(t, tf.float64)
 
 
 def _pick(key, names, matched, results, mean):

@@ -73,6 +73,11 @@ def _first_dim(x):
     return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
 
 
+def _static_first_dim(x):
+    """The batch's first dimension as far as it is known before running (None: unknown)."""
+    return tf.TensorShape(next(t for t in tf.nest.flatten(x) if t is not None).shape)[0]
+
+
 # the original Tarantella's tnt.Model attributes that are gone: what to use instead
 _GONE = {
     "dist_optimizer": "use model.optimizer (the compiled optimizer, made distributed)",
@@ -390,8 +395,12 @@ class Model(keras.Model):
         def run(batch=data):
             with distributed_optimizer.record_applies() as applies:
                 logs = tf.nest.map_structure(tf.convert_to_tensor, run_step(batch))
+            # an entry of one value per sample has 0 rows on an empty slice, not this batch's
+            batch_dim = _static_first_dim(batch)
             state.logs[kind] = tf.nest.map_structure(
-                lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
+                lambda t: tf.TensorSpec(
+                    [None] + t.shape[1:] if t.shape.rank and t.shape[0] in (None, batch_dim)
+                    else t.shape, t.dtype), logs)
             state.applies[kind] = applies
             state.replays[kind] = step.requests()
             return logs
@@ -437,7 +446,8 @@ class Model(keras.Model):
         """The step's logs, global (metrics_aggregation.global_logs): an entry
         that is a metric's result is that metric's global result (from the
         summed metric states, exact); any other entry is the mean over ranks
-        weighted by the micro-batch size."""
+        weighted by the micro-batch size; an array of one value per sample is
+        the global batch's values."""
         return global_logs(logs, self.metrics, local_batch)
 
     def test_step(self, data):

@@ -587,6 +587,76 @@ def check_stale_file_loads(tnt, files):
     return out
 
 
+class ArrayLogs(keras.Model):
+    """Custom steps that log arrays besides the loss: one value per sample
+    (serial Keras shows the batch's), a pair per sample, one value per
+    feature (the same length on every rank) and, with `one_more`, an array of
+    one more value than the slice's samples (no global value)."""
+
+    def __init__(self, one_more=False):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+        self.one_more = one_more
+
+    def call(self, x):
+        return self.dense(x)
+
+    def _per_sample(self, x, y):
+        return keras.losses.sparse_categorical_crossentropy(y, self(x), from_logits=True)
+
+    def train_step(self, data):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            per_sample = self._per_sample(x, y)
+            loss = tf.reduce_mean(per_sample)
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                             self.trainable_variables)
+        return {"loss": loss, "per_sample": per_sample,
+                "pair": tf.stack([per_sample, 2 * per_sample], axis=1),
+                "feature_means": tf.reduce_mean(x, axis=0)[:5]}
+
+    def test_step(self, data):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        if self.one_more:
+            return {"one_more": tf.range(tf.shape(x)[0] + 1)}
+        return {"per_sample": self._per_sample(x, y)}
+
+
+def array_logs(tnt, reference):
+    """Log entries that are arrays, in a custom step's logs, on uneven slices
+    (35 samples: 18 and 17; 9: 5 and 4), in graph and run eagerly, as serial
+    Keras shows them; rank 1's slice is empty in a test_on_batch of 1. Before,
+    each was a weighted mean of the ranks' arrays: a MismatchError about
+    'tnt.metrics' on uneven slices, one slice's shape otherwise."""
+    x, y = data(35, seed=6)
+    out = {}
+    for eager in (False, True):
+        keras.utils.set_random_seed(13)
+        model = ArrayLogs()
+        if not reference:
+            model = tnt.Model(model)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), run_eagerly=eager)
+        run = {}
+        for n in (35, 16, 1):
+            run[f"test_on_batch_{n}"] = model.test_on_batch(
+                x[:n], y[:n], return_dict=True)["per_sample"].tolist()
+        run["train_on_batch"] = {k: np.asarray(v).tolist() for k, v in model.train_on_batch(
+            x[:9], y[:9], return_dict=True).items()}
+        history = model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0).history
+        run["history"] = {k: np.asarray(v).tolist() for k, v in history.items()}
+        run["evaluate"] = np.asarray(model.evaluate(
+            x, y, batch_size=10, verbose=0, return_dict=True)["per_sample"]).tolist()
+        out["eager" if eager else "graph"] = run
+    if not reference:
+        model = tnt.Model(ArrayLogs(one_more=True))
+        model.compile()
+        try:
+            model.test_on_batch(x, y)
+        except Exception as exc:  # noqa: BLE001 - its type and message are checked
+            out["one_more_error"] = [type(exc).__name__, str(exc)]
+    return out
+
+
 def check_misc(tnt, files):
     out = {}
     records = []
@@ -1377,6 +1447,7 @@ def main():
     results["array_fits"] = array_fits(tnt, args.reference)
     results["empty_slices"] = empty_slices(tnt, args.reference)
     results["list_arrays"] = list_arrays(tnt, args.reference)
+    results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)
     if not args.reference:

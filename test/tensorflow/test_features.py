@@ -172,6 +172,32 @@ def test_arrays_in_lists_train_as_in_serial_keras(runs):
     assert runs["ranks"][0]["list_arrays"] == runs["ranks"][1]["list_arrays"]
 
 
+def test_array_log_entries_are_shown_as_in_serial_keras(runs):
+    """A custom step's array entries (one value per sample, a pair per
+    sample, one value per feature) on uneven slices, in graph and run
+    eagerly, also with an empty slice: serial Keras' values and shapes (the
+    global batch's values in order), not a MismatchError about 'tnt.metrics'.
+    An array that is neither per sample nor of one length is an error on
+    every rank that names it."""
+    ref = runs["ref"]["array_logs"]
+    for rank in runs["ranks"]:
+        got = rank["array_logs"]
+        for mode in ("graph", "eager"):
+            for key, value in ref[mode].items():
+                values = value if isinstance(value, dict) else {"": value}
+                gots = got[mode][key] if isinstance(value, dict) else {"": got[mode][key]}
+                assert gots.keys() == values.keys(), (mode, key)
+                for entry, v in values.items():
+                    assert np.shape(gots[entry]) == np.shape(v), (mode, key, entry)
+                    np.testing.assert_allclose(gots[entry], v, rtol=1e-5, atol=1e-6,
+                                               err_msg=f"{mode} {key} {entry}")
+        kind, message = got["one_more_error"]
+        assert kind == "InvalidArgumentError", message
+        assert "'one_more'" in message and "[19, 18]" in message and "[18, 17]" in message
+        assert "Return a scalar, a keras.metrics.Metric's result" in message
+    assert runs["ranks"][0]["array_logs"] == runs["ranks"][1]["array_logs"]
+
+
 def test_fine_tuning_a_tnt_model_used_as_a_layer_trains_as_in_serial_keras(runs):
     """A frozen base (a tnt.Model used as a layer of the model), then unfrozen
     and recompiled with a lower learning rate: serial Keras after each fit."""
