@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.ops.operation import Operation
 
-from tarantella.common import config, core, master_only
+from tarantella.common import config, core, errors, master_only
 from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, call_agreement, collective_ops,
@@ -487,6 +487,23 @@ class Model(keras.Model):
         if core.get_size() == 1:
             return self.model.get_metrics_result()
         return global_metrics_result(self.metrics)
+
+    def reset_metrics(self):
+        """keras.Model.reset_metrics; refused in a callback that runs on the
+        master only, where it would reset the master's totals only: the
+        global results sum every rank's totals, so the next logs would mix
+        the master's fresh ones with the other ranks' stale ones (a batch's
+        loss 1.43 where serial Keras showed 2.01), without a word. Keras
+        resets the metrics itself on every rank at the start of fit,
+        evaluate, each epoch and each *_on_batch call."""
+        if master_only.active() and core.get_size() > 1:
+            raise errors.InvalidUsageError(
+                "tnt.Model.reset_metrics was called in a callback that runs on the master rank "
+                "only (run_on_all_ranks=False): it would reset the master's metric totals only, "
+                "and the global metrics sum every rank's totals, so they would mix the master's "
+                "new totals with the other ranks' old ones. Run the callback on every rank "
+                "(run_on_all_ranks=True)")
+        super().reset_metrics()
 
     def _tnt_local_metrics_result(self):
         """This rank's own metric values, as floats (for aggregate_logs=False)."""

@@ -981,7 +981,9 @@ def check_master_only_collectives(tnt):
     ranks never call them, so each waited for them until TNT_TIMEOUT_S (or, an
     unnamed one, took the name of their next collective). Each is refused at
     once with an InvalidUsageError naming it; the callback catches them here,
-    so fit goes on, on every rank."""
+    so fit goes on, on every rank. So is reset_metrics, which reset the
+    master's metric totals only (the next logs summed them with the other
+    ranks' older ones, without a word)."""
     import tarantella.tensorflow as tnt_tf
     tried = {}
 
@@ -998,6 +1000,9 @@ def check_master_only_collectives(tnt):
                 "predict": lambda: self.model.predict(data()[0][:8], verbose=0),
                 "set_weights": lambda: self.model.set_weights(self.model.get_weights()),
                 "get_metrics_result": lambda: self.model.get_metrics_result(),
+                # no collective, but the master's totals only: the global logs mixed them
+                # with the other ranks' stale ones
+                "reset_metrics": lambda: self.model.reset_metrics(),
             }
             for key, call in calls.items():
                 try:

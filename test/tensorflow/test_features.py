@@ -615,13 +615,14 @@ def test_collectives_in_a_master_only_callback_are_refused_at_once(runs):
     # the other ranks never call them: they waited until TNT_TIMEOUT_S
     r0, r1 = (r["master_only_collectives"] for r in runs["ranks"])
     assert r1["tried"] == {} and r0["epochs"] == r1["epochs"] == 2, (r0, r1)
-    assert len(r0["tried"]) == 10, r0
+    assert len(r0["tried"]) == 11, r0
     for key, got in r0["tried"].items():
         assert got["error"] == "InvalidUsageError", (key, got)
         assert "called in a callback that runs on the master rank only" in got["message"], (key, got)
     for key, what in (("allreduce_async", "tnt.allreduce_async"), ("tf_allreduce", "tnt.allreduce"),
                       ("evaluate", "tnt.Model.evaluate"), ("set_weights", "tnt.Model.set_weights")):
         assert r0["tried"][key]["message"].startswith(what + " is a collective"), (key, r0["tried"][key])
+    assert "reset the master's metric totals only" in r0["tried"]["reset_metrics"]["message"]
 
 
 def test_a_dropout_whose_first_axis_is_not_the_batch_trains_on_every_rank(runs):
