@@ -51,7 +51,8 @@ _ROWS = (
     Param("TNT_SIZE", "int", None, "number of ranks in the job"),
     Param("TNT_LOCAL_RANK", "int", None, "rank among the ranks of this host"),
     Param("TNT_LOCAL_SIZE", "int", None, "number of ranks on this host"),
-    Param("TNT_JOB_ID", "str", None, "per-job random id that names the job's shared-memory objects"),
+    Param("TNT_JOB_ID", "str", None, "per-job random id that names the job's shared-memory objects "
+          "(letters, digits, `-` and `_`, at most 100)"),
     Param("TNT_RANK_PID", "int", None,
           "set by a rank of several in its own environment once initialized: a process it starts "
           "(multiprocessing workers, subprocesses) is not a rank, and Tarantella refuses to initialize there"),
