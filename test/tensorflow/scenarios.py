@@ -142,17 +142,10 @@ class GuideSteps(CallInputsOnly):
         return {m.name: m.result() for m in self.metrics}
 
 
-class LateTrackers(CallInputsOnly):
-    """Trackers added to the model after compile (it is built at its first
-    call, so Keras lets it), each updated with one value and no sample
-    weight: a Mean of the batch's loss (each rank's update counted once,
-    val_late_loss off by 1e-3: only the trackers seen at compile counted
-    this rank's share of the batch), and a Sum of the batch's samples (a
-    total over the slice: the ranks' values add up to serial's)."""
-
-    def add_trackers(self):
-        self.late_loss = keras.metrics.Mean(name="late_loss")
-        self.samples = keras.metrics.Sum(name="samples")
+class LossSteps(CallInputsOnly):
+    """Custom train and test steps that compute the compiled loss and hand
+    the step's values to `_update(x, y, y_pred, loss)`, which returns the
+    logs: the subclasses differ in what they track and log."""
 
     def train_step(self, data):
         x, y = data
@@ -167,13 +160,26 @@ class LateTrackers(CallInputsOnly):
         y_pred = self(x)
         return self._update(x, y, y_pred, self.compute_loss(y=y, y_pred=y_pred))
 
+
+class LateTrackers(LossSteps):
+    """Trackers added to the model after compile (it is built at its first
+    call, so Keras lets it), each updated with one value and no sample
+    weight: a Mean of the batch's loss (each rank's update counted once,
+    val_late_loss off by 1e-3: only the trackers seen at compile counted
+    this rank's share of the batch), and a Sum of the batch's samples (a
+    total over the slice: the ranks' values add up to serial's)."""
+
+    def add_trackers(self):
+        self.late_loss = keras.metrics.Mean(name="late_loss")
+        self.samples = keras.metrics.Sum(name="samples")
+
     def _update(self, x, y, y_pred, loss):
         self.late_loss.update_state(loss)
         self.samples.update_state(tf.shape(x)[0])
         return self.compute_metrics(x, y, y_pred)
 
 
-class RenamedResults(CallInputsOnly):
+class RenamedResults(LossSteps):
     """Steps that return metrics' results under other names, as Keras' VAE
     guide does (`{"loss": self.total_loss_tracker.result()}`), while the
     compiled loss tracker, also "loss", is never updated: each entry was the
@@ -185,20 +191,7 @@ class RenamedResults(CallInputsOnly):
         self.total_loss_tracker = keras.metrics.Mean(name="total_loss")
         self.hits = keras.metrics.SparseCategoricalAccuracy(name="hits")
 
-    def train_step(self, data):
-        x, y = data
-        with tf.GradientTape() as tape:
-            y_pred = self(x)
-            loss = self.compute_loss(y=y, y_pred=y_pred)
-        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
-        return self._update(y, y_pred, loss)
-
-    def test_step(self, data):
-        x, y = data
-        y_pred = self(x)
-        return self._update(y, y_pred, self.compute_loss(y=y, y_pred=y_pred))
-
-    def _update(self, y, y_pred, loss):
+    def _update(self, x, y, y_pred, loss):
         self.total_loss_tracker.update_state(loss)
         self.hits.update_state(y, y_pred)
         return {"loss": self.total_loss_tracker.result(), "acc": self.hits.result()}
