@@ -19,6 +19,8 @@
 #include <math.h>
 #include <unistd.h>
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -233,6 +235,11 @@ static tnt_result_t new_request(const char *name, tnt_coll_t coll, int dtype, in
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "unsupported dtype code %d for '%s': use float16, bfloat16, float32, float64, int32 or int64",
                     dtype, name);
   if (count < 0) return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "negative element count %lld for '%s'", (long long)count, name);
+  /* its byte size (count x element size) must fit: a count beyond this bound is no real
+   * buffer's, and its size would wrap around */
+  if (count > PTRDIFF_MAX / (int64_t)tnt_dtype_size((tnt_dtype_t)dtype))
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "element count %lld for '%s' is larger than any buffer of %s can be",
+                    (long long)count, name, tnt_dtype_name((tnt_dtype_t)dtype));
   tnt_request_t *req = calloc(1, sizeof *req);
   if (!req) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   tnt_copy_str(req->name, sizeof req->name, name);

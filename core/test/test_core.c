@@ -173,6 +173,14 @@ static void test_serial_job(void) {
   EXPECT(tnt_allreduce_async("bad", in, out, 3, (tnt_dtype_t)42, TNT_SUM, 1.0, &h) == TNT_ERR_INVALID_ARGUMENT);
   EXPECT(strstr(tnt_last_error(), "unsupported dtype") != NULL);
   EXPECT(tnt_broadcast_async("b", in, out, 3, TNT_FLOAT64, 1, &h) == TNT_ERR_INVALID_ARGUMENT);
+  /* a count whose byte size is beyond any buffer (count x 8 wraps around to 8 bytes, or to
+   * almost 2^64) is refused, not copied as its wrapped size */
+  EXPECT(tnt_allreduce_async("wraps", in, out, (INT64_C(1) << 61) + 1, TNT_FLOAT64, TNT_SUM, 1.0, &h) ==
+         TNT_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(tnt_last_error(), "larger than any buffer") != NULL);
+  EXPECT(tnt_allreduce("wraps", in, out, INT64_MAX, TNT_FLOAT32, TNT_SUM, 1.0, -1, &h) == TNT_ERR_INVALID_ARGUMENT);
+  EXPECT(tnt_broadcast_async("wraps", in, out, INT64_MAX / 2 + 1, TNT_FLOAT16, 0, &h) == TNT_ERR_INVALID_ARGUMENT);
+  EXPECT(tnt_allgather_async("wraps", in, INT64_MAX / 4, 1, TNT_INT64, &h) == TNT_ERR_INVALID_ARGUMENT);
   int64_t rows[4] = {1, 2, 3, 4}, count = 0;
   EXPECT(tnt_allgather_async("g", rows, 4, 2, TNT_INT64, &h) == TNT_SUCCESS);
   EXPECT(tnt_wait(h, -1) == TNT_SUCCESS && tnt_result_count(h, &count) == TNT_SUCCESS && count == 4);
