@@ -7,6 +7,7 @@
 #include "params.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -161,14 +162,15 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   return TNT_SUCCESS;
 }
 
-/* An integer variable, or -1 when unset; -2 when set but not a non-negative integer. */
+/* An integer variable, or -1 when unset; -2 when set but not a non-negative integer that
+ * fits an int (the placement's fields: TNT_SIZE=4294967297 must not become a size of 1). */
 static long env_int(const char *name) {
   const char *raw = name ? getenv(name) : NULL;
   if (!raw || !*raw) return -1;
   char *end = NULL;
   errno = 0;
   long v = strtol(raw, &end, 10);
-  if (errno || *end || v < 0) return -2;
+  if (errno || *end || v < 0 || v > INT_MAX) return -2;
   return v;
 }
 
@@ -250,7 +252,7 @@ static long slurm_step_local_size(void) {
   for (const char *c = counts; *c;) {
     char *end = NULL;
     long n = strtol(c, &end, 10), times = 1;
-    if (end == c || n < 1) return -1;
+    if (end == c || n < 1 || n > INT_MAX) return -1;
     if (!strncmp(end, "(x", 2)) {
       c = end + 2;
       times = strtol(c, &end, 10);

@@ -171,6 +171,11 @@ def test_bad_placement():
     raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID may be at most 100 characters long",
                                                   "(101 characters)"],
            TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID="a" * 101, TNT_TIMEOUT_S=2)
+    # beyond a C int: TNT_SIZE=4294967297 was cut to 1 (a serial "rank 0 of 1", without a
+    # word), 4294967298 to 2 (waiting for a rank 1), 2147483648 to a negative size
+    for size in ("4294967297", "2147483648"):
+        raises("tnt.init()", "InvalidArgumentError", [f"TNT_SIZE={size}", "0 <= rank < size"],
+               TNT_RANK=0, TNT_SIZE=size, TNT_JOB_ID="x", TNT_TIMEOUT_S=2)
     # the local placement too (it picks the transport and the GPU): a bad value was taken
     # silently as the global one (TNT_LOCAL_SIZE=two: "local 0 of 2"), a local rank
     # beyond the local size was kept (TNT_LOCAL_RANK=5: "local 5 of 2")
@@ -178,6 +183,7 @@ def test_bad_placement():
     for bad, words in ((dict(TNT_RANK=0, TNT_LOCAL_RANK="x"), ["TNT_LOCAL_RANK=x"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_SIZE="two"), ["TNT_LOCAL_SIZE=two"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_SIZE="0"), ["TNT_LOCAL_SIZE=0"]),
+                       (dict(TNT_RANK=0, TNT_LOCAL_SIZE="4294967298"), ["TNT_LOCAL_SIZE=4294967298"]),
                        (dict(TNT_RANK=1, TNT_LOCAL_RANK="5"), ["TNT_LOCAL_RANK=5", "TNT_LOCAL_SIZE=(unset)"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_RANK="2", TNT_LOCAL_SIZE="2"), ["TNT_LOCAL_RANK=2"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_SIZE="3"), ["TNT_LOCAL_SIZE=3", "TNT_SIZE=2"])):
