@@ -11,6 +11,7 @@ static int stores_trail_loads(const void *dst, const void *src) {
 }
 
 void tnt_copy_unaliased(void *dst, const void *src, size_t len) {
+  if (!len) return; /* an empty tensor's buffer may be NULL, which memcpy must not get even for 0 bytes */
   if (!stores_trail_loads(dst, src)) {
     memcpy(dst, src, len);
     return;

@@ -18,7 +18,7 @@
 #include <stddef.h>
 
 /* memcpy(dst, src, len) for buffers that do not overlap, in the direction
- * that avoids 4K aliasing. */
+ * that avoids 4K aliasing. len 0 touches nothing (either pointer may be NULL). */
 void tnt_copy_unaliased(void *dst, const void *src, size_t len);
 
 #endif

@@ -148,6 +148,9 @@ static int pair_direct_fits(const tnt_engine_t *c, tnt_dtype_t dt, int64_t count
  * segments. */
 static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t count, tnt_dtype_t dt, double factor,
                            const int64_t *bounds) {
+  /* nothing to add (every rank agreed on the count): empty tensors may come with NULL
+   * buffers, which the exchanges' memcpy must not be given even for 0 bytes */
+  if (!count) return TNT_SUCCESS;
   size_t bytes = (size_t)count * tnt_dtype_size(dt);
   if (bytes > TNT_SMALL_ALLREDUCE_BYTES) {
     if (c->hier) {
@@ -267,8 +270,9 @@ static tnt_result_t run_one(tnt_engine_t *c, tnt_request_t *req, const tnt_respo
   int64_t t0 = tnt_now_us();
   size_t esz = tnt_dtype_size((tnt_dtype_t)req->meta.dtype);
   switch (req->meta.coll) {
-    case COLL_BROADCAST:
-      TNT_CHECK(tnt_broadcast_ring(&c->ring, req->in, req->out, (size_t)req->meta.count * esz, req->meta.root, op_deadline(c)));
+    case COLL_BROADCAST: /* nothing to send when empty (every rank agreed on the count) */
+      if (req->meta.count)
+        TNT_CHECK(tnt_broadcast_ring(&c->ring, req->in, req->out, (size_t)req->meta.count * esz, req->meta.root, op_deadline(c)));
       tnt_timeline_event(c->timeline, req->name, "BROADCAST", t0, tnt_now_us(), NULL);
       break;
     case COLL_ALLGATHER: {

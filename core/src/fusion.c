@@ -33,6 +33,9 @@ static void move(tnt_fusion_t *f, tnt_request_t *req, double factor, int out) {
   const int64_t cnt = req->meta.count;
   for (int j = 0; j < f->N; j++) {
     int64_t b = cnt * j / f->N, len = cnt * (j + 1) / f->N - b;
+    /* nothing to move; and an empty tensor may have NULL buffers, as may the buffer of an
+     * empty fusion, which memcpy must not be given even for 0 bytes */
+    if (!len) continue;
     uint8_t *at = f->buf + f->pos[j] * (int64_t)esz;
     if (out) tnt_copy_unaliased((uint8_t *)req->out + b * (int64_t)esz, at, (size_t)len * esz);
     else if (factor != 1.0) tnt_scale(dt, at, (const uint8_t *)req->in + b * (int64_t)esz, factor, (size_t)len);

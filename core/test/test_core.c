@@ -173,6 +173,11 @@ static void test_serial_job(void) {
   EXPECT(tnt_allreduce_async("bad", in, out, 3, (tnt_dtype_t)42, TNT_SUM, 1.0, &h) == TNT_ERR_INVALID_ARGUMENT);
   EXPECT(strstr(tnt_last_error(), "unsupported dtype") != NULL);
   EXPECT(tnt_broadcast_async("b", in, out, 3, TNT_FLOAT64, 1, &h) == TNT_ERR_INVALID_ARGUMENT);
+  /* empty collectives may pass NULL buffers: nothing is copied (memcpy was given NULL) */
+  EXPECT(tnt_allreduce("e1", NULL, out, 0, TNT_FLOAT64, TNT_SUM, 1.0, -1, &h) == TNT_SUCCESS);
+  EXPECT(tnt_allreduce("e2", NULL, out, 0, TNT_FLOAT64, TNT_SUM, 2.0, -1, &h) == TNT_SUCCESS);
+  EXPECT(tnt_broadcast("e3", NULL, out, 0, TNT_FLOAT64, 0, -1, &h) == TNT_SUCCESS);
+  EXPECT(tnt_allgather_into("e4", NULL, 0, 1, TNT_FLOAT64, NULL, 0, -1, &h) == TNT_SUCCESS && tnt_release(h) == TNT_SUCCESS);
   /* a count whose byte size is beyond any buffer (count x 8 wraps around to 8 bytes, or to
    * almost 2^64) is refused, not copied as its wrapped size */
   EXPECT(tnt_allreduce_async("wraps", in, out, (INT64_C(1) << 61) + 1, TNT_FLOAT64, TNT_SUM, 1.0, &h) ==

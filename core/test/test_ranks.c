@@ -32,8 +32,18 @@ static int run_rank(void) {
     float small_in[5] = {1, 2, 3, 4, (float)r}, small_out[5];
     CHECK(tnt_allreduce_async("big", in, out, COUNT, TNT_FLOAT32, TNT_SUM, 1.0, &h[0]) == TNT_SUCCESS);
     CHECK(tnt_allreduce_async("small", small_in, small_out, 5, TNT_FLOAT32, TNT_AVERAGE, 1.0, &h[1]) == TNT_SUCCESS);
+    /* empty allreduces (a NULL buffer is allowed there), queued while "big" runs: announced
+     * together (new names each time, so never the one-round path), they are fused, and the
+     * fusion buffer of 0 bytes was a NULL destination of memcpy (UBSan, in the asan build) */
+    tnt_handle_t e[2];
+    char empty_a[32], empty_b[32];
+    snprintf(empty_a, sizeof empty_a, "empty-a-%d", iter);
+    snprintf(empty_b, sizeof empty_b, "empty-b-%d", iter);
+    CHECK(tnt_allreduce_async(empty_a, NULL, NULL, 0, TNT_FLOAT64, TNT_SUM, 1.0, &e[0]) == TNT_SUCCESS);
+    CHECK(tnt_allreduce_async(empty_b, small_in, small_out, 0, TNT_FLOAT64, TNT_SUM, 1.0, &e[1]) == TNT_SUCCESS);
     CHECK(tnt_barrier_async("sync", &h[2]) == TNT_SUCCESS);
     for (int k = 2; k >= 0; k--) CHECK(tnt_wait(h[k], 30) == TNT_SUCCESS && tnt_release(h[k]) == TNT_SUCCESS);
+    for (int k = 0; k < 2; k++) CHECK(tnt_wait(e[k], 30) == TNT_SUCCESS && tnt_release(e[k]) == TNT_SUCCESS);
     for (int i = 0; i < COUNT; i += 997) {
       float want = 0;
       for (int q = 0; q < n; q++) want += (float)((i + q) % 7);
@@ -41,6 +51,9 @@ static int run_rank(void) {
     }
     CHECK(small_out[0] == 1.0f && small_out[4] == (float)(n - 1) / 2.0f);
   }
+  tnt_handle_t alone; /* an empty allreduce on its own: its NULL buffer went to the exchange's memcpy */
+  CHECK(tnt_allreduce("empty-alone", NULL, NULL, 0, TNT_FLOAT32, TNT_SUM, 1.0, 30, &alone) == TNT_SUCCESS);
+  CHECK(tnt_broadcast("empty-bcast", NULL, NULL, 0, TNT_INT32, n - 1, 30, &alone) == TNT_SUCCESS); /* the ring's too */
   int64_t mine[8] = {r, r, r, r, r, r, r, r}, count = 0, root_data[2] = {0, 0}; /* r + 1 of them: n <= 8 */
   tnt_handle_t g, b;
   CHECK(tnt_allgather_async("gather", mine, r + 1, 1, TNT_INT64, &g) == TNT_SUCCESS);
