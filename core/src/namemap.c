@@ -50,9 +50,12 @@ int tnt_namemap_get(const tnt_namemap_t *m, const char *key) {
   return found ? m->values[i] : -1;
 }
 
+/* Rebuild without tombstones, at a capacity set by the live entries alone (at most a
+ * quarter full, so that the next rebuild is a quarter of it away): a map through which
+ * many names pass (each step's collective named apart) keeps the size of what it holds. */
 static int grow(tnt_namemap_t *m) {
-  size_t cap = m->cap ? m->cap * 2 : 64;
-  while (m->used * 2 >= cap) cap *= 2;
+  size_t cap = 64;
+  while ((m->used + 1) * 4 > cap) cap *= 2;
   tnt_namemap_t n = {calloc(cap, sizeof(char *)), calloc(cap, sizeof(int)), cap, 0, 0};
   if (!n.keys || !n.values) {
     free(n.keys);

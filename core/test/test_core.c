@@ -9,6 +9,7 @@
 #include "copy_unaliased.h"
 #include "dtype.h"
 #include "expect.h"
+#include "namemap.h"
 #include "shape_layout.h"
 #include "stream_store.h"
 #include "transport/put_copy.h"
@@ -151,6 +152,44 @@ static void test_shape_layout(void) {
   EXPECT(!tnt_shape_layout_text(0x1234567, text, sizeof text) && !strcmp(text, "")); /* odd: a structure's */
 }
 
+/* A name map that sees many names come and go (a training loop naming each step's
+ * collective apart: the handle table's, the pending table's, the negotiation's maps) stays
+ * the size of what it holds; it doubled at every rebuild, tombstones and all: 1M names
+ * through it left a table of 1M slots holding none. */
+static void test_namemap_churn(void) {
+  tnt_namemap_t m;
+  tnt_namemap_init(&m);
+  char key[32];
+  for (int i = 0; i < 10; i++) {
+    snprintf(key, sizeof key, "kept-%d", i);
+    EXPECT(tnt_namemap_put(&m, key, i) == 0);
+  }
+  int ok = 1;
+  for (int i = 0; i < 200000; i++) {
+    snprintf(key, sizeof key, "step-%d", i);
+    ok &= tnt_namemap_put(&m, key, i) == 0 && tnt_namemap_get(&m, key) == i;
+    tnt_namemap_del(&m, key);
+    ok &= tnt_namemap_get(&m, key) == -1;
+  }
+  EXPECT(ok);
+  EXPECT(m.cap <= 256 && m.used == 10);
+  for (int i = 0; i < 10; i++) {
+    snprintf(key, sizeof key, "kept-%d", i);
+    EXPECT(tnt_namemap_get(&m, key) == i);
+  }
+  /* growing with what it holds still works */
+  for (int i = 0; i < 5000; i++) {
+    snprintf(key, sizeof key, "many-%d", i);
+    ok &= tnt_namemap_put(&m, key, i) == 0;
+  }
+  for (int i = 0; i < 5000; i++) {
+    snprintf(key, sizeof key, "many-%d", i);
+    ok &= tnt_namemap_get(&m, key) == i;
+  }
+  EXPECT(ok && m.used == 5010);
+  tnt_namemap_free(&m);
+}
+
 static void test_misuse_before_init(void) {
   float buf[4] = {0};
   tnt_handle_t h;
@@ -222,6 +261,7 @@ int main(void) {
   test_put_copier();
   test_copy_unaliased();
   test_shape_layout();
+  test_namemap_churn();
   test_misuse_before_init();
   test_serial_job();
   printf("%d passed, %d failed\n", passed, failed);
