@@ -158,6 +158,10 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
       strcmp(p->transport, "gpi2"))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "environment variable TNT_TRANSPORT must be one of auto, shm, mpi, gpi2. Received: TNT_TRANSPORT=%s", t);
   const char *tl = getenv("TNT_TIMELINE");
+  if (tl && strlen(tl) >= sizeof p->timeline) /* cut, the trace would go to another file */
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "environment variable TNT_TIMELINE may be at most %zu characters long "
+                    "(the path of the trace file). Received: TNT_TIMELINE=%.60s... (%zu characters)",
+                    sizeof p->timeline - 1, tl, strlen(tl));
   snprintf(p->timeline, sizeof p->timeline, "%s", tl ? tl : "");
   return TNT_SUCCESS;
 }

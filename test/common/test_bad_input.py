@@ -151,6 +151,19 @@ def test_bad_environment_values(var, value, words):
     raises("tnt.init()", "InvalidArgumentError", words, **{var: value})
 
 
+def test_a_timeline_path_too_long_for_the_core_is_refused(tmp_path):
+    # the core holds TNT_TIMELINE in 1024 bytes: a longer path was cut without a word, and the
+    # trace written to the cut name (here a file beside the one asked for)
+    folder = tmp_path
+    while len(str(folder)) < 900:
+        folder = folder / ("d" * 100)
+    folder.mkdir(parents=True)
+    path = str(folder / ("trace-" + "x" * (1100 - len(str(folder))) + ".json"))
+    raises("tnt.init()", "InvalidArgumentError", ["TNT_TIMELINE", f"({len(path)} characters)", "at most 1023"],
+           TNT_TIMELINE=path)
+    assert os.listdir(folder) == []
+
+
 def test_settings_tarantella_does_not_read_are_named_once():
     """A misspelled setting has no effect: init says so, with what it meant."""
     res = run("tnt.init(); tnt.init(); print('up')", TNT_TIMOUT_S="5", TNT_GPUS_PER_NODE="4", TNT_FRobNICATE="1",
