@@ -3,6 +3,7 @@
  * the closing bracket out. Only the background thread writes, so no lock. */
 #include "timeline.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 struct tnt_timeline {
   pthread_mutex_t mu; /* events come from the engine and, on one rank, from every submitting thread */
   FILE *f;
+  char file[1100]; /* its path, for the message of a failed write */
   int rank;
   int64_t t0;
   tnt_namemap_t rows; /* tensor name -> row (tid) */
@@ -45,6 +47,7 @@ tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank,
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_TIMELINE: cannot write %s; give a path in a writable folder", file);
   }
   pthread_mutex_init(&tl->mu, NULL);
+  snprintf(tl->file, sizeof tl->file, "%s", file);
   tl->rank = rank;
   tl->t0 = tnt_now_us();
   fprintf(tl->f, "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}", rank,
@@ -95,7 +98,12 @@ void tnt_timeline_event(tnt_timeline_t *tl, const char *tensor, const char *phas
 void tnt_timeline_close(tnt_timeline_t *tl) {
   if (!tl) return;
   fputs("\n]\n", tl->f);
-  fclose(tl->f);
+  /* a full disk (or quota) cut the trace: say so, or it looks like a trace of less work */
+  const int write_failed = ferror(tl->f);
+  const int close_failed = fclose(tl->f) != 0;
+  if (write_failed || close_failed)
+    TNT_WARN("timeline: %s could not be written in full (%s): the trace is incomplete", tl->file,
+             close_failed ? strerror(errno) : "a write failed");
   tnt_namemap_free(&tl->rows);
   pthread_mutex_destroy(&tl->mu);
   free(tl);

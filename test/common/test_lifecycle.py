@@ -65,6 +65,19 @@ def test_timeline_has_one_trace_per_rank(tmp_path):
         assert all(e["dur"] >= 0 for e in events if e.get("ph") == "X")
 
 
+def test_a_timeline_cut_by_a_full_disk_is_named():
+    # /dev/full: every write fails as on a full disk. The trace was left cut short without
+    # a word (it still reads as a valid trace, of less work)
+    if not os.path.exists("/dev/full"):
+        import pytest
+        pytest.skip("no /dev/full")
+    res = subprocess.run([sys.executable, "-c", "import numpy as np, tarantella as tnt\n"
+                          "tnt.init(); tnt.allreduce(np.ones(3)); tnt.shutdown(); print('done')"],
+                         env=clean_env(TNT_TIMELINE="/dev/full"), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "done" in res.stdout, res.stderr
+    assert "timeline: /dev/full could not be written in full" in res.stderr, res.stderr
+
+
 def test_shared_memory_is_owner_only_and_removed_when_set_up_fails():
     import stat
     import secrets
