@@ -50,8 +50,21 @@ void tnt_log(int level, const char *file, int line, const char *fmt, ...) {
           (long)syscall(SYS_gettid), msg, base ? base + 1 : file, line);
 }
 
+/* A message cut at the end of its buffer may end inside a UTF-8 character (a user's value or
+ * name in it): drop that partial character, so that bindings decoding the message as UTF-8
+ * (Python's config.get) show it instead of failing with a UnicodeDecodeError. */
+static void end_on_a_character(char *s, int full_len, size_t cap) {
+  if (full_len < 0 || (size_t)full_len < cap) return; /* not cut */
+  size_t n = strlen(s), lead = n;
+  while (lead > 0 && ((unsigned char)s[lead - 1] & 0xC0) == 0x80) lead--; /* continuation bytes */
+  if (!lead) return;
+  const unsigned char c = (unsigned char)s[lead - 1];
+  const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+  if (n - (lead - 1) < need) s[lead - 1] = 0;
+}
+
 static tnt_result_t vfail(tnt_result_t code, int peer, const char *fmt, va_list ap) {
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  end_on_a_character(last_error, vsnprintf(last_error, sizeof last_error, fmt, ap), sizeof last_error);
   last_error_rank = peer;
   TNT_DEBUG("error %d: %s", (int)code, last_error);
   return code;
@@ -82,7 +95,8 @@ tnt_result_t tnt_fail_about(tnt_result_t code, int peer, const char *fmt, ...) {
 }
 
 void tnt_set_last_error(const char *message, int peer) {
-  snprintf(last_error, sizeof last_error, "%s", message ? message : "");
+  end_on_a_character(last_error, snprintf(last_error, sizeof last_error, "%s", message ? message : ""),
+                     sizeof last_error);
   last_error_rank = peer;
 }
 

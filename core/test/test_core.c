@@ -190,6 +190,27 @@ static void test_namemap_churn(void) {
   tnt_namemap_free(&m);
 }
 
+/* A message cut at its buffer's end after a user's value of multi-byte characters ends on a
+ * whole character: Python decodes it (a UnicodeDecodeError before, for 1 or 2 leading bytes). */
+static void test_cut_message_is_utf8(void) {
+  for (int pad = 0; pad < 3; pad++) {
+    char value[2000];
+    int at = 0;
+    for (int i = 0; i < pad; i++) value[at++] = 'a';
+    for (int i = 0; i < 600; i++) at += snprintf(value + at, sizeof value - at, "\xe2\x82\xac"); /* the euro sign */
+    EXPECT(tnt_param_check("TNT_TIMEOUT_S", value) == TNT_ERR_INVALID_ARGUMENT);
+    const unsigned char *m = (const unsigned char *)tnt_last_error();
+    size_t n = strlen((const char *)m), i = 0;
+    int whole = n > 900;
+    while (whole && i < n) { /* every character complete */
+      const size_t len = m[i] < 0x80 ? 1 : m[i] >= 0xF0 ? 4 : m[i] >= 0xE0 ? 3 : 2;
+      for (size_t k = 1; k < len; k++) whole &= i + k < n && (m[i + k] & 0xC0) == 0x80;
+      i += len;
+    }
+    EXPECT(whole && i == n);
+  }
+}
+
 static void test_misuse_before_init(void) {
   float buf[4] = {0};
   tnt_handle_t h;
@@ -262,6 +283,7 @@ int main(void) {
   test_copy_unaliased();
   test_shape_layout();
   test_namemap_churn();
+  test_cut_message_is_utf8();
   test_misuse_before_init();
   test_serial_job();
   printf("%d passed, %d failed\n", passed, failed);
