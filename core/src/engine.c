@@ -639,8 +639,10 @@ tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const 
     if (!c->small_scratch) res = tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   }
   if (res == TNT_SUCCESS) res = tnt_settings_agree(transport, ts, pl, params);
-  if (res == TNT_SUCCESS && pthread_create(&c->thread, NULL, engine_main, c) != 0)
-    res = tnt_fail(TNT_ERR_SYSTEM, "cannot start the background thread: %s", strerror(errno));
+  if (res == TNT_SUCCESS) {
+    int err = pthread_create(&c->thread, NULL, engine_main, c);  /* returns the error; errno is not set */
+    if (err != 0) res = tnt_fail(TNT_ERR_SYSTEM, "cannot start the background thread: %s", strerror(err));
+  }
   if (res != TNT_SUCCESS) {
     tnt_engine_free(c);
     return res;

@@ -22,7 +22,7 @@ static struct {
   mark_t *slots;
   int count, me;
   size_t bytes;
-  char name[160];
+  char name[192]; /* "/tnt-" + a job id of up to 100 characters + "-marks-" + a host name of up to 64 */
 } cur;
 
 static tnt_result_t check(void) {
