@@ -79,9 +79,15 @@ tnt_result_t tnt_ring_release(tnt_ring_t *ring);
  * returns (kept between calls, so a steady loop allocates nothing). */
 tnt_result_t tnt_ring_scratch(tnt_ring_t *ring, size_t bytes, uint8_t **buf);
 
+/* floor(len * k / P) without forming len * k, which passes 2^63 for a collective of a few
+ * hundred GB cut into small pieces (len 2^38 bytes, P 2^26 pieces of 4 KiB) */
+static inline int64_t tnt_piece_offset(int64_t len, int64_t k, int64_t P) {
+  return len / P * k + len % P * k / P;
+}
+
 /* Start and end of piece k of P of the element range [begin, begin + len). */
 static inline void tnt_piece(int64_t begin, int64_t len, int64_t k, int64_t P, int64_t *pb, int64_t *pl) {
-  int64_t a = begin + len * k / P, b = begin + len * (k + 1) / P;
+  int64_t a = begin + tnt_piece_offset(len, k, P), b = begin + tnt_piece_offset(len, k + 1, P);
   *pb = a;
   *pl = b - a;
 }
