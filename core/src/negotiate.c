@@ -203,6 +203,26 @@ static void describe(const tnt_meta_t *m, char *out, size_t len) {
 }
 
 /* "tensor 'x': ranks submitted different collectives: ranks 0, 2: allreduce(sum) float32[10]; rank 1: ..." */
+/* NULL, or why an allgather's result cannot exist: each rank's count is below PTRDIFF_MAX
+ * bytes (tnt_submit checks it), but their sum can pass it, and even pass INT64_MAX, which
+ * every rank would then allocate and fill with a wrapped-around size. */
+static char *gather_too_big(const tnt_gentry_t *g, int N) {
+  const int64_t limit = PTRDIFF_MAX / (int64_t)tnt_dtype_size((tnt_dtype_t)g->metas[0].dtype);
+  int64_t total = 0;
+  for (int k = 0; k < N; k++) {
+    if (g->metas[k].count > limit - total) {
+      char *msg = malloc(512);
+      if (msg)
+        snprintf(msg, 512, "allgather '%s': the ranks' counts together pass the largest possible buffer "
+                 "(%lld elements of %s; rank %d alone brings %lld): gather less at once", g->name, (long long)limit,
+                 tnt_dtype_name((tnt_dtype_t)g->metas[0].dtype), k, (long long)g->metas[k].count);
+      return msg ? msg : strdup("allgather too big");
+    }
+    total += g->metas[k].count;
+  }
+  return NULL;
+}
+
 static char *mismatch_message(const tnt_negotiator_t *c, const tnt_gentry_t *g) {
   size_t cap = 4096, used = 0;
   char *msg = malloc(cap);
@@ -759,6 +779,8 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
       if (!agree) {
         r.error = TNT_ERR_MISMATCH;
         r.error_msg = mismatch_message(c, g);
+      } else if (r.meta.coll == COLL_ALLGATHER && (r.error_msg = gather_too_big(g, N)) != NULL) {
+        r.error = TNT_ERR_INVALID_ARGUMENT;
       } else if (r.meta.coll == COLL_ALLGATHER) {
         r.rank_counts = malloc(sizeof(int64_t) * (size_t)N);
         if (!r.rank_counts) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");

@@ -2,6 +2,7 @@
  * that each run every collective through the C API and check the results.
  * Usage: test_ranks N (run under valgrind by the suite to catch leaks and
  * invalid accesses in the engine, the negotiation and the shm transport). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,10 @@ static int run_rank(void) {
   CHECK(tnt_result_copy(g, all) == TNT_SUCCESS && all[0] == 0 && all[count - 1] == n - 1);
   CHECK(tnt_release(g) == TNT_SUCCESS);
   CHECK(tnt_wait(b, 30) == TNT_SUCCESS && root_data[1] == 42 && tnt_release(b) == TNT_SUCCESS);
+  /* counts that each fit a buffer but together do not: refused on every rank (nothing is read) */
+  tnt_handle_t huge;
+  CHECK(tnt_allgather_async("huge", mine, PTRDIFF_MAX / 4 + 1, 1, TNT_FLOAT16, &huge) == TNT_SUCCESS);
+  CHECK(tnt_wait(huge, 30) == TNT_ERR_INVALID_ARGUMENT && tnt_release(huge) == TNT_SUCCESS);
   free(all);
   free(in);
   free(out);
