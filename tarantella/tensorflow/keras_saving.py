@@ -14,6 +14,16 @@ internals, looked up on their modules at every call
 place that hands a tnt.Model to its own `save` / `save_weights` (the master
 writes atomically, every rank meets after) and passes anything else to Keras
 unchanged: the wrapped model that tnt.Model.save hands Keras goes there too.
+
+`tf.saved_model.save(model, dir)` likewise wrote the SavedModel from every
+rank into one directory at once: now and then one rank's save failed in
+MergeV2Checkpoints (the other rank had merged and removed the shared
+`variables_temp`), that rank alone, and the directory was whichever rank
+wrote last. It reaches the directory through
+`tensorflow.python.saved_model.save.save_and_return_nodes`, routed the same
+way: a tnt.Model's SavedModel is written on the master, atomically (as
+`tnt.Model.export`), and the ranks meet after it. Keras' own `export` hands
+TensorFlow an ExportArchive, no tnt.Model, which passes unchanged.
 """
 import functools
 import os
@@ -61,14 +71,34 @@ def _save_model_to_hdf5(model, filepath, overwrite=True, include_optimizer=True)
     return model.save(filepath, include_optimizer=include_optimizer)
 
 
+def _saved_model_save(original):
+    """`original` (TensorFlow's save_and_return_nodes) of a tnt.Model, on the
+    master only (every rank in the call, as for `tnt.Model.export`); returns
+    what it returned there, None on the other ranks."""
+
+    def save(model, export_dir, *args, **kwargs):
+        from tarantella.tensorflow.model import save_together
+
+        written = []
+        save_together("tf.saved_model.save", model, not model._tnt_synced, os.fspath(export_dir),
+                      lambda path: written.append(original(model, path, *args, **kwargs)), False)
+        return written[0] if written else None
+
+    return save
+
+
 def install():
-    """Route Keras' saving functions' tnt.Models to their own saves (once)."""
+    """Route Keras' (and tf.saved_model's) saving functions' tnt.Models to
+    their own saves (once)."""
     from keras.src.legacy.saving import legacy_h5_format
     from keras.src.saving import saving_lib
+    from tensorflow.python.saved_model import save as saved_model_save
 
-    for module, name, save in ((saving_lib, "save_model", _save_model),
-                               (saving_lib, "save_weights_only", _save_weights),
-                               (legacy_h5_format, "save_model_to_hdf5", _save_model_to_hdf5)):
+    for module, name, save in (
+            (saving_lib, "save_model", lambda original: _save_model),
+            (saving_lib, "save_weights_only", lambda original: _save_weights),
+            (legacy_h5_format, "save_model_to_hdf5", lambda original: _save_model_to_hdf5),
+            (saved_model_save, "save_and_return_nodes", _saved_model_save)):
         original = getattr(module, name)
         if not getattr(original, _INSTALLED, False):
-            setattr(module, name, _route(original, save))
+            setattr(module, name, _route(original, save(original)))

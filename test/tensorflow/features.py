@@ -224,6 +224,19 @@ def check_save_load(tnt, files):
     exported = tf.saved_model.load(os.path.join(files, "exported"))  # kept: serve uses its variables
     served = exported.serve(data()[0][:4])
     out["exported_max_diff"] = float(np.max(np.abs(served - model(data()[0][:4]))))
+    # tf.saved_model.save of the tnt.Model, on every rank: every rank wrote the one directory
+    # at once (now and then one rank alone failed in MergeV2Checkpoints), into what was
+    # there. The master now writes it atomically: a file left in the old directory is gone
+    saved = os.path.join(files, "tf_saved")
+    os.makedirs(os.path.join(saved, "assets"), exist_ok=True)
+    if rank == 0:
+        open(os.path.join(saved, "assets", "left_over.txt"), "w").close()
+    for _ in range(3):
+        tf.saved_model.save(model, saved)
+    out["tf_saved_model_files"] = sorted(os.listdir(os.path.join(saved, "assets")))
+    served = tf.saved_model.load(saved).signatures["serving_default"](tf.constant(data()[0][:4]))
+    out["tf_saved_model_max_diff"] = float(np.max(np.abs(list(served.values())[0]
+                                                          - model(data()[0][:4]))))
     config = model.get_config()
     out["from_config_layers"] = len(tnt.Model.from_config(config).layers)
     out["from_json_is_tnt"] = isinstance(tnt.models.model_from_json(model.to_json()), tnt.Model)
@@ -1265,6 +1278,8 @@ def check_rank_only_saves(tnt, files):
         "load_weights_on_master": on_master(lambda m: m.load_weights(wpath)),
         "load_model_on_master": on_master(lambda m: tnt.models.load_model(path)),
         "set_weights_on_master": on_master(lambda m: m.set_weights(m.get_weights())),
+        "tf_saved_model_save_on_master": on_master(
+            lambda m: tf.saved_model.save(m, os.path.join(files, "on_master_saved"))),
         "save_to_a_missing_directory": lambda m: m.save(missing),
         "save_model_to_a_missing_directory": lambda m: tnt.models.save_model(m.model, missing),
         "load_weights_missing_on_rank_1": lambda m: m.load_weights(

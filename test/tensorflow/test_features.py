@@ -262,6 +262,8 @@ def test_save_and_load(runs):
         assert s["keras_save_model"] == ["Sequential", "SGD", True]
         assert s["keras_save_weights"] is True
         assert s["exported_max_diff"] < 1e-6  # model.export, read on every rank
+        # tf.saved_model.save on every rank: written by the master, atomically
+        assert s["tf_saved_model_files"] == [] and s["tf_saved_model_max_diff"] < 1e-6
     assert runs["ranks"][0]["save_load"]["master_only_load"] == "SGD"
     # saved inside a master-only callback, by tnt.Model.save and by save_model of the plain model
     assert runs["ranks"][0]["save_load"]["master_callback_saved"] == ["master_cb.keras", "master_cb_plain.keras"]
@@ -590,12 +592,13 @@ def test_a_save_or_load_on_some_ranks_only_fails_every_rank_at_once(runs):
     for key, call in (("save_on_master", "save"), ("save_weights_on_master", "save_weights"),
                       ("load_weights_on_master", "load_weights"),
                       ("load_model_on_master", "load_model"),
-                      ("set_weights_on_master", "set_weights")):
+                      ("set_weights_on_master", "set_weights"),
+                      ("tf_saved_model_save_on_master", "tf.saved_model.save")):
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
         assert r0[key]["message"] == r1[key]["message"], key
         assert r0[key]["message"].startswith(f"{lead}{call}, rank 1: fit)"), r0[key]["message"]
     # the file a save on the master only wrote is there, complete
-    assert "on_master.keras" in os.listdir(os.path.join(runs["out"], "files"))
+    assert {"on_master.keras", "on_master_saved"} <= set(os.listdir(os.path.join(runs["out"], "files")))
     # a write that fails on the master, a read that fails on rank 1: that rank raises its own
     # error, the other one an error that names it (it waited in the barrier or the broadcast)
     for key, failing, other, error in (
