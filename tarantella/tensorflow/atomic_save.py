@@ -10,6 +10,7 @@ from tarantella.common.logging import get_logger
 
 _TMP_MARK = ".tnt-tmp-"
 _OLD_MARK = ".tnt-old-"  # a replaced directory, moved aside where it could not be exchanged
+_OLD_SET_MARK = ".tnt-oldset-"  # a directory holding a replaced file and its siblings (shards)
 
 
 def _is_local(path):
@@ -85,7 +86,9 @@ def remove_stale_twins(path):
     A directory a save moved aside (`_swap_in` where the exchange is refused)
     is the user's last good save if that save was killed before moving the
     new one in: with `path` missing it is put back (and said so), otherwise
-    it is stale."""
+    it is stale. So is the directory in which a sharded save moved the old
+    file and its shards aside (`_save_with_siblings`): its files are moved
+    back."""
     for old in _dead_twins(path, _OLD_MARK):
         if not os.path.lexists(path):
             try:
@@ -95,6 +98,15 @@ def remove_stale_twins(path):
                 continue
             except OSError:
                 pass  # another save put one there first
+        _remove(old)
+    for old in _dead_twins(path, _OLD_SET_MARK):
+        if not os.path.lexists(path):
+            try:
+                _put_set_back(old, path)
+            except OSError:
+                continue  # kept: explain_missing names it
+            get_logger().warning(f"{path} was missing: a save of it was interrupted after "
+                                 f"moving it and its shards aside; restored them from {old}")
         _remove(old)
     for stale in _dead_twins(path, _TMP_MARK):
         _remove(stale)
@@ -111,7 +123,7 @@ def explain_missing(error, path):
         return error  # a file object
     if not _is_local(path) or os.path.lexists(path):
         return error
-    aside = _dead_twins(path, _OLD_MARK)
+    aside = _dead_twins(path, _OLD_MARK) + _dead_twins(path, _OLD_SET_MARK)
     if not aside:
         return error
     explained = FileNotFoundError(
@@ -129,8 +141,9 @@ def atomic_save(path, save_fn, siblings=False):
     it (Keras' weight shards: `NAME_00000.weights.h5` for
     `NAME.weights.json`, listed by name in it). It then writes in a temporary
     directory beside `path`, under `path`'s own name, so that the files get
-    their final names; they are moved beside `path` first, `path` itself last
-    (each move is atomic, the set of them is not)."""
+    their final names; they are moved beside `path` first, `path` itself last,
+    after the old `path` and its siblings were moved aside together (see
+    _save_with_siblings)."""
     path = os.fspath(path)
     if not _is_local(path):
         return save_fn(path)
@@ -208,14 +221,57 @@ def _exchange(a, b):
 
 
 def _save_with_siblings(path, save_fn, tmp_dir):
+    """See atomic_save. The old file and its siblings are moved aside first,
+    into one directory (`.NAME.tnt-oldset-<pid>.weights.json`), the file
+    first: the shards keep Keras' names (NAME_00000.weights.h5, ...), so a
+    kill while the new ones replaced them one by one left the old file over a
+    mix of new and old shards, which loaded without a word. Now a kill in the
+    moves leaves no NAME: the next save puts the old set back
+    (remove_stale_twins), a load says where it is (explain_missing); an error
+    puts it back at once."""
     directory, base = os.path.split(path)
     os.makedirs(tmp_dir)
+    aside = None
     try:
         result = save_fn(os.path.join(tmp_dir, base))
+        if os.path.lexists(path):
+            aside = temporary_twin(path, mark=_OLD_SET_MARK)
+            os.makedirs(aside)
+            os.replace(path, os.path.join(aside, base))  # first: from here on, no mix loads
+            for name in _siblings(directory, base):
+                os.replace(os.path.join(directory, name), os.path.join(aside, name))
         for name in sorted(os.listdir(tmp_dir)):
             if name != base:
                 os.replace(os.path.join(tmp_dir, name), os.path.join(directory, name))
         os.replace(os.path.join(tmp_dir, base), path)
-        return result
+    except Exception:
+        if aside is not None:
+            _put_set_back(aside, path)  # where this fails too, the set stays aside (kept)
+            os.rmdir(aside)
+        raise
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    return result
+
+
+def _siblings(directory, base):
+    """The files beside `base` (NAME.weights.json) that Keras names after it:
+    its shards, NAME_<index>.weights.h5 (saving_lib.ShardedH5IOStore)."""
+    stem = os.path.splitext(base)[0].replace(".weights", "")  # Keras' base_name
+    pattern = re.compile(re.escape(stem) + r"_[0-9]{5,}\.weights\.h5\Z")
+    return sorted(name for name in os.listdir(directory or ".") if pattern.match(name))
+
+
+def _put_set_back(aside, path):
+    """Move the files of `aside` (see _save_with_siblings) back beside `path`,
+    `path` itself last. Shards of the interrupted save with higher indices may
+    stay beside it: the old file does not list them, the next save removes
+    them with it."""
+    directory, base = os.path.split(path)
+    for name in sorted(os.listdir(aside)):
+        if name != base:
+            os.replace(os.path.join(aside, name), os.path.join(directory, name))
+    if os.path.lexists(os.path.join(aside, base)):
+        os.replace(os.path.join(aside, base), path)

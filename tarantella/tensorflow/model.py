@@ -16,7 +16,7 @@ from tarantella.tensorflow import (batch_normalization, call_agreement, collecti
                                    step_context)
 from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow import keras_saving
-from tarantella.tensorflow.atomic_save import atomic_save
+from tarantella.tensorflow.atomic_save import atomic_save, explain_missing
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
 from tarantella.tensorflow.data import first_batches, step_counts
@@ -846,7 +846,7 @@ class Model(keras.Model):
                 optimizer.build(self.trainable_variables)  # so that its saved state loads too
             self.model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
-            error = exc
+            error = explain_missing(exc, filepath)  # a sharded save's, interrupted
         # a rank that could not read the file fails every rank here, before the broadcast
         call_agreement.check("load_weights", self, self._tnt_agreement, not self._tnt_synced,
                              error=error)

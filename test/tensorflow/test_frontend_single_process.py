@@ -576,6 +576,61 @@ def test_sharded_weights_keep_the_names_of_their_shards(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_an_interrupted_sharded_save_never_loads_a_mix_of_old_and_new_shards(tmp_path, monkeypatch):
+    """The shards keep Keras' names, so a new sharded save replaced them one
+    by one under the old NAME.weights.json: killed between two of those moves,
+    the file loaded the new first shard with the old second one, without a
+    word. The old file and its shards are now moved aside together first: a
+    kill leaves no NAME, its load says where the old set is, and the next save
+    puts it back whole."""
+    from tarantella.tensorflow import atomic_save as module
+
+    def model():
+        return tnt.Model(keras.Sequential([keras.Input((100,)), keras.layers.Dense(1000),
+                                           keras.layers.Dense(1000)]))
+
+    saved = model()
+    path = str(tmp_path / "w.weights.json")
+    saved.save_weights(path, max_shard_size=0.004)  # 2 shards
+    old = saved.get_weights()
+    saved.set_weights([w + 1 for w in old])
+    real_replace = os.replace
+
+    def replace_then_die(src, dst):  # killed as the second new shard moves in
+        if ".tnt-tmp-" in src and os.path.basename(dst) == "w_00001.weights.h5":
+            raise _Killed()
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with pytest.raises(_Killed):
+        saved.save_weights(path, max_shard_size=0.004)
+    monkeypatch.setattr(os, "replace", real_replace)
+    gone = _gone_pid()  # that save's process is gone
+    for name in os.listdir(tmp_path):
+        if ".tnt-oldset-" in name:
+            os.rename(tmp_path / name, tmp_path / f".w.tnt-oldset-{gone}.weights.json")
+    with pytest.raises(FileNotFoundError, match=f"last good save is .*tnt-oldset-{gone}"):
+        model().load_weights(path)  # loaded the new first shard and the old second one
+
+    def failing(tmp):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        module.atomic_save(path, failing, siblings=True)  # puts the old set back first
+    assert sorted(os.listdir(tmp_path)) == [
+        "w.weights.json", "w_00000.weights.h5", "w_00001.weights.h5"]
+    loaded = model()
+    loaded.load_weights(path)
+    for a, b in zip(loaded.get_weights(), old):
+        np.testing.assert_array_equal(a, b)
+    saved.save_weights(path, max_shard_size=0.004)  # and a whole save replaces it whole
+    loaded.load_weights(path)
+    for a, b in zip(loaded.get_weights(), saved.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(os.listdir(tmp_path)) == [
+        "w.weights.json", "w_00000.weights.h5", "w_00001.weights.h5"]
+
+
 def _gone_pid():
     """The pid of a process that has exited and been reaped."""
     process = subprocess.Popen([sys.executable, "-c", ""])
