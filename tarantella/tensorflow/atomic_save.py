@@ -5,6 +5,7 @@ import errno
 import os
 import re
 import shutil
+import socket
 
 from tarantella.common.logging import get_logger
 
@@ -23,12 +24,21 @@ def _twin_parts(path, mark=_TMP_MARK):
     return directory, f".{stem}{mark}", f"{dot}{rest}"
 
 
+def _host():
+    """This host's name, as a temporary's name holds it: a pid says whether a
+    save is alive on its own host only, and ranks on several hosts may save
+    into one shared directory (tnt_save_all_devices=True): each host's saves
+    judge and remove their own host's temporaries only."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
+
+
 def temporary_twin(path, pid=None, mark=_TMP_MARK):
     """A path in the same directory (same filesystem, so the rename is atomic)
     whose name ends like `path` (Keras checks suffixes such as `.keras` and
-    `.weights.h5`): `.NAME.tnt-tmp-<pid>.keras` for `NAME.keras`."""
+    `.weights.h5`): `.NAME.tnt-tmp-<host>-<pid>.keras` for `NAME.keras`."""
     directory, head, tail = _twin_parts(path, mark)
-    return os.path.join(directory, f"{head}{os.getpid() if pid is None else pid}{tail}")
+    return os.path.join(directory,
+                        f"{head}{_host()}-{os.getpid() if pid is None else pid}{tail}")
 
 
 def _process_exists(pid):
@@ -44,10 +54,13 @@ def _process_exists(pid):
 
 
 def _dead_twins(path, mark):
-    """The twins of `path` with `mark` (as `temporary_twin` names them) whose
-    process no longer exists, newest first."""
+    """The twins of `path` with `mark` (as `temporary_twin` names them on this
+    host, or without a host, as earlier versions did) whose process no longer
+    exists, newest first. Another host's are never judged: its pids mean
+    nothing here (it removed a save in flight there)."""
     directory, head, tail = _twin_parts(path, mark)
-    pattern = re.compile(re.escape(head) + r"([0-9]+)" + re.escape(tail) + r"\Z")
+    pattern = re.compile(re.escape(head) + "(?:" + re.escape(_host()) + "-)?([0-9]+)"
+                         + re.escape(tail) + r"\Z")
     try:
         names = os.listdir(directory or ".")
     except OSError:
@@ -79,9 +92,10 @@ def remove_stale_twins(path):
     (killed before their rename or clean-up): those named as
     `temporary_twin(path)` names them, whose process no longer exists. A
     concurrent save's temporary (its process is alive) is left alone; so is
-    anything of another target. The pid is looked up on this host: saves of
-    one target from several hosts at once are not supported anyway (the last
-    rename would win).
+    anything of another target, and another host's temporaries (their pid
+    cannot be looked up here): saves of one target from several hosts at once
+    (tnt_save_all_devices=True into a shared directory) each rename their own
+    whole file, the last rename wins.
 
     A directory a save moved aside (`_swap_in` where the exchange is refused)
     is the user's last good save if that save was killed before moving the
@@ -171,7 +185,7 @@ def _swap_in(new, path):
     (Linux renameat2 RENAME_EXCHANGE), so that `path` holds the old directory
     or the new one at every instant, then the old one (now at `new`) is
     removed. Elsewhere the old one is moved aside first, as
-    `.NAME.tnt-old-<pid>`: a kill between the two renames leaves it there, and
+    `.NAME.tnt-old-<host>-<pid>`: a kill between the two renames leaves it there, and
     the next save puts it back (remove_stale_twins)."""
     if _exchange(new, path):
         shutil.rmtree(new, ignore_errors=True)
@@ -222,7 +236,7 @@ def _exchange(a, b):
 
 def _save_with_siblings(path, save_fn, tmp_dir):
     """See atomic_save. The old file and its siblings are moved aside first,
-    into one directory (`.NAME.tnt-oldset-<pid>.weights.json`), the file
+    into one directory (`.NAME.tnt-oldset-<host>-<pid>.weights.json`), the file
     first: the shards keep Keras' names (NAME_00000.weights.h5, ...), so a
     kill while the new ones replaced them one by one left the old file over a
     mix of new and old shards, which loaded without a word. Now a kill in the

@@ -655,6 +655,32 @@ def test_a_save_removes_stale_temporaries_of_its_target(tmp_path):
         ["m.keras", concurrent.name, other_target.name, longer_name.name])
 
 
+def test_a_save_leaves_the_temporaries_of_other_hosts_alone(tmp_path, monkeypatch):
+    """Ranks on several hosts saving one target into a shared directory
+    (tnt_save_all_devices=True): a temporary named by its pid alone was
+    judged by every host, so another host removed a save in flight (its pid
+    exists there only). Temporaries name their host; a save judges its own
+    host's only (and the unnamed ones of earlier versions)."""
+    import socket
+
+    from tarantella.tensorflow.atomic_save import temporary_twin
+
+    path = str(tmp_path / "m.keras")
+    gone = _gone_pid()
+    monkeypatch.setattr(socket, "gethostname", lambda: "other-host")
+    in_flight = temporary_twin(path, pid=gone)  # alive there: its pid means nothing here
+    aside = temporary_twin(str(tmp_path / "d"), pid=gone, mark=".tnt-old-")  # zipped=False's
+    monkeypatch.undo()
+    stale = temporary_twin(path, pid=gone)  # this host's, dead
+    for name in (in_flight, stale):
+        open(name, "w").write("half")
+    os.mkdir(aside)
+    _model().save(path)
+    _model().save(str(tmp_path / "d"), zipped=False)
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["m.keras", "d", os.path.basename(in_flight), os.path.basename(aside)])
+
+
 def _directory_writer(text):
     """A save_fn that writes a directory holding `text`, and records its inode."""
     written = {}
