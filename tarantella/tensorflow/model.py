@@ -29,6 +29,7 @@ from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
 from tarantella.tensorflow.metrics_aggregation import (global_logs, global_metrics_result,
                                                        weight_step_means)
+from tarantella.tensorflow.optimizer_loading import built_for_loading
 from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 from tarantella.tensorflow.parallel_strategy import resolve as resolve_strategy
 from tarantella.tensorflow.save_paths import (check_model_path, check_save_keywords,
@@ -841,10 +842,9 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.load_weights")
         error = None
         try:
-            optimizer = getattr(self, "optimizer", None)
-            if self.built and optimizer is not None and not optimizer.built:
-                optimizer.build(self.trainable_variables)  # so that its saved state loads too
-            self.model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+            with built_for_loading(getattr(self, "optimizer", None),
+                                   self.trainable_variables if self.built else None):
+                self.model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
             error = explain_missing(exc, filepath)  # a sharded save's, interrupted
         # a rank that could not read the file fails every rank here, before the broadcast

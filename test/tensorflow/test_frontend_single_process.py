@@ -5,6 +5,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
@@ -574,6 +575,39 @@ def test_sharded_weights_keep_the_names_of_their_shards(tmp_path):
     fresh.load_weights(path)  # plain Keras reads it
     for a, b in zip(fresh.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_load_weights_restores_an_optimizer_state_saved_before_or_after_training(tmp_path):
+    """load_weights builds an unbuilt optimizer first, so that a file saved
+    after training restores its state (plain Keras skips it). A file saved
+    before training holds the unbuilt optimizer's iterations and learning
+    rate only: Keras then skipped those for the built optimizer ("it has 6
+    variables whereas the saved optimizer has 2"), and the saved learning
+    rate was lost, where plain Keras' load_weights restores it."""
+    def model(lr=0.1):
+        keras.utils.set_random_seed(1)
+        m = tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+        m.compile(optimizer=keras.optimizers.Adam(lr), loss="mse")
+        return m
+
+    saved = model()
+    saved.optimizer.learning_rate.assign(0.05)
+    path = str(tmp_path / "w.weights.h5")
+    saved.save_weights(path)  # its optimizer not built
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = model()
+        loaded.load_weights(path)
+    assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
+    assert float(loaded.optimizer.learning_rate) == pytest.approx(0.05)  # was 0.1
+    saved.fit(np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"), epochs=1, verbose=0)
+    saved.save_weights(path)  # built: its whole state
+    loaded = model()
+    loaded.load_weights(path)
+    for a, b in zip(loaded.optimizer.variables, saved.optimizer.variables):
+        np.testing.assert_array_equal(a, b)
+    assert int(loaded.optimizer.iterations) == 1
+    assert "load_own_variables" not in vars(loaded.optimizer)  # Keras' own again
 
 
 def test_an_interrupted_sharded_save_never_loads_a_mix_of_old_and_new_shards(tmp_path, monkeypatch):
