@@ -279,6 +279,7 @@ class Supervisor:
         self.on_started = on_started      # called with the list of Popen objects
         self.on_stopping = on_stopping    # called with a reason string when the job is ended early
         self._events = queue.SimpleQueue()
+        self._signalled = False  # a stop signal arrived: start no more processes
         self._procs = []
         self._forwarders = []
         self._writer = _Writer()
@@ -320,6 +321,7 @@ class Supervisor:
         self._events.put(("exit", index, time.time()))
 
     def _on_signal(self, signum, frame):
+        self._signalled = True
         self._events.put(("signal", signum, time.time()))
 
     def _forward(self, signum, frame):
@@ -370,11 +372,17 @@ class Supervisor:
             self._own_children = {pid for pid, _ in _children(os.getpid())}
         try:
             for index, spec in enumerate(self.specs):
+                if self._signalled:
+                    # Ctrl+C or SIGTERM while ranks are still being started (many ranks, a
+                    # slow machine): the main loop below stops those started so far, now;
+                    # before, every rank was started first (-n 100000: minutes)
+                    break
                 try:
                     self._start_one(index, spec)
                 except LaunchError:
                     self._stop(set(range(len(self._procs))), results_by_index={})
                     raise
+            # only the processes started (fewer than specs after a stop signal)
             results.extend(ProcResult(spec, p.pid) for spec, p in zip(self.specs, self._procs))
             if self.on_started:
                 self.on_started(self._procs)

@@ -176,6 +176,31 @@ def test_stopped_rank_is_killed_at_once_not_after_the_grace_period(tmp_path):
     assert time.monotonic() - start < grace_s / 2, "the stopped rank waited for the grace period"
 
 
+def test_stop_signal_while_ranks_are_being_started_starts_no_more(monkeypatch):
+    # SIGTERM (`timeout 60 tntrun -n 100000 ...`, Ctrl+C) while ranks were still being
+    # started was acted on only once every rank had started: for minutes with a large -n.
+    # The signal arrives here as the second rank has started
+    import_runner()
+    from tarantella.runner.supervise import ProcSpec, Supervisor
+
+    specs = [ProcSpec(argv=["sleep", "60"], env=dict(os.environ), label=str(r), rank=r)
+             for r in range(6)]
+    supervisor = Supervisor(specs, grace_s=30)
+    start_one = supervisor._start_one
+
+    def start_then_signal(index, spec):
+        proc = start_one(index, spec)
+        if index == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the Supervisor, on this thread
+        return proc
+
+    monkeypatch.setattr(supervisor, "_start_one", start_then_signal)
+    job = supervisor.run()
+    assert job.interrupted_by == signal.SIGTERM and job.exit_code == 128 + signal.SIGTERM
+    assert [res.spec.rank for res in job.results] == [0, 1], "ranks were started after the signal"
+    assert all(res.stopped and res.returncode == -signal.SIGTERM for res in job.results)
+
+
 def test_ranks_end_when_tntrun_is_killed(script):
     path = script(RANK + "\n")
     env = runner_env()
