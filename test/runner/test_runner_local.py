@@ -342,3 +342,23 @@ def test_program_that_cannot_be_executed_is_named_with_what_to_do(tmp_path, what
     assert res.returncode == 127, res.stderr
     assert message in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("program, message", [
+    ("missing.py", "cannot start 'missing.py': no such file ("),
+    ("sh", "no such file here; /"),  # a command on PATH, not a file of this directory
+    ("/bin/sh", "it is a compiled executable, not a Python script: to run it, write --no-python "
+                "(tntrun --no-python -- /bin/sh ...)"),
+    ("run.sh", "it is a script for /bin/sh, not a Python script: to run it, write --no-python "
+               "(tntrun --no-python -- ./run.sh ...)"),    ("adir", "it is a directory without a __main__.py, not a Python script"),
+])
+def test_a_python_script_that_cannot_run_is_named_once(tmp_path, program, message):
+    # PROGRAM runs with Python: each rank failed on its own, with a report of Python's words
+    # (`can't open file`, for a binary `SyntaxError: source code cannot contain null bytes`)
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "adir").mkdir()
+    res = run_tntrun(["-n", "2", "--", program], cwd=str(tmp_path))
+    assert res.returncode == 127, res.stderr
+    assert message in res.stderr, res.stderr
+    assert ("--no-python" in res.stderr) == (program not in ("missing.py", "adir")), res.stderr
+    assert "FAILED" not in res.stderr and "Traceback" not in res.stderr, res.stderr
