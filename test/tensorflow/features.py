@@ -955,6 +955,72 @@ def check_unnamed_tf_collectives(tnt):
             "threads": [sums.get(t) for t in range(3)]}
 
 
+def check_threads_training(tnt, named):
+    """Four Python threads train a model each (of one architecture) at once, in
+    custom loops of a tf.function with tnt.DistributedOptimizer, its requests
+    named after the thread (named) or not; rank 1 starts the threads in the
+    other order. Per thread: the largest difference between its weights and a
+    serial replay of its data (the mean of every rank's gradients), or the
+    error its thread met. None on the numpy_function path (TNT_TF_OPS), whose
+    waits hold inter-op threads (keras.md, "The ops")."""
+    from tarantella.tensorflow import ops as tf_ops
+
+    if tf_ops.get() is None:
+        return None
+    threads, steps, size, rank = 4, 12, tnt.get_size(), tnt.get_rank()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def batch(t, r, i):
+        rng = np.random.default_rng([t, r, i])
+        return rng.normal(size=(6, 8)).astype("float32"), rng.integers(0, 3, 6).astype("int32")
+
+    def gradients(model, x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    models = []
+    for t in range(threads):
+        keras.utils.set_random_seed(t)
+        models.append(keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(3)]))
+    initial = [m.get_weights() for m in models]
+    trained = {}
+
+    def train(t):
+        try:
+            model = models[t]
+            optimizer = tnt.DistributedOptimizer(keras.optimizers.SGD(0.1), name=f"trainer{t}" if named else None)
+
+            @tf.function
+            def step(x, y):
+                optimizer.apply(gradients(model, x, y), model.trainable_variables)
+
+            for i in range(steps):
+                step(*batch(t, rank, i))
+            trained[t] = model.get_weights()
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            trained[t] = f"{type(exc).__name__}: {exc}"[:400]
+
+    workers = [threading.Thread(target=train, args=(t,), name=f"trainer{t}") for t in range(threads)]
+    for worker in (workers if rank == 0 else workers[::-1]):
+        worker.start()
+    for worker in workers:
+        worker.join()
+    out = []
+    for t, model in enumerate(models):
+        if isinstance(trained.get(t), str):
+            out.append(trained[t])
+            continue
+        model.set_weights(initial[t])
+        optimizer = keras.optimizers.SGD(0.1)
+        for i in range(steps):
+            grads = [gradients(model, *batch(t, r, i)) for r in range(size)]
+            optimizer.apply([sum(g[k] for g in grads) / size for k in range(len(grads[0]))],
+                            model.trainable_variables)
+        out.append(max(float(np.abs(a - b).max()) for a, b in zip(trained[t], model.get_weights())))
+    return out
+
+
 def check_step_counts(tnt):
     """Inputs and arguments that would make the ranks take different numbers
     of steps (each step is collective, so they used to wait for each other
@@ -1480,6 +1546,7 @@ def main():
         results["rank_state"] = check_rank_state(tnt)
         results["step_counts"] = check_step_counts(tnt)
         results["unnamed_tf_collectives"] = check_unnamed_tf_collectives(tnt)
+        results["threads_training_named"] = check_threads_training(tnt, named=True)
         results["same_data"] = check_same_data(tnt)
         results["master_only_checkpoints"] = check_master_only_checkpoints(tnt, files)
         results["master_only_collectives"] = check_master_only_collectives(tnt)

@@ -22,6 +22,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -143,6 +144,8 @@ struct Job {
   std::string error;
 };
 
+std::atomic<bool> g_blocking{false};  // a wait blocks in a TensorFlow thread (Completer::Submit)
+
 class Completer {
  public:
   static Completer &Get() {
@@ -152,10 +155,30 @@ class Completer {
   // Finishes `job` at once when its requests are already complete (small
   // ones on one rank often are), or, with `block`, waits for them here;
   // else hands it to the completion thread.
+  //
+  // A blocking wait holds one of TensorFlow's inter-op threads, and the
+  // requests it waits for may need an inter-op thread on another rank to be
+  // started at all. Python threads that each train a model of their own run
+  // their steps at once: when their blocking waits held every inter-op thread
+  // of rank 0 for requests whose Start ops rank 1 had not run yet, while rank
+  // 1's did the same the other way round, no rank went on (a hang until
+  // TNT_TIMEOUT_S, measured: 4 threads on 2 ranks of 2 inter-op threads). So
+  // only one wait of the process blocks at a time (the others hand off at
+  // once), and it hands off too after one long slice: a stall is bounded
+  // even where the inter-op pool has a single thread.
   void Submit(Job *job, bool block) {
     const CoreApi &api = *g_api.load();
-    while (!Progress(api, job, block ? kLongSliceS : 0))
-      if (!block) break;
+    bool expected = false;
+    if (block && g_blocking.compare_exchange_strong(expected, true)) {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLongSliceS);
+      for (;;) {
+        const double left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
+        if (Progress(api, job, left > 0 ? left : 0) || left <= 0) break;
+      }
+      g_blocking.store(false);
+    } else {
+      Progress(api, job, 0);
+    }
     if (job->next == job->pending.handles.size()) return Finish(api, job);
     {
       std::lock_guard<std::mutex> lock(mu_);
