@@ -97,6 +97,29 @@ def thread_sequence():
     return _sequence_of(thread)
 
 
+def in_thread(name):
+    """A name Tarantella gives requests of its own when the caller gives none
+    (a DistributedOptimizer's "tnt.grads.<digest>", a DistributedGradientTape's
+    "tnt.tape", broadcast_variables' "tnt.bcast"): as it is in the main thread
+    and in threads Python did not start, "<name>@<thread name>" in another
+    thread (refused for two living threads of one name). Threads that each
+    train a model of their own then pair with their namesakes on the other
+    ranks, as their unnamed calls do. (Before, one name for every thread
+    paired one thread's gradients on rank 0 with another thread's on rank 1
+    whenever the two models' shapes agreed, without a word, or refused the
+    name as in flight twice.) A pool's worker thread keeps the name as it is:
+    its name says nothing of the task, and training in a pool one task at a
+    time (`executor.submit(train).result()`) pairs alike on every rank."""
+    thread = threading.current_thread()
+    if thread is _MAIN_THREAD or isinstance(thread, _FOREIGN_THREAD) or _pool_of(thread):
+        return name
+    sequence = _sequence_of(thread)
+    scoped = f"{name}@{sequence}"
+    if len(scoped.encode()) > 200 or "\0" in scoped:  # room for the callers' suffixes (".b0.12", ".s0.values")
+        scoped = f"{name}@{hashlib.blake2b(sequence.encode(), digest_size=16).hexdigest()}"
+    return scoped
+
+
 def _thread_window(kind, thread):
     """(counter, names) of a kind's unnamed calls in a thread other than the main one. The count
     lives on with the thread's name (a later thread of the name goes on with it); the names live in

@@ -25,7 +25,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from tarantella.common import collectives, config, core, errors
+from tarantella.common import collectives, config, core, errors, request_names
 from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow import ops as tf_ops
 
@@ -349,7 +349,7 @@ def broadcast_variables(variables, root_rank=0):
     # shapes or dtypes fail with tnt.MismatchError, even where each dtype's total count agrees,
     # and an empty list on one rank fails the others instead of leaving them waiting.
     values = collectives.broadcast([np.asarray(_value(v), dtype=_numpy_dtype(v)) for v in variables],
-                                   root=root_rank, name="tnt.bcast")
+                                   root=root_rank, name=request_names.in_thread("tnt.bcast"))
     for v, value in zip(variables, values):
         v.assign(np.asarray(value).astype(tf.as_dtype(v.dtype).as_numpy_dtype))
 

@@ -1,6 +1,7 @@
 """DistributedGradientTape: a tf.GradientTape whose gradients are averaged across ranks."""
 import tensorflow as tf
 
+from tarantella.common import request_names
 from tarantella.tensorflow import collective_ops
 from tarantella.tensorflow import compression as compression_lib
 
@@ -16,7 +17,9 @@ class DistributedGradientTape:
 
     Args:
         tape: A `tf.GradientTape`, used as a context manager as usual.
-        name: Optional string naming the requests across ranks.
+        name: Optional string naming the requests across ranks; by default
+            "tnt.tape" (with "@<thread name>" in a thread other than the
+            main one, as unnamed collectives, docs/api.md).
         compression: `tnt.Compression.none` (the default: exact), `fp16` or
             `bf16` (float32 gradients travel as 16-bit floats; see
             docs/keras.md, "Gradient compression").
@@ -32,7 +35,7 @@ class DistributedGradientTape:
     ```
     """
 
-    def __init__(self, tape, name="tnt.tape", compression=compression_lib.Compression.none):
+    def __init__(self, tape, name=None, compression=compression_lib.Compression.none):
         if not isinstance(tape, tf.GradientTape):
             raise TypeError(
                 "DistributedGradientTape expects a tf.GradientTape. Received: "
@@ -57,6 +60,7 @@ class DistributedGradientTape:
         uneven micro-batches still give the serial mean gradient."""
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(grads)
-        averaged = collective_ops.weighted_average(flat, weight=weight, name=self._name,
+        name = self._name or request_names.in_thread("tnt.tape")  # the thread that computes the gradients
+        averaged = collective_ops.weighted_average(flat, weight=weight, name=name,
                                                    compression=self._compression)
         return tf.nest.pack_sequence_as(grads, averaged)

@@ -18,6 +18,7 @@ import threading
 import keras
 import tensorflow as tf
 
+from tarantella.common import request_names
 from tarantella.tensorflow import class_swap, collective_ops, step_context
 from tarantella.tensorflow import compression as compression_lib
 
@@ -228,7 +229,7 @@ def _default_name(variables, grads):
     rank that created or loaded an optimizer the others did not (loading a
     checkpoint on the master only) still names its requests like the rest."""
     described = ";".join(f"{g.dtype.name}{g.shape}" for g in grads if g is not None)
-    return f"tnt.grads.{hashlib.sha1(described.encode()).hexdigest()[:10]}"
+    return request_names.in_thread(f"tnt.grads.{hashlib.sha1(described.encode()).hexdigest()[:10]}")
 
 
 def _check_supported(optimizer):

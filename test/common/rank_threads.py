@@ -28,7 +28,7 @@ import weakref
 import numpy as np
 
 import tarantella as tnt
-from tarantella.common import codes, core
+from tarantella.common import codes, core, request_names
 
 outdir, mode, threads, budget_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 rank, size = tnt.get_rank(), tnt.get_size()
@@ -215,6 +215,16 @@ def pools():
             threads.apply(lambda: tnt.allreduce(np.ones(2, np.int64)))
         except tnt.InvalidUsageError as exc:
             outcome.append(str(exc))
+    # the names Tarantella gives its own requests (a DistributedOptimizer's): a pool's tasks
+    # keep them (one task at a time pairs alike), a thread of its own adds its name
+    with concurrent.futures.ThreadPoolExecutor(2) as two:
+        outcome.append(two.submit(request_names.in_thread, "tnt.grads").result())
+    named = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
+    outcome.append(named.submit(request_names.in_thread, "tnt.grads").result())
+    named.shutdown()
+    own = threading.Thread(target=lambda: outcome.append(request_names.in_thread("tnt.grads")), name="trainer")
+    own.start()
+    own.join()
     return outcome
 
 

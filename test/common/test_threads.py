@@ -32,6 +32,9 @@ def test_threads_submit_wait_and_test_concurrently(mode, tmp_path):
     for rep in reports:
         assert len(rep["twin_refused"]) == 1 and "two threads named 'twin'" in rep["twin_refused"][0], rep
         assert rep["pools"][0] == [1, 1], rep  # 0 + 1: a pool of one thread pairs its calls
-        assert len(rep["pools"]) == 3 and "worker thread of a ThreadPoolExecutor" in rep["pools"][1], rep
+        assert len(rep["pools"]) == 6 and "worker thread of a ThreadPoolExecutor" in rep["pools"][1], rep
         assert "worker thread of a multiprocessing ThreadPool" in rep["pools"][2], rep
+        # the default names of a DistributedOptimizer (request_names.in_thread): kept as they are in a
+        # pool's worker threads, the thread's name added in a thread of its own
+        assert rep["pools"][3:] == ["tnt.grads", "tnt.grads@trainer_0", "tnt.grads@trainer"], rep
         assert rep["freed_in_flight"] == 0, rep  # dropped handles reaped by two threads at once keep their buffers
