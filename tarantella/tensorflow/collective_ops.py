@@ -333,6 +333,7 @@ def sum_across_ranks(tensors, name="tnt.sum"):
     return out
 
 
+@tf.autograph.experimental.do_not_convert  # as tensor_collectives.plain_python (no user code)
 def broadcast_variables(variables, root_rank=0):
     """Assign `root_rank`'s values to `variables` on every rank (eagerly).
 

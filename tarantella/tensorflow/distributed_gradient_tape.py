@@ -54,6 +54,7 @@ class DistributedGradientTape:
     def __getattr__(self, name):
         return getattr(self._tape, name)
 
+    @tf.autograph.experimental.do_not_convert  # as tensor_collectives.plain_python (no user code)
     def gradient(self, target, sources, output_gradients=None, weight=None, **kwargs):
         """`tf.GradientTape.gradient`, averaged over ranks; `weight` (this
         rank's micro-batch size, say) weights this rank's gradients, so that

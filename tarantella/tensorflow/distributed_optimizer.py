@@ -70,6 +70,7 @@ def _distribute_wrapper(optimizer, wrapper):
 
 @class_swap.once_per_class
 def _distributed_class(base):
+    @tf.autograph.experimental.do_not_convert  # as tensor_collectives.plain_python (no user code)
     def apply(self, grads, trainable_variables=None):
         if getattr(_reduced, "active", False):  # inside a distributed wrapper's apply
             return super(cls, self).apply(grads, trainable_variables)

@@ -19,6 +19,13 @@ from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGra
 from tarantella.common import collectives, dtypes, master_only, request_names
 from tarantella.tensorflow import ops as tf_ops
 
+# The entry points run as plain Python while a tf.function traces them, as Keras'
+# own code does: autograph, left to convert them (and everything they call)
+# afresh in every thread that traces, converted them wrongly when threads traced
+# at once (measured: "tf___thread_window() missing 1 required positional
+# argument: 'thread'" in one of three threads). They call no user code.
+plain_python = tf.autograph.experimental.do_not_convert
+
 _graph_counts = weakref.WeakKeyDictionary()  # a traced function's graph -> its unnamed collectives so far
 _graph_lock = threading.Lock()
 
@@ -51,6 +58,7 @@ def _graph_name(kind):
     return f"tf.{kind}.{function}.{k}"
 
 
+@plain_python
 def allreduce(x, op="sum", name=None, prescale=1.0, out=None):
     """`tnt.allreduce` (see tarantella.common.collectives) with tensors back for
     tensors; `out=` (a NumPy array) as there."""
@@ -60,6 +68,7 @@ def allreduce(x, op="sum", name=None, prescale=1.0, out=None):
                 kind="allreduce", name=name, op=op, scale=prescale)
 
 
+@plain_python
 def broadcast(x, root=0, name=None, out=None):
     """`tnt.broadcast` with tensors back for tensors; `out=` as there."""
     if out is not None:
@@ -68,6 +77,7 @@ def broadcast(x, root=0, name=None, out=None):
                 kind="broadcast", name=name, root=root)
 
 
+@plain_python
 def allgather(x, name=None):
     """`tnt.allgather` with tensors back for tensors."""
     return _run(x, lambda v: collectives.allgather(v, name=name), kind="allgather", name=name)

@@ -1061,3 +1061,19 @@ def test_callbacks_say_what_they_did_on_the_master_only(monkeypatch):
     assert prepared_verbosity(0) == [1, 1]
     assert prepared_verbosity(1) == [0, 0]
     assert prepared_verbosity(1, everywhere="1") == [1, 1]
+
+
+def test_the_entry_points_a_tf_function_calls_are_not_converted_by_autograph():
+    """tnt's collectives, the tape's gradient, the optimizer's apply and broadcast_variables run as
+    plain Python while a tf.function traces them (as Keras' code does): autograph converting them
+    afresh in threads that traced at once called a converted helper with an argument missing."""
+    from tensorflow.python.autograph.impl.api import is_autograph_artifact
+
+    from tarantella.tensorflow import collective_ops, tensor_collectives
+
+    optimizer = tnt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    tape = tnt.DistributedGradientTape(tf.GradientTape())
+    entry_points = [tensor_collectives.allreduce, tensor_collectives.broadcast, tensor_collectives.allgather,
+                    collective_ops.broadcast_variables, type(tape).gradient, type(optimizer).apply]
+    assert all(is_autograph_artifact(f) for f in entry_points), \
+        [getattr(f, "__qualname__", f) for f in entry_points if not is_autograph_artifact(f)]
