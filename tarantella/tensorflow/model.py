@@ -407,33 +407,30 @@ class Model(keras.Model):
             return logs
 
         def skip():
-            # Traced, tf.cond traces the real branch first; run eagerly, an
-            # earlier step left what it did (or, at the very first step, the
-            # step is taken to be Keras' default: one apply() to all the
-            # trainable variables, the metrics' results as logs).
-            step.replay(state.replays.get(kind))
-            applies = state.applies.get(kind)
-            if applies is None and kind == "train":
-                applies = [(self.optimizer, self.model.trainable_variables,
-                            [(v.shape, v.dtype) for v in self.model.trainable_variables])]
-            for optimizer, variables, grads in applies or []:
+            # tf.cond traces the real branch first (see below for a step run
+            # eagerly): what it did is in `state`
+            step.replay(state.replays[kind])
+            for optimizer, variables, grads in state.applies[kind]:
                 optimizer.apply([None if g is None else distributed_optimizer.zero_gradient(*g)
                                  for g in grads], variables)
             if after_skip is not None:
                 after_skip()
-            spec = state.logs.get(kind) or tf.nest.map_structure(
-                lambda t: tf.TensorSpec(np.shape(t), tf.as_dtype(t.dtype)),
-                self.model.get_metrics_result())
             return tf.nest.map_structure(
-                lambda sp: tf.zeros([d or 0 for d in sp.shape], sp.dtype), spec)
+                lambda sp: tf.zeros([d or 0 for d in sp.shape], sp.dtype), state.logs[kind])
 
-        if tf.executing_eagerly() and kind not in state.replays and not bool(local_batch > 0):
-            # Run eagerly, tf.cond runs one branch only: a rank whose very first
-            # step of this kind has an empty slice cannot know what the real
-            # branch issues (a global loss normaliser, synchronised BatchNorm
-            # statistics, Dropout's offset), and the other ranks would wait for
-            # it. Traced, tf.cond traces the real branch first: this one step
-            # runs as a function, and later eager steps replay what it logged.
+        if tf.executing_eagerly() and not bool(local_batch > 0):
+            # Run eagerly, tf.cond runs one branch only: a rank whose slice is
+            # empty cannot know what the real branch issues (a global loss
+            # normaliser, synchronised BatchNorm statistics, Dropout's offset,
+            # the optimizer's apply and its variables), and the other ranks
+            # would wait for it. Traced, tf.cond traces the real branch first:
+            # such a step runs as a function, every time. What an earlier step
+            # issued is no guide: a compile since then (another optimizer, new
+            # metrics) or a layer frozen since (run eagerly, Keras trains what
+            # is trainable now) changes it; the rank applied the old optimizer
+            # to the global gradient (its weights apart from the others',
+            # without a word), failed on the new metrics, or waited for
+            # requests named after the old variables until TNT_TIMEOUT_S.
             # The batch's first dimension is traced as unknown, as in a step
             # Keras traces: a static 0 changes what the real branch issues (a
             # tracker's update_state(loss) saw a loss of shape (0,), no scalar,

@@ -520,7 +520,9 @@ def empty_slices(tnt, reference):
       ranks, then a full one, then another of 1 sample; test_on_batch alike of
       a model whose test step updates a tracker with one value (the empty
       rank's first step, traced with a static batch of 0, saw a loss of
-      shape (0,), skipped the batch sizes' sum: a timeout)."""
+      shape (0,), skipped the batch sizes' sum: a timeout); then compiled again
+      with Adam and a metric, and a layer frozen, rank 1's first step after each
+      with an empty slice."""
     keras.utils.set_random_seed(11)
     model = keras.Sequential([
         keras.Input((4, 8)), keras.layers.Dense(6, activation="relu"),
@@ -544,6 +546,18 @@ def empty_slices(tnt, reference):
     out["eager_losses"] = [float(model.train_on_batch(x[a:b], y[a:b]))
                            for a, b in ((0, 1), (1, 21), (21, 22))]
     out["eager_weights"] = weights(model)
+    # compiled again (Adam, a metric) and a layer frozen later, still run eagerly: rank 1's
+    # first step after each has an empty slice (it replayed the earlier steps' requests: it
+    # applied the old SGD to the global gradient, its weights apart without a word; failed on
+    # the new metric; waited for requests named after the unfrozen variables)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), run_eagerly=True, metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    out["recompiled_losses"] = [float(model.train_on_batch(x[a:b], y[a:b], return_dict=True)["loss"])
+                                for a, b in ((0, 1), (1, 21))]
+    model.layers[0].trainable = False
+    out["recompiled_losses"] += [float(model.train_on_batch(x[a:b], y[a:b], return_dict=True)["loss"])
+                                 for a, b in ((21, 22), (1, 21))]
+    out["recompiled_weights"] = weights(model)
     keras.utils.set_random_seed(12)
     model = OneValueTracker()
     if not reference:

@@ -235,17 +235,21 @@ def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
     run eagerly, make the same requests (the first step knew nothing of a
     summed loss's normaliser, later ones summed the weights once more: a
     timeout; a tracker updated with one value skipped the batch sizes' sum in
-    the first step: a timeout)."""
+    the first step: a timeout), also after a compile or a freeze since the
+    earlier steps (it replayed them: the old optimizer applied, its weights
+    apart from the others' without a word; the new metrics unbuilt, an error
+    on that rank; requests named after the unfrozen variables: a timeout)."""
     ref = runs["ref"]["empty_slices"]
     for rank in runs["ranks"]:
         got = rank["empty_slices"]
-        for key in ("batch_norm_weights", "eager_weights"):
+        for key in ("batch_norm_weights", "eager_weights", "recompiled_weights"):
             for a, b in zip(got[key], ref[key]):
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=key)
         np.testing.assert_allclose(got["batch_norm_predict"], ref["batch_norm_predict"],
                                    rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got["eager_losses"], ref["eager_losses"], rtol=1e-6)
         np.testing.assert_allclose(got["eager_tracked"], ref["eager_tracked"], rtol=1e-6)
+        np.testing.assert_allclose(got["recompiled_losses"], ref["recompiled_losses"], rtol=1e-6)
     assert runs["ranks"][0]["empty_slices"] == runs["ranks"][1]["empty_slices"]
 
 
