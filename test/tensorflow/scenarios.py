@@ -395,6 +395,16 @@ def scenarios(size):
             val=(sequences(N_VAL, 12)[0], ymv % 4), sizes=(2, 3, 4),
             loss=lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                                     ignore_class=3)),
+        # the optimizer's own gradient treatments act on the averaged gradient, as in serial
+        # Keras: global_clipnorm, decoupled weight decay, a schedule, EMA (overwriting the
+        # weights every 3 updates) and gradient accumulation (a mean of 2 averaged gradients;
+        # 4 ranks: an empty slice accumulates zeros of weight 0)
+        "mlp_optimizer_features": dict(
+            build=mlp, B=25, kind="dataset", x=xm, y=ym, val=(xmv, ymv), sizes=(2, 4),
+            opt=lambda: keras.optimizers.AdamW(
+                keras.optimizers.schedules.ExponentialDecay(0.02, 3, 0.7), weight_decay=0.05,
+                global_clipnorm=0.5, use_ema=True, ema_momentum=0.8, ema_overwrite_frequency=3,
+                gradient_accumulation_steps=2)),
         # per-output losses (cls_loss, val_reg_loss, ...) and EarlyStopping on one of them
         "two_heads": dict(build=two_heads, opt=sgd, B=25, kind="dataset", x=xm,
                           y={"cls": ym, "reg": xm[:, :1] * 2.0}, sizes=(2, 3), epochs=5,
