@@ -168,6 +168,25 @@ def test_unbatched_dataset_without_micro_batch_size_is_refused():
     assert "already" not in str(refused.value)
 
 
+def test_micro_batch_size_with_samples_of_unknown_length_is_refused():
+    """Token sequences with per-token labels, unbatched: every component's
+    first dimension is unknown, which is taken for a generator's batches.
+    tnt_micro_batch_size was ignored without a word and each sequence cut
+    along its time axis between the ranks; it is now refused, saying how to
+    batch them (padded_batch / ragged_batch with the global batch)."""
+    seqs = [np.arange(n, dtype="int64") for n in (3, 5, 2, 4)]
+    spec = tf.TensorSpec([None], tf.int64)
+    ds = tf.data.Dataset.from_generator(lambda: ((s, s % 2) for s in seqs),
+                                        output_signature=(spec, spec))
+    with pytest.raises(ValueError, match=r"tnt_micro_batch_size=2 says that the dataset is not "
+                                         r"batched.*padded_batch\(4\)"):
+        distribute_dataset(ds, micro_batch_size=2, rank=0, size=2)
+    batched = [_batches(distribute_dataset(ds.padded_batch(4), micro_batch_size=2, rank=r,
+                                           size=2).dataset) for r in range(2)]
+    assert [len(b[0][0]) for b in batched] == [2, 2]  # one global batch of 4 sequences
+    distribute_dataset(ds, rank=0, size=2)  # without it: taken for a generator's batches
+
+
 def test_micro_batch_size_inconsistent_with_global_batch_is_refused():
     with pytest.raises(ValueError, match=r"Received: tnt_micro_batch_size=3, batch_size=8 \(ranks=2\)"):
         distribute_dataset(tf.data.Dataset.range(16).batch(8), micro_batch_size=3, rank=0, size=2)

@@ -45,6 +45,24 @@ def _already_batches(dataset):
             f"`dataset.unbatch().batch({n})`.")
 
 
+def _refuse_unknown_batching(dataset, micro_batch_size, size, what, label):
+    """Elements whose every component has an unknown first dimension are taken
+    for batches (a generator yielding global batches), but they are as well
+    samples of variable length (token sequences with per-token labels). Given
+    `what` (the per-rank batch size, which says the dataset is unbatched),
+    such samples were taken for global batches all the same, each sequence cut
+    along its time axis between the ranks, and `what` ignored without a word."""
+    global_batch = micro_batch_size * size
+    raise ValueError(
+        f"{what}={micro_batch_size} says that {label} is not batched, but every component of its "
+        "elements has an unknown first dimension, so they may as well be global batches (a "
+        "generator yielding batches): Tarantella cannot tell which. Samples of variable length: "
+        f"batch them yourself with the global batch size ({what} * {size} ranks = "
+        f"{global_batch}), e.g. `dataset.padded_batch({global_batch})` or "
+        f"`dataset.ragged_batch({global_batch})`. Global batches: leave out {what}. Received: "
+        f"{what}={micro_batch_size} and a dataset with element_spec={dataset.element_spec}")
+
+
 def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
                        shuffle_seed=shuffle_seeding.DEFAULT_SEED, what="tnt_micro_batch_size",
                        slice_early=True, label="the dataset"):
@@ -88,6 +106,8 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
         global_batch = micro_batch_size * size
         dataset = dataset.batch(global_batch)
         info = dataset_inspection.Batching(True, global_batch)
+    elif micro_batch_size is not None and info.batched is None:
+        _refuse_unknown_batching(dataset, micro_batch_size, size, what, label)
     elif micro_batch_size is not None and info.batch_size is not None:
         _check_micro_batch_size(micro_batch_size, info.batch_size, size, what)
     # batches drawn at random per process (augmentation) may differ: not compared
