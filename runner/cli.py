@@ -282,7 +282,7 @@ def _local_plan(args, command, job_id, private_dir):
         argv_of = pinning.pinned_argv_of(base_argv, args.pin_to_socket, args.pin_memory_to_socket,
                                          size)
     return local.rank_specs(argv_of, env, size, private_dir, args.output_on_all_devices,
-                            gpu_of=gpu_of)
+                            gpu_of=gpu_of, stderr_of_all=args.stderr_of_all)
 
 
 def _print_dry_run(specs, base_env):
@@ -327,6 +327,9 @@ def main(argv=None):
         job_id = secrets.token_hex(16)
         args.output_on_all_devices = environment.as_ranks_see_it(args, "TNT_OUTPUT_ON_ALL_DEVICES")
         args.one_line_report = environment.as_ranks_see_it(args, "TNT_LOG_LEVEL") == "ERROR"
+        # the other ranks' logs go to their stderr, which a job on this host shows only for
+        # rank 0 (across hosts the engine shows every rank's stderr)
+        args.stderr_of_all = environment.as_ranks_see_it(args, "TNT_LOG_ON_ALL_DEVICES")
         from tarantella.runner import multi
         tasks = multi.step_task_count()
         if tasks:

@@ -10,9 +10,11 @@ from tarantella.runner.supervise import ProcSpec, Supervisor
 
 
 def rank_specs(argv_of, env, size, private_dir, output_on_all, gpu_of=None, pin_of=None,
-               cwd=None):
+               cwd=None, stderr_of_all=False):
     """One ProcSpec per rank. `argv_of(local_rank)` gives a rank's argv (after pinning),
-    `gpu_of(local_rank)` its CUDA_VISIBLE_DEVICES (None: leave as is)."""
+    `gpu_of(local_rank)` its CUDA_VISIBLE_DEVICES (None: leave as is). `stderr_of_all`
+    (TNT_LOG_ON_ALL_DEVICES): every rank's stderr is shown, where its logs go; before,
+    --log-on-all-devices alone showed rank 0's log only."""
     host = platform.node()
     specs = []
     for rank in range(size):
@@ -28,7 +30,7 @@ def rank_specs(argv_of, env, size, private_dir, output_on_all, gpu_of=None, pin_
         shown = output_on_all or rank == 0
         specs.append(ProcSpec(
             argv=argv_of(rank), env=rank_env, label=str(rank), rank=rank, local_rank=rank,
-            host=host, show_stdout=shown, show_stderr=shown, prefix=output_on_all,
+            host=host, show_stdout=shown, show_stderr=shown or stderr_of_all, prefix=output_on_all,
             stdin=(rank == 0), error_file=error_file, cwd=cwd,
         ))
     return specs

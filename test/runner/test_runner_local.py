@@ -177,6 +177,21 @@ def test_output_and_log_settings_from_the_environment_are_the_flags(script):
     assert res.returncode == 2 and "TNT_OUTPUT_ON_ALL_DEVICES=maybe" in res.stderr, res.stderr
 
 
+def test_log_on_all_devices_shows_every_ranks_log(script):
+    # the other ranks' logs go to their stderr, which tntrun hid: --log-on-all-devices (the
+    # original tarantella's flag, or TNT_LOG_ON_ALL_DEVICES) alone showed rank 0's log only
+    path = script("""
+        print(f"out of {os.environ['TNT_RANK']}")
+        print(f"log of {os.environ['TNT_RANK']}", file=sys.stderr)
+    """)
+    for extra, env in ((["--log-on-all-devices"], runner_env()),
+                       ([], runner_env(TNT_LOG_ON_ALL_DEVICES="true"))):
+        res = run_tntrun(["-n", "2", *extra, "--", path], env=env)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == ["out of 0"], res.stdout  # the output stays rank 0's
+        assert "log of 0" in res.stderr and "log of 1" in res.stderr, res.stderr
+
+
 def _on_one_core():
     """preexec_fn: run tntrun (and so its ranks) on one core of this machine, whatever its size."""
     core = min(os.sched_getaffinity(0))
