@@ -523,8 +523,19 @@ class Model(keras.Model):
         for this rank; None where `distribute` is False. `label` names the
         input in errors."""
         if not distribute:
+            switch = ("tnt_distribute_validation_dataset" if label == "validation_data"
+                      else "tnt_distribute_dataset")
+            if micro_batch_size is not None:
+                # the data is used as given: the size was ignored without a word (an unbatched
+                # dataset then failed in Keras on shapes of unknown rank, far from the cause)
+                raise ValueError(
+                    f"tnt.Model.{what}: {kwarg_name} has no effect with {switch}=False, where "
+                    "each rank's data is used as given: batch each rank's part with its "
+                    f"micro-batch size yourself (`dataset.batch({micro_batch_size})`) and leave "
+                    f"out {kwarg_name}. Received: {kwarg_name}={micro_batch_size!r}, "
+                    f"{switch}=False")
             get_logger().info(
-                f"tnt.Model.{what}: tnt_distribute_dataset=False, so the data is used as given: "
+                f"tnt.Model.{what}: {switch}=False, so the data is used as given: "
                 "each rank must feed its own part of every global batch.")
             return None
         self._refuse_stateful_rnn(what)
@@ -753,7 +764,7 @@ class Model(keras.Model):
             "the type of x": kind, "tnt_distribute_dataset": tnt_distribute_dataset,
             "steps": steps if tnt_distribute_dataset else None,
             "batch_size": batch_size if tnt_distribute_dataset else None,
-            "tnt_micro_batch_size": tnt_micro_batch_size if tnt_distribute_dataset else None})
+            "tnt_micro_batch_size": tnt_micro_batch_size})  # refused undistributed (_distribute)
         call_agreement.check("predict", self, self._tnt_agreement, not self._tnt_synced, arguments)
         data = self._distribute(x, None, None, batch_size, False, tnt_micro_batch_size,
                                 tnt_distribute_dataset, "predict", "tnt_micro_batch_size")

@@ -230,6 +230,30 @@ def test_batch_size_with_a_dataset_is_refused():
         _model().fit(ds, batch_size=4, verbose=0)
 
 
+def test_micro_batch_size_without_distribution_is_refused():
+    """tnt_distribute_dataset=False uses each rank's data as given: a
+    tnt_micro_batch_size beside it was ignored without a word (an unbatched
+    dataset then failed in Keras on "shape with unknown rank")."""
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((8, 4)), np.zeros((8, 2))))
+    model = _model()
+    calls = {
+        "fit": lambda: model.fit(ds, tnt_micro_batch_size=2, tnt_distribute_dataset=False,
+                                 verbose=0),
+        "evaluate": lambda: model.evaluate(ds, tnt_micro_batch_size=2, tnt_distribute_dataset=False,
+                                           verbose=0),
+        "predict": lambda: model.predict(ds.map(lambda a, b: a), tnt_micro_batch_size=2,
+                                         tnt_distribute_dataset=False, verbose=0)}
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=rf"tnt.Model.{what}: tnt_micro_batch_size has no "
+                                             r"effect with tnt_distribute_dataset=False.*"
+                                             r"dataset.batch\(2\)"):
+            call()
+    with pytest.raises(ValueError, match=r"tnt_validation_micro_batch_size has no effect with "
+                                         r"tnt_distribute_validation_dataset=False"):
+        model.fit(ds.batch(4), validation_data=ds, tnt_validation_micro_batch_size=2,
+                  tnt_distribute_validation_dataset=False, verbose=0)
+
+
 def test_ftrl_is_refused():
     with pytest.raises(ValueError, match="Ftrl"):
         tnt.DistributedOptimizer(keras.optimizers.Ftrl())
