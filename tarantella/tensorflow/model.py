@@ -522,9 +522,10 @@ class Model(keras.Model):
         batch can be empty, the dataset's first_batches.FirstBatches or None)
         for this rank; None where `distribute` is False. `label` names the
         input in errors."""
+        validation = label == "validation_data"
+        batch_name = "validation_batch_size" if validation else "batch_size"
         if not distribute:
-            switch = ("tnt_distribute_validation_dataset" if label == "validation_data"
-                      else "tnt_distribute_dataset")
+            switch = "tnt_distribute_validation_dataset" if validation else "tnt_distribute_dataset"
             if micro_batch_size is not None:
                 # the data is used as given: the size was ignored without a word (an unbatched
                 # dataset then failed in Keras on shapes of unknown rank, far from the cause)
@@ -547,8 +548,8 @@ class Model(keras.Model):
                     f"sample_weight={type(sample_weight).__name__}")
             if batch_size is not None:
                 raise ValueError(
-                    "Do not pass `batch_size` with a tf.data.Dataset: batch the dataset with the "
-                    f"global batch size instead. Received: batch_size={batch_size}")
+                    f"Do not pass `{batch_name}` with a tf.data.Dataset: batch the dataset with "
+                    f"the global batch size instead. Received: {batch_name}={batch_size}")
             d = distribute_dataset(x, micro_batch_size=micro_batch_size, what=kwarg_name,
                                    label=label)
             return d.dataset, d.global_batch_size, d.micro_batch_size, True, d.first_batches
@@ -563,13 +564,14 @@ class Model(keras.Model):
         if micro_batch_size is not None:
             if batch_size is not None and batch_size != micro_batch_size * size:
                 raise ValueError(
-                    f"{kwarg_name} * ranks must equal batch_size (the global batch size). "
-                    f"Received: {kwarg_name}={micro_batch_size}, batch_size={batch_size} "
+                    f"{kwarg_name} * ranks must equal {batch_name} (the global batch size). "
+                    f"Received: {kwarg_name}={micro_batch_size}, {batch_name}={batch_size} "
                     f"(ranks={size})")
             batch_size = micro_batch_size * size
         batch_size = 32 if batch_size is None else batch_size
         if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}")
+            raise ValueError(f"{batch_name} must be a positive integer. Received: "
+                             f"{batch_name}={batch_size!r}")
         data = (x,) if y is None and sample_weight is None else (
             (x, y) if sample_weight is None else (x, y, sample_weight))
         if size > 1:
@@ -693,8 +695,11 @@ class Model(keras.Model):
                 vx, vy, vsw = validation_data, None, None
             else:
                 vx, vy, vsw = keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
+            # arrays are batched like x unless validation_batch_size or
+            # tnt_validation_micro_batch_size says otherwise (the latter was refused as not
+            # matching x's batch, a default the user never gave)
             val = self._distribute(vx, vy, vsw, validation_batch_size or (
-                None if isinstance(vx, tf.data.Dataset) else (
+                None if isinstance(vx, tf.data.Dataset) or tnt_validation_micro_batch_size else (
                     global_batch if train is not None else batch_size)),
                 False, tnt_validation_micro_batch_size, tnt_distribute_validation_dataset,
                 "fit", "tnt_validation_micro_batch_size", label="validation_data")

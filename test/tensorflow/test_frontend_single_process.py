@@ -254,6 +254,32 @@ def test_micro_batch_size_without_distribution_is_refused():
                   tnt_distribute_validation_dataset=False, verbose=0)
 
 
+def test_validation_sizes_are_honoured_and_named():
+    """Validation arrays with tnt_validation_micro_batch_size alone were batched
+    like x all the same (a ValueError that the micro-batch did not match a
+    validation batch size the user never gave); the errors about validation
+    sizes said `batch_size` where the user gave `validation_batch_size`."""
+    x, y = np.zeros((12, 4), "float32"), np.zeros((12, 2), "float32")
+    steps = []
+
+    class Count(keras.callbacks.Callback):
+        def on_test_batch_end(self, batch, logs=None):
+            steps.append(batch)
+
+    model = _model()
+    model.fit(x, y, batch_size=8, validation_data=(x, y), tnt_validation_micro_batch_size=3,
+              callbacks=[Count()], verbose=0)
+    assert len(steps) == 4  # 12 samples in validation batches of 3 (1 rank)
+    with pytest.raises(ValueError, match=r"Do not pass `validation_batch_size` with a "
+                                         r"tf.data.Dataset.*Received: validation_batch_size=4"):
+        model.fit(x, y, batch_size=8, validation_batch_size=4, verbose=0,
+                  validation_data=tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+    with pytest.raises(ValueError, match=r"must equal validation_batch_size.*"
+                                         r"tnt_validation_micro_batch_size=3, validation_batch_size=4"):
+        model.fit(x, y, batch_size=8, validation_data=(x, y), validation_batch_size=4,
+                  tnt_validation_micro_batch_size=3, verbose=0)
+
+
 def test_ftrl_is_refused():
     with pytest.raises(ValueError, match="Ftrl"):
         tnt.DistributedOptimizer(keras.optimizers.Ftrl())
