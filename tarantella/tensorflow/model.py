@@ -85,6 +85,15 @@ _GONE = {
     "group": "there are no rank groups: every collective spans all ranks",
     "to_yaml": "Keras 3 removed YAML: use to_json() and tnt.models.model_from_json",
     **dict.fromkeys(("reset_states", "add_metric", "state_updates"), "Keras 3 removed it"),
+    "close": "there is nothing to release (it was the original's exit hook): leave the call out",
+}
+
+# the original Tarantella's compile() arguments that Keras 3 removed: what to do instead
+_GONE_COMPILE = {
+    "sample_weight_mode": "Keras 3 removed it: pass sample weights shaped like the targets "
+                          "(batch, timesteps) to weight each timestep",
+    "experimental_run_tf_function": "Keras 3 removed it (the original set it to False itself): "
+                                    "leave it out",
 }
 
 
@@ -253,6 +262,11 @@ class Model(keras.Model):
         the wrapped model's own `compile(...)` if it has one (e.g. a GAN's
         `compile(d_optimizer, g_optimizer, loss_fn)`). Every optimizer the
         model then holds averages its gradients across ranks."""
+        for name in _GONE_COMPILE.keys() & kwargs.keys():
+            # Keras' TypeError named the internal _compile_keras and said nothing more
+            raise TypeError(f"tnt.Model.compile: {name} of the original Tarantella is not "
+                            f"available: {_GONE_COMPILE[name]} (docs/migration.md). Received: "
+                            f"{name}={kwargs[name]!r}")
         if type(self.model).compile is not keras.Model.compile:
             self._compile_own(*args, **kwargs)
         else:

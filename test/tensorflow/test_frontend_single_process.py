@@ -1080,9 +1080,17 @@ def test_the_original_tarantellas_names_work_or_say_what_replaces_them():
     # no attribute", naming the wrapped model); those the wrapped model has are still its own
     model = tnt.Model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
     for name, hint in (("dist_optimizer", "model.optimizer"), ("to_yaml", "to_json()"),
-                       ("reset_states", "Keras 3 removed it"), ("group", "no rank groups")):
+                       ("reset_states", "Keras 3 removed it"), ("group", "no rank groups"),
+                       ("close", "nothing to release")):
         with pytest.raises(AttributeError, match=r"tnt\.Model\." + name + " of the original") as error:
             getattr(model, name)
+        assert hint in str(error.value) and "migration.md" in str(error.value), name
+    # its compile() arguments that Keras 3 removed: the TypeError named the internal
+    # _compile_keras and said nothing more
+    for name, value, hint in (("sample_weight_mode", None, "sample weights shaped like"),
+                              ("experimental_run_tf_function", False, "leave it out")):
+        with pytest.raises(TypeError, match=r"tnt\.Model\.compile: " + name + " of the original") as error:
+            model.compile(optimizer="sgd", loss="mse", **{name: value})
         assert hint in str(error.value) and "migration.md" in str(error.value), name
     with pytest.raises(AttributeError, match="no_such_name"):
         model.no_such_name  # noqa: B018
