@@ -137,7 +137,10 @@ _UNLISTED = ("TNT_CUDART_LIBRARY", "TNT_GPU_LISTING", "TNT_STAGING_ON_HOST", "TN
 
 # the original Tarantella's settings that are not read here (docs/migration.md)
 _ORIGINAL = {"TNT_GPUS_PER_NODE": "tntrun counts each host's GPUs (--no-gpu hides them)",
-             "TNT_LOG_DIR": "the original Tarantella's, not available"}
+             "TNT_LOG_DIR": "the original Tarantella's, not available",
+             # "did you mean TNT_FUSION_THRESHOLD_KB?" led to its byte count given as KiB
+             "TNT_FUSION_THRESHOLD": "the original Tarantella's, in bytes: set "
+                                     "TNT_FUSION_THRESHOLD_KB, in KiB (bytes / 1024)"}
 
 
 def unknown_names(environ=None):

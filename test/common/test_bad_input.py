@@ -167,10 +167,13 @@ def test_a_timeline_path_too_long_for_the_core_is_refused(tmp_path):
 def test_settings_tarantella_does_not_read_are_named_once():
     """A misspelled setting has no effect: init says so, with what it meant."""
     res = run("tnt.init(); tnt.init(); print('up')", TNT_TIMOUT_S="5", TNT_GPUS_PER_NODE="4", TNT_FRobNICATE="1",
-              TNT_TIMEOUT_S="30")
+              TNT_TIMEOUT_S="30", TNT_FUSION_THRESHOLD="65536")
     assert res.returncode == 0 and "up" in res.stdout, res.stderr
     warned = [line for line in res.stderr.splitlines() if "is not one Tarantella reads" in line]
-    assert len(warned) == 3, res.stderr
+    assert len(warned) == 4, res.stderr
+    # the original's setting in bytes: "did you mean TNT_FUSION_THRESHOLD_KB?" invited 65536 KiB
+    assert ("TNT_FUSION_THRESHOLD is not one Tarantella reads (the original Tarantella's, in bytes: "
+            "set TNT_FUSION_THRESHOLD_KB, in KiB" in res.stderr), res.stderr
     assert "TNT_TIMOUT_S is not one Tarantella reads (did you mean TNT_TIMEOUT_S?)" in res.stderr
     assert "TNT_GPUS_PER_NODE is not one Tarantella reads (tntrun counts each host's GPUs" in res.stderr
     assert "TNT_FRobNICATE is not one Tarantella reads (docs/environment.md lists the settings)" in res.stderr
