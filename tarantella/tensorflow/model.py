@@ -248,9 +248,12 @@ class Model(keras.Model):
         return self.model.compute_mask(*args, **kwargs)
 
     def summary(self, *args, **kwargs):
-        """The wrapped model's summary, on the master rank only (on every rank
-        with TNT_OUTPUT_ON_ALL_DEVICES=true)."""
-        if core.is_master_rank() or config.get("TNT_OUTPUT_ON_ALL_DEVICES"):
+        """The wrapped model's summary, printed on the master rank only (on every
+        rank with TNT_OUTPUT_ON_ALL_DEVICES=true). Given a `print_fn`, it runs on
+        every rank: the summary is then the caller's data (lines collected to
+        count or parse), which other ranks got none of."""
+        print_fn = kwargs.get("print_fn", args[2] if len(args) > 2 else None)
+        if print_fn is not None or core.is_master_rank() or config.get("TNT_OUTPUT_ON_ALL_DEVICES"):
             return self.model.summary(*args, **kwargs)
         return None
 

@@ -742,6 +742,11 @@ def check_misc(tnt, files):
     variables = [tf.Variable(tf.fill((2, 3), float(rank))), tf.Variable(rank + 1), tf.Variable(rank > 0)]
     tnt.broadcast_variables(variables, root_rank=1)
     out["broadcast_values"] = [np.asarray(v).tolist() for v in variables]
+    # summary(print_fn=...) hands the caller the summary: printed on the master only, it left
+    # the other ranks' collected lines empty (a count or parse of them then differed)
+    lines = []
+    model.summary(print_fn=lambda line, **kwargs: lines.append(line))
+    out["summary_lines"] = len(lines)
     return out
 
 

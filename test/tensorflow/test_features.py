@@ -310,6 +310,11 @@ def test_warnings_and_xla(runs):
     assert master["jit_compile"] is False and master["xla_info"]
 
 
+def test_a_summary_given_a_print_fn_reaches_it_on_every_rank(runs):
+    counts = [r["misc"]["summary_lines"] for r in runs["ranks"]]
+    assert counts[0] > 0 and counts == [counts[0]] * len(counts), counts
+
+
 def test_broadcast_variables_refuses_lists_that_differ_and_assigns_the_roots_values(runs):
     for r in runs["ranks"]:
         misc = r["misc"]
