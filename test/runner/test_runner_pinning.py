@@ -47,9 +47,10 @@ def test_pinned_ranks_run(script, tmp_path):
     assert "[1] pinned rank 1" in res.stdout
 
 
-def test_memory_pinning_without_numactl_is_an_error(tmp_path):
+def test_memory_pinning_without_numactl_is_an_error(script, tmp_path):
     env = runner_env(TNT_SYSFS_NODE_DIR=_nodes(tmp_path), PATH=str(tmp_path / "empty"))
-    res = run_tntrun(["-n", "2", "--pin-memory-to-socket", "--", "t.py"], env=env)
+    # a script that exists: tntrun names a missing one first (exit 127)
+    res = run_tntrun(["-n", "2", "--pin-memory-to-socket", "--", script("pass\n")], env=env)
     assert res.returncode == 2
     assert "--pin-memory-to-socket needs numactl" in res.stderr and "apt-get install numactl" in res.stderr
 
