@@ -84,11 +84,24 @@ def _log_level(text):
     return level
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Fills in the core's defaults (<TNT_TIMEOUT_S> in a help text) only when the help is
+    shown: they come from the core's table (core/src/params.c), and reading it loads the
+    compiled core, which starting a job does not need."""
+
+    def _get_help_string(self, action):
+        def default(match):
+            value = config.BY_NAME[match[1]].default
+            return f"{value:g}" if isinstance(value, float) else str(value)
+
+        return re.sub(r"<(TNT_[A-Z0-9_]+)>", default, super()._get_help_string(action))
+
+
 def build_parser(prog="tntrun"):
     p = argparse.ArgumentParser(
         prog=prog, usage=f"{prog} [options] -- PROGRAM [ARGS...]",
         description="Run a Python program on many processes with Tarantella (data parallel).",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+        epilog=EXAMPLES, formatter_class=_HelpFormatter, allow_abbrev=False)
     p.add_argument("--version", "--check-build", dest="version", action="store_true",
                    help="print the version and the transports available on this machine (and "
                         "why the others are not), then exit")
@@ -144,12 +157,12 @@ def build_parser(prog="tntrun"):
     perf = p.add_argument_group("Performance tuning")
     perf.add_argument("--fusion-threshold", type=_nonneg_int, metavar="KB",
                       help="pack allreduces into buffers up to KB kibibytes; 0 disables fusion "
-                           f"(TNT_FUSION_THRESHOLD_KB; default {config.BY_NAME['TNT_FUSION_THRESHOLD_KB'].default})")
+                           "(TNT_FUSION_THRESHOLD_KB; default <TNT_FUSION_THRESHOLD_KB>)")
     perf.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
                       help="the same in MiB (as horovodrun's flag)")
     perf.add_argument("--timeout", type=_positive_float, metavar="S",
                       help="a rank waiting longer than S seconds for a peer fails "
-                           f"(TNT_TIMEOUT_S; default {config.BY_NAME['TNT_TIMEOUT_S'].default:g})")
+                           "(TNT_TIMEOUT_S; default <TNT_TIMEOUT_S>)")
     perf.add_argument("--timeline", "--timeline-filename", metavar="FILE",
                       help="write a Chrome-trace timeline of the collectives to FILE (TNT_TIMELINE); "
                            "with several ranks one file per rank, e.g. trace.rank0.json")

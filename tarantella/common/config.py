@@ -108,6 +108,9 @@ _ROWS = (
 )
 
 
+_PYTHON_ROWS = {row.name: row for row in _ROWS if isinstance(row, Param)}
+
+
 @functools.lru_cache(maxsize=None)
 def _table():
     core_rows = _core_rows()
@@ -169,7 +172,9 @@ _FALSE = ("0", "false", "no", "off", "")
 def get(name, environ=None):
     """The value of a TNT_* variable, parsed, or its default. Bad values raise
     InvalidArgumentError naming the variable and what it accepts."""
-    param = _by_name()[name]
+    # a row of Python's own is found without the core's table, whose reading loads the
+    # compiled core: tntrun reads its settings (TNT_LOG_LEVEL, ...) on every start
+    param = _PYTHON_ROWS.get(name) or _by_name()[name]
     raw = (os.environ if environ is None else environ).get(name)
     if raw is None:
         return param.default

@@ -1,4 +1,6 @@
 """Usage errors (exit code 2 with a message saying what to do), --help and --version."""
+import re
+
 import pytest
 from tntrun_helpers import run_tntrun, start_tntrun
 
@@ -12,6 +14,10 @@ def test_help_is_grouped_and_has_examples():
     for flag in ("--no-gpus", "--devices-per-node", "--npernode", "--pin-memory-to-socket",
                  "--python-interpreter", "--dry-run", "--fusion-threshold", "--timeline"):
         assert flag in res.stdout
+    # the core's defaults, filled in only for the help (reading them loads the core)
+    text = " ".join(res.stdout.split())
+    assert "<TNT_" not in text and re.search(r"TNT_TIMEOUT_S; default \d+\)", text), res.stdout
+    assert re.search(r"TNT_FUSION_THRESHOLD_KB; default \d+\)", text), res.stdout
 
 
 def test_version():
