@@ -375,12 +375,13 @@ def main(argv=None):
             specs = _local_plan(args, command, job_id, private_dir=None)
             _print_dry_run(specs, os.environ)
             return 0
-        problem = cmd.script_problem(args.python_interpreter, command, args.module)
-        if problem:
-            raise LaunchError(problem)
         private_dir = local.private_tempdir(job_id)
         try:
             specs = _local_plan(args, command, job_id, private_dir)
+            # after the plan: a usage error of the options (exit 2) is named before the program
+            problem = cmd.script_problem(args.python_interpreter, command, args.module)
+            if problem:
+                raise LaunchError(problem)
         except BaseException:
             import shutil
             shutil.rmtree(private_dir, ignore_errors=True)
