@@ -65,8 +65,8 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
         state = None
 
     def on_started(procs):
-        # recorded before anything can go wrong, so that --cleanup can find the ranks even
-        # if tntrun itself is SIGKILLed from here on
+        # the ranks, so that --cleanup can find them even if tntrun itself is SIGKILLed
+        # from here on
         record["ranks"] = [{"label": s.label, "pid": p.pid, "start": jobs.process_start_time(p.pid)}
                            for s, p in zip(specs, procs)]
         if state:
@@ -80,6 +80,11 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
     if watch is not None:
         watch(supervisor)
     try:
+        if state:
+            # before the first rank starts: a tntrun SIGKILLed while it started many ranks
+            # (whose parent-death signal then killed them) left its private folder, and the
+            # shared memory of the ranks started, with no record for --cleanup to find them by
+            jobs.write(record, state)
         job = supervisor.run()
         if translate is not None:
             job = translate(job)

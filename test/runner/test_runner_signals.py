@@ -201,6 +201,32 @@ def test_stop_signal_while_ranks_are_being_started_starts_no_more(monkeypatch):
     assert all(res.stopped and res.returncode == -signal.SIGTERM for res in job.results)
 
 
+def test_the_job_is_recorded_before_its_first_rank_starts(monkeypatch, tmp_path):
+    # the record --cleanup reads was written once every rank had started: a tntrun
+    # SIGKILLed during a long start-up (many ranks) left its private folder (tnt-run-*) and
+    # the shared memory of the ranks it had started, with nothing to find them by. It is now
+    # written before the first rank starts, and again with the ranks once they have
+    import_runner()
+    from tarantella.runner import jobs, local
+    from tarantella.runner.supervise import ProcSpec, Supervisor
+
+    monkeypatch.setenv("TNT_STATE_DIR", str(tmp_path / "state"))
+    job_id = "5eed" * 8
+    private = local.private_tempdir(job_id)
+    seen = []
+    start_one = Supervisor._start_one
+
+    def start_after_looking(self, index, spec):
+        seen.append([(r["job_id"], r["private_dir"], r["ranks"]) for r in jobs.load_all()])
+        return start_one(self, index, spec)
+
+    monkeypatch.setattr(Supervisor, "_start_one", start_after_looking)
+    specs = [ProcSpec(argv=["true"], env=dict(os.environ), label=str(r), rank=r) for r in range(2)]
+    assert local.run(specs, job_id, program="true", command=["true"], private_dir=private) == 0
+    assert seen == [[(job_id, private, [])]] * 2  # recorded before rank 0 and rank 1 started
+    assert jobs.load_all() == [] and not os.path.exists(private)  # and gone with the job
+
+
 def test_ranks_end_when_tntrun_is_killed(script):
     path = script(RANK + "\n")
     env = runner_env()
