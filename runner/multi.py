@@ -322,11 +322,17 @@ def rank_results(records):
 
 
 def ranks_job(job, records, engine_name):
-    """The job as its ranks saw it: when the engine failed and ranks reported failures,
+    """The job as its ranks saw it: when the engine failed (or a rank reported a collective's
+    error that its program went on after) and ranks reported failures,
     the root cause is the rank that failed first on its own (named with its host), not the
     engine, and tntrun exits with that rank's status (srun would say 143 for the ranks it
     stopped); else the engine's job unchanged."""
-    if (job.root_cause is None and not job.stalled) or not records or job.interrupted_by is not None:
+    if not records or job.interrupted_by is not None:
+        return job
+    caught = any((rec.get("error") or {}).get("caught") is True for rec in records if isinstance(rec, dict))
+    if job.root_cause is None and not job.stalled and not caught:
+        # (with `caught`, a rank went on after a collective of its failed and exited 0, as
+        # the engine then did: the job failed all the same, see supervise.failed)
         return job
     results = rank_results(records)
     root = root_cause(results, report.error_of, lambda res: getattr(res, "stopped_at", None))
@@ -349,6 +355,10 @@ def stall_watch(collector, engine_name, seconds=ENGINE_SETTLE_S):
                 # gaspi_run's ssh could not start the ranks of a host (gaspi_ssh.py): the
                 # others would wait for them until TNT_TIMEOUT_S, and gaspi_run with them
                 supervisor.stall_after(f"{engine_name} could not start the ranks on {host}", 0)
+                return
+            if record.get("returncode") == 0:
+                # its program caught a collective's error and exited 0 (supervise.failed): it
+                # counts at the end, and the others may still be saving what they can
                 return
             supervisor.stall_after(f"rank {record.get('rank')} failed on {host} and {engine_name} had not ended "
                                    f"the job {seconds:g} s later", seconds)

@@ -12,7 +12,8 @@ that tntrun, which sees only the engine, learns why a rank failed on whatever ho
 - signals that stop a job (SIGTERM, SIGINT, SIGHUP, SIGQUIT; also SIGCONT, SIGUSR1, SIGUSR2)
   are passed on to the program; a stop signal before the program ended marks the rank as
   stopped by the engine (not a failure of its own);
-- when the program fails, one record (rank, host, pid, exit status, time, stopped, error
+- when the program fails (also when it exits 0 after a collective of its failed: its error
+  file says "caught"), one record (rank, host, pid, exit status, time, stopped, error
   file, stderr tail) goes to stderr as marker lines (rank_report.py), which the engine
   forwards to tntrun; then the wrapper ends as the program did: the same exit code, or the
   same signal (without a core dump of its own), so the engine sees what it would have seen;
@@ -192,7 +193,11 @@ def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False):
             rank_report.write(record, job_id)
             return 127
         code, ended = child.wait()
-        if code != 0:
+        # an exit 0 after a collective failed (the program caught it, or Python ignored it
+        # in an atexit handler: tarantella wrote it at exit, marked "caught") is a failure too
+        from tarantella.runner.report import read_error_file
+
+        if code != 0 or (read_error_file(error_file) or {}).get("caught") is True:
             if not child.at_line_start:
                 os.write(2, b"\n")  # the record starts on a line of its own
             rank_report.write(_record(rank, local_rank, size, child, code, ended, error_file,

@@ -41,17 +41,19 @@ def read_error_file(path):
 
 
 def error_of(res):
-    """(lost_peer, raised_at, blamed_rank, blamed_finished) of a failed process, from its
+    """(lost_peer, raised_at, blamed_rank, blamed_finished, caught) of a process, from its
     error file: lost_peer is True when its uncaught exception was a PeerLostError (what a
     rank raises when a peer died or aborted: the failure was another rank's) or an error
     that blames another rank (a TimeoutError naming the stuck rank), raised_at the time of
     the exception, blamed_rank the rank such an error names (None if none), blamed_finished
     True when the error says that rank shut down (it finished its program while this one
-    still made collective calls: no failure of its own). (False, None, None, False) without
-    an error file."""
+    still made collective calls: no failure of its own), caught True when the error was a
+    collective's that the program went on after (caught, or ignored by Python in an atexit
+    handler; tarantella writes it at exit): the rank failed even if it exited 0.
+    (False, None, None, False, False) without an error file."""
     record = _error_record(res)
     if record is None:
-        return False, None, None, False
+        return False, None, None, False, False
     message = str(record.get("message") or "")
     name = message.split(":", 1)[0].strip()
     raised_at = record.get("timestamp")
@@ -60,7 +62,8 @@ def error_of(res):
     blamed = record.get("caused_by_rank")
     blamed = blamed if isinstance(blamed, int) else None
     finished = blamed is not None and f"rank {blamed} has shut down while" in message  # the core's words
-    return name.rsplit(".", 1)[-1] == PEER_LOST or blamed is not None, raised_at, blamed, finished
+    return (name.rsplit(".", 1)[-1] == PEER_LOST or blamed is not None, raised_at, blamed, finished,
+            record.get("caught") is True)
 
 
 def _error_record(res):
@@ -96,6 +99,9 @@ def _entry(res, brief=False):
     record = _error_record(res)
     if record and record.get("message"):
         lines.append(f"  {'error:':<9}{record['message']}")
+        if record.get("caught") is True:
+            lines.append(f"  {'':<9}(the program went on after this error: it caught it, or Python "
+                         "ignored it in an atexit handler)")
     if brief:
         return lines
     traceback = [ln for ln in str((record or {}).get("traceback") or "").splitlines() if ln.strip()]
@@ -114,8 +120,9 @@ def _entry(res, brief=False):
 def format_failure(job, program):
     """The report for a job that failed (job.root_cause set)."""
     root = job.root_cause
-    others = [r for r in job.results
-              if r is not root and r.returncode not in (None, 0) and not r.stopped]
+    from tarantella.runner.supervise import failed
+
+    others = [r for r in job.results if r is not root and failed(r, error_of) and not r.stopped]
     stopped = [r for r in job.results if r.stopped]
     out = ["=" * WIDTH, f"tntrun: {program} FAILED", "-" * WIDTH,
            "Root cause (first failure not caused by another rank):"]
@@ -144,4 +151,8 @@ def format_one_line(job):
     root = job.root_cause
     spec = root.spec
     who = f"rank {spec.rank}" if spec.rank is not None else spec.label
-    return f"tntrun: error: {spec.host}: {who}: {describe_exit(root.returncode).capitalize()}"
+    text = describe_exit(root.returncode).capitalize()
+    if root.returncode == 0:  # its program caught its collective's error (supervise.failed)
+        error = str((_error_record(root) or {}).get("message") or "").split(":", 1)[0]
+        text += f" after a collective failed ({error}, caught)"
+    return f"tntrun: error: {spec.host}: {who}: {text}"

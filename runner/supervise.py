@@ -4,7 +4,9 @@ Used for local ranks (one process per rank) and for an engine's launcher
 (mpirun/srun/gaspi_run: one process that owns the remote ranks) alike.
 
 How the job ends:
-- every process exits 0: exit 0;
+- every process exits 0: exit 0, unless a rank's error file says that a collective of its
+  failed and its program went on (caught the error, or Python ignored it in an atexit
+  handler): that rank failed all the same (failed()), and the exit code is 1;
 - the first process to exit non-zero (or by a signal) on its own is the root cause: every
   other process group gets SIGTERM, then SIGKILL after a grace period (at once for a stopped
   process, which would not act on SIGTERM), and the job's exit code is that process's code
@@ -99,7 +101,8 @@ class JobResult:
     @property
     def exit_code(self):
         if self.root_cause is not None:
-            return exit_code_of(self.root_cause.returncode)
+            # 1 for a rank that exited 0 after a collective of its failed (see failed())
+            return exit_code_of(self.root_cause.returncode) or 1
         if self.interrupted_by is not None:
             return 128 + self.interrupted_by
         return 0
@@ -260,10 +263,11 @@ def _no_error_file(res):
 class Supervisor:
     """Runs `specs` until the job ends (see the module's docstring).
 
-    error_of(result) -> (lost_peer, raised_at) tells, after a process failed, whether its
+    error_of(result) -> (lost_peer, raised_at, ...) tells, after a process failed, whether its
     failure was caused by another process's (a rank that raised PeerLostError because a peer
     died or aborted) and when it raised (None if unknown); report.error_of reads the error
-    files. It decides the root cause."""
+    files, and its fifth answer says that a process that exited 0 failed (see failed()). It
+    decides the root cause."""
 
     def __init__(self, specs, grace_s=3.0, on_started=None, on_stopping=None,
                  error_of=_no_error_file, adopt=False):
@@ -410,6 +414,8 @@ class Supervisor:
                 res = results[value]
                 res.returncode, res.ended_at = self._procs[value].returncode, when
                 if res.returncode == 0:
+                    # (even one that failed(): it caught its collective's error, and others
+                    # may still be saving what they can; it counts at the end)
                     continue
                 if not self.error_of(res)[0]:
                     break  # failed on its own: the job ends now
@@ -542,9 +548,9 @@ def root_cause(results, error_of, stopped_at):
     had raised already (its error record says so). If every failure was caused by another
     process: the process they blame (a TimeoutError names the stuck rank, which may have had
     to be killed) unless it exited cleanly, else the first one observed."""
-    failed, blamed, finished = [], [], {}
+    failures, blamed, finished = [], [], {}
     for res in results:
-        if res.returncode in (None, 0):
+        if not failed(res, error_of):
             continue
         lost_peer, raised_at, *rest = error_of(res)
         if rest and rest[0] is not None:
@@ -555,10 +561,10 @@ def root_cause(results, error_of, stopped_at):
             when = stopped_at(res)
             if raised_at is None or when is None or raised_at >= when:
                 continue  # ended by whoever stopped it, not by its own failure
-        failed.append((lost_peer, raised_at if raised_at is not None else res.ended_at, res))
-    if not failed:
+        failures.append((lost_peer, raised_at if raised_at is not None else res.ended_at, res))
+    if not failures:
         return None
-    own = [(at, res) for lost_peer, at, res in failed if not lost_peer]
+    own = [(at, res) for lost_peer, at, res in failures if not lost_peer]
     if own:
         root = min(own, key=lambda item: item[0])[1]
         root.stopped = False  # it had failed: the stop only hurried its end
@@ -569,13 +575,26 @@ def root_cause(results, error_of, stopped_at):
     # rank may still be in its shutdown when the engine ends the job (mpirun's SIGTERM): it
     # was stopped, with no error of its own, and the same holds
     by_rank = {res.spec.rank: res for res in results
-               if getattr(res.spec, "rank", None) is not None and res.returncode != 0}
+               if getattr(res.spec, "rank", None) is not None and failed(res, error_of)}
     for rank in blamed:
         res = by_rank.get(rank)
         if res is None or (res.stopped and finished.get(rank) and error_of(res)[1] is None):
             continue
         return res
-    return min((res for _, _, res in failed), key=lambda res: res.ended_at)
+    return min((res for _, _, res in failures), key=lambda res: res.ended_at)
+
+
+def failed(res, error_of):
+    """Whether a process that ended failed: a non-zero exit or a signal, or an exit 0 after a
+    collective of its failed, which its program caught or Python ignored (an atexit handler):
+    error_of's fifth answer. Such a job failed (its ranks did not make the same calls), and
+    a job in which a rank failed never exits 0."""
+    if res.returncode is None:
+        return False
+    if res.returncode != 0:
+        return True
+    answer = error_of(res)
+    return len(answer) > 4 and bool(answer[4])
 
 
 def _who(spec):

@@ -104,7 +104,8 @@ _ROWS = (
     Param("TNT_OUTPUT_ON_ALL_DEVICES", "bool", False, "show the output of every rank (set by tntrun)"),
     Param("TNT_TENSORBOARD_ON_ALL_DEVICES", "bool", False, "TensorBoard callbacks write on every rank"),
     Param("TNT_ERROR_FILE", "str", None,
-          "where an uncaught Python exception of this rank is written as JSON (set by tntrun)"),
+          "where an uncaught Python exception of this rank is written as JSON (set by tntrun); also, at "
+          "exit, a collective's PeerLostError or TimeoutError that the program caught"),
 )
 
 

@@ -257,6 +257,9 @@ def is_master_rank():
 def _shutdown_at_exit():
     # An unhandled exception has already aborted the core through the excepthook;
     # a normal exit finalizes so that the thread is joined and shm released.
+    from tarantella.common import error_file
+
+    error_file.write_if_caught()  # a collective's error the program went on after
     if _state == "up":
         try:
             shutdown()

@@ -1,6 +1,12 @@
 """Uncaught exceptions: abort the core (peers fail fast instead of waiting for
 TNT_TIMEOUT_S) and, when tntrun set TNT_ERROR_FILE, write the exception as JSON
-so the launcher can show the root cause of a failed job."""
+so the launcher can show the root cause of a failed job.
+
+A collective that broke the job (PeerLostError, TimeoutError) may never become an
+uncaught exception: the program caught it, or it was raised in an atexit handler,
+whose exceptions Python prints and ignores (the process exits 0). Such an error is
+written at exit all the same, marked "caught", so that tntrun counts the job as
+failed (docs/cli.md): its ranks did not all make the same collective calls."""
 import json
 import os
 import sys
@@ -10,9 +16,13 @@ import traceback
 from tarantella.common import config
 
 _installed_pid = None  # install()'s process, whose exceptions are the rank's (not a fork()ed child's)
+_written = False  # write() ran: the rank's uncaught exception is on record
+_job_error = None  # the first error of a collective that broke the job (note())
 
 
-def write(exc_type, exc, tb, path=None):
+def write(exc_type, exc, tb, path=None, caught=False):
+    global _written
+    _written = True
     path = path or config.get("TNT_ERROR_FILE")
     if not path:
         return
@@ -25,6 +35,9 @@ def write(exc_type, exc, tb, path=None):
         # the rank a PeerLostError or TimeoutError blames (a lost or stuck peer): the
         # launcher then looks for the root cause there, not here
         "caused_by_rank": _blamed_rank(exc),
+        # the program went on after it (caught, or ignored in an atexit handler): tntrun
+        # counts the rank as failed even if it exits 0
+        "caught": caught,
     }
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -37,6 +50,31 @@ def _blamed_rank(exc):
     if not isinstance(blamed, int) or blamed < 0 or blamed == config.get("TNT_RANK"):
         return None
     return blamed
+
+
+def note(exc):
+    """Remember `exc`, an error of a collective that broke the job (errors.error_for_code
+    calls this for PeerLostError and TimeoutError: every later collective fails too), for
+    write_if_caught. The first one is kept, with its traceback (frames and all): the job is
+    over by then."""
+    global _job_error
+    if _job_error is None:
+        _job_error = exc
+
+
+def write_if_caught():
+    """At exit (tarantella.common.core's atexit handler, which runs after every handler the
+    program registered once it had imported tarantella): write the noted error, if no
+    uncaught exception was written, marked "caught"."""
+    from tarantella.common import core
+
+    exc = _job_error
+    if exc is None or _written or os.getpid() != _installed_pid or core.started_by_a_rank():
+        return
+    try:
+        write(type(exc), exc, exc.__traceback__, caught=True)
+    except Exception:  # noqa: BLE001 - at exit, with nothing left to tell it to
+        pass
 
 
 def install():

@@ -80,5 +80,10 @@ def error_for_code(code, message, rank=None):
 
     cls = next((c for c in _CLASSES if getattr(codes, c.code_name) == code), InternalError)
     if cls in (PeerLostError, TimeoutError):
-        return cls(message, rank=rank if rank is not None and rank >= 0 else None)
+        exc = cls(message, rank=rank if rank is not None and rank >= 0 else None)
+        # the job is broken: tntrun must learn it even if the program catches this error
+        from tarantella.common import error_file
+
+        error_file.note(exc)
+        return exc
     return cls(message)

@@ -126,6 +126,28 @@ def test_wrapper_success_sends_nothing():
     assert proc.returncode == 0 and err == b"fine\n"
 
 
+def test_a_rank_that_went_on_after_a_failed_collective_fails_the_job():
+    # the program caught a PeerLostError (or Python ignored it in an atexit handler) and
+    # exited 0, and so did the engine: tarantella wrote the error at exit, marked "caught".
+    # The wrapper still exits 0, as the program did, but sends the record, and tntrun
+    # counts the job as failed: it exited 0 before
+    program = ("import json, os; json.dump({'message': 'PeerLostError: rank 0 has shut down while rank 1 "
+               "was ...', 'timestamp': 5.0, 'caused_by_rank': 0, 'caught': True}, "
+               "open(os.environ['TNT_ERROR_FILE'], 'w'))")
+    proc = _wrapper(program, rank=1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    _, [record] = _records(err)
+    assert record["returncode"] == 0 and record["error"]["caught"] is True
+    engine = ProcResult(ProcSpec(argv=["mpirun"], env={}, label="mpirun", host="login1"), 99, returncode=0)
+    job = multi.ranks_job(JobResult(results=[engine]), [dict(record, host="n2")], "mpirun")
+    assert job.root_cause.spec.rank == 1 and job.exit_code == 1
+    text = report.format_failure(job, "train.py")
+    assert "exit code 0" in text and "the program went on after this error" in text, text
+    assert report.format_one_line(job) == \
+        "tntrun: error: n2: rank 1: Exit code 0 after a collective failed (PeerLostError, caught)"
+
+
 def _engine_job(code=143):
     spec = ProcSpec(argv=["srun"], env={}, label="srun", host="login1")
     engine = ProcResult(spec, 99, returncode=code, ended_at=time.time())

@@ -82,6 +82,35 @@ def test_a_rank_that_finished_cleanly_is_not_the_root_cause(script):
     assert res.returncode == 1, report
 
 
+def test_a_collective_that_failed_fails_the_job_even_if_the_program_went_on(script):
+    # rank 1 finishes after the first allreduce; the last one of the others fails naming it.
+    # Rank 0 makes it in an atexit handler (Python prints the PeerLostError, ignores it and
+    # exits 0), rank 2 catches it and exits 0. Every rank exited 0 and so did tntrun, against
+    # "a job in which a rank failed never exits 0": tarantella now writes such an error at
+    # exit, marked caught, and tntrun counts that rank as failed
+    path = script("""
+        import atexit
+        import numpy as np
+        import tarantella as tnt
+
+        tnt.allreduce(np.ones(2), name="first")
+        if tnt.get_rank() == 0:
+            atexit.register(lambda: tnt.allreduce(np.ones(2), name="last"))
+        elif tnt.get_rank() == 2:
+            try:
+                tnt.allreduce(np.ones(2), name="last")
+            except tnt.PeerLostError as exc:
+                print("rank 2 caught", type(exc).__name__, flush=True)
+    """)
+    res = run_tntrun(["-n", "3", "--output-on-all-devices", "--", path], timeout=120)
+    assert "rank 2 caught PeerLostError" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 1, res.stdout + res.stderr
+    report = res.stderr[res.stderr.index("=" * WIDTH):]
+    root = _section(report, "Root cause")
+    assert "rank:    1" not in root and "exit code 0" in root, report  # rank 1 finished: no failure
+    assert "error:   PeerLostError" in root and "the program went on after this error" in root, report
+
+
 def test_an_exception_in_a_forked_child_is_not_the_ranks_error(script):
     # rank 1 forks a child that dies of an uncaught exception (a data-loader worker, say),
     # then fails itself without one. The child inherited the rank's excepthook and
