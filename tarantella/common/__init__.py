@@ -6,11 +6,26 @@ tarantella/tensorflow/ later). The names below are imported on first access
 (config, errors) and must not pay for NumPy and the compiled core before it
 starts the ranks.
 """
+import atexit as _atexit
+import sys as _sys
+
 from tarantella.common import error_file as _error_file
 
 # an uncaught exception aborts the core (peers fail fast) and, under tntrun,
 # lands in TNT_ERROR_FILE for the failure report, even before init()
 _error_file.install()
+
+
+@_atexit.register
+def _at_exit():
+    # registered at `import tarantella`, not when the core is first used: Python runs exit
+    # handlers last registered first, so Tarantella shuts down after every handler that the
+    # program registered once it had imported tarantella. Registered at the core's first use,
+    # it ran before a handler registered between the import and the first call, whose last
+    # collective then failed with "tnt.shutdown() was called" (ignored by Python: exit 0)
+    core = _sys.modules.get("tarantella.common.core")
+    if core is not None:
+        core._shutdown_at_exit()
 
 # name -> the module of tarantella.common that defines it
 _LAZY = {

@@ -5,7 +5,6 @@ stays cheap. Collectives initialize the core on first use (the seed's
 "one line change" contract); after an explicit shutdown() they raise
 InvalidUsageError until init() is called again.
 """
-import atexit
 import os
 import sys
 import threading
@@ -253,8 +252,8 @@ def is_master_rank():
     return get_rank() == MASTER_RANK
 
 
-@atexit.register
 def _shutdown_at_exit():
+    # Called at exit (tarantella.common's exit handler, registered at import).
     # An unhandled exception has already aborted the core through the excepthook;
     # a normal exit finalizes so that the thread is joined and shm released.
     from tarantella.common import error_file

@@ -63,9 +63,9 @@ def note(exc):
 
 
 def write_if_caught():
-    """At exit (tarantella.common.core's atexit handler, which runs after every handler the
-    program registered once it had imported tarantella): write the noted error, if no
-    uncaught exception was written, marked "caught"."""
+    """At exit (tarantella.common's exit handler, which runs after every handler the program
+    registered once it had imported tarantella): write the noted error, if no uncaught
+    exception was written, marked "caught"."""
     from tarantella.common import core
 
     exc = _job_error

@@ -1,6 +1,7 @@
 """Run inside each of 3 ranks by test_hardening.py: the numbers, names, fork
 and lifecycle checks of the core's hardening, in one launch. Prints one line
 "ok <check>" per check that passed; any failure raises (and fails the job)."""
+import atexit
 import multiprocessing
 import os
 import subprocess
@@ -18,11 +19,26 @@ EARLY = ("import sys\nimport tarantella as tnt\nsys.stdin.readline()\ntry:\n    
          "except tnt.InvalidUsageError as exc:\n    print('refused:', exc)\n")
 early_spawned = subprocess.Popen([sys.executable, "-c", EARLY], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-rank, size = tnt.get_rank(), tnt.get_size()
-
 
 def ok(check):
     print(f"ok {check}", flush=True)
+
+
+# an exit handler registered after `import tarantella` but before the first call makes a last
+# collective: Tarantella's own (its shutdown), registered at the core's first use, ran before
+# it, and its allreduce failed with "tnt.shutdown() was called" (Python ignored it: exit 0)
+main_pid = os.getpid()
+
+
+def last_collective():
+    if os.getpid() == main_pid:  # not in the forked child below
+        assert (tnt.allreduce(np.ones(2), name="in-an-exit-handler") == tnt.get_size()).all()
+        ok("collective-in-an-exit-handler-registered-before-the-first-call")
+
+
+atexit.register(last_collective)
+
+rank, size = tnt.get_rank(), tnt.get_size()
 
 
 def expect(error, fn, *words):
