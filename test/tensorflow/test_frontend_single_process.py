@@ -193,6 +193,28 @@ def test_micro_batch_size_inconsistent_with_global_batch_is_refused():
     distribute_dataset(tf.data.Dataset.range(16).batch(9), micro_batch_size=5, rank=0, size=2)
 
 
+def test_micro_batch_size_is_checked_against_a_batch_size_read_only_when_running():
+    """A batch op whose size was not read (rebatch: its sizes are a list)
+    skipped the check of tnt_micro_batch_size without a word: the ranks trained
+    on global batches of another size than it said. rebatch(n)'s size is now
+    read; sizes that differ (or one computed in a graph) refuse it, saying to
+    leave it out."""
+    rebatched = tf.data.Dataset.range(20).batch(8).rebatch(4)  # global batches of 4
+    with pytest.raises(ValueError, match=r"tnt_micro_batch_size=4, batch_size=4 \(ranks=2\)"):
+        distribute_dataset(rebatched, micro_batch_size=4, rank=0, size=2)
+    d = distribute_dataset(rebatched, micro_batch_size=2, rank=1, size=2)
+    assert (d.global_batch_size, d.micro_batch_size) == (4, 2)
+    assert [list(b) for b in _batches(d.dataset)][:2] == [[2, 3], [6, 7]]
+    cycled = tf.data.Dataset.range(20).batch(8).rebatch([4, 6])
+    with pytest.raises(ValueError, match=r"tnt_micro_batch_size=2 cannot be checked.*not known "
+                                         r"before it runs.*Leave out tnt_micro_batch_size"):
+        distribute_dataset(cycled, micro_batch_size=2, rank=0, size=2)
+    # without it, the dataset's own batches are the global batches, of whatever size
+    parts = [_batches(distribute_dataset(cycled, rank=r, size=2).dataset) for r in range(2)]
+    assert [len(np.concatenate(pair)) for pair in zip(*parts)] \
+        == [len(b) for b in _batches(cycled)] == [4, 6, 4, 6]
+
+
 def _model():
     keras.utils.set_random_seed(0)
     model = tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))

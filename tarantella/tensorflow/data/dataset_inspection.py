@@ -5,6 +5,7 @@ tf.data keeps no public description of a pipeline, so this walks the private
 """
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry  # is an op stateful (registry lookup)
 
@@ -42,6 +43,18 @@ def _static(value):
     return None if value is None else value.item() if hasattr(value, "item") else value
 
 
+def _rebatch_size(ds):
+    """The size of the batches `rebatch(n)` or `rebatch([n, m, ...])` makes:
+    the sizes are cycled through, so one size only if they are all equal
+    (None: sizes that differ, or a size not known before running)."""
+    try:
+        sizes = tf.get_static_value(getattr(ds, "_batch_sizes", None))
+    except (TypeError, ValueError):
+        return None
+    sizes = set(np.ravel(sizes).tolist()) if sizes is not None else set()
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 def batching(dataset):
     """Whether `dataset` yields batches, and of which global size."""
     for ds in chain(dataset):
@@ -49,7 +62,8 @@ def batching(dataset):
         if name in _UNBATCH_OPS or name in _RESTRUCTURE_OPS:
             break
         if name in _BATCH_OPS:
-            size = _static(getattr(ds, "_batch_size", None))
+            size = _rebatch_size(ds) if name == "_RebatchDataset" else _static(
+                getattr(ds, "_batch_size", None))
             drop = bool(_static(getattr(ds, "_drop_remainder", False)) or False)
             return Batching(True, size if size and size > 0 else None, drop)
     # No batch op found (or an unbatch after it): decide from the element shapes.

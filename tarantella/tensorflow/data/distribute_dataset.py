@@ -63,6 +63,24 @@ def _refuse_unknown_batching(dataset, micro_batch_size, size, what, label):
         f"{what}={micro_batch_size} and a dataset with element_spec={dataset.element_spec}")
 
 
+def _refuse_unread_batch_size(dataset, micro_batch_size, size, what, label):
+    """A batch op whose size is not known before running (a `rebatch` with
+    sizes that differ, a size computed in a graph): `what` cannot be checked
+    against it, and the check was skipped without a word, so a user whose
+    numbers disagreed trained on global batches of another size than `what`
+    said. No run-time check can take its place: a first batch smaller than
+    `what` * ranks may as well be the whole of a small dataset, and batches
+    of cycled sizes match no single micro-batch size."""
+    raise ValueError(
+        f"{what}={micro_batch_size} cannot be checked against the batches of {label}: it is "
+        "batched with a size that is not known before it runs (a rebatch() with sizes that "
+        "differ, or a batch size computed in a graph), so its global batches may be of another "
+        f"size than {what} * {size} ranks = {micro_batch_size * size}. Leave out {what} (a "
+        "batched dataset's own batches are the global batches; each rank takes its slice of "
+        "each), or batch it with a size known when the dataset is built. Received: "
+        f"{what}={micro_batch_size} and a dataset with element_spec={dataset.element_spec}")
+
+
 def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
                        shuffle_seed=shuffle_seeding.DEFAULT_SEED, what="tnt_micro_batch_size",
                        slice_early=True, label="the dataset"):
@@ -108,7 +126,9 @@ def distribute_dataset(dataset, micro_batch_size=None, rank=None, size=None,
         info = dataset_inspection.Batching(True, global_batch)
     elif micro_batch_size is not None and info.batched is None:
         _refuse_unknown_batching(dataset, micro_batch_size, size, what, label)
-    elif micro_batch_size is not None and info.batch_size is not None:
+    elif micro_batch_size is not None and info.batch_size is None:
+        _refuse_unread_batch_size(dataset, micro_batch_size, size, what, label)
+    elif micro_batch_size is not None:
         _check_micro_batch_size(micro_batch_size, info.batch_size, size, what)
     # batches drawn at random per process (augmentation) may differ: not compared
     seen = None if size == 1 else first_batches.FirstBatches(
