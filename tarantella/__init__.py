@@ -14,6 +14,7 @@ from tarantella.common.startup_log import mark as _mark
 _mark("import tarantella")
 from tarantella import common as _common  # noqa: E402 - installs the error file hook (see there)
 from tarantella.common import __all__ as _common_all  # noqa: E402
+from tarantella.common.gone_arguments import NO_GROUPS as _NO_GROUPS  # noqa: E402
 from tarantella._original_paths import OriginalPaths as _OriginalPaths  # noqa: E402
 import sys as _sys  # noqa: E402
 
@@ -35,8 +36,7 @@ _FRONTEND = (
 
 # the original Tarantella's public names that are gone: what to use instead (docs/migration.md)
 _GONE = {
-    **dict.fromkeys(("Group", "get_group_master_rank", "is_group_master_rank"),
-                    "there are no rank groups: every collective spans all ranks"),
+    **dict.fromkeys(("Group", "get_group_master_rank", "is_group_master_rank"), _NO_GROUPS),
     "Allreduce": "use tnt.allreduce(x, op=\"sum\"|\"average\") or tnt.TensorAllreducer(x).allreduce(x)",
     "Allgatherv": "use tnt.allgather(x) or tnt.TensorAllgatherer(x).allgather(x)",
     "Broadcast": "use tnt.broadcast(x, root=r) or tnt.TensorBroadcaster(x, r).broadcast(x)",

@@ -28,7 +28,8 @@ import threading
 import numpy as np
 
 from tarantella import _fastpath
-from tarantella.common import codes, core, dtypes, errors, master_only, request_names, result_pool
+from tarantella.common import (codes, core, dtypes, errors, gone_arguments, master_only,
+                               request_names, result_pool)
 from tarantella.common.errors import InvalidArgumentError
 from tarantella.common.request_names import auto_name
 
@@ -792,7 +793,8 @@ class TensorAllreducer:
 
     _allreduce = staticmethod(allreduce)
 
-    def __init__(self, inputs):
+    def __init__(self, inputs, **original):
+        gone_arguments.refuse(f"tnt.{type(self).__name__}", original, gone_arguments.GROUP)
         self._count = len(flatten(inputs)[0])
 
     def allreduce(self, x):
@@ -808,7 +810,8 @@ class TensorBroadcaster:
 
     _broadcast = staticmethod(broadcast)
 
-    def __init__(self, inputs, root_rank=0):
+    def __init__(self, inputs, root_rank=0, **original):
+        gone_arguments.refuse(f"tnt.{type(self).__name__}", original, gone_arguments.GROUP)
         self._inputs = inputs
         self._count = len(flatten(inputs)[0])
         self.root_rank = root_rank
@@ -825,7 +828,8 @@ class TensorAllgatherer:
 
     _allgather = staticmethod(allgather)
 
-    def __init__(self, inputs):
+    def __init__(self, inputs, **original):
+        gone_arguments.refuse(f"tnt.{type(self).__name__}", original, gone_arguments.GROUP)
         self._count = len(flatten(inputs)[0])
 
     def allgather(self, x):

@@ -18,7 +18,7 @@ import threading
 import keras
 import tensorflow as tf
 
-from tarantella.common import request_names
+from tarantella.common import gone_arguments, request_names
 from tarantella.tensorflow import class_swap, collective_ops, step_context
 from tarantella.tensorflow import compression as compression_lib
 
@@ -247,7 +247,8 @@ def _check_supported(optimizer):
             "training. Use another optimizer. Received: optimizer=Ftrl")
 
 
-def DistributedOptimizer(optimizer, name=None, compression=compression_lib.Compression.none):  # noqa: N802 - as Horovod
+def DistributedOptimizer(optimizer, name=None, compression=compression_lib.Compression.none,  # noqa: N802 - as Horovod
+                         **original):
     """Make `optimizer` average its gradients across all ranks before applying them.
 
     The optimizer is modified in place and returned. Use it in a custom
@@ -278,6 +279,7 @@ def DistributedOptimizer(optimizer, name=None, compression=compression_lib.Compr
     optimizer.apply(grads, model.trainable_variables)
     ```
     """
+    gone_arguments.refuse("tnt.DistributedOptimizer", original, gone_arguments.GROUP)  # its group=
     _check_supported(optimizer)
     compressor = compression_lib.resolve(compression)
     if getattr(type(optimizer), "_tnt_distributed", False):

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.ops.operation import Operation
 
-from tarantella.common import config, core, errors, master_only
+from tarantella.common import config, core, errors, gone_arguments, master_only
 from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, call_agreement, collective_ops,
@@ -82,7 +82,7 @@ def _static_first_dim(x):
 # the original Tarantella's tnt.Model attributes that are gone: what to use instead
 _GONE = {
     "dist_optimizer": "use model.optimizer (the compiled optimizer, made distributed)",
-    "group": "there are no rank groups: every collective spans all ranks",
+    "group": gone_arguments.NO_GROUPS,
     "to_yaml": "Keras 3 removed YAML: use to_json() and tnt.models.model_from_json",
     **dict.fromkeys(("reset_states", "add_metric", "state_updates"), "Keras 3 removed it"),
     "close": "there is nothing to release (it was the original's exit hook): leave the call out",
@@ -144,6 +144,8 @@ class Model(keras.Model):
                 f"model={model!r} (of type {type(model).__name__})")
         if isinstance(model, Model):
             raise TypeError("The model is already a tnt.Model. Received: model=tnt.Model")
+        # Keras' ValueError named the argument only ("Unrecognized keyword arguments")
+        gone_arguments.refuse("tnt.Model", kwargs, gone_arguments.GROUP, others_allowed=True)
         parallel_strategy = resolve_strategy(parallel_strategy, model, num_pipeline_stages)
         compressor = None if compression is None else compression_lib.resolve(compression)
         kwargs.setdefault("name", model.name)
@@ -265,11 +267,8 @@ class Model(keras.Model):
         the wrapped model's own `compile(...)` if it has one (e.g. a GAN's
         `compile(d_optimizer, g_optimizer, loss_fn)`). Every optimizer the
         model then holds averages its gradients across ranks."""
-        for name in _GONE_COMPILE.keys() & kwargs.keys():
-            # Keras' TypeError named the internal _compile_keras and said nothing more
-            raise TypeError(f"tnt.Model.compile: {name} of the original Tarantella is not "
-                            f"available: {_GONE_COMPILE[name]} (docs/migration.md). Received: "
-                            f"{name}={kwargs[name]!r}")
+        # Keras' TypeError named the internal _compile_keras and said nothing more
+        gone_arguments.refuse("tnt.Model.compile", kwargs, _GONE_COMPILE, others_allowed=True)
         if type(self.model).compile is not keras.Model.compile:
             self._compile_own(*args, **kwargs)
         else:

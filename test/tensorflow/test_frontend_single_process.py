@@ -3,6 +3,7 @@ counts, clear errors for bad input, and the wrappers' rules."""
 import copy
 import logging
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -1116,6 +1117,31 @@ def test_the_original_tarantellas_names_work_or_say_what_replaces_them():
         assert hint in str(error.value) and "migration.md" in str(error.value), name
     with pytest.raises(AttributeError, match="no_such_name"):
         model.no_such_name  # noqa: B018
+    # its group= arguments (and a Callback's parallel_strategy=, by keyword or as its second
+    # argument) said only "unexpected keyword argument" (Keras' "Unrecognized keyword
+    # arguments" for tnt.Model), or were taken for aggregate_logs without a word
+    keras_model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    takers = {"tnt.Model": lambda **kw: tnt.Model(keras_model, **kw),
+              "tnt.DistributedOptimizer": lambda **kw: tnt.DistributedOptimizer(
+                  keras.optimizers.SGD(), **kw),
+              "tnt.TensorAllreducer": lambda **kw: tnt.TensorAllreducer(1.0, **kw),
+              "tnt.TensorBroadcaster": lambda **kw: tnt.TensorBroadcaster(1.0, 0, **kw),
+              "tnt.TensorAllgatherer": lambda **kw: tnt.TensorAllgatherer([1.0], **kw),
+              "tnt.keras.callbacks.Callback": lambda **kw: tnt.keras.callbacks.Callback(
+                  keras.callbacks.History(), **kw)}
+    for where, call in takers.items():
+        with pytest.raises(TypeError, match=re.escape(where) + ": group of the original") as error:
+            call(group=None)
+        assert "no rank groups" in str(error.value) and "migration.md" in str(error.value), where
+        if where != "tnt.Model":  # its other keyword arguments are keras.Model's, which says so
+            with pytest.raises(TypeError, match="unexpected keyword argument 'no_such'"):
+                call(no_such=1)
+    assert tnt.optimizers.Optimizer is tnt.DistributedOptimizer  # the original's name: the same
+    for wrap in (lambda cb: tnt.keras.callbacks.Callback(cb, parallel_strategy=tnt.ParallelStrategy.DATA),
+                 lambda cb: tnt.keras.callbacks.Callback(cb, tnt.ParallelStrategy.DATA)):
+        with pytest.raises(TypeError, match=r"Callback: parallel_strategy of the original.*"
+                                            r"run_on_all_ranks= and aggregate_logs="):
+            wrap(keras.callbacks.History())
 
 
 def test_the_original_tarantellas_module_paths_are_tarantella_tensorflows_modules():

@@ -3,9 +3,10 @@ import contextlib
 
 import keras
 
-from tarantella.common import config, core
+from tarantella.common import config, core, gone_arguments
 from tarantella.common import master_only
 from tarantella.tensorflow import class_swap
+from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 
 # Callbacks whose decisions change training (the learning rate, stopping):
 # they must decide the same on every rank, or ranks would diverge or deadlock.
@@ -22,6 +23,16 @@ def _decides_from_logs(callback):
     return isinstance(callback, (keras.callbacks.EarlyStopping, keras.callbacks.ReduceLROnPlateau,
                                  keras.callbacks.TerminateOnNaN))
 
+
+# the original Tarantella's arguments of Callback that are gone: what to do instead
+_GONE = {
+    **gone_arguments.GROUP,
+    "parallel_strategy": "the strategy is tnt.Model's (data parallelism): say where the callback "
+                         "runs and which logs it sees with run_on_all_ranks= and aggregate_logs= "
+                         "(the original's ParallelStrategy.DATA: aggregate_logs=True, "
+                         "run_on_all_ranks=True; None: aggregate_logs=False, "
+                         "run_on_all_ranks=False)",
+}
 
 # Callbacks that write the job's one file, stream of events or progress bar
 WRITERS = (keras.callbacks.CSVLogger, keras.callbacks.RemoteMonitor, keras.callbacks.TensorBoard,
@@ -84,7 +95,10 @@ class Callback(keras.callbacks.Callback):
     ```
     """
 
-    def __new__(cls, callback, aggregate_logs=True, run_on_all_ranks=None):
+    def __new__(cls, callback, aggregate_logs=True, run_on_all_ranks=None, **original):
+        if isinstance(aggregate_logs, ParallelStrategy):  # the original's second argument
+            original = {"parallel_strategy": aggregate_logs, **original}
+        gone_arguments.refuse("tnt.keras.callbacks.Callback", original, _GONE)
         if not isinstance(callback, keras.callbacks.Callback):
             raise TypeError(
                 "tnt.keras.callbacks.Callback expects a keras.callbacks.Callback instance. "
