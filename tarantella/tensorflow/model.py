@@ -23,7 +23,8 @@ from tarantella.tensorflow.data import first_batches, step_counts
 from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
 from tarantella.tensorflow.data.step_counts import input_kind
 from tarantella.tensorflow.keras.callbacks.callback_preparation import (
-    prepare_callbacks, same_checkpoints, same_rate_setters, same_restoring_stops)
+    own_csv_files, prepare_callbacks, same_checkpoints, same_csv_loggers, same_rate_setters,
+    same_restoring_stops)
 from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
@@ -697,7 +698,8 @@ class Model(keras.Model):
         # one round: the call, its arguments, the callbacks that make collective calls
         call_agreement.check("fit", self, self._tnt_agreement, not self._tnt_synced, arguments,
                              same_checkpoints(callbacks), same_restoring_stops(callbacks),
-                             same_rate_setters(callbacks))
+                             same_rate_setters(callbacks), same_csv_loggers(callbacks))
+        own_csv_files(callbacks)  # a round of its own only where a CSVLogger runs on every rank
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
         self._train_may_be_empty(train is None or train[3])

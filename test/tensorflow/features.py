@@ -747,6 +747,17 @@ def check_misc(tnt, files):
     lines = []
     model.summary(print_fn=lambda line, **kwargs: lines.append(line))
     out["summary_lines"] = len(lines)
+    # CSVLoggers wrapped to run on every rank: one file for both ranks was written by both at
+    # once (one rank's lines and a stray tail of the other's), now refused on every rank
+    # before training; a file per rank is written by its rank
+    for key, name in (("csv_shared", "shared.csv"), ("csv_own", f"own-{rank}.csv")):
+        logger = tnt.keras.callbacks.Callback(keras.callbacks.CSVLogger(os.path.join(files, name)),
+                                              aggregate_logs=False, run_on_all_ranks=True)
+        try:
+            model.fit(x, y, batch_size=39, epochs=2, verbose=0, callbacks=[logger])
+            out[key] = None
+        except ValueError as exc:
+            out[key] = str(exc)
     return out
 
 

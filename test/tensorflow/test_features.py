@@ -315,6 +315,17 @@ def test_a_summary_given_a_print_fn_reaches_it_on_every_rank(runs):
     assert counts[0] > 0 and counts == [counts[0]] * len(counts), counts
 
 
+def test_a_csv_logger_on_every_rank_writes_a_file_of_its_own_or_is_refused(runs):
+    for r in runs["ranks"]:
+        assert "ranks [0, 1] would write one file together" in r["misc"]["csv_shared"]
+        assert r["misc"]["csv_own"] is None
+    files = os.listdir(os.path.join(runs["out"], "files"))
+    assert "shared.csv" not in files
+    for rank in range(2):
+        with open(os.path.join(runs["out"], "files", f"own-{rank}.csv")) as f:
+            assert len(f.read().splitlines()) == 3  # its header and 2 epochs
+
+
 def test_broadcast_variables_refuses_lists_that_differ_and_assigns_the_roots_values(runs):
     for r in runs["ranks"]:
         misc = r["misc"]

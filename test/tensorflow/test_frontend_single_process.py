@@ -1188,6 +1188,43 @@ def test_callbacks_say_what_they_did_on_the_master_only(monkeypatch):
     assert prepared_verbosity(1, everywhere="1") == [1, 1]
 
 
+def test_a_csv_logger_on_every_rank_must_write_a_file_of_its_own(monkeypatch):
+    """Wrapped with run_on_all_ranks=True, a CSVLogger of one name was written
+    by every rank at once (one rank's lines and a stray tail of another's),
+    without a word: fit compares the ranks' files (an allgather, here as two
+    ranks would answer it) and refuses one file for several ranks on every
+    rank alike; a name per rank is left as it is."""
+    from tarantella.common import collectives, core
+    from tarantella.tensorflow.keras.callbacks.callback_preparation import (own_csv_files,
+                                                                           same_csv_loggers)
+
+    monkeypatch.setattr(core, "get_size", lambda: 2)
+    gathered = []
+
+    def ranks_give(other):  # rank 1's row from this rank's: the same, or another file's
+        def allgather(mine, name=None):
+            gathered.append(name)
+            return np.concatenate([mine, other(mine)])
+        monkeypatch.setattr(collectives, "allgather", allgather)
+
+    wrap = tnt.keras.callbacks.Callback
+    everywhere = [wrap(keras.callbacks.CSVLogger("log.csv"), aggregate_logs=False,
+                       run_on_all_ranks=True)]
+    ranks_give(lambda mine: mine)
+    with pytest.raises(ValueError, match=r"ranks \[0, 1\] would write one file together.*"
+                                         r"log-\{tnt.get_rank\(\)\}.csv.*log.csv"):
+        own_csv_files(everywhere)
+    ranks_give(lambda mine: mine + 1)
+    own_csv_files(everywhere)  # a file of its own on each rank
+    assert gathered == ["tnt.csv_files"] * 2
+    # on the master only (unwrapped, or wrapped unset): nothing to compare, no collective
+    master_only = [keras.callbacks.CSVLogger("log.csv"), wrap(keras.callbacks.CSVLogger("b.csv"))]
+    own_csv_files(master_only)
+    assert len(gathered) == 2
+    assert [list(same_csv_loggers(c).values.values()) for c in (everywhere, master_only)] \
+        == [[1], [0]]
+
+
 def test_the_entry_points_a_tf_function_calls_are_not_converted_by_autograph():
     """tnt's collectives, the tape's gradient, the optimizer's apply and broadcast_variables run as
     plain Python while a tf.function traces them (as Keras' code does): autograph converting them

@@ -85,7 +85,8 @@ class Callback(keras.callbacks.Callback):
             writers above on the master only, every other callback on every
             rank). Callbacks that decide (EarlyStopping, ReduceLROnPlateau,
             LearningRateScheduler, TerminateOnNaN) must run on every rank. A
-            CSVLogger run on every rank needs a file name per rank.
+            CSVLogger run on every rank needs a file name per rank (fit
+            refuses one file for several ranks).
 
     Example:
 

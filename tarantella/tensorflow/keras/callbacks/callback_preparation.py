@@ -1,9 +1,11 @@
 """The callbacks tnt.Model passes to Keras: the user's, wrapped per type."""
 import os
+import zlib
 
 import keras
+import numpy as np
 
-from tarantella.common import config, core
+from tarantella.common import collectives, config, core
 from tarantella.tensorflow.data import step_counts
 from tarantella.tensorflow.keras.callbacks.callback import WRITERS, Callback
 
@@ -119,3 +121,49 @@ def same_checkpoints(callbacks):
             "`hvd.rank() == 0` guard): the master alone writes the files. To run one on the "
             "master only, wrap it: tnt.keras.callbacks.Callback(checkpoint, run_on_all_ranks=False)")
     return step_counts.Group({"the ModelCheckpoints that run on every rank": count}, message=message)
+
+
+def _csv_loggers_on_every_rank(callbacks):
+    """The CSVLoggers wrapped to run on every rank (unwrapped, one runs on the master only)."""
+    return [cb for cb in callbacks or [] if isinstance(cb, keras.callbacks.CSVLogger)
+            and isinstance(cb, Callback) and cb.run_on_all_ranks]
+
+
+def same_csv_loggers(callbacks):
+    """The Group (for call_agreement.check in fit) that fails unless every rank
+    passes as many CSVLoggers that run on every rank: own_csv_files compares
+    their files in one allgather, which every rank must then make."""
+    count = len(_csv_loggers_on_every_rank(callbacks))
+
+    def message(every):
+        return (
+            f"fit was given CSVLoggers wrapped to run on every rank on some ranks only "
+            f"({_counts(every)}). Pass the same callbacks on every rank, each rank's CSVLogger "
+            "with a file of its own (or leave it unwrapped: it then writes on the master only)")
+    return step_counts.Group({"the CSVLoggers that run on every rank": count}, message=message)
+
+
+def own_csv_files(callbacks):
+    """Collective where CSVLoggers run on every rank (as many on every rank:
+    same_csv_loggers): a ValueError on every rank alike where ranks would
+    write one file. Wrapped with run_on_all_ranks=True, a CSVLogger of one file
+    name was opened by every rank, each truncating and writing it: the file
+    held one rank's lines and a stray tail of another's (aggregate_logs=False),
+    without a word. A name per rank (the docs' advice) is left as it is, so
+    the names are compared, not made per rank as TensorBoard's folders are."""
+    loggers = _csv_loggers_on_every_rank(callbacks)
+    if not loggers or core.get_size() == 1:
+        return
+    paths = [os.path.abspath(os.fspath(cb.filename)) for cb in loggers]
+    mine = np.array([[zlib.crc32(p.encode("utf-8", "surrogateescape")) for p in paths]], np.int64)
+    every = collectives.allgather(mine, name="tnt.csv_files")  # one row a rank
+    for path, column in zip(paths, every.T.tolist()):
+        shared = [r for r, c in enumerate(column) if column.count(c) > 1]
+        if shared:  # the same verdict on every rank
+            raise ValueError(
+                "A CSVLogger wrapped to run on every rank (run_on_all_ranks=True) must write a "
+                f"file of its own on each rank: ranks {shared} would write one file together, "
+                "each over the others' lines. Give each rank its own name "
+                "(`keras.callbacks.CSVLogger(f\"log-{tnt.get_rank()}.csv\")`), or leave it "
+                "unwrapped: it then writes on the master only. Received: "
+                f"filename={path!r} on this rank")
