@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -27,6 +28,27 @@ def report(exc, since):
 
 
 tnt.allreduce(x, name="warm-up")
+if mode == "thread-names":
+    # Rank 1 starts one more thread first (a callback's, a data loader's), so Python names its
+    # training thread "Thread-2 (train)" where rank 0's is "Thread-1 (train)": their unnamed calls,
+    # named after the thread, never meet. Every rank reports the error it gets.
+    if rank == 1:
+        extra = threading.Thread(target=print, args=("an extra thread",))
+        extra.start()
+        extra.join()
+
+    def train():
+        since = time.monotonic()
+        try:
+            tnt.allreduce(np.ones(4, np.float32))
+            print(json.dumps({"rank": rank, "error": None}), flush=True)
+        except tnt.TarantellaError as exc:
+            report(exc, since)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    trainer.join()
+    sys.exit(3)
 start = time.monotonic()
 try:
     for i in range(10_000):

@@ -87,6 +87,23 @@ def test_rank_that_never_submits_is_named_after_the_timeout():
     assert first1["error"] == "PeerLostError" and first1["peer"] == 0, first1
 
 
+def test_threads_named_otherwise_on_another_rank_fail_at_the_stall_warning_saying_why():
+    """A thread whose default name differs between ranks ("Thread-1 (train)", "Thread-2 (train)": one rank
+    started one more thread before) makes calls named after it that never meet. Every rank fails once the
+    stall is seen, not at TNT_TIMEOUT_S (a TimeoutError), with an error that names both and what to do."""
+    job, procs = spawn_ranks(2, "rank_failures.py", "thread-names", env={"TNT_TIMEOUT_S": 20})
+    reports = collect(procs, skip=None, timeout=120)
+    for r, (code, lines, err) in reports.items():
+        assert code == 3 and len(lines) == 1, err[-2000:]
+        first = lines[0]
+        assert first["error"] in ("MismatchError", "PeerLostError"), first
+        message = first["message"]
+        # not TNT_TIMEOUT_S's TimeoutError: the stall warning's full round showed each rank's name
+        assert len(set(re.findall(r"'allreduce\.0@(Thread-\d+ \(train\))'", message))) == 2, first
+        assert "threading.Thread(target=..., name=" in message and "pass name=" in message, first
+    assert shm_objects(job) == []
+
+
 def test_tntrun_names_the_killed_rank_and_exits_non_zero(tmp_path):
     start = time.monotonic()
     res = tntrun(3, "rank_failures.py", "kill", env={"TNT_TIMEOUT_S": 30}, timeout=120)
