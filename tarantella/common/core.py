@@ -116,6 +116,11 @@ def _init():
     tnt_logging.configure(lib_.tnt_rank(), MASTER_RANK)
     error_file.install()
     _warn_unknown_settings()
+    # The collectives now, in the thread that starts the core, not lazily at a first tnt.allreduce: a
+    # thread in the middle of that import when another thread fork()ed left its import lock held in the
+    # child, whose first tnt.* call then waited on it forever instead of failing as a forked child's does.
+    # (Every rank that uses collectives imports the module anyway: no cost to start-up.)
+    from tarantella.common import collectives  # noqa: F401
 
 
 def _warn_unknown_settings():

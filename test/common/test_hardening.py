@@ -27,6 +27,43 @@ def test_in_job_checks_on_3_ranks():
         assert res.stdout.count(f"ok {check}") == 3, (check, res.stdout[-3000:])
 
 
+FORK_MID_IMPORT = """
+import importlib._bootstrap, os, signal, threading
+import numpy as np
+import tarantella as tnt
+tnt.init()
+# a thread in the middle of importing tarantella.common.collectives (lazily, at its first tnt.allreduce
+# just after it started) holds that module's import lock when another thread forks
+held, release = threading.Event(), threading.Event()
+def importing():
+    with importlib._bootstrap._ModuleLockManager("tarantella.common.collectives"):
+        held.set()
+        release.wait()
+threading.Thread(target=importing, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(30)  # the lock's owner does not exist in the child: a wait on it never ends
+    try:
+        tnt.allreduce(np.ones(2))
+    except tnt.InvalidUsageError as exc:
+        print("child:", exc, flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+release.set()
+print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_a_child_forked_while_a_thread_imports_the_collectives_fails_clearly():
+    """A fork() while another thread was inside the lazy import of tarantella.common.collectives left the
+    child waiting forever on that import's lock at its first tnt.* call. tnt.init() imports it now."""
+    res = subprocess.run([sys.executable, "-c", FORK_MID_IMPORT], env=clean_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "child exit 0" in res.stdout and "forked child" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
 PROBE = """
 import json, tarantella as tnt
 try:
