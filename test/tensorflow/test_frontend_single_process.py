@@ -214,6 +214,12 @@ def test_micro_batch_size_is_checked_against_a_batch_size_read_only_when_running
     parts = [_batches(distribute_dataset(cycled, rank=r, size=2).dataset) for r in range(2)]
     assert [len(np.concatenate(pair)) for pair in zip(*parts)] \
         == [len(b) for b in _batches(cycled)] == [4, 6, 4, 6]
+    # concatenated datasets: the sizes of both parts (the first alone was read: 4 passed here)
+    mixed = tf.data.Dataset.range(8).batch(4).concatenate(tf.data.Dataset.range(16).batch(8))
+    with pytest.raises(ValueError, match=r"tnt_micro_batch_size=2 cannot be checked"):
+        distribute_dataset(mixed, micro_batch_size=2, rank=0, size=2)
+    alike = tf.data.Dataset.range(8).batch(4).concatenate(tf.data.Dataset.range(8).batch(4))
+    assert distribute_dataset(alike, micro_batch_size=2, rank=0, size=2).global_batch_size == 4
 
 
 def _model():

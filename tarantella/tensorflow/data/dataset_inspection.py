@@ -61,6 +61,15 @@ def batching(dataset):
         name = type(ds).__name__
         if name in _UNBATCH_OPS or name in _RESTRUCTURE_OPS:
             break
+        if name == "_ConcatenateDataset":
+            # two chains, and the one above (_input_dataset) only the first: batch(8) then
+            # batch(16) read as batches of 8, and tnt_micro_batch_size=4 on 2 ranks passed its
+            # check while the second part trained on global batches of 16
+            first, second = batching(ds._input_dataset), batching(ds._dataset_to_concatenate)
+            if first == second:
+                return first
+            return Batching(first.batched if first.batched == second.batched else None, None,
+                            first.drop_remainder and second.drop_remainder)
         if name in _BATCH_OPS:
             size = _rebatch_size(ds) if name == "_RebatchDataset" else _static(
                 getattr(ds, "_batch_size", None))
