@@ -220,6 +220,10 @@ def test_micro_batch_size_is_checked_against_a_batch_size_read_only_when_running
         distribute_dataset(mixed, micro_batch_size=2, rank=0, size=2)
     alike = tf.data.Dataset.range(8).batch(4).concatenate(tf.data.Dataset.range(8).batch(4))
     assert distribute_dataset(alike, micro_batch_size=2, rank=0, size=2).global_batch_size == 4
+    # sparse_batch is a batch op (it was refused as samples of unknown length)
+    sparse = tf.data.Dataset.range(10).map(lambda x: tf.fill([x % 3 + 1], x)).sparse_batch(4, [5])
+    parts = [distribute_dataset(sparse, micro_batch_size=2, rank=r, size=2).dataset for r in range(2)]
+    assert [tf.sparse.to_dense(b)[:, 0].numpy().tolist() for b in parts[1]] == [[2, 3], [6, 7], [9]]
 
 
 def _model():

@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow.python.framework import op_def_registry  # is an op stateful (registry lookup)
 
 _BATCH_OPS = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset",
-              "_DenseToRaggedDataset", "_RebatchDataset")
+              "_DenseToRaggedDataset", "_RebatchDataset", "_DenseToSparseBatchDataset")
 _UNBATCH_OPS = ("_UnbatchDataset",)
 # Ops whose elements come from a user function's datasets (or windows): a batch op
 # before them says nothing about what they yield (`batch(4).flat_map(from_tensor_slices)`
