@@ -24,7 +24,16 @@ const char *cudaGetErrorString(int error) {
   return error == 700 ? "an illegal memory access was encountered" : error == 600 ? "device not ready" : "no error";
 }
 /* host staging: pinned memory is host memory, copies are done at once, events have always happened */
-int cudaMallocHost(void **ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
+/* pinned buffers made so far, and which one fails once (1, 2, ...; 0: none), set by test_gpu_staging.c */
+int standin_host_allocs, standin_fail_host_alloc_at;
+int cudaMallocHost(void **ptr, size_t bytes) {
+  if (standin_fail_host_alloc_at == standin_host_allocs + 1) {
+    standin_fail_host_alloc_at = 0;
+    return 2; /* cudaErrorMemoryAllocation */
+  }
+  standin_host_allocs++;
+  return cudaMalloc(ptr, bytes);
+}
 int cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, void *stream) {
   memmove(dst, src, bytes);
   return 0;

@@ -28,16 +28,32 @@ static tnt_result_t cuda_call(int rc, const char *what) {
                                            tnt_cuda_error(rc), rc);
 }
 
+/* *slot made by `create` (cudaEventCreate, cudaStreamCreate) unless it is made already; set only
+ * on success, whatever a failed call left in its argument. */
+static tnt_result_t make(void **slot, int (*create)(void **), const char *what) {
+  if (*slot) return TNT_SUCCESS;
+  void *made = NULL;
+  TNT_CHECK(cuda_call(create(&made), what));
+  *slot = made;
+  return TNT_SUCCESS;
+}
+
+/* Makes what is not made yet: a set-up that failed part-way (out of pinned memory) is taken up
+ * where it stopped by the next call, which made everything again before and leaked the rest. */
 static tnt_result_t set_up(const tnt_cuda_t *c) {
   if (st.ready) return TNT_SUCCESS;
   for (int b = 0; b < TNT_STAGING_BUFFERS; b++) {
-    TNT_CHECK(cuda_call(c->malloc_host((void **)&st.pinned[b], TNT_STAGING_PIECE_BYTES), "cudaMallocHost"));
-    TNT_CHECK(cuda_call(c->event_create(&st.landed[b]), "cudaEventCreate"));
-    TNT_CHECK(cuda_call(c->event_create(&st.returned[b]), "cudaEventCreate"));
+    void *pinned = NULL;
+    if (!st.pinned[b]) {
+      TNT_CHECK(cuda_call(c->malloc_host(&pinned, TNT_STAGING_PIECE_BYTES), "cudaMallocHost"));
+      st.pinned[b] = pinned;
+    }
+    TNT_CHECK(make(&st.landed[b], c->event_create, "cudaEventCreate"));
+    TNT_CHECK(make(&st.returned[b], c->event_create, "cudaEventCreate"));
   }
-  TNT_CHECK(cuda_call(c->event_create(&st.inputs_ready), "cudaEventCreate"));
-  TNT_CHECK(cuda_call(c->stream_create(&st.out), "cudaStreamCreate"));
-  TNT_CHECK(cuda_call(c->stream_create(&st.back), "cudaStreamCreate"));
+  TNT_CHECK(make(&st.inputs_ready, c->event_create, "cudaEventCreate"));
+  TNT_CHECK(make(&st.out, c->stream_create, "cudaStreamCreate"));
+  TNT_CHECK(make(&st.back, c->stream_create, "cudaStreamCreate"));
   st.ready = 1;
   return TNT_SUCCESS;
 }
