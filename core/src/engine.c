@@ -419,32 +419,6 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
  * The error names the first missing rank and what its process is doing. */
 #define STALL_WARN_S 60.0
 
-/* Python names the threads it starts "Thread-N" or "Thread-N (target)", N counting every thread the process
- * has started. */
-static int python_default_thread_name(const char *s) {
-  return strncmp(s, "Thread-", 7) == 0 && s[7] >= '0' && s[7] <= '9';
-}
-
-/* A request that Tarantella named for a call without name= in a thread other than the main one ends in
- * "@<thread name>" (request_names.py: "tnt.tape@Thread-3 (train)"), so that each thread pairs with its
- * namesake on the other ranks. When `peer` waits instead for the same name made in a thread of another
- * default name, the job cannot go on: a rank that started one more thread before (a callback, a data
- * loader) numbered its training thread otherwise. The name `peer` waits for goes in `theirs`; 0 if none. */
-static int thread_names_differ(tnt_negotiator_t *neg, const tnt_request_t *req, int peer, const char **theirs) {
-  const char *at = strchr(req->name, '@');
-  if (!at || !python_default_thread_name(at + 1)) return 0;
-  const size_t stem = (size_t)(at - req->name) + 1;
-  for (int i = 0; i < neg->ngtable; i++) {
-    const tnt_gentry_t *g = &neg->gtable[i];
-    if (g->live && g->announced[peer] && !g->announced[neg->pl->rank] && strncmp(g->name, req->name, stem) == 0 &&
-        python_default_thread_name(g->name + stem) && strcmp(g->name, req->name) != 0) {
-      *theirs = g->name;
-      return 1;
-    }
-  }
-  return 0;
-}
-
 static tnt_result_t check_stalls(tnt_engine_t *c) {
   double now = tnt_now();
   for (int i = 0; i < c->pending.n; i++) {
@@ -475,7 +449,7 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
       int peer = -1;
       const char *theirs = NULL;
       if (sscanf(missing, "%d", &peer) == 1 && peer >= 0 && peer < c->pl->size &&
-          thread_names_differ(&c->neg, req, peer, &theirs))
+          (theirs = tnt_negotiate_thread_twin(&c->neg, req->name, peer)) != NULL)
         return tnt_fail(TNT_ERR_MISMATCH,
                         "%s '%.120s' has waited %.0f s on rank %d for rank %d, which waits instead for '%.120s': one "
                         "call made in threads of other names. A call without name= in a thread pairs with the thread "

@@ -800,6 +800,25 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
   return TNT_SUCCESS;
 }
 
+/* Python names the threads it starts "Thread-N" or "Thread-N (target)", N counting every thread the process
+ * has started. */
+static int python_default_thread_name(const char *s) {
+  return strncmp(s, "Thread-", 7) == 0 && s[7] >= '0' && s[7] <= '9';
+}
+
+const char *tnt_negotiate_thread_twin(const tnt_negotiator_t *c, const char *name, int peer) {
+  const char *at = strchr(name, '@');
+  if (!at || !python_default_thread_name(at + 1)) return NULL;
+  const size_t stem = (size_t)(at - name) + 1;
+  for (int i = 0; i < c->ngtable; i++) {
+    const tnt_gentry_t *g = &c->gtable[i];
+    if (g->live && g->announced[peer] && !g->announced[c->pl->rank] && strncmp(g->name, name, stem) == 0 &&
+        python_default_thread_name(g->name + stem) && strcmp(g->name, name) != 0)
+      return g->name;
+  }
+  return NULL;
+}
+
 const void *tnt_negotiate_payload(const tnt_negotiator_t *c, int slot, int q) {
   return c->msg_at[q] + c->payload_at[(size_t)slot * c->pl->size + q];
 }

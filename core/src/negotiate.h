@@ -121,6 +121,13 @@ int tnt_negotiate_has_news(tnt_negotiator_t *c);
 /* Bit rounds tell every rank only which slots all ranks are ready for; a stall
  * report needs who is missing: ask for a full round (news until one is done). */
 static inline void tnt_negotiate_refresh(tnt_negotiator_t *c) { c->refresh = 1; }
+/* A request Tarantella named for a call without name= in a thread other than the main one ends in
+ * "@<thread name>" (request_names.py: "tnt.tape@Thread-3 (train)"), so that each thread pairs with its
+ * namesake on the other ranks. The name that `peer` has announced, and this rank has not, for the same
+ * call in a thread of another default name (Thread-N): the job cannot go on, since a rank that started
+ * one more thread before (a callback, a data loader) numbered its training thread otherwise. NULL if none.
+ * Valid until the next cycle. */
+const char *tnt_negotiate_thread_twin(const tnt_negotiator_t *c, const char *name, int peer);
 static inline int tnt_negotiate_refreshing(const tnt_negotiator_t *c) { return c->refresh; }
 /* Run one cycle: exchange, merge, and fill *responses (caller frees with
  * tnt_responses_free). Fails on transport errors and on ranks that diverged.
