@@ -172,10 +172,10 @@ def gaspi_ssh_shim(python, real_ssh, job_id, machinefile, lock):
             ' "$@"\n')
 
 
-def gaspi_until_ranks_end(python, lock, argv):
+def gaspi_until_ranks_end(python, lock, machinefile, argv):
     """gaspi_run's command, run so that the job lasts until the ranks of every host have ended
     (gaspi_run itself ends with rank 0: gaspi_ssh.py)."""
-    return [python, "-m", "tarantella.runner.gaspi_ssh", "--engine", lock, *argv]
+    return [python, "-m", "tarantella.runner.gaspi_ssh", "--engine", lock, machinefile, *argv]
 
 
 def gaspi(gaspi_run, placement, machinefile, script):

@@ -13,13 +13,19 @@ It also keeps the job alive until those ranks end. gaspi_run starts them in a su
 never waits for: it ends when rank 0 does, and tntrun then ended the job, ranks of other
 hosts still running (one writing its results after the last collective lost them, and
 tntrun said the job succeeded). Each starting call holds a shared lock on LOCK while its
-ssh runs; tntrun runs gaspi_run under `--engine LOCK`, which, when gaspi_run succeeded,
-waits for the exclusive lock: until every host's ranks have ended.
+ssh runs, and then says so with a line in LOCK.started; tntrun runs gaspi_run under
+`--engine LOCK MACHINEFILE`, which, when gaspi_run succeeded, waits until every starting
+call has said so (one per host: gaspi_run starts each host's ranks with one call), then for
+the exclusive lock: until every host's ranks have ended. Without the first wait a rank 0
+that ended at once (a program with no collective) let gaspi_run end before a starting call,
+a Python process still starting, had taken its lock, and the job ended without the other
+ranks' output.
 
     python -m tarantella.runner.gaspi_ssh REAL_SSH JOB_ID MACHINEFILE LOCK HOST COMMAND...
-    python -m tarantella.runner.gaspi_ssh --engine LOCK GASPI_RUN_ARGV...
+    python -m tarantella.runner.gaspi_ssh --engine LOCK MACHINEFILE GASPI_RUN_ARGV...
 """
 import fcntl
+import itertools
 import os
 import subprocess
 import sys
@@ -29,16 +35,37 @@ from tarantella.runner import rank_report
 
 SSH_FAILED = 255  # ssh(1): "ssh exits ... with 255 if an error occurred"
 TAIL = 4096
+# how long the engine waits, after gaspi_run, for starting calls that have not said they
+# run: each is one Python start-up; one that never comes (it could not start) is not waited
+# for longer
+STARTING_CALLS_WAIT_S = 60.0
+
+
+def _lines(machinefile):
+    try:
+        with open(machinefile) as f:
+            return [ln.strip() for ln in f if ln.strip()]
+    except OSError:
+        return []
 
 
 def _ranks_on(machinefile, host):
     """The ranks gaspi_run places on `host`: one per line of its machine file, in order."""
+    return [r for r, name in enumerate(_lines(machinefile)) if name == host]
+
+
+def _starting_calls(machinefile):
+    """How many ssh calls gaspi_run makes to start ranks: one per run of equal lines of its
+    machine file (`uniq -c`), the master's host included."""
+    return len([host for host, _ in itertools.groupby(_lines(machinefile))])
+
+
+def _started(lock):
     try:
-        with open(machinefile) as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
+        with open(lock + ".started", "rb") as f:
+            return f.read().count(b"\n")
     except OSError:
-        return []
-    return [r for r, name in enumerate(lines) if name == host]
+        return 0
 
 
 def _failed_start(code, command):
@@ -51,10 +78,15 @@ def _failed_start(code, command):
     return code != 0 and "ssh.spawner" in command and "killall" not in command
 
 
-def engine(lock, argv):
-    """Run gaspi_run; when it succeeded, wait until no starting call holds LOCK."""
+def engine(lock, machinefile, argv):
+    """Run gaspi_run; when it succeeded, wait until every starting call holds LOCK or has
+    ended, then until none holds it."""
     code = subprocess.call(argv)
     if code == 0:
+        expected = _starting_calls(machinefile)
+        deadline = time.monotonic() + STARTING_CALLS_WAIT_S
+        while _started(lock) < expected and time.monotonic() < deadline:
+            time.sleep(0.02)
         with open(lock, "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
     return 128 - code if code < 0 else code
@@ -62,7 +94,7 @@ def engine(lock, argv):
 
 def main(argv):
     if argv[0] == "--engine":
-        return engine(argv[1], argv[2:])
+        return engine(argv[1], argv[2], argv[3:])
     real_ssh, job_id, machinefile, lock, host = argv[:5]
     argv = [real_ssh, job_id, machinefile, host, *argv[5:]]
     command = " ".join(argv[4:])
@@ -70,6 +102,8 @@ def main(argv):
     if "ssh.spawner" in command and "killall" not in command:  # it starts ranks: hold the job open
         holder = open(lock, "a")
         fcntl.flock(holder, fcntl.LOCK_SH)
+        with open(lock + ".started", "ab") as said:  # one write (O_APPEND): lines never mix
+            said.write(f"{host}\n".encode())
     try:
         proc = subprocess.Popen([real_ssh, host, *argv[4:]], stderr=subprocess.PIPE)
     except OSError as exc:

@@ -274,7 +274,7 @@ def build(args, command, job_id, workdir):
                                                                           job_id, mfile, lock)
             env = dict(env, PATH=workdir + os.pathsep + env.get("PATH", ""))
             # gaspi_run ends with rank 0, the others' ssh then killed with it: wait for them
-            argv = engines.gaspi_until_ranks_end(sys.executable, lock, argv)
+            argv = engines.gaspi_until_ranks_end(sys.executable, lock, mfile, argv)
     elif engine == "srun":
         path = _locate(lambda: engines.find("srun", "inside a Slurm allocation"), "srun",
                        args.dry_run)

@@ -104,10 +104,15 @@ def make_script_factory(tmp_path):
 def rank_wrapper_argv():
     """How to run `python -m tarantella.runner.rank` (the rank wrapper that engines start),
     installed or from this source tree."""
+    return runner_module_argv("rank")
+
+
+def runner_module_argv(module):
+    """How to run `python -m tarantella.runner.MODULE`, installed or from this source tree."""
     if TNTRUN[0] != sys.executable:
-        return [sys.executable, "-m", "tarantella.runner.rank"]
+        return [sys.executable, "-m", f"tarantella.runner.{module}"]
     shim = _shim_dir()
     boot = ("import sys; import tarantella; "
             f"tarantella.__path__.append({shim!r}); "
-            "from tarantella.runner.rank import main; sys.exit(main())")
+            f"from tarantella.runner.{module} import main; sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-c", boot]

@@ -1,0 +1,47 @@
+"""gaspi_run under tntrun (gaspi_ssh.py): the job lasts until the ranks that gaspi_run started
+on every host through ssh have ended, however fast its rank 0 ends."""
+import os
+import shlex
+import sys
+import time
+
+from tntrun_helpers import import_runner, runner_module_argv
+
+import_runner()
+from tarantella.runner import gaspi_ssh  # noqa: E402
+
+
+def test_the_engine_waits_for_starting_calls_not_yet_running_when_rank_0_ended(tmp_path):
+    # gaspi_run starts each host's ranks with `ssh HOST "nohup ssh.spawner ..." &` and ends with
+    # rank 0. A rank 0 that ends at once (a program with no collective) let gaspi_run end before
+    # the starting calls, each a Python process starting up, held their lock: tntrun ended the
+    # job and the other ranks' output was lost (test_gpi2_multihost failed now and then with
+    # rank 0's line alone). Here the starting calls begin 1 s after this gaspi_run ended
+    machinefile = tmp_path / "machines"
+    machinefile.write_text("hostA\nhostA\nhostB\n")
+    lock = str(tmp_path / "ranks.lock")
+    done = tmp_path / "done"
+    real_ssh = tmp_path / "real_ssh"  # the ranks of a host: they run 1 s, then leave a mark
+    real_ssh.write_text(f"#!/bin/sh\nsleep 1\necho \"$1\" >> {shlex.quote(str(done))}\n")
+    real_ssh.chmod(0o755)
+    shim = shlex.join([*runner_module_argv("gaspi_ssh"), str(real_ssh), "f" * 32, str(machinefile), lock])
+    calls = " & ".join(f"(sleep 1; exec {shim} {host} 'nohup ssh.spawner {host}')" for host in ("hostA", "hostB"))
+    gaspi_run = ["/bin/sh", "-c", f"{calls} & exit 0"]
+    started = time.monotonic()
+    assert gaspi_ssh.engine(lock, str(machinefile), gaspi_run) == 0
+    # both hosts' ranks ended before the engine did (before: it returned after ~0 s, no mark)
+    assert sorted(done.read_text().split()) == ["hostA", "hostB"]
+    assert time.monotonic() - started >= 2.0
+    # one starting call per host, the master's included (gaspi_run's `uniq -c`)
+    assert gaspi_ssh._starting_calls(str(machinefile)) == 2
+
+
+def test_a_starting_call_that_never_comes_is_not_waited_for_forever(tmp_path, monkeypatch):
+    # a host whose starting call could not even start (no Python there) must not hang tntrun
+    machinefile = tmp_path / "machines"
+    machinefile.write_text("hostA\nhostB\n")
+    monkeypatch.setattr(gaspi_ssh, "STARTING_CALLS_WAIT_S", 0.5)
+    started = time.monotonic()
+    assert gaspi_ssh.engine(str(tmp_path / "lock"), str(machinefile), [sys.executable, "-c", "pass"]) == 0
+    assert time.monotonic() - started < 10
+    assert gaspi_ssh.engine(str(tmp_path / "lock"), str(machinefile), [sys.executable, "-c", "raise SystemExit(3)"]) == 3
