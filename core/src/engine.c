@@ -513,8 +513,8 @@ static int engine_step(tnt_engine_t *c, double until) {
       go_fatal(c, res);
       return TNT_STEP_WORKED;
     }
-    if (tnt_negotiate_has_news(&c->neg)) c->transport->ring_doorbell(c->ts, c->neg.cycles + 1);
-    else if (!c->transport->cycle_wanted(c->ts, c->neg.cycles)) return TNT_STEP_IDLE;
+    if (tnt_negotiate_has_news(&c->neg)) c->transport->ring_doorbell(c->ts, tnt_negotiate_cycles(&c->neg) + 1);
+    else if (!c->transport->cycle_wanted(c->ts, tnt_negotiate_cycles(&c->neg))) return TNT_STEP_IDLE;
   } else if (res != TNT_SUCCESS) {
     go_fatal(c, res);
     return TNT_STEP_WORKED;
@@ -561,7 +561,7 @@ static void *engine_main(void *arg) {
       continue;
     }
     int step = engine_step(c, INFINITY);
-    uint64_t done = c->neg.cycles;
+    uint64_t done = tnt_negotiate_cycles(&c->neg);
     int pending = c->pending.n;
     pthread_mutex_unlock(&c->progress);
     if (step == TNT_STEP_STOP) break;
@@ -699,14 +699,8 @@ tnt_result_t tnt_engine_submit(tnt_engine_t *c, tnt_request_t *req) {
 tnt_result_t tnt_engine_submit_driven(tnt_engine_t *c, tnt_request_t *req) { return enqueue(c, req); }
 
 void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
-  /* cycles is written under the progress lock; a stale read is fine for stats */
-  stats->cycles = (int64_t)__atomic_load_n(&c->neg.cycles, __ATOMIC_RELAXED);
-  stats->cache_hits = atomic_load(&c->neg.cache_hits);
-  stats->announcements = atomic_load(&c->neg.announcements);
+  tnt_negotiate_stats(&c->neg, stats);
   stats->executed = atomic_load(&c->executed);
-  stats->one_round = atomic_load(&c->neg.one_round);
-  stats->bit_rounds = atomic_load(&c->neg.bit_rounds);
-  stats->full_rounds = atomic_load(&c->neg.full_rounds);
   stats->bytes_reduced = atomic_load(&c->bytes_reduced);
   stats->pair_sums = atomic_load(&c->pair_sums);
   stats->pair_swaps = atomic_load(&c->pair_swaps);

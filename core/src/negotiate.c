@@ -862,3 +862,13 @@ void tnt_negotiate_missing(tnt_negotiator_t *c, const tnt_request_t *req, char *
   for (int r = 0; r < c->pl->size && used < len - 8; r++)
     if (!have[r]) used += (size_t)snprintf(out + used, len - used, "%s%d", used ? ", " : "", r);
 }
+
+void tnt_negotiate_stats(const tnt_negotiator_t *c, tnt_stats_t *stats) {
+  /* cycles is written under the engine's progress lock, and bumped atomically for this read */
+  stats->cycles = (int64_t)__atomic_load_n(&c->cycles, __ATOMIC_RELAXED);
+  stats->cache_hits = atomic_load(&c->cache_hits);
+  stats->announcements = atomic_load(&c->announcements);
+  stats->one_round = atomic_load(&c->one_round);
+  stats->bit_rounds = atomic_load(&c->bit_rounds);
+  stats->full_rounds = atomic_load(&c->full_rounds);
+}

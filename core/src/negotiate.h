@@ -129,6 +129,10 @@ static inline void tnt_negotiate_refresh(tnt_negotiator_t *c) { c->refresh = 1; 
  * Valid until the next cycle. */
 const char *tnt_negotiate_thread_twin(const tnt_negotiator_t *c, const char *name, int peer);
 static inline int tnt_negotiate_refreshing(const tnt_negotiator_t *c) { return c->refresh; }
+/* Cycles completed (the transport's doorbell counts them): under the engine's progress lock. */
+static inline uint64_t tnt_negotiate_cycles(const tnt_negotiator_t *c) { return c->cycles; }
+/* The negotiation's counters of tnt_get_stats (any thread: a stale read is fine for stats). */
+void tnt_negotiate_stats(const tnt_negotiator_t *c, tnt_stats_t *stats);
 /* Run one cycle: exchange, merge, and fill *responses (caller frees with
  * tnt_responses_free). Fails on transport errors and on ranks that diverged.
  * TNT_IN_PROGRESS when the other ranks did not answer by `until` (a caller's
