@@ -166,9 +166,7 @@ tnt_result_t tnt_finalize(void) {
     return TNT_SUCCESS;
   }
   if (c->transport) tnt_engine_stop(&c->engine); /* its last step failed every pending request */
-  pthread_mutex_lock(&c->requests.mu);
-  pthread_cond_broadcast(&c->requests.done_cond);
-  pthread_mutex_unlock(&c->requests.mu);
+  tnt_requests_wake_waiters(&c->requests);
   pthread_rwlock_wrlock(&life); /* every waiter has returned */
   atomic_store(&c->initialized, 0);
   if (c->transport) {
@@ -378,9 +376,9 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
      * a caller that drives its own collective has nobody to wait for. */
     double spin_until = tnt_now() + c->spin_s;
     while (h && !h->done && tnt_now() < spin_until) {
-      uint64_t seen = atomic_load(&c->requests.completions);
+      uint64_t seen = tnt_requests_completions(&c->requests);
       pthread_mutex_unlock(&c->requests.mu);
-      for (int i = 0; i < 4096 && atomic_load(&c->requests.completions) == seen; i++) {
+      for (int i = 0; i < 4096 && tnt_requests_completions(&c->requests) == seen; i++) {
         tnt_cpu_relax();
         if ((i & 63) == 63 && tnt_now() > spin_until) break;
       }
@@ -389,7 +387,7 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
     }
   }
   while (h && !h->done) {
-    int err = bounded ? pthread_cond_timedwait(&c->requests.done_cond, &c->requests.mu, &until) : pthread_cond_wait(&c->requests.done_cond, &c->requests.mu);
+    int err = tnt_requests_wait_completion(&c->requests, bounded ? &until : NULL);
     h = tnt_requests_get(&c->requests, handle); /* the table may have been reallocated, the handle released */
     if (h && err == ETIMEDOUT && !h->done)
       return tnt_fail(TNT_ERR_TIMEOUT, "tnt_wait gave up after %.3g s; the request '%s' is still pending", timeout_s,

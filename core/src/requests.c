@@ -178,3 +178,13 @@ tnt_result_t tnt_requests_fatal(tnt_requests_t *q, char *message, size_t len, in
   pthread_mutex_unlock(&q->mu);
   return r;
 }
+
+int tnt_requests_wait_completion(tnt_requests_t *q, const struct timespec *until) {
+  return until ? pthread_cond_timedwait(&q->done_cond, &q->mu, until) : pthread_cond_wait(&q->done_cond, &q->mu);
+}
+
+void tnt_requests_wake_waiters(tnt_requests_t *q) {
+  pthread_mutex_lock(&q->mu);
+  pthread_cond_broadcast(&q->done_cond);
+  pthread_mutex_unlock(&q->mu);
+}

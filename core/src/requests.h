@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "namemap.h"
 #include "request.h"
@@ -54,6 +55,13 @@ void tnt_requests_release(tnt_requests_t *q, tnt_handle_t handle);
 /* Takes q->mu: complete a request's handle (result_buf becomes the handle's). */
 void tnt_requests_complete(tnt_requests_t *q, tnt_request_t *req, tnt_result_t result, const char *message, int peer,
                            void *result_buf, int64_t result_count, const int64_t *rank_counts);
+/* Under q->mu: sleep until the next completion (or wake-up), at most until `until` on tnt_now's
+ * clock when it is not NULL: ETIMEDOUT then, else 0. */
+int tnt_requests_wait_completion(tnt_requests_t *q, const struct timespec *until);
+/* Takes q->mu: wake every thread in tnt_requests_wait_completion, so that it looks again (shutdown). */
+void tnt_requests_wake_waiters(tnt_requests_t *q);
+/* Any thread, no lock: a counter bumped at every completion, for a waiter that spins on it. */
+static inline uint64_t tnt_requests_completions(tnt_requests_t *q) { return atomic_load(&q->completions); }
 /* Takes q->mu: record the job's fatal error; 1 if it is the first. */
 int tnt_requests_set_fatal(tnt_requests_t *q, tnt_result_t result, const char *message, int peer);
 /* Takes q->mu: the fatal error so far (TNT_SUCCESS if none), its message and peer. */
