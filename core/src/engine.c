@@ -238,10 +238,11 @@ static tnt_result_t run_allreduce(tnt_engine_t *c, tnt_request_t **reqs, int n) 
   }
   double factors[n];
   for (int i = 0; i < n; i++) factors[i] = input_factor(c, reqs[i]);
-  TNT_CHECK(tnt_fusion_pack(&c->fusion, reqs, n, factors));
-  const int64_t total = c->fusion.total;
+  tnt_fused_t fused;
+  TNT_CHECK(tnt_fusion_pack(&c->fusion, reqs, n, factors, &fused));
+  const int64_t total = fused.count;
   int64_t t1 = tnt_now_us();
-  TNT_CHECK(reduce(c, c->fusion.buf, c->fusion.buf, total, dt, 1.0, c->fusion.seg_off)); /* scaled on the way in */
+  TNT_CHECK(reduce(c, fused.buf, fused.buf, total, dt, 1.0, fused.bounds)); /* scaled on the way in */
   int64_t t2 = tnt_now_us();
   tnt_fusion_unpack(&c->fusion, reqs, n);
   int64_t t3 = tnt_now_us();

@@ -44,7 +44,7 @@ static void move(tnt_fusion_t *f, tnt_request_t *req, double factor, int out) {
   }
 }
 
-tnt_result_t tnt_fusion_pack(tnt_fusion_t *f, tnt_request_t **reqs, int n, const double *factors) {
+tnt_result_t tnt_fusion_pack(tnt_fusion_t *f, tnt_request_t **reqs, int n, const double *factors, tnt_fused_t *packed) {
   const int N = f->N;
   f->total = 0;
   for (int i = 0; i < n; i++) f->total += reqs[i]->meta.count;
@@ -58,6 +58,7 @@ tnt_result_t tnt_fusion_pack(tnt_fusion_t *f, tnt_request_t **reqs, int n, const
   for (int j = 0; j < N; j++) f->seg_off[j + 1] += f->seg_off[j];
   rewind_positions(f);
   for (int i = 0; i < n; i++) move(f, reqs[i], factors[i], 0);
+  *packed = (tnt_fused_t){f->buf, f->total, f->seg_off};
   return TNT_SUCCESS;
 }
 

@@ -24,8 +24,16 @@ typedef struct {
 
 tnt_result_t tnt_fusion_init(tnt_fusion_t *f, int ranks);
 void tnt_fusion_free(tnt_fusion_t *f);
-/* Lay out reqs[0..n) (one dtype) and copy each in, scaled by factors[i]. */
-tnt_result_t tnt_fusion_pack(tnt_fusion_t *f, tnt_request_t **reqs, int n, const double *factors);
+/* What a pack laid out, for the one allreduce over it: the buffer, its elements, and where each of the
+ * ring's N segments begins (bounds[0..N]). Valid until the next pack. */
+typedef struct {
+  void *buf;
+  int64_t count;
+  const int64_t *bounds;
+} tnt_fused_t;
+
+/* Lay out reqs[0..n) (one dtype) and copy each in, scaled by factors[i]; *packed says where. */
+tnt_result_t tnt_fusion_pack(tnt_fusion_t *f, tnt_request_t **reqs, int n, const double *factors, tnt_fused_t *packed);
 /* Copy each tensor's result out of the buffer, in the layout of the last pack. */
 void tnt_fusion_unpack(tnt_fusion_t *f, tnt_request_t **reqs, int n);
 
