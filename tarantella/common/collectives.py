@@ -439,6 +439,16 @@ def _bind_fastpath(lib, ffi):
     _fastpath_bound = True
 
 
+def new_context():
+    """A context started (tnt.init): unnamed calls are numbered from 0 again (request_names.restart),
+    in the fast path too, which holds the main thread's counters and is bound to the new ones."""
+    global _fastpath_bound
+    request_names.restart()
+    if _fastpath_bound:
+        _fastpath_bound = False
+        _bind_fastpath(core.lib(), core.ffi())
+
+
 def broadcast_async(array, root=0, name=None, out=None):
     if master_only.open_sections:  # on the master only: refused, the others never call it
         master_only.refuse("tnt.broadcast_async")

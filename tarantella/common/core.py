@@ -102,6 +102,12 @@ def _init():
 
         plugins.prepare()  # TNT_TRANSPORT=mpi: find or build the plugin first (or say why there is none)
         check(lib_.tnt_init())
+        if _state == "down":
+            # a new context after tnt.shutdown(): its unnamed calls are numbered from 0 on every rank
+            # alike, before another thread sees it up and makes one (collectives came with the first init)
+            from tarantella.common import collectives
+
+            collectives.new_context()
         _state = "up"
         _pid = os.getpid()
         _running = True

@@ -83,7 +83,22 @@ def unnamed_window(kind):
 _MAIN_THREAD = threading.main_thread()
 _FOREIGN_THREAD = getattr(threading, "_DummyThread", ())
 _sequence_threads = {}  # thread name -> weak reference to the thread that numbers its unnamed calls
-_thread_windows = threading.local()  # by_kind: {kind: (counter, names)} of this thread's sequence
+_thread_windows = threading.local()  # by_kind: {kind: (counter, names)} of this thread's sequence,
+# made in context `generation`
+_generation = 0  # contexts started (restart): a thread's windows of an earlier one are stale
+
+
+def restart():
+    """Number every sequence's unnamed calls from 0 again, as a new context starts (tnt.init, also
+    after tnt.shutdown): every rank's sequences then start alike, whatever calls the ranks made in
+    an earlier context. Kept, a rank that had made one unnamed call more there (one that failed at
+    its shutdown) named the k-th call of the new context after the others' (k+1)-th, and the two
+    were summed together without a word. Which thread owns which sequence stays known."""
+    global _generation
+    with _counter_lock:
+        _counters.clear()
+        _unnamed_names.clear()
+        _generation += 1
 
 
 def thread_sequence():
@@ -126,8 +141,9 @@ def _thread_window(kind, thread):
     the thread's own storage and go with it (a program that starts a thread per task keeps no 60
     names per thread)."""
     windows = getattr(_thread_windows, "by_kind", None)
-    if windows is None:
+    if windows is None or _thread_windows.generation != _generation:
         windows = _thread_windows.by_kind = {}
+        _thread_windows.generation = _generation
     window = windows.get(kind)
     if window is None:
         sequence = _sequence_of(thread)  # may refuse: then nothing is kept, and every call refuses

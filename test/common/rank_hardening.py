@@ -276,8 +276,12 @@ ok("bounded-wait-says-still-pending")
 # a handle waited for after shutdown raises instead of returning None
 tnt.barrier(name="before-shutdown")
 h = tnt.allreduce_async(np.ones(2), name="never-completes" if rank == 0 else "other-name")
+if rank == 0:  # one unnamed call more than the others make: "unnamed-calls-numbered-afresh-after-init"
+    extra = tnt.allreduce_async(np.ones(2))
 tnt.shutdown()
 expect(errors.InvalidUsageError, h.wait)
+if rank == 0:
+    expect(errors.InvalidUsageError, extra.wait)
 ok("wait-after-shutdown-raises")
 
 # a handle kept across shutdown and init names no request of the new context:
@@ -291,3 +295,16 @@ fresh = tnt.allreduce_async(np.full(2, 1.0 + rank), name="first-after-init")
 expect(errors.InvalidArgumentError, stale.wait, "before tnt_finalize")
 assert (fresh.wait() == sum(1.0 + r for r in range(size))).all()
 ok("handle-from-before-shutdown-refused-after-init")
+
+# unnamed calls pair by their number in each rank's sequence: a new context numbers them from 0 on
+# every rank, whatever the ranks' earlier contexts made. Rank 0 made one unnamed call more before the
+# first shutdown above (it failed there), and the k-th call of a new context on rank 0 was named after
+# the others' (k+1)-th: its sum took their second arrays for their first, without a word
+calls = [tnt.allreduce_async(np.full(2, 10.0 * k + rank)) for k in range(2)]
+for k, handle in enumerate(calls):
+    got = handle.wait()
+    assert (got == sum(10.0 * k + r for r in range(size))).all(), (k, got)
+# the fast path's blocking call takes its number from the same new count (it holds the counter)
+assert (tnt.allreduce(np.full(2, 0.5 + rank)) == sum(0.5 + r for r in range(size))).all()
+assert (tnt.allreduce_async(np.full(2, 1.0 + rank)).wait() == sum(1.0 + r for r in range(size))).all()
+ok("unnamed-calls-numbered-afresh-after-init")
