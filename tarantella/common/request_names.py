@@ -130,8 +130,10 @@ def in_thread(name):
         return name
     sequence = _sequence_of(thread)
     scoped = f"{name}@{sequence}"
-    if len(scoped.encode()) > 200 or "\0" in scoped:  # room for the callers' suffixes (".b0.12", ".s0.values")
-        scoped = f"{name}@{hashlib.blake2b(sequence.encode(), digest_size=16).hexdigest()}"
+    encoded = _utf8(scoped)
+    # room for the callers' suffixes (".b0.12", ".s0.values")
+    if encoded is None or len(encoded) > 200 or "\0" in scoped:
+        scoped = f"{name}@{_digest(sequence)}"
     return scoped
 
 
@@ -195,11 +197,26 @@ def _pool_of(thread):
 
 def _sequence_name(kind, k, sequence):
     """The k-th name of a sequence: "allreduce.3", or "allreduce.3@worker" in thread "worker"
-    (a thread name too long for a request name, or with a NUL, is replaced by its digest; a
+    (a thread name too long for a request name, with a NUL or not UTF-8, is replaced by its digest; a
     structure's requests add up to 9 bytes, ".bfloat16", to the 255 a name may have)."""
     if sequence is None:
         return f"{kind}.{k}".encode()
-    name = f"{kind}.{k}@{sequence}".encode()
-    if len(name) > 240 or b"\0" in name:
-        name = f"{kind}.{k}@{hashlib.blake2b(sequence.encode(), digest_size=16).hexdigest()}".encode()
+    name = _utf8(f"{kind}.{k}@{sequence}")
+    if name is None or len(name) > 240 or b"\0" in name:
+        name = f"{kind}.{k}@{_digest(sequence)}".encode()
     return name
+
+
+def _utf8(text):
+    """`text` in UTF-8, or None where it is not (a lone surrogate: os.fsdecode's of a file name's
+    undecodable bytes, which a thread may be named after)."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return None
+
+
+def _digest(sequence):
+    """What stands for a thread's name in a request name where the name cannot: too long, with a NUL,
+    or not UTF-8 (its lone surrogates are digested as they are, alike on every rank)."""
+    return hashlib.blake2b(sequence.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()

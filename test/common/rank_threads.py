@@ -257,12 +257,34 @@ def dropped(per_thread=500):
     return len(freed_early)
 
 
+def undecodable_name():
+    """A thread whose name is not UTF-8 (os.fsdecode's of a file name's undecodable bytes: a lone
+    surrogate) makes unnamed calls and takes a default name (request_names.in_thread): its name
+    goes into theirs as a digest, as a name too long does (it raised UnicodeEncodeError)."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(tnt.allreduce(np.full(3, rank + 1.0)).tolist())
+            outcome.append(tnt.allgather(np.full((1, 2), rank)).tolist())
+            outcome.append(request_names.in_thread("tnt.grads"))
+        except Exception as exc:  # noqa: BLE001 - reported
+            outcome.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=run, name=os.fsdecode(b"data-\xff"))
+    thread.start()
+    thread.join()
+    return outcome
+
+
 twin_refused = twins()
 pooled = pools()
+undecodable = undecodable_name()
 freed_in_flight = dropped() if mode == "own" else 0
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, **stats, "errors": errors[:20], "seconds": time.monotonic() - begin,
-               "twin_refused": twin_refused, "pools": pooled, "freed_in_flight": freed_in_flight}, f)
+               "twin_refused": twin_refused, "pools": pooled, "freed_in_flight": freed_in_flight,
+               "undecodable": undecodable}, f)
 print(f"rank {rank}: {stats['checked']} collectives checked from {threads + 1} threads, {stats['tests']} test() "
       f"calls ({stats['tests_done']} found their request complete), {len(errors)} errors in "
       f"{time.monotonic() - begin:.1f} s")

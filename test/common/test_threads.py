@@ -37,4 +37,9 @@ def test_threads_submit_wait_and_test_concurrently(mode, tmp_path):
         # the default names of a DistributedOptimizer (request_names.in_thread): kept as they are in a
         # pool's worker threads, the thread's name added in a thread of its own
         assert rep["pools"][3:] == ["tnt.grads", "tnt.grads@trainer_0", "tnt.grads@trainer"], rep
+        # a thread whose name is not UTF-8 (a lone surrogate) names its calls after the name's digest
+        assert len(rep["undecodable"]) == 3, rep["undecodable"]
+        sums, gathered, grads = rep["undecodable"]
+        assert sums == [3.0] * 3 and gathered == [[0, 0], [1, 1]], rep["undecodable"]
+        assert grads.startswith("tnt.grads@") and len(grads) == len("tnt.grads@") + 32, rep["undecodable"]
         assert rep["freed_in_flight"] == 0, rep  # dropped handles reaped by two threads at once keep their buffers
