@@ -24,6 +24,7 @@ import functools
 import hashlib
 import math
 import threading
+import time
 
 import numpy as np
 
@@ -106,6 +107,14 @@ def _as_input(array, what):
     return array, dtypes.core_dtype(array.dtype)
 
 
+def _slice_until(deadline):
+    """How long the next wait of a sliced wait may take: _WAIT_SLICE_S, or less before `deadline`
+    (time.monotonic's; None: no deadline)."""
+    if deadline is None:
+        return _WAIT_SLICE_S
+    return max(0.0, min(_WAIT_SLICE_S, deadline - time.monotonic()))
+
+
 class Handle:
     """A request in flight. `wait()` returns the result array; `test()` says
     whether it is complete. The input array must not change until then.
@@ -135,26 +144,26 @@ class Handle:
 
     def wait(self, timeout=None):
         """Block (without the GIL) until completion; `timeout` in seconds, None
-        for the core's own bound (TNT_TIMEOUT_S after a stall)."""
+        (or, as for the core, negative, NaN or infinite) for the core's own bound
+        (TNT_TIMEOUT_S after a stall). Either way in slices, so that Ctrl+C ends it:
+        one call into the core for a whole timeout of the caller's let it run on."""
         if not self._done:
             lib = core.lib()
-            if timeout is None:
-                result = lib.tnt_wait(self._handle, _WAIT_SLICE_S)
-                while result == codes.ERR_TIMEOUT and not self._done:  # our slice, or the core's own bound?
-                    result = lib.tnt_test(self._handle)
-                    if result != codes.IN_PROGRESS:
-                        break
-                    result = lib.tnt_wait(self._handle, _WAIT_SLICE_S)
-            else:
-                result = lib.tnt_wait(self._handle, float(timeout))
-                if result == codes.ERR_TIMEOUT and not self._done and \
-                        lib.tnt_test(self._handle) == codes.IN_PROGRESS:
+            bound = None if timeout is None else float(timeout)
+            deadline = time.monotonic() + bound if bound is not None and 0 <= bound < 1e9 else None
+            result = lib.tnt_wait(self._handle, _slice_until(deadline))
+            while result == codes.ERR_TIMEOUT and not self._done:  # our slice, or the core's own bound?
+                result = lib.tnt_test(self._handle)
+                if result != codes.IN_PROGRESS:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
                     # the request stays pending: not the job's timeout, whose message (advice on
                     # TNT_TIMEOUT_S and ranks that differ) core.check would append
                     raise errors.TimeoutError(
                         f"wait(timeout={timeout!r}) ended before the request completed: it is still pending, and "
                         "wait() or test() may be called again (the job is not broken: that would be "
                         "TNT_TIMEOUT_S, which fails the request)")
+                result = lib.tnt_wait(self._handle, _slice_until(deadline))
             self._complete(result)
         return self._outcome()
 

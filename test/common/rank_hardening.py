@@ -273,6 +273,22 @@ if rank:
 assert (bounded.wait() == size).all()
 ok("bounded-wait-says-still-pending")
 
+# Ctrl+C in a wait with a timeout of the caller's ends it, as in a wait without one: the wait was one
+# call into the core for the whole timeout, and the KeyboardInterrupt came only once the request
+# completed or the timeout ended. Here the peers submit only after rank 0's interrupt, and the timeout
+# is beyond TNT_TIMEOUT_S: an interrupt that does not end the wait leaves the job to time out.
+if rank == 0:
+    interrupted = tnt.allreduce_async(np.ones(2), name="interrupted-bounded-wait")
+    signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
+    expect(KeyboardInterrupt, lambda: interrupted.wait(timeout=600))
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+tnt.barrier(name="after-interrupted-bounded-wait")
+if rank:
+    interrupted = tnt.allreduce_async(np.ones(2), name="interrupted-bounded-wait")
+assert (interrupted.wait(timeout=60) == size).all()
+ok("ctrl-c-ends-a-wait-with-a-timeout")
+
 # a handle waited for after shutdown raises instead of returning None
 tnt.barrier(name="before-shutdown")
 h = tnt.allreduce_async(np.ones(2), name="never-completes" if rank == 0 else "other-name")

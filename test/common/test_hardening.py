@@ -16,7 +16,7 @@ CHECKS = ["float16-average-no-overflow", "integer-average-exact", "nul-name-refu
           "fusion-independent-bits", "unnamed-calls-hit-the-cache", "nested-structures-that-differ-fail",
           "shapes-that-differ-fail", "ctrl-c-in-a-blocking-call-keeps-its-buffers", "fork-child-is-not-a-rank",
           "workers-started-before-init-are-not-ranks",
-          "bounded-wait-says-still-pending", "wait-after-shutdown-raises", "handle-from-before-shutdown-refused-after-init",
+          "bounded-wait-says-still-pending", "ctrl-c-ends-a-wait-with-a-timeout", "wait-after-shutdown-raises", "handle-from-before-shutdown-refused-after-init",
           "unnamed-calls-numbered-afresh-after-init",
           "collective-in-an-exit-handler-registered-before-the-first-call"]
 
