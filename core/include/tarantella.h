@@ -168,6 +168,16 @@ tnt_result_t tnt_result_rank_counts(tnt_handle_t handle, int64_t *counts);
 tnt_result_t tnt_result_copy(tnt_handle_t handle, void *dst);
 tnt_result_t tnt_release(tnt_handle_t handle);
 
+/* A section of this rank's own: while `busy` is 1 this rank is alive and busy
+ * with work the other ranks do not share (the master writing a save, a
+ * callback that runs on the master only). A peer that waits meanwhile for a
+ * request this rank has not submitted yet is not failed at TNT_TIMEOUT_S:
+ * that counts from when the section ended, and TNT_BUSY_TIMEOUT_S bounds the
+ * whole wait. A rank whose process died or stopped is still lost as before:
+ * its busy state reaches the others through its core's background thread,
+ * which then no longer answers. A no-op before tnt_init. */
+void tnt_set_busy(int busy);
+
 /* Errors. tnt_strerror: a fixed text that says what to do. tnt_last_error: the
  * message of the last failure returned to this thread (or of the handle's
  * failure after tnt_wait/tnt_test returned it). */

@@ -195,6 +195,12 @@ tnt_result_t tnt_abort(const char *reason) {
   return TNT_SUCCESS;
 }
 
+void tnt_set_busy(int busy) {
+  if (enter() != TNT_SUCCESS) return;
+  if (tnt_ctx.transport) atomic_store(&tnt_ctx.engine.neg.busy, busy ? 1 : 0); /* sent with the next full round */
+  leave();
+}
+
 /* ---- submission ---- */
 
 /* Queue a request (or run it, on one rank); the caller holds `life`. */

@@ -417,27 +417,50 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
 /* Fatal if a request waited longer than TNT_TIMEOUT_S; warn once at half of it,
  * or after STALL_WARN_S where that comes first (Horovod's stall check warns
  * after 60 s: with the default 300 s timeout a user saw nothing for 150 s).
- * The error names the first missing rank and what its process is doing. */
+ * The error names the first missing rank and what its process is doing.
+ * Ranks that are missing because they are busy in a section of their own
+ * (tnt_set_busy: the master writing a save) are alive and will come: while
+ * the full rounds, asked for again every half warning period, say so,
+ * TNT_TIMEOUT_S counts from the last one that did, and TNT_BUSY_TIMEOUT_S
+ * bounds the whole wait. A busy rank that died or stopped stops answering
+ * the full rounds, which then fail it as before. */
 #define STALL_WARN_S 60.0
 
 static tnt_result_t check_stalls(tnt_engine_t *c) {
-  double now = tnt_now();
+  const double now = tnt_now();
+  const double timeout = c->params->timeout_s;
+  const double warn_at = timeout / 2 < STALL_WARN_S ? timeout / 2 : STALL_WARN_S;
   for (int i = 0; i < c->pending.n; i++) {
     tnt_request_t *req = c->pending.items[i];
-    double age = now - req->submit_time;
-    const double warn_at = c->params->timeout_s / 2 < STALL_WARN_S ? c->params->timeout_s / 2 : STALL_WARN_S;
+    const double age = now - req->submit_time;
     if (age < warn_at) continue;
+    const tnt_negotiator_t *neg = &c->neg;
+    if (req->stall_warned && !tnt_negotiate_refreshing(neg) && neg->full_round_at > req->busy_checked) {
+      req->busy_checked = neg->full_round_at;
+      if (tnt_negotiate_missing_busy(neg, req)) req->busy_seen = neg->full_round_at;
+    }
+    const int busy = req->busy_seen > 0;
+    const double since = busy && req->busy_seen > req->submit_time ? req->busy_seen : req->submit_time;
+    const double bound = busy && c->params->busy_timeout_s > timeout ? c->params->busy_timeout_s : timeout;
     char missing[512];
     tnt_negotiate_missing(&c->neg, req, missing, sizeof missing);
-    if (age >= c->params->timeout_s) {
-      int first = -1;
-      char doing[256] = "";
-      if (sscanf(missing, "%d", &first) == 1 && first >= 0 && first < c->pl->size && c->transport->describe_peer)
-        c->transport->describe_peer(c->ts, first, doing, sizeof doing);
+    int first = -1;
+    if (sscanf(missing, "%d", &first) != 1 || first < 0 || first >= c->pl->size) first = -1;
+    if (busy && age >= bound)
       return tnt_fail_about(TNT_ERR_TIMEOUT, first,
-                            "%s '%s' was submitted on rank %d %.0f s ago but ranks [%s] never submitted it "
+                            "%s '%s' was submitted on rank %d %.0f s ago and waits for ranks [%s], busy on their own "
+                            "(a save, or a callback that runs on the master only) for longer than "
+                            "TNT_BUSY_TIMEOUT_S=%g s: raise it if their work takes that long, else see what they do",
+                            tnt_coll_name(req->meta.coll), req->name, c->pl->rank, age, missing, bound);
+    if (now - since >= timeout) {
+      char doing[256] = "", was_busy[96] = "";
+      if (first >= 0 && c->transport->describe_peer)
+        c->transport->describe_peer(c->ts, first, doing, sizeof doing);
+      if (busy) snprintf(was_busy, sizeof was_busy, " (busy on their own until %.0f s ago)", now - req->busy_seen);
+      return tnt_fail_about(TNT_ERR_TIMEOUT, first,
+                            "%s '%s' was submitted on rank %d %.0f s ago but ranks [%s] never submitted it%s "
                             "(TNT_TIMEOUT_S=%g)%s%s: every rank must make the same collective calls",
-                            tnt_coll_name(req->meta.coll), req->name, c->pl->rank, age, missing, c->params->timeout_s,
+                            tnt_coll_name(req->meta.coll), req->name, c->pl->rank, age, missing, was_busy, timeout,
                             doing[0] ? "; " : "", doing);
     }
     if (!req->stall_warned) { /* first a full round, so that the warning knows who is missing */
@@ -458,8 +481,15 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
                         "process starts threads. Name the thread alike on every rank (threading.Thread(target=..., "
                         "name=\"train\")) or pass name= to the call",
                         tnt_coll_name(req->meta.coll), req->name, age, c->pl->rank, peer, theirs);
-      TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]; it fails at TNT_TIMEOUT_S=%g s", tnt_coll_name(req->meta.coll),
-               req->name, age, missing, c->params->timeout_s);
+      if (busy)
+        TNT_WARN("%s '%s' has waited %.0f s for ranks [%s], busy on their own (a save, or a callback that runs on "
+                 "the master only); it waits while they are, up to TNT_BUSY_TIMEOUT_S=%g s",
+                 tnt_coll_name(req->meta.coll), req->name, age, missing, bound);
+      else
+        TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]; it fails at TNT_TIMEOUT_S=%g s",
+                 tnt_coll_name(req->meta.coll), req->name, age, missing, timeout);
+    } else if (!tnt_negotiate_refreshing(&c->neg) && now - neg->full_round_at >= warn_at / 2) {
+      tnt_negotiate_refresh(&c->neg); /* busy (still, or since)? the next full round says */
     }
   }
   return TNT_SUCCESS;

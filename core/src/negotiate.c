@@ -60,7 +60,7 @@ typedef struct {
   uint32_t n_payloads;
   uint64_t prev_digest; /* digest of the sender's responses of the previous cycle */
   uint32_t flags;       /* WANT_FULL */
-  uint32_t reserved;
+  uint32_t busy;        /* 1: the sender is in a section of its own (tnt_set_busy), its requests may come late */
 } msg_hdr_t;
 
 /* A rank's word of flags; in a bit round it is sent inverted, so that the AND
@@ -108,6 +108,8 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   }
   tnt_namemap_init(&c->cache_by_name);
   tnt_namemap_init(&c->gtable_by_name);
+  c->peer_busy = calloc((size_t)c->pl->size, 1);
+  if (!c->peer_busy) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   c->payload_at = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_at);
   c->payload_cycle = calloc((size_t)(c->cache_cap ? c->cache_cap : 1) * (size_t)c->pl->size, sizeof *c->payload_cycle);
   if (!c->payload_at || !c->payload_cycle) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
@@ -144,6 +146,8 @@ void tnt_negotiate_teardown(tnt_negotiator_t *c) {
   c->ngtable = c->capgtable = 0;
   tnt_namemap_free(&c->cache_by_name);
   tnt_namemap_free(&c->gtable_by_name);
+  free(c->peer_busy);
+  c->peer_busy = NULL;
   free(c->payload_at);
   free(c->payload_cycle);
   c->payload_at = NULL;
@@ -383,6 +387,7 @@ static size_t build_message(tnt_negotiator_t *c) {
   hdr->proto = TNT_PROTOCOL_VERSION;
   hdr->nwords = (uint32_t)nwords;
   hdr->prev_digest = c->responses_digest;
+  hdr->busy = atomic_load(&c->busy) ? 1 : 0;
   size_t used = sizeof *hdr + sizeof(uint64_t) * (size_t)nwords;
   for (int i = 0; i < c->pending->n; i++) {
     tnt_request_t *req = c->pending->items[i];
@@ -690,7 +695,9 @@ static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, 
     msg_hdr_t hdr;
     memcpy(&hdr, c->msg_at[q], sizeof hdr);
     if (hdr.flags & WANT_FULL) *next_full = 1;
+    c->peer_busy[q] = hdr.busy != 0;
   }
+  c->full_round_at = tnt_now();
   /* 1. cache bits: sticky readiness per slot (a slot can become ready for
    * every rank only in a cycle that carries a bit for it: `seen`) */
   const int nwords = cache_words(c);
@@ -849,6 +856,18 @@ void tnt_negotiate_awaited(tnt_negotiator_t *c, uint8_t *awaited) {
     for (int r = 0; r < c->pl->size; r++)
       if (r != c->pl->rank && (!have || !have[r])) awaited[r] = 1;
   }
+}
+
+int tnt_negotiate_missing_busy(const tnt_negotiator_t *c, const tnt_request_t *req) {
+  const uint8_t *have = reported_by(c, req);
+  int missing = 0;
+  if (!have || c->full_round_at == 0) return 0;
+  for (int r = 0; r < c->pl->size; r++)
+    if (!have[r]) {
+      if (!c->peer_busy[r]) return 0;
+      missing++;
+    }
+  return missing > 0;
 }
 
 void tnt_negotiate_missing(tnt_negotiator_t *c, const tnt_request_t *req, char *out, size_t len) {

@@ -99,6 +99,9 @@ typedef struct {
   int cycle_bits;              /* the cycle in flight is a bit round (else full) */
   int next_full;               /* the kind of the next cycle, agreed by every rank in this one */
   int refresh;                 /* this rank wants a full round: who is ready for what, for a stall report */
+  _Atomic int busy;            /* this rank is in a section of its own (tnt_set_busy): sent in full rounds */
+  uint8_t *peer_busy;          /* [size]: rank q was busy so in the last full round */
+  double full_round_at;        /* when the last full round ended (tnt_now), 0 before the first */
   uint64_t *bits_out, *bits_and; /* a bit round's words: this rank's, every rank's AND */
   tnt_and_scratch_t and_scratch; /* for a transport with no AND of its own: the exchange buffers */
   uint64_t responses_digest;   /* of the last cycle's responses: sent with the next message */
@@ -128,6 +131,10 @@ static inline void tnt_negotiate_refresh(tnt_negotiator_t *c) { c->refresh = 1; 
  * one more thread before (a callback, a data loader) numbered its training thread otherwise. NULL if none.
  * Valid until the next cycle. */
 const char *tnt_negotiate_thread_twin(const tnt_negotiator_t *c, const char *name, int peer);
+/* 1 if every rank that has not reported `req` said in the last full round
+ * (at full_round_at) that it was busy in a section of its own; 0 if some
+ * such rank did not, or none is known. */
+int tnt_negotiate_missing_busy(const tnt_negotiator_t *c, const tnt_request_t *req);
 static inline int tnt_negotiate_refreshing(const tnt_negotiator_t *c) { return c->refresh; }
 /* Cycles completed (the transport's doorbell counts them): under the engine's progress lock. */
 static inline uint64_t tnt_negotiate_cycles(const tnt_negotiator_t *c) { return c->cycles; }

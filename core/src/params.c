@@ -22,13 +22,18 @@ typedef struct {
   const char *doc;
 } num_param_t;
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_PAIR_SUM, P_NET_SPIN_US, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_BUSY_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_PAIR_SUM, P_NET_SPIN_US, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
                      "allreduces of one dtype are packed into one buffer up to this many KiB; 0 disables fusion"},
     [P_TIMEOUT_S] = {"TNT_TIMEOUT_S", 300, 0.01, 1e9, 0,
                      "bound on any wait for a peer, in seconds: a stalled negotiation or silent peer fails after it"},
+    [P_BUSY_TIMEOUT_S] = {"TNT_BUSY_TIMEOUT_S", 3600, 0.01, 1e9, 0,
+                          "bound in seconds on a wait for a peer that is alive and busy on its own (the master "
+                          "writing a save, a callback that runs on the master only): TNT_TIMEOUT_S counts from "
+                          "when it stopped being busy, and the whole wait fails after this (or TNT_TIMEOUT_S, "
+                          "if larger)"},
     [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, 1, "shared-memory transport: size of one pipelined piece in KiB"},
     [P_SLOTS] = {"TNT_SHM_SLOTS", 8, 2, 64, 1, "shared-memory transport: pieces in flight per ring link"},
     [P_CACHE] = {"TNT_CACHE_CAPACITY", 1024, 0, 65536, 1,
@@ -121,6 +126,8 @@ tnt_result_t tnt_params_read(tnt_params_t *p) {
   p->fusion_threshold_bytes = (int64_t)v * 1024;
   TNT_CHECK(read_num(P_TIMEOUT_S, &v));
   p->timeout_s = v;
+  TNT_CHECK(read_num(P_BUSY_TIMEOUT_S, &v));
+  p->busy_timeout_s = v;
   TNT_CHECK(read_num(P_SLOT_KB, &v));
   p->shm_slot_bytes = (int64_t)v * 1024;
   TNT_CHECK(read_num(P_SLOTS, &v));

@@ -16,6 +16,7 @@ typedef struct {
 typedef struct {
   int64_t fusion_threshold_bytes; /* TNT_FUSION_THRESHOLD_KB */
   double timeout_s;               /* TNT_TIMEOUT_S */
+  double busy_timeout_s;          /* TNT_BUSY_TIMEOUT_S: a wait for a peer busy on its own (tnt_busy) */
   char transport[16];             /* TNT_TRANSPORT: auto, shm, mpi, gpi2 */
   char timeline[1024];            /* TNT_TIMELINE: trace file path, "" = off */
   int64_t shm_slot_bytes;         /* TNT_SHM_SLOT_KB: pipeline piece size */

@@ -41,6 +41,8 @@ typedef struct tnt_request {
   double submit_time;
   int64_t submit_us;
   int stall_warned; /* 1: a full round asked for (engine.c check_stalls), 2: warned */
+  double busy_checked; /* the last full round (full_round_at) check_stalls read about the missing ranks */
+  double busy_seen;    /* the last full round in which every missing rank was busy on its own; 0: none */
   struct tnt_request *next; /* the engine's submission queue */
 } tnt_request_t;
 

@@ -58,6 +58,7 @@ _ROWS = (
           "(multiprocessing workers, subprocesses) is not a rank, and Tarantella refuses to initialize there"),
     ("TNT_FUSION_THRESHOLD_KB", _CORE),
     ("TNT_TIMEOUT_S", _CORE),
+    ("TNT_BUSY_TIMEOUT_S", _CORE),
     Param("TNT_TRANSPORT", "choice", "auto", "transport between ranks", ("auto", "shm", "mpi", "gpi2")),
     Param("TNT_MPI_HEARTBEAT_S", "float", 1.0,
           "mpi transport: seconds between heartbeats (0.01 to 60); a peer silent for 10 of them is lost"),

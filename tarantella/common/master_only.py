@@ -11,7 +11,7 @@ in a worker thread."""
 import contextlib
 import threading
 
-from tarantella.common import core
+from tarantella.common import busy, core
 from tarantella.common.errors import InvalidUsageError
 
 _here = threading.local()
@@ -23,14 +23,16 @@ open_sections = 0
 
 @contextlib.contextmanager
 def section():
-    """The body of one master-only callback hook (they may nest)."""
+    """The body of one master-only callback hook (they may nest): a section
+    of the master's own (busy.py), which the other ranks wait for."""
     global open_sections
     depth = getattr(_here, "depth", 0)
     _here.depth = depth + 1
     with _lock:
         open_sections += 1
     try:
-        yield
+        with busy.section():
+            yield
     finally:
         _here.depth = depth
         with _lock:

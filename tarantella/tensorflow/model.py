@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.ops.operation import Operation
 
-from tarantella.common import config, core, errors, gone_arguments, master_only
+from tarantella.common import busy, config, core, errors, gone_arguments, master_only
 from tarantella.common.startup_log import mark
 from tarantella.common.logging import get_logger
 from tarantella.tensorflow import (batch_normalization, call_agreement, collective_ops,
@@ -873,8 +873,8 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.load_weights")
         error = None
         try:
-            with built_for_loading(getattr(self, "optimizer", None),
-                                   self.trainable_variables if self.built else None):
+            with busy.section(), built_for_loading(getattr(self, "optimizer", None),
+                                                   self.trainable_variables if self.built else None):
                 self.model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
             error = explain_missing(exc, filepath)  # a sharded save's, interrupted
@@ -1004,7 +1004,8 @@ def save_together(what, model, broadcasts_first, filepath, write, save_all_devic
     error = None
     if save_all_devices or core.is_master_rank():
         try:
-            atomic_save(filepath, write, siblings=siblings)
+            with busy.section():  # the others wait for the write, however long it takes
+                atomic_save(filepath, write, siblings=siblings)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
             error = exc
     if core.get_size() > 1 and not master_only.active():

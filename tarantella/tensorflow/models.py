@@ -10,7 +10,7 @@ import os
 
 import keras
 
-from tarantella.common import master_only
+from tarantella.common import busy, master_only
 from tarantella.tensorflow import call_agreement
 from tarantella.tensorflow.atomic_save import explain_missing
 from tarantella.tensorflow.model import Model, save_together
@@ -53,7 +53,8 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # 
     master_only.refuse("tnt.models.load_model")
     model, error = None, None
     try:
-        model = _loaded(filepath, custom_objects, compile, safe_mode)
+        with busy.section():  # a rank slower to read (another host's file system) is waited for
+            model = _loaded(filepath, custom_objects, compile, safe_mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
         error = explain_missing(exc, filepath)
     # a rank that could not read the file fails every rank here, before the broadcast

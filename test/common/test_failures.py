@@ -87,6 +87,29 @@ def test_rank_that_never_submits_is_named_after_the_timeout():
     assert first1["error"] == "PeerLostError" and first1["peer"] == 0, first1
 
 
+def test_a_rank_busy_on_its_own_is_waited_for_up_to_the_busy_bound():
+    """Rank 1 is alive and busy in a section of its own (a save on the master, a
+    master-only callback: tarantella.common.busy) for twice TNT_TIMEOUT_S: rank 0
+    waits for it (it used to fail with a TimeoutError at TNT_TIMEOUT_S), saying
+    so. A section longer than TNT_BUSY_TIMEOUT_S fails rank 0 with a
+    TimeoutError that names rank 1 and that bound."""
+    job, procs = spawn_ranks(2, "rank_failures.py", "busy",
+                             env={"TNT_TIMEOUT_S": 3, "TNT_BUSY_TIMEOUT_S": 10})
+    reports = collect(procs, skip=None, timeout=120)
+    code, lines, err = reports[0]
+    assert code == 3, err[-2000:]
+    first = lines[0]
+    # step3 went through; step5 waited past the busy bound
+    assert first["error"] == "TimeoutError" and first["peer"] == 1, first
+    assert "'step5'" in first["message"] and "waits for ranks [1], busy on their own" in first["message"], first
+    assert "TNT_BUSY_TIMEOUT_S=10" in first["message"], first
+    assert re.search(r"allreduce 'step3' has waited \d s for ranks \[1\], busy on their own .*"
+                     r"up to TNT_BUSY_TIMEOUT_S=10 s", err), err[-2000:]
+    first1 = reports[1][1][0]
+    assert first1["error"] == "PeerLostError" and first1["peer"] in (0, 1), first1
+    assert shm_objects(job) == []
+
+
 def test_threads_named_otherwise_on_another_rank_fail_at_the_stall_warning_saying_why():
     """A thread whose default name differs between ranks ("Thread-1 (train)", "Thread-2 (train)": one rank
     started one more thread before) makes calls named after it that never meet. Every rank fails once the

@@ -789,6 +789,40 @@ def check_callback_failure(tnt, out):
     raise SystemExit(1)
 
 
+def check_slow_master(tnt, out):
+    """Saves on the master that outlast TNT_TIMEOUT_S (a large model, a slow
+    network file system), stood in for by a layer whose state takes 1.5 x
+    TNT_TIMEOUT_S to write: a ModelCheckpoint on every rank (the master writes,
+    the other rank waits in the save's closing allgather) and one that runs on
+    the master only (the other rank waits in its next collective). The other
+    rank used to fail with a TimeoutError at TNT_TIMEOUT_S; it waits for the
+    master, busy on its own, and both end with the files written."""
+    rank = tnt.get_rank()
+    slow_s = 1.5 * float(os.environ["TNT_TIMEOUT_S"])
+
+    class SlowToSave(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+        def save_own_variables(self, store):
+            time.sleep(slow_s)
+
+    model = tnt.Model(keras.Sequential([keras.Input((8,)), keras.layers.Dense(3), SlowToSave()]))
+    compile_(model)
+    files = os.path.join(out, "files")
+    on_all = keras.callbacks.ModelCheckpoint(os.path.join(files, "slow_all.keras"))
+    on_master = tnt.keras.callbacks.Callback(
+        keras.callbacks.ModelCheckpoint(os.path.join(files, "slow_master.keras")), run_on_all_ranks=False)
+    try:
+        model.fit(datasets()[0], epochs=1, verbose=0, callbacks=[on_all, on_master])
+        tnt.barrier()  # the other rank waits here for the master's last save
+        result = {"error": None, "files": sorted(os.listdir(files))}
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        result = {"error": type(exc).__name__, "message": str(exc)}
+    with open(os.path.join(out, f"slow{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
 def check_replicas_diverging(tnt):
     """Callbacks that change the model on some ranks only: a master-only one sets
     the learning rate, one edits a kernel on rank 1 in the middle of the first
@@ -1553,6 +1587,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--callback-failure", action="store_true")
+    parser.add_argument("--slow-master", action="store_true")
     args = parser.parse_args()
     tnt = None
     rank = 0
@@ -1563,6 +1598,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.callback_failure:
         return check_callback_failure(tnt, args.out)
+    if args.slow_master:
+        return check_slow_master(tnt, args.out)
     files = os.path.join(args.out, "files")
     os.makedirs(files, exist_ok=True)
     stdout = open(os.path.join(args.out, f"stdout{rank}.txt"), "w")

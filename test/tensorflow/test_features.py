@@ -90,6 +90,17 @@ def test_master_only_callback_failure_ends_every_rank_at_once(tmp_path):
     assert other["seconds"] < 30, other
 
 
+def test_saves_on_the_master_longer_than_the_timeout_are_waited_for(tmp_path):
+    """A ModelCheckpoint's save on the master (every rank's, and one on the
+    master only) takes 1.5 x TNT_TIMEOUT_S (5 s here): the other rank waits
+    for the master, busy on its own, instead of failing with a TimeoutError
+    at TNT_TIMEOUT_S (the master's save on a slow file system ended the job)."""
+    run_ranks(2, "features.py", "--out", tmp_path, "--slow-master", env={"TNT_TIMEOUT_S": 5})
+    for rank in (0, 1):
+        result = json.load(open(os.path.join(tmp_path, f"slow{rank}.json")))
+        assert result == {"error": None, "files": ["slow_all.keras", "slow_master.keras"]}, result
+
+
 def test_aggregate_logs_false_gives_local_logs(runs):
     r0, r1 = (r["callbacks"] for r in runs["ranks"])
     local0, local1, glob = r0["local_epochs"][0], r1["local_epochs"][0], r0["everywhere"][0]

@@ -1,0 +1,36 @@
+"""Sections of this rank's own: work the other ranks do not share and may
+wait for (the master writing a save, a callback that runs on the master
+only). While one is open the core tells the others, in the negotiation's
+full rounds, that this rank is alive and busy: a peer waiting for its next
+collective does not fail at TNT_TIMEOUT_S, which counts from the end of the
+section instead, and TNT_BUSY_TIMEOUT_S bounds the whole wait (core:
+tnt_set_busy). A process that dies or stops in one still fails the others
+as before. Sections nest and may be open in several threads at once."""
+import threading
+
+from tarantella.common import core
+
+_lock = threading.Lock()
+_open = 0
+
+
+def _set(delta):
+    global _open
+    with _lock:
+        _open += delta
+        if _open == (1 if delta > 0 else 0):
+            core.lib().tnt_set_busy(1 if delta > 0 else 0)  # a no-op on one rank
+
+
+class section:  # noqa: N801 - used as `with busy.section():`
+    """The body is this rank's own work. A class, not a generator: it wraps
+    every hook of a master-only callback (the progress bar's, every batch)."""
+
+    def __enter__(self):
+        self._on = core.is_initialized()
+        if self._on:
+            _set(1)
+
+    def __exit__(self, *exc):
+        if self._on:
+            _set(-1)
