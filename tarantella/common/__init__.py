@@ -34,6 +34,7 @@ _LAZY = {
                      "barrier_async", "broadcast", "broadcast_async"), "collectives"),
     **dict.fromkeys(("get_local_rank", "get_local_size", "get_master_rank", "get_rank", "get_size",
                      "init", "is_initialized", "is_master_rank", "shutdown"), "core"),
+    "rank_only": "busy",
     **dict.fromkeys(("InternalError", "InvalidArgumentError", "InvalidUsageError", "MismatchError",
                      "PeerLostError", "TarantellaError", "TimeoutError"), "errors"),
 }
@@ -61,6 +62,6 @@ __all__ = [
     "Handle", "allgather", "allgather_async", "allreduce", "allreduce_async", "barrier",
     "barrier_async", "broadcast", "broadcast_async", "get_local_rank", "get_local_size",
     "get_master_rank", "get_rank", "get_size", "init", "is_initialized", "is_master_rank",
-    "shutdown", "InternalError", "InvalidArgumentError", "InvalidUsageError", "MismatchError",
+    "rank_only", "shutdown", "InternalError", "InvalidArgumentError", "InvalidUsageError", "MismatchError",
     "PeerLostError", "TarantellaError", "TimeoutError",
 ]

@@ -34,3 +34,14 @@ class section:  # noqa: N801 - used as `with busy.section():`
     def __exit__(self, *exc):
         if self._on:
             _set(-1)
+
+
+def rank_only():
+    """`with tnt.rank_only(): ...` around work of this rank's own that the
+    other ranks wait for in their next collective (rank 0 downloading a data
+    set or evaluating while the others wait in `tnt.barrier()`): they wait
+    however long it takes, up to TNT_BUSY_TIMEOUT_S (3600 s), where
+    TNT_TIMEOUT_S would have ended the job; TNT_TIMEOUT_S counts from its end.
+    A rank that dies in it still fails the others at once. tnt.Model's saves
+    and callbacks that run on the master only are such sections already."""
+    return section()

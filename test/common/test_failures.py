@@ -89,7 +89,7 @@ def test_rank_that_never_submits_is_named_after_the_timeout():
 
 def test_a_rank_busy_on_its_own_is_waited_for_up_to_the_busy_bound():
     """Rank 1 is alive and busy in a section of its own (a save on the master, a
-    master-only callback: tarantella.common.busy) for twice TNT_TIMEOUT_S: rank 0
+    master-only callback, `with tnt.rank_only():`) for twice TNT_TIMEOUT_S: rank 0
     waits for it (it used to fail with a TimeoutError at TNT_TIMEOUT_S), saying
     so. A section longer than TNT_BUSY_TIMEOUT_S fails rank 0 with a
     TimeoutError that names rank 1 and that bound."""
