@@ -110,7 +110,7 @@ const char *tnt_strerror(tnt_result_t r) {
     case TNT_ERR_INVALID_USAGE: return "invalid usage: see the message; set TNT_LOG_LEVEL=DEBUG for details";
     case TNT_ERR_MISMATCH: return "ranks disagree on a collective: every rank must submit the same name with the same dtype, size and op";
     case TNT_ERR_PEER_LOST: return "a peer process exited or aborted: see the output of the rank it names";
-    case TNT_ERR_TIMEOUT: return "timed out waiting for other ranks: check that every rank makes the same collective calls, or raise TNT_TIMEOUT_S";
+    case TNT_ERR_TIMEOUT: return "timed out waiting for other ranks: check that every rank makes the same collective calls, or raise TNT_TIMEOUT_S (TNT_BUSY_TIMEOUT_S where they were busy with work of their own)";
     case TNT_ERR_SYSTEM: return "an operating-system call failed: see the message";
     case TNT_ERR_INTERNAL: return "internal error: please report it with the TNT_LOG_LEVEL=DEBUG output";
     case TNT_IN_PROGRESS: return "in progress";
