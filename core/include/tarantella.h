@@ -186,6 +186,12 @@ const char *tnt_last_error(void);
 /* Rank named by the last TNT_ERR_PEER_LOST or TNT_ERR_TIMEOUT returned to this
  * thread (the lost, or the unresponsive, rank), else -1. */
 int tnt_last_error_rank(void);
+/* The job's failure (a lost peer, a timeout, a stall the ranks cannot leave), once a request of
+ * this rank failed with it, else TNT_SUCCESS (also without a context); tnt_last_error() and
+ * tnt_last_error_rank() then say what and whom. Every later request fails with it, so a program
+ * that caught the error and went on (or that never converted it: a TensorFlow op's failure)
+ * still ended with a broken job: the frontend asks at exit. */
+tnt_result_t tnt_job_error(void);
 
 /* The core's numeric settings (TNT_FUSION_THRESHOLD_KB, TNT_TIMEOUT_S, ...), one
  * table for the core, tntrun's validation, --help and the docs. tnt_param_check

@@ -201,6 +201,17 @@ void tnt_set_busy(int busy) {
   leave();
 }
 
+tnt_result_t tnt_job_error(void) {
+  tnt_ctx_t *c = &tnt_ctx;
+  if (enter() != TNT_SUCCESS) return TNT_SUCCESS;
+  char msg[1024];
+  int peer = -1;
+  tnt_result_t r = tnt_requests_fatal_met(&c->requests, msg, sizeof msg, &peer);
+  if (r != TNT_SUCCESS) tnt_set_last_error(msg, peer);
+  leave();
+  return r;
+}
+
 /* ---- submission ---- */
 
 /* Queue a request (or run it, on one rank); the caller holds `life`. */

@@ -102,6 +102,7 @@ void tnt_requests_release(tnt_requests_t *q, tnt_handle_t handle) {
 tnt_result_t tnt_requests_add(tnt_requests_t *q, tnt_request_t *req, int rank, tnt_handle_t *handle) {
   if (q->fatal != TNT_SUCCESS) {
     tnt_set_last_error(q->fatal_msg, q->fatal_peer);
+    q->fatal_met = 1;
     free(req);
     return q->fatal;
   }
@@ -138,6 +139,7 @@ void tnt_requests_complete(tnt_requests_t *q, tnt_request_t *req, tnt_result_t r
   pthread_mutex_lock(&q->mu);
   tnt_handle_slot_t *h = tnt_requests_get(q, req->handle);
   tnt_namemap_del(&q->active, req->name);
+  if (result != TNT_SUCCESS && q->fatal != TNT_SUCCESS) q->fatal_met = 1;
   if (h) {
     h->done = 1;
     h->result = result;
@@ -187,4 +189,16 @@ void tnt_requests_wake_waiters(tnt_requests_t *q) {
   pthread_mutex_lock(&q->mu);
   pthread_cond_broadcast(&q->done_cond);
   pthread_mutex_unlock(&q->mu);
+}
+
+tnt_result_t tnt_requests_fatal_met(tnt_requests_t *q, char *message, size_t len, int *peer) {
+  pthread_mutex_lock(&q->mu);
+  int met = q->fatal_met;
+  pthread_mutex_unlock(&q->mu);
+  if (!met) {
+    if (len) message[0] = '\0';
+    *peer = -1;
+    return TNT_SUCCESS;
+  }
+  return tnt_requests_fatal(q, message, len, peer);
 }

@@ -35,6 +35,7 @@ typedef struct {
   tnt_result_t fatal;           /* first fatal error: every later request fails with it */
   char fatal_msg[1024];
   int fatal_peer;
+  int fatal_met;                /* a request of this rank failed with it (a call of the program's broke) */
   _Atomic uint64_t completions; /* bumped at every completion: what a spinning waiter watches */
 } tnt_requests_t;
 
@@ -66,5 +67,8 @@ static inline uint64_t tnt_requests_completions(tnt_requests_t *q) { return atom
 int tnt_requests_set_fatal(tnt_requests_t *q, tnt_result_t result, const char *message, int peer);
 /* Takes q->mu: the fatal error so far (TNT_SUCCESS if none), its message and peer. */
 tnt_result_t tnt_requests_fatal(tnt_requests_t *q, char *message, size_t len, int *peer);
+/* Takes q->mu: as tnt_requests_fatal, but TNT_SUCCESS unless a request of this rank failed
+ * with it (refused at submission, or completed with an error once the job had failed). */
+tnt_result_t tnt_requests_fatal_met(tnt_requests_t *q, char *message, size_t len, int *peer);
 
 #endif

@@ -60,6 +60,11 @@ def check(result):
     """Raise the TarantellaError subclass for a core result code (no-op on success)."""
     if result == codes.SUCCESS:
         return
+    raise _error(result)
+
+
+def _error(result):
+    """The TarantellaError for a failed core result code, with the thread's last error."""
     lib_, ffi_ = _load()
     message = ffi_.string(lib_.tnt_last_error()).decode("utf-8", "replace")
     hint = ffi_.string(lib_.tnt_strerror(result)).decode()
@@ -68,8 +73,8 @@ def check(result):
     self_explaining = (codes.ERR_INVALID_ARGUMENT, codes.ERR_INVALID_USAGE, codes.ERR_MISMATCH)
     text = message if message and result in self_explaining else \
         f"{message} ({hint})" if message else hint
-    raise errors.error_for_code(result, text, rank=lib_.tnt_last_error_rank()
-                                if result in (codes.ERR_PEER_LOST, codes.ERR_TIMEOUT) else None)
+    return errors.error_for_code(result, text, rank=lib_.tnt_last_error_rank()
+                                 if result in (codes.ERR_PEER_LOST, codes.ERR_TIMEOUT) else None)
 
 
 def init(devices_per_node=None):
@@ -144,6 +149,9 @@ def shutdown():
     with _lock:
         if _state != "up":
             return
+        from tarantella.common import error_file
+
+        error_file.note(job_error())  # still the job's failure at exit, once the core is gone
         _state = "down"
         _running = False
         check(_lib.tnt_finalize())
@@ -205,6 +213,20 @@ def ensure_initialized():
         )
     init()
     return _lib
+
+
+def job_error():
+    """The TarantellaError of the job's failure (a lost peer, a timeout, a stall
+    the ranks cannot leave) once a collective of this rank failed with it, or
+    None (also when the core is not running). A collective's failure inside a
+    TensorFlow op reaches the program as a TensorFlow error, which nothing
+    converts when the program catches it (a custom training loop); and a
+    MismatchError is the failure of one call, or of the job (threads named
+    otherwise on another rank): only the core knows which."""
+    if not is_initialized():
+        return None
+    result = _lib.tnt_job_error()
+    return None if result == codes.SUCCESS else _error(result)
 
 
 def abort(reason):

@@ -2,11 +2,14 @@
 TNT_TIMEOUT_S) and, when tntrun set TNT_ERROR_FILE, write the exception as JSON
 so the launcher can show the root cause of a failed job.
 
-A collective that broke the job (PeerLostError, TimeoutError) may never become an
-uncaught exception: the program caught it, or it was raised in an atexit handler,
-whose exceptions Python prints and ignores (the process exits 0). Such an error is
+A collective that broke the job (PeerLostError, TimeoutError, the MismatchError of
+threads named otherwise on another rank) may never become an uncaught exception: the
+program caught it, or it was raised in an atexit handler, whose exceptions Python
+prints and ignores (the process exits 0), or it failed a TensorFlow op and reached a
+custom training loop as a TensorFlow error that the loop caught. Such an error is
 written at exit all the same, marked "caught", so that tntrun counts the job as
-failed (docs/cli.md): its ranks did not all make the same collective calls."""
+failed (docs/cli.md): its ranks did not all make the same collective calls. The core
+says which errors broke the job (core.job_error)."""
 import json
 import os
 import sys
@@ -56,20 +59,24 @@ def note(exc):
     """Remember `exc`, an error of a collective that broke the job (errors.error_for_code
     calls this for PeerLostError and TimeoutError: every later collective fails too), for
     write_if_caught. The first one is kept, with its traceback (frames and all): the job is
-    over by then."""
+    over by then. None: nothing to remember."""
     global _job_error
-    if _job_error is None:
+    if _job_error is None and exc is not None:
         _job_error = exc
 
 
 def write_if_caught():
     """At exit (tarantella.common's exit handler, which runs after every handler the program
-    registered once it had imported tarantella): write the noted error, if no uncaught
-    exception was written, marked "caught"."""
+    registered once it had imported tarantella): write the noted error, or the job's failure
+    that a collective of this rank met (core.job_error: one that the program never saw as a
+    TarantellaError, such as a TensorFlow op's error it caught), if no uncaught exception was
+    written, marked "caught"."""
     from tarantella.common import core
 
-    exc = _job_error
-    if exc is None or _written or os.getpid() != _installed_pid or core.started_by_a_rank():
+    if _written or os.getpid() != _installed_pid or core.started_by_a_rank():
+        return
+    exc = _job_error or core.job_error()
+    if exc is None:
         return
     try:
         write(type(exc), exc, exc.__traceback__, caught=True)

@@ -111,6 +111,44 @@ def test_a_collective_that_failed_fails_the_job_even_if_the_program_went_on(scri
     assert "error:   PeerLostError" in root and "the program went on after this error" in root, report
 
 
+def test_a_collective_that_broke_the_job_fails_it_whatever_error_the_program_caught(script):
+    # each rank trains in a thread of another default name (rank 1 started one more thread
+    # first), so their unnamed allreduces never meet: the core fails them at the stall warning
+    # with a MismatchError, and the job with it (every later request fails). A MismatchError
+    # is most often one call's (every rank gets it and goes on), so tarantella did not count a
+    # caught one: both ranks caught it and exited 0, and so did tntrun. Nor any error of a
+    # collective inside a TensorFlow op, which a custom loop catches as a TensorFlow error
+    # that no one converts. The core now says which error broke the job, a request of the
+    # rank's having failed with it, and tarantella writes that one at exit, marked caught
+    path = script("""
+        import threading
+        import numpy as np
+        import tarantella as tnt
+
+        tnt.allreduce(np.ones(2), name="first")
+        if tnt.get_rank() == 1:
+            threading.Thread(target=lambda: None).start()
+
+        def train():
+            try:
+                tnt.allreduce(np.ones(2))
+            except tnt.MismatchError as exc:
+                print(f"rank {tnt.get_rank()} caught", type(exc).__name__, flush=True)
+
+        thread = threading.Thread(target=train)
+        thread.start()
+        thread.join()
+    """)
+    res = run_tntrun(["-n", "2", "--output-on-all-devices", "--", path], timeout=120,
+                     env=runner_env(TNT_TIMEOUT_S="4"))
+    assert "rank 0 caught MismatchError" in res.stdout and "rank 1 caught MismatchError" in \
+        res.stdout, res.stdout + res.stderr
+    assert res.returncode == 1, res.stdout + res.stderr
+    root = _section(res.stderr[res.stderr.index("=" * WIDTH):], "Root cause")
+    assert "error:   MismatchError: allreduce 'allreduce.0@Thread-" in root, root
+    assert "the program went on after this error" in root, root
+
+
 def test_an_exception_in_a_forked_child_is_not_the_ranks_error(script):
     # rank 1 forks a child that dies of an uncaught exception (a data-loader worker, say),
     # then fails itself without one. The child inherited the rank's excepthook and

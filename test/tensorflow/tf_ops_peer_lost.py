@@ -2,7 +2,9 @@
 collective inside a tf.function; rank 0's op must fail with a TensorFlow
 error that names the failed rank, which collective_errors() (as tnt.Model's
 fit uses it) raises as the PeerLostError itself (test_tf_ops.py). Rank 1 stays
-alive until then, so that tntrun does not stop rank 0 first."""
+alive until then, so that tntrun does not stop rank 0 first. Rank 2, if any,
+catches the TensorFlow error as a custom training loop does, converting
+nothing, and exits 0: the job's error must still be written at its exit."""
 import sys
 import time
 
@@ -25,6 +27,12 @@ if tnt.get_rank() == 1:
     core.abort("rank 1 fails on purpose")
     time.sleep(20)
     sys.exit(0)
+if tnt.get_rank() == 2:
+    try:
+        step(step_input)
+    except tf.errors.OpError as exc:
+        print(f"RAW {type(exc).__name__}", flush=True)
+        sys.exit(0)
 try:
     with collective_ops.collective_errors():
         step(step_input)
