@@ -21,14 +21,15 @@ settings (taken once after each compile: _layers_digest) and what
 steps_per_execution). A difference is the same tnt.MismatchError on every
 rank, naming it.
 
-The `*_on_batch` calls are collective too, but an allgather in each would
-cost a round per batch: they agree once, on the first call of each kind after
-each compile (check_once), which costs nothing in the steady state and still
-sees a loss, optimizer or frozen layer chosen per rank, or a per-batch call
-that only some ranks make first. A compile on some ranks only *between*
-per-batch calls is not seen there (the other ranks have no reason to compare
-anything): those ranks wait for each other, and the TimeoutError says so
-(PER_BATCH_HINT).
+The `*_on_batch` calls are collective too, and make the same allgather in
+every call (check_on_batch): about a millisecond of Python and one small round a
+batch. Compared on their first call of each kind after each compile only,
+the calls of two models of the same shapes and compile, one on each rank,
+paired up and averaged the two models' gradients without a word once both
+had agreed; so did a learning rate set on some ranks only; and a compile on
+some ranks only between them waited until TNT_TIMEOUT_S. The global batch,
+whose digest costs a pass over its bytes, is still compared on the first
+call of each kind after each compile only.
 
 Saves, loads and set_weights meet in the same allgather, after the master's
 write (it is their closing barrier too) or every rank's read and before the
@@ -64,9 +65,10 @@ _BATCH_ADVICE = (
     "the same data, or use fit/evaluate/predict with tnt_distribute_dataset=False to feed each "
     "rank its own part")
 PER_BATCH_HINT = (
-    "If a rank compiled the model, froze a layer (trainable) or made a *_on_batch call on some "
-    "ranks only, this is how they stop: the *_on_batch calls compare the model and the call only "
-    "on their first call of each kind after compile. Compile, freeze and call alike on every rank.")
+    "The *_on_batch calls compare the call and the model with the other ranks' calls of a "
+    "tnt.Model when they begin, but not with other collectives: if a rank made another collective "
+    "call here instead (tnt.allreduce, a custom training loop's step), this is how they stop. "
+    "Make the same calls, in the same order, on every rank.")
 
 
 _numbered = [0]  # how many tnt.Models have a number (State.ordinal): the next one's
@@ -85,12 +87,18 @@ class State:
     (a refused call numbers nothing, so the later models' numbers stay alike),
     not when the model is made: a rank may make models of its own (the master loading a checkpoint to inspect
     it) as long as it makes no collective call on them. Two models that both
-    begin their first call then still pair up (each is number n on its rank)."""
+    begin their first call then still pair up (each is number n on its rank),
+    for good: every later call of either compares the number again.
+
+    `shapes`: the trainable variables and their digest, taken again only when
+    they are other variables (a ResNet50's take a millisecond, in every
+    *_on_batch call)."""
 
     def __init__(self):
         self.ordinal = None
         self.agreed = set()
         self.layers = None  # _layers_digest, taken once after each compile
+        self.shapes = ([], _crc(""))
 
     def reset(self):
         self.agreed.clear()
@@ -138,8 +146,8 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
         "whether the model broadcasts the master's weights first, as after compile, set_weights "
         "or load_weights": bool(broadcasts_first),
         "the number of trainable variables": len(trainable) if built else unknown,
-        "the trainable variables' shapes and dtypes": _crc(
-            ";".join(f"{v.dtype}{tuple(v.shape)}" for v in trainable)) if built else unknown,
+        "the trainable variables' shapes and dtypes": _shapes_digest(trainable, state)
+        if built else unknown,
         "what compile was given (loss, metrics, optimizer and its settings)": _crc(
             _describe(None if model is None else _compile_arguments(model))),
         "the layers' settings (each layer's class and config; a lookup layer's vocabulary)":
@@ -168,21 +176,29 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
         _numbered[0] += 1
 
 
-def check_once(what, model, state, broadcasts_first, batch):
-    """check() for a `*_on_batch` call: on its first call of each kind since
-    the last `state.reset()` (compile) only, see the module's docstring. It
-    compares the global `batch` too (a nest of arrays: x, y, sample_weight),
-    which every rank must pass alike: each rank trains on its slice of its own
-    copy, so ranks that loaded their own data mixed their samples without a
-    word (a first batch of each kind that differs shows such a script)."""
-    if what in state.agreed or core.get_size() == 1:
+def check_on_batch(what, model, state, broadcasts_first, batch):
+    """check() for a `*_on_batch` call, on every call: which call of which
+    model, compiled alike. Agreed once, the calls of two models of the same
+    shapes and compile (rank 0 in model_a.train_on_batch, rank 1 in
+    model_b's) paired up and averaged the two models' gradients without a
+    word, and a compile on some ranks only between the calls waited until
+    TNT_TIMEOUT_S. Its first call of each kind since the last `state.reset()`
+    (compile) also compares the global `batch` (a nest of arrays: x, y,
+    sample_weight), which every rank must pass alike: each rank trains on its
+    slice of its own copy, so ranks that loaded their own data mixed their
+    samples without a word (a first batch of each kind that differs shows such
+    a script); later calls leave it out (a digest of every batch would cost a
+    pass over its bytes), and so does a rank whose first call it is not."""
+    if core.get_size() == 1:
         return
+    first = what not in state.agreed
     same_batch = step_counts.Group(
-        {"the batch's arrays (their shapes, dtypes and values)": _batch_digest(batch)},
-        f"the ranks passed different batches to {what}", _BATCH_ADVICE)
+        {"the batch's arrays (their shapes, dtypes and values)":
+             _batch_digest(batch) if first else step_counts.UNKNOWN},
+        f"the ranks passed different batches to {what}", _BATCH_ADVICE, skip_unknown=True)
     try:
         check(what, model, state, broadcasts_first, same_batch)
-    except errors.TimeoutError as exc:  # the others are in a step: they compiled earlier
+    except errors.TimeoutError as exc:  # the others are in a step of another call
         raise errors.TimeoutError(f"{exc} {PER_BATCH_HINT}", rank=exc.rank) from None
     state.agreed.add(what)
 
@@ -195,6 +211,20 @@ _UNCOMPARED_KEYS = ("trainable", "seed", "kernel_initializer", "bias_initializer
                     "recurrent_initializer", "beta_initializer", "gamma_initializer",
                     "moving_mean_initializer", "moving_variance_initializer",
                     "depthwise_initializer", "pointwise_initializer")
+
+
+def _shapes_digest(variables, state):
+    """A CRC of the shapes and dtypes of `variables`, kept in `state` (a State
+    or None) for as long as they are the same variables (a variable's shape and
+    dtype never change)."""
+    known, digest = state.shapes if state is not None else ([], None)
+    if digest is not None and len(known) == len(variables) and all(
+            a is b for a, b in zip(known, variables)):
+        return digest
+    digest = _crc(";".join(f"{v.dtype}{tuple(v.shape)}" for v in variables))
+    if state is not None:
+        state.shapes = (list(variables), digest)
+    return digest
 
 
 def _layers_digest(model):

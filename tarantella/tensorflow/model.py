@@ -813,8 +813,8 @@ class Model(keras.Model):
         self._assert_compile_called("train_on_batch")
         self._train_may_be_empty(True)  # any batch, even one smaller than the ranks
         self._refuse_stateful_rnn("train_on_batch")
-        call_agreement.check_once("train_on_batch", self, self._tnt_agreement, not self._tnt_synced,
-                                  (x, y, sample_weight, class_weight))
+        call_agreement.check_on_batch("train_on_batch", self, self._tnt_agreement,
+                                      not self._tnt_synced, (x, y, sample_weight, class_weight))
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
         # a peer lost or a timeout as Tarantella's errors, as in fit
@@ -827,8 +827,8 @@ class Model(keras.Model):
         master_only.refuse("tnt.Model.test_on_batch")
         self._assert_compile_called("test_on_batch")
         self._refuse_stateful_rnn("test_on_batch")
-        call_agreement.check_once("test_on_batch", self, self._tnt_agreement, not self._tnt_synced,
-                                  (x, y, sample_weight))
+        call_agreement.check_on_batch("test_on_batch", self, self._tnt_agreement,
+                                      not self._tnt_synced, (x, y, sample_weight))
         self._sync_weights(x)
         x, y, sample_weight = _rank_slice((x, y, sample_weight))
         with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):
@@ -839,8 +839,8 @@ class Model(keras.Model):
         its slice and returns the predictions of the whole batch."""
         master_only.refuse("tnt.Model.predict_on_batch")
         self._refuse_stateful_rnn("predict_on_batch")
-        call_agreement.check_once("predict_on_batch", self, self._tnt_agreement,
-                                  not self._tnt_synced, x)
+        call_agreement.check_on_batch("predict_on_batch", self, self._tnt_agreement,
+                                      not self._tnt_synced, x)
         self._sync_weights(x)
         self._set_distributed_predict(core.get_size() > 1)
         with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):

@@ -1253,6 +1253,30 @@ def check_rank_branches(tnt):
         m.fit(ds, epochs=1, verbose=0)
         m.train_on_batch(x[:B], y[:B])
 
+    # between *_on_batch calls that agreed (they compared only their first call of each kind
+    # after compile): another model of the same shapes and compile on one rank (the two models'
+    # gradients were averaged without a word), a learning rate set on one rank (its weights
+    # apart without a word), a compile on the master only (a wait until TNT_TIMEOUT_S)
+    def on_batch_other_model(m):
+        other = tnt.Model(build())
+        compile_(other)
+        m.train_on_batch(x[:B], y[:B])
+        other.train_on_batch(x[:B], y[:B])
+        (m if rank == 0 else other).train_on_batch(x[:B], y[:B])
+
+    def on_batch_rate_on_one_rank(m):
+        m.train_on_batch(x[:B], y[:B])
+        if rank == 1:
+            m.optimizer.learning_rate.assign(0.01)
+        m.train_on_batch(x[:B], y[:B])
+
+    def on_batch_compiled_on_master(m):
+        m.train_on_batch(x[:B], y[:B])
+        m.test_on_batch(x[:B], y[:B])
+        if rank == 0:
+            compile_(m, lr=0.01)
+        m.test_on_batch(x[:B], y[:B])
+
     # another tnt.Model of the same shapes and compile on one rank: the ranks paired up and
     # averaged the two models' gradients without a word; a model made (and compiled) on the
     # master only, for itself, and never used in a collective call, is fine
@@ -1332,6 +1356,9 @@ def check_rank_branches(tnt):
                            "predict_on_batch_own_size": predict_on_batch_own_size,
                            "on_batch_alike": on_batch_alike,
                            "other_model_on_one_rank": other_model_on_one_rank,
+                           "on_batch_other_model": on_batch_other_model,
+                           "on_batch_rate_on_one_rank": on_batch_rate_on_one_rank,
+                           "on_batch_compiled_on_master": on_batch_compiled_on_master,
                            "extra_model_on_master": extra_model_on_master,
                            "built_on_master_only": built_on_master_only,
                            "rate_per_rank": rate_per_rank,

@@ -580,6 +580,15 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
         "on_batch_frozen_on_one_rank": "the number of trainable variables (rank 0: 4, rank 1: 2); "
                                        "the trainable variables' shapes and dtypes (ranks [1] "
                                        "differ from rank 0)",
+        # and on every later *_on_batch call: a learning rate set on one rank trained the ranks'
+        # weights apart, a compile on the master only waited until TNT_TIMEOUT_S
+        "on_batch_rate_on_one_rank": "what compile was given (loss, metrics, optimizer and its "
+                                     "settings) (ranks [1] differ from rank 0)",
+        "on_batch_compiled_on_master": "whether the model broadcasts the master's weights first, "
+                                       "as after compile, set_weights or load_weights (rank 0: "
+                                       "True, rank 1: False); what compile was given (loss, "
+                                       "metrics, optimizer and its settings) (ranks [1] differ "
+                                       "from rank 0)",
     }
     for key, what in expected.items():
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
@@ -601,12 +610,15 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
             "dtypes and values) (ranks [1] differ from rank 0). Every rank passes the same global "
             "batch"), (key, r0[key]["message"])
     # another model of the same shapes on one rank: its gradients were averaged with the model's
-    other = r0["other_model_on_one_rank"]
-    assert other["error"] == r1["other_model_on_one_rank"]["error"] == "MismatchError", other
-    assert other["message"] == r1["other_model_on_one_rank"]["message"]
-    assert re.match(re.escape(lead + "which tnt.Model it is (each rank numbers its models in the "
-                              "order of their first fit, evaluate, predict or *_on_batch call) ")
-                    + r"\(rank 0: (\d+), rank 1: (\d+)\)\. fit", other["message"]), other["message"]
+    # (on_batch_other_model: after both models' train_on_batch had agreed)
+    for key in ("other_model_on_one_rank", "on_batch_other_model"):
+        other = r0[key]
+        assert other["error"] == r1[key]["error"] == "MismatchError", (key, other)
+        assert other["message"] == r1[key]["message"], key
+        assert re.match(re.escape(lead + "which tnt.Model it is (each rank numbers its models in "
+                                  "the order of their first fit, evaluate, predict or *_on_batch "
+                                  "call) ") + r"\(rank 0: (\d+), rank 1: (\d+)\)\. fit",
+                        other["message"]), (key, other["message"])
 
 
 def test_a_call_compares_itself_its_arguments_and_checkpoints_in_one_round(runs):
