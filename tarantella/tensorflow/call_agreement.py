@@ -40,14 +40,16 @@ also carries whether each rank's own part failed (the master's write: a
 missing directory, a full disk; a rank's read of the file), so that every rank
 raises instead of the others waiting for it.
 """
+import functools
 import numbers
+import threading
 import zlib
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella.common import core, errors, replicas
+from tarantella.common import core, errors, replicas, request_names
 from tarantella.common.errors import MismatchError, TarantellaError
 from tarantella.tensorflow.data import step_counts
 
@@ -152,6 +154,11 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
             _describe(None if model is None else _compile_arguments(model))),
         "the layers' settings (each layer's class and config; a lookup layer's vocabulary)":
             state.layers if built and state is not None else unknown,
+        # a call in a thread pairs with the other ranks' calls whatever thread makes them: rank
+        # 0's thread "a" in model_a.fit and rank 1's thread "b" in model_b's agreed as the first
+        # calls of the two (their gradients' requests, named after the thread, then waited for
+        # each other until the stall warning)
+        "the thread that makes the call (its name)": request_names.in_thread("thread"),
         # Keras runs the callbacks after every steps_per_execution steps, and tnt's own
         # (StopAgreement) are collective: 1 on one rank and 2 on another waited until
         # TNT_TIMEOUT_S
@@ -174,6 +181,54 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
     if state is not None and state.ordinal is None:
         state.ordinal = ordinal
         _numbered[0] += 1
+
+
+_inside = threading.local()  # depth: how deep this thread is in tnt.Model calls (one_thread_at_a_time)
+_owner = [None]  # the thread in a tnt.Model call, or None
+_owner_lock = threading.Lock()
+
+
+def one_thread_at_a_time(what):
+    """A decorator: the calls that check() compares (`what`, one of
+    step_counts.CALLS) run in one thread of the process at a time; a call made
+    in another thread meanwhile is refused at once, the same InvalidUsageError
+    on every rank where the threads overlap. Their requests are named after
+    the call, not after the thread ("tnt.call", "tnt.step.0.sizes",
+    "tnt.metrics"): two threads that each fit a model of their own at once
+    found the name in flight ("a collective named 'tnt.call' is already in
+    flight") or paired with each other's across ranks, and waited until
+    TNT_TIMEOUT_S. A call made inside another (fit's validation, a
+    ModelCheckpoint's save) is the same thread's."""
+
+    def decorate(method):
+        @functools.wraps(method)
+        def wrapper(*args, **kwargs):
+            if core.get_size() == 1:
+                return method(*args, **kwargs)
+            me = threading.current_thread()
+            with _owner_lock:
+                if _owner[0] is not None and _owner[0] is not me:
+                    raise errors.InvalidUsageError(
+                        f"{what} was called in thread {me.name!r} while thread "
+                        f"{_owner[0].name!r} is in a call of a tnt.Model: fit, evaluate, predict, "
+                        "the *_on_batch calls, save, save_weights, load_weights and set_weights "
+                        "run in one thread of a rank at a time (their requests are named after "
+                        "the call, so the two threads' would pair with each other across ranks). "
+                        "Make the calls one after the other, or train the models of threads "
+                        "that run at once in custom training loops (docs/troubleshooting.md, "
+                        "\"Collectives from several threads\")")
+                _owner[0] = me
+            _inside.depth = getattr(_inside, "depth", 0) + 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                _inside.depth -= 1
+                if _inside.depth == 0:
+                    with _owner_lock:
+                        _owner[0] = None
+        return wrapper
+
+    return decorate
 
 
 def check_on_batch(what, model, state, broadcasts_first, batch):

@@ -664,6 +664,7 @@ class Model(keras.Model):
         return 0
 
     # ---- fit / evaluate / predict -------------------------------------------------------------
+    @call_agreement.one_thread_at_a_time("fit")
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
             sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
@@ -744,6 +745,7 @@ class Model(keras.Model):
                 steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                 validation_batch_size=validation_batch_size, validation_freq=validation_freq)
 
+    @call_agreement.one_thread_at_a_time("evaluate")
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  steps=None, callbacks=None, return_dict=False, tnt_micro_batch_size=None,
                  tnt_distribute_dataset=True, **kwargs):
@@ -776,6 +778,7 @@ class Model(keras.Model):
         first_batches.check("the ranks read different data in evaluate", [data and data[4]])
         return logs
 
+    @call_agreement.one_thread_at_a_time("predict")
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None,
                 tnt_micro_batch_size=None, tnt_distribute_dataset=True):
         """`keras.Model.predict`, data-parallel: every rank predicts its slice
@@ -806,6 +809,7 @@ class Model(keras.Model):
         return outputs
 
     # ---- one global batch at a time -----------------------------------------------------------
+    @call_agreement.one_thread_at_a_time("train_on_batch")
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
         """`keras.Model.train_on_batch` on a global batch: every rank passes the
         same batch and trains on its slice; the logs are global."""
@@ -822,6 +826,7 @@ class Model(keras.Model):
             return super().train_on_batch(x, y, sample_weight=sample_weight,
                                           class_weight=class_weight, return_dict=return_dict)
 
+    @call_agreement.one_thread_at_a_time("test_on_batch")
     def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
         """`keras.Model.test_on_batch` on a global batch (see train_on_batch)."""
         master_only.refuse("tnt.Model.test_on_batch")
@@ -834,6 +839,7 @@ class Model(keras.Model):
         with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):
             return super().test_on_batch(x, y, sample_weight=sample_weight, return_dict=return_dict)
 
+    @call_agreement.one_thread_at_a_time("predict_on_batch")
     def predict_on_batch(self, x):
         """`keras.Model.predict_on_batch` on a global batch: every rank predicts
         its slice and returns the predictions of the whole batch."""
@@ -852,6 +858,7 @@ class Model(keras.Model):
             self.predict_function = None  # retrace with (or without) the gather
 
     # ---- weights and saving -------------------------------------------------------------------
+    @call_agreement.one_thread_at_a_time("set_weights")
     def set_weights(self, weights):
         """Set the weights on every rank to the master rank's `weights` (collective)."""
         master_only.refuse("tnt.Model.set_weights")
@@ -867,6 +874,7 @@ class Model(keras.Model):
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
         self._tnt_synced = True
 
+    @call_agreement.one_thread_at_a_time("load_weights")
     def load_weights(self, filepath, skip_mismatch=False, **kwargs):
         """Load weights on every rank, then broadcast the master's, with its
         optimizer state (collective)."""
@@ -899,6 +907,7 @@ class Model(keras.Model):
             root_rank=core.get_master_rank())
         self._tnt_synced = True
 
+    @call_agreement.one_thread_at_a_time("save")
     def save(self, filepath, overwrite=True, zipped=None, tnt_save_all_devices=False, **kwargs):
         """Save the wrapped model (`.keras`, compiled with its optimizer state:
         a plain Keras file), atomically, on the master rank only (every rank
@@ -912,6 +921,7 @@ class Model(keras.Model):
                       lambda path: self.model.save(path, overwrite=True, zipped=zipped, **kwargs),
                       tnt_save_all_devices)
 
+    @call_agreement.one_thread_at_a_time("save_weights")
     def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
         """Save the wrapped model's weights (`.weights.h5`, the file plain Keras
         writes), atomically, on the master rank only."""
@@ -925,6 +935,7 @@ class Model(keras.Model):
                       tnt_save_all_devices,
                       siblings=kwargs.get("max_shard_size") is not None)  # the shards, named after it
 
+    @call_agreement.one_thread_at_a_time("export")
     def export(self, filepath, format="tf_saved_model", verbose=None,  # noqa: A002 - Keras' name
                input_signature=None, **kwargs):
         """The wrapped model's `export` (a TensorFlow SavedModel directory by

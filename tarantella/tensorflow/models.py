@@ -42,6 +42,7 @@ def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
                   lambda path: model.save(path, overwrite=True, **kwargs), save_all_devices)
 
 
+@call_agreement.one_thread_at_a_time("load_model")
 def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # noqa: A002
     """Load a model saved by `tnt.Model.save` or by plain Keras, as a tnt.Model.
 

@@ -1277,6 +1277,46 @@ def check_rank_branches(tnt):
             compile_(m, lr=0.01)
         m.test_on_batch(x[:B], y[:B])
 
+    # tnt.Model calls in two threads at once: their requests are named after the call ("a
+    # collective named 'tnt.call' is already in flight", or a wait until TNT_TIMEOUT_S); the
+    # thread "held" is in fit (its callback waits) while the main thread calls fit
+    def threads_at_once(m):
+        other = tnt.Model(build())
+        compile_(other)
+        inside, done = threading.Event(), threading.Event()
+
+        class Hold(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                inside.set()
+                done.wait(120)
+
+        held = threading.Thread(target=lambda: m.fit(ds, epochs=1, verbose=0, callbacks=[Hold()]),
+                                name="held")
+        held.start()
+        inside.wait(120)
+        try:
+            other.fit(ds, epochs=1, verbose=0)
+        finally:
+            done.set()
+            held.join()
+
+    # each rank's call in a thread of its own name: the first calls of two models agreed and
+    # their requests, named after the thread, waited for each other until the stall warning
+    def thread_per_rank(m):
+        failed = []
+
+        def train():
+            try:
+                m.fit(ds, epochs=1, verbose=0)
+            except Exception as exc:  # noqa: BLE001 - raised below, in the main thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=train, name=f"trainer{rank}")
+        thread.start()
+        thread.join()
+        if failed:
+            raise failed[0]
+
     # another tnt.Model of the same shapes and compile on one rank: the ranks paired up and
     # averaged the two models' gradients without a word; a model made (and compiled) on the
     # master only, for itself, and never used in a collective call, is fine
@@ -1359,6 +1399,8 @@ def check_rank_branches(tnt):
                            "on_batch_other_model": on_batch_other_model,
                            "on_batch_rate_on_one_rank": on_batch_rate_on_one_rank,
                            "on_batch_compiled_on_master": on_batch_compiled_on_master,
+                           "threads_at_once": threads_at_once,
+                           "thread_per_rank": thread_per_rank,
                            "extra_model_on_master": extra_model_on_master,
                            "built_on_master_only": built_on_master_only,
                            "rate_per_rank": rate_per_rank,

@@ -589,6 +589,8 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
                                        "True, rank 1: False); what compile was given (loss, "
                                        "metrics, optimizer and its settings) (ranks [1] differ "
                                        "from rank 0)",
+        "thread_per_rank": "the thread that makes the call (its name) (ranks [1] differ from "
+                           "rank 0)",
     }
     for key, what in expected.items():
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
@@ -600,6 +602,12 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
     for key in ("frozen_everywhere", "on_batch_alike", "extra_model_on_master", "built_on_master_only",
                 "built_alike_named_apart"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
+    # a tnt.Model call in another thread while one is in fit: refused at once on every rank
+    for r in (r0, r1):
+        said = r["threads_at_once"]
+        assert said["error"] == "InvalidUsageError", said
+        assert said["message"].startswith("fit was called in thread 'MainThread' while thread "
+                                          "'held' is in a call of a tnt.Model"), said
     # each rank's own batch: the ranks' slices of different batches trained together silently
     for key, what in (("on_batch_own_data", "train_on_batch"), ("predict_on_batch_own_size",
                                                                "predict_on_batch")):
