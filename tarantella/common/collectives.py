@@ -97,8 +97,15 @@ def _as_input(array, what):
         try:  # scalars, lists, and anything exposing the array interface
             array = np.asarray(array)
         except Exception:
+            # a tf.function's tensor has no value while it is traced: the collective would run
+            # once, at the trace, instead of at every call
+            traced = type(array).__name__ == "SymbolicTensor" or hasattr(array, "graph")
+            hint = (" (a tensor of a tf.function being traced: inside a tf.function use the "
+                    "collectives of tarantella.tensorflow, which take tensors and run at every "
+                    "call: `import tarantella.tensorflow as tnt_tf`, `tnt_tf.allreduce(t)`)"
+                    if traced else "")
             raise InvalidArgumentError(
-                f"{what} expects a NumPy array. Received: {type(array).__name__}") from None
+                f"{what} expects a NumPy array. Received: {type(array).__name__}{hint}") from None
     _refuse_masked(array, what)
     if not array.flags.c_contiguous:
         raise InvalidArgumentError(

@@ -1249,3 +1249,14 @@ def test_the_entry_points_a_tf_function_calls_are_not_converted_by_autograph():
                     collective_ops.broadcast_variables, type(tape).gradient, type(optimizer).apply]
     assert all(is_autograph_artifact(f) for f in entry_points), \
         [getattr(f, "__qualname__", f) for f in entry_points if not is_autograph_artifact(f)]
+
+
+def test_a_numpy_collective_given_a_traced_tensor_names_the_tensorflow_one():
+    # `import tarantella as tnt` gives the NumPy collectives: in a tf.function, tnt.allreduce(t)
+    # said only "allreduce expects a NumPy array. Received: SymbolicTensor"
+    with pytest.raises(Exception) as info:  # autograph's StagingError, which says it
+        tf.function(lambda t: tnt.allreduce(t))(tf.ones(3))
+    said = str(info.value)
+    assert "InvalidArgumentError: allreduce expects a NumPy array. Received: SymbolicTensor (a " \
+        "tensor of a tf.function being traced" in " ".join(said.split()), said
+    assert "tnt_tf.allreduce(t)" in said, said
