@@ -37,11 +37,10 @@ from tarantella.tensorflow.save_paths import (check_model_path, check_save_keywo
                                                check_save_weights_keywords, check_weights_path)
 
 class _StepState:
-    """Per-step values shared between train_step and the optimizer hook; a
-    plain object so that Keras does not track it."""
+    """What a tnt.Model's steps keep for the empty-slice branch (see
+    _unless_empty); a plain object so that Keras does not track it."""
 
     def __init__(self):
-        self.local_batch = None
         self.logs = {}  # "train"/"test" -> the structure of the logs the step returns
         self.applies = {}  # "train"/"test" -> the optimizer apply() calls the step made
         self.replays = {}  # "train"/"test" -> the step context's requests (for replay)
@@ -364,8 +363,15 @@ class Model(keras.Model):
     # (a user's own, or Keras' default), run on this rank's micro-batch; the
     # optimizer's apply() averages the gradients across ranks, and the logs
     # the step returns are made global afterwards (see _global_logs).
-    def _local_batch_weight(self):
-        return self._tnt_step.local_batch
+    @staticmethod
+    def _local_batch_weight():
+        """This rank's micro-batch size in the tnt.Model step being run, by whichever tnt.Model
+        runs it: the wrapped model's optimizer is that of its latest compile, which may be
+        another tnt.Model's over the same model (wrapped twice, the older wrapper's fit). Read
+        from the compiling wrapper's own step, it was None there: equal weights, not the serial
+        mean gradient where the slices differ in size, without a word."""
+        context = step_context.current()
+        return None if context is None else context.local_batch
 
     def train_step(self, data):
         mark("fit: tracing the train step")  # Python runs here only while TensorFlow traces
@@ -376,29 +382,25 @@ class Model(keras.Model):
         # weighted by its micro-batch size b_r: Σ b_r g_r / Σ b_r is the serial
         # mean gradient even when micro-batches differ in size or are empty.
         local_batch = _first_dim(x)
-        self._tnt_step.local_batch = local_batch
         weight_step_means(self.model.metrics)  # also trackers made after compile
-        try:
-            with step_context.step(local_batch) as step:
-                moving = batch_normalization.moving_statistics(
-                    batch_normalization.unsynchronized(self.model))
+        with step_context.step(local_batch) as step:
+            moving = batch_normalization.moving_statistics(
+                batch_normalization.unsynchronized(self.model))
 
-                def train(batch):
-                    logs = self.model.train_step(batch)
-                    # identical weights on every rank (see batch_normalization.py)
-                    batch_normalization.average_moving_statistics(moving, local_batch, step)
-                    return logs
+            def train(batch):
+                logs = self.model.train_step(batch)
+                # identical weights on every rank (see batch_normalization.py)
+                batch_normalization.average_moving_statistics(moving, local_batch, step)
+                return logs
 
-                def after_skip():
-                    batch_normalization.average_moving_statistics(moving, 0, step)
+            def after_skip():
+                batch_normalization.average_moving_statistics(moving, 0, step)
 
-                if self._tnt_step.train_may_be_empty:
-                    logs = self._unless_empty("train", local_batch, train, data, step, after_skip)
-                else:  # no empty-slice branch: a smaller graph to trace (bench/startup.py)
-                    logs = train(data)
-            return self._global_logs(logs, local_batch)
-        finally:
-            self._tnt_step.local_batch = None
+            if self._tnt_step.train_may_be_empty:
+                logs = self._unless_empty("train", local_batch, train, data, step, after_skip)
+            else:  # no empty-slice branch: a smaller graph to trace (bench/startup.py)
+                logs = train(data)
+        return self._global_logs(logs, local_batch)
 
     def _unless_empty(self, kind, local_batch, run_step, data, step, after_skip=None):
         """`run_step(data)`'s logs; a rank whose slice of the last, partial batch is

@@ -466,6 +466,23 @@ def array_fits(tnt, reference):
     return {"history": history, "weights": weights(model), "empty_slice_branch": conds}
 
 
+def wrapped_twice(tnt, reference):
+    """One Keras model wrapped in two tnt.Models, both compiled, then the
+    first one's fit, on batches of 25 (slices of 13 and 12): the model trains
+    with the optimizer of its latest compile (the second wrapper's), as serial
+    Keras trains a model compiled twice. That optimizer weighted the gradients
+    by the second wrapper's micro-batch, which is no step's: equally, not the
+    serial mean gradient (weights 1e-2 apart after 2 epochs)."""
+    keras.utils.set_random_seed(7)
+    model = build()
+    first, second = (model, model) if reference else (tnt.Model(model), tnt.Model(model))
+    compile_(first)
+    compile_(second)
+    x, y = data(75, seed=4)
+    h = first.fit(x, y, batch_size=25, epochs=2, shuffle=False, verbose=0)
+    return {"history": [float(v) for v in h.history["loss"]], "weights": weights(model)}
+
+
 def list_arrays(tnt, reference):
     """fit/evaluate/predict on arrays given as lists (x=[a, b] of a two-input
     model, y=[y1, y2] of a two-output one): tf.data refuses lists in a
@@ -1683,6 +1700,7 @@ def main():
     results["array_fits"] = array_fits(tnt, args.reference)
     results["empty_slices"] = empty_slices(tnt, args.reference)
     results["list_arrays"] = list_arrays(tnt, args.reference)
+    results["wrapped_twice"] = wrapped_twice(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

@@ -168,6 +168,16 @@ def test_array_fits_trace_the_empty_slice_branch_only_when_a_slice_can_be_empty(
     assert runs["ranks"][0]["array_fits"] == runs["ranks"][1]["array_fits"]
 
 
+def test_a_model_wrapped_twice_trains_as_in_serial_keras_by_either_wrapper(runs):
+    ref = runs["ref"]["wrapped_twice"]
+    for rank in runs["ranks"]:
+        got = rank["wrapped_twice"]
+        np.testing.assert_allclose(got["history"], ref["history"], rtol=0, atol=1e-6)
+        for a, b in zip(got["weights"], ref["weights"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert runs["ranks"][0]["wrapped_twice"] == runs["ranks"][1]["wrapped_twice"]
+
+
 def test_arrays_in_lists_train_as_in_serial_keras(runs):
     """x=[a, b] and y=[y1, y2] as lists of arrays (fit, validation, evaluate,
     predict) train as in serial Keras instead of failing in tf.data."""
