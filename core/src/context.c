@@ -197,7 +197,7 @@ tnt_result_t tnt_abort(const char *reason) {
 
 void tnt_set_busy(int busy) {
   if (enter() != TNT_SUCCESS) return;
-  if (tnt_ctx.transport) atomic_store(&tnt_ctx.engine.neg.busy, busy ? 1 : 0); /* sent with the next full round */
+  if (tnt_ctx.transport) tnt_negotiate_set_busy(&tnt_ctx.engine.neg, busy); /* sent with the next full round */
   leave();
 }
 

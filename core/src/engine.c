@@ -435,9 +435,10 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
     const double age = now - req->submit_time;
     if (age < warn_at) continue;
     const tnt_negotiator_t *neg = &c->neg;
-    if (req->stall_warned && !tnt_negotiate_refreshing(neg) && neg->full_round_at > req->busy_checked) {
-      req->busy_checked = neg->full_round_at;
-      if (tnt_negotiate_missing_busy(neg, req)) req->busy_seen = neg->full_round_at;
+    const double round_at = tnt_negotiate_full_round_at(neg);
+    if (req->stall_warned && !tnt_negotiate_refreshing(neg) && round_at > req->busy_checked) {
+      req->busy_checked = round_at;
+      if (tnt_negotiate_missing_busy(neg, req)) req->busy_seen = round_at;
     }
     const int busy = req->busy_seen > 0;
     const double since = busy && req->busy_seen > req->submit_time ? req->busy_seen : req->submit_time;
@@ -488,7 +489,7 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
       else
         TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]; it fails at TNT_TIMEOUT_S=%g s",
                  tnt_coll_name(req->meta.coll), req->name, age, missing, timeout);
-    } else if (!tnt_negotiate_refreshing(&c->neg) && now - neg->full_round_at >= warn_at / 2) {
+    } else if (!tnt_negotiate_refreshing(&c->neg) && now - tnt_negotiate_full_round_at(neg) >= warn_at / 2) {
       tnt_negotiate_refresh(&c->neg); /* busy (still, or since)? the next full round says */
     }
   }

@@ -136,6 +136,11 @@ const char *tnt_negotiate_thread_twin(const tnt_negotiator_t *c, const char *nam
  * such rank did not, or none is known. */
 int tnt_negotiate_missing_busy(const tnt_negotiator_t *c, const tnt_request_t *req);
 static inline int tnt_negotiate_refreshing(const tnt_negotiator_t *c) { return c->refresh; }
+/* When the last full round ended (tnt_now), 0 before the first. */
+static inline double tnt_negotiate_full_round_at(const tnt_negotiator_t *c) { return c->full_round_at; }
+/* This rank is (1) or is no longer (0) in a section of its own: said in the next full round.
+ * Any thread (tnt_set_busy). */
+static inline void tnt_negotiate_set_busy(tnt_negotiator_t *c, int busy) { atomic_store(&c->busy, busy ? 1 : 0); }
 /* Cycles completed (the transport's doorbell counts them): under the engine's progress lock. */
 static inline uint64_t tnt_negotiate_cycles(const tnt_negotiator_t *c) { return c->cycles; }
 /* The negotiation's counters of tnt_get_stats (any thread: a stale read is fine for stats). */
