@@ -71,6 +71,9 @@ try:
                 # wait for it, while the TNT_BUSY_TIMEOUT_S bound holds
                 with tnt.rank_only():
                     time.sleep(2 * float(os.environ["TNT_TIMEOUT_S"]))
+            elif mode == "exit":  # the program's own failure status, no exception
+                print(f"rank {rank} exits 4", file=sys.stderr, flush=True)
+                sys.exit(4)
             elif mode == "stall":
                 # late beyond the bound: rank 0 gives up on "step3" and aborts, and
                 # our own submission then fails at once

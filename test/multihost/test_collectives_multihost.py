@@ -148,6 +148,22 @@ def test_a_rank_killed_on_one_host_is_named_on_every_host(bed, tmp_path):
     assert nothing_left(bed, bed.hosts)
 
 
+def test_a_rank_that_exits_with_a_status_on_one_host_is_the_root_cause(bed, tmp_path):
+    # rank 3 (hostB) calls sys.exit(4) between two allreduces. It waited at exit in
+    # MPI_Finalize (Open MPI's fence) for the others, which, told that it had shut down, failed
+    # with PeerLostError and exited 3 without finalizing; mpirun then killed it: tntrun blamed
+    # rank 0's PeerLostError and exited 3, never naming rank 3 or its status
+    res = bed.run("hostA", ["tntrun", "-H", "hostA:2,hostB:2", "--no-gpu", "--transport", "mpi", "--",
+                            os.path.join(COMMON, "rank_failures.py"), "exit"],
+                  env=env_for(bed, tmp_path), cwd=str(tmp_path), timeout=600)
+    assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]  # the rank's own status
+    root = res.stderr[res.stderr.index("Root cause"):]
+    assert "  rank:    3 (local_rank 1)\n" in root and "  host:    hostB\n" in root, root
+    assert "  exit:    exit code 4\n" in root and "rank 3 exits 4" in root, root
+    assert "PeerLostError" in root.split("Other failures:")[1], root  # the others, caused by it
+    assert nothing_left(bed, bed.hosts)
+
+
 def test_a_transport_set_on_one_host_only_fails_every_rank_saying_so(bed, tmp_path):
     # TNT_TRANSPORT=mpi set before a bare mpirun reaches only hostA's ranks: hostB's take auto
     # (shm+mpi), which discovers the hosts where mpi goes on with its set-up. Their exchanges

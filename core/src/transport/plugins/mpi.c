@@ -600,7 +600,10 @@ static const char *level_name(int level) {
                                           : "unknown";
 }
 
-static void finalize_at_exit(void) {
+/* Run by exit() with the process's exit status (glibc's on_exit; elsewhere
+ * atexit, and the status is taken as 0). */
+static void finalize_at_exit(int status, void *arg) {
+  (void)arg;
   /* A fork()ed child that exits normally runs its parent's atexit handlers:
    * MPI_Finalize there crashed in Open MPI's shared-memory transport and, over
    * TCP, wrote on the parent's connections, and the parent's job lost its
@@ -615,8 +618,21 @@ static void finalize_at_exit(void) {
     LOG(LOG_INFO, "mpi: not calling MPI_Finalize at exit: the job failed");
     return;
   }
+  if (status != 0) {
+    /* This rank fails (sys.exit(3), an uncaught exception): MPI_Finalize would
+     * wait in Open MPI's fence for the others, which, told that it had shut
+     * down, failed in turn without finalizing; mpirun then killed it and
+     * reported their exit 1 as the job's, never its 3. Ending now, mpirun sees
+     * this rank's own status first, as the shm transport's launcher does. */
+    LOG(LOG_INFO, "mpi: not calling MPI_Finalize at exit: this rank exits with status %d", status);
+    return;
+  }
   MPI_Finalize();
 }
+
+#ifndef __GLIBC__
+static void finalize_at_exit_status_unknown(void) { finalize_at_exit(0, NULL); }
+#endif
 
 /* Open MPI's TCP transport sends a message above btl_tcp_eager_limit (64 KiB
  * by default, its header included) by rendezvous: a round trip before the
@@ -666,7 +682,11 @@ static tnt_result_t ensure_mpi(void) {
     }
     mpi_ours = 1;
     mpi_pid = getpid();
-    atexit(finalize_at_exit);
+#ifdef __GLIBC__
+    on_exit(finalize_at_exit, NULL);
+#else
+    atexit(finalize_at_exit_status_unknown);
+#endif
     LOG(LOG_INFO, "mpi: MPI initialized, thread level %s", level_name(thread_level));
   } else {
     MPI_Query_thread(&thread_level);
