@@ -39,6 +39,10 @@ TAIL = 4096
 # run: each is one Python start-up; one that never comes (it could not start) is not waited
 # for longer
 STARTING_CALLS_WAIT_S = 60.0
+# how long the engine waits, after gaspi_run failed, for the ranks of the other hosts to end
+# (they learn of the failure within a heartbeat or two, TNT_GPI2_HEARTBEAT_S, at their next
+# collective); those still running then are stopped by tntrun
+FAILED_RANKS_WAIT_S = 5.0
 
 
 def _lines(machinefile):
@@ -78,17 +82,36 @@ def _failed_start(code, command):
     return code != 0 and "ssh.spawner" in command and "killall" not in command
 
 
+def _lock_within(lock, seconds):
+    """Wait until no starting call holds LOCK, for at most `seconds` (None: for ever)."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    with open(lock, "a") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.05)
+
+
 def engine(lock, machinefile, argv):
     """Run gaspi_run; when it succeeded, wait until every starting call holds LOCK or has
-    ended, then until none holds it."""
+    ended, then until none holds it. When it failed (rank 0 failed), wait up to
+    FAILED_RANKS_WAIT_S for the ranks of the other hosts to end: a rank there that failed
+    first (sys.exit(3) on hostB, whose shutdown made rank 0 fail) writes its record as it
+    ends, and tntrun, the engine over, stopped it before: the report blamed rank 0, and
+    tntrun exited with its 1."""
     code = subprocess.call(argv)
     if code == 0:
         expected = _starting_calls(machinefile)
         deadline = time.monotonic() + STARTING_CALLS_WAIT_S
         while _started(lock) < expected and time.monotonic() < deadline:
             time.sleep(0.02)
-        with open(lock, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        _lock_within(lock, None)
+    else:
+        _lock_within(lock, FAILED_RANKS_WAIT_S)
     return 128 - code if code < 0 else code
 
 

@@ -214,19 +214,27 @@ def test_host_cut_off_is_named_by_its_silence(multihost, tmp_path):
             proc.communicate()
 
 
-def test_a_rank_killed_on_hostB_is_the_root_cause(multihost, tmp_path):
+@pytest.mark.parametrize("mode, code, exit_line", [
+    ("kill", 128 + 9, "  exit:    signal 9 (SIGKILL)\n"),
+    ("exit", 4, "  exit:    exit code 4\n")])
+def test_a_rank_killed_or_exiting_on_hostB_is_the_root_cause(multihost, tmp_path, mode, code, exit_line):
     # rank 1 (hostB) SIGKILLs itself in an allreduce; rank 0 raises, naming it, and exits 3.
     # The wrapper's record of rank 1 reaches tntrun on gaspi_run's stdout (its ssh commands
-    # end in 2>&1): without it the report named rank 0, the only failure tntrun had heard of
+    # end in 2>&1): without it the report named rank 0, the only failure tntrun had heard of.
+    # `exit`: rank 1 calls sys.exit(4) instead; rank 0, told that it had shut down, raised and
+    # ended first, and gaspi_run, which ends with rank 0, ended the job before rank 1's record
+    # came (the report named rank 0's PeerLostError, tntrun exited 3)
     env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
     env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
     res = multihost.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--transport", "gpi2", "--",
-                                  os.path.join(COMMON, "rank_failures.py"), "kill"],
+                                  os.path.join(COMMON, "rank_failures.py"), mode],
                         env=env, cwd=str(tmp_path), timeout=300)
-    assert res.returncode == 128 + 9, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == code, res.stdout[-3000:] + res.stderr[-3000:]
     root = root_cause(res.stderr)
     assert root.startswith("  rank:    1 (local_rank 0)\n  host:    hostB\n"), res.stderr[-3000:]
-    assert "  exit:    signal 9 (SIGKILL)\n" in root, root
+    assert exit_line in root, root
+    if mode == "exit":
+        assert "rank 1 exits 4" in root, root
     assert "gaspi_run (on hostA" in res.stderr
     assert "\x1e" not in res.stdout + res.stderr  # the records themselves are not shown
     said = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]

@@ -45,3 +45,26 @@ def test_a_starting_call_that_never_comes_is_not_waited_for_forever(tmp_path, mo
     assert gaspi_ssh.engine(str(tmp_path / "lock"), str(machinefile), [sys.executable, "-c", "pass"]) == 0
     assert time.monotonic() - started < 10
     assert gaspi_ssh.engine(str(tmp_path / "lock"), str(machinefile), [sys.executable, "-c", "raise SystemExit(3)"]) == 3
+
+
+def test_a_failed_gaspi_run_waits_a_while_for_the_ranks_of_other_hosts(tmp_path, monkeypatch):
+    # rank 1 on hostB exits 4 (sys.exit), rank 0, told that it shut down, raises and ends
+    # first, and gaspi_run with it (exit 1): the engine returned at once, tntrun ended the job
+    # and rank 1's record, written as it ended, never came (the report blamed rank 0)
+    machinefile = tmp_path / "machines"
+    machinefile.write_text("hostA\nhostB\n")
+    lock = str(tmp_path / "ranks.lock")
+    done = tmp_path / "done"
+    real_ssh = tmp_path / "real_ssh"  # hostB's rank: ends 1 s after gaspi_run failed
+    real_ssh.write_text(f"#!/bin/sh\nsleep 1.5\necho \"$1\" >> {shlex.quote(str(done))}\n")
+    real_ssh.chmod(0o755)
+    shim = shlex.join([*runner_module_argv("gaspi_ssh"), str(real_ssh), "f" * 32, str(machinefile), lock])
+    gaspi_run = ["/bin/sh", "-c", f"{shim} hostB 'nohup ssh.spawner hostB' & sleep 0.5; exit 1"]
+    assert gaspi_ssh.engine(lock, str(machinefile), gaspi_run) == 1
+    assert done.read_text().split() == ["hostB"]
+    # ... but not for ever: ranks that go on (no collective to fail in) are stopped by tntrun
+    monkeypatch.setattr(gaspi_ssh, "FAILED_RANKS_WAIT_S", 0.5)
+    late = tmp_path / "late"
+    real_ssh.write_text(f"#!/bin/sh\nsleep 4\ntouch {shlex.quote(str(late))}\n")
+    assert gaspi_ssh.engine(lock, str(machinefile), gaspi_run) == 1
+    assert not late.exists()  # returned while that rank still ran
