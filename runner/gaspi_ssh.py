@@ -27,6 +27,7 @@ ranks' output.
 import fcntl
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +44,8 @@ STARTING_CALLS_WAIT_S = 60.0
 # (they learn of the failure within a heartbeat or two, TNT_GPI2_HEARTBEAT_S, at their next
 # collective); those still running then are stopped by tntrun
 FAILED_RANKS_WAIT_S = 5.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+STOP_GRACE_S = 3.0  # tntrun's own grace period (supervise.Supervisor's grace_s)
 
 
 def _lines(machinefile):
@@ -96,6 +99,43 @@ def _lock_within(lock, seconds):
                 time.sleep(0.05)
 
 
+def _run_gaspi_run(argv):
+    """(exit status, stopped) of gaspi_run, run to its end also when a stop signal came.
+
+    tntrun stops a job by signalling the engine's whole process group: gaspi_run, its rank 0
+    and its ssh calls got the signal too. Dying at once (Python's default) ended the job in
+    tntrun's eyes at once, and it killed what was left with SIGKILL: no grace for the ranks,
+    whose wrappers left their /tmp/tnt-rank-* folders, nor for gaspi_run's own clean-up (its
+    trap, after rank 0 ended). Where tntrun itself died (SIGKILL), its parent-death signal
+    came to this process alone, which died, and gaspi_run and every rank on every host ran on,
+    unseen: once re-parented (tntrun gone), this process stops the group itself, SIGKILL
+    after STOP_GRACE_S, as tntrun would have."""
+    launcher = os.getppid()
+    stopping = []
+    for sig in STOP_SIGNALS:
+        # (the parent-death signal may come before the re-parenting: tntrun's other threads
+        # outlive the one that started us by a moment; the loop below looks again)
+        signal.signal(sig, lambda signum, frame: stopping.append(time.monotonic()))
+    proc = subprocess.Popen(argv)
+    orphaned = killed = False
+    while True:
+        try:
+            code = proc.wait(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if not orphaned and os.getppid() != launcher:
+            orphaned = True
+            stopping.append(time.monotonic())
+            os.killpg(os.getpgrp(), signal.SIGTERM)  # this process ignores it (the handler)
+        elif orphaned and not killed and time.monotonic() - stopping[-1] > STOP_GRACE_S:
+            killed = True
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # this process too: nothing to report to
+    if orphaned:
+        os.killpg(os.getpgrp(), signal.SIGKILL)  # what the ranks left in the group, as tntrun does
+    return code, bool(stopping)
+
+
 def engine(lock, machinefile, argv):
     """Run gaspi_run; when it succeeded, wait until every starting call holds LOCK or has
     ended, then until none holds it. When it failed (rank 0 failed), wait up to
@@ -103,8 +143,10 @@ def engine(lock, machinefile, argv):
     first (sys.exit(3) on hostB, whose shutdown made rank 0 fail) writes its record as it
     ends, and tntrun, the engine over, stopped it before: the report blamed rank 0, and
     tntrun exited with its 1."""
-    code = subprocess.call(argv)
-    if code == 0:
+    code, stopped = _run_gaspi_run(argv)
+    if stopped:
+        pass  # tntrun stops the job (or this did, tntrun gone): what is left it kills
+    elif code == 0:
         expected = _starting_calls(machinefile)
         deadline = time.monotonic() + STARTING_CALLS_WAIT_S
         while _started(lock) < expected and time.monotonic() < deadline:

@@ -5,6 +5,7 @@ rank and to shm on one host; a host cut off from the others (its link taken down
 ranks named by their silence on the other host within seconds; a rank SIGKILLed on hostB named
 first in tntrun's report; and ranks gaspi_run starts without tntrun. Skips where GPI-2 is not installed (GPI2_HOME, or /work/gpi2:
 GPI-2 is GPL-3.0 and packaged nowhere) or the test bed cannot be made (not root)."""
+import glob
 import json
 import os
 import re
@@ -13,11 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
-from multihost_helpers import cut_off, job_env, next_json, nothing_left, placement, root_cause
+from multihost_helpers import cut_off, job_env, next_json, nothing_left, placement, probes, root_cause
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -75,12 +77,19 @@ def test_output_on_all_devices_labels_every_line_with_its_rank(multihost, tmp_pa
         assert f"[{rank}] stdout of rank {rank}" in shown, shown
         assert [ln for ln in shown if ln.startswith(f"[{rank}] PROBE ")], shown
     assert "[2] rank 2 fails on purpose on hostB" in shown, shown
-    assert [ln for ln in shown if ln.strip() and not re.match(r"\[[0-2]\] |tntrun: ", ln)] == [], shown
+    # (gaspi_run's own words as tntrun stops it: rank 2 failed, the others wait)
+    assert [ln for ln in shown if ln.strip() and not re.match(r"\[[0-2]\] |tntrun: ", ln)
+            and ln not in ("Killing GASPI procs...", "Terminated")] == [], shown
     root = root_cause(res.stderr)
     assert root.startswith("  rank:    2 (local_rank 0)\n  host:    hostB\n"), res.stderr[-3000:]
     assert "    rank 2 fails on purpose on hostB\n" in root, root  # its stderr as written
     assert "\x1e" not in res.stdout + res.stderr
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+    # tntrun stopped the job (rank 2 failed, the others wait): the ranks' wrappers were given
+    # their grace period (the engine died at once, and they were killed at once: their private
+    # folders stayed in /tmp)
+    job = {p["job_id"] for p in probes(res.stdout + res.stderr)}.pop()
+    assert glob.glob(f"{tempfile.gettempdir()}/tnt-rank-{job[:8]}-*") == []
 
 LATE = """
 import os, sys, time
@@ -107,6 +116,33 @@ def test_the_job_lasts_until_the_ranks_of_every_host_have_ended(multihost, tmp_p
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (tmp_path / "late.txt").read_text() == "written"
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
+
+def test_a_killed_tntrun_leaves_nothing_running_on_any_host(multihost, tmp_path):
+    # tntrun SIGKILLed while its ranks reduce: its parent-death signal (SIGTERM) came to the
+    # engine's process alone, which died, and gaspi_run and the ranks of every host went on
+    # reducing, unseen (mpirun, given the same signal, stops its job). The engine now stops
+    # its process group itself once tntrun is gone
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = multihost.popen("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--transport", "gpi2", "--",
+                                     os.path.join(HERE, "rank_cut.py"), str(out)], env=env, cwd=str(tmp_path),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # both ranks reduce
+            if len([f for f in os.listdir(out) if open(out / f).read()]) == 2 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate(timeout=60)
+        proc.kill()  # the process is tntrun itself (the host's sh exec'd it)
+        proc.communicate(timeout=60)
+        assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_two_jobs_at_once_on_the_same_hosts(multihost, tmp_path):
