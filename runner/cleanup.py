@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from tarantella.runner import jobs, shm
+from tarantella.runner import engines, jobs, shm
 
 WAIT_S = 5.0
 
@@ -80,7 +80,8 @@ def _leftover_paths(rec):
         dirs = glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), name))
     else:
         dirs = []
-    return dirs, list(rec.get("files") or [])
+    # (and the files the engine made elsewhere, that its private folder lists: gaspi_run's)
+    return dirs, list(rec.get("files") or []) + [f for d in dirs for f in engines.engine_temp_files(d)]
 
 
 def _remove_leftovers(rec):

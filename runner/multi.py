@@ -265,16 +265,21 @@ def build(args, command, job_id, workdir):
         files[script] = engines.gaspi_script(env, everything, rank_cmd, os.getcwd())
         argv = engines.gaspi(path, spots, mfile, script)
         real_ssh = engines.shutil.which("ssh", path=env.get("PATH"))
+        real_mktemp = engines.shutil.which("mktemp", path=env.get("PATH"))
+        if real_mktemp:  # its temporary files are noted, for us to remove (engines.py)
+            files[os.path.join(workdir, "mktemp")] = engines.gaspi_mktemp_shim(
+                real_mktemp, os.path.join(workdir, engines.ENGINE_TEMP_FILES))
         if real_ssh:
             # gaspi_run does not notice a host its ssh could not start ranks on (the others
             # would wait until TNT_TIMEOUT_S): its ssh is ours, which reports it (gaspi_ssh.py).
-            # Only gaspi_run's PATH: the ranks' own PATH is the one the script exports
             lock = os.path.join(workdir, "ranks.lock")
             files[os.path.join(workdir, "ssh")] = engines.gaspi_ssh_shim(sys.executable, real_ssh,
                                                                           job_id, mfile, lock)
-            env = dict(env, PATH=workdir + os.pathsep + env.get("PATH", ""))
             # gaspi_run ends with rank 0, the others' ssh then killed with it: wait for them
             argv = engines.gaspi_until_ranks_end(sys.executable, lock, mfile, argv)
+        if real_ssh or real_mktemp:
+            # only gaspi_run's PATH: the ranks' own PATH is the one the script exports
+            env = dict(env, PATH=workdir + os.pathsep + env.get("PATH", ""))
     elif engine == "srun":
         path = _locate(lambda: engines.find("srun", "inside a Slurm allocation"), "srun",
                        args.dry_run)
@@ -452,7 +457,7 @@ def run(args, command, job_id):
         import shutil
 
         if plan is not None and not args.dry_run:
-            for path in plan.files:
+            for path in list(plan.files) + engines.engine_temp_files(private_dir):
                 try:
                     os.unlink(path)
                 except OSError:

@@ -123,6 +123,7 @@ def test_a_killed_tntrun_leaves_nothing_running_on_any_host(multihost, tmp_path)
     # engine's process alone, which died, and gaspi_run and the ranks of every host went on
     # reducing, unseen (mpirun, given the same signal, stops its job). The engine now stops
     # its process group itself once tntrun is gone
+    multihost.clear_ssh_log()
     env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
     env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
     out = tmp_path / "out"
@@ -139,6 +140,14 @@ def test_a_killed_tntrun_leaves_nothing_running_on_any_host(multihost, tmp_path)
         proc.kill()  # the process is tntrun itself (the host's sh exec'd it)
         proc.communicate(timeout=60)
         assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+        # what the job left, tntrun --cleanup removes: the script and machine file in the current
+        # folder, and gaspi_run's own machine files in /tmp (/tmp/.gpi2.XXXXXXXX, in its ssh calls),
+        # which it removes only when it ends by itself (a pair was left by every stopped job)
+        made = {w for c in multihost.ssh_calls() for w in c["command"].split() if "/.gpi2." in w}
+        assert made, multihost.ssh_calls()
+        res = multihost.run("hostA", ["tntrun", "--cleanup"], env=env, cwd=str(tmp_path), timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert [f for f in made if os.path.exists(f)] == [] and not list(tmp_path.glob(".tnt-*"))
     finally:
         if proc.poll() is None:
             proc.kill()

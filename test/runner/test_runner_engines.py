@@ -130,6 +130,8 @@ def test_gaspi_run(tmp_path):
     assert "#   export MY_SETTING='a b'" in out and "SLURM_PROCID" not in out
     assert out.count("#   export PATH=") == 1
     assert "tarantella.runner.rank" in out
+    # gaspi_run's mktemp notes its /tmp files for tntrun (and --cleanup) to remove
+    assert "/mktemp:\n" in out and "engine-temp-files" in out
     assert not list(tmp_path.glob(".tnt-*"))  # a dry run writes nothing
 
 
