@@ -18,6 +18,8 @@ import shlex
 import shutil
 import subprocess
 
+from tarantella.runner import rank_report
+
 INSTALL = {
     "mpirun": "install Open MPI (Debian/Ubuntu: apt-get install openmpi-bin; RHEL/Fedora: dnf "
               "install openmpi) or MPICH (apt-get install mpich), or load your cluster's MPI module",
@@ -157,6 +159,9 @@ def gaspi_script(env, names, rank_cmd, cwd):
     for name in dict.fromkeys([*PASS_THROUGH, *names]):  # once each
         if name in env:
             lines.append(f"export {name}={shlex.quote(env[name])}")
+    if rank_cmd[1:3] == ["-m", "tarantella.runner.rank"]:
+        # the wrapper, or, where it cannot be imported, a record saying so (rank_report.bootstrap)
+        rank_cmd = [rank_cmd[0], "-c", rank_report.bootstrap(), *rank_cmd[3:]]
     # no "$@": the command is whole here, and gaspi_run passes its master rank one empty
     # argument when it has none ("$GPI2_PRG_ARGS"), which the program would receive
     lines.append("exec " + shlex.join(rank_cmd))

@@ -118,3 +118,38 @@ class MarkerFilter:
     def flush(self):
         rest, self.held = self.held, b""
         return rest
+
+
+def bootstrap():
+    """Python source for `python -c SOURCE ARGS...`, in place of `python -m
+    tarantella.runner.rank ARGS...` where only the ranks can tell that they did not start:
+    it runs the rank wrapper, and where the wrapper cannot be imported (Tarantella not
+    installed for that Python on that host, another version without it) it writes the record
+    of a rank that was not started, with the ImportError, as the wrapper would have, and exits
+    127. gaspi_run notices no such rank: the others waited in gaspi_proc_init until
+    TNT_TIMEOUT_S (5 minutes), and the report blamed rank 0's TimeoutError. Only the standard
+    library is used there; the records are written by this module's own encode()."""
+    import inspect
+    import textwrap
+
+    failed = textwrap.dedent(f"""\
+        import base64, json, os, socket, time, zlib
+        MARK, WORD, CHUNK = {MARK!r}, {WORD!r}, {CHUNK!r}
+        {{encode}}
+        rank = int(os.environ.get("GASPI_RANK", "-1"))  # gaspi_run's placement (its only user)
+        local = int(os.environ.get("GASPI_SOCKET", "0"))
+        host = socket.gethostname()
+        message = (f"NotStartedError: rank {{rank}} could not start on {{host}}: {{sys.executable}} cannot import "
+                   f"tarantella.runner.rank ({{exc}}): Tarantella must be installed for the same Python, at the "
+                   f"same path, on every host")
+        record = {{"rank": rank, "local_rank": local, "host": host, "pid": None, "returncode": 127,
+                  "ended_at": time.time(), "stopped": False, "not_started": True,
+                  "error": {{"message": message, "timestamp": time.time()}}, "stderr_tail": ""}}
+        sys.stderr.write(message + "\\n")
+        sys.stderr.flush()
+        for line in encode(record, os.environ.get("TNT_JOB_ID", "")):
+            os.write(2, line)
+        sys.exit(127)
+        """).replace("{encode}", inspect.getsource(encode))
+    return ("import sys\ntry:\n    from tarantella.runner.rank import main\nexcept ImportError as exc:\n"
+            + textwrap.indent(failed, "    ") + "sys.exit(main())\n")
