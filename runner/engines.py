@@ -120,8 +120,10 @@ def srun(srun_path, placement, rank_cmd, output_all, nodes_given, in_step=False)
     argv.append(f"--nodes={len(placement)}")  # every node, also when -n spreads unevenly
     if nodes_given:
         argv.append("--nodelist=" + ",".join(h for h, _ in placement))
-    # srun passes tntrun's whole environment on (--export=ALL is its default; made explicit)
-    argv += ["--export=ALL", "--kill-on-bad-exit=1"]
+    # srun passes tntrun's whole environment on (--export=ALL is its default; made explicit).
+    # --disable-status: one SIGINT is passed on to the tasks at once, which is how tntrun stops
+    # srun (multi.py); its SIGTERM would SIGKILL them, without the grace period
+    argv += ["--export=ALL", "--kill-on-bad-exit=1", "--disable-status"]
     if in_step:
         # tntrun is itself the task of a job step (`srun -N1 -n1 tntrun`, `srun --pty bash`),
         # which holds CPUs of the allocation: without --overlap (Slurm 20.11+) the ranks' step

@@ -4,6 +4,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import sys
 
 from tarantella.runner import command as cmd
@@ -444,6 +445,9 @@ def run(args, command, job_id):
                                          engines.srun_too_few_cpus_advice(plan.placement, os.environ))
         spec = ProcSpec(argv=plan.argv, env=plan.env, label=name, host=platform.node(),
                         stdin=True, stderr_filter=stderr_filter,
+                        # srun SIGKILLs its tasks on SIGTERM ("forcing job termination"): the ranks
+                        # had no grace period; SIGINT it passes on to them (--disable-status)
+                        stop_signal=signal.SIGINT if plan.engine == "srun" else signal.SIGTERM,
                         stdout_filter=(rank_report.MarkerFilter(collector)
                                        if plan.engine == "gaspi_run" else None))
         return local.run([spec], job_id, program=command[0], command=command,

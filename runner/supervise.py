@@ -72,6 +72,8 @@ class ProcSpec:
                                   # the ranks' failure records out of an engine's stderr
     stdout_filter: object = None  # the same for its stdout (gaspi_run's remote ranks'
                                   # stderr arrives there: its ssh commands end in 2>&1)
+    stop_signal: int = signal.SIGTERM  # the first signal when the job is stopped (srun: SIGINT,
+                                       # which it passes on; on SIGTERM it SIGKILLs its tasks)
 
 
 @dataclasses.dataclass
@@ -464,7 +466,7 @@ class Supervisor:
         below = [p for i in running if self.specs[i].rank is None for p in jobs.descendants(self._procs[i].pid)]
         for i in running:
             frozen = jobs.is_stopped(self._procs[i].pid)
-            self._signal_group(i, signal.SIGKILL if frozen else signal.SIGTERM)
+            self._signal_group(i, signal.SIGKILL if frozen else self.specs[i].stop_signal)
             if i in results_by_index:
                 results_by_index[i].stopped = True
         deadline = time.monotonic() + self.grace_s

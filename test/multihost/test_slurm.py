@@ -5,7 +5,10 @@ rank must be reported with its own exit status, not srun's."""
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -116,6 +119,49 @@ def test_the_failed_rank_and_its_own_status_not_sruns(cluster, tmp_path):
     assert "rank 2 fails on purpose on hostB" in root
     assert "srun (on slurmctl" in res.stderr
 
+
+
+TRAPPED = """
+import os, signal, sys, time
+rank = os.environ["TNT_RANK"]
+def stopped(signum, frame):  # what a program that saves a checkpoint when stopped does
+    with open(os.path.join(sys.argv[1], "stopped" + rank), "w") as f:
+        f.write(signal.Signals(signum).name)
+    sys.exit(5)
+signal.signal(signal.SIGTERM, stopped)
+signal.signal(signal.SIGINT, stopped)
+open(os.path.join(sys.argv[1], "ready" + rank), "w").close()
+time.sleep(120)
+"""
+
+
+def test_a_stopped_job_gives_its_ranks_the_grace_period(cluster, tmp_path):
+    # tntrun stopped srun with SIGTERM, on which srun SIGKILLs its tasks ("forcing job
+    # termination"): no rank's handler ran (a checkpoint when stopped, Python's clean-up).
+    # srun now gets SIGINT, which it passes on to them (--disable-status)
+    (tmp_path / "trapped.py").write_text(TRAPPED)
+    out = tmp_path / "out"
+    out.mkdir()
+    pid_file = tmp_path / "tntrun.pid"
+    script = f"tntrun -- trapped.py {out} & echo $! > {pid_file}; wait $!"
+    proc = cluster.bed.popen("slurmctl", ["salloc", "-N", "2", "sh", "-c", script], env=cluster.env(job_env(tmp_path)),
+                             cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):
+            if {"ready0", "ready1"} <= set(os.listdir(out)) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate(timeout=60)
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)  # (a background job ignores SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "tntrun: interrupted: all processes were stopped" in err, err[-3000:]
+    assert sorted(f for f in os.listdir(out) if f.startswith("stopped")) == ["stopped0", "stopped1"], err[-3000:]
+    daemons = [p.pid for _, p in cluster.procs]
+    assert nothing_left(cluster.bed, cluster.nodes, keep=daemons), "job steps left on the nodes"
 
 
 def test_ranks_srun_started_find_their_placement_and_reduce(cluster, tmp_path):

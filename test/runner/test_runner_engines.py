@@ -151,7 +151,7 @@ def test_slurm(tmp_path):
     res = run_tntrun(["--dry-run", "--n-per-node", "4", "--output-on-all-devices", "--", "t.py"], env=env)
     assert res.returncode == 0, res.stderr
     argv = " ".join(_command_line(res.stdout))
-    assert "/srun --ntasks=12 --ntasks-per-node=4 --nodes=3 --export=ALL --kill-on-bad-exit=1 --label" in argv
+    assert "/srun --ntasks=12 --ntasks-per-node=4 --nodes=3 --export=ALL --kill-on-bad-exit=1 --disable-status --label" in argv
     res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), "--n-per-node", "1", "--", "t.py"],
                      env=env)
     argv = " ".join(_command_line(res.stdout))
@@ -326,7 +326,7 @@ def test_tntrun_as_the_one_task_of_a_step_lets_the_ranks_step_overlap(tmp_path):
                      **ALLOCATION, SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="1")
     res = run_tntrun(["--dry-run", "-n", "2", "--", "t.py"], env=env)
     assert res.returncode == 0, res.stderr
-    assert "/srun --ntasks=2 --ntasks-per-node=1 --nodes=2 --export=ALL --kill-on-bad-exit=1 --overlap " in res.stdout
+    assert "/srun --ntasks=2 --ntasks-per-node=1 --nodes=2 --export=ALL --kill-on-bad-exit=1 --disable-status --overlap " in res.stdout
 
 
 def test_tntrun_as_one_of_many_step_tasks_is_refused(tmp_path):
