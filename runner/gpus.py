@@ -44,10 +44,30 @@ def detect(environ=None):
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         # the user restricted the devices already: hand those out, in their order
-        named = [v.strip() for v in visible.split(",") if v.strip()]
-        if "-1" in named:  # CUDA stops at the first invalid id
-            named = named[:named.index("-1")]
-        ids = named[:count]
+        ids = _visible(visible, count)
+    return ids
+
+
+def _visible(visible, count):
+    """The devices of CUDA_VISIBLE_DEVICES as CUDA reads them on a host of `count` GPUs, each once.
+    CUDA stops at the first invalid index (-1, or one past the host's GPUs): "2,0" on two GPUs
+    shows none, and handing out "2" and "0" put one rank on the CPU and one on GPU 0 without a
+    word. A device named twice ("0,0", "0,00") is handed out once: twice, two ranks shared a GPU
+    that the user meant to be two. UUIDs (GPU-..., MIG-...) cannot be checked against the
+    listing; a GPU holds up to 7 MIG instances, so a list of MIG UUIDs is not cut to the GPUs'
+    count."""
+    ids = []
+    for name in (v.strip() for v in visible.split(",")):
+        if re.fullmatch(r"[+-]?\d+", name):
+            if not 0 <= int(name) < count:
+                break
+            name = str(int(name))
+        elif not name:
+            break  # "0,,1": CUDA stops at the empty entry too
+        if name not in ids:
+            ids.append(name)
+    if not all(name.startswith("MIG-") for name in ids):
+        ids = ids[:count]
     return ids
 
 

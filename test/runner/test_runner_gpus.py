@@ -34,6 +34,19 @@ def test_detect_respects_cuda_visible_devices(tmp_path):
     assert gpus.detect({"TNT_GPU_LISTING": str(tmp_path / "absent")}) == []
 
 
+def test_detect_reads_cuda_visible_devices_as_cuda_does(tmp_path):
+    """Each device once, and none past the first invalid index (CUDA masks those): before, "0,0"
+    gave two ranks GPU 0 and "2,0" put rank 0 on no GPU and rank 1 on GPU 0, without a word."""
+    listing = _listing(tmp_path)
+    seen = {cvd: gpus.detect({"TNT_GPU_LISTING": listing, "CUDA_VISIBLE_DEVICES": cvd})
+            for cvd in ("1,0", "0,0", "1,01", " 1 , 0 ", "2,0", "0,2,1", "0,-1,1", "0,,1", "GPU-b,GPU-a,GPU-c",
+                        "MIG-x,MIG-y,MIG-z")}
+    assert seen == {"1,0": ["1", "0"], "0,0": ["0"], "1,01": ["1"], " 1 , 0 ": ["1", "0"], "2,0": [],
+                    "0,2,1": ["0"], "0,-1,1": ["0"], "0,,1": ["0"], "GPU-b,GPU-a,GPU-c": ["GPU-b", "GPU-a"],
+                    # MIG instances are not GPUs of the listing: a GPU holds up to 7
+                    "MIG-x,MIG-y,MIG-z": ["MIG-x", "MIG-y", "MIG-z"]}
+
+
 RANK = "print(os.environ['TNT_RANK'], repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n"
 GROWTH = ("print(os.environ['TNT_RANK'], repr(os.environ.get('CUDA_VISIBLE_DEVICES')), "
           "os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH'))\n")
