@@ -276,12 +276,10 @@ def _local_plan(args, command, job_id, private_dir):
                   "silence this)")
     if gpu_ids and not args.no_gpu:
         per = args.ranks_per_gpu
-        if size > per * len(gpu_ids):
-            places = (f"the {len(gpu_ids)} GPU(s) of this host" if per == 1 else
-                      f"{len(gpu_ids)} GPU(s) x {per} ranks (--ranks-per-gpu {per})")
-            _warn(f"-n {size} is more than {places}: running all {size} ranks on CPUs (use "
-                  f"-n {per * len(gpu_ids)}, --ranks-per-gpu {-(-size // len(gpu_ids))} to share the "
-                  "GPUs, or --no-gpu to silence this)")
+        crowded = gpus.crowded(size, gpu_ids, per)
+        if crowded:
+            _warn(f"-n {size} is more than {crowded[0]}: running all {size} ranks on CPUs (use "
+                  f"-n {per * len(gpu_ids)}, {crowded[1]})")
         gpu_of = lambda r: gpus.gpu_for(r, size, gpu_ids, per)  # noqa: E731
     cores = environment.usable_cores()
     if size > cores and "OMP_NUM_THREADS" not in env:

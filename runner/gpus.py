@@ -79,6 +79,16 @@ def gpu_for(local_rank, local_size, ids, per_gpu=1):
     return ids[local_rank // per_gpu]
 
 
+def crowded(size, ids, per_gpu):
+    """(what, advice) for a WARNING when `size` ranks of one host are more than its GPUs hold with
+    `per_gpu` on each (gpu_for then hides every GPU), else None."""
+    if not ids or size <= per_gpu * len(ids):
+        return None
+    places = (f"the {len(ids)} GPU(s) of this host" if per_gpu == 1 else
+              f"{len(ids)} GPU(s) x {per_gpu} ranks (--ranks-per-gpu {per_gpu})")
+    return places, f"--ranks-per-gpu {-(-size // len(ids))} to share the GPUs, or --no-gpu to silence this"
+
+
 def rank_gpu_env(env, gpu):
     """Put a rank on `gpu` ("" hides every GPU). A rank given a GPU grows its memory as it needs
     it (TF_FORCE_GPU_ALLOW_GROWTH), unless the user chose: TensorFlow otherwise takes nearly all

@@ -237,6 +237,13 @@ def main(argv=None):
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
         ids = gpus.detect(env)
+        crowded = gpus.crowded(local_size, ids, opts.ranks_per_gpu)
+        if crowded and local_rank == 0:
+            # tntrun counted the GPUs of its own host; this one may have fewer (or the engine
+            # narrowed CUDA_VISIBLE_DEVICES): its ranks then run on CPUs, which is said once
+            print(f"tntrun: WARNING: on {socket.gethostname()}, {local_size} ranks are more than "
+                  f"{crowded[0]}: running them on CPUs (use --n-per-node "
+                  f"{opts.ranks_per_gpu * len(ids)}, {crowded[1]})", file=sys.stderr, flush=True)
         if ids:
             # one GPU per rank (or per --ranks-per-gpu ranks), or none for every rank when
             # ranks outnumber the places (a CPU run)

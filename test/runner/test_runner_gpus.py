@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from tntrun_helpers import import_runner, run_tntrun, runner_env
+from tntrun_helpers import import_runner, rank_wrapper_argv, run_tntrun, runner_env
 
 import_runner()
 from tarantella.runner import gpus  # noqa: E402
@@ -107,8 +107,24 @@ def test_rank_wrapper_shares_gpus_on_other_hosts(tmp_path):
     env = runner_env(TNT_GPU_LISTING=_listing(tmp_path), GASPI_RANK="3")
     show = ("import os; print(os.environ['TNT_LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES'], "
             "os.environ['TF_FORCE_GPU_ALLOW_GROWTH'])")
-    res = subprocess.run([sys.executable, "-m", "tarantella.runner.rank", "--size=4", "--per-node=4",
-                          "--ranks-per-gpu=2", "--output-all", "--", sys.executable, "-c", show],
+    res = subprocess.run(rank_wrapper_argv() + ["--size=4", "--per-node=4", "--ranks-per-gpu=2", "--output-all",
+                                                "--", sys.executable, "-c", show],
                          env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["3", "1", "true"]  # local rank 3 of 4, two per GPU: GPU 1
+    assert "WARNING" not in res.stderr
+    # a host whose GPUs are fewer than its ranks (hosts of different sizes; tntrun counted its
+    # own): its ranks run on CPUs, and its first rank says so (before, not a word)
+    show = "import os; print(os.environ['TNT_LOCAL_RANK'], repr(os.environ['CUDA_VISIBLE_DEVICES']))"
+    for rank, warned in (("4", True), ("5", False)):
+        env["GASPI_RANK"] = rank
+        res = subprocess.run(rank_wrapper_argv() + ["--size=8", "--per-node=4", "--output-all", "--",
+                                                    sys.executable, "-c", show],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.split() == [str(int(rank) - 4), "''"]
+        assert ("WARNING" in res.stderr) == warned, res.stderr
+        if warned:
+            assert (", 4 ranks are more than the 2 GPU(s) of this host: running them on CPUs (use "
+                    "--n-per-node 2, --ranks-per-gpu 2 to share the GPUs, or --no-gpu to silence this)"
+                    in res.stderr), res.stderr
