@@ -127,6 +127,7 @@ def _init():
     tnt_logging.configure(lib_.tnt_rank(), MASTER_RANK)
     error_file.install()
     _warn_unknown_settings()
+    _warn_ranks_seeing_several_gpus(lib_.tnt_local_size())
     # The collectives now, in the thread that starts the core, not lazily at a first tnt.allreduce: a
     # thread in the middle of that import when another thread fork()ed left its import lock held in the
     # child, whose first tnt.* call then waited on it forever instead of failing as a forked child's does.
@@ -140,6 +141,28 @@ def _warn_unknown_settings():
 
     for name, hint in config.unknown_names():
         get_logger().warning(f"environment variable {name} is not one Tarantella reads ({hint}): it has no effect")
+
+
+def _warn_ranks_seeing_several_gpus(local_size):
+    """Several ranks on a host that each see several GPUs: started without tntrun (a bare mpirun or
+    srun), so nothing gave each its own, and TensorFlow puts every rank's work on the first GPU,
+    where the ranks share it (the second often fails out of memory) without a word."""
+    if local_size < 2:
+        return
+    from tarantella.common.logging import get_logger
+
+    try:
+        from tarantella.runner import gpus  # reads no driver and imports nothing heavy
+    except ImportError:  # a source tree on PYTHONPATH, not installed: runner/ is not tarantella.runner
+        return
+    seen = gpus.detect()
+    if len(seen) > 1:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        get_logger().warning(
+            f"each of the {local_size} ranks of this host sees {len(seen)} GPUs (CUDA_VISIBLE_DEVICES "
+            f"{'unset' if visible is None else repr(visible)}): TensorFlow puts a rank's work on the first it sees, "
+            "so they share one unless your program picks one per rank (tf.config.set_visible_devices). Start the "
+            "job with tntrun, which gives each rank its own GPU, or give each rank its own CUDA_VISIBLE_DEVICES")
 
 
 def shutdown():

@@ -273,6 +273,36 @@ def test_an_engines_placement_inside_a_slurm_job(env, placement):
     assert "TimeoutError" in res.stderr and f"placement from {placement}" in res.stderr, res.stderr
 
 
+def test_ranks_of_a_bare_mpirun_that_see_several_gpus_are_warned(tmp_path):
+    """`mpirun -n 2 python train.py` on a host of 2 GPUs, without tntrun: nothing gives each rank its own
+    GPU, and TensorFlow put both on the first without a word. Now rank 0 says so; not where each rank sees
+    one (tntrun's placement, or the user's own CUDA_VISIBLE_DEVICES per rank)."""
+    listing = tmp_path / "nvidia-smi-L.txt"
+    listing.write_text("GPU 0: NVIDIA H100 (UUID: GPU-a)\nGPU 1: NVIDIA H100 (UUID: GPU-b)\n")
+    prog = "import tarantella as tnt\ntnt.init()\ntnt.barrier()\n"
+
+    def start(rank, job, **env):
+        return subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=clean_env(
+                                    OMPI_COMM_WORLD_RANK=rank, OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_LOCAL_RANK=rank,
+                                    OMPI_COMM_WORLD_LOCAL_SIZE=2, TNT_JOB_ID=job, TNT_TIMEOUT_S=60,
+                                    TNT_GPU_LISTING=listing, **env))
+
+    bare, shared, own = (f"gpus-{what}-{secrets.token_hex(4)}" for what in ("bare", "shared", "own"))
+    procs = {("bare", r): start(r, bare) for r in (0, 1)}
+    procs.update({("shared", r): start(r, shared, CUDA_VISIBLE_DEVICES="1,0") for r in (0, 1)})
+    procs.update({("own", r): start(r, own, CUDA_VISIBLE_DEVICES=r) for r in (0, 1)})
+    errs = {}
+    for key, proc in procs.items():
+        _, errs[key] = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (key, errs[key][-2000:])
+    assert ("each of the 2 ranks of this host sees 2 GPUs (CUDA_VISIBLE_DEVICES unset): TensorFlow puts a rank's "
+            "work on the first it sees, so they share one unless your program picks one per rank "
+            "(tf.config.set_visible_devices). Start the job with tntrun") in errs["bare", 0], errs["bare", 0]
+    assert "sees 2 GPUs (CUDA_VISIBLE_DEVICES '1,0')" in errs["shared", 0], errs["shared", 0]
+    assert "GPU" not in errs["own", 0] + errs["bare", 1] + errs["shared", 1], errs  # one rank's, once
+
+
 def test_the_mpi_plugin_is_made_ready_for_ranks_on_several_nodes_of_a_slurm_job():
     # `mpirun` in an sbatch script of 2 nodes starts its daemon on the second node with srun,
     # whose ranks there inherit the daemon's SLURM_NTASKS=1: read first, "one host", and the
