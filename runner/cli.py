@@ -261,7 +261,7 @@ def _warn(message):
 def _local_plan(args, command, job_id, private_dir):
     """(specs, warnings-already-printed) for a job on this host."""
     env = environment.job_env(args, environment.parse_exports(args.exports), job_id)
-    gpu_ids = [] if args.no_gpu else gpus.detect()
+    gpu_ids = gpus.of_job(args)
     size = args.n
     gpu_of = None
     if args.no_gpu:

@@ -48,6 +48,17 @@ def detect(environ=None):
     return ids
 
 
+def of_job(args):
+    """The GPU ids tntrun hands out: none with --no-gpu, else detect() in the environment the
+    ranks get, -x included: `-x CUDA_VISIBLE_DEVICES=1` narrows them as the variable set before
+    tntrun does (it was ignored: rank 0 ran on GPU 0, which the user had left out)."""
+    if args.no_gpu:
+        return []
+    from tarantella.runner import environment
+
+    return detect(environment.job_env(args, environment.parse_exports(args.exports), ""))
+
+
 def _visible(visible, count):
     """The devices of CUDA_VISIBLE_DEVICES as CUDA reads them on a host of `count` GPUs, each once.
     CUDA stops at the first invalid index (-1, or one past the host's GPUs): "2,0" on two GPUs

@@ -23,7 +23,7 @@ def _per_node(args):
     if value is None:
         return None
     if value in ("gpu", "auto"):
-        count = 0 if args.no_gpu else len(gpus.detect())
+        count = len(gpus.of_job(args))
         if value == "gpu" and not count:
             raise UsageError("--n-per-node gpu: no GPU found on this host; give a number, or "
                              "--n-per-node cpu")
@@ -135,7 +135,7 @@ def _slurm_placement(args, per_node, environ=None):
     counts = slurm_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE"))
     if environ.get("SLURM_NTASKS") and counts and len(counts) == len(nodes):
         return list(zip(nodes, counts))
-    per = (0 if args.no_gpu else len(gpus.detect())) or 1
+    per = len(gpus.of_job(args)) or 1
     return [(n, per) for n in nodes]
 
 
@@ -152,8 +152,8 @@ def placement(args):
     if per_node is None and all(s is None for _, s in hosts):
         # the seed's default: one rank per GPU of a node (nodes are alike), else one, with a
         # WARNING as on one host (and in the original `tarantella`), unless --no-gpu asked for it
-        per_node = (0 if args.no_gpu else len(gpus.detect())) or 1
-        if not args.no_gpu and per_node == 1 and not gpus.detect():
+        per_node = len(gpus.of_job(args)) or 1
+        if not args.no_gpu and per_node == 1 and not gpus.of_job(args):
             print("tntrun: WARNING: no GPU found on this host: running 1 rank per host on the CPU "
                   "(use --n-per-node N for N ranks per host, --no-gpu to silence this)",
                   file=sys.stderr, flush=True)

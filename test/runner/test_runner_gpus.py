@@ -59,6 +59,10 @@ def test_one_rank_per_gpu_by_default(script, tmp_path):
     # every rank on a GPU grows its memory as it needs it: no rank takes a whole GPU
     assert sorted(res.stdout.splitlines()) == ["[0] 0 '0' true", "[1] 1 '1' true"]
     assert "WARNING" not in res.stderr
+    # the user's CUDA_VISIBLE_DEVICES given with -x narrows the GPUs as one set before tntrun does: it was
+    # ignored, and rank 0 ran on GPU 0, which the user had left out
+    res = run_tntrun(["-x", "CUDA_VISIBLE_DEVICES=1", "--", script(GROWTH)], env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "0 '1' true", res.stdout + res.stderr
 
 
 def test_ranks_share_gpus_when_asked(script, tmp_path):
