@@ -3,7 +3,8 @@
  * one without a function, a set-up that fails, one that never ends (aborted at
  * the deadline), and one that works; and the collectives against it, waited
  * for on stand-ins of libcudart.so (test/cudart_standin.c) whose stream is
- * done, never done, or failed. No GPU, no CUDA. Each case runs in a child
+ * done, never done, or failed, and which runtime is taken where one is loaded
+ * already. No GPU, no CUDA. Each case runs in a child
  * process: NCCL is loaded once per process. argv[1]: the folder of the
  * stand-ins. Prints "N passed, N failed". */
 #define _GNU_SOURCE
@@ -11,11 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common.h"
 #include "child_case.h"
+#include "gpu/cuda_rt.h"
 #include "gpu/nccl.h"
 
 static const char *dir;
@@ -209,10 +212,44 @@ static void cudart_missing(void) {
   tnt_nccl_comm_destroy(comm);
 }
 
+/* TensorFlow has loaded libcudart.so.12 (the stand-in whose soname it is), and a libcudart.so.13 is on
+ * the library path too (a CUDA 13 toolkit): the core takes the runtime the process has loaded, as
+ * docs/gpus.md says. It loaded the .so.13 first, a second CUDA runtime in the process. */
+static void cudart_loaded_first(void) {
+  unsetenv("TNT_CUDART_LIBRARY");
+  char path[1024];
+  snprintf(path, sizeof path, "%s/cudart-so12.so", dir);
+  void *tf_runtime = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  CHECK(tf_runtime && dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD) == NULL);
+  CHECK(tnt_cuda() && tnt_cuda()->stream_query == dlsym(tf_runtime, "cudaStreamQuery"));
+  CHECK(dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD) == NULL); /* not loaded beside it */
+}
+
 static void run(const char *name, void (*fn)(void)) { report_case(name, in_child(fn, 30)); }
+
+/* The folder of a libcudart.so.13 (the busy stand-in) that cudart_loaded_first needs on the library
+ * path, which is read once, when a program starts: made, then the program runs again with it. */
+static void with_cudart13_on_the_library_path(char **argv) {
+  if (getenv("TNT_TEST_CUDART13_DIR")) return;
+  char folder[1024], link[1100], target[1100];
+  snprintf(folder, sizeof folder, "%s/cudart13", dir);
+  snprintf(link, sizeof link, "%s/libcudart.so.13", folder);
+  if (!realpath(dir, target)) return;
+  strncat(target, "/cudart-busy.so", sizeof target - strlen(target) - 1);
+  mkdir(folder, 0700);
+  unlink(link);
+  if (symlink(target, link) != 0) return;
+  const char *old = getenv("LD_LIBRARY_PATH");
+  char paths[4096];
+  snprintf(paths, sizeof paths, "%s%s%s", folder, old && *old ? ":" : "", old ? old : "");
+  setenv("LD_LIBRARY_PATH", paths, 1);
+  setenv("TNT_TEST_CUDART13_DIR", folder, 1);
+  execv("/proc/self/exe", argv);
+}
 
 int main(int argc, char **argv) {
   dir = argc > 1 ? argv[1] : "build";
+  with_cudart13_on_the_library_path(argv);
   run("missing_library", missing_library);
   run("too_old", too_old);
   run("function_missing", function_missing);
@@ -224,5 +261,6 @@ int main(int argc, char **argv) {
   run("collective_never_completes", collective_never_completes);
   run("stream_fails", stream_fails);
   run("cudart_missing", cudart_missing);
+  run("cudart_loaded_first", cudart_loaded_first);
   return finish_cases();
 }

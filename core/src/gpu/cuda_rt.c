@@ -26,10 +26,12 @@ static void load_once(void) {
   const int n = env && *env ? 1 : 3; /* a library named by the user is the only one tried */
   void *lib = NULL;
   char errs[512] = "";
+  /* a runtime the process has loaded already (TensorFlow's .so.12) before any other: one pass per
+   * name loaded a findable .so.13 (a CUDA 13 toolkit on the path) beside it, two runtimes in one
+   * process */
+  for (int i = 0; i < n && !lib; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
   for (int i = 0; i < n && !lib; i++) {
-    /* a runtime the process has loaded already (TensorFlow's) first */
-    lib = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
-    if (!lib) lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!lib && i == 0) snprintf(errs, sizeof errs, "%s", dlerror());
   }
   if (!lib) {
