@@ -17,13 +17,20 @@ from tarantella.runner.supervise import JobResult, ProcResult, ProcSpec, root_ca
 ENGINE_SETTLE_S = 10.0  # how long an engine may take to end the job after a rank failed
 
 
+def _gpu_places(args):
+    """Ranks a host of this one's GPUs holds: --ranks-per-gpu on each, as on one host. One per
+    GPU before: `-H a,b --ranks-per-gpu 2` on hosts of 2 GPUs ran 2 ranks per host, both on GPU 0,
+    the other GPU idle, without a word."""
+    return len(gpus.of_job(args)) * args.ranks_per_gpu
+
+
 def _per_node(args):
     """Ranks per host from --n-per-node (N, gpu, cpu or auto), or None."""
     value = args.n_per_node
     if value is None:
         return None
     if value in ("gpu", "auto"):
-        count = len(gpus.of_job(args))
+        count = _gpu_places(args)
         if value == "gpu" and not count:
             raise UsageError("--n-per-node gpu: no GPU found on this host; give a number, or "
                              "--n-per-node cpu")
@@ -135,7 +142,7 @@ def _slurm_placement(args, per_node, environ=None):
     counts = slurm_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE"))
     if environ.get("SLURM_NTASKS") and counts and len(counts) == len(nodes):
         return list(zip(nodes, counts))
-    per = len(gpus.of_job(args)) or 1
+    per = _gpu_places(args) or 1
     return [(n, per) for n in nodes]
 
 
@@ -152,7 +159,7 @@ def placement(args):
     if per_node is None and all(s is None for _, s in hosts):
         # the seed's default: one rank per GPU of a node (nodes are alike), else one, with a
         # WARNING as on one host (and in the original `tarantella`), unless --no-gpu asked for it
-        per_node = len(gpus.of_job(args)) or 1
+        per_node = _gpu_places(args) or 1
         if not args.no_gpu and per_node == 1 and not gpus.of_job(args):
             print("tntrun: WARNING: no GPU found on this host: running 1 rank per host on the CPU "
                   "(use --n-per-node N for N ranks per host, --no-gpu to silence this)",

@@ -87,6 +87,22 @@ def test_a_host_list_without_gpus_runs_one_rank_per_host_and_says_so(tmp_path):
             flags, res.stderr)
 
 
+def test_a_host_list_puts_ranks_per_gpu_on_each_gpu_of_a_host(tmp_path):
+    """--ranks-per-gpu K places K ranks on each GPU of every host, as on one host: it placed one per GPU, and
+    the rank wrapper put a host's 2 ranks both on GPU 0, its other GPU idle, without a word."""
+    listing = tmp_path / "nvidia-smi-L.txt"
+    listing.write_text("GPU 0: NVIDIA H100 (UUID: GPU-a)\nGPU 1: NVIDIA H100 (UUID: GPU-b)\n")
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"],
+                     TNT_GPU_LISTING=str(listing))
+    for flags, per in (([], 2), (["--ranks-per-gpu", "2"], 4), (["--ranks-per-gpu", "2", "--n-per-node", "gpu"], 4),
+                       (["--ranks-per-gpu", "2", "--no-gpu"], 1)):
+        res = run_tntrun(["--dry-run", "--hostfile", _hosts(tmp_path), *flags, "--", "t.py"], env=env)
+        assert res.returncode == 0, res.stderr
+        argv = _without_root_flag(_command_line(res.stdout))
+        start = next(i for i, w in enumerate(argv) if w.endswith("/mpirun"))
+        assert argv[start + 1:start + 5] == ["-np", str(2 * per), "--host", f"node1:{per},node2:{per}"], (flags, argv)
+
+
 def test_openmpi_hosts_flag_and_slots(tmp_path):
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=OPENMPI) + os.pathsep + os.environ["PATH"])
     res = run_tntrun(["--dry-run", "-H", "a:1,b:3", "--output-on-all-devices", "--", "t.py"], env=env)
