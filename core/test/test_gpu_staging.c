@@ -10,6 +10,7 @@
  *                                 whose "device" memory is host memory: the
  *                                 pipeline's logic on a machine without a GPU
  *   test_gpu_staging N --bench    then rank 0 times a 100 MB float32 bucket
+ *   test_gpu_staging N --unequal  only ranks that stage different counts, which must all fail
  *
  * Prints "N passed, N failed". */
 #define _GNU_SOURCE
@@ -135,6 +136,22 @@ static int *standin_int(const char *name) {
   return lib ? dlsym(lib, name) : NULL;
 }
 
+/* Ranks that stage different counts (a bug of the caller's) must all fail, as the host allreduce's do.
+ * Rank 0's one piece met the others' first piece of the same size, and it returned a success while
+ * they waited for their second piece until TNT_TIMEOUT_S. */
+static int unequal(void) {
+  const size_t piece = TNT_STAGING_PIECE_BYTES / 4, count = tnt_rank() == 0 ? piece : piece + 1;
+  void *d = NULL;
+  CHECK(cuda->malloc(&d, count * 4) == 0);
+  tnt_result_t rc = tnt_gpu_allreduce_staged("unequal", d, d, (int64_t)count, TNT_FLOAT32, TNT_SUM, NULL, 60);
+  if (rc == TNT_SUCCESS) {
+    fprintf(stderr, "rank %d: the staged allreduce of %zu elements succeeded\n", tnt_rank(), count);
+    return 1;
+  }
+  printf("rank %d: %s\n", tnt_rank(), tnt_last_error());
+  return 0;
+}
+
 static int run_rank(int want_bench) {
   cuda = tnt_cuda();
   int devices = 0;
@@ -146,6 +163,7 @@ static int run_rank(int want_bench) {
   }
   if (devices > 0) CHECK(cuda->set_device(0) == 0);
   CHECK(tnt_init() == TNT_SUCCESS);
+  if (want_bench == 2) return unequal();
   const tnt_dtype_t dts[] = {TNT_FLOAT16, TNT_BFLOAT16, TNT_FLOAT32, TNT_FLOAT64, TNT_INT32, TNT_INT64};
   /* 0, 1, under a piece, 4 pieces of float32 and a bit (3 x 4 MiB + 20 bytes) */
   const size_t counts[] = {0, 1, 1000003, 3 * (TNT_STAGING_PIECE_BYTES / 4) + 5};
@@ -173,13 +191,14 @@ static int run_rank(int want_bench) {
 
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
-  int want_bench = argc > 2 && !strcmp(argv[2], "--bench");
+  /* --unequal: only the case of unequal counts, with a short TNT_TIMEOUT_S */
+  int want_bench = argc > 2 && !strcmp(argv[2], "--bench") ? 1 : argc > 2 && !strcmp(argv[2], "--unequal") ? 2 : 0;
   char job[64];
   snprintf(job, sizeof job, "stage%d%ld", (int)getpid(), (long)time(NULL));
   for (int r = 0; r < n; r++) {
     if (fork() == 0) { /* CUDA starts in each rank, never before the fork */
       become_rank(r, n, job);
-      setenv("TNT_TIMEOUT_S", "60", 1);
+      setenv("TNT_TIMEOUT_S", want_bench == 2 ? "3" : "60", 1);
       fflush(stdout);
       exit(run_rank(want_bench));
     }

@@ -148,6 +148,12 @@ def test_gpu_staging_pipeline_over_a_stand_in(builds, build, kind):
     res = run([str(builds(kind) / "test_gpu_staging"), "3"], TNT_STAGING_ON_HOST=1,
               TNT_CUDART_LIBRARY=build / "cudart-ok.so")
     assert res.stdout.strip().splitlines()[-1] == "3 passed, 0 failed", res.stdout + res.stderr
+    # ranks that stage different counts (one piece on rank 0, two on rank 1) all fail at TNT_TIMEOUT_S=3,
+    # naming the pieces: rank 0 returned a success before, the others waiting for their second piece
+    res = run([str(builds(kind) / "test_gpu_staging"), "2", "--unequal"], TNT_STAGING_ON_HOST=1,
+              TNT_CUDART_LIBRARY=build / "cudart-ok.so")
+    assert res.stdout.strip().splitlines()[-1] == "2 passed, 0 failed", res.stdout + res.stderr
+    assert "'unequal#0/1' was submitted on rank 0" in res.stdout and "'unequal#0/2'" in res.stdout, res.stdout
 
 
 def test_gpu_staging_says_why_it_skips_without_a_gpu(build):

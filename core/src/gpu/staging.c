@@ -58,6 +58,8 @@ static tnt_result_t set_up(const tnt_cuda_t *c) {
   return TNT_SUCCESS;
 }
 
+#define PIECE_SUFFIX 42 /* "#k/n" of a piece's name: two numbers of up to 20 digits */
+
 /* The bytes of piece k of `total` (it starts at k * TNT_STAGING_PIECE_BYTES). */
 static size_t piece_bytes(size_t total, size_t k) {
   const size_t off = k * TNT_STAGING_PIECE_BYTES;
@@ -91,8 +93,11 @@ static tnt_result_t staged(const tnt_cuda_t *c, const char *name, const uint8_t 
     const size_t off = k * TNT_STAGING_PIECE_BYTES, len = piece_bytes(total, k);
     TNT_CHECK(tnt_cuda_wait_event(st.landed[b], deadline, "host staging: a piece's copy to the host"));
     if (k + 1 < pieces) TNT_CHECK(copy_out(c, dsend, total, k + 1, deadline)); /* out while this one is summed */
+    /* named with the number of pieces too: ranks that stage different counts never meet (each fails
+     * at TNT_TIMEOUT_S, naming the pieces). "#k" alone let a rank of one piece meet the others' first
+     * piece of the same size and return a success while they waited for their second. */
     char piece[TNT_MAX_NAME];
-    snprintf(piece, sizeof piece, "%s#%zu", name, k);
+    snprintf(piece, sizeof piece, "%s#%zu/%zu", name, k, pieces);
     /* the core bounds it by the job's TNT_TIMEOUT_S, as every collective */
     tnt_handle_t h;
     TNT_CHECK(tnt_allreduce(piece, st.pinned[b], st.pinned[b], (int64_t)(len / esize), dt, op, 1.0, 1e9, &h));
@@ -108,11 +113,11 @@ static tnt_result_t staged(const tnt_cuda_t *c, const char *name, const uint8_t 
 
 tnt_result_t tnt_gpu_allreduce_staged(const char *name, const void *dsend, void *drecv, int64_t count,
                                       tnt_dtype_t dt, tnt_reduce_op_t op, void *stream, double timeout_s) {
-  if (!name || strlen(name) > TNT_MAX_NAME - 1 - 21 || count < 0 || !tnt_dtype_valid(dt) ||
+  if (!name || strlen(name) > TNT_MAX_NAME - 1 - PIECE_SUFFIX || count < 0 || !tnt_dtype_valid(dt) ||
       (count > 0 && (!dsend || !drecv)))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "host staging of '%.40s': a name of at most %d bytes (its pieces "
-                    "add '#k'), device buffers and a count >= 0 are needed (count %lld, dtype %d)",
-                    name ? name : "(null)", TNT_MAX_NAME - 1 - 21, (long long)count, dt);
+                    "add '#k/n'), device buffers and a count >= 0 are needed (count %lld, dtype %d)",
+                    name ? name : "(null)", TNT_MAX_NAME - 1 - PIECE_SUFFIX, (long long)count, dt);
   const tnt_cuda_t *c = tnt_cuda();
   if (!c) {
     char why[1024];

@@ -23,9 +23,10 @@
  * Returns when the result is in `drecv`; a copy that has not happened after
  * timeout_s is TNT_ERR_TIMEOUT, and each piece's allreduce is bounded by the
  * job's TNT_TIMEOUT_S as every collective (on an error `drecv` holds a part of
- * the result). `name` (at most 234 bytes) names it across ranks; its pieces
- * are the core's allreduces "<name>#<k>", so every rank must stage the same
- * count. A sum has the bits of tnt_allreduce of the same host data, an
+ * the result). `name` (at most 213 bytes) names it across ranks; its pieces
+ * are the core's allreduces "<name>#<k>/<pieces>", so every rank must stage
+ * the same count: ranks that stage different numbers of pieces never meet
+ * and fail at TNT_TIMEOUT_S, a piece of different sizes is a mismatch. A sum has the bits of tnt_allreduce of the same host data, an
  * average those of tnt_allreduce of each piece (every rank's the same). */
 tnt_result_t tnt_gpu_allreduce_staged(const char *name, const void *dsend, void *drecv, int64_t count,
                                       tnt_dtype_t dt, tnt_reduce_op_t op, void *stream, double timeout_s);
