@@ -272,8 +272,11 @@ def _local_plan(args, command, job_id, private_dir):
             size = len(gpu_ids) * args.ranks_per_gpu
         else:
             size = 1
-            _warn("no GPU found: running 1 rank on the CPU (use -n N for N ranks, --no-gpu to "
-                  "silence this)")
+            if not gpus.none_named(env):  # said below
+                _warn("no GPU found: running 1 rank on the CPU (use -n N for N ranks, --no-gpu to "
+                      "silence this)")
+    if not args.no_gpu and gpus.none_named(env):
+        _warn(gpus.none_named(env))
     if gpu_ids and not args.no_gpu:
         per = args.ranks_per_gpu
         crowded = gpus.crowded(size, gpu_ids, per)

@@ -90,6 +90,22 @@ def gpu_for(local_rank, local_size, ids, per_gpu=1):
     return ids[local_rank // per_gpu]
 
 
+def none_named(environ):
+    """What a WARNING says when CUDA_VISIBLE_DEVICES names none of this host's GPUs (an index past
+    them, as "2,3" set on a host of 4 and forwarded to one of 2), else None: the ranks ran on CPUs
+    without a word. Not for a list that hides them on purpose ("", "-1")."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "")
+    first = visible.split(",")[0].strip()
+    if not first or first.startswith("-") or detect(environ):
+        return None
+    present = detect({k: v for k, v in environ.items() if k != "CUDA_VISIBLE_DEVICES"})
+    if not present:
+        return None
+    return (f"CUDA_VISIBLE_DEVICES={visible} names none of the {len(present)} GPU(s) of this host (0 to "
+            f"{len(present) - 1}; CUDA reads it up to its first invalid index): running on CPUs (name this "
+            "host's GPUs in it, or --no-gpu to silence this)")
+
+
 def crowded(size, ids, per_gpu):
     """(what, advice) for a WARNING when `size` ranks of one host are more than its GPUs hold with
     `per_gpu` on each (gpu_for then hides every GPU), else None."""

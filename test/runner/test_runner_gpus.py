@@ -90,6 +90,23 @@ def test_more_ranks_than_gpus_warns_and_runs_on_cpus(script, tmp_path):
     assert "WARNING: -n 3 is more than the 2 GPU(s)" in res.stderr
 
 
+def test_cuda_visible_devices_naming_no_gpu_of_the_host_is_said(script, tmp_path):
+    """An index past the host's GPUs ("2" on a host of 2) hides them all: the ranks ran on CPUs without a
+    word with -n (and with "no GPU found" without). Not for "" or "-1", which hide them on purpose."""
+    for cvd, warned in (("2", True), ("2,0", True), ("-1", False), ("", False)):
+        env = runner_env(TNT_GPU_LISTING=_listing(tmp_path), CUDA_VISIBLE_DEVICES=cvd)
+        res = run_tntrun(["-n", "2", "--", script(RANK)], env=env)
+        assert res.returncode == 0 and res.stdout.strip() == f"0 {cvd!r}", res.stdout + res.stderr
+        assert ("WARNING" in res.stderr) == warned, (cvd, res.stderr)
+        if warned:
+            assert (f"WARNING: CUDA_VISIBLE_DEVICES={cvd} names none of the 2 GPU(s) of this host (0 to 1; CUDA "
+                    "reads it up to its first invalid index): running on CPUs (name this host's GPUs in it, or "
+                    "--no-gpu to silence this)") in res.stderr, res.stderr
+    env["CUDA_VISIBLE_DEVICES"] = "2"
+    res = run_tntrun(["--", script(RANK)], env=env)  # no -n: the same WARNING, not "no GPU found"
+    assert res.returncode == 0 and res.stderr.count("WARNING") == 1 and "names none" in res.stderr, res.stderr
+
+
 def test_no_gpu_hides_gpus_without_warning(script, tmp_path):
     env = runner_env(TNT_GPU_LISTING=_listing(tmp_path))
     for flag in ("--no-gpu", "--no-gpus"):
@@ -132,3 +149,10 @@ def test_rank_wrapper_shares_gpus_on_other_hosts(tmp_path):
             assert (", 4 ranks are more than the 2 GPU(s) of this host: running them on CPUs (use "
                     "--n-per-node 2, --ranks-per-gpu 2 to share the GPUs, or --no-gpu to silence this)"
                     in res.stderr), res.stderr
+    # CUDA_VISIBLE_DEVICES forwarded from tntrun's host ("2,3" of its 4 GPUs) names none of this host's 2
+    env.update(GASPI_RANK="4", CUDA_VISIBLE_DEVICES="2,3")
+    res = subprocess.run(rank_wrapper_argv() + ["--size=6", "--per-node=2", "--output-all", "--",
+                                                sys.executable, "-c", show],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.split() == ["0", "'2,3'"], res.stdout + res.stderr
+    assert "WARNING: on " in res.stderr and "CUDA_VISIBLE_DEVICES=2,3 names none of the 2 GPU(s)" in res.stderr
