@@ -26,10 +26,17 @@ def wheel_library():
 
 
 def cuda_runtime():
-    """(found, where or why not) of the CUDA runtime a GPU path would load: the
-    nvidia-cuda-runtime-cu12 wheel's (tensorflow[and-cuda]), else the system's."""
+    """(found, where or why not) of the CUDA runtime a GPU path would load: the one
+    TNT_CUDART_LIBRARY names (the core tries no other: gpu/cuda_rt.c), else the
+    nvidia-cuda-runtime-cu12 wheel's (tensorflow[and-cuda]), else the system's. It said
+    "found" for the wheel's where TNT_CUDART_LIBRARY named a file that does not exist."""
     import ctypes.util
 
+    named = os.environ.get("TNT_CUDART_LIBRARY")
+    if named:
+        if os.path.exists(named):
+            return True, f"{named} (TNT_CUDART_LIBRARY)"
+        return False, f"TNT_CUDART_LIBRARY={named} does not exist"
     path = _wheel_file("nvidia.cuda_runtime", "libcudart.so.12") or ctypes.util.find_library("cudart")
     if path:
         return True, path

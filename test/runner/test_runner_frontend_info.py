@@ -108,6 +108,10 @@ def test_version_ends_with_the_frontend(cache):
     assert lines[-3].startswith("  GPUs          ")
     assert lines[-2].startswith("  CUDA runtime  found: ") or lines[-2].startswith("  CUDA runtime  not found: ")
     assert lines[-1].startswith("  NCCL          ")
+    # the runtime TNT_CUDART_LIBRARY names is the only one the core tries: a wrong path is said, not the wheel's
+    res = run_tntrun(["--version"], env={**os.environ, "TNT_TF_OPS": "numpy",
+                                         "TNT_CUDART_LIBRARY": "/nonexistent/libcudart.so.12"})
+    assert "  CUDA runtime  not found: TNT_CUDART_LIBRARY=/nonexistent/libcudart.so.12 does not exist" in res.stdout
 
 
 CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
