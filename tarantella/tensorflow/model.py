@@ -536,11 +536,12 @@ class Model(keras.Model):
             self.train_function = None
 
     def _distribute(self, x, y, sample_weight, batch_size, shuffle, micro_batch_size, distribute,
-                    what, kwarg_name, label="x"):
+                    what, kwarg_name, label="x", steps=None):
         """(dataset, global_batch, micro_batch, whether a rank's slice of a
         batch can be empty, the dataset's first_batches.FirstBatches or None)
         for this rank; None where `distribute` is False. `label` names the
-        input in errors."""
+        input in errors; `steps` is the call's number of steps (arrays without
+        a batch size are spread over them, as in Keras)."""
         validation = label == "validation_data"
         batch_name = "validation_batch_size" if validation else "batch_size"
         if not distribute:
@@ -587,14 +588,16 @@ class Model(keras.Model):
                     f"Received: {kwarg_name}={micro_batch_size}, {batch_name}={batch_size} "
                     f"(ranks={size})")
             batch_size = micro_batch_size * size
-        batch_size = 32 if batch_size is None else batch_size
-        if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+        if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
+                                       or batch_size <= 0):
             raise ValueError(f"{batch_name} must be a positive integer. Received: "
                              f"{batch_name}={batch_size!r}")
         data = (x,) if y is None and sample_weight is None else (
             (x, y) if sample_weight is None else (x, y, sample_weight))
         if size > 1:
             check_same_on_every_rank(data, what)
+        if batch_size is None:
+            batch_size = _default_batch_size(sample_count(data), steps)
         dataset = array_dataset(data, int(batch_size), core.get_rank(), size,
                                 shuffle=shuffle if shuffle == "batch" else bool(shuffle))
         last = sample_count(data) % int(batch_size)  # the last batch's samples (0: a full batch)
@@ -704,9 +707,19 @@ class Model(keras.Model):
                              same_rate_setters(callbacks), same_csv_loggers(callbacks))
         own_csv_files(callbacks)  # a round of its own only where a CSVLogger runs on every rank
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
-                                 tnt_distribute_dataset, "fit", "tnt_micro_batch_size")
+                                 tnt_distribute_dataset, "fit", "tnt_micro_batch_size",
+                                 steps=steps_per_epoch)
         self._train_may_be_empty(train is None or train[3])
         seen = [train[4] if train is not None else None]  # first_batches of x, validation_data
+        # what batches validation arrays where validation_batch_size does not (Keras:
+        # fit's batch_size; without one, the samples spread over validation_steps, else 32):
+        # x's global batch where the user set it (batch_size, tnt_micro_batch_size for
+        # arrays), a dataset's own batches unless validation_steps is given
+        x_batch = batch_size
+        if train is not None:
+            set_by_user = validation_steps is None if isinstance(x, tf.data.Dataset) else (
+                batch_size is not None or tnt_micro_batch_size is not None)
+            x_batch = train[1] if set_by_user else None
         if train is not None:
             x, global_batch, micro_batch = train[0], train[1], train[2]
             y = sample_weight = batch_size = None
@@ -720,10 +733,10 @@ class Model(keras.Model):
             # tnt_validation_micro_batch_size says otherwise (the latter was refused as not
             # matching x's batch, a default the user never gave)
             val = self._distribute(vx, vy, vsw, validation_batch_size or (
-                None if isinstance(vx, tf.data.Dataset) or tnt_validation_micro_batch_size else (
-                    global_batch if train is not None else batch_size)),
-                False, tnt_validation_micro_batch_size, tnt_distribute_validation_dataset,
-                "fit", "tnt_validation_micro_batch_size", label="validation_data")
+                None if isinstance(vx, tf.data.Dataset) or tnt_validation_micro_batch_size else
+                x_batch), False, tnt_validation_micro_batch_size,
+                tnt_distribute_validation_dataset, "fit", "tnt_validation_micro_batch_size",
+                label="validation_data", steps=validation_steps)
             if val is not None:
                 validation_data, validation_batch_size = val[0], None
                 seen.append(val[4])
@@ -765,7 +778,8 @@ class Model(keras.Model):
             "batch_size": batch_size, "tnt_micro_batch_size": tnt_micro_batch_size})
         call_agreement.check("evaluate", self, self._tnt_agreement, not self._tnt_synced, arguments)
         data = self._distribute(x, y, sample_weight, batch_size, False, tnt_micro_batch_size,
-                                tnt_distribute_dataset, "evaluate", "tnt_micro_batch_size")
+                                tnt_distribute_dataset, "evaluate", "tnt_micro_batch_size",
+                                steps=steps)
         if data is not None:
             x, y, sample_weight, batch_size = data[0], None, None, None
         uncounted = step_counts.check_same_batches("evaluate", {"the batches of x": _counted_batches(
@@ -795,7 +809,8 @@ class Model(keras.Model):
             "tnt_micro_batch_size": tnt_micro_batch_size})  # refused undistributed (_distribute)
         call_agreement.check("predict", self, self._tnt_agreement, not self._tnt_synced, arguments)
         data = self._distribute(x, None, None, batch_size, False, tnt_micro_batch_size,
-                                tnt_distribute_dataset, "predict", "tnt_micro_batch_size")
+                                tnt_distribute_dataset, "predict", "tnt_micro_batch_size",
+                                steps=steps)
         distributed = data is not None and core.get_size() > 1
         if data is not None:
             x, batch_size = data[0], None
@@ -1086,6 +1101,17 @@ def _rank_slice(batch):
     begin = micro_batch_offset(n, core.get_rank(), size)
     end = begin + micro_batch_size(n, core.get_rank(), size)
     return tf.nest.map_structure(lambda t: None if t is None else t[begin:end], batch)
+
+
+def _default_batch_size(num_samples, steps):
+    """Keras' batch size for arrays given none (its array adapter's rule):
+    the samples spread over `steps` where the call sets them, else 32. Always
+    32 here, fit(x, y, steps_per_epoch=3) of 90 samples trained on batches of
+    32, 32, 26 where serial Keras takes 30, and predict(x, steps=2) returned
+    64 predictions of 90, without a word."""
+    if isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps > 0:
+        return max(1, -(-num_samples // int(steps)))
+    return 32
 
 
 def _split_arrays(arrays, validation_split):

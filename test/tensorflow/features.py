@@ -507,6 +507,28 @@ def list_arrays(tnt, reference):
             "predict": [np.asarray(p).tolist() for p in predicted]}
 
 
+def array_steps(tnt, reference):
+    """Arrays without a batch size in calls that set the steps: Keras spreads
+    the samples over them (fit(x, y, steps_per_epoch=3) of 90 samples: batches
+    of 30), also for validation arrays over validation_steps (with x arrays
+    without a batch size, or a batched dataset). tnt batched them by 32: other
+    batches, 2 steps of evaluate covered 64 samples, predict(steps=2) returned
+    64 rows, without a word."""
+    x, y = data(90, seed=14)
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    fits = [model.fit(x, y, epochs=2, steps_per_epoch=3, shuffle=False, verbose=0,
+                      validation_data=(x[:50], y[:50]), validation_steps=1),
+            model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(B), verbose=0,
+                      validation_data=(x[:50], y[:50]), validation_steps=1)]
+    return {"history": [{k: [float(v) for v in vs] for k, vs in sorted(h.history.items())}
+                        for h in fits],
+            "evaluate": [float(v) for v in model.evaluate(x, y, steps=2, verbose=0)],
+            "predict": model.predict(x, steps=2, verbose=0).tolist(), "weights": weights(model)}
+
+
 class OneValueTracker(keras.Model):
     """A test step that updates a Mean tracker with its batch's loss alone
     (Keras' guides): inside tnt, a share of the global batch, which sums the
@@ -1701,6 +1723,7 @@ def main():
     results["empty_slices"] = empty_slices(tnt, args.reference)
     results["list_arrays"] = list_arrays(tnt, args.reference)
     results["wrapped_twice"] = wrapped_twice(tnt, args.reference)
+    results["array_steps"] = array_steps(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

@@ -193,6 +193,25 @@ def test_arrays_in_lists_train_as_in_serial_keras(runs):
     assert runs["ranks"][0]["list_arrays"] == runs["ranks"][1]["list_arrays"]
 
 
+def test_arrays_without_a_batch_size_spread_over_the_steps_as_in_serial_keras(runs):
+    """fit(steps_per_epoch), validation_steps, evaluate(steps) and
+    predict(steps) on arrays without a batch size take Keras' batches (the
+    samples over the steps), not 32: the same History, results and all 90
+    predictions as serial Keras."""
+    ref = runs["ref"]["array_steps"]
+    for rank in runs["ranks"]:
+        got = rank["array_steps"]
+        assert len(got["predict"]) == len(ref["predict"]) == 90
+        for g, r in zip(got["history"], ref["history"]):
+            assert g.keys() == r.keys()
+            for key, values in r.items():
+                np.testing.assert_allclose(g[key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(got["evaluate"], ref["evaluate"], rtol=1e-6, atol=1e-6)
+        for a, b in zip(got["weights"] + got["predict"], ref["weights"] + ref["predict"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert runs["ranks"][0]["array_steps"] == runs["ranks"][1]["array_steps"]
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run
