@@ -574,12 +574,13 @@ class Model(keras.Model):
                                    label=label)
             return d.dataset, d.global_batch_size, d.micro_batch_size, True, d.first_batches
         if x is None or not _is_array_like(x):
+            switch = "tnt_distribute_validation_dataset" if validation else "tnt_distribute_dataset"
             raise TypeError(
                 f"tnt.Model.{what} distributes tf.data.Dataset objects and NumPy arrays / tensors. "
                 "For Python generators, keras.utils.PyDataset or other iterables, build a "
                 "tf.data.Dataset (e.g. tf.data.Dataset.from_generator) batched with the global "
-                f"batch size, or pass tnt_distribute_dataset=False and feed each rank its own "
-                f"shard. Received: x of type {type(x).__name__}")
+                f"batch size, or pass {switch}=False and feed each rank its own "
+                f"shard. Received: {label} of type {type(x).__name__}")
         size = core.get_size()
         if micro_batch_size is not None:
             if batch_size is not None and batch_size != micro_batch_size * size:
@@ -725,10 +726,10 @@ class Model(keras.Model):
             y = sample_weight = batch_size = None
             self._warn_batch_norm(micro_batch)
         if validation_data is not None:
-            if isinstance(validation_data, tf.data.Dataset):
-                vx, vy, vsw = validation_data, None, None
-            else:
-                vx, vy, vsw = keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
+            # a tuple or list (x, y[, sample_weight]), or anything else as a whole (a dataset,
+            # a generator, a PyDataset): tuple() of a generator consumed it, its batches taken
+            # for x, y and sample_weight (an error about arrays, or an empty generator left)
+            vx, vy, vsw = keras.utils.unpack_x_y_sample_weight(validation_data)
             # arrays are batched like x unless validation_batch_size or
             # tnt_validation_micro_batch_size says otherwise (the latter was refused as not
             # matching x's batch, a default the user never gave)

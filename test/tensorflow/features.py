@@ -529,6 +529,47 @@ def array_steps(tnt, reference):
             "predict": model.predict(x, steps=2, verbose=0).tolist(), "weights": weights(model)}
 
 
+def validation_iterables(tnt, reference):
+    """validation_data that is a generator or a keras.utils.PyDataset, each
+    rank's part of every global batch (tnt_distribute_validation_dataset=False;
+    serial Keras: the whole batches): the logs are serial Keras'. Before, fit
+    unpacked it with tuple(), which consumed a generator (Keras then found it
+    empty) and took its batches for x, y and sample_weight; distributed, that
+    read as a MismatchError about arrays the user never passed. Now it is the
+    TypeError that names validation_data and the switch."""
+    x, y = data(80, seed=15)
+    rank, size = (0, 1) if reference else (tnt.get_rank(), tnt.get_size())
+    share = 20 // size
+
+    def part(i):  # this rank's part of the i-th global batch of 20
+        return x[i * 20 + rank * share:i * 20 + (rank + 1) * share], \
+            y[i * 20 + rank * share:i * 20 + (rank + 1) * share]
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return part(i)
+
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    own = {} if reference else {"tnt_distribute_validation_dataset": False}
+    out = {}
+    for name, validation in (("generator", (part(i) for i in range(4))), ("py_dataset", Batches())):
+        history = model.fit(x, y, batch_size=20, shuffle=False, verbose=0,
+                            validation_data=validation, **own).history
+        out[name] = {k: [float(v) for v in vs] for k, vs in sorted(history.items())}
+    if not reference:
+        try:
+            model.fit(x, y, batch_size=20, verbose=0, validation_data=(part(i) for i in range(4)))
+        except Exception as exc:  # noqa: BLE001 - its type and message are checked
+            out["distributed_generator"] = [type(exc).__name__, str(exc)]
+    return out
+
+
 class OneValueTracker(keras.Model):
     """A test step that updates a Mean tracker with its batch's loss alone
     (Keras' guides): inside tnt, a share of the global batch, which sums the
@@ -1724,6 +1765,7 @@ def main():
     results["list_arrays"] = list_arrays(tnt, args.reference)
     results["wrapped_twice"] = wrapped_twice(tnt, args.reference)
     results["array_steps"] = array_steps(tnt, args.reference)
+    results["validation_iterables"] = validation_iterables(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

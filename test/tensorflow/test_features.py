@@ -212,6 +212,24 @@ def test_arrays_without_a_batch_size_spread_over_the_steps_as_in_serial_keras(ru
     assert runs["ranks"][0]["array_steps"] == runs["ranks"][1]["array_steps"]
 
 
+def test_validation_generators_and_py_datasets_validate_as_in_serial_keras(runs):
+    """A generator or PyDataset as validation_data, each rank feeding its part
+    (tnt_distribute_validation_dataset=False), validates as serial Keras does
+    on the whole batches; distributed, it is refused with a TypeError that
+    names validation_data (not a MismatchError about arrays)."""
+    ref = runs["ref"]["validation_iterables"]
+    for rank in runs["ranks"]:
+        got = rank["validation_iterables"]
+        for name in ("generator", "py_dataset"):
+            assert got[name].keys() == ref[name].keys() and "val_loss" in ref[name], name
+            for key, values in ref[name].items():
+                np.testing.assert_allclose(got[name][key], values, rtol=1e-6, atol=1e-6,
+                                           err_msg=f"{name} {key}")
+        kind, message = got["distributed_generator"]
+        assert kind == "TypeError" and "validation_data of type generator" in message, message
+        assert "tnt_distribute_validation_dataset=False" in message, message
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run
