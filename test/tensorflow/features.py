@@ -570,6 +570,46 @@ def validation_iterables(tnt, reference):
     return out
 
 
+class OwnSquaredError(keras.Model):
+    """Custom steps that use the targets as fed (`y - y_pred`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            error = tf.reduce_mean(tf.square(y - self(x)))
+        self.optimizer.apply(tape.gradient(error, self.trainable_variables),
+                             self.trainable_variables)
+        return {"error": error}
+
+    def test_step(self, data):
+        x, y = data
+        return {"error": tf.reduce_mean(tf.square(y - self(x)))}
+
+
+def float64_arrays(tnt, reference):
+    """NumPy's default float64 arrays: Keras feeds them to the steps as
+    float32 (floatx); tnt fed float64, and `y - y_pred` in a custom step
+    failed on every rank with a TypeError where serial Keras trains."""
+    x, _ = data(36, seed=16)
+    x, y = x.astype("float64"), (x[:, :1] * 2.0 - 1.0).astype("float64")
+    keras.utils.set_random_seed(17)
+    model = OwnSquaredError()
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    history = model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0).history
+    return {"history": [float(v) for v in history["error"]],
+            "evaluate": float(model.evaluate(x, y, batch_size=10, verbose=0)),
+            "predict": model.predict(x, batch_size=10, verbose=0).tolist(), "weights": weights(model)}
+
+
 class OneValueTracker(keras.Model):
     """A test step that updates a Mean tracker with its batch's loss alone
     (Keras' guides): inside tnt, a share of the global batch, which sums the
@@ -1766,6 +1806,7 @@ def main():
     results["wrapped_twice"] = wrapped_twice(tnt, args.reference)
     results["array_steps"] = array_steps(tnt, args.reference)
     results["validation_iterables"] = validation_iterables(tnt, args.reference)
+    results["float64_arrays"] = float64_arrays(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

@@ -230,6 +230,19 @@ def test_validation_generators_and_py_datasets_validate_as_in_serial_keras(runs)
         assert "tnt_distribute_validation_dataset=False" in message, message
 
 
+def test_float64_arrays_reach_the_steps_as_float32_as_in_serial_keras(runs):
+    """float64 arrays reach a custom step as floatx, as Keras feeds them:
+    `y - y_pred` trains as in serial Keras instead of a TypeError."""
+    ref = runs["ref"]["float64_arrays"]
+    for rank in runs["ranks"]:
+        got = rank["float64_arrays"]
+        np.testing.assert_allclose(got["history"], ref["history"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["evaluate"], ref["evaluate"], rtol=1e-6, atol=1e-6)
+        for a, b in zip(got["weights"] + got["predict"], ref["weights"] + ref["predict"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert runs["ranks"][0]["float64_arrays"] == runs["ranks"][1]["float64_arrays"]
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run

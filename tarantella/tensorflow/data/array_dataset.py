@@ -103,6 +103,17 @@ def sample_order(num_samples, batch_size, shuffle, size):
     return indices.batch(batch_size)
 
 
+def _as_keras_feeds_them(data):
+    """`data` as Keras' array adapter hands it to the steps: floats of
+    another precision than floatx (NumPy's default float64) as floatx, object
+    arrays of strings as strings. Fed as given, a step that mixed the batch
+    with the model's outputs (`y - y_pred` in a custom train_step) failed on
+    every rank with a TypeError about float64 where serial Keras trains."""
+    from keras.src.trainers.data_adapters import array_slicing
+
+    return array_slicing.convert_to_sliceable(data, target_backend="tensorflow")
+
+
 def array_dataset(data, batch_size, rank, size, shuffle=False):
     """A dataset of this rank's micro-batches of `data` (a nest of arrays
     whose first dimension is the sample), cut from global batches of
@@ -112,7 +123,7 @@ def array_dataset(data, batch_size, rank, size, shuffle=False):
     # Keras' own array adapter: tf.data refuses a list in a map's result.
     data = tf.nest.map_structure(
         lambda t: t if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else tf.convert_to_tensor(t),
-        keras.tree.lists_to_tuples(data))
+        _as_keras_feeds_them(keras.tree.lists_to_tuples(data)))
     n = sample_count(data)
     indices = sample_order(n, batch_size, shuffle, size)
 
