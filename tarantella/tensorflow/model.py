@@ -691,6 +691,10 @@ class Model(keras.Model):
                     f"validation_data. Received: x of type {type(x).__name__}")
             (x, y, sample_weight), validation_data = _split_arrays(
                 (x, y, sample_weight), validation_split)
+            # the end of x validates, distributed as x is: a rank that feeds its own shard
+            # (tnt_distribute_dataset=False) validates the end of it; distributed like arrays
+            # every rank shares, it was a MismatchError about the shards
+            tnt_distribute_validation_dataset = tnt_distribute_dataset
         kinds = {"x": input_kind(x), "validation_data": input_kind(validation_data)}
         arguments = step_counts.same_arguments("fit", {
             "the type of x": kinds["x"], "tnt_distribute_dataset": tnt_distribute_dataset,

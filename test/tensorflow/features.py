@@ -610,6 +610,34 @@ def float64_arrays(tnt, reference):
             "predict": model.predict(x, batch_size=10, verbose=0).tolist(), "weights": weights(model)}
 
 
+def own_shards_validation_split(tnt, reference):
+    """Each rank feeds its own shard (tnt_distribute_dataset=False) with
+    validation_split: the end of each shard validates, as that rank's part;
+    serial Keras: global batches of both shards' batches, validated on both
+    ends. Before, the split was distributed like arrays every rank shares: a
+    MismatchError that told the user to feed each rank its own shard with
+    tnt_distribute_dataset=False, as they did."""
+    x, y = data(80, seed=18)
+    shards = [(x[r * 40:(r + 1) * 40], y[r * 40:(r + 1) * 40]) for r in range(2)]
+    keras.utils.set_random_seed(19)
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    if reference:
+        def train(k):  # global batch i: rank 0's batch i of 10, then rank 1's
+            return np.concatenate([s[k][i * 10:(i + 1) * 10] for i in range(3) for s in shards])
+        history = model.fit(train(0), train(1), batch_size=20, epochs=2, shuffle=False, verbose=0,
+                            validation_data=tuple(np.concatenate([s[k][30:] for s in shards])
+                                                  for k in range(2))).history
+    else:
+        xs, ys = shards[tnt.get_rank()]
+        history = model.fit(xs, ys, batch_size=10, epochs=2, shuffle=False, verbose=0,
+                            validation_split=0.25, tnt_distribute_dataset=False).history
+    return {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
+            "weights": weights(model)}
+
+
 class OneValueTracker(keras.Model):
     """A test step that updates a Mean tracker with its batch's loss alone
     (Keras' guides): inside tnt, a share of the global batch, which sums the
@@ -1807,6 +1835,7 @@ def main():
     results["array_steps"] = array_steps(tnt, args.reference)
     results["validation_iterables"] = validation_iterables(tnt, args.reference)
     results["float64_arrays"] = float64_arrays(tnt, args.reference)
+    results["own_shards_validation_split"] = own_shards_validation_split(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

@@ -243,6 +243,21 @@ def test_float64_arrays_reach_the_steps_as_float32_as_in_serial_keras(runs):
     assert runs["ranks"][0]["float64_arrays"] == runs["ranks"][1]["float64_arrays"]
 
 
+def test_own_shards_with_validation_split_validate_each_shards_end_as_in_serial_keras(runs):
+    """tnt_distribute_dataset=False with validation_split: each rank validates
+    the end of its own shard (no MismatchError), as serial Keras validates
+    both ends."""
+    ref = runs["ref"]["own_shards_validation_split"]
+    for rank in runs["ranks"]:
+        got = rank["own_shards_validation_split"]
+        assert got["history"].keys() == ref["history"].keys() and "val_loss" in ref["history"]
+        for key, values in ref["history"].items():
+            np.testing.assert_allclose(got["history"][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+        for a, b in zip(got["weights"], ref["weights"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert runs["ranks"][0]["own_shards_validation_split"] == runs["ranks"][1]["own_shards_validation_split"]
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run
