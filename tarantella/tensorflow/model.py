@@ -483,8 +483,7 @@ class Model(keras.Model):
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
 
         def on_one_zero_sample():  # the right output structure and shapes, with 0 rows
-            zeros = tf.nest.map_structure(
-                lambda t: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype), x)
+            zeros = tf.nest.map_structure(_one_zero_sample, x)
             return tf.nest.map_structure(lambda t: t[:0], self.model.predict_step((zeros,)))
 
         outputs = tf.cond(_first_dim(x) > 0, lambda: self.model.predict_step(data),
@@ -1084,6 +1083,24 @@ def model_from_config(config, custom_objects=None):
 def _allgather_tensor(tensor):
     """The rank-ordered concatenation of every rank's rows (predict's outputs)."""
     return collective_ops.allgather_tensors([tensor], ["tnt.predict"])[0]
+
+
+def _one_zero_sample(t):
+    """A batch of one sample of zeros shaped like the samples of batch `t`
+    (a dense, ragged or sparse tensor, possibly of 0 rows). A ragged batch's
+    zero sample has one value in each ragged dimension: tf.shape of a ragged
+    tensor has no dense form, and predict on ragged inputs failed ("All
+    relevant dimensions must be uniform") where serial Keras predicts."""
+    if isinstance(t, tf.RaggedTensor):
+        sample = tf.zeros(tf.concat([[1], tf.shape(t.flat_values)[1:]], 0), t.dtype)
+        for _ in range(t.ragged_rank):
+            sample = tf.RaggedTensor.from_row_lengths(
+                sample, tf.ones([1], t.row_splits.dtype), validate=False)
+        return sample
+    if isinstance(t, tf.SparseTensor):
+        shape = tf.concat([[1], t.dense_shape[1:]], 0)
+        return tf.SparseTensor(tf.zeros([0, tf.size(shape)], tf.int64), tf.zeros([0], t.dtype), shape)
+    return tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
 
 
 def _unknown_batch(t):

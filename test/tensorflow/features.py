@@ -638,6 +638,41 @@ def own_shards_validation_split(tnt, reference):
             "weights": weights(model)}
 
 
+class RaggedFeatures(keras.Model):
+    """A model of ragged inputs (a variable number of values per sample)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.dense(tf.stack([tf.reduce_mean(x, axis=1), tf.reduce_max(x, axis=1),
+                                    tf.cast(x.row_lengths(), "float32")], axis=1))
+
+
+def ragged_inputs(tnt, reference):
+    """fit, evaluate and predict on a dataset of ragged samples, 33 in batches
+    of 8 (rank 1's slice of the last batch is empty). predict failed on every
+    rank ("All relevant dimensions must be uniform": the empty slice's zero
+    sample was built from tf.shape, which a ragged tensor has no dense form
+    of), where serial Keras predicts."""
+    rng = np.random.default_rng(20)
+    values = tf.ragged.constant([rng.normal(size=n).astype("float32")
+                                 for n in rng.integers(1, 6, 33)], dtype=tf.float32)
+    labels = rng.integers(0, 3, 33).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((values, labels)).batch(8)
+    keras.utils.set_random_seed(21)
+    model = RaggedFeatures()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    history = model.fit(dataset, epochs=2, verbose=0).history
+    return {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
+            "evaluate": [float(v) for v in model.evaluate(dataset, verbose=0)],
+            "predict": model.predict(dataset.map(lambda x, y: x), verbose=0).tolist(),
+            "weights": weights(model)}
+
+
 class OneValueTracker(keras.Model):
     """A test step that updates a Mean tracker with its batch's loss alone
     (Keras' guides): inside tnt, a share of the global batch, which sums the
@@ -1836,6 +1871,7 @@ def main():
     results["validation_iterables"] = validation_iterables(tnt, args.reference)
     results["float64_arrays"] = float64_arrays(tnt, args.reference)
     results["own_shards_validation_split"] = own_shards_validation_split(tnt, args.reference)
+    results["ragged_inputs"] = ragged_inputs(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

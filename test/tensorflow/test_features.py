@@ -258,6 +258,22 @@ def test_own_shards_with_validation_split_validate_each_shards_end_as_in_serial_
     assert runs["ranks"][0]["own_shards_validation_split"] == runs["ranks"][1]["own_shards_validation_split"]
 
 
+def test_ragged_inputs_train_evaluate_and_predict_as_in_serial_keras(runs):
+    """A dataset of ragged samples, with an empty slice in its last batch:
+    fit, evaluate and all 33 predictions, in order, as serial Keras."""
+    ref = runs["ref"]["ragged_inputs"]
+    for rank in runs["ranks"]:
+        got = rank["ragged_inputs"]
+        assert len(got["predict"]) == len(ref["predict"]) == 33
+        assert got["history"].keys() == ref["history"].keys()
+        for key, values in ref["history"].items():
+            np.testing.assert_allclose(got["history"][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(got["evaluate"], ref["evaluate"], rtol=1e-6, atol=1e-6)
+        for a, b in zip(got["weights"] + got["predict"], ref["weights"] + ref["predict"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert runs["ranks"][0]["ragged_inputs"] == runs["ranks"][1]["ragged_inputs"]
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run
