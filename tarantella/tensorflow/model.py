@@ -50,9 +50,10 @@ class _StepState:
 
 
 def _is_array_like(x):
+    # tf.RaggedTensor too (samples of variable length), as Keras' array adapter takes them
     leaves = tf.nest.flatten(x)
     return bool(leaves) and all(
-        isinstance(t, (np.ndarray, tf.Tensor, tf.Variable, list)) or np.isscalar(t)
+        isinstance(t, (np.ndarray, tf.Tensor, tf.Variable, tf.RaggedTensor, list)) or np.isscalar(t)
         for t in leaves if t is not None)
 
 

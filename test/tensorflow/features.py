@@ -667,10 +667,23 @@ def ragged_inputs(tnt, reference):
         model = tnt.Model(model)
     compile_(model)
     history = model.fit(dataset, epochs=2, verbose=0).history
-    return {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
-            "evaluate": [float(v) for v in model.evaluate(dataset, verbose=0)],
-            "predict": model.predict(dataset.map(lambda x, y: x), verbose=0).tolist(),
-            "weights": weights(model)}
+    out = {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
+           "evaluate": [float(v) for v in model.evaluate(dataset, verbose=0)],
+           "predict": model.predict(dataset.map(lambda x, y: x), verbose=0).tolist()}
+    # the ragged tensor as arrays (Keras takes them; tnt refused them with a TypeError)
+    history = model.fit(values, labels, batch_size=8, validation_split=0.25, shuffle=False,
+                        verbose=0).history
+    out["array_history"] = {k: [float(v) for v in vs] for k, vs in sorted(history.items())}
+    out["array_evaluate"] = [float(v) for v in model.evaluate(values, labels, batch_size=8, verbose=0)]
+    out["array_predict"] = model.predict(values, batch_size=8, verbose=0).tolist()
+    out["weights"] = weights(model)
+    if not reference:  # ragged arrays that differ between ranks are refused like any others
+        other = values.with_flat_values(values.flat_values + tnt.get_rank())
+        try:
+            model.predict(other, batch_size=8, verbose=0)
+        except Exception as exc:  # noqa: BLE001 - its type and message are checked
+            out["differ"] = [type(exc).__name__, str(exc)]
+    return out
 
 
 class OneValueTracker(keras.Model):

@@ -260,17 +260,24 @@ def test_own_shards_with_validation_split_validate_each_shards_end_as_in_serial_
 
 def test_ragged_inputs_train_evaluate_and_predict_as_in_serial_keras(runs):
     """A dataset of ragged samples, with an empty slice in its last batch:
-    fit, evaluate and all 33 predictions, in order, as serial Keras."""
+    fit, evaluate and all 33 predictions, in order, as serial Keras; then the
+    ragged tensor as arrays (fit with validation_split, evaluate, predict),
+    and ragged arrays that differ between ranks are a MismatchError."""
     ref = runs["ref"]["ragged_inputs"]
     for rank in runs["ranks"]:
         got = rank["ragged_inputs"]
-        assert len(got["predict"]) == len(ref["predict"]) == 33
-        assert got["history"].keys() == ref["history"].keys()
-        for key, values in ref["history"].items():
-            np.testing.assert_allclose(got["history"][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
-        np.testing.assert_allclose(got["evaluate"], ref["evaluate"], rtol=1e-6, atol=1e-6)
-        for a, b in zip(got["weights"] + got["predict"], ref["weights"] + ref["predict"]):
+        assert len(got["predict"]) == len(ref["predict"]) == len(got["array_predict"]) == 33
+        for part in ("history", "array_history"):
+            assert got[part].keys() == ref[part].keys()
+            for key, values in ref[part].items():
+                np.testing.assert_allclose(got[part][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+        for part in ("evaluate", "array_evaluate"):
+            np.testing.assert_allclose(got[part], ref[part], rtol=1e-6, atol=1e-6, err_msg=part)
+        for a, b in zip(got["weights"] + got["predict"] + got["array_predict"],
+                        ref["weights"] + ref["predict"] + ref["array_predict"]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        kind, message = got["differ"]
+        assert kind == "MismatchError" and "the ranks passed different arrays to predict" in message
     assert runs["ranks"][0]["ragged_inputs"] == runs["ranks"][1]["ragged_inputs"]
 
 

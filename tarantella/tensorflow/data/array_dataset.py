@@ -47,9 +47,13 @@ def check_same_on_every_rank(data, what):
     arrays of other lengths made the ranks wait for each other until
     TNT_TIMEOUT_S."""
     named = dict(zip(("x", "y", "sample_weight"), data))
-    # the leaves are NumPy arrays, lists and dense tensors (tnt.Model refuses other inputs first)
-    items = [(path[0] + "".join(f"[{p!r}]" for p in path[1:]), np.asarray(t))
-             for path, t in keras.tree.flatten_with_path(named)]
+    # the leaves are NumPy arrays, lists, dense and ragged tensors (tnt.Model refuses other
+    # inputs first); a ragged tensor is compared by its components (values, row splits)
+    items = [(path[0] + "".join(f"[{p!r}]" for p in path[1:]) + (f".{i}" if len(parts) > 1 else ""),
+              np.asarray(part))
+             for path, t in keras.tree.flatten_with_path(named)
+             for parts in [tf.nest.flatten(t, expand_composites=True)]
+             for i, part in enumerate(parts)]
     replicas.check(items, f"the ranks passed different arrays to {what}", _SAME_ARRAYS_ADVICE,
                    name=f"tnt.replicas.{what}.arrays")
 
