@@ -686,6 +686,29 @@ def ragged_inputs(tnt, reference):
     return out
 
 
+def string_arrays(tnt, reference):
+    """Strings as arrays (a NumPy object array, a tf.string tensor) into a
+    model that looks them up: as serial Keras. The ranks' arrays check read
+    their bytes, which an array of references has none of: 'Cannot change
+    data-type for array of references' on every rank."""
+    words = ["red", "green", "blue", "cyan"]
+    rng = np.random.default_rng(22)
+    x = np.array(words, dtype=object)[rng.integers(0, 4, 30)]
+    y = rng.integers(0, 3, 30).astype("int32")
+    keras.utils.set_random_seed(23)
+    inputs = keras.Input((), dtype="string")
+    model = keras.Model(inputs, keras.layers.Dense(3)(
+        keras.layers.StringLookup(vocabulary=words, output_mode="one_hot")(inputs)))
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    history = [model.fit(x, y, batch_size=7, shuffle=False, verbose=0).history["loss"][0],
+               model.fit(tf.constant(x.astype(str)), y, batch_size=7, shuffle=False,
+                         verbose=0).history["loss"][0]]
+    return {"history": [float(v) for v in history], "weights": weights(model),
+            "predict": model.predict(x, batch_size=7, verbose=0).tolist()}
+
+
 class OneValueTracker(keras.Model):
     """A test step that updates a Mean tracker with its batch's loss alone
     (Keras' guides): inside tnt, a share of the global batch, which sums the
@@ -1885,6 +1908,7 @@ def main():
     results["float64_arrays"] = float64_arrays(tnt, args.reference)
     results["own_shards_validation_split"] = own_shards_validation_split(tnt, args.reference)
     results["ragged_inputs"] = ragged_inputs(tnt, args.reference)
+    results["string_arrays"] = string_arrays(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

@@ -281,6 +281,18 @@ def test_ragged_inputs_train_evaluate_and_predict_as_in_serial_keras(runs):
     assert runs["ranks"][0]["ragged_inputs"] == runs["ranks"][1]["ragged_inputs"]
 
 
+def test_string_arrays_train_as_in_serial_keras(runs):
+    """An object array of strings and a tf.string tensor as x train and
+    predict as in serial Keras (the ranks' arrays check compares them)."""
+    ref = runs["ref"]["string_arrays"]
+    for rank in runs["ranks"]:
+        got = rank["string_arrays"]
+        np.testing.assert_allclose(got["history"], ref["history"], rtol=1e-6, atol=1e-6)
+        for a, b in zip(got["weights"] + got["predict"], ref["weights"] + ref["predict"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert runs["ranks"][0]["string_arrays"] == runs["ranks"][1]["string_arrays"]
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run

@@ -50,12 +50,23 @@ def check_same_on_every_rank(data, what):
     # the leaves are NumPy arrays, lists, dense and ragged tensors (tnt.Model refuses other
     # inputs first); a ragged tensor is compared by its components (values, row splits)
     items = [(path[0] + "".join(f"[{p!r}]" for p in path[1:]) + (f".{i}" if len(parts) > 1 else ""),
-              np.asarray(part))
+              _comparable(np.asarray(part)))
              for path, t in keras.tree.flatten_with_path(named)
              for parts in [tf.nest.flatten(t, expand_composites=True)]
              for i, part in enumerate(parts)]
     replicas.check(items, f"the ranks passed different arrays to {what}", _SAME_ARRAYS_ADVICE,
                    name=f"tnt.replicas.{what}.arrays")
+
+
+def _comparable(array):
+    """`array` as bits the ranks can compare: strings held as objects (NumPy
+    object arrays, tf.string tensors) as fixed-width bytes. Their references
+    could not be read as bytes: fit on an object array of strings, which Keras
+    takes, failed with 'Cannot change data-type for array of references'."""
+    if array.dtype.kind != "O":
+        return array
+    flat = [e if isinstance(e, bytes) else str(e).encode() for e in array.reshape(-1)]
+    return np.array(flat, dtype=bytes).reshape(array.shape)
 
 
 def _global_seed():
