@@ -711,6 +711,9 @@ class Model(keras.Model):
                              same_checkpoints(callbacks), same_restoring_stops(callbacks),
                              same_rate_setters(callbacks), same_csv_loggers(callbacks))
         own_csv_files(callbacks)  # a round of its own only where a CSVLogger runs on every rank
+        if class_weight is not None and tnt_distribute_dataset and kinds["x"] == step_counts.KINDS[2]:
+            sample_weight = _class_weights_as_keras_arrays(y, sample_weight, class_weight)
+            class_weight = None
         train = self._distribute(x, y, sample_weight, batch_size, shuffle, tnt_micro_batch_size,
                                  tnt_distribute_dataset, "fit", "tnt_micro_batch_size",
                                  steps=steps_per_epoch)
@@ -1135,6 +1138,21 @@ def _default_batch_size(num_samples, steps):
     if isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps > 0:
         return max(1, -(-num_samples // int(steps)))
     return 32
+
+
+def _class_weights_as_keras_arrays(y, sample_weight, class_weight):
+    """The sample weights Keras' array adapter makes of `class_weight` for
+    arrays (its errors too). Left to Keras, they were made by the tf.data
+    adapter, since tnt hands Keras a dataset: a class above the dict's largest
+    key indexed past its table of weights (an InvalidArgumentError on CPU, a
+    weight of 0 on GPU, without a word) where serial Keras weights it 1."""
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    if sample_weight is not None:
+        raise ValueError("You cannot `class_weight` and `sample_weight` at the same time.")
+    if keras.tree.is_nested(y):
+        raise ValueError("`class_weight` is only supported for Models with a single output.")
+    return data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
 
 
 def _split_arrays(arrays, validation_split):

@@ -709,6 +709,24 @@ def string_arrays(tnt, reference):
             "predict": model.predict(x, batch_size=7, verbose=0).tolist()}
 
 
+def class_weight_arrays(tnt, reference):
+    """class_weight naming some classes only ({0: 2.0}, labels 0-2) with
+    arrays: Keras weights the others 1. tnt handed Keras a dataset, whose
+    adapter indexes a table of weights up to the largest key: an
+    InvalidArgumentError on CPU (a weight of 0 on GPU, without a word)."""
+    x, y = data(41, seed=24)
+    keras.utils.set_random_seed(25)
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), weighted_metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, class_weight={0: 2.0}, batch_size=10, epochs=2, shuffle=False,
+                        verbose=0).history
+    return {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
+            "weights": weights(model)}
+
+
 class OneValueTracker(keras.Model):
     """A test step that updates a Mean tracker with its batch's loss alone
     (Keras' guides): inside tnt, a share of the global batch, which sums the
@@ -1909,6 +1927,7 @@ def main():
     results["own_shards_validation_split"] = own_shards_validation_split(tnt, args.reference)
     results["ragged_inputs"] = ragged_inputs(tnt, args.reference)
     results["string_arrays"] = string_arrays(tnt, args.reference)
+    results["class_weight_arrays"] = class_weight_arrays(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

@@ -293,6 +293,20 @@ def test_string_arrays_train_as_in_serial_keras(runs):
     assert runs["ranks"][0]["string_arrays"] == runs["ranks"][1]["string_arrays"]
 
 
+def test_class_weights_of_some_classes_weight_the_others_one_as_in_serial_keras(runs):
+    """class_weight={0: 2.0} with labels 0-2 on arrays trains as serial Keras
+    (the other classes weigh 1), not an InvalidArgumentError."""
+    ref = runs["ref"]["class_weight_arrays"]
+    for rank in runs["ranks"]:
+        got = rank["class_weight_arrays"]
+        assert got["history"].keys() == ref["history"].keys()
+        for key, values in ref["history"].items():
+            np.testing.assert_allclose(got["history"][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+        for a, b in zip(got["weights"], ref["weights"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert runs["ranks"][0]["class_weight_arrays"] == runs["ranks"][1]["class_weight_arrays"]
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run
