@@ -269,6 +269,9 @@ def build(args, command, job_id, workdir):
         shared = os.getcwd()
         mfile = os.path.join(shared, f".tnt-{job_id[:12]}.machinefile")
         script = os.path.join(shared, f".tnt-{job_id[:12]}.sh")
+        # gaspi_run stops a job with `killall -9 SCRIPT` on every host: the wrapper stops its
+        # program when the script dies (engines.gaspi_script)
+        rank_cmd = wrapper + ["--die-with-script", "--"] + user_argv
         files[mfile] = engines.gaspi_machinefile(spots)
         files[script] = engines.gaspi_script(env, everything, rank_cmd, os.getcwd())
         argv = engines.gaspi(path, spots, mfile, script)

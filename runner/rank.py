@@ -33,6 +33,7 @@ import tempfile
 import time
 
 from tarantella.common.engine_ranks import ENGINE_VARIABLES, slurm_local_size
+from tarantella.runner.engines import SCRIPT_PID
 from tarantella.runner import gpus, pinning, rank_report
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -227,6 +228,10 @@ def main(argv=None):
     p.add_argument("--label", action="store_true",
                    help="with --report: prefix each line of the program's stdout and stderr with "
                         "\"[RANK] \", for an engine that does not label them itself (gaspi_run)")
+    p.add_argument("--die-with-script", action="store_true",
+                   help="with --report: stop the program (SIGTERM, passed on) when the script that "
+                        "started the wrapper dies (gaspi_run's clean-up on every host is `killall -9 "
+                        "SCRIPT`); the script exports its pid as " + SCRIPT_PID)
     opts = p.parse_args(argv[:cut])
     command = argv[cut + 1:]
     env = os.environ
@@ -256,6 +261,12 @@ def main(argv=None):
     # only the master's output is shown; stderr stays, so errors of any rank reach the engine
     hide_stdout = rank != 0 and not opts.output_all
     if opts.report:
+        script_pid = env.pop(SCRIPT_PID, None)
+        if opts.die_with_script and script_pid:
+            from tarantella.runner.supervise import die_with_launcher
+            # SIGTERM, which the wrapper passes on: the program gets its grace, the wrapper
+            # removes its folder and sends the record (the script's SIGKILL would have left both)
+            (die_with_launcher(signal.SIGTERM, int(script_pid)) or (lambda: None))()
         return _supervised(command, rank, local_rank, size, hide_stdout, dict(env), opts.label)
     if hide_stdout:
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -146,6 +146,10 @@ def test_gaspi_run(tmp_path):
     assert "#   export MY_SETTING='a b'" in out and "SLURM_PROCID" not in out
     assert out.count("#   export PATH=") == 1
     assert "tarantella.runner.rank" in out
+    # the script stays (gaspi_run's clean-up kills it by name on every host), its wrapper
+    # stopping the program when it dies
+    assert "--die-with-script" in out and "#   export TNT_RANK_SCRIPT_PID=$$" in out
+    assert out.split("export TNT_RANK_SCRIPT_PID=$$\n")[1].startswith("#   /")  # not exec'd
     # gaspi_run's mktemp notes its /tmp files for tntrun (and --cleanup) to remove
     assert "/mktemp:\n" in out and "engine-temp-files" in out
     assert not list(tmp_path.glob(".tnt-*"))  # a dry run writes nothing

@@ -3,6 +3,7 @@ from the rank wrapper on its host through the engine's stderr to tntrun: the wra
 supervision of the program, the record's encoding through engines' line prefixes and any
 chunking, and the choice of the root cause among the ranks' records."""
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -259,3 +260,51 @@ def test_an_engine_that_does_not_end_the_job_is_stopped(tmp_path, stream, capfd)
         time.sleep(0.1)
     else:
         raise AssertionError(f"the engine's child {pid} outlived it")
+
+
+def test_gaspi_runs_clean_up_stops_the_ranks_it_names(tmp_path):
+    # gaspi_run stops a job with `killall -9 .tnt-<job>.sh` on every host. The script exec'd the
+    # wrapper (named python), so nothing matched: through a real sshd the ranks of other hosts
+    # lived on until their next collective. The script now stays, under its own name, and the
+    # wrapper stops its program (SIGTERM, its grace) when the script dies, removing its folder
+    from tarantella.runner import engines
+
+    name = ".tnt-0123456789ab.sh"
+    log = tmp_path / "log"
+    program = (f"import os, signal, sys, time\n"
+               f"def stop(*_):\n    open({str(log)!r}, 'a').write('SIGTERM\\n'); sys.exit(0)\n"
+               f"signal.signal(signal.SIGTERM, stop)\n"
+               f"open({str(log)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+               f"time.sleep(120)\n")
+    env = runner_env(OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK="0",
+                     OMPI_COMM_WORLD_LOCAL_SIZE="1", TNT_JOB_ID=JOB, TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    rank_cmd = rank_wrapper_argv() + ["--report", "--size=2", "--die-with-script", "--",
+                                      sys.executable, "-c", program]
+    script = tmp_path / name
+    script.write_text(engines.gaspi_script(env, list(env), rank_cmd, str(tmp_path)))
+    script.chmod(0o755)
+    proc = subprocess.Popen([str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and log.read_text().endswith("\n")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(log.read_text().split()[0])
+        if shutil.which("killall"):  # psmisc: what gaspi_run calls, by the script's name
+            subprocess.run(["killall", "-9", name], check=True)
+        else:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL  # the script, killed
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{child}"), "the program outlived its script"
+        assert log.read_text().split()[1:] == ["SIGTERM"]  # stopped with its grace
+        deadline = time.monotonic() + 10
+        while os.listdir(tmp_path / "tmp") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(tmp_path / "tmp") == []  # the wrapper's folder, removed
+    finally:
+        proc.kill()
+        proc.communicate()
