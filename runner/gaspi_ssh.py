@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from tarantella.runner import rank_report
@@ -73,6 +74,19 @@ def _started(lock):
             return f.read().count(b"\n")
     except OSError:
         return 0
+
+
+def _pass_on(source, fd):
+    """Copy `source` to `fd` until its end (every writer closed it)."""
+    while True:
+        chunk = os.read(source, 65536)
+        if not chunk:
+            return
+        try:
+            while chunk:  # a pipe may take part of it
+                chunk = chunk[os.write(fd, chunk):]
+        except OSError:
+            pass
 
 
 def _failed_start(code, command):
@@ -170,10 +184,17 @@ def main(argv):
         with open(lock + ".started", "ab") as said:  # one write (O_APPEND): lines never mix
             said.write(f"{host}\n".encode())
     try:
-        proc = subprocess.Popen([real_ssh, host, *argv[4:]], stderr=subprocess.PIPE)
+        proc = subprocess.Popen([real_ssh, host, *argv[4:]], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
     except OSError as exc:
         code, tail = 127, f"cannot run {real_ssh}: {exc.strerror}".encode()
     else:
+        # the ranks' output (the remote command ends in 2>&1), passed on until every process
+        # holding it has ended, as sshd keeps a session open while anything holds its output:
+        # a rank wrapper whose script gaspi_run's clean-up killed is still ending (rank.py
+        # --die-with-script), its record still to come, and the lock must be held until then
+        ranks_output = threading.Thread(target=_pass_on, args=(proc.stdout.fileno(), 1), daemon=True)
+        ranks_output.start()
         tail = bytearray()
         while True:  # ssh's own messages, passed on as they come, the last ones kept
             chunk = os.read(proc.stderr.fileno(), 65536)
@@ -185,6 +206,7 @@ def main(argv):
                 os.write(2, chunk)
             except OSError:
                 pass
+        ranks_output.join()
         code = proc.wait()
         code = 128 - code if code < 0 else code  # a signal: as a shell reports it
     if _failed_start(code, command):

@@ -30,12 +30,17 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from tarantella.common.engine_ranks import ENGINE_VARIABLES, slurm_local_size
 from tarantella.runner.engines import SCRIPT_PID
 from tarantella.runner import gpus, pinning, rank_report
 
+# --die-with-script: the parent-death signal of the wrapper when the script that started
+# it dies (one no program sends), and how long the program may go on ending by itself
+SCRIPT_GONE = signal.SIGRTMIN
+SCRIPT_GONE_GRACE_S = 2.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PASSED_SIGNALS = STOP_SIGNALS + (signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -80,7 +85,7 @@ class _Child:
     """The program, run as a child whose stderr passes through us (see the module's doc);
     with `label` (b"[3] "), its stdout too, every line of both labelled with it."""
 
-    def __init__(self, command, hide_stdout, env, label=b""):
+    def __init__(self, command, hide_stdout, env, label=b"", script_pid=None):
         self.stopped = False
         self.stopped_at = None
         self.proc = None
@@ -89,6 +94,10 @@ class _Child:
         for sig in PASSED_SIGNALS:
             signal.signal(sig, self._on_signal)
         from tarantella.runner.supervise import _Forwarder, _Writer, die_with_launcher
+
+        if script_pid is not None:  # told when the script that started us dies
+            signal.signal(SCRIPT_GONE, self._on_script_gone)
+            (die_with_launcher(SCRIPT_GONE, script_pid) or (lambda: None))()
 
         stdout = subprocess.DEVNULL if hide_stdout else subprocess.PIPE if label else None
         self.proc = subprocess.Popen(
@@ -122,6 +131,16 @@ class _Child:
             self._pending.append(signum)
         else:
             self._pass(signum)
+
+    def _on_script_gone(self, signum, frame):
+        # gaspi_run's clean-up (killall -9 SCRIPT on every host, after a failure or when
+        # stopped): the program is stopped with SIGTERM, its grace, as tntrun stops ranks,
+        # but only after SCRIPT_GONE_GRACE_S: a program ending by itself at that moment (the
+        # rank whose own exit made the others fail) ends with its own status, which the
+        # report must name, not with the clean-up's signal
+        timer = threading.Timer(SCRIPT_GONE_GRACE_S, self._on_signal, (signal.SIGTERM, None))
+        timer.daemon = True
+        timer.start()
 
     def _pass(self, signum):
         try:
@@ -175,7 +194,7 @@ def _end_like(code):
     return code
 
 
-def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False):
+def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False, script_pid=None):
     job_id = env.get("TNT_JOB_ID", "")
     private = tempfile.mkdtemp(prefix=f"tnt-rank-{job_id[:8]}-")
     error_file = os.path.join(private, f"error-rank{rank}.json")
@@ -184,7 +203,7 @@ def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False):
     child = None
     try:
         try:
-            child = _Child(command, hide_stdout, env, f"[{rank}] ".encode() if label else b"")
+            child = _Child(command, hide_stdout, env, f"[{rank}] ".encode() if label else b"", script_pid)
         except OSError as exc:
             message = (f"tntrun (rank {rank} on {socket.gethostname()}): cannot start "
                        f"{command[0]!r}: {exc.strerror}")
@@ -262,12 +281,8 @@ def main(argv=None):
     hide_stdout = rank != 0 and not opts.output_all
     if opts.report:
         script_pid = env.pop(SCRIPT_PID, None)
-        if opts.die_with_script and script_pid:
-            from tarantella.runner.supervise import die_with_launcher
-            # SIGTERM, which the wrapper passes on: the program gets its grace, the wrapper
-            # removes its folder and sends the record (the script's SIGKILL would have left both)
-            (die_with_launcher(signal.SIGTERM, int(script_pid)) or (lambda: None))()
-        return _supervised(command, rank, local_rank, size, hide_stdout, dict(env), opts.label)
+        script_pid = int(script_pid) if opts.die_with_script and script_pid else None
+        return _supervised(command, rank, local_rank, size, hide_stdout, dict(env), opts.label, script_pid)
     if hide_stdout:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
