@@ -49,11 +49,12 @@ def error_of(res):
     True when the error says that rank shut down (it finished its program while this one
     still made collective calls: no failure of its own), caught True when the error was a
     collective's that the program went on after (caught, or ignored by Python in an atexit
-    handler; tarantella writes it at exit): the rank failed even if it exited 0.
-    (False, None, None, False, False) without an error file."""
+    handler; tarantella writes it at exit): the rank failed even if it exited 0, thread the
+    name of the thread (not the main one) whose uncaught exception it is, None if none.
+    (False, None, None, False, False, None) without an error file."""
     record = _error_record(res)
     if record is None:
-        return False, None, None, False, False
+        return False, None, None, False, False, None
     message = str(record.get("message") or "")
     name = message.split(":", 1)[0].strip()
     raised_at = record.get("timestamp")
@@ -62,8 +63,9 @@ def error_of(res):
     blamed = record.get("caused_by_rank")
     blamed = blamed if isinstance(blamed, int) else None
     finished = blamed is not None and f"rank {blamed} has shut down while" in message  # the core's words
+    thread = record.get("thread")
     return (name.rsplit(".", 1)[-1] == PEER_LOST or blamed is not None, raised_at, blamed, finished,
-            record.get("caught") is True)
+            record.get("caught") is True, thread if isinstance(thread, str) else None)
 
 
 def _error_record(res):
@@ -102,6 +104,9 @@ def _entry(res, brief=False):
         if record.get("caught") is True:
             lines.append(f"  {'':<9}(the program went on after this error: it caught it, or Python "
                          "ignored it in an atexit handler)")
+        elif isinstance(record.get("thread"), str):
+            lines.append(f"  {'':<9}(uncaught in thread {record['thread']!r}, which it ended; the "
+                         "program went on without it)")
     if brief:
         return lines
     traceback = [ln for ln in str((record or {}).get("traceback") or "").splitlines() if ln.strip()]

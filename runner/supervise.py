@@ -578,12 +578,24 @@ def root_cause(results, error_of, stopped_at):
     # was stopped, with no error of its own, and the same holds
     by_rank = {res.spec.rank: res for res in results
                if getattr(res.spec, "rank", None) is not None and failed(res, error_of)}
+    # a blamed rank that exited 0 after a thread of its died of an uncaught exception (the
+    # program went on, leaving its peers waiting for what that thread would have done): that
+    # exception is the root cause
+    for rank in blamed:
+        res = next((res for res in results if getattr(res.spec, "rank", None) == rank), None)
+        if res is not None and res.returncode == 0 and _thread_died(res, error_of):
+            return res
     for rank in blamed:
         res = by_rank.get(rank)
         if res is None or (res.stopped and finished.get(rank) and error_of(res)[1] is None):
             continue
         return res
     return min((res for _, _, res in failures), key=lambda res: res.ended_at)
+
+
+def _thread_died(res, error_of):
+    answer = error_of(res)
+    return len(answer) > 5 and answer[5] is not None
 
 
 def failed(res, error_of):

@@ -13,6 +13,7 @@ says which errors broke the job (core.job_error)."""
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -23,9 +24,10 @@ _written = False  # write() ran: the rank's uncaught exception is on record
 _job_error = None  # the first error of a collective that broke the job (note())
 
 
-def write(exc_type, exc, tb, path=None, caught=False):
+def write(exc_type, exc, tb, path=None, caught=False, thread=None):
     global _written
-    _written = True
+    if thread is None:
+        _written = True
     path = path or config.get("TNT_ERROR_FILE")
     if not path:
         return
@@ -41,6 +43,9 @@ def write(exc_type, exc, tb, path=None, caught=False):
         # the program went on after it (caught, or ignored in an atexit handler): tntrun
         # counts the rank as failed even if it exits 0
         "caught": caught,
+        # raised and not caught in this thread (not the main one), which ended; the program
+        # went on: the rank failed only if another rank's failure blames it (tntrun's report)
+        "thread": thread,
     }
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -108,3 +113,23 @@ def install():
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+    previous_thread_hook = threading.excepthook
+
+    def thread_hook(args):
+        # a thread's uncaught exception ends the thread alone, and the program may go on (it
+        # is not aborted here); but when the rank then leaves its peers waiting (a collective
+        # that thread never made), their failure blames this rank, which exits 0: the record
+        # lets tntrun's report name this exception as the root cause, not their PeerLostError
+        from tarantella.common import core
+
+        if (os.getpid() == _installed_pid and not core.started_by_a_rank() and not _written
+                and args.exc_type is not SystemExit):
+            try:
+                write(args.exc_type, args.exc_value, args.exc_traceback,
+                      thread=args.thread.name if args.thread is not None else "?")
+            except Exception:  # never hide the user's exception behind ours
+                pass
+        previous_thread_hook(args)
+
+    threading.excepthook = thread_hook

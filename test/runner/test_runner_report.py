@@ -82,6 +82,51 @@ def test_a_rank_that_finished_cleanly_is_not_the_root_cause(script):
     assert res.returncode == 1, report
 
 
+def test_an_exception_that_ended_a_thread_is_the_root_cause_of_the_failure_it_caused(script):
+    # rank 1's worker thread raises before the collective that rank 0 then waits for; rank 1's
+    # program goes on without it (as Python does) and exits 0, and rank 0 fails naming it
+    # ("has shut down"). The report named rank 0's PeerLostError: rank 1 had written nothing.
+    # A thread's exception on a rank whose peers did not fail is no failure (rank 2's)
+    path = script("""
+        import threading
+        import numpy as np
+        import tarantella as tnt
+
+        tnt.allreduce(np.ones(2), name="first")
+        def work():
+            if tnt.get_rank() == 1:
+                raise ValueError("the real bug, in rank 1's worker thread")
+            tnt.allreduce(np.ones(2), name="second")
+        thread = threading.Thread(target=work, name="worker")
+        thread.start()
+        thread.join()
+        if tnt.get_rank() == 1:
+            time.sleep(1.0)  # rank 0 fails first
+    """)
+    res, report = _failed_job(path)
+    root = _section(report, "Root cause")
+    assert "rank:    1 (local_rank 1)" in root, report
+    assert "error:   ValueError: the real bug, in rank 1's worker thread" in root, report
+    assert "(uncaught in thread 'worker'" in root, report
+    assert res.returncode == 1, report  # never 0: rank 1 exited 0
+    ok = script("""
+        import threading
+        import numpy as np
+        import tarantella as tnt
+
+        def work():
+            raise ValueError("a thread's failure the program does without")
+        if tnt.get_rank() == 1:
+            thread = threading.Thread(target=work)
+            thread.start()
+            thread.join()
+        tnt.allreduce(np.ones(2), name="after")
+    """)
+    res = run_tntrun(["-n", "2", "--output-on-all-devices", "--", ok], timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "a thread's failure the program does without" in res.stderr  # Python's own print
+
+
 def test_a_collective_that_failed_fails_the_job_even_if_the_program_went_on(script):
     # rank 1 finishes after the first allreduce; the last one of the others fails naming it.
     # Rank 0 makes it in an atexit handler (Python prints the PeerLostError, ignores it and
