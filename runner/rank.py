@@ -39,7 +39,7 @@ from tarantella.runner import gpus, pinning, rank_report
 
 # --die-with-script: the parent-death signal of the wrapper when the script that started
 # it dies (one no program sends), and how long the program may go on ending by itself
-SCRIPT_GONE = signal.SIGRTMIN
+SCRIPT_GONE = getattr(signal, "SIGRTMIN", None)  # Linux (as the parent-death signal itself)
 SCRIPT_GONE_GRACE_S = 2.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PASSED_SIGNALS = STOP_SIGNALS + (signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2)
@@ -95,7 +95,7 @@ class _Child:
             signal.signal(sig, self._on_signal)
         from tarantella.runner.supervise import _Forwarder, _Writer, die_with_launcher
 
-        if script_pid is not None:  # told when the script that started us dies
+        if script_pid is not None and SCRIPT_GONE is not None:  # told when the script that started us dies
             signal.signal(SCRIPT_GONE, self._on_script_gone)
             (die_with_launcher(SCRIPT_GONE, script_pid) or (lambda: None))()
 
