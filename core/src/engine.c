@@ -454,8 +454,13 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
                             "TNT_BUSY_TIMEOUT_S=%g s: raise it if their work takes that long, else see what they do",
                             tnt_coll_name(req->meta.coll), req->name, c->pl->rank, age, missing, bound);
     if (now - since >= timeout) {
-      char doing[256] = "", was_busy[96] = "";
-      if (first >= 0 && c->transport->describe_peer)
+      char doing[384] = "", was_busy[96] = "";
+      tnt_coll_t theirs_coll;
+      const char *theirs = first >= 0 ? tnt_negotiate_peer_waits_for(neg, first, &theirs_coll) : NULL;
+      if (theirs) /* crossed calls (rank 0 in evaluate, rank 1 in a barrier): say what it waits in */
+        snprintf(doing, sizeof doing, "rank %d waits instead in %s '%.120s', which this rank never submitted",
+                 first, tnt_coll_name(theirs_coll), theirs);
+      else if (first >= 0 && c->transport->describe_peer)
         c->transport->describe_peer(c->ts, first, doing, sizeof doing);
       if (busy) snprintf(was_busy, sizeof was_busy, " (busy on their own until %.0f s ago)", now - req->busy_seen);
       return tnt_fail_about(TNT_ERR_TIMEOUT, first,
@@ -486,9 +491,16 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
         TNT_WARN("%s '%s' has waited %.0f s for ranks [%s], busy on their own (a save, or a callback that runs on "
                  "the master only); it waits while they are, up to TNT_BUSY_TIMEOUT_S=%g s",
                  tnt_coll_name(req->meta.coll), req->name, age, missing, bound);
-      else
-        TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]; it fails at TNT_TIMEOUT_S=%g s",
-                 tnt_coll_name(req->meta.coll), req->name, age, missing, timeout);
+      else {
+        tnt_coll_t theirs_coll;
+        const char *theirs = peer >= 0 && peer < c->pl->size ? tnt_negotiate_peer_waits_for(neg, peer, &theirs_coll) : NULL;
+        char instead[256] = "";
+        if (theirs)
+          snprintf(instead, sizeof instead, " (rank %d waits instead in %s '%.120s')", peer, tnt_coll_name(theirs_coll),
+                   theirs);
+        TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]%s; it fails at TNT_TIMEOUT_S=%g s",
+                 tnt_coll_name(req->meta.coll), req->name, age, missing, instead, timeout);
+      }
     } else if (!tnt_negotiate_refreshing(&c->neg) && now - tnt_negotiate_full_round_at(neg) >= warn_at / 2) {
       tnt_negotiate_refresh(&c->neg); /* busy (still, or since)? the next full round says */
     }

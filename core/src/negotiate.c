@@ -826,6 +826,25 @@ const char *tnt_negotiate_thread_twin(const tnt_negotiator_t *c, const char *nam
   return NULL;
 }
 
+const char *tnt_negotiate_peer_waits_for(const tnt_negotiator_t *c, int peer, tnt_coll_t *coll) {
+  const int me = c->pl->rank;
+  for (int i = 0; i < c->ngtable; i++) {
+    const tnt_gentry_t *g = &c->gtable[i];
+    if (g->live && g->announced[peer] && !g->announced[me]) {
+      *coll = g->metas[peer].coll;
+      return g->name;
+    }
+  }
+  for (int i = 0; i < c->cache_cap; i++) {
+    const tnt_cache_entry_t *e = &c->cache[i];
+    if (e->valid && e->ready[peer] && !e->ready[me]) {
+      *coll = e->meta.coll;
+      return e->name;
+    }
+  }
+  return NULL;
+}
+
 const void *tnt_negotiate_payload(const tnt_negotiator_t *c, int slot, int q) {
   return c->msg_at[q] + c->payload_at[(size_t)slot * c->pl->size + q];
 }

@@ -131,6 +131,11 @@ static inline void tnt_negotiate_refresh(tnt_negotiator_t *c) { c->refresh = 1; 
  * one more thread before (a callback, a data loader) numbered its training thread otherwise. NULL if none.
  * Valid until the next cycle. */
 const char *tnt_negotiate_thread_twin(const tnt_negotiator_t *c, const char *name, int peer);
+
+/* A name that `peer` has reported ready and this rank has not (a collective it waits in while this
+ * rank waits in another: the two will never meet), as the last full round or announcement told;
+ * *coll its kind. NULL if none is known. Valid until the next cycle. */
+const char *tnt_negotiate_peer_waits_for(const tnt_negotiator_t *c, int peer, tnt_coll_t *coll);
 /* 1 if every rank that has not reported `req` said in the last full round
  * (at full_round_at) that it was busy in a section of its own; 0 if some
  * such rank did not, or none is known. */

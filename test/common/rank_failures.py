@@ -74,6 +74,10 @@ try:
             elif mode == "exit":  # the program's own failure status, no exception
                 print(f"rank {rank} exits 4", file=sys.stderr, flush=True)
                 sys.exit(4)
+            elif mode == "crossed":
+                # another collective where rank 0 waits in "step3": neither ever completes
+                start = time.monotonic()
+                tnt.allreduce(x, name="other")
             elif mode == "stall":
                 # late beyond the bound: rank 0 gives up on "step3" and aborts, and
                 # our own submission then fails at once

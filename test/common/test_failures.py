@@ -87,6 +87,21 @@ def test_rank_that_never_submits_is_named_after_the_timeout():
     assert first1["error"] == "PeerLostError" and first1["peer"] == 0, first1
 
 
+def test_crossed_collectives_say_what_the_missing_rank_waits_in():
+    # rank 0 waits in 'step3', rank 1 in 'other' (rank 0 alone in model.evaluate while the
+    # others wait in tnt.barrier()): the warning and the TimeoutError said the missing rank
+    # "is alive but did not answer: it may be hung or busy outside Tarantella"; they now say
+    # which collective it waits in instead
+    job, procs = spawn_ranks(2, "rank_failures.py", "crossed", env={"TNT_TIMEOUT_S": 3})
+    reports = collect(procs, skip=None, timeout=60)
+    first0, first1 = reports[0][1][0], reports[1][1][0]
+    assert first0["error"] == "TimeoutError" and first1["error"] in ("TimeoutError", "PeerLostError"), reports
+    assert "rank 1 waits instead in allreduce 'other', which this rank never submitted" in first0["message"], first0
+    assert re.search(r"allreduce 'step3' has waited \d s for ranks \[1\] \(rank 1 waits instead in allreduce "
+                     r"'other'\); it fails at TNT_TIMEOUT_S=3 s", reports[0][2]), reports[0][2][-2000:]
+    assert shm_objects(job) == []
+
+
 def test_a_rank_busy_on_its_own_is_waited_for_up_to_the_busy_bound():
     """Rank 1 is alive and busy in a section of its own (a save on the master, a
     master-only callback, `with tnt.rank_only():`) for twice TNT_TIMEOUT_S: rank 0
