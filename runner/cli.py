@@ -262,6 +262,7 @@ def _local_plan(args, command, job_id, private_dir):
     """(specs, warnings-already-printed) for a job on this host."""
     env = environment.job_env(args, environment.parse_exports(args.exports), job_id)
     gpu_ids = gpus.of_job(args)
+    none_named = None if args.no_gpu else gpus.none_named(env, gpu_ids)
     size = args.n
     gpu_of = None
     if args.no_gpu:
@@ -272,11 +273,11 @@ def _local_plan(args, command, job_id, private_dir):
             size = len(gpu_ids) * args.ranks_per_gpu
         else:
             size = 1
-            if not gpus.none_named(env):  # said below
+            if not none_named:  # said below
                 _warn("no GPU found: running 1 rank on the CPU (use -n N for N ranks, --no-gpu to "
                       "silence this)")
-    if not args.no_gpu and gpus.none_named(env):
-        _warn(gpus.none_named(env))
+    if none_named:
+        _warn(none_named)
     if gpu_ids and not args.no_gpu:
         per = args.ranks_per_gpu
         crowded = gpus.crowded(size, gpu_ids, per)

@@ -90,13 +90,14 @@ def gpu_for(local_rank, local_size, ids, per_gpu=1):
     return ids[local_rank // per_gpu]
 
 
-def none_named(environ):
+def none_named(environ, seen):
     """What a WARNING says when CUDA_VISIBLE_DEVICES names none of this host's GPUs (an index past
     them, as "2,3" set on a host of 4 and forwarded to one of 2), else None: the ranks ran on CPUs
-    without a word. Not for a list that hides them on purpose ("", "-1")."""
+    without a word. Not for a list that hides them on purpose ("", "-1"). `seen`: detect(environ),
+    which the caller has made."""
     visible = environ.get("CUDA_VISIBLE_DEVICES", "")
     first = visible.split(",")[0].strip()
-    if not first or first.startswith("-") or detect(environ):
+    if not first or first.startswith("-") or seen:
         return None
     present = detect({k: v for k, v in environ.items() if k != "CUDA_VISIBLE_DEVICES"})
     if not present:

@@ -268,7 +268,7 @@ def main(argv=None):
             print(f"tntrun: WARNING: on {socket.gethostname()}, {local_size} ranks are more than "
                   f"{crowded[0]}: running them on CPUs (use --n-per-node "
                   f"{opts.ranks_per_gpu * len(ids)}, {crowded[1]})", file=sys.stderr, flush=True)
-        none_named = gpus.none_named(env)
+        none_named = gpus.none_named(env, ids)
         if none_named and local_rank == 0:  # forwarded from tntrun's host, or set here
             print(f"tntrun: WARNING: on {socket.gethostname()}, {none_named}", file=sys.stderr, flush=True)
         if ids:
