@@ -476,28 +476,26 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
       req->stall_warned = 2;
       /* the full round told every rank who waits for what: threads named otherwise on another rank will
        * never meet, so fail now, on every rank alike, rather than at TNT_TIMEOUT_S */
-      int peer = -1;
-      const char *theirs = NULL;
-      if (sscanf(missing, "%d", &peer) == 1 && peer >= 0 && peer < c->pl->size &&
-          (theirs = tnt_negotiate_thread_twin(&c->neg, req->name, peer)) != NULL)
+      const char *theirs = first >= 0 ? tnt_negotiate_thread_twin(&c->neg, req->name, first) : NULL;
+      if (theirs)
         return tnt_fail(TNT_ERR_MISMATCH,
                         "%s '%.120s' has waited %.0f s on rank %d for rank %d, which waits instead for '%.120s': one "
                         "call made in threads of other names. A call without name= in a thread pairs with the thread "
                         "of the same name on every rank, and Python numbers unnamed threads (Thread-N) in the order a "
                         "process starts threads. Name the thread alike on every rank (threading.Thread(target=..., "
                         "name=\"train\")) or pass name= to the call",
-                        tnt_coll_name(req->meta.coll), req->name, age, c->pl->rank, peer, theirs);
+                        tnt_coll_name(req->meta.coll), req->name, age, c->pl->rank, first, theirs);
       if (busy)
         TNT_WARN("%s '%s' has waited %.0f s for ranks [%s], busy on their own (a save, or a callback that runs on "
                  "the master only); it waits while they are, up to TNT_BUSY_TIMEOUT_S=%g s",
                  tnt_coll_name(req->meta.coll), req->name, age, missing, bound);
       else {
-        tnt_coll_t theirs_coll;
-        const char *theirs = peer >= 0 && peer < c->pl->size ? tnt_negotiate_peer_waits_for(neg, peer, &theirs_coll) : NULL;
+        tnt_coll_t instead_coll;
+        const char *waits = first >= 0 ? tnt_negotiate_peer_waits_for(neg, first, &instead_coll) : NULL;
         char instead[256] = "";
-        if (theirs)
-          snprintf(instead, sizeof instead, " (rank %d waits instead in %s '%.120s')", peer, tnt_coll_name(theirs_coll),
-                   theirs);
+        if (waits)
+          snprintf(instead, sizeof instead, " (rank %d waits instead in %s '%.120s')", first,
+                   tnt_coll_name(instead_coll), waits);
         TNT_WARN("%s '%s' has waited %.0f s for ranks [%s]%s; it fails at TNT_TIMEOUT_S=%g s",
                  tnt_coll_name(req->meta.coll), req->name, age, missing, instead, timeout);
       }
