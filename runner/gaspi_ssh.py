@@ -45,8 +45,6 @@ STARTING_CALLS_WAIT_S = 60.0
 # (they learn of the failure within a heartbeat or two, TNT_GPI2_HEARTBEAT_S, at their next
 # collective); those still running then are stopped by tntrun
 FAILED_RANKS_WAIT_S = 5.0
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-STOP_GRACE_S = 3.0  # tntrun's own grace period (supervise.Supervisor's grace_s)
 
 
 def _lines(machinefile):
@@ -76,12 +74,16 @@ def _started(lock):
         return 0
 
 
-def _pass_on(source, fd):
-    """Copy `source` to `fd` until its end (every writer closed it)."""
+def _pass_on(source, fd, tail=None):
+    """Copy `source` to `fd` as it comes, until its end (every writer closed it); the last
+    TAIL bytes kept in `tail` (a bytearray) where one is given."""
     while True:
         chunk = os.read(source, 65536)
         if not chunk:
             return
+        if tail is not None:
+            tail += chunk
+            del tail[:-TAIL]
         try:
             while chunk:  # a pipe may take part of it
                 chunk = chunk[os.write(fd, chunk):]
@@ -123,7 +125,9 @@ def _run_gaspi_run(argv):
     trap, after rank 0 ended). Where tntrun itself died (SIGKILL), its parent-death signal
     came to this process alone, which died, and gaspi_run and every rank on every host ran on,
     unseen: once re-parented (tntrun gone), this process stops the group itself, SIGKILL
-    after STOP_GRACE_S, as tntrun would have."""
+    after tntrun's grace period (supervise.GRACE_S), as tntrun would have."""
+    from tarantella.runner.supervise import GRACE_S, STOP_SIGNALS  # the engine's only: not every ssh call's
+
     launcher = os.getppid()
     stopping = []
     for sig in STOP_SIGNALS:
@@ -142,7 +146,7 @@ def _run_gaspi_run(argv):
             orphaned = True
             stopping.append(time.monotonic())
             os.killpg(os.getpgrp(), signal.SIGTERM)  # this process ignores it (the handler)
-        elif orphaned and not killed and time.monotonic() - stopping[-1] > STOP_GRACE_S:
+        elif orphaned and not killed and time.monotonic() - stopping[-1] > GRACE_S:
             killed = True
             os.killpg(os.getpgrp(), signal.SIGKILL)  # this process too: nothing to report to
     if orphaned:
@@ -196,16 +200,7 @@ def main(argv):
         ranks_output = threading.Thread(target=_pass_on, args=(proc.stdout.fileno(), 1), daemon=True)
         ranks_output.start()
         tail = bytearray()
-        while True:  # ssh's own messages, passed on as they come, the last ones kept
-            chunk = os.read(proc.stderr.fileno(), 65536)
-            if not chunk:
-                break
-            tail += chunk
-            del tail[:-TAIL]
-            try:
-                os.write(2, chunk)
-            except OSError:
-                pass
+        _pass_on(proc.stderr.fileno(), 2, tail)  # ssh's own messages, the last ones kept
         ranks_output.join()
         code = proc.wait()
         code = 128 - code if code < 0 else code  # a signal: as a shell reports it

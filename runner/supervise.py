@@ -48,6 +48,7 @@ TAIL_BYTES = 64 * 1024  # what is kept of each process's stderr for the failure 
 # SIGQUIT (Ctrl+\) too: by default it would end tntrun alone, leaving its temporary folder
 # and job record, and its ranks killed by the parent-death signal with no report
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+GRACE_S = 3.0  # between a stop signal and SIGKILL, for a stopped process to end by itself
 # passed on to the job, which goes on (see Supervisor._forward): by default they would end
 # tntrun as SIGQUIT would
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -271,7 +272,7 @@ class Supervisor:
     files, and its fifth answer says that a process that exited 0 failed (see failed()). It
     decides the root cause."""
 
-    def __init__(self, specs, grace_s=3.0, on_started=None, on_stopping=None,
+    def __init__(self, specs, grace_s=GRACE_S, on_started=None, on_stopping=None,
                  error_of=_no_error_file, adopt=False):
         self.specs = specs
         # end what the processes started and left behind outside their process groups
