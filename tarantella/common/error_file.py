@@ -70,6 +70,17 @@ def note(exc):
         _job_error = exc
 
 
+def _the_ranks_own():
+    """Whether this process is the rank that installed the hooks. A fork()ed child's
+    exception is its own: it neither aborts the rank's job (the core ignores a child anyway)
+    nor becomes the rank's error in tntrun's report, where it would stand for the rank's own
+    failure; nor is that of a process the rank started otherwise (spawn, subprocess), which
+    inherited its TNT_ERROR_FILE."""
+    from tarantella.common import core
+
+    return os.getpid() == _installed_pid and not core.started_by_a_rank()
+
+
 def write_if_caught():
     """At exit (tarantella.common's exit handler, which runs after every handler the program
     registered once it had imported tarantella): write the noted error, or the job's failure
@@ -78,7 +89,7 @@ def write_if_caught():
     written, marked "caught"."""
     from tarantella.common import core
 
-    if _written or os.getpid() != _installed_pid or core.started_by_a_rank():
+    if _written or not _the_ranks_own():
         return
     exc = _job_error or core.job_error()
     if exc is None:
@@ -100,11 +111,7 @@ def install():
     def hook(exc_type, exc, tb):
         from tarantella.common import core
 
-        # a fork()ed child's exception is its own: it neither aborts the rank's job (the
-        # core ignores a child anyway) nor becomes the rank's error in tntrun's report,
-        # where it would stand for the rank's own failure; nor is that of a process the
-        # rank started otherwise (spawn, subprocess), which inherited its TNT_ERROR_FILE
-        if os.getpid() == _installed_pid and not core.started_by_a_rank():
+        if _the_ranks_own():
             try:
                 core.abort(f"uncaught {exc_type.__name__}: {exc}")
                 write(exc_type, exc, tb)
@@ -121,10 +128,7 @@ def install():
         # is not aborted here); but when the rank then leaves its peers waiting (a collective
         # that thread never made), their failure blames this rank, which exits 0: the record
         # lets tntrun's report name this exception as the root cause, not their PeerLostError
-        from tarantella.common import core
-
-        if (os.getpid() == _installed_pid and not core.started_by_a_rank() and not _written
-                and args.exc_type is not SystemExit):
+        if not _written and args.exc_type is not SystemExit and _the_ranks_own():
             try:
                 write(args.exc_type, args.exc_value, args.exc_traceback,
                       thread=args.thread.name if args.thread is not None else "?")
