@@ -728,8 +728,7 @@ class Model(keras.Model):
             set_by_user = validation_steps is None if isinstance(x, tf.data.Dataset) else (
                 batch_size is not None or tnt_micro_batch_size is not None)
             x_batch = train[1] if set_by_user else None
-        if train is not None:
-            x, global_batch, micro_batch = train[0], train[1], train[2]
+            x, micro_batch = train[0], train[2]
             y = sample_weight = batch_size = None
             self._warn_batch_norm(micro_batch)
         if validation_data is not None:
