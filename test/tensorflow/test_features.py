@@ -24,6 +24,28 @@ def runs(tmp_path_factory):
     return {"ref": load(ref, 0), "ranks": [load(out, 0), load(out, 1)], "out": str(out)}
 
 
+def _assert_history_as_serial(got, ref):
+    """A history ({metric: values per epoch}) equal to serial Keras' within float32 rounding."""
+    assert got.keys() == ref.keys()
+    for key, values in ref.items():
+        np.testing.assert_allclose(got[key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+
+
+def _assert_fit_as_serial(runs, name):
+    """Scenario `name` trained as serial Keras on every rank (its history, a dict of metrics or
+    a list of losses, and its weights), the ranks alike."""
+    ref = runs["ref"][name]
+    for rank in runs["ranks"]:
+        got = rank[name]
+        if isinstance(ref["history"], dict):
+            _assert_history_as_serial(got["history"], ref["history"])
+        else:
+            np.testing.assert_allclose(got["history"], ref["history"], rtol=0, atol=1e-6)
+        for a, b in zip(got["weights"], ref["weights"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert runs["ranks"][0][name] == runs["ranks"][1][name]
+
+
 def test_deciding_callbacks_decide_as_in_serial_training(runs):
     ref = runs["ref"]["callbacks"]
     for rank in runs["ranks"]:
@@ -144,13 +166,7 @@ def test_own_compile_and_two_optimizers_match_serial(runs):
     """A model with its own compile() (two optimizers, the GAN pattern) trains
     as in serial Keras; the rank with an empty slice of the last batch still
     takes part in both optimizers' allreduces."""
-    ref = runs["ref"]["own_compile"]
-    for rank in runs["ranks"]:
-        got = rank["own_compile"]
-        np.testing.assert_allclose(got["history"], ref["history"], rtol=0, atol=1e-6)
-        for a, b in zip(got["weights"], ref["weights"]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert runs["ranks"][0]["own_compile"] == runs["ranks"][1]["own_compile"]
+    _assert_fit_as_serial(runs, "own_compile")
 
 
 def test_array_fits_trace_the_empty_slice_branch_only_when_a_slice_can_be_empty(runs):
@@ -158,24 +174,13 @@ def test_array_fits_trace_the_empty_slice_branch_only_when_a_slice_can_be_empty(
     step without the empty-slice branch (a smaller graph, a faster start); a
     fit whose last batch leaves a rank empty traces the step again with it,
     and training matches serial Keras throughout."""
-    ref = runs["ref"]["array_fits"]
     for rank in runs["ranks"]:
-        got = rank["array_fits"]
-        assert got["empty_slice_branch"] == [False, True, False]
-        np.testing.assert_allclose(got["history"], ref["history"], rtol=0, atol=1e-6)
-        for a, b in zip(got["weights"], ref["weights"]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert runs["ranks"][0]["array_fits"] == runs["ranks"][1]["array_fits"]
+        assert rank["array_fits"]["empty_slice_branch"] == [False, True, False]
+    _assert_fit_as_serial(runs, "array_fits")
 
 
 def test_a_model_wrapped_twice_trains_as_in_serial_keras_by_either_wrapper(runs):
-    ref = runs["ref"]["wrapped_twice"]
-    for rank in runs["ranks"]:
-        got = rank["wrapped_twice"]
-        np.testing.assert_allclose(got["history"], ref["history"], rtol=0, atol=1e-6)
-        for a, b in zip(got["weights"], ref["weights"]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert runs["ranks"][0]["wrapped_twice"] == runs["ranks"][1]["wrapped_twice"]
+    _assert_fit_as_serial(runs, "wrapped_twice")
 
 
 def test_arrays_in_lists_train_as_in_serial_keras(runs):
@@ -184,9 +189,7 @@ def test_arrays_in_lists_train_as_in_serial_keras(runs):
     ref = runs["ref"]["list_arrays"]
     for rank in runs["ranks"]:
         got = rank["list_arrays"]
-        assert got["history"].keys() == ref["history"].keys()
-        for key, values in ref["history"].items():
-            np.testing.assert_allclose(got["history"][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+        _assert_history_as_serial(got["history"], ref["history"])
         np.testing.assert_allclose(got["evaluate"], ref["evaluate"], rtol=1e-6, atol=1e-6)
         for a, b in zip(got["weights"] + got["predict"], ref["weights"] + ref["predict"]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -247,15 +250,8 @@ def test_own_shards_with_validation_split_validate_each_shards_end_as_in_serial_
     """tnt_distribute_dataset=False with validation_split: each rank validates
     the end of its own shard (no MismatchError), as serial Keras validates
     both ends."""
-    ref = runs["ref"]["own_shards_validation_split"]
-    for rank in runs["ranks"]:
-        got = rank["own_shards_validation_split"]
-        assert got["history"].keys() == ref["history"].keys() and "val_loss" in ref["history"]
-        for key, values in ref["history"].items():
-            np.testing.assert_allclose(got["history"][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
-        for a, b in zip(got["weights"], ref["weights"]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert runs["ranks"][0]["own_shards_validation_split"] == runs["ranks"][1]["own_shards_validation_split"]
+    assert "val_loss" in runs["ref"]["own_shards_validation_split"]["history"]
+    _assert_fit_as_serial(runs, "own_shards_validation_split")
 
 
 def test_ragged_inputs_train_evaluate_and_predict_as_in_serial_keras(runs):
@@ -268,9 +264,7 @@ def test_ragged_inputs_train_evaluate_and_predict_as_in_serial_keras(runs):
         got = rank["ragged_inputs"]
         assert len(got["predict"]) == len(ref["predict"]) == len(got["array_predict"]) == 33
         for part in ("history", "array_history"):
-            assert got[part].keys() == ref[part].keys()
-            for key, values in ref[part].items():
-                np.testing.assert_allclose(got[part][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
+            _assert_history_as_serial(got[part], ref[part])
         for part in ("evaluate", "array_evaluate"):
             np.testing.assert_allclose(got[part], ref[part], rtol=1e-6, atol=1e-6, err_msg=part)
         for a, b in zip(got["weights"] + got["predict"] + got["array_predict"],
@@ -296,15 +290,7 @@ def test_string_arrays_train_as_in_serial_keras(runs):
 def test_class_weights_of_some_classes_weight_the_others_one_as_in_serial_keras(runs):
     """class_weight={0: 2.0} with labels 0-2 on arrays trains as serial Keras
     (the other classes weigh 1), not an InvalidArgumentError."""
-    ref = runs["ref"]["class_weight_arrays"]
-    for rank in runs["ranks"]:
-        got = rank["class_weight_arrays"]
-        assert got["history"].keys() == ref["history"].keys()
-        for key, values in ref["history"].items():
-            np.testing.assert_allclose(got["history"][key], values, rtol=1e-6, atol=1e-6, err_msg=key)
-        for a, b in zip(got["weights"], ref["weights"]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert runs["ranks"][0]["class_weight_arrays"] == runs["ranks"][1]["class_weight_arrays"]
+    _assert_fit_as_serial(runs, "class_weight_arrays")
 
 
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
