@@ -24,6 +24,14 @@ wrote last. It reaches the directory through
 way: a tnt.Model's SavedModel is written on the master, atomically (as
 `tnt.Model.export`), and the ranks meet after it. Keras' own `export` hands
 TensorFlow an ExportArchive, no tnt.Model, which passes unchanged.
+
+Keras makes a missing folder with `if not exists(dir): makedirs(dir)`
+(ModelCheckpoint before every save, saving_lib for a directory save). A
+ModelCheckpoint runs on every rank: now and then both ranks found the folder
+missing, one made it and the other's makedirs failed with FileExistsError,
+on that rank alone, in the middle of fit. `file_utils.makedirs` is wrapped to
+take a folder made between the check and the call as made; a file in its
+place still raises, as before.
 """
 import functools
 import os
@@ -87,11 +95,30 @@ def _saved_model_save(original):
     return save
 
 
+def _makedirs_made_meanwhile(original):
+    """Keras' makedirs(path), which leaves a folder another rank has made
+    since Keras found it missing (the only way Keras reaches it with a folder
+    in place: every caller checks first)."""
+
+    @functools.wraps(original)
+    def makedirs(path):
+        try:
+            return original(path)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+
+    setattr(makedirs, _INSTALLED, True)
+    return makedirs
+
+
 def install():
     """Route Keras' (and tf.saved_model's) saving functions' tnt.Models to
-    their own saves (once)."""
+    their own saves, and let Keras' makedirs meet a folder another rank made
+    (once)."""
     from keras.src.legacy.saving import legacy_h5_format
     from keras.src.saving import saving_lib
+    from keras.src.utils import file_utils
     from tensorflow.python.saved_model import save as saved_model_save
 
     for module, name, save in (
@@ -102,3 +129,5 @@ def install():
         original = getattr(module, name)
         if not getattr(original, _INSTALLED, False):
             setattr(module, name, _route(original, save(original)))
+    if not getattr(file_utils.makedirs, _INSTALLED, False):
+        file_utils.makedirs = _makedirs_made_meanwhile(file_utils.makedirs)

@@ -538,6 +538,29 @@ def test_sequential_is_a_tnt_model_over_keras_sequential():
         tnt.Sequential.from_config(_functional().get_config())
 
 
+def test_a_checkpoint_folder_another_rank_made_meanwhile_is_taken_as_made(tmp_path, monkeypatch):
+    """ModelCheckpoint runs on every rank and makes its missing folder with
+    `if not exists: makedirs`: the other rank may make it between the two
+    (stood in for by an exists that answers before the other rank's makedirs).
+    That rank's fit failed with FileExistsError; it goes on. A file where the
+    folder should be still fails, as in Keras."""
+    from keras.src.utils import file_utils
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()  # the other rank's makedirs
+    monkeypatch.setattr(file_utils, "exists", lambda path: os.fspath(path) != os.fspath(folder)
+                        and os.path.exists(path))
+    model = tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+    model.fit(x, y, epochs=1, verbose=0,
+              callbacks=[keras.callbacks.ModelCheckpoint(str(folder / "m.keras"))])
+    assert os.listdir(folder) == ["m.keras"]
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(FileExistsError):
+        file_utils.makedirs(str(tmp_path / "a_file"))
+
+
 def test_saved_files_are_plain_keras_files(tmp_path):
     """A tnt.Model saves the wrapped model, compiled, with its optimizer state:
     plain Keras loads it; tnt.models.load_model wraps it again."""
