@@ -23,8 +23,8 @@ from tarantella.tensorflow.data import first_batches, step_counts
 from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
 from tarantella.tensorflow.data.step_counts import input_kind
 from tarantella.tensorflow.keras.callbacks.callback_preparation import (
-    own_csv_files, prepare_callbacks, same_checkpoints, same_csv_loggers, same_rate_setters,
-    same_restoring_stops)
+    own_csv_files, prepare_callbacks, same_backups, same_checkpoints, same_csv_loggers,
+    same_rate_setters, same_restoring_stops)
 from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
@@ -709,7 +709,8 @@ class Model(keras.Model):
         # one round: the call, its arguments, the callbacks that make collective calls
         call_agreement.check("fit", self, self._tnt_agreement, not self._tnt_synced, arguments,
                              same_checkpoints(callbacks), same_restoring_stops(callbacks),
-                             same_rate_setters(callbacks), same_csv_loggers(callbacks))
+                             same_rate_setters(callbacks), same_csv_loggers(callbacks),
+                             same_backups(callbacks))
         own_csv_files(callbacks)  # a round of its own only where a CSVLogger runs on every rank
         if class_weight is not None and tnt_distribute_dataset and kinds["x"] == step_counts.KINDS[2]:
             sample_weight = _class_weights_as_keras_arrays(y, sample_weight, class_weight)
@@ -1031,16 +1032,24 @@ def save_together(what, model, broadcasts_first, filepath, write, save_all_devic
                   siblings=False):
     """A save (`what`, one of step_counts.CALLS) of `model`, called on every
     rank: `write(path)` writes `filepath` atomically on the master (every rank
-    with `save_all_devices`), then the ranks meet in the call agreement, so
-    that every rank may read the file once it returns, a save called on the
-    master only fails at the other ranks' next call instead of waiting for
-    them, and a write that failed raises on every rank. Inside a callback that
-    runs on the master only, the other ranks are not saving: no collective."""
+    with `save_all_devices`), then the ranks meet (master_writes_together)."""
+    master_writes_together(what, model, broadcasts_first,
+                           lambda: atomic_save(filepath, write, siblings=siblings), save_all_devices)
+
+
+def master_writes_together(what, model, broadcasts_first, write, on_all_ranks=False):
+    """`write()` (the files of a save `what`, one of step_counts.CALLS, of
+    `model`) on the master (every rank with `on_all_ranks`), called on every
+    rank; then the ranks meet in the call agreement, so that every rank may
+    read the files once it returns, a save called on the master only fails at
+    the other ranks' next call instead of waiting for them, and a write that
+    failed raises on every rank. Inside a callback that runs on the master
+    only, the other ranks are not saving: no collective."""
     error = None
-    if save_all_devices or core.is_master_rank():
+    if on_all_ranks or core.is_master_rank():
         try:
             with busy.section():  # the others wait for the write, however long it takes
-                atomic_save(filepath, write, siblings=siblings)
+                write()
         except Exception as exc:  # noqa: BLE001 - raised on every rank by the agreement
             error = exc
     if core.get_size() > 1 and not master_only.active():

@@ -428,6 +428,57 @@ def epoch_loop(tnt, reference):
     return {"history": history, "weights": weights(model)}
 
 
+def backup_and_restore(tnt, files, reference):
+    """Keras' BackupAndRestore, a job preempted at the start of its third
+    epoch and run again: the second fit resumes at epoch 2 from the backup
+    (weights and optimizer state), ends with the serial run's history and
+    weights, and removes the folder. With double_checkpoint, the previous
+    backup is kept beside the latest. Then a backup whose latest weights are
+    damaged (a job stopped mid-write by a Keras that writes in place): the
+    previous one is restored, as Keras does, alike on every rank. Refused
+    before; run unchanged on every rank, each rank decided alone from its own
+    disk and made, wrote and removed the folder at once."""
+    folder = os.path.join(files, "backup")  # one folder for every rank (a shared file system)
+
+    class Preempted(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise KeyboardInterrupt("preempted")  # not an Exception: nothing catches it
+
+    def model():
+        m = build()
+        m = m if reference else tnt.Model(m)
+        compile_(m)
+        return m
+
+    x, y = data()
+    fit = dict(batch_size=B, epochs=4, shuffle=False, verbose=0)
+    try:
+        model().fit(x, y, **fit, callbacks=[
+            keras.callbacks.BackupAndRestore(folder, double_checkpoint=True), Preempted()])
+    except KeyboardInterrupt:
+        pass
+    left = sorted(os.listdir(folder))
+    resumed = model()
+    history = resumed.fit(x, y, **fit, callbacks=[keras.callbacks.BackupAndRestore(folder)])
+    result = {"left": left, "epochs": history.epoch, "history": history.history["loss"],
+              "weights": weights(resumed), "removed": not os.path.exists(folder)}
+    # a damaged latest backup, the previous one whole: training resumes from the previous one
+    try:
+        model().fit(x, y, **fit, callbacks=[
+            keras.callbacks.BackupAndRestore(folder, double_checkpoint=True), Preempted()])
+    except KeyboardInterrupt:
+        pass
+    if reference or tnt.get_rank() == 0:
+        with open(os.path.join(folder, "latest.weights.h5"), "wb") as f:
+            f.write(b"half a file")
+    if not reference:
+        tnt.barrier()
+    again = model().fit(x, y, **fit, callbacks=[keras.callbacks.BackupAndRestore(folder)])
+    result["fallback_epochs"] = again.epoch
+    return result
+
+
 def _traced_step_has_a_cond(model):
     """Whether the train function Keras traced last contains a tf.cond (tnt's
     empty-slice branch: a tiny Dense model has no other)."""
@@ -1696,8 +1747,28 @@ def check_master_only_checkpoints(tnt, files):
         # the ranks applied the summed gradients at different rates: seen after the epoch
         "rate_on_master": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
             keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr / 2)] if master else []),
+        # the master decides whether and where to resume, every rank loads from its folder
+        "backup_on_master": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            keras.callbacks.BackupAndRestore(os.path.join(files, "bar"))] if master else []),
+        "backup_per_rank": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            keras.callbacks.BackupAndRestore(os.path.join(files, f"bar{tnt.get_rank()}"))]),
+        # damaged, without a previous backup: Keras' OSError on the master, an error on the others
+        "backup_unreadable": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            keras.callbacks.BackupAndRestore(_damaged_backup(files, master))]),
+        "backup_on_master_wrapped": lambda m: tnt.keras.callbacks.Callback(
+            keras.callbacks.BackupAndRestore(os.path.join(files, "bar")), run_on_all_ranks=False),
     }
     return run_cases(tnt, cases)
+
+
+def _damaged_backup(files, master):
+    """A BackupAndRestore folder whose latest weights are half a file (written on the master)."""
+    folder = os.path.join(files, "bar_damaged")
+    if master:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "latest.weights.h5"), "wb") as f:
+            f.write(b"half a file")
+    return folder
 
 
 def check_rank_only_saves(tnt, files):
@@ -1931,6 +2002,7 @@ def main():
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)
+    results["backup_and_restore"] = backup_and_restore(tnt, files, args.reference)
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)

@@ -346,6 +346,23 @@ def test_fit_in_a_loop_of_one_epoch_each_reshuffles_every_epoch_as_serial_keras(
     assert runs["ranks"][0]["epoch_loop"] == runs["ranks"][1]["epoch_loop"]
 
 
+def test_backup_and_restore_resumes_a_preempted_job_as_serial_keras(runs):
+    """Keras' BackupAndRestore (refused before): the job preempted at its third
+    epoch resumes at epoch 2 and ends with serial Keras' history and weights,
+    the backup's files (double_checkpoint) and their removal as serial Keras
+    leaves them; a damaged latest backup falls back to the previous one on
+    every rank alike (resuming at epoch 1)."""
+    _assert_fit_as_serial(runs, "backup_and_restore")
+    ref = runs["ref"]["backup_and_restore"]
+    assert ref["epochs"] == [2, 3] and ref["fallback_epochs"] == [1, 2, 3], ref
+    assert ref["left"] == ["latest.weights.h5", "latest.weights.h5.bkp", "training_metadata.json",
+                           "training_metadata.json.bkp"] and ref["removed"], ref
+    for rank in runs["ranks"]:
+        got = rank["backup_and_restore"]
+        for key in ("epochs", "left", "removed", "fallback_epochs"):
+            assert got[key] == ref[key], (key, got[key], ref[key])
+
+
 def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
     """A rank whose slice of a batch is empty skips the model but must do what
     the others do: update synchronised BatchNormalization's moving statistics
@@ -767,6 +784,20 @@ def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(
     assert said == r1["rate_on_master"]["message"]
     assert said.startswith("fit was given callbacks that set the learning rate (LearningRateScheduler, "
                            "ReduceLROnPlateau) on some ranks only (rank 0: 1, rank 1: 0)"), said
+    said = r0["backup_on_master"]["message"]
+    assert r0["backup_on_master"]["error"] == r1["backup_on_master"]["error"] == "MismatchError", said
+    assert said == r1["backup_on_master"]["message"]
+    assert said.startswith("fit was given different BackupAndRestore callbacks on the ranks"), said
+    said = r0["backup_per_rank"]["message"]
+    assert r0["backup_per_rank"]["error"] == r1["backup_per_rank"]["error"] == "MismatchError", said
+    assert "backup_dir" in said and "shared file system" in said, said
+    # a backup the master cannot read: its OSError (Keras' own), the others an error that quotes it
+    bad = r0["backup_unreadable"], r1["backup_unreadable"]
+    assert bad[0]["error"] == "OSError" and bad[1]["error"] == "TarantellaError", bad
+    assert "on the master rank (OSError: " in bad[1]["message"] and "bar_damaged" in bad[1]["message"]
+    for r in (r0, r1):
+        assert r["backup_on_master_wrapped"]["error"] == "ValueError", r["backup_on_master_wrapped"]
+        assert "BackupAndRestore must run on every rank" in r["backup_on_master_wrapped"]["message"]
     # wrapped to run on the master only, or callbacks that never wait (History, an EarlyStopping
     # that does not restore: the ranks stop together): they run
     for key in ("wrapped", "history", "restoring_stop_everywhere", "stop_on_master"):

@@ -36,7 +36,7 @@ KINDS = ("None", "a tf.data.Dataset", "arrays", "another input")  # what `input_
 # the calls that compare what they are (call_agreement.py)
 CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch",
          "save", "save_weights", "load_weights", "load_model", "export", "set_weights",
-         "tf.saved_model.save")
+         "tf.saved_model.save", "BackupAndRestore")
 # the words a value can be (shuffle="batch", the call's name)
 _WORDS = KINDS + ("False", "True", "batch") + CALLS
 _WORD_BASE = -10  # _WORDS[i] travels as _WORD_BASE - i

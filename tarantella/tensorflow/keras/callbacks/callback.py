@@ -11,7 +11,8 @@ from tarantella.tensorflow.parallel_strategy import ParallelStrategy
 # Callbacks whose decisions change training (the learning rate, stopping):
 # they must decide the same on every rank, or ranks would diverge or deadlock.
 _DECIDING = (keras.callbacks.EarlyStopping, keras.callbacks.ReduceLROnPlateau,
-             keras.callbacks.LearningRateScheduler, keras.callbacks.TerminateOnNaN)
+             keras.callbacks.LearningRateScheduler, keras.callbacks.TerminateOnNaN,
+             keras.callbacks.BackupAndRestore)  # restores the weights and the epoch
 
 
 def _decides_from_logs(callback):
@@ -107,10 +108,6 @@ class Callback(keras.callbacks.Callback):
         if run_on_all_ranks is None:
             # e.g. a CSVLogger on the master only: on every rank, each would write the same file
             run_on_all_ranks = runs_on_all_ranks_by_default(callback)
-        if isinstance(callback, keras.callbacks.BackupAndRestore):
-            raise ValueError(
-                "BackupAndRestore is not supported by Tarantella yet: use ModelCheckpoint, and "
-                "tnt.models.load_model to resume. Received: callback=BackupAndRestore")
         if not run_on_all_ranks and isinstance(callback, _DECIDING):
             raise ValueError(
                 f"{type(callback).__name__} must run on every rank: it changes training, so ranks "

@@ -7,6 +7,7 @@ import numpy as np
 
 from tarantella.common import collectives, config, core
 from tarantella.tensorflow.data import step_counts
+from tarantella.tensorflow.keras.callbacks import backup_and_restore
 from tarantella.tensorflow.keras.callbacks.callback import WRITERS, Callback
 
 
@@ -33,7 +34,7 @@ def prepare_callbacks(callbacks):
     prepared = []
     for cb in callbacks or []:
         if isinstance(cb, keras.callbacks.BackupAndRestore):
-            Callback(cb)  # raises the explanation
+            cb = backup_and_restore.distributed(cb)  # the master keeps the backup
         if isinstance(cb, (Callback, *WRITERS)):
             cb = cb if isinstance(cb, Callback) else Callback(cb)  # where callback.py says
             if isinstance(cb, keras.callbacks.TensorBoard) and cb.run_on_all_ranks and core.get_size() > 1:
@@ -121,6 +122,22 @@ def same_checkpoints(callbacks):
             "`hvd.rank() == 0` guard): the master alone writes the files. To run one on the "
             "master only, wrap it: tnt.keras.callbacks.Callback(checkpoint, run_on_all_ranks=False)")
     return step_counts.Group({"the ModelCheckpoints that run on every rank": count}, message=message)
+
+
+def same_backups(callbacks):
+    """The Group (for call_agreement.check in fit) that fails unless every rank
+    passes the same BackupAndRestore callbacks: as many, with the same folders
+    and save_freq. The master decides whether and from which epoch to resume
+    (backup_and_restore.py) and every rank loads from its own callback's
+    folder: one of another folder would load other weights or none."""
+    backups = _on_every_rank(callbacks, keras.callbacks.BackupAndRestore)
+    return step_counts.Group({
+        "the BackupAndRestore callbacks' folders (backup_dir)":
+            tuple(os.path.abspath(os.fspath(cb.backup_dir)) for cb in backups),
+        "the BackupAndRestore callbacks' save_freq": tuple(cb.save_freq for cb in backups),
+    }, "fit was given different BackupAndRestore callbacks on the ranks",
+        "Pass the same BackupAndRestore on every rank, with one backup_dir that every rank can "
+        "read (a shared file system): the master writes the backup, every rank resumes from it")
 
 
 def _csv_loggers_on_every_rank(callbacks):
