@@ -19,7 +19,7 @@ from tarantella.tensorflow import keras_saving
 from tarantella.tensorflow.atomic_save import atomic_save, explain_missing
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
-from tarantella.tensorflow.data import first_batches, step_counts
+from tarantella.tensorflow.data import first_batches, py_dataset, step_counts
 from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
 from tarantella.tensorflow.data.step_counts import input_kind
 from tarantella.tensorflow.keras.callbacks.callback_preparation import (
@@ -573,11 +573,18 @@ class Model(keras.Model):
             d = distribute_dataset(x, micro_batch_size=micro_batch_size, what=kwarg_name,
                                    label=label)
             return d.dataset, d.global_batch_size, d.micro_batch_size, True, d.first_batches
+        if py_dataset.is_py_dataset(x):
+            if micro_batch_size is not None:
+                raise ValueError(
+                    f"tnt.Model.{what}: a keras.utils.PyDataset yields global batches, which each "
+                    f"rank slices: leave out {kwarg_name}. Received: {kwarg_name}="
+                    f"{micro_batch_size!r}, {label} of type {type(x).__name__}")
+            return py_dataset.rank_slices(x, shuffle), None, None, True, None
         if x is None or not _is_array_like(x):
             switch = "tnt_distribute_validation_dataset" if validation else "tnt_distribute_dataset"
             raise TypeError(
-                f"tnt.Model.{what} distributes tf.data.Dataset objects and NumPy arrays / tensors. "
-                "For Python generators, keras.utils.PyDataset or other iterables, build a "
+                f"tnt.Model.{what} distributes tf.data.Dataset objects, keras.utils.PyDataset "
+                "objects and NumPy arrays / tensors. For Python generators or other iterables, build a "
                 "tf.data.Dataset (e.g. tf.data.Dataset.from_generator) batched with the global "
                 f"batch size, or pass {switch}=False and feed each rank its own "
                 f"shard. Received: {label} of type {type(x).__name__}")
@@ -642,6 +649,8 @@ class Model(keras.Model):
             if isinstance(x, tf.data.Dataset):
                 with first_batches.unrecorded(stores):
                     inputs = keras.utils.unpack_x_y_sample_weight(next(iter(x)))[0]
+            elif py_dataset.is_py_dataset(x):  # this rank's RankSlices
+                inputs = keras.utils.unpack_x_y_sample_weight(x[0])[0]
             else:
                 inputs = tf.nest.map_structure(lambda t: t[:1], x)
             self(inputs)
@@ -761,7 +770,8 @@ class Model(keras.Model):
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
-                callbacks=prepare_callbacks(callbacks) + self._consistency_checks(seen),
+                callbacks=prepare_callbacks(callbacks) + py_dataset.epoch_callbacks(x)
+                + self._consistency_checks(seen),
                 validation_data=validation_data,
                 shuffle=False if train is not None else shuffle, class_weight=class_weight,
                 sample_weight=sample_weight, initial_epoch=initial_epoch,

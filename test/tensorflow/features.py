@@ -428,6 +428,55 @@ def epoch_loop(tnt, reference):
     return {"history": history, "weights": weights(model)}
 
 
+def py_datasets(tnt, reference):
+    """A keras.utils.PyDataset as fit's x (refused before: build a tf.data
+    pipeline), validation_data, evaluate's and predict's x: each rank feeds
+    its slice of every batch, and the results are serial Keras'. 81 samples
+    in batches of 20 (the last of 1: rank 1's slice is empty), batches
+    returned as lists, in worker threads, then in worker processes forked
+    after the core started, with class weights. fit shuffles a PyDataset's
+    batches (Keras: Python's random.shuffle); the ranks' Python random states
+    differ here (rank 1's seed is not the master's): left to each rank, they
+    sliced different batches in the same step, samples lost and others taken
+    twice, without a word."""
+    import random
+
+    x, y = data(81, seed=21)
+
+    class Batches(keras.utils.PyDataset):
+        def __init__(self, n, **kwargs):
+            super().__init__(**kwargs)
+            self.n, self.ends = n, 0
+
+        def __len__(self):
+            return -(-self.n // 20)
+
+        def __getitem__(self, i):
+            return [x[i * 20:(i + 1) * 20][:self.n], y[i * 20:(i + 1) * 20][:self.n]]
+
+        def on_epoch_end(self):
+            self.ends += 1  # Keras' hook reaches the user's dataset
+
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    out = {}
+    for name, kwargs in (("threads", {"workers": 2}),
+                         ("processes", {"workers": 2, "use_multiprocessing": True})):
+        random.seed(5 if reference or tnt.get_rank() == 0 else 99)
+        train = Batches(81, **kwargs)
+        history = model.fit(train, epochs=2, verbose=0, validation_data=Batches(40),
+                            class_weight={0: 1.0, 1: 2.0, 2: 0.5} if name == "processes" else None)
+        out[name] = {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.history.items())},
+                     "epoch_ends": train.ends}
+    out["history"] = out["threads"]["history"]  # for _assert_fit_as_serial
+    out["weights"] = weights(model)
+    out["evaluate"] = [float(v) for v in model.evaluate(Batches(81), verbose=0)]
+    out["predict"] = np.asarray(model.predict(Batches(81), verbose=0)).tolist()
+    return out
+
+
 def backup_and_restore(tnt, files, reference):
     """Keras' BackupAndRestore, a job preempted at the start of its third
     epoch and run again: the second fit resumes at epoch 2 from the backup
@@ -2003,6 +2052,7 @@ def main():
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)
     results["backup_and_restore"] = backup_and_restore(tnt, files, args.reference)
+    results["py_datasets"] = py_datasets(tnt, args.reference)
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)

@@ -346,6 +346,23 @@ def test_fit_in_a_loop_of_one_epoch_each_reshuffles_every_epoch_as_serial_keras(
     assert runs["ranks"][0]["epoch_loop"] == runs["ranks"][1]["epoch_loop"]
 
 
+def test_a_py_dataset_trains_evaluates_and_predicts_as_serial_keras(runs):
+    """keras.utils.PyDataset (refused before) as fit's x and validation_data,
+    evaluate's and predict's x, in worker threads and forked worker processes,
+    with class weights and an empty slice: serial Keras' logs, weights and
+    predictions, the batches shuffled in the master's order on every rank
+    (the ranks' own Python random states differ)."""
+    _assert_fit_as_serial(runs, "py_datasets")
+    ref = runs["ref"]["py_datasets"]
+    for rank in runs["ranks"]:
+        got = rank["py_datasets"]
+        _assert_history_as_serial(got["processes"]["history"], ref["processes"]["history"])
+        assert got["threads"]["epoch_ends"] == got["processes"]["epoch_ends"] == ref["threads"]["epoch_ends"]
+        np.testing.assert_allclose(got["evaluate"], ref["evaluate"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["predict"], ref["predict"], rtol=1e-5, atol=1e-6)
+        assert np.shape(got["predict"]) == (81, 3)
+
+
 def test_backup_and_restore_resumes_a_preempted_job_as_serial_keras(runs):
     """Keras' BackupAndRestore (refused before): the job preempted at its third
     epoch resumes at epoch 2 and ends with serial Keras' history and weights,

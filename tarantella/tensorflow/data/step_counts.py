@@ -23,6 +23,7 @@ Either raises the same MismatchError on every rank.
 import numbers
 import zlib
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -65,12 +66,14 @@ def input_kind(x):
 def batches(x, batch_size=None):
     """The number of batches Keras will draw from `x`: a tf.data.Dataset's
     cardinality, arrays' samples over `batch_size` (Keras' 32 when None), 0
-    for no input, or UNKNOWN (a generator, a PyDataset)."""
+    for no input, a PyDataset's num_batches, or UNKNOWN (a generator, an endless PyDataset)."""
     kind = input_kind(x)
     if kind == KINDS[0]:
         return 0
     if kind == KINDS[1]:
         return int(x.cardinality())
+    if isinstance(x, keras.utils.PyDataset):
+        return UNKNOWN if x.num_batches is None else int(x.num_batches)
     if kind != KINDS[2]:
         return UNKNOWN
     samples = int(np.shape(tf.nest.flatten(x)[0])[0])
