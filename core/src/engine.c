@@ -426,10 +426,14 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
  * the full rounds, which then fail it as before. */
 #define STALL_WARN_S 60.0
 
+static double stall_warn_at(const tnt_engine_t *c) {
+  return c->params->timeout_s / 2 < STALL_WARN_S ? c->params->timeout_s / 2 : STALL_WARN_S;
+}
+
 static tnt_result_t check_stalls(tnt_engine_t *c) {
   const double now = tnt_now();
   const double timeout = c->params->timeout_s;
-  const double warn_at = timeout / 2 < STALL_WARN_S ? timeout / 2 : STALL_WARN_S;
+  const double warn_at = stall_warn_at(c);
   for (int i = 0; i < c->pending.n; i++) {
     tnt_request_t *req = c->pending.items[i];
     const double age = now - req->submit_time;
@@ -506,6 +510,39 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
   return TNT_SUCCESS;
 }
 
+/* The ranks that wait warn (check_stalls), but only the master's warnings are shown (tntrun shows the
+ * master's output, and logs are the master's unless TNT_LOG_ON_ALL_DEVICES): with the master busy on its
+ * own (a save, a callback that runs on the master only, tnt.rank_only()), the ranks waiting for it warned
+ * where nobody saw it, and the job stood still without a word for up to TNT_BUSY_TIMEOUT_S. So a rank
+ * busy for the stall warning's time, that a full round since its section began shows waited for, says
+ * so itself, once a section. After a cycle, by the thread that ran it. */
+static void warn_if_waited_for_while_busy(tnt_engine_t *c) {
+  tnt_negotiator_t *neg = &c->neg;
+  if (!atomic_load(&neg->busy)) return;
+  const double since = atomic_load(&neg->busy_since), now = tnt_now();
+  if (neg->busy_warned == since || now - since < stall_warn_at(c) || tnt_negotiate_full_round_at(neg) <= since)
+    return;
+  char waiting[512] = "";
+  const char *name = NULL;
+  tnt_coll_t coll = COLL_ALLREDUCE;
+  size_t used = 0;
+  for (int q = 0; q < c->pl->size && used < sizeof waiting - 16; q++) {
+    tnt_coll_t theirs;
+    const char *waits = q == c->pl->rank ? NULL : tnt_negotiate_peer_waits_for(neg, q, &theirs);
+    if (!waits) continue;
+    if (!name) name = waits, coll = theirs;
+    used += (size_t)snprintf(waiting + used, sizeof waiting - used, "%s%d", used ? ", " : "", q);
+  }
+  if (!name) return;
+  neg->busy_warned = since;
+  TNT_WARN("this rank has been busy on its own for %.0f s (a save, a callback that runs on the master only, or "
+           "tnt.rank_only()) while ranks [%s] wait for it in %s '%.120s'; they wait while it is, up to "
+           "TNT_BUSY_TIMEOUT_S=%g s, and fail at TNT_TIMEOUT_S=%g s after it if it never makes that call",
+           now - since, waiting, tnt_coll_name(coll), name,
+           c->params->busy_timeout_s > c->params->timeout_s ? c->params->busy_timeout_s : c->params->timeout_s,
+           c->params->timeout_s);
+}
+
 void tnt_engine_abort(tnt_engine_t *c, const char *reason, int root_peer, int log) {
   /* publish it first: peers waiting on this rank fail at once, naming the root
    * cause (the lost or stuck rank when there is one, else this rank) */
@@ -568,6 +605,7 @@ static int engine_step(tnt_engine_t *c, double until) {
   if (res == TNT_SUCCESS) res = execute(c, resp, nresp);
   tnt_responses_free(resp, nresp);
   if (res != TNT_SUCCESS) go_fatal(c, res);
+  else warn_if_waited_for_while_busy(c);
   return TNT_STEP_WORKED;
 }
 

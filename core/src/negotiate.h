@@ -100,6 +100,8 @@ typedef struct {
   int next_full;               /* the kind of the next cycle, agreed by every rank in this one */
   int refresh;                 /* this rank wants a full round: who is ready for what, for a stall report */
   _Atomic int busy;            /* this rank is in a section of its own (tnt_set_busy): sent in full rounds */
+  _Atomic double busy_since;   /* when its section began (tnt_now), valid while busy */
+  double busy_warned;          /* busy_since of the section the engine warned about (engine.c) */
   uint8_t *peer_busy;          /* [size]: rank q was busy so in the last full round */
   double full_round_at;        /* when the last full round ended (tnt_now), 0 before the first */
   uint64_t *bits_out, *bits_and; /* a bit round's words: this rank's, every rank's AND */
@@ -145,7 +147,10 @@ static inline int tnt_negotiate_refreshing(const tnt_negotiator_t *c) { return c
 static inline double tnt_negotiate_full_round_at(const tnt_negotiator_t *c) { return c->full_round_at; }
 /* This rank is (1) or is no longer (0) in a section of its own: said in the next full round.
  * Any thread (tnt_set_busy). */
-static inline void tnt_negotiate_set_busy(tnt_negotiator_t *c, int busy) { atomic_store(&c->busy, busy ? 1 : 0); }
+static inline void tnt_negotiate_set_busy(tnt_negotiator_t *c, int busy) {
+  if (busy) atomic_store(&c->busy_since, tnt_now()); /* first: a reader that sees busy sees its start */
+  atomic_store(&c->busy, busy ? 1 : 0);
+}
 /* Cycles completed (the transport's doorbell counts them): under the engine's progress lock. */
 static inline uint64_t tnt_negotiate_cycles(const tnt_negotiator_t *c) { return c->cycles; }
 /* The negotiation's counters of tnt_get_stats (any thread: a stale read is fine for stats). */
