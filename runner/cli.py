@@ -278,6 +278,9 @@ def _local_plan(args, command, job_id, private_dir):
                       "silence this)")
     if none_named:
         _warn(none_named)
+    unmatched = None if args.no_gpu else gpus.unmatched(env, gpu_ids)
+    if unmatched:
+        _warn(unmatched)
     if gpu_ids and not args.no_gpu:
         per = args.ranks_per_gpu
         crowded = gpus.crowded(size, gpu_ids, per)

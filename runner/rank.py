@@ -271,6 +271,9 @@ def main(argv=None):
         none_named = gpus.none_named(env, ids)
         if none_named and local_rank == 0:  # forwarded from tntrun's host, or set here
             print(f"tntrun: WARNING: on {socket.gethostname()}, {none_named}", file=sys.stderr, flush=True)
+        unmatched = gpus.unmatched(env, ids)
+        if unmatched and local_rank == 0:
+            print(f"tntrun: WARNING: on {socket.gethostname()}, {unmatched}", file=sys.stderr, flush=True)
         if ids:
             # one GPU per rank (or per --ranks-per-gpu ranks), or none for every rank when
             # ranks outnumber the places (a CPU run)

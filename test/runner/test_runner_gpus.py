@@ -47,6 +47,35 @@ def test_detect_reads_cuda_visible_devices_as_cuda_does(tmp_path):
                     "MIG-x,MIG-y,MIG-z": ["MIG-x", "MIG-y", "MIG-z"]}
 
 
+
+def test_a_gpu_named_by_index_and_by_uuid_is_handed_out_once(tmp_path):
+    """CUDA_VISIBLE_DEVICES may name a GPU by its index or its UUID, in full or by its first
+    characters: "0,GPU-a1" named GPU 0 twice, and two ranks shared it without a word. The UUIDs of the
+    listing (nvidia-smi -L, /proc's information files) match them to indexes, where its order is
+    CUDA's (alike GPUs, or CUDA_DEVICE_ORDER=PCI_BUS_ID); where it cannot, a WARNING says so."""
+    listing = _listing(tmp_path, "GPU 0: NVIDIA H100 (UUID: GPU-a1b2)\nGPU 1: NVIDIA H100 (UUID: GPU-c3d4)\n")
+    seen = {cvd: gpus.detect({"TNT_GPU_LISTING": listing, "CUDA_VISIBLE_DEVICES": cvd})
+            for cvd in ("0,GPU-a1b2", "GPU-a1,0,1", "GPU-C3D4,1,0", "GPU-a1b2,GPU-a", "GPU-zz,0", "GPU-c3d4,GPU-a1b2")}
+    assert seen == {"0,GPU-a1b2": ["0"], "GPU-a1,0,1": ["GPU-a1", "1"], "GPU-C3D4,1,0": ["GPU-C3D4", "0"],
+                    "GPU-a1b2,GPU-a": ["GPU-a1b2"], "GPU-zz,0": [],  # no GPU of this host: CUDA stops there
+                    "GPU-c3d4,GPU-a1b2": ["GPU-c3d4", "GPU-a1b2"]}
+    proc = tmp_path / "gpus"  # /proc/driver/nvidia/gpus: entries by PCI bus id, in that order
+    for bus, model, uuid in (("0000:65:00.0", "NVIDIA A100", "GPU-c3d4"), ("0000:17:00.0", "NVIDIA H100", "GPU-a1b2")):
+        (proc / bus).mkdir(parents=True)
+        (proc / bus / "information").write_text(f"Model: \t\t {model}\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n")
+    env = {"TNT_GPU_LISTING": str(proc), "CUDA_VISIBLE_DEVICES": "1,GPU-c3d4", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert gpus.detect(env) == ["1"] and gpus.unmatched(env, ["1"]) is None
+    # GPUs that differ, numbered fastest first by CUDA: the listing's order may not be CUDA's
+    del env["CUDA_DEVICE_ORDER"]
+    assert gpus.detect(env) == ["1", "GPU-c3d4"]
+    assert ("CUDA_VISIBLE_DEVICES=1,GPU-c3d4 mixes GPU indexes and UUIDs, which tntrun cannot match on this host "
+            "(its GPUs differ, and CUDA numbers them fastest first: set CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi's "
+            "order): if an index and a UUID name one GPU, two ranks share it") in gpus.unmatched(env, ["1", "GPU-c3d4"])
+    env = {"TNT_GPU_LISTING": _listing(tmp_path, LISTING.replace(" (UUID: GPU-a)", "")), "CUDA_VISIBLE_DEVICES": "0,GPU-b"}
+    assert "(its GPUs' listing gives no UUIDs)" in gpus.unmatched(env, gpus.detect(env))
+    assert gpus.unmatched(env, ["GPU-a", "GPU-b"]) is None and gpus.unmatched(env, ["0", "1"]) is None
+
+
 RANK = "print(os.environ['TNT_RANK'], repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n"
 GROWTH = ("print(os.environ['TNT_RANK'], repr(os.environ.get('CUDA_VISIBLE_DEVICES')), "
           "os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH'))\n")
