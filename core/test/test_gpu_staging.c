@@ -11,6 +11,8 @@
  *                                 pipeline's logic on a machine without a GPU
  *   test_gpu_staging N --bench    then rank 0 times a 100 MB float32 bucket
  *   test_gpu_staging N --unequal  only ranks that stage different counts, which must all fail
+ *   test_gpu_staging N --failed   a call that fails part-way (a mismatch of its last piece), then
+ *                                 calls that must go on as before (with the stand-in runtime `async`)
  *
  * Prints "N passed, N failed". */
 #define _GNU_SOURCE
@@ -152,6 +154,39 @@ static int unequal(void) {
   return 0;
 }
 
+/* A call that fails part-way must not leave copies behind: before, it returned while the copies
+ * back of its earlier pieces were still queued (and the copy out of the next one), and they landed
+ * in its buffer after it had returned, where the caller may have put new data (a retry's input)
+ * or freed it; the next call's copies out could meanwhile overwrite the pinned buffers those were
+ * copying from. Ranks stage the same number of pieces, the last of other sizes: a mismatch on
+ * every rank, which leaves the job usable. */
+static int failed_call(int *serial) {
+  const size_t piece = TNT_STAGING_PIECE_BYTES / 4, count = 2 * piece + (tnt_rank() == 0 ? 100 : 200);
+  const size_t bytes = count * 4;
+  uint8_t *host = malloc(bytes), *after = malloc(bytes);
+  void *d = NULL;
+  CHECK(host && after && cuda->malloc(&d, bytes) == 0);
+  fill(host, TNT_FLOAT32, count, tnt_rank());
+  CHECK(cuda->memcpy(d, host, bytes, TNT_CUDA_HOST_TO_DEVICE) == 0);
+  CHECK(tnt_gpu_allreduce_staged("fails", d, d, (int64_t)count, TNT_FLOAT32, TNT_SUM, NULL, 60) == TNT_ERR_MISMATCH);
+  CHECK(strstr(tnt_last_error(), "fails#2/3"));
+  CHECK(cuda->memcpy(host, d, bytes, TNT_CUDA_DEVICE_TO_HOST) == 0); /* what the failed call left */
+  struct timespec pause = {0, 300 * 1000 * 1000};                    /* ... and nothing lands later */
+  nanosleep(&pause, NULL);
+  CHECK(cuda->memcpy(after, d, bytes, TNT_CUDA_DEVICE_TO_HOST) == 0);
+  if (memcmp(host, after, bytes) != 0) {
+    fprintf(stderr, "rank %d: the failed call's copies landed in its buffer after it had returned\n", tnt_rank());
+    return 1;
+  }
+  cuda->free(d);
+  free(host);
+  free(after);
+  /* the calls after it have the bits of the host allreduce */
+  for (int in_place = 0; in_place < 2; in_place++)
+    if (check_one(TNT_FLOAT32, TNT_SUM, 2 * piece + 100, in_place, serial)) return 1;
+  return 0;
+}
+
 static int run_rank(int want_bench) {
   cuda = tnt_cuda();
   int devices = 0;
@@ -164,6 +199,8 @@ static int run_rank(int want_bench) {
   if (devices > 0) CHECK(cuda->set_device(0) == 0);
   CHECK(tnt_init() == TNT_SUCCESS);
   if (want_bench == 2) return unequal();
+  int serial = 0;
+  if (want_bench == 3) return failed_call(&serial);
   const tnt_dtype_t dts[] = {TNT_FLOAT16, TNT_BFLOAT16, TNT_FLOAT32, TNT_FLOAT64, TNT_INT32, TNT_INT64};
   /* 0, 1, under a piece, 4 pieces of float32 and a bit (3 x 4 MiB + 20 bytes) */
   const size_t counts[] = {0, 1, 1000003, 3 * (TNT_STAGING_PIECE_BYTES / 4) + 5};
@@ -175,7 +212,6 @@ static int run_rank(int want_bench) {
     CHECK(tnt_gpu_allreduce_staged("set-up fails", NULL, NULL, 0, TNT_FLOAT32, TNT_SUM, NULL, 30) == TNT_ERR_SYSTEM);
     CHECK(strstr(tnt_last_error(), "cudaMallocHost") && *allocs == 1);
   }
-  int serial = 0;
   for (int d = 0; d < 6; d++)
     for (int n = 0; n < 4; n++)
       for (int in_place = 0; in_place < 2; in_place++) {
@@ -191,8 +227,11 @@ static int run_rank(int want_bench) {
 
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
-  /* --unequal: only the case of unequal counts, with a short TNT_TIMEOUT_S */
-  int want_bench = argc > 2 && !strcmp(argv[2], "--bench") ? 1 : argc > 2 && !strcmp(argv[2], "--unequal") ? 2 : 0;
+  /* --unequal: only the case of unequal counts, with a short TNT_TIMEOUT_S; --failed: a call that fails */
+  int want_bench = argc > 2 && !strcmp(argv[2], "--bench")     ? 1
+                   : argc > 2 && !strcmp(argv[2], "--unequal") ? 2
+                   : argc > 2 && !strcmp(argv[2], "--failed")  ? 3
+                                                               : 0;
   char job[64];
   snprintf(job, sizeof job, "stage%d%ld", (int)getpid(), (long)time(NULL));
   for (int r = 0; r < n; r++) {

@@ -20,7 +20,7 @@ CORE = os.path.join(os.path.dirname(__file__), "..", "..", "core")
 PROGRAMS = ["test_core", "test_half", "test_ranks", "test_edges", "test_nccl", "test_nccl_gpu", "test_gpu_staging",
             "test_wedge_watch"]
 NCCL_STAND_INS = ["ok", "old", "partial", "dup", "async-error", "hang"]  # core/Makefile's STANDINS
-CUDART_STAND_INS = ["ok", "busy", "broken", "so12"]  # core/Makefile's CUDARTS
+CUDART_STAND_INS = ["ok", "busy", "broken", "so12", "async"]  # core/Makefile's CUDARTS
 BUILDS = ["plain", "asan", "tsan"]
 pytestmark = pytest.mark.skipif(not shutil.which("make") or not shutil.which("cc"),
                                 reason="needs make and a C compiler")
@@ -141,13 +141,20 @@ def test_nccl_collectives_on_a_gpu(build):
 
 @pytest.mark.parametrize("kind", BUILDS)
 def test_gpu_staging_pipeline_over_a_stand_in(builds, build, kind):
-    """core/test/test_gpu_staging.c on 3 ranks, the CUDA runtime a stand-in whose "GPU" is host memory:
-    the pieces, buffers and events of host staging (src/gpu/staging.c) give every dtype, size (one
-    element to several pieces), in-place or not, sum or average the bits of the host allreduce, and
-    touch nothing past the result. On a GPU core/test/run_on_gpu.sh runs it for real (docs/gpus.md)."""
+    """core/test/test_gpu_staging.c on 3 ranks, the CUDA runtime a stand-in whose "GPU" is host memory
+    and whose streams run their copies later, in order, each on a thread (cudart-async; cudart-ok did
+    each copy as it was queued, so no order of the streams was tested): the pieces, buffers and events
+    of host staging (src/gpu/staging.c) give every dtype, size (one element to several pieces),
+    in-place or not, sum or average the bits of the host allreduce, and touch nothing past the result.
+    On a GPU core/test/run_on_gpu.sh runs it for real (docs/gpus.md)."""
     res = run([str(builds(kind) / "test_gpu_staging"), "3"], TNT_STAGING_ON_HOST=1,
-              TNT_CUDART_LIBRARY=build / "cudart-ok.so")
+              TNT_CUDART_LIBRARY=build / "cudart-async.so")
     assert res.stdout.strip().splitlines()[-1] == "3 passed, 0 failed", res.stdout + res.stderr
+    # a call failing part-way (its last piece a mismatch) left its copies queued: they landed in its
+    # buffer after it had returned, while the next call's copies out reused their pinned buffers
+    res = run([str(builds(kind) / "test_gpu_staging"), "2", "--failed"], TNT_STAGING_ON_HOST=1,
+              TNT_CUDART_LIBRARY=build / "cudart-async.so", STANDIN_COPY_DELAY_US=20000)
+    assert res.stdout.strip().splitlines()[-1] == "2 passed, 0 failed", res.stdout + res.stderr
     # ranks that stage different counts (one piece on rank 0, two on rank 1) all fail at TNT_TIMEOUT_S=3,
     # naming the pieces: rank 0 returned a success before, the others waiting for their second piece
     res = run([str(builds(kind) / "test_gpu_staging"), "2", "--unequal"], TNT_STAGING_ON_HOST=1,

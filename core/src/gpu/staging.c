@@ -15,6 +15,7 @@
 static struct {
   pthread_mutex_t lock;
   int ready;
+  char failed[TNT_MAX_NAME]; /* the last call that failed: its copies may still be queued (drain) */
   uint8_t *pinned[TNT_STAGING_BUFFERS];
   void *out, *back;                          /* the streams copying out to the host and back to the GPU */
   void *landed[TNT_STAGING_BUFFERS];         /* a piece is in its buffer */
@@ -58,6 +59,43 @@ static tnt_result_t set_up(const tnt_cuda_t *c) {
   return TNT_SUCCESS;
 }
 
+/* Wait until the streams out and back have run what they hold, until `deadline`. A call that fails
+ * part-way (a piece's allreduce a mismatch, a lost peer) has copies still queued: the copies back of
+ * the pieces summed and the copy out of the next. Returning at once, it let them land in the caller's
+ * buffer after it had returned (where a retry's input or another tensor may be by then), while the
+ * next call's copies out overwrote the pinned buffers they copied from. */
+static tnt_result_t drain(const tnt_cuda_t *c, double deadline) {
+  void *streams[] = {st.out, st.back};
+  for (int i = 0; i < 2; i++)
+    for (tnt_gpu_poll_t poll = tnt_gpu_poll_start();; tnt_gpu_poll_pause(&poll)) {
+      int q = c->stream_query(streams[i]);
+      if (q == TNT_CUDA_SUCCESS) break;
+      if (q != TNT_CUDA_NOT_READY) return cuda_call(q, "waiting for the copies of a failed call");
+      if (tnt_now() >= deadline)
+        return tnt_fail(TNT_ERR_TIMEOUT, "host staging: the copies of the failed call '%s' did not end (a GPU "
+                        "that is stuck, or a stream it waited for?)", st.failed);
+    }
+  st.failed[0] = 0;
+  return TNT_SUCCESS;
+}
+
+/* A failed call ends once its copies have: within its deadline, or DRAIN_S after the failure where
+ * that came first (queued copies take milliseconds). Copies that do not end by then stay queued,
+ * and the next call waits for them first (drain, with its own deadline). The call's own error is
+ * kept, with what the wait found. */
+#define DRAIN_S 1.0
+static tnt_result_t settle_failure(const tnt_cuda_t *c, tnt_result_t rc, const char *name, double deadline) {
+  char why[1024];
+  snprintf(why, sizeof why, "%s", tnt_last_error());
+  snprintf(st.failed, sizeof st.failed, "%s", name);
+  const double now = tnt_now();
+  if (drain(c, deadline > now + DRAIN_S ? deadline : now + DRAIN_S) == TNT_SUCCESS)
+    return tnt_fail(rc, "%s", why);
+  char left[512];
+  snprintf(left, sizeof left, "%s", tnt_last_error());
+  return tnt_fail(rc, "%s; %s: the next call waits for them first", why, left);
+}
+
 #define PIECE_SUFFIX 42 /* "#k/n" of a piece's name: two numbers of up to 20 digits */
 
 /* The bytes of piece k of `total` (it starts at k * TNT_STAGING_PIECE_BYTES). */
@@ -78,12 +116,12 @@ static tnt_result_t copy_out(const tnt_cuda_t *c, const uint8_t *dsend, size_t t
 }
 
 static tnt_result_t staged(const tnt_cuda_t *c, const char *name, const uint8_t *dsend, uint8_t *drecv, size_t count,
-                           tnt_dtype_t dt, tnt_reduce_op_t op, void *stream, double timeout_s) {
-  const double deadline = tnt_now() + timeout_s;
+                           tnt_dtype_t dt, tnt_reduce_op_t op, void *stream, double deadline) {
   const size_t esize = tnt_dtype_size(dt), total = count * esize;
   /* pieces hold whole elements (TNT_STAGING_PIECE_BYTES is a multiple of every size) */
   const size_t pieces = (total + TNT_STAGING_PIECE_BYTES - 1) / TNT_STAGING_PIECE_BYTES;
   TNT_CHECK(set_up(c));
+  if (st.failed[0]) TNT_CHECK(drain(c, deadline)); /* an earlier call failed with copies left queued */
   /* the inputs are ready once the caller's stream has run what it holds */
   TNT_CHECK(cuda_call(c->event_record(st.inputs_ready, stream), "cudaEventRecord"));
   TNT_CHECK(cuda_call(c->stream_wait_event(st.out, st.inputs_ready, 0), "cudaStreamWaitEvent"));
@@ -125,7 +163,9 @@ tnt_result_t tnt_gpu_allreduce_staged(const char *name, const void *dsend, void 
     return tnt_fail(TNT_ERR_INVALID_USAGE, "host staging of '%s': %s", name, why);
   }
   pthread_mutex_lock(&st.lock);
-  tnt_result_t rc = staged(c, name, dsend, drecv, (size_t)count, dt, op, stream, timeout_s);
+  const double deadline = tnt_now() + timeout_s;
+  tnt_result_t rc = staged(c, name, dsend, drecv, (size_t)count, dt, op, stream, deadline);
+  if (rc != TNT_SUCCESS && st.ready && !st.failed[0]) rc = settle_failure(c, rc, name, deadline);
   pthread_mutex_unlock(&st.lock);
   return rc;
 }

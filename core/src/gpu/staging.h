@@ -23,7 +23,9 @@
  * Returns when the result is in `drecv`; a copy that has not happened after
  * timeout_s is TNT_ERR_TIMEOUT, and each piece's allreduce is bounded by the
  * job's TNT_TIMEOUT_S as every collective (on an error `drecv` holds a part of
- * the result). `name` (at most 213 bytes) names it across ranks; its pieces
+ * the result; the call returns once the copies it queued have ended, up to its
+ * deadline or 1 s after the failure, so that none lands in `drecv` later: what
+ * is still queued then is waited for by the next call, with its deadline). `name` (at most 213 bytes) names it across ranks; its pieces
  * are the core's allreduces "<name>#<k>/<pieces>", so every rank must stage
  * the same count: ranks that stage different numbers of pieces never meet
  * and fail at TNT_TIMEOUT_S, a piece of different sizes is a mismatch. A sum has the bits of tnt_allreduce of the same host data, an
