@@ -36,6 +36,19 @@ class section:  # noqa: N801 - used as `with busy.section():`
             _set(-1)
 
 
+class _rank_only(section):  # noqa: N801
+    """A section the user opens: where it is the script's first Tarantella call (`with
+    tnt.rank_only(): if tnt.is_master_rank(): download()`), it starts the core first, as a
+    collective would. It was no section then: the others, starting the core in their next
+    collective, waited for this rank to start until TNT_TIMEOUT_S and failed. After tnt.shutdown(),
+    and in a process a rank started (not a rank itself), it stays a no-op."""
+
+    def __enter__(self):
+        if core.never_started() and not core.started_by_a_rank():
+            core.init()
+        super().__enter__()
+
+
 def rank_only():
     """`with tnt.rank_only(): ...` around work of this rank's own that the
     other ranks wait for in their next collective (rank 0 downloading a data
@@ -43,5 +56,6 @@ def rank_only():
     however long it takes, up to TNT_BUSY_TIMEOUT_S (3600 s), where
     TNT_TIMEOUT_S would have ended the job; TNT_TIMEOUT_S counts from its end.
     A rank that dies in it still fails the others at once. tnt.Model's saves
-    and callbacks that run on the master only are such sections already."""
-    return section()
+    and callbacks that run on the master only are such sections already. It starts Tarantella
+    if nothing did yet."""
+    return _rank_only()

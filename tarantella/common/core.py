@@ -184,6 +184,11 @@ def is_initialized():
     return _state == "up" and _pid == os.getpid()
 
 
+def never_started():
+    """Nothing has started the core in this process yet (no init(), no collective)."""
+    return _state == "new"
+
+
 _forked = False  # set in a fork() child: only then is the pid worth a system call on every collective
 
 

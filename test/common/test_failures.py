@@ -106,7 +106,8 @@ def test_a_rank_busy_on_its_own_is_waited_for_up_to_the_busy_bound():
     """Rank 1 is alive and busy in a section of its own (a save on the master, a
     master-only callback, `with tnt.rank_only():`) for twice TNT_TIMEOUT_S: rank 0
     waits for it (it used to fail with a TimeoutError at TNT_TIMEOUT_S), saying
-    so. The master busy as long (at step4) says itself that rank 1 waits for it. A section longer than TNT_BUSY_TIMEOUT_S fails rank 0 with a
+    so. The master busy as long in its first Tarantella call (`with tnt.rank_only():`, which starts
+    the core) says itself that rank 1 waits for it. A section longer than TNT_BUSY_TIMEOUT_S fails rank 0 with a
     TimeoutError that names rank 1 and that bound."""
     job, procs = spawn_ranks(2, "rank_failures.py", "busy",
                              env={"TNT_TIMEOUT_S": 3, "TNT_BUSY_TIMEOUT_S": 10})
@@ -120,10 +121,11 @@ def test_a_rank_busy_on_its_own_is_waited_for_up_to_the_busy_bound():
     assert "TNT_BUSY_TIMEOUT_S=10" in first["message"], first
     assert re.search(r"allreduce 'step3' has waited \d s for ranks \[1\], busy on their own .*"
                      r"up to TNT_BUSY_TIMEOUT_S=10 s", err), err[-2000:]
-    # the master busy at step4: rank 1's warning is on a rank whose output tntrun does not show, so the
-    # master says it itself (before, nothing a user saw said why the job stood still)
+    # the master busy in its first call (tnt.rank_only() starts the core): rank 1's warning is on a rank
+    # whose output tntrun does not show, so the master says it itself (before, nothing a user saw said
+    # why the job stood still)
     assert re.search(r"this rank has been busy on its own for \d+ s \(.*\) while ranks \[1\] wait for it in "
-                     r"allreduce 'step4'; they wait while it is, up to TNT_BUSY_TIMEOUT_S=10 s", err), err[-2000:]
+                     r"allreduce 'warm-up'; they wait while it is, up to TNT_BUSY_TIMEOUT_S=10 s", err), err[-2000:]
     first1 = reports[1][1][0]
     assert first1["error"] == "PeerLostError" and first1["peer"] in (0, 1), first1
     assert shm_objects(job) == []
