@@ -186,8 +186,9 @@ const char *tnt_last_error(void);
 /* Rank named by the last TNT_ERR_PEER_LOST or TNT_ERR_TIMEOUT returned to this
  * thread (the lost, or the unresponsive, rank), else -1. */
 int tnt_last_error_rank(void);
-/* The job's failure (a lost peer, a timeout, a stall the ranks cannot leave), once a request of
- * this rank failed with it, else TNT_SUCCESS (also without a context); tnt_last_error() and
+/* The job's failure (a lost peer, a timeout, a stall the ranks cannot leave), once a call of this
+ * rank got it (a tnt_wait or tnt_test that returned a request's failure, a request refused with
+ * it), else TNT_SUCCESS (also without a context); tnt_last_error() and
  * tnt_last_error_rank() then say what and whom. Every later request fails with it, so a program
  * that caught the error and went on (or that never converted it: a TensorFlow op's failure)
  * still ended with a broken job: the frontend asks at exit. */

@@ -345,7 +345,7 @@ static tnt_result_t test_in(tnt_handle_t handle) {
   tnt_ctx_t *c = &tnt_ctx;
   pthread_mutex_lock(&c->requests.mu);
   tnt_handle_slot_t *h = tnt_requests_get(&c->requests, handle);
-  tnt_result_t r = !h ? bad_handle(handle) : !h->done ? TNT_IN_PROGRESS : tnt_requests_result(h);
+  tnt_result_t r = !h ? bad_handle(handle) : !h->done ? TNT_IN_PROGRESS : tnt_requests_result(&c->requests, h);
   pthread_mutex_unlock(&c->requests.mu);
   return r;
 }
@@ -413,7 +413,7 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
   if (!h)
     return tnt_fail(TNT_ERR_INVALID_USAGE, "handle %lld was released by another thread while this one waited for it",
                     (long long)handle);
-  return tnt_requests_result(h);
+  return tnt_requests_result(&c->requests, h);
 }
 
 tnt_result_t tnt_wait(tnt_handle_t handle, double timeout_s) {
@@ -503,7 +503,7 @@ static tnt_result_t wait_driven(tnt_handle_t handle, double timeout_s, int keep)
   if (h && !h->done) {
     r = TNT_IN_PROGRESS; /* the caller's slice ended: it waits on the handle */
   } else if (h) {
-    r = tnt_requests_result(h); /* done, even if just after the slice ended */
+    r = tnt_requests_result(&c->requests, h); /* done, even if just after the slice ended */
     if (!(keep && r == TNT_SUCCESS)) tnt_requests_release(&c->requests, handle);
   }
   pthread_mutex_unlock(&c->requests.mu);

@@ -129,8 +129,11 @@ tnt_result_t tnt_requests_add(tnt_requests_t *q, tnt_request_t *req, int rank, t
   return TNT_SUCCESS;
 }
 
-tnt_result_t tnt_requests_result(tnt_handle_slot_t *h) {
-  if (h->result != TNT_SUCCESS) tnt_set_last_error(h->message, h->peer);
+tnt_result_t tnt_requests_result(tnt_requests_t *q, tnt_handle_slot_t *h) {
+  if (h->result != TNT_SUCCESS) {
+    tnt_set_last_error(h->message, h->peer);
+    if (q->fatal != TNT_SUCCESS) q->fatal_met = 1;
+  }
   return h->result;
 }
 
@@ -139,7 +142,6 @@ void tnt_requests_complete(tnt_requests_t *q, tnt_request_t *req, tnt_result_t r
   pthread_mutex_lock(&q->mu);
   tnt_handle_slot_t *h = tnt_requests_get(q, req->handle);
   tnt_namemap_del(&q->active, req->name);
-  if (result != TNT_SUCCESS && q->fatal != TNT_SUCCESS) q->fatal_met = 1;
   if (h) {
     h->done = 1;
     h->result = result;

@@ -35,7 +35,8 @@ typedef struct {
   tnt_result_t fatal;           /* first fatal error: every later request fails with it */
   char fatal_msg[1024];
   int fatal_peer;
-  int fatal_met;                /* a request of this rank failed with it (a call of the program's broke) */
+  int fatal_met;                /* a call of the program's got it: a wait or test returned a request's failure
+                                 * while the job had failed, or a new request was refused with it */
   _Atomic uint64_t completions; /* bumped at every completion: what a spinning waiter watches */
 } tnt_requests_t;
 
@@ -48,8 +49,9 @@ void tnt_requests_destroy(tnt_requests_t *q);
 tnt_result_t tnt_requests_add(tnt_requests_t *q, tnt_request_t *req, int rank, tnt_handle_t *handle);
 /* Under q->mu: the slot of a live handle, or NULL. */
 tnt_handle_slot_t *tnt_requests_get(tnt_requests_t *q, tnt_handle_t handle);
-/* Under q->mu: the slot's result, recorded as this thread's last error. */
-tnt_result_t tnt_requests_result(tnt_handle_slot_t *h);
+/* Under q->mu: the slot's result, recorded as this thread's last error; a failure while the job has
+ * failed reached the program (fatal_met). */
+tnt_result_t tnt_requests_result(tnt_requests_t *q, tnt_handle_slot_t *h);
 /* Under q->mu: give a completed handle back, with everything it owns. */
 void tnt_requests_release(tnt_requests_t *q, tnt_handle_t handle);
 

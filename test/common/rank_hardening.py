@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -305,6 +306,12 @@ ok("wait-after-shutdown-raises")
 # stale handle's number, whose wait returned its never-written result
 tnt.init()
 stale = tnt.allreduce_async(np.ones(2), name=f"pending-at-shutdown-{rank}")  # the context's first request
+if rank:
+    # ... and rank 0 shuts down first: the others' engines fail their pending request (PeerLostError,
+    # the job's failure) before their own shutdown, which the program never saw (nobody waits for it
+    # in this context). The job's exit reported that failure as "caught" now and then (1 run in 3):
+    # a failure counts once a call of the program's got it
+    time.sleep(1)
 tnt.shutdown()
 tnt.init()
 fresh = tnt.allreduce_async(np.full(2, 1.0 + rank), name="first-after-init")
