@@ -24,6 +24,27 @@ struct tnt_timeline {
   int nrows;
 };
 
+/* The trace this process wrote last, kept across tnt_finalize (under tnt_init's lock, as open and
+ * close are): a context made again after tnt_finalize with the same TNT_TIMELINE truncated the file,
+ * and the trace of the process's first context was lost. The new one is written on after it, in the
+ * same array, on the same clock and with rows of its own. */
+static struct {
+  char file[1100];
+  int64_t t0;
+  int nrows;
+} written;
+
+/* `f` (opened "r+") positioned before the "\n]\n" that closed the trace, or NULL: not ours. */
+static FILE *reopen_for_more(const char *file) {
+  FILE *f = fopen(file, "r+");
+  char end[4] = "";
+  if (f && fseek(f, -3, SEEK_END) == 0 && fread(end, 1, 3, f) == 3 && !memcmp(end, "\n]\n", 3) &&
+      fseek(f, -3, SEEK_END) == 0)
+    return f;
+  if (f) fclose(f);
+  return NULL;
+}
+
 tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank, int size) {
   *out = NULL;
   if (!path || !*path) return TNT_SUCCESS;
@@ -41,7 +62,8 @@ tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank,
   tnt_timeline_t *tl = calloc(1, sizeof *tl);
   if (!tl) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   tnt_namemap_init(&tl->rows);
-  tl->f = fopen(file, "w");
+  const int more = !strcmp(written.file, file) && (tl->f = reopen_for_more(file)) != NULL;
+  if (!more) tl->f = fopen(file, "w");
   if (!tl->f) {
     free(tl);
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_TIMELINE: cannot write %s; give a path in a writable folder", file);
@@ -49,9 +71,14 @@ tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank,
   pthread_mutex_init(&tl->mu, NULL);
   snprintf(tl->file, sizeof tl->file, "%s", file);
   tl->rank = rank;
-  tl->t0 = tnt_now_us();
-  fprintf(tl->f, "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}", rank,
-          rank);
+  if (more) {
+    tl->t0 = written.t0;
+    tl->nrows = written.nrows;
+  } else {
+    tl->t0 = tnt_now_us();
+    fprintf(tl->f, "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}",
+            rank, rank);
+  }
   TNT_INFO("timeline: writing %s", file);
   *out = tl;
   return TNT_SUCCESS;
@@ -104,6 +131,9 @@ void tnt_timeline_close(tnt_timeline_t *tl) {
   if (write_failed || close_failed)
     TNT_WARN("timeline: %s could not be written in full (%s): the trace is incomplete", tl->file,
              close_failed ? strerror(errno) : "a write failed");
+  snprintf(written.file, sizeof written.file, "%s", write_failed || close_failed ? "" : tl->file);
+  written.t0 = tl->t0;
+  written.nrows = tl->nrows;
   tnt_namemap_free(&tl->rows);
   pthread_mutex_destroy(&tl->mu);
   free(tl);

@@ -48,7 +48,10 @@ def test_timeline_has_one_trace_per_rank(tmp_path):
         "    if tnt.get_rank() == 1: time.sleep(0.3)\n"
         "    hs = [tnt.allreduce_async(np.ones(100 * (i + 1), np.float32), name=f'grad{i}') for i in range(5)]\n"
         "    [h.wait() for h in hs]\n"
-        "tnt.broadcast(np.ones(10, np.float32), name='weights')\n")
+        "tnt.broadcast(np.ones(10, np.float32), name='weights')\n"
+        "# a context made again writes on after the first's trace: it truncated the file\n"
+        "tnt.shutdown(); tnt.init()\n"
+        "tnt.allreduce(np.ones(3, np.float32), name='after-init')\n")
     trace = tmp_path / "trace.json"
     res = subprocess.run([sys.executable, "-c", "import sys; from tarantella.runner.cli import main; sys.exit(main())",
                           "-n", "2", "--no-gpu", "--timeline", str(trace), "--", str(script)],
@@ -57,7 +60,7 @@ def test_timeline_has_one_trace_per_rank(tmp_path):
     for r in range(2):
         events = json.load(open(tmp_path / f"trace.rank{r}.json"))
         rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-        assert {f"grad{i}" for i in range(5)} | {"weights"} <= rows
+        assert {f"grad{i}" for i in range(5)} | {"weights", "after-init"} <= rows
         phases = {e["name"] for e in events if e.get("ph") == "X"}
         assert {"NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER", "BROADCAST"} <= phases
         fused = [e for e in events if e.get("name") == "ALLREDUCE" and "fused" in e.get("args", {}).get("detail", "")]
