@@ -155,6 +155,23 @@ def gaspi_machinefile(placement):
     return "".join(f"{h}\n" * n for h, n in placement)
 
 
+def bootstrapped(rank_cmd):
+    """The rank wrapper's command (`python -m tarantella.runner.rank ...`) run so that, where
+    the wrapper cannot be imported on a host (Tarantella not installed for that Python there),
+    the rank sends a record saying so, naming its rank and host (rank_report.bootstrap)."""
+    if rank_cmd[1:3] == ["-m", "tarantella.runner.rank"]:
+        return [rank_cmd[0], "-c", rank_report.bootstrap(), *rank_cmd[3:]]
+    return rank_cmd
+
+
+def bootstrapped_tail(argv, rank_cmd):
+    """An engine's command `argv` (mpirun, mpiexec, srun), which ends in `rank_cmd`, with
+    that command bootstrapped. Only the command run is: the one shown (--dry-run) keeps the
+    readable `-m tarantella.runner.rank`, not the bootstrap's source."""
+    assert argv[len(argv) - len(rank_cmd):] == rank_cmd, (argv, rank_cmd)
+    return argv[:len(argv) - len(rank_cmd)] + bootstrapped(rank_cmd)
+
+
 # gaspi_run's script exports its pid under this name, for the wrapper's --die-with-script
 SCRIPT_PID = "TNT_RANK_SCRIPT_PID"
 
@@ -165,9 +182,7 @@ def gaspi_script(env, names, rank_cmd, cwd):
     for name in dict.fromkeys([*PASS_THROUGH, *names]):  # once each
         if name in env:
             lines.append(f"export {name}={shlex.quote(env[name])}")
-    if rank_cmd[1:3] == ["-m", "tarantella.runner.rank"]:
-        # the wrapper, or, where it cannot be imported, a record saying so (rank_report.bootstrap)
-        rank_cmd = [rank_cmd[0], "-c", rank_report.bootstrap(), *rank_cmd[3:]]
+    rank_cmd = bootstrapped(rank_cmd)
     # no "$@": the command is whole here, and gaspi_run passes its master rank one empty
     # argument when it has none ("$GPI2_PRG_ARGS"), which the program would receive.
     # No exec: gaspi_run stops a job with `killall -9 SCRIPT` on every host, which finds this

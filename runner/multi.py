@@ -202,8 +202,9 @@ def _info(args, message):
 
 
 class Plan:
-    def __init__(self, engine, argv, env, files, placement):
+    def __init__(self, engine, argv, env, files, placement, shown=None):
         self.engine, self.argv, self.env, self.files, self.placement = engine, argv, env, files, placement
+        self.shown = argv if shown is None else shown  # the command as --dry-run prints it
 
 
 def _locate(find, name, dry_run):
@@ -318,7 +319,13 @@ def build(args, command, job_id, workdir):
             argv = engines.openmpi(path, spots, everything, rank_cmd, args.output_on_all_devices,
                                    allow_root=as_root)
             engine = "mpirun (Open MPI)"
-    return Plan(engine, argv, env, files, spots)
+    shown = argv
+    if engine != "gaspi_run":  # (gaspi_run's script bootstraps its wrapper itself)
+        # where Tarantella cannot be imported on a host, its ranks say so, naming their rank
+        # and host: the report named the engine alone, with Python's words "No module named
+        # tarantella" (the engine does not say whose they are)
+        argv = engines.bootstrapped_tail(argv, rank_cmd)
+    return Plan(engine, argv, env, files, spots, shown)
 
 
 def rank_results(records):
@@ -433,7 +440,7 @@ def run(args, command, job_id):
                 print("".join("#   " + ln + "\n" for ln in text.splitlines()), end="")
             changed = {k: v for k, v in plan.env.items() if os.environ.get(k) != v}
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in changed.items()) + " "
-                  + shlex.join(plan.argv))
+                  + shlex.join(plan.shown))
             return 0
         for path, text in plan.files.items():
             try:

@@ -21,6 +21,8 @@ import os
 import threading
 import zlib
 
+from tarantella.common.engine_ranks import ENGINE_VARIABLES
+
 MARK = b"\x1e"  # ASCII record separator: never in ordinary output
 WORD = b"tntrun-rank-report"
 CHUNK = 512
@@ -127,8 +129,9 @@ def bootstrap():
     installed for that Python on that host, another version without it) it writes the record
     of a rank that was not started, with the ImportError, as the wrapper would have, and exits
     127. gaspi_run notices no such rank: the others waited in gaspi_proc_init until
-    TNT_TIMEOUT_S (5 minutes), and the report blamed rank 0's TimeoutError. Only the standard
-    library is used there; the records are written by this module's own encode()."""
+    TNT_TIMEOUT_S (5 minutes), and the report blamed rank 0's TimeoutError; under mpirun,
+    mpiexec and srun the report named the engine alone, with Python's message. Only the
+    standard library is used there; the records are written by this module's own encode()."""
     import inspect
     import textwrap
 
@@ -136,8 +139,10 @@ def bootstrap():
         import base64, json, os, socket, time, zlib
         MARK, WORD, CHUNK = {MARK!r}, {WORD!r}, {CHUNK!r}
         {{encode}}
-        rank = int(os.environ.get("GASPI_RANK", "-1"))  # gaspi_run's placement (its only user)
-        local = int(os.environ.get("GASPI_SOCKET", "0"))
+        def first(names, default):  # the engine's own variables, as tarantella.common.engine_ranks
+            return next((int(os.environ[n]) for n in names if n and os.environ.get(n, "").isdigit()), default)
+        rank = first({{ranks}}, -1)
+        local = first({{locals}}, 0)
         host = socket.gethostname()
         message = (f"NotStartedError: rank {{rank}} could not start on {{host}}: {{sys.executable}} cannot import "
                    f"tarantella.runner.rank ({{exc}}): Tarantella must be installed for the same Python, at the "
@@ -151,5 +156,8 @@ def bootstrap():
             os.write(2, line)
         sys.exit(127)
         """).replace("{encode}", inspect.getsource(encode))
+    # GASPI_SOCKET: gaspi_run's index of the rank on its host (it sets no local rank)
+    failed = failed.replace("{ranks}", repr([v[0] for v in ENGINE_VARIABLES]))
+    failed = failed.replace("{locals}", repr(["GASPI_SOCKET"] + [v[2] for v in ENGINE_VARIABLES if v[2]]))
     return ("import sys\ntry:\n    from tarantella.runner.rank import main\nexcept ImportError as exc:\n"
             + textwrap.indent(failed, "    ") + "sys.exit(main())\n")

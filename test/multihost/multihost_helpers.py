@@ -80,3 +80,31 @@ def cut_off(bed, host):
         yield time.monotonic()
     finally:
         subprocess.run(link + ["up"], check=False)
+
+
+# a sitecustomize (first on PYTHONPATH) that makes Tarantella unimportable on hostB alone
+NO_TARANTELLA_ON_HOSTB = """
+import os, socket, sys
+if socket.gethostname() == "hostB":  # Tarantella is not installed there
+    sys.modules["tarantella"] = None
+else:  # the sitecustomize this one shadows, if any, still runs
+    here = os.path.dirname(os.path.abspath(__file__))
+    me = sys.modules.pop("sitecustomize")  # put back after: the import of this one ends by taking it
+    saved, sys.path[:] = sys.path[:], [p for p in sys.path if os.path.abspath(p or ".") != here]
+    try:
+        import sitecustomize  # noqa: F401
+    except ImportError:
+        pass
+    sys.path[:] = saved
+    sys.modules["sitecustomize"] = me
+"""
+
+
+def without_tarantella_on_hostB(tmp_path, env):
+    """`env` for a job in which hostB's Python cannot import Tarantella, as where it is not
+    installed for that Python there (PYTHONPATH reaches every host's ranks)."""
+    site = os.path.join(str(tmp_path), "site")
+    os.makedirs(site, exist_ok=True)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(NO_TARANTELLA_ON_HOSTB)
+    return dict(env, PYTHONPATH=os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p))

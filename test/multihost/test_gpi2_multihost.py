@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from multihost_helpers import cut_off, job_env, next_json, nothing_left, placement, probes, root_cause
+from multihost_helpers import (cut_off, job_env, next_json, nothing_left, placement, probes, root_cause,
+                               without_tarantella_on_hostB)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -309,33 +310,14 @@ def test_a_host_ssh_cannot_reach_is_named_at_once(multihost, tmp_path):
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
 
 
-NO_TARANTELLA_ON_HOSTB = """
-import os, socket, sys
-if socket.gethostname() == "hostB":  # Tarantella is not installed there
-    sys.modules["tarantella"] = None
-else:  # the sitecustomize this one shadows, if any, still runs
-    here = os.path.dirname(os.path.abspath(__file__))
-    del sys.modules["sitecustomize"]
-    saved, sys.path[:] = sys.path[:], [p for p in sys.path if os.path.abspath(p or ".") != here]
-    try:
-        import sitecustomize  # noqa: F401
-    except ImportError:
-        pass
-    sys.path[:] = saved
-"""
-
-
 def test_a_host_where_tarantella_cannot_be_imported_is_named_at_once(multihost, tmp_path):
     # the rank wrapper could not be imported on hostB (Tarantella not installed for that Python
     # there): its rank never started, gaspi_run did not notice, rank 0 waited in gaspi_proc_init
     # until TNT_TIMEOUT_S and the report blamed its TimeoutError. The wrapper's bootstrap now
     # sends a record saying why, and tntrun stops the job at once
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(NO_TARANTELLA_ON_HOSTB)
     env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
     env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+    env = without_tarantella_on_hostB(tmp_path, env)
     res = multihost.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--transport", "gpi2", "--",
                                   os.path.join(HERE, "rank_bare.py"), str(tmp_path)],
                         env=env, cwd=str(tmp_path), timeout=300)

@@ -4,6 +4,7 @@ slurmctld and munged on the login host `slurmctl`, a slurmd on hostA and on host
 rank must be reported with its own exit status, not srun's."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 import multihost_testbed
 import slurm_cluster
-from multihost_helpers import job_env, nothing_left, placement, probes, root_cause
+from multihost_helpers import job_env, nothing_left, placement, probes, root_cause, without_tarantella_on_hostB
 from multihost_testbed import TestbedUnavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,8 +41,8 @@ def cluster():
         c.close()
 
 
-def salloc(cluster, tmp_path, args, timeout=180):
-    res = cluster.run("slurmctl", ["salloc", *args], env=cluster.env(job_env(tmp_path)),
+def salloc(cluster, tmp_path, args, timeout=180, env=None):
+    res = cluster.run("slurmctl", ["salloc", *args], env=cluster.env(env or job_env(tmp_path)),
                       cwd=str(tmp_path), timeout=timeout)
     daemons = [p.pid for _, p in cluster.procs]
     assert nothing_left(cluster.bed, cluster.nodes, keep=daemons), "job steps left on the nodes"
@@ -119,6 +120,17 @@ def test_the_failed_rank_and_its_own_status_not_sruns(cluster, tmp_path):
     assert "rank 2 fails on purpose on hostB" in root
     assert "srun (on slurmctl" in res.stderr
 
+
+    # the rank wrapper could not be imported on hostB: srun ended the job, and the report named
+    # srun alone, with Python's "No module named ..." (no rank, no host); now hostB's first rank
+    res = salloc(cluster, tmp_path, ["-N", "2", "--ntasks-per-node=2", "tntrun", "--", "probe.py", "9", "1"],
+                 env=without_tarantella_on_hostB(tmp_path, job_env(tmp_path)))
+    assert res.returncode == 127, res.stdout + res.stderr
+    root = root_cause(res.stderr)
+    first = re.match(r"  rank:    ([23]) \(local_rank ([01])\)\n  host:    hostB\n  pid:     not started\n", root)
+    assert first and int(first[1]) - 2 == int(first[2]), res.stderr
+    assert f"NotStartedError: rank {first[1]} could not start on hostB: " in root, root
+    assert "cannot import tarantella.runner.rank" in root, root
 
 
 TRAPPED = """

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from multihost_helpers import job_env, nothing_left, placement, probes, root_cause
+from multihost_helpers import job_env, nothing_left, placement, probes, root_cause, without_tarantella_on_hostB
 
 
 def _openmpi():
@@ -76,6 +76,21 @@ def test_a_failing_rank_is_named_with_its_host(bed, tmp_path):
     assert "rank 2 fails on purpose on hostB" in root  # its stderr, forwarded from hostB
     assert "mpirun (on hostA" in report
     assert "\x1e" not in res.stderr  # the records themselves are not shown
+
+
+def test_a_host_without_tarantella_is_named_with_its_rank(bed, tmp_path):
+    # the rank wrapper could not be imported on hostB: mpirun ended the job, and the report
+    # named mpirun alone, with Python's "No module named ..." (no rank, no host). The
+    # wrapper's bootstrap now sends the record of a rank that did not start; rank 0, which
+    # would wait (rank 9 does not exist), is stopped
+    bed.test_env = without_tarantella_on_hostB(tmp_path, bed.test_env)
+    res = tntrun(bed, ["-H", "hostA:1,hostB:1", "--", "probe.py", "9", "1"], tmp_path)
+    assert res.returncode == 127, res.stdout + res.stderr
+    root = root_cause(res.stderr)
+    assert root.startswith("  rank:    1 (local_rank 0)\n  host:    hostB\n  pid:     not started\n"), res.stderr
+    assert "NotStartedError: rank 1 could not start on hostB: " in root, root
+    assert "cannot import tarantella.runner.rank" in root, root
+    assert "\x1e" not in res.stderr
 
 
 def test_ctrl_c_stops_every_rank_on_every_host(bed, tmp_path):

@@ -2,6 +2,8 @@
 Slurm, with fake engines on PATH (tiny scripts), and what happens when the engine is missing."""
 import os
 import shlex
+import socket
+import sys
 
 import pytest
 from tntrun_helpers import fake_bin, import_runner, run_tntrun, runner_env
@@ -143,7 +145,8 @@ def test_gaspi_run(tmp_path):
     # machinefile: each host once per rank, in order; the script exports the environment
     assert "#   node1\n#   node1\n#   node2\n#   node2\n" in out
     assert "#   export K=v" in out and "#   export TNT_TRANSPORT=gpi2" in out
-    assert "#   export MY_SETTING='a b'" in out and "SLURM_PROCID" not in out
+    # (the session's SLURM_PROCID is not exported; the wrapper's bootstrap names the variable)
+    assert "#   export MY_SETTING='a b'" in out and "SLURM_PROCID=" not in out
     assert out.count("#   export PATH=") == 1
     assert "tarantella.runner.rank" in out
     # the script stays (gaspi_run's clean-up kills it by name on every host), its wrapper
@@ -226,6 +229,51 @@ def test_engine_failure_is_reported(tmp_path):
     res = run_tntrun(["--hostfile", _hosts(tmp_path), "--transport", "mpi", "--", "t.py"], env=env)
     assert res.returncode == 9
     assert "Root cause" in res.stderr and "rank 3 on node2 died" in res.stderr
+
+
+# An engine that starts the one rank it is given (rank 1 of 2, by the engine's own variables)
+# where Tarantella is not installed: the rank command of its argv run with `tarantella`
+# blocked (sys.modules), as on a host whose Python lacks it
+FAKE_ENGINE = """
+import os, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    sys.exit(print(VERSION))
+at = next(i for i, a in enumerate(args) if i and a in ("-c", "-m")) - 1  # PYTHON -c|-m ...
+blocked = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blocked")
+os.makedirs(blocked, exist_ok=True)
+with open(os.path.join(blocked, "sitecustomize.py"), "w") as f:
+    f.write("import sys\\nsys.modules['tarantella'] = None\\n")
+os.execve(args[at], args[at:], dict(os.environ, PYTHONPATH=blocked, **RANK))
+"""
+
+
+@pytest.mark.parametrize("engine, version, rank_vars, extra", [
+    ("mpirun", "mpirun (Open MPI) 4.1.4", {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, {}),
+    ("mpirun", "HYDRA build details:", {"PMI_RANK": "1", "MPI_LOCALRANKID": "0"}, {}),  # MPICH's
+    ("srun", "", {"SLURM_PROCID": "1", "SLURM_LOCALID": "0"}, {"SLURM_JOB_ID": "77"}),
+], ids=["openmpi", "mpich", "srun"])
+def test_a_host_without_tarantella_is_named_with_its_rank(tmp_path, engine, version, rank_vars, extra):
+    # under mpirun, mpiexec (MPICH) and srun the rank wrapper could not be imported there, and
+    # the report named the engine alone, with Python's "No module named ..." (whose rank? which
+    # host?). The wrapper's bootstrap now sends the record of a rank that did not start; the
+    # dry run still shows the readable `-m tarantella.runner.rank`
+    (tmp_path / "engine.py").write_text(f"RANK, VERSION = {rank_vars!r}, {version!r}\n" + FAKE_ENGINE)
+    bin_dir = fake_bin(tmp_path, **{engine: f'exec "{sys.executable}" "{tmp_path / "engine.py"}" "$@"'})
+    env = runner_env(PATH=bin_dir + os.pathsep + "/usr/bin:/bin", **extra)
+    args = ["-H", "node1:1,node2:1", "--n-per-node", "1", "--transport", "mpi", "--", "t.py"]
+    dry = run_tntrun(["--dry-run", *args], env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert " -m tarantella.runner.rank --report --size=2 " in dry.stdout.splitlines()[-1], dry.stdout
+    res = run_tntrun(args, env=env)
+    assert res.returncode == 127, res.stdout + res.stderr
+    root = res.stderr.split("Root cause")[1].split("-" * 72)[0]
+    host = socket.gethostname()
+    assert root.startswith(f" (first failure not caused by another rank):\n  rank:    1 (local_rank 0)\n"
+                           f"  host:    {host}\n  pid:     not started\n"), res.stderr
+    assert f"NotStartedError: rank 1 could not start on {host}: " in root, root
+    assert "cannot import tarantella.runner.rank" in root, root
+    assert "\x1e" not in res.stderr
 
 
 @pytest.mark.parametrize("environ, expected", [
