@@ -182,6 +182,9 @@ def gaspi_script(env, names, rank_cmd, cwd):
     for name in dict.fromkeys([*PASS_THROUGH, *names]):  # once each
         if name in env:
             lines.append(f"export {name}={shlex.quote(env[name])}")
+    if rank_cmd[1:3] == ["-m", "tarantella.runner.rank"]:
+        # no Python at that path on this host: the rank's record, at once (rank_report)
+        lines.append(rank_report.shell_not_started(rank_cmd[0], env.get("TNT_JOB_ID", "")).rstrip("\n"))
     rank_cmd = bootstrapped(rank_cmd)
     # no "$@": the command is whole here, and gaspi_run passes its master rank one empty
     # argument when it has none ("$GPI2_PRG_ARGS"), which the program would receive.

@@ -18,6 +18,7 @@ shows (MarkerFilter) and rebuilds the records (Collector).
 import base64
 import json
 import os
+import shlex
 import threading
 import zlib
 
@@ -72,8 +73,9 @@ class Collector:
             if len(parts) == count and all(i in parts for i in range(1, count + 1)):
                 del self._parts[rank]
                 try:
-                    data = b"".join(parts[i] for i in range(1, count + 1))
-                    record = json.loads(zlib.decompress(base64.b64decode(data)))
+                    data = base64.b64decode(b"".join(parts[i] for i in range(1, count + 1)))
+                    # JSON itself where a shell wrote the record (shell_not_started)
+                    record = json.loads(data if data[:1] == b"{" else zlib.decompress(data))
                 except (ValueError, zlib.error):
                     return True
                 if isinstance(record, dict):
@@ -161,3 +163,28 @@ def bootstrap():
     failed = failed.replace("{locals}", repr(["GASPI_SOCKET"] + [v[2] for v in ENGINE_VARIABLES if v[2]]))
     return ("import sys\ntry:\n    from tarantella.runner.rank import main\nexcept ImportError as exc:\n"
             + textwrap.indent(failed, "    ") + "sys.exit(main())\n")
+
+
+def shell_not_started(python, job_id):
+    """Shell lines (for gaspi_run's script, before it runs `python`): where `python` is not
+    there (no Python at that path on this host), the record of a rank that did not start,
+    written by the shell itself (JSON, base64, uncompressed: Collector takes both), and exit
+    127. The shell ran on with "No such file or directory", gaspi_run's spawner exited 0
+    whatever its ranks did, and the other ranks waited in gaspi_proc_init until TNT_TIMEOUT_S
+    (5 minutes); the report blamed rank 0's TimeoutError."""
+    why = (f"{python} is not there: tntrun runs the ranks of every host with its own Python, which "
+           f"must be at the same path on every host (install it there, or use one on a shared file system)")
+    said = '"NotStartedError: rank $GASPI_RANK could not start on $host: "'
+    fields = ('{"rank": %d, "local_rank": %d, "host": "%s", "pid": null, "returncode": 127, "ended_at": %s, '
+              '"stopped": false, "not_started": true, "error": {"message": "%s", "timestamp": %s}, '
+              '"stderr_tail": ""}')
+    return "\n".join([
+        f"if [ ! -x {shlex.quote(python)} ]; then",
+        "    host=$(uname -n); now=$(date +%s)",
+        f"    printf '%s\\n' {said}{shlex.quote(why)} >&2",
+        f"    message={said}{shlex.quote(json.dumps(why)[1:-1])}",
+        f"    record=$(printf {shlex.quote(fields)} \"$GASPI_RANK\" \"${{GASPI_SOCKET:-0}}\" \"$host\" \"$now\" "
+        f"\"$message\" \"$now\" | base64 | tr -d '\\n')",
+        f"    printf '\\036{WORD.decode()} {job_id[:12]} %d 1/1 %s\\n' \"$GASPI_RANK\" \"$record\" >&2",
+        "    exit 127",
+        "fi"]) + "\n"

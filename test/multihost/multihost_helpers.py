@@ -5,8 +5,11 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+
+from multihost_testbed import NETNS_ETC
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")
 WIDTH = 72
@@ -108,3 +111,20 @@ def without_tarantella_on_hostB(tmp_path, env):
     with open(os.path.join(site, "sitecustomize.py"), "w") as f:
         f.write(NO_TARANTELLA_ON_HOSTB)
     return dict(env, PYTHONPATH=os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p))
+
+
+@contextlib.contextmanager
+def python_missing_on(bed, host):
+    """The path of a Python (this one, through a symlink) that every host of `bed` has but
+    `host`, for the block. The hosts share the file system; only /etc differs: `ip netns
+    exec` puts each entry of /etc/netns/NAMESPACE over /etc/ENTRY, and `host`'s is an empty
+    folder. (A run killed meanwhile leaves the folder to the next test bed's clean-up.)"""
+    folder = f"/etc/{bed.name}-python"
+    os.makedirs(folder)
+    try:
+        os.symlink(sys.executable, os.path.join(folder, "python"))
+        os.makedirs(os.path.join(NETNS_ETC, bed.netns(host), os.path.basename(folder)))
+        yield os.path.join(folder, "python")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(os.path.join(NETNS_ETC, bed.netns(host), os.path.basename(folder)), ignore_errors=True)

@@ -118,6 +118,10 @@ def cleanup_leftovers():
             _remove_namespace(ns)
             removed.append(ns)
     _rmdir_if_empty(NETNS_ETC)
+    for entry in os.listdir("/etc"):  # a folder some hosts lack (multihost_helpers.python_missing_on)
+        if _orphaned(entry):
+            shutil.rmtree(os.path.join("/etc", entry), ignore_errors=True)
+            removed.append(os.path.join("/etc", entry))
     tmp = tempfile.gettempdir()
     for entry in os.listdir(tmp):  # the temporary folder (ssh stand-in): NAME-<random>
         if _orphaned(entry):

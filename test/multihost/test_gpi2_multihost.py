@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from multihost_helpers import (cut_off, job_env, next_json, nothing_left, placement, probes, root_cause,
-                               without_tarantella_on_hostB)
+from multihost_helpers import (cut_off, job_env, next_json, nothing_left, placement, probes, python_missing_on,
+                               root_cause, without_tarantella_on_hostB)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -328,6 +328,27 @@ def test_a_host_where_tarantella_cannot_be_imported_is_named_at_once(multihost, 
     assert "cannot import tarantella.runner.rank (No module named" in root, root
     assert "TimeoutError" not in res.stdout + res.stderr, res.stderr[-3000:]
     assert "tntrun stopped gaspi_run: gaspi_run could not start the ranks on hostB" in res.stderr
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
+
+def test_a_host_without_tntruns_python_is_named_at_once(multihost, tmp_path):
+    # the ranks run with tntrun's own Python, at its path: on hostB there is none there. The
+    # script gaspi_run runs said "No such file or directory", gaspi_run's spawner exited 0
+    # all the same, and rank 0 waited in gaspi_proc_init until TNT_TIMEOUT_S; the report blamed
+    # its TimeoutError. The script now sends the record of a rank that did not start
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    with python_missing_on(multihost, "hostB") as python:
+        res = multihost.run("hostA", [python, "-m", "tarantella.runner.cli", "-H", "hostA:1,hostB:1", "--transport",
+                                      "gpi2", "--", os.path.join(HERE, "rank_bare.py"), str(tmp_path)],
+                            env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 127, res.stdout[-3000:] + res.stderr[-3000:]
+    root = root_cause(res.stderr)
+    assert root.startswith("  rank:    1 (local_rank 0)\n  host:    hostB\n  pid:     not started\n"), root
+    assert f"NotStartedError: rank 1 could not start on hostB: {python} is not there: " in root, root
+    assert "TimeoutError" not in res.stdout + res.stderr, res.stderr[-3000:]
+    assert "tntrun stopped gaspi_run: gaspi_run could not start the ranks on hostB" in res.stderr
+    assert "\x1e" not in res.stdout + res.stderr
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
 
 

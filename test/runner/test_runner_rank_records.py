@@ -308,3 +308,27 @@ def test_gaspi_runs_clean_up_stops_the_ranks_it_names(tmp_path):
     finally:
         proc.kill()
         proc.communicate()
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_gaspi_script_without_its_python_sends_the_ranks_record(tmp_path, shell):
+    # no Python at tntrun's path on the rank's host: the script said "No such file or
+    # directory", gaspi_run's spawner exited 0 all the same, and the other ranks waited until
+    # TNT_TIMEOUT_S. The script itself now writes the rank's record (uncompressed JSON)
+    from tarantella.runner import engines
+
+    env = runner_env(GASPI_RANK="3", GASPI_SOCKET="1", TNT_JOB_ID=JOB)
+    python = str(tmp_path / "no such" / "python")
+    rank_cmd = [python, "-m", "tarantella.runner.rank", "--report", "--size=4", "--", python, "t.py"]
+    script = tmp_path / "script.sh"
+    script.write_text(engines.gaspi_script(env, [], rank_cmd, str(tmp_path)))
+    res = subprocess.run([shell, str(script)], env=env, capture_output=True, timeout=60)
+    assert res.returncode == 127, res.stderr
+    shown, [record] = _records(res.stderr)
+    message = (f"NotStartedError: rank 3 could not start on {socket.gethostname()}: {python} is not there: tntrun "
+               f"runs the ranks of every host with its own Python, which must be at the same path on every host")
+    assert shown.decode().startswith(message), shown
+    assert record["error"]["message"].startswith(message), record
+    assert (record["rank"], record["local_rank"], record["host"], record["pid"], record["returncode"],
+            record["not_started"]) == (3, 1, socket.gethostname(), None, 127, True), record
+    assert isinstance(record["ended_at"], (int, float)) and record["ended_at"] > 1e9, record  # a time
