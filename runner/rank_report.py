@@ -127,42 +127,57 @@ class MarkerFilter:
 def bootstrap():
     """Python source for `python -c SOURCE ARGS...`, in place of `python -m
     tarantella.runner.rank ARGS...` where only the ranks can tell that they did not start:
-    it runs the rank wrapper, and where the wrapper cannot be imported (Tarantella not
-    installed for that Python on that host, another version without it) it writes the record
-    of a rank that was not started, with the ImportError, as the wrapper would have, and exits
-    127. gaspi_run notices no such rank: the others waited in gaspi_proc_init until
-    TNT_TIMEOUT_S (5 minutes), and the report blamed rank 0's TimeoutError; under mpirun,
-    mpiexec and srun the report named the engine alone, with Python's message. Only the
-    standard library is used there; the records are written by this module's own encode()."""
+    it runs the rank wrapper, and where the wrapper cannot serve this tntrun it writes the
+    record of a rank that was not started, saying why, as the wrapper would have, and exits
+    127:
+    - the wrapper cannot be imported (Tarantella not installed for that Python on that host,
+      another version without it, one that this Python cannot import: a SyntaxError);
+    - it cannot read tntrun's arguments (another release of Tarantella on that host, whose
+      wrapper lacks an option: argparse's error, which exited 2 with its usage).
+    gaspi_run notices no such rank: the others waited in gaspi_proc_init until TNT_TIMEOUT_S
+    (5 minutes), and the report blamed rank 0's TimeoutError; under mpirun, mpiexec and srun
+    the report named the engine alone, with Python's message. Only the standard library is
+    used there; the records are written by this module's own encode()."""
     import inspect
     import textwrap
 
-    failed = textwrap.dedent(f"""\
-        import base64, json, os, socket, time, zlib
-        MARK, WORD, CHUNK = {MARK!r}, {WORD!r}, {CHUNK!r}
-        {{encode}}
-        def first(names, default):  # the engine's own variables, as tarantella.common.engine_ranks
-            return next((int(os.environ[n]) for n in names if n and os.environ.get(n, "").isdigit()), default)
-        rank = first({{ranks}}, -1)
-        local = first({{locals}}, 0)
-        host = socket.gethostname()
-        message = (f"NotStartedError: rank {{rank}} could not start on {{host}}: {{sys.executable}} cannot import "
-                   f"tarantella.runner.rank ({{exc}}): Tarantella must be installed for the same Python, at the "
-                   f"same path, on every host")
-        record = {{"rank": rank, "local_rank": local, "host": host, "pid": None, "returncode": 127,
-                  "ended_at": time.time(), "stopped": False, "not_started": True,
-                  "error": {{"message": message, "timestamp": time.time()}}, "stderr_tail": ""}}
-        sys.stderr.write(message + "\\n")
-        sys.stderr.flush()
-        for line in encode(record, os.environ.get("TNT_JOB_ID", "")):
-            os.write(2, line)
-        sys.exit(127)
-        """).replace("{encode}", inspect.getsource(encode))
+    source = textwrap.dedent(f"""\
+        import sys
+        def not_started(why):
+            import base64, json, os, socket, time, zlib
+            MARK, WORD, CHUNK = {MARK!r}, {WORD!r}, {CHUNK!r}
+            {{encode}}
+            def first(names, default):  # the engine's own variables, as tarantella.common.engine_ranks
+                return next((int(os.environ[n]) for n in names if n and os.environ.get(n, "").isdigit()), default)
+            rank = first({{ranks}}, -1)
+            local = first({{locals}}, 0)
+            host = socket.gethostname()
+            message = f"NotStartedError: rank {{rank}} could not start on {{host}}: {{why}}"
+            record = {{"rank": rank, "local_rank": local, "host": host, "pid": None, "returncode": 127,
+                      "ended_at": time.time(), "stopped": False, "not_started": True,
+                      "error": {{"message": message, "timestamp": time.time()}}, "stderr_tail": ""}}
+            sys.stderr.write(message + "\\n")
+            sys.stderr.flush()
+            for line in encode(record, os.environ.get("TNT_JOB_ID", "")):
+                os.write(2, line)
+            sys.exit(127)
+        try:
+            from tarantella.runner.rank import main
+        except Exception as exc:  # not only ImportError: a SyntaxError of a release this Python cannot run
+            said = exc if isinstance(exc, ImportError) else f"{{type(exc).__name__}}: {{exc}}"
+            not_started(f"{{sys.executable}} cannot import tarantella.runner.rank ({{said}}): "
+                        f"Tarantella must be installed for the same Python, at the same path, on every host")
+        import argparse
+        def unreadable(parser, message):  # the wrapper's options are not this tntrun's
+            not_started(f"its rank wrapper (tarantella.runner.rank) cannot read tntrun's arguments ({{message}}): "
+                        f"every host must have the same release of Tarantella as tntrun's")
+        argparse.ArgumentParser.error = unreadable  # (the program runs in a process of its own)
+        sys.exit(main())
+        """)
     # GASPI_SOCKET: gaspi_run's index of the rank on its host (it sets no local rank)
-    failed = failed.replace("{ranks}", repr([v[0] for v in ENGINE_VARIABLES]))
-    failed = failed.replace("{locals}", repr(["GASPI_SOCKET"] + [v[2] for v in ENGINE_VARIABLES if v[2]]))
-    return ("import sys\ntry:\n    from tarantella.runner.rank import main\nexcept ImportError as exc:\n"
-            + textwrap.indent(failed, "    ") + "sys.exit(main())\n")
+    return (source.replace("{encode}", textwrap.indent(inspect.getsource(encode), "    ").lstrip())
+            .replace("{ranks}", repr([v[0] for v in ENGINE_VARIABLES]))
+            .replace("{locals}", repr(["GASPI_SOCKET"] + [v[2] for v in ENGINE_VARIABLES if v[2]])))
 
 
 def shell_not_started(python, job_id):

@@ -332,3 +332,40 @@ def test_gaspi_script_without_its_python_sends_the_ranks_record(tmp_path, shell)
     assert (record["rank"], record["local_rank"], record["host"], record["pid"], record["returncode"],
             record["not_started"]) == (3, 1, socket.gethostname(), None, 127, True), record
     assert isinstance(record["ended_at"], (int, float)) and record["ended_at"] > 1e9, record  # a time
+
+
+OLD_WRAPPER = """
+import argparse, sys
+def main():
+    p = argparse.ArgumentParser(prog="tarantella.runner.rank")
+    p.add_argument("--report", action="store_true")
+    p.add_argument("--size", type=int)
+    p.parse_args(sys.argv[1:sys.argv.index("--")])
+    return 0
+"""
+
+
+@pytest.mark.parametrize("wrapper, said", [
+    (OLD_WRAPPER, "its rank wrapper (tarantella.runner.rank) cannot read tntrun's arguments (unrecognized "
+                  "arguments: --die-with-script): every host must have the same release of Tarantella as tntrun's"),
+    ("def main(:\n", "cannot import tarantella.runner.rank (SyntaxError: "),
+], ids=["another-release", "syntax-error"])
+def test_a_wrapper_that_cannot_serve_this_tntrun_sends_the_ranks_record(tmp_path, wrapper, said):
+    # another release of Tarantella on the rank's host: its wrapper lacked an option (argparse
+    # exited 2 with its usage) or could not be imported by that Python (a SyntaxError, not an
+    # ImportError): no record, and under gaspi_run the other ranks waited until TNT_TIMEOUT_S
+    package = tmp_path / "tarantella"
+    (package / "runner").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "runner" / "__init__.py").write_text("")
+    (package / "runner" / "rank.py").write_text(wrapper)
+    env = runner_env(GASPI_RANK="2", GASPI_SOCKET="0", TNT_JOB_ID=JOB, PYTHONPATH=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", rank_report.bootstrap(), "--report", "--size=4",
+                          "--die-with-script", "--", sys.executable, "t.py"],
+                         env=env, capture_output=True, timeout=60, cwd=str(tmp_path))  # (-c: cwd first on sys.path)
+    assert res.returncode == 127, res.stderr
+    shown, [record] = _records(res.stderr)
+    assert b"usage:" not in shown, shown
+    message = f"NotStartedError: rank 2 could not start on {socket.gethostname()}: "
+    assert record["error"]["message"].startswith(message) and said in record["error"]["message"], record
+    assert (record["rank"], record["returncode"], record["not_started"]) == (2, 127, True), record
