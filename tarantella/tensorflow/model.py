@@ -20,7 +20,9 @@ from tarantella.tensorflow.atomic_save import atomic_save, explain_missing
 from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
                                         micro_batch_size)
 from tarantella.tensorflow.data import first_batches, py_dataset, step_counts
-from tarantella.tensorflow.data.array_dataset import check_same_on_every_rank, sample_count
+from tarantella.tensorflow.data.batch_slicing import rows
+from tarantella.tensorflow.data.array_dataset import (as_keras_arrays, check_same_on_every_rank,
+                                                      sample_count)
 from tarantella.tensorflow.data.step_counts import input_kind
 from tarantella.tensorflow.keras.callbacks.callback_preparation import (
     own_csv_files, prepare_callbacks, same_backups, same_checkpoints, same_csv_loggers,
@@ -50,10 +52,12 @@ class _StepState:
 
 
 def _is_array_like(x):
-    # tf.RaggedTensor too (samples of variable length), as Keras' array adapter takes them
+    # tf.RaggedTensor and tf.SparseTensor too, as Keras' array adapter takes them (pandas
+    # and SciPy arrays are made NumPy arrays and tf.SparseTensors first: as_keras_arrays)
     leaves = tf.nest.flatten(x)
     return bool(leaves) and all(
-        isinstance(t, (np.ndarray, tf.Tensor, tf.Variable, tf.RaggedTensor, list)) or np.isscalar(t)
+        isinstance(t, (np.ndarray, tf.Tensor, tf.Variable, tf.RaggedTensor, tf.SparseTensor, list))
+        or np.isscalar(t)
         for t in leaves if t is not None)
 
 
@@ -560,6 +564,7 @@ class Model(keras.Model):
                 "each rank must feed its own part of every global batch.")
             return None
         self._refuse_stateful_rnn(what)
+        x, y, sample_weight = as_keras_arrays((x, y, sample_weight))
         if isinstance(x, tf.data.Dataset):
             if y is not None or sample_weight is not None:
                 raise ValueError(
@@ -694,6 +699,7 @@ class Model(keras.Model):
         self._assert_compile_called("fit")
         mark("fit: begin")
         if validation_split and validation_data is None:
+            x, y, sample_weight = as_keras_arrays((x, y, sample_weight))
             if not _is_array_like(x):
                 raise ValueError(
                     "validation_split needs NumPy arrays or tensors; with a dataset pass "
@@ -1144,7 +1150,8 @@ def _rank_slice(batch):
     n = int(np.shape(leaves[0])[0])
     begin = micro_batch_offset(n, core.get_rank(), size)
     end = begin + micro_batch_size(n, core.get_rank(), size)
-    return tf.nest.map_structure(lambda t: None if t is None else t[begin:end], batch)
+    # a tf.SparseTensor, which is not subscriptable, too (Keras' *_on_batch take it)
+    return tf.nest.map_structure(lambda t: None if t is None else rows(t, begin, end), batch)
 
 
 def _default_batch_size(num_samples, steps):

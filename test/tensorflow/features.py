@@ -827,6 +827,50 @@ def class_weight_arrays(tnt, reference):
             "weights": weights(model)}
 
 
+def pandas_and_sparse_arrays(tnt, reference):
+    """The arrays Keras' array adapter takes besides NumPy arrays and dense
+    tensors: a pandas DataFrame with a Series of labels, a SciPy sparse
+    matrix and a tf.SparseTensor, fit (validation_split, shuffled), evaluate
+    and predict on 41 samples in batches of 10 (rank 1's slice of the last is
+    empty), and the *_on_batch calls on a batch of 7 (Keras' take a DataFrame
+    and a tf.SparseTensor). tnt refused them all with a TypeError that said to
+    build a dataset. A kind whose package is not installed is left out."""
+    import importlib.util
+
+    rng = np.random.default_rng(26)
+    x = rng.normal(size=(41, 8)) * (rng.random((41, 8)) < 0.4)  # float64, mostly zeros
+    y = rng.integers(0, 3, 41)
+    kinds = {}
+    if importlib.util.find_spec("pandas") is not None:
+        import pandas
+
+        kinds["pandas"] = (pandas.DataFrame(x, columns=[f"f{i}" for i in range(8)]),
+                           pandas.Series(y))
+    if importlib.util.find_spec("scipy") is not None:
+        import scipy.sparse
+
+        kinds["scipy"] = (scipy.sparse.csr_matrix(x), y)
+    kinds["tf_sparse"] = (tf.sparse.from_dense(x.astype("float32")), y)
+    out = {}
+    for kind, (xs, ys) in kinds.items():
+        model = build()
+        if not reference:
+            model = tnt.Model(model)
+        compile_(model)
+        history = model.fit(xs, ys, batch_size=10, epochs=2, validation_split=0.2, verbose=0).history
+        got = {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
+               "evaluate": [float(v) for v in model.evaluate(xs, ys, batch_size=10, verbose=0)],
+               "predict": model.predict(xs, batch_size=10, verbose=0).tolist()}
+        if kind != "scipy":  # Keras' *_on_batch take no SciPy matrix
+            head = tf.sparse.slice(xs, [0, 0], [7, 8]) if kind == "tf_sparse" else xs[:7]
+            got["on_batch"] = [float(model.train_on_batch(head, ys[:7])[0]),
+                               float(model.test_on_batch(head, ys[:7])[0]),
+                               np.asarray(model.predict_on_batch(head)).tolist()]
+        got["weights"] = weights(model)
+        out[kind] = got
+    return out
+
+
 class OneValueTracker(keras.Model):
     """A test step that updates a Mean tracker with its batch's loss alone
     (Keras' guides): inside tnt, a share of the global batch, which sums the
@@ -2048,6 +2092,7 @@ def main():
     results["ragged_inputs"] = ragged_inputs(tnt, args.reference)
     results["string_arrays"] = string_arrays(tnt, args.reference)
     results["class_weight_arrays"] = class_weight_arrays(tnt, args.reference)
+    results["pandas_and_sparse_arrays"] = pandas_and_sparse_arrays(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)

@@ -293,6 +293,30 @@ def test_class_weights_of_some_classes_weight_the_others_one_as_in_serial_keras(
     _assert_fit_as_serial(runs, "class_weight_arrays")
 
 
+@pytest.mark.parametrize("kind", ["pandas", "scipy", "tf_sparse"])
+def test_pandas_and_sparse_arrays_train_evaluate_and_predict_as_in_serial_keras(runs, kind):
+    """A DataFrame with a Series of labels, a SciPy sparse matrix and a
+    tf.SparseTensor: fit (shuffled, validation_split), evaluate, all 41
+    predictions in order and the *_on_batch calls as serial Keras, every rank
+    alike (not a TypeError)."""
+    ref = runs["ref"]["pandas_and_sparse_arrays"]
+    if kind not in ref:
+        pytest.skip(f"{kind} is not installed")
+    ref = ref[kind]
+    for rank in runs["ranks"]:
+        got = rank["pandas_and_sparse_arrays"][kind]
+        _assert_history_as_serial(got["history"], ref["history"])
+        np.testing.assert_allclose(got["evaluate"], ref["evaluate"], rtol=1e-6, atol=1e-6)
+        assert len(got["predict"]) == 41 and got.keys() == ref.keys()
+        if "on_batch" in ref:  # train_on_batch's and test_on_batch's losses, the predictions
+            np.testing.assert_allclose(got["on_batch"][:2], ref["on_batch"][:2], atol=1e-6)
+            np.testing.assert_allclose(got["on_batch"][2], ref["on_batch"][2], atol=1e-5)
+        for a, b in zip(got["weights"] + got["predict"], ref["weights"] + ref["predict"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert runs["ranks"][0]["pandas_and_sparse_arrays"][kind] == \
+        runs["ranks"][1]["pandas_and_sparse_arrays"][kind]
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run

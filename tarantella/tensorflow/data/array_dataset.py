@@ -24,6 +24,27 @@ from tarantella.tensorflow.data import batch_slicing
 from tarantella.tensorflow.data.batch_slicing import plain_tf as _plain_tf
 
 
+def as_keras_arrays(data):
+    """`data` (a nest) with the arrays Keras' array adapter takes besides
+    NumPy arrays and tensors made into those, as the adapter makes them: a
+    pandas DataFrame into its values, a Series into a column of its values
+    (floats as floatx), a SciPy sparse matrix into a tf.SparseTensor. tnt
+    refused them (a TypeError that said to build a dataset) where serial
+    Keras trains on them."""
+    from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
+
+    pandas = array_slicing.pandas  # None where pandas is not installed
+
+    def convert(t):
+        is_pandas = pandas is not None and isinstance(t, (pandas.DataFrame, pandas.Series))
+        if not (is_pandas or data_adapter_utils.is_scipy_sparse(t)):
+            return t
+        t = array_slicing.convert_to_sliceable(t, target_backend="tensorflow")
+        return t.sparse if isinstance(t, array_slicing.TensorflowSparseWrapper) else t
+
+    return keras.tree.map_structure(convert, data)
+
+
 def sample_count(structure):
     sizes = {int(np.shape(t)[0]) for t in tf.nest.flatten(structure)}
     if len(sizes) != 1:
@@ -47,8 +68,9 @@ def check_same_on_every_rank(data, what):
     arrays of other lengths made the ranks wait for each other until
     TNT_TIMEOUT_S."""
     named = dict(zip(("x", "y", "sample_weight"), data))
-    # the leaves are NumPy arrays, lists, dense and ragged tensors (tnt.Model refuses other
-    # inputs first); a ragged tensor is compared by its components (values, row splits)
+    # the leaves are NumPy arrays, lists, dense, ragged and sparse tensors (tnt.Model refuses
+    # other inputs first); a composite tensor is compared by its components (values, row
+    # splits; indices, values, shape)
     items = [(path[0] + "".join(f"[{p!r}]" for p in path[1:]) + (f".{i}" if len(parts) > 1 else ""),
               _comparable(np.asarray(part)))
              for path, t in keras.tree.flatten_with_path(named)
@@ -134,18 +156,45 @@ def array_dataset(data, batch_size, rank, size, shuffle=False):
     whose first dimension is the sample), cut from global batches of
     `batch_size` samples in the order serial Keras' fit takes them (`shuffle`:
     False, True or "batch", as in Keras)."""
+    n = sample_count(data)
     # Lists (y=[y1, y2] of a two-output model, x=[a, b]) become tuples, as in
     # Keras' own array adapter: tf.data refuses a list in a map's result.
-    data = tf.nest.map_structure(
-        lambda t: t if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else tf.convert_to_tensor(t),
-        _as_keras_feeds_them(keras.tree.lists_to_tuples(data)))
-    n = sample_count(data)
+    data = keras.tree.traverse(_as_tensor, _as_keras_feeds_them(keras.tree.lists_to_tuples(data)))
     indices = sample_order(n, batch_size, shuffle, size)
 
     @_plain_tf
     def gather(batch_indices):
         mine = batch_slicing.slice_element(batch_indices, rank, size)
-        return tf.nest.map_structure(lambda t: tf.gather(t, mine), data)
+        return keras.tree.traverse(lambda t: _take(t, mine), data)
 
     return indices.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True) \
         .prefetch(tf.data.AUTOTUNE)
+
+
+def _is_sparse_wrapper(t):
+    from keras.src.trainers.data_adapters.array_slicing import TensorflowSparseWrapper
+
+    return isinstance(t, TensorflowSparseWrapper)
+
+
+def _as_tensor(t):
+    """For keras.tree.traverse of what _as_keras_feeds_them made: each array
+    as a tensor; a sparse tensor stays Keras' sliceable wrapper of it (a
+    namedtuple, one leaf here), a nest is entered (None)."""
+    if _is_sparse_wrapper(t) or isinstance(t, (tf.Tensor, tf.RaggedTensor)):
+        return t
+    if isinstance(t, (list, tuple, dict)):
+        return None
+    return tf.convert_to_tensor(t)
+
+
+def _take(t, indices):
+    """For keras.tree.traverse: the rows `indices` of each array (of a sparse
+    one as Keras' array adapter takes them, a tf.SparseTensor)."""
+    from keras.src.trainers.data_adapters.array_slicing import slice_tensorflow_sparse_wrapper
+
+    if _is_sparse_wrapper(t):
+        return slice_tensorflow_sparse_wrapper(t, indices)
+    if isinstance(t, (list, tuple, dict)):
+        return None
+    return tf.gather(t, indices)

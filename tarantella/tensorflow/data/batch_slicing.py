@@ -34,13 +34,15 @@ def slice_element(element, rank, size):
     base, extra = batch // size, batch % size
     begin = rank * base + tf.minimum(tf.constant(rank, tf.int64), extra)
     end = begin + base + tf.cast(rank < extra, tf.int64)
-    return tf.nest.map_structure(lambda t: _rows(t, begin, end), element)
+    return tf.nest.map_structure(lambda t: rows(t, begin, end), element)
 
 
-def _rows(t, begin, end):
-    """Rows [begin, end) of a dense, ragged or sparse batch."""
+def rows(t, begin, end):
+    """Rows [begin, end) of a dense, ragged or sparse batch (also an array
+    that slices like one: NumPy, pandas)."""
     if isinstance(t, tf.SparseTensor):  # not subscriptable
         shape = t.dense_shape
+        begin, end = tf.cast(begin, tf.int64), tf.cast(end, tf.int64)
         return tf.sparse.slice(t, tf.concat([[begin], tf.zeros_like(shape[1:])], 0),
                                tf.concat([[end - begin], shape[1:]], 0))
     return t[begin:end]

@@ -40,7 +40,7 @@ def _rows(t, begin, end):
     if t is None:
         return None
     if isinstance(t, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
-        return batch_slicing._rows(t, begin, end)
+        return batch_slicing.rows(t, begin, end)
     return t[begin:end]
 
 
