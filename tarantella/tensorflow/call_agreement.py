@@ -313,7 +313,9 @@ def _batch_digest(batch):
     """A CRC of the shapes, dtypes and bits of `batch`'s arrays (None kept as
     such), the same on every rank that passed the same batch."""
     parts = []
-    for leaf in tf.nest.flatten(batch):
+    # a ragged or sparse tensor by its components: as one leaf, its repr, whose values NumPy
+    # elides past 1000 ("..."), so batches that differ there passed as the same
+    for leaf in tf.nest.flatten(batch, expand_composites=True):
         array = None if leaf is None else np.asarray(leaf)
         if array is None or array.dtype == object:  # None, or ragged lists: by their repr
             parts.append(repr(None if array is None else array.tolist()))

@@ -1624,6 +1624,11 @@ def check_rank_branches(tnt):
     def predict_on_batch_own_size(m):
         m.predict_on_batch(x[:B + rank])
 
+    def on_batch_own_sparse_data(m):  # 1600 values, one apart: its repr elided it ("...")
+        dense = np.ones((200, 8), "float32")
+        dense[100, 4] += rank
+        m.train_on_batch(tf.sparse.from_dense(dense), np.zeros(200, "int32"))
+
     def on_batch_alike(m):
         for _ in range(2):
             m.train_on_batch(x[:B], y[:B])
@@ -1775,6 +1780,7 @@ def check_rank_branches(tnt):
                            "on_batch_frozen_on_one_rank": on_batch_frozen_on_one_rank,
                            "on_batch_own_data": on_batch_own_data,
                            "predict_on_batch_own_size": predict_on_batch_own_size,
+                           "on_batch_own_sparse_data": on_batch_own_sparse_data,
                            "on_batch_alike": on_batch_alike,
                            "other_model_on_one_rank": other_model_on_one_rank,
                            "on_batch_other_model": on_batch_other_model,

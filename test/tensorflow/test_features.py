@@ -778,7 +778,8 @@ def test_a_call_or_compile_on_some_ranks_only_fails_every_rank_when_the_call_beg
                                           "'held' is in a call of a tnt.Model"), said
     # each rank's own batch: the ranks' slices of different batches trained together silently
     for key, what in (("on_batch_own_data", "train_on_batch"), ("predict_on_batch_own_size",
-                                                               "predict_on_batch")):
+                                                               "predict_on_batch"),
+                      ("on_batch_own_sparse_data", "train_on_batch")):
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
         assert r0[key]["message"] == r1[key]["message"], key
         assert r0[key]["message"].startswith(
