@@ -607,13 +607,14 @@ class Model(keras.Model):
                              f"{batch_name}={batch_size!r}")
         data = (x,) if y is None and sample_weight is None else (
             (x, y) if sample_weight is None else (x, y, sample_weight))
+        samples = sample_count(data)  # (a number for an array: refused before any collective)
         if size > 1:
             check_same_on_every_rank(data, what)
         if batch_size is None:
-            batch_size = _default_batch_size(sample_count(data), steps)
+            batch_size = _default_batch_size(samples, steps)
         dataset = array_dataset(data, int(batch_size), core.get_rank(), size,
                                 shuffle=shuffle if shuffle == "batch" else bool(shuffle))
-        last = sample_count(data) % int(batch_size)  # the last batch's samples (0: a full batch)
+        last = samples % int(batch_size)  # the last batch's samples (0: a full batch)
         may_be_empty = batch_size < size or 0 < last < size
         return dataset, int(batch_size), -(-int(batch_size) // size), may_be_empty, None
 

@@ -607,6 +607,41 @@ def list_arrays(tnt, reference):
             "predict": [np.asarray(p).tolist() for p in predicted]}
 
 
+class Reconstruction(keras.Model):
+    """An autoencoder whose loss is added in call(): it trains on x alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.encode, self.decode = keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(8)
+
+    def call(self, x):
+        reconstructed = self.decode(self.encode(x))
+        self.add_loss(tf.reduce_mean(tf.square(reconstructed - x)))
+        return reconstructed
+
+
+def arrays_without_targets(tnt, reference):
+    """fit(x, sample_weight=w) without y (Keras takes it, for a model whose
+    loss is its own), and a Python list of numbers as y (Keras refuses it:
+    'Unrecognized data type'). Both failed on every rank with 'IndexError:
+    tuple index out of range'; the first now trains as serial Keras, the
+    second is a ValueError that says to pass np.asarray(y)."""
+    x, _ = data(41, seed=27)
+    keras.utils.set_random_seed(28)
+    model = Reconstruction()
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    history = model.fit(x, sample_weight=np.linspace(0.0, 1.0, 41), batch_size=10, epochs=2,
+                        shuffle=False, verbose=0).history
+    out = {"history": [float(v) for v in history["loss"]], "weights": weights(model)}
+    try:
+        model.fit(x, [1.0] * 41, batch_size=10, verbose=0)
+    except Exception as exc:  # noqa: BLE001 - its type and message are checked
+        out["list_of_numbers"] = [type(exc).__name__, str(exc)]
+    return out
+
+
 def array_steps(tnt, reference):
     """Arrays without a batch size in calls that set the steps: Keras spreads
     the samples over them (fit(x, y, steps_per_epoch=3) of 90 samples: batches
@@ -2090,6 +2125,7 @@ def main():
     results["array_fits"] = array_fits(tnt, args.reference)
     results["empty_slices"] = empty_slices(tnt, args.reference)
     results["list_arrays"] = list_arrays(tnt, args.reference)
+    results["arrays_without_targets"] = arrays_without_targets(tnt, args.reference)
     results["wrapped_twice"] = wrapped_twice(tnt, args.reference)
     results["array_steps"] = array_steps(tnt, args.reference)
     results["validation_iterables"] = validation_iterables(tnt, args.reference)

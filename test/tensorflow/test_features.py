@@ -196,6 +196,18 @@ def test_arrays_in_lists_train_as_in_serial_keras(runs):
     assert runs["ranks"][0]["list_arrays"] == runs["ranks"][1]["list_arrays"]
 
 
+def test_arrays_without_targets_train_as_in_serial_keras_and_numbers_are_refused_clearly(runs):
+    """fit(x, sample_weight=w) without y trains as serial Keras; a Python list
+    of numbers as y is a ValueError on every rank, as in Keras, that says what
+    to pass (not an IndexError)."""
+    _assert_fit_as_serial(runs, "arrays_without_targets")
+    assert runs["ref"]["arrays_without_targets"]["list_of_numbers"][0] == "ValueError"
+    for rank in runs["ranks"]:
+        kind, message = rank["arrays_without_targets"]["list_of_numbers"]
+        assert kind == "ValueError" and "y[0] is a number, not an array" in message, message
+        assert "pass np.asarray(y)" in message
+
+
 def test_arrays_without_a_batch_size_spread_over_the_steps_as_in_serial_keras(runs):
     """fit(steps_per_epoch), validation_steps, evaluate(steps) and
     predict(steps) on arrays without a batch size take Keras' batches (the

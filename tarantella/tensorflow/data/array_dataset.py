@@ -45,8 +45,32 @@ def as_keras_arrays(data):
     return keras.tree.map_structure(convert, data)
 
 
-def sample_count(structure):
-    sizes = {int(np.shape(t)[0]) for t in tf.nest.flatten(structure)}
+def _named_leaves(data):
+    """[(name, leaf)] of `data`, (x,), (x, y) or (x, y, sample_weight), each
+    leaf named by its path (`x`, `y['cls']`, `x[0]`)."""
+    named = dict(zip(("x", "y", "sample_weight"), data))
+    return [(path[0] + "".join(f"[{p!r}]" for p in path[1:]), t)
+            for path, t in keras.tree.flatten_with_path(named)]
+
+
+def sample_count(data):
+    """The number of samples of `data` ((x,), (x, y) or (x, y, sample_weight)).
+    A None (y=None with sample weights, which Keras takes) has none; a number
+    where an array belongs (a Python list of numbers, which Keras refuses too)
+    is a ValueError that says so: both failed with 'IndexError: tuple index
+    out of range'."""
+    sizes = set()
+    for name, t in _named_leaves(data):
+        if t is None:
+            continue
+        if not np.shape(t):
+            top = name.split("[")[0]
+            raise ValueError(
+                f"fit/evaluate/predict take arrays whose first dimension is the sample (NumPy "
+                f"arrays, tensors, pandas or SciPy arrays); {name} is a number, not an array (a "
+                f"Python list of numbers is no array to Keras either): pass np.asarray({top}). "
+                f"Received: {name}={t!r}")
+        sizes.add(int(np.shape(t)[0]))
     if len(sizes) != 1:
         raise ValueError(
             "All arrays passed to fit/evaluate/predict must have the same number of samples. "
@@ -67,13 +91,11 @@ def check_same_on_every_rank(data, what):
     own) trained on a mixture of the ranks' samples, unlike serial Keras, and
     arrays of other lengths made the ranks wait for each other until
     TNT_TIMEOUT_S."""
-    named = dict(zip(("x", "y", "sample_weight"), data))
     # the leaves are NumPy arrays, lists, dense, ragged and sparse tensors (tnt.Model refuses
     # other inputs first); a composite tensor is compared by its components (values, row
     # splits; indices, values, shape)
-    items = [(path[0] + "".join(f"[{p!r}]" for p in path[1:]) + (f".{i}" if len(parts) > 1 else ""),
-              _comparable(np.asarray(part)))
-             for path, t in keras.tree.flatten_with_path(named)
+    items = [(name + (f".{i}" if len(parts) > 1 else ""), _comparable(np.asarray(part)))
+             for name, t in _named_leaves(data)
              for parts in [tf.nest.flatten(t, expand_composites=True)]
              for i, part in enumerate(parts)]
     replicas.check(items, f"the ranks passed different arrays to {what}", _SAME_ARRAYS_ADVICE,
@@ -181,8 +203,8 @@ def _as_tensor(t):
     """For keras.tree.traverse of what _as_keras_feeds_them made: each array
     as a tensor; a sparse tensor stays Keras' sliceable wrapper of it (a
     namedtuple, one leaf here), a nest is entered (None)."""
-    if _is_sparse_wrapper(t) or isinstance(t, (tf.Tensor, tf.RaggedTensor)):
-        return t
+    if t is None or _is_sparse_wrapper(t) or isinstance(t, (tf.Tensor, tf.RaggedTensor)):
+        return t  # (None: y=None with sample weights, kept)
     if isinstance(t, (list, tuple, dict)):
         return None
     return tf.convert_to_tensor(t)
@@ -195,6 +217,6 @@ def _take(t, indices):
 
     if _is_sparse_wrapper(t):
         return slice_tensorflow_sparse_wrapper(t, indices)
-    if isinstance(t, (list, tuple, dict)):
-        return None
+    if t is None or isinstance(t, (list, tuple, dict)):
+        return None  # a None stays None
     return tf.gather(t, indices)
