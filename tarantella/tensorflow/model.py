@@ -892,7 +892,7 @@ class Model(keras.Model):
         self._sync_weights(x)
         self._set_distributed_predict(core.get_size() > 1)
         with collective_ops.collective_errors(call_agreement.PER_BATCH_HINT):
-            return super().predict_on_batch(_rank_slice(x))
+            return super().predict_on_batch(_rank_slice((x,))[0])
 
     def _set_distributed_predict(self, distributed):
         if distributed != self._tnt_distributed_predict:
@@ -1142,13 +1142,16 @@ def _unknown_batch(t):
 
 
 def _rank_slice(batch):
-    """This rank's contiguous slice of a global batch (a nest of arrays or
-    tensors whose first dimension is the sample; None entries stay None)."""
+    """This rank's contiguous slice of a global batch ((x,), (x, y) or (x, y,
+    sample_weight), nests of arrays or tensors whose first dimension is the
+    sample; None entries stay None)."""
     size = core.get_size()
     leaves = [t for t in tf.nest.flatten(batch) if t is not None]
     if size == 1 or not leaves:
         return batch
-    n = int(np.shape(leaves[0])[0])
+    # a Python list of numbers (Keras refuses it too) is a ValueError that says so, not an
+    # IndexError or "'int' object is not subscriptable"
+    n = sample_count(batch)
     begin = micro_batch_offset(n, core.get_rank(), size)
     end = begin + micro_batch_size(n, core.get_rank(), size)
     # a tf.SparseTensor, which is not subscriptable, too (Keras' *_on_batch take it)

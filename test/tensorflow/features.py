@@ -625,7 +625,8 @@ def arrays_without_targets(tnt, reference):
     loss is its own), and a Python list of numbers as y (Keras refuses it:
     'Unrecognized data type'). Both failed on every rank with 'IndexError:
     tuple index out of range'; the first now trains as serial Keras, the
-    second is a ValueError that says to pass np.asarray(y)."""
+    second is a ValueError that says to pass np.asarray(y), in train_on_batch
+    too (an IndexError there, or "'int' object is not subscriptable")."""
     x, _ = data(41, seed=27)
     keras.utils.set_random_seed(28)
     model = Reconstruction()
@@ -635,10 +636,12 @@ def arrays_without_targets(tnt, reference):
     history = model.fit(x, sample_weight=np.linspace(0.0, 1.0, 41), batch_size=10, epochs=2,
                         shuffle=False, verbose=0).history
     out = {"history": [float(v) for v in history["loss"]], "weights": weights(model)}
-    try:
-        model.fit(x, [1.0] * 41, batch_size=10, verbose=0)
-    except Exception as exc:  # noqa: BLE001 - its type and message are checked
-        out["list_of_numbers"] = [type(exc).__name__, str(exc)]
+    for call, run in (("list_of_numbers", lambda: model.fit(x, [1.0] * 41, batch_size=10, verbose=0)),
+                      ("list_of_numbers_on_batch", lambda: model.train_on_batch(x[:7], [1.0] * 7))):
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - its type and message are checked
+            out[call] = [type(exc).__name__, str(exc)]
     return out
 
 

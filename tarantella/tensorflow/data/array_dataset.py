@@ -66,8 +66,9 @@ def sample_count(data):
         if not np.shape(t):
             top = name.split("[")[0]
             raise ValueError(
-                f"fit/evaluate/predict take arrays whose first dimension is the sample (NumPy "
-                f"arrays, tensors, pandas or SciPy arrays); {name} is a number, not an array (a "
+                f"tnt.Model's fit, evaluate, predict and *_on_batch calls take arrays whose "
+                f"first dimension is the sample (NumPy arrays, tensors, pandas or SciPy "
+                f"arrays); {name} is a number, not an array (a "
                 f"Python list of numbers is no array to Keras either): pass np.asarray({top}). "
                 f"Received: {name}={t!r}")
         sizes.add(int(np.shape(t)[0]))
