@@ -1109,9 +1109,43 @@ def model_from_config(config, custom_objects=None):
         f"{sorted(config)}")
 
 
+# the dtypes the core gathers (context.c); predict's outputs of others travel as one of them
+_GATHERED = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
 def _allgather_tensor(tensor):
-    """The rank-ordered concatenation of every rank's rows (predict's outputs)."""
-    return collective_ops.allgather_tensors([tensor], ["tnt.predict"])[0]
+    """The rank-ordered concatenation of every rank's rows (predict's outputs),
+    of any dtype a model outputs: predict of a model with a bool output (a
+    comparison), an int8 or string one (StringLookup(invert=True)) failed on
+    every rank ("DataType bool not in list of allowed values") where serial
+    Keras returns it. They travel losslessly as a gathered dtype."""
+    dtype = tensor.dtype
+    if dtype in _GATHERED:
+        return collective_ops.allgather_tensors([tensor], ["tnt.predict"])[0]
+    if dtype == tf.string:
+        return _allgather_strings(tensor)
+    if dtype.is_complex:  # its real and imaginary parts, side by side
+        parts = _allgather_tensor(tf.stack([tf.math.real(tensor), tf.math.imag(tensor)], -1))
+        return tf.complex(parts[..., 0], parts[..., 1])
+    if dtype == tf.uint64:
+        return tf.bitcast(_allgather_tensor(tf.bitcast(tensor, tf.int64)), tf.uint64)
+    if dtype.is_integer or dtype == tf.bool:  # (u)int8/16, uint32, bool: each value in an int64
+        return tf.cast(_allgather_tensor(tf.cast(tensor, tf.int64)), dtype)
+    raise TypeError(f"tnt.Model.predict cannot gather the ranks' outputs of dtype {dtype.name}: "
+                    "cast them in the model to a number type, or predict each rank's own data "
+                    "with tnt_distribute_dataset=False")
+
+
+def _allgather_strings(tensor):
+    """_allgather_tensor of strings: their bytes (as int32 codes) and lengths."""
+    shape = tf.shape(tensor)
+    chars = tf.strings.bytes_split(tf.reshape(tensor, [-1]))  # one 1-byte string per byte
+    codes = tf.cast(tf.reshape(tf.io.decode_raw(chars.flat_values, tf.uint8), [-1]), tf.int32)
+    codes, lengths = (_allgather_tensor(t) for t in (codes, chars.row_lengths()))
+    table = tf.constant([bytes([i]) for i in range(256)])
+    joined = tf.strings.reduce_join(
+        tf.RaggedTensor.from_row_lengths(tf.gather(table, codes), lengths), axis=1)
+    return tf.reshape(joined, tf.concat([[-1], shape[1:]], 0))
 
 
 def _one_zero_sample(t):

@@ -847,6 +847,29 @@ def string_arrays(tnt, reference):
             "predict": model.predict(x, batch_size=7, verbose=0).tolist()}
 
 
+def predict_output_dtypes(tnt, reference):
+    """predict of a model whose outputs are no float: a bool (a comparison),
+    int8, uint64 and strings (StringLookup(invert=True)), 41 samples in
+    batches of 10 (rank 1's slice of the last is empty). The core gathers
+    float and int32/int64 values only: every rank failed ("DataType bool not
+    in list of allowed values") where serial Keras predicts."""
+    keras.utils.set_random_seed(29)
+    inputs = keras.Input((8,))
+    logits = keras.layers.Dense(3)(inputs)
+    index = keras.ops.argmax(logits, axis=-1)
+    words = keras.layers.StringLookup(vocabulary=["a", "bb", "ccc"], invert=True,
+                                      num_oov_indices=0)(index)
+    model = keras.Model(inputs, {
+        "positive": keras.ops.greater(logits[:, 0], 0.0), "int8": keras.ops.cast(logits * 10, "int8"),
+        "uint64": keras.ops.cast(keras.ops.abs(logits) * 1e6, "uint64"),
+        "words": keras.ops.stack([words, words], axis=1)})
+    if not reference:
+        model = tnt.Model(model)
+    predicted = model.predict(data(41, seed=30)[0], batch_size=10, verbose=0)
+    return {key: [str(value.dtype), value.astype(str if value.dtype == object else "float64").tolist()]
+            for key, value in sorted(predicted.items())}
+
+
 def class_weight_arrays(tnt, reference):
     """class_weight naming some classes only ({0: 2.0}, labels 0-2) with
     arrays: Keras weights the others 1. tnt handed Keras a dataset, whose
@@ -2137,6 +2160,7 @@ def main():
     results["ragged_inputs"] = ragged_inputs(tnt, args.reference)
     results["string_arrays"] = string_arrays(tnt, args.reference)
     results["class_weight_arrays"] = class_weight_arrays(tnt, args.reference)
+    results["predict_output_dtypes"] = predict_output_dtypes(tnt, args.reference)
     results["pandas_and_sparse_arrays"] = pandas_and_sparse_arrays(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)

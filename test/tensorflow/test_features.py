@@ -332,6 +332,16 @@ def test_pandas_and_sparse_arrays_train_evaluate_and_predict_as_in_serial_keras(
         runs["ranks"][1]["pandas_and_sparse_arrays"][kind]
 
 
+def test_predict_gathers_bool_integer_and_string_outputs_as_serial_keras_returns_them(runs):
+    """A model's bool, int8, uint64 and string outputs: predict returns serial
+    Keras' values and dtypes on every rank (not a TypeError)."""
+    ref = runs["ref"]["predict_output_dtypes"]
+    assert {k: v[0] for k, v in ref.items()} == {"int8": "int8", "positive": "bool",
+                                                 "uint64": "uint64", "words": "object"}
+    for rank in runs["ranks"]:
+        assert rank["predict_output_dtypes"] == ref
+
+
 def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     """A custom step's array entries (one value per sample, a pair per
     sample, one value per feature) on uneven slices, in graph and run
