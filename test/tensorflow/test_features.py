@@ -312,8 +312,8 @@ def test_class_weights_of_some_classes_weight_the_others_one_as_in_serial_keras(
 def test_pandas_and_sparse_arrays_train_evaluate_and_predict_as_in_serial_keras(runs, kind):
     """A DataFrame with a Series of labels, a SciPy sparse matrix and a
     tf.SparseTensor: fit (shuffled, validation_split), evaluate, all 41
-    predictions in order and the *_on_batch calls as serial Keras, every rank
-    alike (not a TypeError)."""
+    predictions in order (and the tf.SparseTensor's *_on_batch calls) as
+    serial Keras, every rank alike (not a TypeError)."""
     ref = runs["ref"]["pandas_and_sparse_arrays"]
     if kind not in ref:
         pytest.skip(f"{kind} is not installed")
