@@ -489,7 +489,7 @@ class Model(keras.Model):
 
         def on_one_zero_sample():  # the right output structure and shapes, with 0 rows
             zeros = tf.nest.map_structure(_one_zero_sample, x)
-            return tf.nest.map_structure(lambda t: t[:0], self.model.predict_step((zeros,)))
+            return tf.nest.map_structure(lambda t: rows(t, 0, 0), self.model.predict_step((zeros,)))
 
         outputs = tf.cond(_first_dim(x) > 0, lambda: self.model.predict_step(data),
                           on_one_zero_sample)
@@ -1118,7 +1118,19 @@ def _allgather_tensor(tensor):
     of any dtype a model outputs: predict of a model with a bool output (a
     comparison), an int8 or string one (StringLookup(invert=True)) failed on
     every rank ("DataType bool not in list of allowed values") where serial
-    Keras returns it. They travel losslessly as a gathered dtype."""
+    Keras returns it. They travel losslessly as a gathered dtype. A ragged or
+    sparse output (serial Keras returns one) travels as its components: it
+    failed on every rank ("TntCollectiveStart ... NOT CONVERTIBLE TO TENSOR")."""
+    if isinstance(tensor, tf.RaggedTensor):  # its values and each ragged dimension's row lengths
+        return tf.RaggedTensor.from_nested_row_lengths(
+            _allgather_tensor(tensor.flat_values),
+            [_allgather_tensor(lengths) for lengths in tensor.nested_row_lengths()])
+    if isinstance(tensor, tf.SparseTensor):  # its entries, rows numbered after the lower ranks'
+        counts = _allgather_tensor(tensor.dense_shape[:1])  # each rank's rows
+        first = tf.reduce_sum(counts[:core.get_rank()])
+        indices = tf.concat([tensor.indices[:, :1] + first, tensor.indices[:, 1:]], 1)
+        return tf.SparseTensor(_allgather_tensor(indices), _allgather_tensor(tensor.values),
+                               tf.concat([[tf.reduce_sum(counts)], tensor.dense_shape[1:]], 0))
     dtype = tensor.dtype
     if dtype in _GATHERED:
         return collective_ops.allgather_tensors([tensor], ["tnt.predict"])[0]

@@ -847,12 +847,26 @@ def string_arrays(tnt, reference):
             "predict": model.predict(x, batch_size=7, verbose=0).tolist()}
 
 
+class RaggedAndSparseOutputs(keras.Model):
+    """Per sample, its positive activations: as a ragged and a sparse tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(4)
+
+    def call(self, x):
+        h = tf.nn.relu(self.dense(x))
+        return {"ragged": tf.RaggedTensor.from_tensor(h, lengths=tf.math.count_nonzero(h, axis=1)),
+                "sparse": tf.sparse.from_dense(h)}
+
+
 def predict_output_dtypes(tnt, reference):
     """predict of a model whose outputs are no float: a bool (a comparison),
     int8, uint64 and strings (StringLookup(invert=True)), 41 samples in
     batches of 10 (rank 1's slice of the last is empty). The core gathers
     float and int32/int64 values only: every rank failed ("DataType bool not
-    in list of allowed values") where serial Keras predicts."""
+    in list of allowed values") where serial Keras predicts. Then a model's
+    ragged and sparse outputs, by predict and predict_on_batch."""
     keras.utils.set_random_seed(29)
     inputs = keras.Input((8,))
     logits = keras.layers.Dense(3)(inputs)
@@ -865,9 +879,22 @@ def predict_output_dtypes(tnt, reference):
         "words": keras.ops.stack([words, words], axis=1)})
     if not reference:
         model = tnt.Model(model)
-    predicted = model.predict(data(41, seed=30)[0], batch_size=10, verbose=0)
-    return {key: [str(value.dtype), value.astype(str if value.dtype == object else "float64").tolist()]
-            for key, value in sorted(predicted.items())}
+    x = data(41, seed=30)[0]
+    predicted = model.predict(x, batch_size=10, verbose=0)
+    out = {key: [str(value.dtype), value.astype(str if value.dtype == object else "float64").tolist()]
+           for key, value in sorted(predicted.items())}
+    # ragged and sparse outputs (they failed on every rank: "NOT CONVERTIBLE TO TENSOR")
+    keras.utils.set_random_seed(31)
+    model = RaggedAndSparseOutputs()
+    if not reference:
+        model = tnt.Model(model)
+    for call, predicted in (("predict", model.predict(x, batch_size=10, verbose=0)),
+                            ("predict_on_batch", model.predict_on_batch(x[:3]))):
+        ragged, sparse = predicted["ragged"], predicted["sparse"]
+        out[call] = {"ragged": [type(ragged).__name__, ragged.to_list()],
+                     "sparse": [type(sparse).__name__, sparse.indices.numpy().tolist(),
+                                sparse.values.numpy().tolist(), sparse.dense_shape.numpy().tolist()]}
+    return out
 
 
 def class_weight_arrays(tnt, reference):

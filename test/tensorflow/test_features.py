@@ -332,12 +332,16 @@ def test_pandas_and_sparse_arrays_train_evaluate_and_predict_as_in_serial_keras(
         runs["ranks"][1]["pandas_and_sparse_arrays"][kind]
 
 
-def test_predict_gathers_bool_integer_and_string_outputs_as_serial_keras_returns_them(runs):
-    """A model's bool, int8, uint64 and string outputs: predict returns serial
-    Keras' values and dtypes on every rank (not a TypeError)."""
+def test_predict_gathers_bool_integer_string_ragged_and_sparse_outputs_as_serial_keras(runs):
+    """A model's bool, int8, uint64 and string outputs, and ragged and sparse
+    ones: predict (and predict_on_batch) return serial Keras' values, dtypes
+    and types on every rank (not a TypeError)."""
     ref = runs["ref"]["predict_output_dtypes"]
-    assert {k: v[0] for k, v in ref.items()} == {"int8": "int8", "positive": "bool",
-                                                 "uint64": "uint64", "words": "object"}
+    assert {k: ref[k][0] for k in ("int8", "positive", "uint64", "words")} == {
+        "int8": "int8", "positive": "bool", "uint64": "uint64", "words": "object"}
+    for call in ("predict", "predict_on_batch"):  # ragged and sparse outputs
+        assert ref[call]["ragged"][0] == "RaggedTensor" and ref[call]["sparse"][0] == "SparseTensor"
+    assert len(ref["predict"]["ragged"][1]) == ref["predict"]["sparse"][3][0] == 41
     for rank in runs["ranks"]:
         assert rank["predict_output_dtypes"] == ref
 
