@@ -17,10 +17,9 @@ from tarantella.tensorflow import (batch_normalization, call_agreement, collecti
 from tarantella.tensorflow import compression as compression_lib
 from tarantella.tensorflow import keras_saving
 from tarantella.tensorflow.atomic_save import atomic_save, explain_missing
-from tarantella.tensorflow.data import (array_dataset, distribute_dataset, micro_batch_offset,
-                                        micro_batch_size)
+from tarantella.tensorflow.data import array_dataset, distribute_dataset
 from tarantella.tensorflow.data import first_batches, py_dataset, step_counts
-from tarantella.tensorflow.data.batch_slicing import rows
+from tarantella.tensorflow.data.batch_slicing import rank_slice, rows
 from tarantella.tensorflow.data.array_dataset import (as_keras_arrays, check_same_on_every_rank,
                                                       sample_count)
 from tarantella.tensorflow.data.step_counts import input_kind
@@ -1188,20 +1187,8 @@ def _unknown_batch(t):
 
 
 def _rank_slice(batch):
-    """This rank's contiguous slice of a global batch ((x,), (x, y) or (x, y,
-    sample_weight), nests of arrays or tensors whose first dimension is the
-    sample; None entries stay None)."""
-    size = core.get_size()
-    leaves = [t for t in tf.nest.flatten(batch) if t is not None]
-    if size == 1 or not leaves:
-        return batch
-    # a Python list of numbers (Keras refuses it too) is a ValueError that says so, not an
-    # IndexError or "'int' object is not subscriptable"
-    n = sample_count(batch)
-    begin = micro_batch_offset(n, core.get_rank(), size)
-    end = begin + micro_batch_size(n, core.get_rank(), size)
-    # a tf.SparseTensor, which is not subscriptable, too (Keras' *_on_batch take it)
-    return tf.nest.map_structure(lambda t: None if t is None else rows(t, begin, end), batch)
+    """This rank's slice of a global batch at hand (the *_on_batch calls')."""
+    return rank_slice(batch, core.get_rank(), core.get_size())
 
 
 def _default_batch_size(num_samples, steps):

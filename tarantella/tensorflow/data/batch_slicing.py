@@ -8,6 +8,7 @@ contribute zero weight to the gradient). This is the only split measured to be
 exact for every batch size, including the last, partial batch of an epoch
 (notes/keras3-integration.md, section 5).
 """
+import numpy as np
 import tensorflow as tf
 
 # For the functions Tarantella gives tf.data's map(): plain TensorFlow, without
@@ -35,6 +36,19 @@ def slice_element(element, rank, size):
     begin = rank * base + tf.minimum(tf.constant(rank, tf.int64), extra)
     end = begin + base + tf.cast(rank < extra, tf.int64)
     return tf.nest.map_structure(lambda t: rows(t, begin, end), element)
+
+
+def rank_slice(batch, rank, size):
+    """Rank `rank`'s slice of a global batch at hand (a nest of arrays or
+    tensors whose first dimension is the sample; None entries stay None):
+    the *_on_batch calls' batches, a PyDataset's."""
+    leaves = [t for t in tf.nest.flatten(batch) if t is not None]
+    if size == 1 or not leaves:
+        return batch
+    n = int(np.shape(leaves[0])[0])
+    begin = micro_batch_offset(n, rank, size)
+    end = begin + micro_batch_size(n, rank, size)
+    return tf.nest.map_structure(lambda t: None if t is None else rows(t, begin, end), batch)
 
 
 def rows(t, begin, end):

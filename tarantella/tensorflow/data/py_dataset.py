@@ -26,7 +26,6 @@ import random
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from tarantella.common import collectives, core
 from tarantella.tensorflow.data import batch_slicing
@@ -34,18 +33,6 @@ from tarantella.tensorflow.data import batch_slicing
 
 def is_py_dataset(x):
     return isinstance(x, keras.utils.PyDataset)
-
-
-def _rows(t, begin, end):
-    if t is None:
-        return None
-    if isinstance(t, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
-        return batch_slicing.rows(t, begin, end)
-    return t[begin:end]
-
-
-def _first_dim(batch):
-    return int(np.shape(next(t for t in tf.nest.flatten(batch) if t is not None))[0])
 
 
 class RankSlices(keras.utils.PyDataset):
@@ -76,10 +63,7 @@ class RankSlices(keras.utils.PyDataset):
             batch = tuple(batch)
         elif not isinstance(batch, (tuple, dict)):
             return batch
-        samples = _first_dim(batch)
-        begin = batch_slicing.micro_batch_offset(samples, self.rank, self.size)
-        end = begin + batch_slicing.micro_batch_size(samples, self.rank, self.size)
-        return tf.nest.map_structure(lambda t: _rows(t, begin, end), batch)
+        return batch_slicing.rank_slice(batch, self.rank, self.size)
 
     def on_epoch_begin(self):
         self.dataset.on_epoch_begin()
