@@ -10,10 +10,14 @@ raises the same MismatchError on every rank when any differs, naming it. The
 same check compares the arrays that every rank passes to `fit`, each taking
 its slice of every global batch from its own copy.
 
-A fingerprint is the wrapping sum and the XOR of the array's bytes read as
-64-bit words (zero-padded), one pass at memory speed: any difference of one
-word changes both, and the ranks' copies are meant to be bitwise identical
-(they apply the same summed gradients), so no tolerance is needed.
+A fingerprint is the wrapping sum of the array's bytes read as 64-bit words
+(zero-padded), and their wrapping sum weighted by position (word i times
+2i + 1), at about memory speed: any difference of one word changes both, and
+the ranks' copies are meant to be bitwise identical (they apply the same
+summed gradients), so no tolerance is needed. The weights make it see order:
+the sum and XOR it had before did not, so arrays whose rows each rank had
+shuffled on its own (a permutation without a common seed) passed as the same,
+and fit trained each rank on its slice of its own order, without a word.
 """
 import zlib
 
@@ -25,15 +29,31 @@ from tarantella.common.errors import MismatchError
 _MAX_NAMED = 3  # differing items named in the message; the rest are counted
 
 
+_CHUNK = 1 << 20  # words weighted at a time: the weights of one chunk are 8 MiB, made once
+_WEIGHTS = None
+
+
 def fingerprint(array):
-    """(wrapping sum, XOR) of `array`'s bytes as 64-bit words: see the module's docstring."""
+    """(wrapping sum, position-weighted wrapping sum) of `array`'s bytes as
+    64-bit words: see the module's docstring."""
+    global _WEIGHTS
     raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     if raw.size % 8:
         raw = np.concatenate([raw, np.zeros(8 - raw.size % 8, np.uint8)])
     words = raw.view(np.uint64)
     if not words.size:
         return 0, 0
-    return int(np.add.reduce(words, dtype=np.uint64)), int(np.bitwise_xor.reduce(words))
+    if _WEIGHTS is None:
+        _WEIGHTS = np.arange(1, 2 * _CHUNK, 2, dtype=np.uint64)  # 2i + 1
+    total, weighted = np.uint64(0), np.uint64(0)
+    with np.errstate(over="ignore"):  # wrapping, as meant
+        for start in range(0, words.size, _CHUNK):
+            chunk = words[start:start + _CHUNK]
+            part = np.add.reduce(chunk, dtype=np.uint64)
+            # sum of (2(start + j) + 1) * w_j = 2 * start * sum(w) + sum((2j + 1) * w_j)
+            weighted = weighted + np.uint64(2 * start) * part + np.dot(chunk, _WEIGHTS[:chunk.size])
+            total = total + part
+    return int(total), int(weighted)
 
 
 def _is_number(array):

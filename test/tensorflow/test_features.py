@@ -638,6 +638,11 @@ def test_a_change_to_the_model_on_some_ranks_only_fails_every_rank_at_the_epochs
     assert arrays["error"] == r1["arrays"]["error"] == "MismatchError", (arrays, r1["arrays"])
     assert arrays["message"].startswith("the ranks passed different arrays to fit: x (ranks [1] differ "
                                         "from rank 0). Each rank takes its slice"), arrays
+    # the same rows shuffled on each rank: fit trained each rank on its slice of its own order, without a word
+    shuffled = r0["arrays_shuffled"]
+    assert shuffled["error"] == r1["arrays_shuffled"]["error"] == "MismatchError", (shuffled, r1["arrays_shuffled"])
+    assert shuffled["message"].startswith("the ranks passed different arrays to fit: x (ranks [1] differ from "
+                                          "rank 0); y (ranks [1] differ from rank 0)"), shuffled
     assert length["error"] == r1["arrays_length"]["error"] == "MismatchError", (length, r1["arrays_length"])
     assert "in the number, shapes or dtypes of the arrays" in length["message"], length
     # variables named apart by Keras' per-process counters are still the same replicas
