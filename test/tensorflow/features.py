@@ -920,10 +920,12 @@ def pandas_and_sparse_arrays(tnt, reference):
     tensors: a pandas DataFrame with a Series of labels, a SciPy sparse
     matrix and a tf.SparseTensor, fit (validation_split, shuffled), evaluate
     and predict on 41 samples in batches of 10 (rank 1's slice of the last is
-    empty), and the *_on_batch calls of a tf.SparseTensor batch of 7. tnt
-    refused them all with a TypeError that said to build a dataset (the
-    *_on_batch calls: "'SparseTensor' object is not subscriptable"). A kind
-    whose package is not installed is left out."""
+    empty), and the *_on_batch calls on a batch of 7 of the DataFrame (its
+    index of floats: pandas before 3.0 sliced it by label) and the
+    tf.SparseTensor. tnt refused them all with a TypeError that said to build
+    a dataset (the *_on_batch calls of a tf.SparseTensor: "'SparseTensor'
+    object is not subscriptable"). A kind whose package is not installed is
+    left out."""
     import importlib.util
 
     rng = np.random.default_rng(26)
@@ -933,8 +935,9 @@ def pandas_and_sparse_arrays(tnt, reference):
     if importlib.util.find_spec("pandas") is not None:
         import pandas
 
-        kinds["pandas"] = (pandas.DataFrame(x, columns=[f"f{i}" for i in range(8)]),
-                           pandas.Series(y))
+        index = np.linspace(0.0, 40.0, 41)  # floats (timestamps, say): by label for pandas < 3
+        kinds["pandas"] = (pandas.DataFrame(x, columns=[f"f{i}" for i in range(8)], index=index),
+                           pandas.Series(y, index=index))
     if importlib.util.find_spec("scipy") is not None:
         import scipy.sparse
 
@@ -950,10 +953,11 @@ def pandas_and_sparse_arrays(tnt, reference):
         got = {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
                "evaluate": [float(v) for v in model.evaluate(xs, ys, batch_size=10, verbose=0)],
                "predict": model.predict(xs, batch_size=10, verbose=0).tolist()}
-        if kind == "tf_sparse":  # (Keras' *_on_batch take no SciPy matrix; a DataFrame sliced)
-            head = tf.sparse.slice(xs, [0, 0], [7, 8])
-            got["on_batch"] = [float(model.train_on_batch(head, ys[:7])[0]),
-                               float(model.test_on_batch(head, ys[:7])[0]),
+        if kind != "scipy":  # Keras' *_on_batch take no SciPy matrix
+            head = tf.sparse.slice(xs, [0, 0], [7, 8]) if kind == "tf_sparse" else xs.iloc[:7]
+            labels = ys.iloc[:7] if kind == "pandas" else ys[:7]
+            got["on_batch"] = [float(model.train_on_batch(head, labels)[0]),
+                               float(model.test_on_batch(head, labels)[0]),
                                np.asarray(model.predict_on_batch(head)).tolist()]
         got["weights"] = weights(model)
         out[kind] = got

@@ -52,8 +52,13 @@ def rank_slice(batch, rank, size):
 
 
 def rows(t, begin, end):
-    """Rows [begin, end) of a dense, ragged or sparse batch (also an array
-    that slices like one: NumPy, pandas)."""
+    """Rows [begin, end) of a dense, ragged or sparse batch (also a NumPy
+    array, or a pandas DataFrame or Series: by position)."""
+    if hasattr(t, "iloc"):
+        # pandas before 3.0 takes t[i:j] for labels where the index holds floats (timestamps,
+        # say): the *_on_batch calls trained on other rows than serial Keras', and
+        # predict_on_batch returned 2 predictions of 7, without a word
+        return t.iloc[begin:end]
     if isinstance(t, tf.SparseTensor):  # not subscriptable
         shape = t.dense_shape
         begin, end = tf.cast(begin, tf.int64), tf.cast(end, tf.int64)
