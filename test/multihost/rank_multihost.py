@@ -17,6 +17,7 @@ by mpirun directly), so that one launch checks many things:
     rank_multihost.py OUTDIR init        only tnt.init(): its error, if any, in OUTDIR/init<r>.json (r: the
                                          engine's rank), then exit 3 after 3 s (a bare mpirun with
                                          settings that differ between hosts)
+    rank_multihost.py OUTDIR early       the last rank ends (exit 0) before tnt.init(), the others call it
 
 BIG_BYTES is an argument, not an environment variable: mpirun forwards only the variables
 it is told to (-x) to other hosts."""
@@ -51,6 +52,11 @@ if mode == "kill":
     if os.WIFSIGNALED(status):
         os.kill(os.getpid(), os.WTERMSIG(status))
     sys.exit(os.WEXITSTATUS(status))
+if mode == "early":
+    if int(os.environ["TNT_RANK"]) == int(os.environ["TNT_SIZE"]) - 1:
+        sys.exit(0)  # its program had nothing to do (a finished shard, a wrong branch)
+    tnt.init()
+    sys.exit(0)
 if mode == "init":
     try:
         tnt.init()

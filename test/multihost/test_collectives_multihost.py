@@ -164,6 +164,21 @@ def test_a_rank_that_exits_with_a_status_on_one_host_is_the_root_cause(bed, tmp_
     assert nothing_left(bed, bed.hosts)
 
 
+def test_a_rank_that_ends_before_init_on_one_host_does_not_hang_the_others(bed, tmp_path):
+    # rank 1 (hostB) ends, exit 0, before it calls tnt.init(): rank 0 waited in MPI_Init for
+    # ever (Open MPI's start-up fence has no time limit, and mpirun accepts an exit 0), where on
+    # one host it ends with a TimeoutError after TNT_TIMEOUT_S. It now ends then, saying why
+    env = env_for(bed, tmp_path)
+    env["TNT_TIMEOUT_S"] = "10"
+    res = bed.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--no-gpu", "--", RANK, str(tmp_path), "early"],
+                  env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    root = res.stderr[res.stderr.index("Root cause"):]
+    assert "  rank:    0 (local_rank 0)\n  host:    hostA\n" in root, root
+    assert "TimeoutError: rank 0 waited 10 s (TNT_TIMEOUT_S) in MPI_Init for the other processes" in root, root
+    assert nothing_left(bed, bed.hosts)
+
+
 def test_a_transport_set_on_one_host_only_fails_every_rank_saying_so(bed, tmp_path):
     # TNT_TRANSPORT=mpi set before a bare mpirun reaches only hostA's ranks: hostB's take auto
     # (shm+mpi), which discovers the hosts where mpi goes on with its set-up. Their exchanges

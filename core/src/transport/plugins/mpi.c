@@ -661,7 +661,54 @@ static void tune_open_mpi(void) {
 #endif
 }
 
-static tnt_result_t ensure_mpi(void) {
+/* MPI_Init_thread waits in Open MPI's start-up fence for every process of the
+ * job, with no time limit of its own: a rank that ended before it called
+ * tnt.init() (its program finished or failed early, with an exit status of 0
+ * that mpirun accepts) left the others there for ever, where on one host they
+ * end with a TimeoutError after TNT_TIMEOUT_S. A thread watches the call: if it
+ * has not returned by then, it says so and ends this process, so that the job
+ * ends and its launcher names this rank with the reason. */
+#define INIT_STUCK_EXIT_CODE 1 /* as a rank that raised its TimeoutError */
+
+typedef struct {
+  _Atomic uint32_t done; /* 1: MPI_Init_thread returned; the thread sleeps on it (futex) */
+  double timeout_s;
+  int rank;
+} init_watch_t;
+
+static void *init_watch_main(void *arg) {
+  init_watch_t *w = arg;
+  const double until = host->now() + w->timeout_s;
+  for (double left = w->timeout_s; !atomic_load(&w->done) && left > 0; left = until - host->now()) {
+    struct timespec ts = timespec_of(left);
+    futex(&w->done, FUTEX_WAIT, 0, &ts);
+  }
+  if (atomic_load(&w->done)) return NULL;
+  plugin_log(LOG_ERROR, "mpi.c", __LINE__,
+             "TimeoutError: rank %d waited %.0f s (TNT_TIMEOUT_S) in MPI_Init for the other processes of the MPI job: "
+             "one never came (a rank that ended before it called tnt.init(), or one that was never started), and "
+             "MPI would wait for it for ever. This process ends now with exit code %d, so that the job does not hang",
+             w->rank, w->timeout_s, INIT_STUCK_EXIT_CODE);
+  _exit(INIT_STUCK_EXIT_CODE);
+  return NULL;
+}
+
+/* MPI_Init_thread, ended by init_watch_main after `timeout_s`. */
+static int init_thread_watched(double timeout_s, int rank, int *provided) {
+  init_watch_t w = {0, timeout_s, rank};
+  pthread_t thread;
+  const int watched = pthread_create(&thread, NULL, init_watch_main, &w) == 0;
+  if (!watched) LOG(LOG_WARNING, "mpi: no thread to watch MPI_Init: it may wait for ever for a rank that never comes");
+  int rc = MPI_Init_thread(NULL, NULL, THREAD_LEVEL, provided);
+  if (watched) {
+    atomic_store(&w.done, 1);
+    futex(&w.done, FUTEX_WAKE, INT_MAX, NULL);
+    pthread_join(thread, NULL);
+  }
+  return rc;
+}
+
+static tnt_result_t ensure_mpi(double timeout_s, int rank) {
   pthread_mutex_lock(&init_mu);
   tnt_result_t res = TNT_SUCCESS;
   int ini = 0, fin = 0;
@@ -674,7 +721,7 @@ static tnt_result_t ensure_mpi(void) {
   MPI_Initialized(&ini);
   if (!ini) {
     tune_open_mpi();
-    int rc = MPI_Init_thread(NULL, NULL, THREAD_LEVEL, &thread_level);
+    int rc = init_thread_watched(timeout_s, rank, &thread_level);
     if (rc != MPI_SUCCESS) {
       char e[MPI_MAX_ERROR_STRING];
       res = failf(TNT_ERR_SYSTEM, -1, "MPI_Init_thread failed: %s", mpi_err(rc, e));
@@ -802,7 +849,7 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
                                   "seconds between the mpi transport's heartbeats; 10 missed ones mean a peer is lost",
                                   &beat);
   if (res != TNT_SUCCESS) return res;
-  if ((res = ensure_mpi()) != TNT_SUCCESS) return res;
+  if ((res = ensure_mpi(params->timeout_s, pl->rank)) != TNT_SUCCESS) return res;
   double deadline = host->now() + params->timeout_s;
   char e[MPI_MAX_ERROR_STRING];
 
