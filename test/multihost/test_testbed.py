@@ -97,7 +97,9 @@ def test_leftovers_of_a_killed_run_are_removed():
     # a test bed made by a process that is then SIGKILLed, so that it cannot clean up
     code = ("import sys, os; sys.path.insert(0, %r)\n"
             "from multihost_testbed import Testbed\n"
-            "bed = Testbed(['x1']).start(); print(bed.name, flush=True); os.kill(os.getpid(), 9)\n"
+            "from multihost_helpers import python_missing_on\n"
+            "bed = Testbed(['x1']).start(); held = python_missing_on(bed, 'x1'); held.__enter__()\n"
+            "print(bed.name, flush=True); os.kill(os.getpid(), 9)\n"
             % os.path.dirname(os.path.abspath(multihost_testbed.__file__)))
     res = subprocess.run([sys_python(), "-c", code], capture_output=True, text=True, timeout=60)
     name = res.stdout.strip()
@@ -105,4 +107,5 @@ def test_leftovers_of_a_killed_run_are_removed():
     assert f"{name}-x1" in multihost_testbed._netns_list()
     removed = multihost_testbed.cleanup_leftovers()
     assert f"{name}-x1" in removed and f"{name}-sw" in removed
+    assert f"/etc/{name}-python" in removed and not os.path.exists(f"/etc/{name}-python")  # python_missing_on's
     assert not [ns for ns in multihost_testbed._netns_list() if ns.startswith(name)]
