@@ -1187,7 +1187,12 @@ def _unknown_batch(t):
 
 
 def _rank_slice(batch):
-    """This rank's slice of a global batch at hand (the *_on_batch calls')."""
+    """This rank's slice of a global batch at hand ((x,), (x, y) or (x, y,
+    sample_weight) of the *_on_batch calls)."""
+    if core.get_size() > 1 and any(t is not None for t in tf.nest.flatten(batch)):
+        # a Python list of numbers (Keras refuses it too) is a ValueError that says so, not an
+        # IndexError or "'int' object is not subscriptable"
+        sample_count(batch)
     return rank_slice(batch, core.get_rank(), core.get_size())
 
 
