@@ -39,12 +39,11 @@ class RankSlices(keras.utils.PyDataset):
     """This rank's rows of every batch of `dataset`, batch i being the
     user's batch order[i] (see the module's docstring)."""
 
-    def __init__(self, dataset, rank, size):
+    def __init__(self, dataset, rank, size, shuffles):
         super().__init__(workers=dataset.workers, use_multiprocessing=dataset.use_multiprocessing,
                          max_queue_size=dataset.max_queue_size)
-        self.dataset, self.rank, self.size = dataset, rank, size
+        self.dataset, self.rank, self.size, self.shuffles = dataset, rank, size, shuffles
         self.order = None  # in order, until ShuffleEachEpoch draws one
-        self.shuffles = False
 
     @property
     def num_batches(self):
@@ -92,9 +91,8 @@ def rank_slices(dataset, shuffle):
     """This rank's RankSlices of `dataset`; `shuffle`, fit's, says whether
     its batches are to be shuffled each epoch (Keras: where their number is
     known)."""
-    slices = RankSlices(dataset, core.get_rank(), core.get_size())
-    slices.shuffles = bool(shuffle) and dataset.num_batches is not None
-    return slices
+    return RankSlices(dataset, core.get_rank(), core.get_size(),
+                      shuffles=bool(shuffle) and dataset.num_batches is not None)
 
 
 def epoch_callbacks(x):
