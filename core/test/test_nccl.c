@@ -9,6 +9,7 @@
  * stand-ins. Prints "N passed, N failed". */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,7 +232,9 @@ static void run(const char *name, void (*fn)(void)) { report_case(name, in_child
  * path, which is read once, when a program starts: made, then the program runs again with it. */
 static void with_cudart13_on_the_library_path(char **argv) {
   if (getenv("TNT_TEST_CUDART13_DIR")) return;
-  char folder[1024], link[1100], target[1100];
+  /* realpath writes up to PATH_MAX bytes: a smaller buffer aborts under _FORTIFY_SOURCE (Ubuntu's
+   * default; it stopped this program on the GPU machine before its first case) */
+  char folder[1024], link[1100], target[PATH_MAX + 32];
   snprintf(folder, sizeof folder, "%s/cudart13", dir);
   snprintf(link, sizeof link, "%s/libcudart.so.13", folder);
   if (!realpath(dir, target)) return;
