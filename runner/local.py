@@ -24,6 +24,9 @@ def rank_specs(argv_of, env, size, private_dir, output_on_all, gpu_of=None, pin_
         error_file = os.path.join(private_dir, f"error-rank{rank}.json") if private_dir else None
         if error_file:
             rank_env["TNT_ERROR_FILE"] = error_file
+            # where tntrun notes each rank's end (ended_rank_noter): a rank that waits for one
+            # that never joined reads it, rather than waiting until TNT_TIMEOUT_S
+            rank_env["TNT_LAUNCHER_DIR"] = private_dir
         gpu = gpu_of(rank) if gpu_of else None
         if gpu is not None:
             gpus.rank_gpu_env(rank_env, gpu)
@@ -34,6 +37,24 @@ def rank_specs(argv_of, env, size, private_dir, output_on_all, gpu_of=None, pin_
             stdin=(rank == 0), error_file=error_file, cwd=cwd,
         ))
     return specs
+
+
+def ended_rank_noter(private_dir):
+    """on_ended for the Supervisor: write how a rank's process ended to
+    `private_dir`/ended-rank<R>, whole (renamed into place), for the ranks still waiting for
+    it to join (core/src/transport/launcher_ended.h)."""
+    def note(spec, returncode):
+        if not private_dir or getattr(spec, "rank", None) is None:
+            return
+        how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+        path = os.path.join(private_dir, f"ended-rank{spec.rank}")
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(how + "\n")
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass  # the ranks then wait until TNT_TIMEOUT_S, as without tntrun
+    return note
 
 
 def private_tempdir(job_id):
@@ -76,7 +97,7 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
         print(f"tntrun: {reason}", file=sys.stderr, flush=True)
 
     supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping,
-                            error_of=report.error_of, adopt=adopt)
+                            on_ended=ended_rank_noter(private_dir), error_of=report.error_of, adopt=adopt)
     if watch is not None:
         watch(supervisor)
     try:

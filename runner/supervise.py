@@ -272,7 +272,7 @@ class Supervisor:
     files, and its fifth answer says that a process that exited 0 failed (see failed()). It
     decides the root cause."""
 
-    def __init__(self, specs, grace_s=GRACE_S, on_started=None, on_stopping=None,
+    def __init__(self, specs, grace_s=GRACE_S, on_started=None, on_stopping=None, on_ended=None,
                  error_of=_no_error_file, adopt=False):
         self.specs = specs
         # end what the processes started and left behind outside their process groups
@@ -285,6 +285,7 @@ class Supervisor:
         self._stopped_at = None  # when tntrun began to stop processes
         self.on_started = on_started      # called with the list of Popen objects
         self.on_stopping = on_stopping    # called with a reason string when the job is ended early
+        self.on_ended = on_ended          # called with (spec, returncode) as each process ends
         self._events = queue.SimpleQueue()
         self._signalled = False  # a stop signal arrived: start no more processes
         self._procs = []
@@ -325,6 +326,8 @@ class Supervisor:
 
     def _wait(self, index, proc):
         proc.wait()  # blocking waitpid, no polling
+        if self.on_ended:
+            self.on_ended(self.specs[index], proc.returncode)  # here: at once, not after the loop's turn
         self._events.put(("exit", index, time.time()))
 
     def _on_signal(self, signum, frame):

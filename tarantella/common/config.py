@@ -104,6 +104,9 @@ _ROWS = (
     Param("TNT_LOG_ON_ALL_DEVICES", "bool", False, "log on every rank, not only the master rank"),
     Param("TNT_OUTPUT_ON_ALL_DEVICES", "bool", False, "show the output of every rank (set by tntrun)"),
     Param("TNT_TENSORBOARD_ON_ALL_DEVICES", "bool", False, "TensorBoard callbacks write on every rank"),
+    Param("TNT_LAUNCHER_DIR", "str", None,
+          "the folder where tntrun notes how each rank's process ended (set by tntrun): a rank that waits "
+          "for one that ended before it joined fails at once, naming it, instead of at TNT_TIMEOUT_S"),
     Param("TNT_ERROR_FILE", "str", None,
           "where an uncaught Python exception of this rank is written as JSON (set by tntrun); also, at "
           "exit, a collective's PeerLostError or TimeoutError that the program caught"),

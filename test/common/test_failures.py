@@ -172,3 +172,40 @@ def test_tntrun_names_a_frozen_rank_as_the_root_cause(tmp_path):
     root = res.stderr.split("Root cause", 1)[-1].split("-" * 72, 1)[0]
     assert "rank:    1 (local_rank 1)" in root, res.stderr[-3000:]
     assert "rank 1 (pid" in res.stderr and "is stopped" in res.stderr, res.stderr[-3000:]
+
+
+def test_a_rank_that_ends_before_its_first_collective_is_named_at_once(tmp_path):
+    # rank 2 of 3 returns before it ever calls Tarantella; ranks 0 and 1 (one of them late) wait for
+    # it to join. They waited until TNT_TIMEOUT_S (300 s here: the run's 90 s limit would end the
+    # test) told only that it did not start; tntrun notes the end (TNT_LAUNCHER_DIR) and they fail
+    # naming the rank and how it ended. A TNT_LAUNCHER_DIR inherited from outside (a tntrun
+    # started from a rank of another job) is not the job's own: tntrun replaces it.
+    stale = tmp_path / "outer"
+    stale.mkdir()
+    (stale / "ended-rank1").write_text("exit code 0\n")  # would name rank 1, which did not end
+    script = tmp_path / "early.py"
+    script.write_text("import os, sys, time\nimport numpy as np\nimport tarantella as tnt\n"
+                      "rank = int(os.environ['TNT_RANK'])\n"
+                      "if rank == 2:\n    sys.exit(0)\n"
+                      "if rank == 1:\n    time.sleep(1)\n"
+                      "tnt.allreduce(np.ones(4, np.float32), name='first')\n")
+    res = subprocess.run([shutil.which("tntrun"), "-n", "3", "--no-gpu", "--output-on-all-devices", "--",
+                          str(script)], env=clean_env(TNT_TIMEOUT_S=300, TNT_LAUNCHER_DIR=stale),
+                         capture_output=True, text=True, timeout=90)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert ("PeerLostError: rank 2 ended (exit code 0) before it joined the job, while rank 0 was waiting for "
+            "every rank to attach") in res.stderr, res.stderr[-3000:]
+    assert "rank 1 ended" not in res.stderr, res.stderr[-3000:]
+
+
+def test_a_rank_that_waits_for_rank_0_to_set_up_hears_that_it_ended(tmp_path):
+    # the same, rank 0 the one that ends: rank 1 waited for it to create the job's segment
+    script = tmp_path / "early0.py"
+    script.write_text("import os, sys\nimport numpy as np\nimport tarantella as tnt\n"
+                      "if os.environ['TNT_RANK'] == '0':\n    sys.exit(0)\n"
+                      "tnt.allreduce(np.ones(4, np.float32), name='first')\n")
+    res = subprocess.run([shutil.which("tntrun"), "-n", "2", "--no-gpu", "--output-on-all-devices", "--",
+                          str(script)], env=clean_env(TNT_TIMEOUT_S=300), capture_output=True, text=True, timeout=90)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert ("PeerLostError: rank 0 ended (exit code 0) before it joined the job, while rank 1 was waiting for "
+            "rank 0 to create the job's shared memory") in res.stderr, res.stderr[-3000:]

@@ -12,10 +12,12 @@ from tntrun_helpers import run_tntrun, runner_env
 def test_ranks_get_the_environment_contract(script):
     path = script("""
         keys = ["TNT_RANK", "TNT_SIZE", "TNT_LOCAL_RANK", "TNT_LOCAL_SIZE", "TNT_JOB_ID",
-                "TNT_ERROR_FILE", "PYTHONUNBUFFERED"]
+                "TNT_ERROR_FILE", "TNT_LAUNCHER_DIR", "PYTHONUNBUFFERED"]
         print("ENV", " ".join(f"{k}={os.environ.get(k)}" for k in keys), sys.argv[1:], flush=True)
     """)
-    res = run_tntrun(["-n", "3", "--output-on-all-devices", "--", path, "a", "--b=1"])
+    # a TNT_LAUNCHER_DIR of another job's tntrun (this one started from its rank) is not this job's
+    res = run_tntrun(["-n", "3", "--output-on-all-devices", "--", path, "a", "--b=1"],
+                     env=runner_env(TNT_LAUNCHER_DIR="/outer-job"))
     assert res.returncode == 0, res.stderr
     lines = sorted(ln for ln in res.stdout.splitlines() if " ENV " in ln)
     assert len(lines) == 3
@@ -25,6 +27,9 @@ def test_ranks_get_the_environment_contract(script):
         assert "PYTHONUNBUFFERED=1" in line and "['a', '--b=1']" in line
         job_ids.add(re.search(r"TNT_JOB_ID=(\w+)", line).group(1))
         assert re.search(r"TNT_ERROR_FILE=/\S+rank%d\.json" % r, line)
+        # where tntrun notes each rank's end for the ranks that wait for it (test_failures.py)
+        error_dir = os.path.dirname(re.search(r"TNT_ERROR_FILE=(\S+)", line).group(1))
+        assert f"TNT_LAUNCHER_DIR={error_dir} " in line
     (job_id,) = job_ids
     assert re.fullmatch(r"[0-9a-f]{32}", job_id)
 

@@ -47,6 +47,7 @@
 
 #include "common.h"
 #include "host_marks.h"
+#include "launcher_ended.h"
 #include "transport.h"
 #include "ancestry.h"
 #include "host_load.h"
@@ -191,6 +192,24 @@ static tnt_result_t check_awaited(shm_t *s, int from, const char *what) {
   return TNT_SUCCESS;
 }
 
+/* PEER_LOST when tntrun saw rank r end, which has not joined the job (launcher_ended.h): it
+ * never will. */
+static tnt_result_t check_ended_before_joining(shm_t *s, int r, const char *what) {
+  char how[64];
+  if (!tnt_launcher_rank_ended(G(s, r), how, sizeof how)) return TNT_SUCCESS;
+  return tnt_fail_peer(G(s, r), "rank %d ended (%s) before it joined the job, while rank %d was %s: every rank must "
+                       "make the same collective calls (does the program return or exit on some ranks before its "
+                       "first collective?)", G(s, r), how, G(s, s->pl.rank), what);
+}
+
+/* The ranks that have not attached (only while every rank attaches) and have ended. */
+static tnt_result_t check_never_joined(shm_t *s, const char *what) {
+  for (int r = 0; r < s->pl.size; r++)
+    if (r != s->pl.rank && atomic_load(&s->ranks[r]->state) == RANK_EMPTY)
+      TNT_CHECK(check_ended_before_joining(s, r, what));
+  return TNT_SUCCESS;
+}
+
 /* Every peer, dead ones first so that the error names the lost rank rather than
  * a rank that aborted because it lost it. `awaited[r]` (NULL: every peer) says
  * whose clean shutdown is a failure. */
@@ -207,7 +226,7 @@ static tnt_result_t check_all(shm_t *s, const uint8_t *awaited, const char *what
   TNT_CHECK(check_job(s, what));
   for (int r = 0; r < s->pl.size; r++)
     if (r != s->pl.rank && (!awaited || awaited[r])) TNT_CHECK(check_awaited(s, r, what));
-  return TNT_SUCCESS;
+  return check_never_joined(s, what);
 }
 
 static void shm_describe_peer(void *st, int peer, char *out, size_t len) {
@@ -534,7 +553,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   s->host[sizeof s->host - 1] = 0;
   snprintf(s->name, sizeof s->name, "/tnt-%s", pl->job_id);
   s->total = align_up(sizeof(shm_header_t), 4096) + (size_t)pl->size * block_bytes_for(pl->size, window_bytes);
-  double deadline = tnt_now() + params->timeout_s;
+  double deadline = tnt_now() + params->timeout_s, next_check = tnt_now() + SLICE_S;
   tnt_result_t res = TNT_SUCCESS;
 
   /* a worker a rank started before its tnt_init inherited TNT_RANK and TNT_JOB_ID: refuse it
@@ -592,6 +611,12 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
         goto fail;
       }
       if ((res = tnt_host_marks_poll()) != TNT_SUCCESS) goto fail; /* rank 0 took another transport */
+      if (tnt_now() >= next_check) { /* a file read: not at every poll */
+        next_check = tnt_now() + SLICE_S;
+        if ((res = check_ended_before_joining(s, 0, "waiting for rank 0 to create the job's shared memory")) !=
+            TNT_SUCCESS)
+          goto fail;
+      }
       if (tnt_now() > deadline) {
         res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d waited %.0f s for rank 0 to create %s: is rank 0 running with the same TNT_JOB_ID?",
                        pl->rank, params->timeout_s, s->name);
