@@ -40,7 +40,7 @@ int cudaMallocHost(void **ptr, size_t bytes) {
     standin_fail_host_alloc_at = 0;
     return 2; /* cudaErrorMemoryAllocation */
   }
-  standin_host_allocs++;
+  __atomic_fetch_add(&standin_host_allocs, 1, __ATOMIC_RELAXED); /* lanes are made by threads at once */
   return cudaMalloc(ptr, bytes);
 }
 #ifndef ASYNC

@@ -5,7 +5,8 @@
 # TNT_NCCL_LIBRARY / TNT_CUDART_LIBRARY say, builds the C tests, and runs the
 # stand-in tests (test_nccl) and the real ones (test_nccl_gpu, and host
 # staging's test_gpu_staging on 1 and 2 ranks sharing the GPU, timing a 100 MB
-# bucket beside bench/gpu_copy_bandwidth.c's bound).
+# bucket beside bench/gpu_copy_bandwidth.c's bound; then its threads and
+# failed-call cases).
 #   sh core/test/run_on_gpu.sh [LOG_DIR]
 set -u
 cd "$(dirname "$0")/.."
@@ -39,6 +40,11 @@ cat "$log/test_nccl_gpu.log"
 for n in 1 2; do
   ./build/test_gpu_staging $n --bench >"$log/test_gpu_staging$n.log" 2>&1 || status=1
   cat "$log/test_gpu_staging$n.log"
+done
+# two threads per rank staging at once, and a call that fails part-way, on the GPU's own streams
+for args in "2 --threads" "4 --threads" "2 --failed"; do
+  ./build/test_gpu_staging $args >"$log/test_gpu_staging_more.log" 2>&1 || status=1
+  echo "test_gpu_staging $args: $(tail -n 1 "$log/test_gpu_staging_more.log")"
 done
 ${CC:-cc} -O2 -o build/gpu_copy_bandwidth ../bench/gpu_copy_bandwidth.c -ldl && ./build/gpu_copy_bandwidth
 exit $status

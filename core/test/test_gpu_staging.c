@@ -13,10 +13,14 @@
  *   test_gpu_staging N --unequal  only ranks that stage different counts, which must all fail
  *   test_gpu_staging N --failed   a call that fails part-way (a mismatch of its last piece), then
  *                                 calls that must go on as before (with the stand-in runtime `async`)
+ *   test_gpu_staging N --threads  two threads per rank stage x and y, rank 0 x first, the others y
+ *                                 first: both calls of a rank run at once (they took turns, and waited
+ *                                 for each other across ranks until TNT_TIMEOUT_S)
  *
  * Prints "N passed, N failed". */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +142,74 @@ static int *standin_int(const char *name) {
   return lib ? dlsym(lib, name) : NULL;
 }
 
+/* One staged call of --threads, on a thread of its own once `delay_ms` have passed. */
+typedef struct {
+  const char *name;
+  tnt_dtype_t dt;
+  size_t count;
+  int delay_ms;
+  const uint8_t *want; /* the host allreduce of the same data */
+  int failed;
+} thread_call_t;
+
+static int thread_call(thread_call_t *t) {
+  struct timespec pause = {t->delay_ms / 1000, (t->delay_ms % 1000) * 1000000L};
+  nanosleep(&pause, NULL);
+  const size_t bytes = t->count * tnt_dtype_size(t->dt);
+  uint8_t *host = malloc(bytes);
+  void *d = NULL;
+  CHECK(host && cuda->malloc(&d, bytes) == 0);
+  fill(host, t->dt, t->count, tnt_rank());
+  CHECK(cuda->memcpy(d, host, bytes, TNT_CUDA_HOST_TO_DEVICE) == 0);
+  CHECK(tnt_gpu_allreduce_staged(t->name, d, d, (int64_t)t->count, t->dt, TNT_SUM, NULL, 60) == TNT_SUCCESS);
+  CHECK(cuda->memcpy(host, d, bytes, TNT_CUDA_DEVICE_TO_HOST) == 0);
+  CHECK(memcmp(host, t->want, bytes) == 0);
+  cuda->free(d);
+  free(host);
+  return 0;
+}
+
+static void *run_thread_call(void *arg) {
+  thread_call_t *t = arg;
+  t->failed = thread_call(t);
+  return NULL;
+}
+
+/* Two calls at once on every rank, begun in another order on rank 0 than on the others: each
+ * call must go on while the other waits for its pieces. One set of pinned buffers per process
+ * made them take turns, and each rank's first call held it while waiting for the other ranks'
+ * first, which waited behind theirs: both failed at TNT_TIMEOUT_S. */
+static int concurrent_calls(void) {
+  const size_t piece = TNT_STAGING_PIECE_BYTES / 4;
+  thread_call_t calls[2] = {{"x", TNT_FLOAT32, 2 * piece + 17, 0, NULL, 1}, {"y", TNT_INT32, piece + 5, 0, NULL, 1}};
+  uint8_t *wants[2];
+  for (int i = 0; i < 2; i++) { /* the references first, in one order on every rank */
+    const size_t bytes = calls[i].count * 4;
+    uint8_t *in = malloc(bytes);
+    wants[i] = malloc(bytes);
+    CHECK(in && wants[i]);
+    fill(in, calls[i].dt, calls[i].count, tnt_rank());
+    char ref[16];
+    snprintf(ref, sizeof ref, "ref.%s", calls[i].name);
+    tnt_handle_t h;
+    CHECK(tnt_allreduce(ref, in, wants[i], (int64_t)calls[i].count, calls[i].dt, TNT_SUM, 1.0, 60, &h) ==
+          TNT_SUCCESS);
+    calls[i].want = wants[i];
+    free(in);
+  }
+  calls[tnt_rank() == 0 ? 1 : 0].delay_ms = 300; /* rank 0: x, then y; the others: y, then x */
+  pthread_t threads[2];
+  for (int i = 0; i < 2; i++) CHECK(pthread_create(&threads[i], NULL, run_thread_call, &calls[i]) == 0);
+  for (int i = 0; i < 2; i++) pthread_join(threads[i], NULL);
+  CHECK(!calls[0].failed && !calls[1].failed);
+  int *allocs = standin_int("standin_host_allocs");
+  /* a lane for each call at once, no more (one, where a rank's first call ended before its second began) */
+  if (allocs) CHECK(*allocs == TNT_STAGING_BUFFERS || *allocs == 2 * TNT_STAGING_BUFFERS);
+  free(wants[0]);
+  free(wants[1]);
+  return tnt_finalize() == TNT_SUCCESS ? 0 : 1;
+}
+
 /* Ranks that stage different counts (a bug of the caller's) must all fail, as the host allreduce's do.
  * Rank 0's one piece met the others' first piece of the same size, and it returned a success while
  * they waited for their second piece until TNT_TIMEOUT_S. */
@@ -202,6 +274,7 @@ static int run_rank(int want_bench) {
   if (want_bench == 2) return unequal();
   int serial = 0;
   if (want_bench == 3) return failed_call(&serial);
+  if (want_bench == 4) return concurrent_calls();
   const tnt_dtype_t dts[] = {TNT_FLOAT16, TNT_BFLOAT16, TNT_FLOAT32, TNT_FLOAT64, TNT_INT32, TNT_INT64};
   /* 0, 1, under a piece, 4 pieces of float32 and a bit (3 x 4 MiB + 20 bytes) */
   const size_t counts[] = {0, 1, 1000003, 3 * (TNT_STAGING_PIECE_BYTES / 4) + 5};
@@ -232,13 +305,14 @@ int main(int argc, char **argv) {
   int want_bench = argc > 2 && !strcmp(argv[2], "--bench")     ? 1
                    : argc > 2 && !strcmp(argv[2], "--unequal") ? 2
                    : argc > 2 && !strcmp(argv[2], "--failed")  ? 3
+                   : argc > 2 && !strcmp(argv[2], "--threads") ? 4
                                                                : 0;
   char job[64];
   snprintf(job, sizeof job, "stage%d%ld", (int)getpid(), (long)time(NULL));
   for (int r = 0; r < n; r++) {
     if (fork() == 0) { /* CUDA starts in each rank, never before the fork */
       become_rank(r, n, job);
-      setenv("TNT_TIMEOUT_S", want_bench == 2 ? "3" : "60", 1);
+      setenv("TNT_TIMEOUT_S", want_bench == 2 ? "3" : want_bench == 4 ? "10" : "60", 1);
       fflush(stdout);
       exit(run_rank(want_bench));
     }

@@ -161,6 +161,12 @@ def test_gpu_staging_pipeline_over_a_stand_in(builds, build, kind):
               TNT_CUDART_LIBRARY=build / "cudart-ok.so")
     assert res.stdout.strip().splitlines()[-1] == "2 passed, 0 failed", res.stdout + res.stderr
     assert "'unequal#0/1' was submitted on rank 0" in res.stdout and "'unequal#0/2'" in res.stdout, res.stdout
+    # two threads per rank staging at once, begun in another order on each rank: the calls of a process
+    # took turns (one set of pinned buffers), and each rank's first call waited for the other's first,
+    # which waited behind its second, until TNT_TIMEOUT_S (10 s here)
+    res = run([str(builds(kind) / "test_gpu_staging"), "2", "--threads"], TNT_STAGING_ON_HOST=1,
+              TNT_CUDART_LIBRARY=build / "cudart-async.so")
+    assert res.stdout.strip().splitlines()[-1] == "2 passed, 0 failed", res.stdout + res.stderr
 
 
 def test_gpu_staging_says_why_it_skips_without_a_gpu(build):

@@ -16,6 +16,9 @@
 
 #define TNT_STAGING_PIECE_BYTES (4u << 20) /* the pieces of the pipeline */
 #define TNT_STAGING_BUFFERS 3              /* a piece coming out, one being summed, one going back */
+/* Calls of one process at once (threads; TensorFlow's executor staging several buckets): each has
+ * pinned buffers and streams of its own, made when first needed; a call beyond waits for one to end */
+#define TNT_STAGING_LANES 8
 
 /* Allreduce `count` elements of `dt` at the device address `dsend` into
  * `drecv` (may be the same) across the job's ranks (tnt_init first), after
