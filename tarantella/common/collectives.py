@@ -302,6 +302,33 @@ def _output(out, array, what):
     return out
 
 
+def _prescale(prescale, array):
+    """`prescale` as the core takes it (a double), or InvalidArgumentError. A string
+    ("2") was converted by float() and taken; and a whole number beyond 2**53 became the
+    nearest double, so an integer array was multiplied by another number than the one
+    given (ones in int64, prescale=2**53 + 1: 2**53 per rank) without a word."""
+    if type(prescale) is float:  # the common case
+        return prescale
+    if isinstance(prescale, (str, bytes, bytearray)):
+        scale = None
+    else:
+        try:
+            scale = float(prescale)
+        except (TypeError, ValueError):
+            scale = None
+    if scale is None:
+        raise InvalidArgumentError(
+            f"allreduce: prescale must be a real number (a float, or an int for integer arrays). "
+            f"Received: prescale={prescale!r:.100} of type {type(prescale).__name__}")
+    if array.dtype.kind == "i" and isinstance(prescale, (int, np.integer)) and int(prescale) != scale:
+        raise InvalidArgumentError(
+            f"allreduce: prescale={int(prescale)} on an integer dtype is passed to the core as a 64-bit float, "
+            f"which holds whole numbers exactly only up to 2**53 in magnitude: it would multiply by {scale:.0f} "
+            "instead. Scale the integers yourself (array * factor) and pass prescale=1. "
+            f"Received: prescale={int(prescale)}")
+    return scale
+
+
 def _op_code(op):
     code = codes.OPS.get(op) if isinstance(op, str) else None
     if code is None:
@@ -322,10 +349,11 @@ def _allreduce_async(array, op, name, prescale, out, layout=0):
     lib = core.ensure_initialized()
     _op_code(op)
     array, dt = _as_input(array, "allreduce")
+    scale = _prescale(prescale, array)
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
     return _submit(lib.tnt_allreduce_layout_async, auto_name("allreduce", name),
-                   (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op], float(prescale),
+                   (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, codes.OPS[op], scale,
                     layout or _shape_layout(array.shape)), lambda h: out, (array, out))
 
 
@@ -374,11 +402,12 @@ def _allreduce_now(array, op, name, prescale, out, layout=0):
     lib = core.ensure_initialized()
     opcode = _op_code(op)
     array, dt = _as_input(array, "allreduce")
+    scale = _prescale(prescale, array)
     out = _output(out, array, "allreduce")
     ffi = core.ffi()
     _bind_fastpath(lib, ffi)
     return _blocking(lib.tnt_allreduce_layout, auto_name("allreduce", name),
-                     (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, float(prescale),
+                     (ffi.from_buffer(array), ffi.from_buffer(out), array.size, dt, opcode, scale,
                       layout or _shape_layout(array.shape)), lambda h: out, (array, out))
 
 

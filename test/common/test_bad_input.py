@@ -75,6 +75,12 @@ def test_bad_input_to_a_running_core():
             "masked-allgather": lambda: tnt.allgather(np.ma.array([1.0, 2.0], mask=[0, 1])),
             "masked-leaf": lambda: tnt.allreduce({"a": np.ma.array([1.0, 2.0], mask=[0, 1])}),
             "masked-leaf-allgather": lambda: tnt.allgather([np.ma.array([1.0, 2.0], mask=[0, 1])]),
+            # float("2") took a string; a whole number past 2**53 became the nearest double, and an
+            # int64 sum was multiplied by 2**53 where 2**53 + 1 was given, without a word
+            "prescale-str": lambda: tnt.allreduce(x, prescale="2"),
+            "prescale-none": lambda: tnt.allreduce(x, prescale=None),
+            "prescale-inexact": lambda: tnt.allreduce(np.ones(2, np.int64), prescale=2**53 + 1),
+            "prescale-inexact-async": lambda: tnt.allreduce_async(np.ones(2, np.int64), prescale=np.int64(2**62 + 1)),
         }
         for label, call in cases.items():
             try:
@@ -83,7 +89,9 @@ def test_bad_input_to_a_running_core():
             except tnt.InvalidArgumentError as e:
                 print(label, "MESSAGE:", e)
         print("after:", tnt.allreduce(x, prescale=2.0).tolist(), tnt.allreduce(x, out=np.empty(4, np.float32)).tolist(),
-              tnt.allreduce(nine[:4], out=nine[:4]).tolist())  # in place is not an overlap
+              tnt.allreduce(nine[:4], out=nine[:4]).tolist(),  # in place is not an overlap
+              tnt.allreduce(np.ones(1, np.int64), prescale=2**53).tolist(),  # whole numbers a double holds
+              tnt.allreduce(np.ones(1, np.int64), prescale=np.int64(-3)).tolist())
         """)
     lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
     expected = {"non-contiguous": "C-contiguous", "fortran": "C-contiguous", "bool": "is not supported", "byte-swapped": "newbyteorder('=')",
@@ -94,10 +102,14 @@ def test_bad_input_to_a_running_core():
                 "out-overlaps-broadcast": "overlaps the input without being it (it starts -4 bytes",
                 "masked": "does not take masked arrays", "masked-broadcast": "does not take masked arrays",
                 "masked-allgather": "does not take masked arrays", "masked-leaf": "does not take masked arrays",
-                "masked-leaf-allgather": "does not take masked arrays"}
+                "masked-leaf-allgather": "does not take masked arrays",
+                "prescale-str": "prescale must be a real number", "prescale-none": "Received: prescale=None",
+                "prescale-inexact": "prescale=9007199254740993 on an integer dtype",
+                "prescale-inexact-async": "exactly only up to 2**53"}
     for label, words in expected.items():
         assert lines.get(label, "").startswith("MESSAGE:") and words in lines[label], (label, res.stdout + res.stderr)
-    assert lines.get("after:") == "[2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0] [1.0, 1.0, 1.0, 1.0]", res.stdout + res.stderr
+    assert lines.get("after:") == "[2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0] [1.0, 1.0, 1.0, 1.0] [9007199254740992] [-3]", \
+        res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("root", ["1", "-1", "'0'"])
