@@ -782,7 +782,14 @@ def _structure_collective(structure, kind, name, start, now=None):
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
-    base = auto_name(kind, name, request_names.STRUCTURE_SUFFIX_BYTES)[0].decode()
+    base_name, unnamed = auto_name(kind, name, request_names.STRUCTURE_SUFFIX_BYTES)
+    if unnamed and (_orphans or _unnamed_in_flight):
+        # its first request has the name of the unnamed call of this kind NAME_WINDOW calls earlier,
+        # which may still be in flight (an async one): wait for it, as that call's array twin does
+        # (_submit). Submitted at once, it was refused as in flight twice on the ranks where the
+        # earlier one was still pending, and the others waited for it until TNT_TIMEOUT_S.
+        _settle_before(base_name, True)
+    base = base_name.decode()
     layout = _layout(structure, arrays)
     # The first request is named `base` whatever its dtype, so that every rank has it and the
     # core compares it: ranks whose only leaves differ in dtype, or an empty structure (one
@@ -795,6 +802,8 @@ def _structure_collective(structure, kind, name, start, now=None):
         group_name = f"{base}.{dtype.name}" if n else base
         handles.append(_Done(now(flat, group_name, layout)) if now and len(groups) == 1
                        else start(flat, group_name, layout))
+        if unnamed and not n and isinstance(handles[0], Handle):
+            _unnamed_in_flight[base_name] = handles[0]._handle  # for the call NAME_WINDOW calls later
     results = [None] * len(arrays)
     for idx, flat in zip(groups.values(), _wait_all(handles)):
         offset = 0

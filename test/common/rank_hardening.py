@@ -290,6 +290,27 @@ if rank:
 assert (interrupted.wait(timeout=60) == size).all()
 ok("ctrl-c-ends-a-wait-with-a-timeout")
 
+# an unnamed structure has the name of the unnamed call of its kind 60 calls earlier, as an array has:
+# it waits for that call where it is still in flight. It was submitted at once, refused on rank 0 as a
+# name in flight twice (InvalidUsageError), and the others waited for it until TNT_TIMEOUT_S. Here the
+# others start their calls once rank 0 has submitted its 60, so rank 0's first is still pending.
+from tarantella.common import request_names  # noqa: E402
+
+for kind in ("allreduce", "broadcast"):
+    start_async = getattr(tnt, f"{kind}_async")
+    if rank == 0:
+        early = [start_async(np.full(2, 1.0 + rank)) for _ in range(request_names.NAME_WINDOW)]
+        gate = tnt.barrier_async(name=f"structure-window-{kind}")
+    else:
+        tnt.barrier(name=f"structure-window-{kind}")
+        early = [start_async(np.full(2, 1.0 + rank)) for _ in range(request_names.NAME_WINDOW)]
+    late = getattr(tnt, kind)({"a": np.full(3, 1.0 + rank)})
+    want = sum(1.0 + r for r in range(size)) if kind == "allreduce" else 1.0
+    assert (late["a"] == want).all() and all((h.wait() == want).all() for h in early), (kind, late)
+    if rank == 0:
+        gate.wait()
+ok("unnamed-structure-waits-for-its-name")
+
 # a handle waited for after shutdown raises instead of returning None
 tnt.barrier(name="before-shutdown")
 h = tnt.allreduce_async(np.ones(2), name="never-completes" if rank == 0 else "other-name")
