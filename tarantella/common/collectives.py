@@ -20,6 +20,7 @@ key order; every rank passes the same structure, with leaves of the same
 dtypes and shapes (for allgather, but for the first dimension). Any other
 leaf type is a TypeError that names it.
 """
+import collections
 import functools
 import hashlib
 import math
@@ -670,7 +671,13 @@ def flatten(structure):
     """(leaves, rebuild): the leaves of a nested structure in a fixed order,
     and a function that puts new leaves into the same structure."""
     if isinstance(structure, dict):
-        keys = sorted(structure)
+        try:
+            keys = sorted(structure)
+        except TypeError:
+            raise TypeError(
+                "a dict in a collective's structure needs keys that sort (its entries are visited in sorted "
+                "key order, alike on every rank): all strings, say, or all numbers. Received keys of types "
+                f"{', '.join(sorted({type(k).__name__ for k in structure}))}") from None
         parts = [flatten(structure[k]) for k in keys]
 
         def rebuild(values):
@@ -678,7 +685,8 @@ def flatten(structure):
             for k, (leaves, sub) in zip(keys, parts):
                 built[k] = sub(values[i:i + len(leaves)])
                 i += len(leaves)
-            return {k: built[k] for k in structure}  # the caller's key order
+            built = {k: built[k] for k in structure}  # the caller's key order
+            return built if type(structure) is dict else _dict_like(structure, built)
     elif isinstance(structure, (list, tuple)):
         parts = [flatten(item) for item in structure]
 
@@ -693,6 +701,19 @@ def flatten(structure):
     else:
         return [structure], lambda values: values[0]
     return [leaf for leaves, _ in parts for leaf in leaves], rebuild
+
+
+def _dict_like(structure, items):
+    """`items` (a dict) as the type of `structure`, a dict subclass: the result has the
+    caller's structure, as a named tuple's has. An OrderedDict came back a plain dict, and
+    a defaultdict without its default factory (a later `result[new_key]` raised KeyError).
+    A subclass that cannot be made from a dict of items stays a plain dict."""
+    try:
+        if isinstance(structure, collections.defaultdict):
+            return type(structure)(structure.default_factory, items)
+        return type(structure)(items)
+    except Exception:  # noqa: BLE001 - a constructor of its own: the items as a dict
+        return items
 
 
 def _leaf_array(leaf, what):

@@ -231,6 +231,20 @@ special = [np.array([np.nan if rank == 0 else 1.0, np.inf, 1.0], np.float32), -n
 same(tnt.allreduce(special), [np.array([np.nan, np.inf, size], np.float32),
                               np.float64(-np.inf)], "nan-inf")
 same(tnt.allreduce({"x": [], "y": ()}), {"x": [], "y": ()}, "empty-structure")
+# dict subclasses come back as themselves (they came back plain dicts: a defaultdict lost its factory)
+ordered = tnt.allreduce(collections.OrderedDict([("z", 1.0), ("a", np.ones(2))]))
+if type(ordered) is not collections.OrderedDict or list(ordered) != ["z", "a"] or ordered["z"] != size:
+    failures.append(f"OrderedDict: got {type(ordered).__name__} {ordered!r}")
+counts = tnt.broadcast(collections.defaultdict(list, {"n": np.full(2, rank, np.int32)}), root=0)
+if type(counts) is not collections.defaultdict or counts.default_factory is not list or counts["new"] != [] or \
+        counts["n"].tolist() != [0, 0]:
+    failures.append(f"defaultdict: got {type(counts).__name__} {counts!r}")
+try:  # keys that do not sort: say so (it was "'<' not supported between instances of 'str' and 'int'")
+    tnt.allreduce({1: 1.0, "a": 2.0})
+    failures.append("unsortable keys did not raise")
+except TypeError as exc:
+    if "keys that sort" not in str(exc) or "int, str" not in str(exc):
+        failures.append(f"unsortable keys: {exc}")
 for bad, name in ((["text"], "str"), ({"k": None}, "NoneType"), ([{1, 2}], "set")):
     try:
         tnt.allreduce(bad)
