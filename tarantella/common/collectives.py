@@ -95,6 +95,7 @@ def _as_input(array, what):
             code = _dtype_codes[array.dtype] = dtypes.core_dtype(array.dtype)
         return array, code
     if not isinstance(array, np.ndarray):
+        given = array
         try:  # scalars, lists, and anything exposing the array interface
             array = np.asarray(array)
         except Exception:
@@ -104,15 +105,30 @@ def _as_input(array, what):
             hint = (" (a tensor of a tf.function being traced: inside a tf.function use the "
                     "collectives of tarantella.tensorflow, which take tensors and run at every "
                     "call: `import tarantella.tensorflow as tnt_tf`, `tnt_tf.allreduce(t)`)"
-                    if traced else "")
+                    if traced else _structure_hint(given))
             raise InvalidArgumentError(
                 f"{what} expects a NumPy array. Received: {type(array).__name__}{hint}") from None
+        if array.dtype == object and (_is_structure(given) or array.ndim == 0 and array[()] is given):
+            # None, a dict (a nested structure given to an _async call), any object NumPy cannot read
+            # numbers from: it wraps it in an array of dtype object, which was refused as an
+            # unsupported dtype, with the advice to cast it (array.astype). (Strings, which NumPy does
+            # read into an array of objects, keep that message.)
+            raise InvalidArgumentError(
+                f"{what} expects a NumPy array. Received: {type(given).__name__}{_structure_hint(given)}")
     _refuse_masked(array, what)
     if not array.flags.c_contiguous:
         raise InvalidArgumentError(
             f"{what} needs a C-contiguous array; pass np.ascontiguousarray(array). "
             f"Received: an array with strides {array.strides} and shape {array.shape}")
     return array, dtypes.core_dtype(array.dtype)
+
+
+def _structure_hint(given):
+    """What to do with a nested structure where one array is expected (the _async calls)."""
+    if not _is_structure(given):
+        return ""
+    return (" (a nested structure: the blocking tnt.allreduce, tnt.broadcast and tnt.allgather take one; "
+            "the _async calls take one array each, so start one per array)")
 
 
 def _slice_until(deadline):

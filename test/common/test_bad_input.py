@@ -81,6 +81,10 @@ def test_bad_input_to_a_running_core():
             "prescale-none": lambda: tnt.allreduce(x, prescale=None),
             "prescale-inexact": lambda: tnt.allreduce(np.ones(2, np.int64), prescale=2**53 + 1),
             "prescale-inexact-async": lambda: tnt.allreduce_async(np.ones(2, np.int64), prescale=np.int64(2**62 + 1)),
+            # NumPy wraps these in an array of dtype object, which was refused as an unsupported dtype to cast
+            "async-structure": lambda: tnt.allreduce_async({"a": x}),
+            "async-structure-ragged": lambda: tnt.broadcast_async([x, nine]),
+            "none": lambda: tnt.allreduce(None),
         }
         for label, call in cases.items():
             try:
@@ -105,7 +109,10 @@ def test_bad_input_to_a_running_core():
                 "masked-leaf-allgather": "does not take masked arrays",
                 "prescale-str": "prescale must be a real number", "prescale-none": "Received: prescale=None",
                 "prescale-inexact": "prescale=9007199254740993 on an integer dtype",
-                "prescale-inexact-async": "exactly only up to 2**53"}
+                "prescale-inexact-async": "exactly only up to 2**53",
+                "async-structure": "Received: dict (a nested structure: the blocking tnt.allreduce",
+                "async-structure-ragged": "Received: list (a nested structure",
+                "none": "expects a NumPy array. Received: NoneType"}
     for label, words in expected.items():
         assert lines.get(label, "").startswith("MESSAGE:") and words in lines[label], (label, res.stdout + res.stderr)
     assert lines.get("after:") == "[2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0] [1.0, 1.0, 1.0, 1.0] [9007199254740992] [-3]", \
