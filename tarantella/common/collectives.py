@@ -801,9 +801,7 @@ def _skeleton(structure):
 
 def _wait_all(handles):
     """Each handle's result, in order. The first error any of them meets is
-    raised as soon as it is known: where ranks passed different structures, a
-    request of a dtype only this rank has never completes, while another's
-    fails at once with the mismatch."""
+    raised as soon as it is known, whichever handle meets it."""
     lib = core.lib()
     while True:
         waiting = [h for h in handles if not isinstance(h, _Done) and not h.test()]  # test() raises an error met
@@ -813,9 +811,9 @@ def _wait_all(handles):
 
 
 def _structure_collective(structure, kind, name, start, now=None):
-    """allreduce or broadcast of a structure: one request per dtype (with one
-    dtype and a blocking `now`, the blocking call: metrics and losses in a loop),
-    each carrying the structure's _layout."""
+    """allreduce or broadcast of a structure: one request per dtype (the first
+    through the blocking `now` where there is one), each carrying the
+    structure's _layout; the others once the first has completed."""
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
@@ -833,16 +831,24 @@ def _structure_collective(structure, kind, name, start, now=None):
     # request of no values) against leaves, fail with the mismatch instead of waiting for
     # requests that have no partner until TNT_TIMEOUT_S.
     groups = _groups(arrays) or {np.dtype(np.float32): []}
-    handles = []
-    for n, (dtype, idx) in enumerate(groups.items()):
-        flat = np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in idx] or [np.empty(0, dtype)])
-        group_name = f"{base}.{dtype.name}" if n else base
-        handles.append(_Done(now(flat, group_name, layout)) if now and len(groups) == 1
-                       else start(flat, group_name, layout))
-        if unnamed and not n and isinstance(handles[0], Handle):
-            _unnamed_in_flight[base_name] = handles[0]._handle  # for the call NAME_WINDOW calls later
+    flats = [np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in idx] or [np.empty(0, dtype)])
+             for dtype, idx in groups.items()]
+    if now:  # the blocking call: metrics and losses in a loop
+        first = _Done(now(flats[0], base, layout))
+    else:
+        first = start(flats[0], base, layout)
+        if unnamed:
+            _unnamed_in_flight[base_name] = first._handle  # for the call NAME_WINDOW calls later
+    # The requests of the other dtypes only once the first has completed: it carries the structure's
+    # digest and fails with a MismatchError on every rank where the ranks' structures differ. Submitted
+    # with it, a request of a dtype that only some ranks had stayed in flight without a partner, and its
+    # TimeoutError at TNT_TIMEOUT_S broke the whole job, where the mismatch was to fail this one call.
+    # (One more round, for structures of several dtypes only.)
+    first = first.wait()
+    rest = [start(flat, f"{base}.{dtype.name}", layout) for dtype, flat in list(zip(groups, flats))[1:]]
+    flats = [first] + _wait_all(rest)
     results = [None] * len(arrays)
-    for idx, flat in zip(groups.values(), _wait_all(handles)):
+    for idx, flat in zip(groups.values(), flats):
         offset = 0
         for i in idx:
             n = arrays[i].size
@@ -865,13 +871,15 @@ def _allgather_structure(structure, name):
     # leaving the others waiting.
     rows = _allgather(np.array([a.shape[0] for a in arrays] or [0], np.int64), f"{base}.rows", False,
                       _layout(structure, arrays, gather=True))
+    # The data's requests only once the rows' has completed, for the reason _structure_collective's
+    # other requests wait for its first: a dtype that only some ranks have would have no partner.
+    rows = rows.wait()
     if not arrays:
-        rows.wait()
         return rebuild([])
     data = [(idx, allgather_async(np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1)
                                                   for i in idx]), f"{base}.{dtype.name}"))
             for dtype, idx in groups.items()]
-    rows = rows.wait().reshape(-1, len(arrays))  # rows[q][i]: rank q's rows of leaf i
+    rows = rows.reshape(-1, len(arrays))  # rows[q][i]: rank q's rows of leaf i
     results = [None] * len(arrays)
     for idx, handle in data:
         flat, offset, parts = handle.wait(), 0, {i: [] for i in idx}
