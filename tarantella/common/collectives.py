@@ -589,20 +589,44 @@ def _allgather(array, name, blocking, layout=0):
 
 
 def _allgather_empty_rows(lib, array, dt, name, blocking, layout):
-    """The allgather of rows of no elements (a (5, 0) array): the core agrees on
-    the dtype and the rows' size (0) as for any allgather, but its data is no
-    bytes, which cannot say how many rows each rank has; so, once the ranks have
-    agreed, they gather their row counts under the name + ".rows"."""
-    name, unnamed = auto_name("allgather", name, len(".rows"))
+    """The allgather of rows of no elements (a (5, 0) array): their data is no
+    bytes, which cannot say how many rows each rank has. So each rank sends its
+    row count instead, as one row of 8 bytes in the array's dtype, under a layout
+    of its own (_empty_rows_layout) that carries the rows' shape: ranks with rows
+    of another shape, or with elements, fail with a MismatchError as for any
+    other allgather. One request, as any collective: the counts used to be a
+    second collective ("<name>.rows") made once the first request was seen
+    complete, in whichever test() or wait() first saw it, a moment that differs
+    between ranks: a rank whose test() saw it entered that gather while another,
+    whose test() had not yet, went on to its next collective, and the two waited
+    for each other until TNT_TIMEOUT_S. (`layout`, the rows' shape layout, is
+    replaced by _empty_rows_layout.)"""
+    per_rank = _COUNT_BYTES // array.dtype.itemsize
+    counts = np.array([array.shape[0]], np.int64).view(array.dtype)
+    guess = np.empty(per_rank * lib.tnt_size(), array.dtype)
+    ffi = core.ffi()
+    args = (ffi.from_buffer(counts), per_rank, per_rank, dt, ffi.from_buffer(guess), guess.size,
+            _empty_rows_layout(array.shape[1:]))
 
     def finish(h):
-        rows = allgather(np.array([array.shape[0]], np.int64), name=name.decode() + ".rows")
+        rows = _gather_finish(h, counts, guess).view(np.int64)  # each rank's row count
         return np.empty((int(rows.sum()),) + array.shape[1:], array.dtype)
 
-    args = (core.ffi().NULL, 0, 0, dt, core.ffi().NULL, 0, layout)
     if blocking:
-        return _blocking(lib.tnt_allgather_into_layout, (name, unnamed), args, finish, (), keep=True)
-    return _submit(lib.tnt_allgather_into_layout_async, (name, unnamed), args, finish, ())
+        return _blocking(lib.tnt_allgather_into_layout, auto_name("allgather", name), args, finish, (counts, guess),
+                         keep=True)
+    return _submit(lib.tnt_allgather_into_layout_async, auto_name("allgather", name), args, finish, (counts, guess))
+
+
+_COUNT_BYTES = 8  # a row count (int64) in the bytes of 1, 2 or 4 elements of the array's dtype
+
+
+def _empty_rows_layout(row_shape):
+    """The layout of an allgather of rows of no elements, `row_shape` each: odd, as a
+    structure's digest (_layout), so never 0 nor an array's shape layout, whose
+    requests (rows of elements) it must not pair with, and one per row shape."""
+    text = f"allgather rows of no elements|{tuple(row_shape)}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") | 1
 
 
 def _gather_finish(h, array, guess):

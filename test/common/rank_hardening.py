@@ -324,6 +324,24 @@ for kind in ("allreduce", "broadcast"):
         gate.wait()
 ok("unnamed-structure-waits-for-its-name")
 
+# an allgather of rows of no elements is one request: its row counts were a second collective, made in
+# whichever test() or wait() first saw the first request complete, a moment that differs between ranks.
+# Here the others' test() runs before rank 0 has submitted (False), rank 0's wait() after: rank 0 then
+# waited in the row counts' gather while the others waited in their next collective, until TNT_TIMEOUT_S
+if rank == 0:
+    tnt.barrier(name="rows-of-nothing-gate")
+    nothing = tnt.allgather_async(np.zeros((rank + 1, 0)), name="rows-of-nothing")
+    gathered = nothing.wait()
+    tnt.allreduce(np.ones(2), name="rows-of-nothing-after")
+else:
+    nothing = tnt.allgather_async(np.zeros((rank + 1, 0)), name="rows-of-nothing")
+    assert not nothing.test()  # rank 0 has not submitted it yet
+    tnt.barrier(name="rows-of-nothing-gate")
+    tnt.allreduce(np.ones(2), name="rows-of-nothing-after")
+    gathered = nothing.wait()
+assert gathered.shape == (sum(q + 1 for q in range(size)), 0), gathered.shape
+ok("rows-of-no-elements-are-one-request")
+
 # a handle waited for after shutdown raises instead of returning None
 tnt.barrier(name="before-shutdown")
 h = tnt.allreduce_async(np.ones(2), name="never-completes" if rank == 0 else "other-name")
