@@ -888,16 +888,19 @@ def _allgather_structure(structure, name):
     leaves, rebuild = flatten(structure)
     arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
     arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
-    base = auto_name("allgather", name, request_names.STRUCTURE_SUFFIX_BYTES)[0].decode()
+    base_name, unnamed = auto_name("allgather", name, request_names.STRUCTURE_SUFFIX_BYTES)
+    if unnamed and (_orphans or _unnamed_in_flight):
+        _settle_before(base_name, True)  # as _structure_collective's first request: the name's last use
+    base = base_name.decode()
     groups = _groups(arrays)
-    # The rows' request carries the layout: it is the one request every rank has, whatever its
-    # leaves' dtypes, even an empty structure (one 0), which then fails against leaves instead of
-    # leaving the others waiting.
-    rows = _allgather(np.array([a.shape[0] for a in arrays] or [0], np.int64), f"{base}.rows", False,
+    # The rows' request carries the layout, under the call's own name: it is the one request every
+    # rank has, whatever its leaves' dtypes, even an empty structure (one 0), which then fails against
+    # leaves instead of leaving the others waiting; and against one array that another rank gathers
+    # under the name, which it pairs with and fails against. (Named "<name>.rows", it had no partner
+    # there, nor the array's request: both ranks waited until TNT_TIMEOUT_S.) The data's requests only
+    # once it has completed, for the reason _structure_collective's other requests wait for its first.
+    rows = _allgather(np.array([a.shape[0] for a in arrays] or [0], np.int64), base, True,
                       _layout(structure, arrays, gather=True))
-    # The data's requests only once the rows' has completed, for the reason _structure_collective's
-    # other requests wait for its first: a dtype that only some ranks have would have no partner.
-    rows = rows.wait()
     if not arrays:
         return rebuild([])
     data = [(idx, allgather_async(np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1)

@@ -24,7 +24,7 @@ _counter_lock = threading.Lock()
 _unnamed_names = {}  # kind -> the main thread's NAME_WINDOW names, made once (no cost on the hot path)
 
 
-# A nested structure's requests are named "<name>.<dtype>" and "<name>.rows"
+# A nested structure's requests are named "<name>" (the first) and "<name>.<dtype>"
 # (collectives.py): its name leaves room for the longest suffix.
 STRUCTURE_SUFFIX_BYTES = len(".bfloat16")
 

@@ -149,6 +149,10 @@ expect(errors.MismatchError, lambda: tnt.allgather({} if rank == 2 else {"a": np
 # more than that one request
 expect(errors.MismatchError, lambda: tnt.allreduce({"a": one, "n": np.ones(3, np.int32)} if rank == 0 else one),
        "structure")
+# an allgather of a structure against one of an array: the structure's first request had a name of its own
+# ("allgather.<k>.rows"), so neither had a partner and both waited until TNT_TIMEOUT_S
+expect(errors.MismatchError, lambda: tnt.allgather({"a": np.ones((1, 2))} if rank == 1 else np.ones((1, 2))),
+       "structure")
 assert tnt.allreduce({}) == {} and tnt.broadcast(()) == () and tnt.allgather([]) == []
 # ... and they leave no request in flight: the request of a dtype that only some ranks had (the int32
 # above, rank 0's; the float32 data of the allgather that rank 2 had none of) had no partner, and its
