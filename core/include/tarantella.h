@@ -154,6 +154,12 @@ tnt_result_t tnt_allgather_into_layout(const char *name, const void *in, int64_t
  * broadcast the array's shape; allgather the shape of its rows (all
  * dimensions but the first, so ndim >= 3; ndim 2 differs in row_elems). */
 uint64_t tnt_shape_layout(int ndim, const int64_t *dims);
+/* The layout of an allgather of rows of no elements, each of `ndim` dimensions `dims` (a (5, 0)
+ * array's rows: (0,)): such rows' data is no bytes, which cannot say how many rows each rank has,
+ * so each rank sends its row count instead (an int64, as one row of 8 bytes in the array's dtype)
+ * under this layout, odd and one per row shape, which pairs with no array's. The NumPy API and the
+ * TensorFlow ops send alike. */
+uint64_t tnt_empty_rows_layout(int ndim, const int64_t *dims);
 
 /* Completion. tnt_wait's timeout_s bounds this wait (TNT_ERR_TIMEOUT, the request
  * stays pending); a negative, NaN or infinite timeout_s (or one beyond 1e9 s)

@@ -50,6 +50,12 @@ uint64_t tnt_shape_layout(int ndim, const int64_t *dims) {
   return (h << 11) | shown_ndim << 3 | TAG_SHAPE;
 }
 
+uint64_t tnt_empty_rows_layout(int ndim, const int64_t *dims) {
+  uint64_t h = mix(0x656d707479726f77ull ^ (uint64_t)ndim); /* "emptyrow" */
+  for (int i = 0; i < ndim && dims; i++) h = mix(h ^ (uint64_t)dims[i]) + 0x9e3779b97f4a7c15ull;
+  return h | 1u; /* odd: never 0 nor a shape's (binary 10), as a structure's digest */
+}
+
 int tnt_shape_layout_is_shape(uint64_t layout) { return (layout & 3u) == TAG_SHAPE; }
 
 int tnt_shape_layout_text(uint64_t layout, char *out, size_t len) {

@@ -622,11 +622,11 @@ _COUNT_BYTES = 8  # a row count (int64) in the bytes of 1, 2 or 4 elements of th
 
 
 def _empty_rows_layout(row_shape):
-    """The layout of an allgather of rows of no elements, `row_shape` each: odd, as a
-    structure's digest (_layout), so never 0 nor an array's shape layout, whose
-    requests (rows of elements) it must not pair with, and one per row shape."""
-    text = f"allgather rows of no elements|{tuple(row_shape)}"
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") | 1
+    """The layout of an allgather of rows of no elements, `row_shape` each: the core's
+    tnt_empty_rows_layout (one definition for this module and the TensorFlow ops), odd, as a
+    structure's digest (_layout), so never 0 nor an array's shape layout, whose requests
+    (rows of elements) it must not pair with, and one per row shape."""
+    return core.lib().tnt_empty_rows_layout(len(row_shape), list(row_shape))
 
 
 def _gather_finish(h, array, guess):

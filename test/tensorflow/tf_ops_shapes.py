@@ -49,5 +49,18 @@ for kind in ("allreduce", "broadcast", "allgather"):
         if "shape (2, 3)" not in str(exc) or "shape (3, 2)" not in str(exc):
             print(f"FAILED {kind} of other shapes: {exc}", flush=True)
             failures += 1
+# rows of no elements: their data is no bytes, so each side sends its row count (the op's
+# result had no rows at all: (0, 0, 2) where the NumPy API gave (5, 0, 2)); rows of another
+# shape are still a MismatchError on both sides
+got = call("allgather", np.zeros((3 if rank == 0 else 2, 0, 2), np.float16), "no-elements")
+if got.shape != (5, 0, 2) or got.dtype != np.float16:
+    print(f"FAILED allgather of rows of no elements: {got.shape} {got.dtype}", flush=True)
+    failures += 1
+try:
+    call("allgather", np.zeros((3, 0, 2 if rank == 0 else 3), np.float32), "no-elements-unlike")
+    print("FAILED allgather of rows of no elements, of other shapes: no error", flush=True)
+    failures += 1
+except errors.MismatchError:
+    pass
 print("OK" if not failures else f"{failures} FAILED", flush=True)
 sys.exit(1 if failures else 0)

@@ -51,6 +51,7 @@ struct CoreApi {
   decltype(&tnt_broadcast_layout_async) broadcast_async;
   decltype(&tnt_allgather_into_layout_async) allgather_async;
   decltype(&tnt_shape_layout) shape_layout;
+  decltype(&tnt_empty_rows_layout) empty_rows_layout;
   decltype(&tnt_test) test;
   decltype(&tnt_wait) wait;
   decltype(&tnt_result_count) result_count;
@@ -127,7 +128,26 @@ struct Pending {
   std::vector<tnt_handle_t> handles;
   std::vector<Tensor> inputs;   // kept alive: the core reads them until completion
   std::vector<Tensor> outputs;  // allreduce/broadcast: written by the core
+  std::vector<Tensor> row_counts;  // allgather: per input, its row count where its rows have no elements
 };
+
+// An allgather of rows of no elements (a (5, 0) tensor): their data is no bytes, which cannot say
+// how many rows each rank has, and the result had no rows at all ((0, 0), where eager mode gave
+// (10, 0) on 2 ranks). Each rank sends its row count instead, as one row of 8 bytes in the
+// tensor's dtype, under tnt_empty_rows_layout of its rows' shape, as the NumPy API does.
+constexpr int64_t kRowCountBytes = 8;
+
+int64_t RowElems(const Tensor &t) {
+  int64_t row = 1;
+  for (int d = 1; d < t.dims(); ++d) row *= t.dim_size(d);
+  return row;
+}
+
+uint64_t EmptyRowsLayout(const CoreApi &api, const Tensor &t) {
+  std::vector<int64_t> dims;
+  for (int d = 1; d < t.dims(); ++d) dims.push_back(t.dim_size(d));
+  return api.empty_rows_layout(static_cast<int>(dims.size()), dims.data());
+}
 
 std::mutex g_registry_mu;
 std::unordered_map<int64_t, Pending> g_registry;
@@ -222,14 +242,20 @@ class Completer {
         tnt_result_t r = api.result_count(p.handles[i], &count);
         if (r != TNT_SUCCESS) { status = CoreError(api, r, p.kind); break; }
         const TensorShape &in = p.inputs[i].shape();
+        const int64_t row = RowElems(p.inputs[i]);
+        int64_t rows = row ? count / row : 0;
+        if (!row) {  // every rank's row count, each in kRowCountBytes of the tensor's dtype
+          std::vector<int64_t> counts(count * DataTypeSize(p.inputs[i].dtype()) / kRowCountBytes);
+          r = counts.empty() ? TNT_SUCCESS : api.result_copy(p.handles[i], counts.data());
+          if (r != TNT_SUCCESS) { status = CoreError(api, r, p.kind); break; }
+          for (int64_t c : counts) rows += c;
+        }
         TensorShape shape;
-        int64_t row = 1;
-        for (int d = 1; d < in.dims(); ++d) row *= in.dim_size(d);
-        shape.AddDim(row ? count / row : 0);
+        shape.AddDim(rows);
         for (int d = 1; d < in.dims(); ++d) shape.AddDim(in.dim_size(d));
         Tensor *out = nullptr;
         status = ctx->allocate_output(static_cast<int>(i), shape, &out);
-        if (status.ok() && count > 0) {
+        if (status.ok() && row && count > 0) {
           r = api.result_copy(p.handles[i], out->data());
           if (r != TNT_SUCCESS) status = CoreError(api, r, p.kind);
         }
@@ -333,10 +359,19 @@ class StartOp : public OpKernel {
       tnt_result_t r;
       const char *name = names_[i].c_str();
       if (kind_ == "allgather") {
-        int64_t row = 1;
-        for (int d = 1; d < in.dims(); ++d) row *= in.dim_size(d);
-        r = api->allgather_async(name, in.data(), in.NumElements(), row, dt, nullptr, 0, ShapeLayout(*api, in, 1),
-                                 &h);
+        const int64_t row = RowElems(in);
+        if (row) {
+          r = api->allgather_async(name, in.data(), in.NumElements(), row, dt, nullptr, 0, ShapeLayout(*api, in, 1),
+                                   &h);
+          p.row_counts.emplace_back();
+        } else {
+          Tensor counts(DT_INT64, TensorShape({1}));
+          counts.flat<int64_t>()(0) = in.dims() ? in.dim_size(0) : 1;
+          const int64_t per_rank = kRowCountBytes / DataTypeSize(in.dtype());
+          r = api->allgather_async(name, counts.data(), per_rank, per_rank, dt, nullptr, 0,
+                                   EmptyRowsLayout(*api, in), &h);
+          p.row_counts.push_back(counts);  // the core reads it until completion
+        }
       } else {
         // An allreduce may run in place (the core allows in == out): when this
         // op holds the only reference to an input (a packed bucket, a
@@ -449,6 +484,7 @@ extern "C" __attribute__((visibility("default"))) int tnt_tfop_bind(const char *
       {reinterpret_cast<void **>(&api->broadcast_async), "tnt_broadcast_layout_async"},
       {reinterpret_cast<void **>(&api->allgather_async), "tnt_allgather_into_layout_async"},
       {reinterpret_cast<void **>(&api->shape_layout), "tnt_shape_layout"},
+      {reinterpret_cast<void **>(&api->empty_rows_layout), "tnt_empty_rows_layout"},
       {reinterpret_cast<void **>(&api->test), "tnt_test"},
       {reinterpret_cast<void **>(&api->wait), "tnt_wait"},
       {reinterpret_cast<void **>(&api->result_count), "tnt_result_count"},
