@@ -522,7 +522,8 @@ def _broadcast(array, root, name, out, blocking, layout=0):
     as in _allreduce_async."""
     lib = core.ensure_initialized()
     size = lib.tnt_size()
-    if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+    # a bool is an int to Python: root=True broadcast rank 1's array without a word
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
         raise InvalidArgumentError(
             f"root must be a rank between 0 and {size - 1}. Received: root={root!r} (ranks={size})")
     array, dt = _as_input(array, "broadcast")

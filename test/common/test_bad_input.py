@@ -119,7 +119,7 @@ def test_bad_input_to_a_running_core():
         res.stdout + res.stderr
 
 
-@pytest.mark.parametrize("root", ["1", "-1", "'0'"])
+@pytest.mark.parametrize("root", ["1", "-1", "'0'", "False", "True"])
 def test_wrong_root(root):
     raises(f"tnt.broadcast(np.zeros(3, np.float32), root={root})", "InvalidArgumentError",
            ["root must be a rank between 0 and 0", f"root={root}"])
