@@ -251,6 +251,7 @@ def parse(argv, prog="tntrun"):
         # `python -m MODULE` needs a Python: without one the rank would exec "-m"
         parser.error("-m/--module runs PROGRAM as `python -m PROGRAM`, so it needs a Python "
                      "interpreter: leave out --no-python / --python-interpreter \"\"")
+    args.prog = prog  # `tarantella` (the original's name) refuses what it read otherwise
     return parser, args, command
 
 

@@ -156,6 +156,18 @@ def placement(args):
     per_node = _per_node(args)
     if hosts is None:  # inside Slurm without a host list: the allocation's nodes
         return _slurm_placement(args, per_node), False
+    if getattr(args, "prog", "tntrun") == "tarantella" and args.n is not None \
+            and per_node is None and len(hosts) > 1:
+        # The original `tarantella` read -n beside --hostfile as the ranks of each host (its
+        # `-n 2` on two nodes started 4 ranks); tntrun reads it as the total, as mpirun does.
+        # Under the original's name the job would silently run with fewer ranks (2 on two
+        # CPU nodes) or other GPUs than the script was written for: refuse, saying which to write.
+        raise UsageError(
+            f"-n {args.n} with a host list of {len(hosts)} hosts: the original tarantella "
+            f"started -n ranks on each host ({args.n} x {len(hosts)} = {args.n * len(hosts)}), "
+            "where this one reads -n as the total (as mpirun and srun do). Write "
+            f"--n-per-node {args.n} for {args.n} ranks on each host, or tntrun -n TOTAL "
+            f"(docs/migration.md). Received: -n {args.n}, {len(hosts)} hosts")
     if per_node is None and all(s is None for _, s in hosts):
         # the seed's default: one rank per GPU of a node (nodes are alike), else one, with a
         # WARNING as on one host (and in the original `tarantella`), unless --no-gpu asked for it

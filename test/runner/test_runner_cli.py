@@ -2,7 +2,7 @@
 import re
 
 import pytest
-from tntrun_helpers import run_tntrun, start_tntrun
+from tntrun_helpers import TARANTELLA, run_tntrun, start_tntrun
 
 
 def test_help_is_grouped_and_has_examples():
@@ -90,6 +90,31 @@ def test_unreadable_hostfile_line(tmp_path):
 def test_missing_hostfile(tmp_path):
     res = run_tntrun(["--hostfile", str(tmp_path / "none"), "--", "x.py"])
     assert res.returncode == 2 and "cannot read it" in res.stderr
+
+
+def test_tarantella_refuses_n_beside_several_hosts(tmp_path):
+    # The original `tarantella --hostfile hosts -n 2` started 2 ranks on each host (4 on two
+    # nodes); read as the total it ran 2 ranks, one per host, without a word
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1\nnode2\n")
+    res = run_tntrun(["--hostfile", str(hosts), "-n", "2", "--dry-run", "--", "x.py"],
+                     command=TARANTELLA)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "usage: tarantella" in res.stderr
+    assert "the original tarantella started -n ranks on each host (2 x 2 = 4)" in res.stderr
+    assert "Write --n-per-node 2 for 2 ranks on each host" in res.stderr
+    # the original's meaning, written as both commands read it
+    res = run_tntrun(["--hostfile", str(hosts), "--n-per-node", "2", "--dry-run", "--", "x.py"],
+                     command=TARANTELLA)
+    assert res.returncode == 0 and "4 rank(s) on node1:2, node2:2" in res.stdout, res.stderr
+    # tntrun reads -n as the total (cli.md), as mpirun does
+    res = run_tntrun(["--hostfile", str(hosts), "-n", "2", "--dry-run", "--", "x.py"])
+    assert res.returncode == 0 and "2 rank(s) on node1:1, node2:1" in res.stdout, res.stderr
+    # one host: both readings agree, nothing to refuse
+    hosts.write_text("node1\n")
+    res = run_tntrun(["--hostfile", str(hosts), "--n-per-node", "1", "-n", "1", "--dry-run", "--",
+                      "x.py"], command=TARANTELLA)
+    assert res.returncode == 0, res.stderr
 
 
 def test_n_must_match_the_hostfile(tmp_path):

@@ -20,18 +20,20 @@ def _shim_dir():
     return d
 
 
-def tntrun_argv():
-    exe = shutil.which("tntrun")
+def tntrun_argv(name="tntrun"):
+    """The command `name` (tntrun, or its alias tarantella, the original's name)."""
+    exe = shutil.which(name)
     if exe and not os.environ.get("TNT_TEST_RUNNER_FROM_SOURCE"):
         return [exe]
     shim = _shim_dir()
-    boot = ("import sys; sys.argv[0] = 'tntrun'; import tarantella; "
+    boot = (f"import sys; sys.argv[0] = {name!r}; import tarantella; "
             f"tarantella.__path__.append({shim!r}); "
             "from tarantella.runner.cli import main; sys.exit(main())")
     return [sys.executable, "-c", boot]
 
 
 TNTRUN = tntrun_argv()
+TARANTELLA = tntrun_argv("tarantella")
 
 
 def runner_env(**extra):
@@ -81,10 +83,11 @@ def fake_bin(tmp_path, **programs):
     return str(d)
 
 
-def run_tntrun(args, timeout=60, env=None, **kwargs):
-    """Run tntrun to completion; returns the CompletedProcess (text mode)."""
-    return subprocess.run(TNTRUN + list(args), capture_output=True, text=True, timeout=timeout,
-                          env=env or runner_env(), **kwargs)
+def run_tntrun(args, timeout=60, env=None, command=None, **kwargs):
+    """Run tntrun (or `command`, e.g. TARANTELLA) to completion; returns the
+    CompletedProcess (text mode)."""
+    return subprocess.run((command or TNTRUN) + list(args), capture_output=True, text=True,
+                          timeout=timeout, env=env or runner_env(), **kwargs)
 
 
 def start_tntrun(args, env=None, **kwargs):
