@@ -936,7 +936,7 @@ class TensorAllreducer:
 
     def allreduce(self, x):
         _check_like(x, self._count, "TensorAllreducer.allreduce")
-        return self._allreduce(x)
+        return _scalar_for_scalar(x, self._allreduce(x))
 
 
 class TensorBroadcaster:
@@ -956,7 +956,7 @@ class TensorBroadcaster:
     def broadcast(self, x=None):
         x = self._inputs if x is None else x
         _check_like(x, self._count, "TensorBroadcaster.broadcast")
-        return self._broadcast(x, root=self.root_rank)
+        return _scalar_for_scalar(x, self._broadcast(x, root=self.root_rank))
 
 
 class TensorAllgatherer:
@@ -972,6 +972,18 @@ class TensorAllgatherer:
     def allgather(self, x):
         _check_like(x, self._count, "TensorAllgatherer.allgather")
         return self._allgather(x)
+
+
+def _scalar_for_scalar(x, result):
+    """A NumPy scalar where `x` is a Python or NumPy scalar, as the original's
+    TensorAllreducer and TensorBroadcaster returned (and as a scalar inside a
+    structure comes back): `tnt.allreduce(1.5)` gives a 0-d array (docs/api.md),
+    which json.dumps refuses, isinstance(v, float) denies and a dict or set
+    cannot hold as a key, in a script written for the original."""
+    if isinstance(x, (bool, int, float, complex, np.generic)) and isinstance(result, np.ndarray) \
+            and result.ndim == 0:
+        return result[()]
+    return result
 
 
 def _check_like(x, count, what):

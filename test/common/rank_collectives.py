@@ -215,6 +215,13 @@ same(tnt.broadcast(nested(rank), root=root), want_root, "nested-broadcast")
 # the original's form: ranks other than the root pass nothing
 broadcaster = TensorBroadcaster(nested(rank), root_rank=root)
 same(broadcaster.broadcast(nested(rank) if rank == root else None), want_root, "TensorBroadcaster")
+# a scalar comes back a NumPy scalar from the original's classes, as it did there (a 0-d array,
+# tnt.allreduce's, was refused by json.dumps and isinstance(v, float) in scripts written for it)
+same(TensorAllreducer(0.5).allreduce(rank + 0.5), np.float64(sum(q + 0.5 for q in range(size))),
+     "TensorAllreducer-scalar")
+same(TensorAllreducer(1).allreduce(rank), np.int64(sum(range(size))), "TensorAllreducer-int")
+same(TensorBroadcaster(float(rank), root).broadcast(float(rank) if rank == root else None),
+     np.float64(root), "TensorBroadcaster-scalar")
 # allgather: a different number of rows per rank, scalars become one row each
 mine = {"rows": np.full((rank + 1, 2), rank, np.float32), "scalar": rank * 10, "empty": np.zeros((0, 3))}
 want_gather = {"rows": np.concatenate([np.full((q + 1, 2), q, np.float32) for q in range(size)]),
