@@ -155,6 +155,29 @@ def test_unseeded_shuffle_is_seeded_alike():
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def test_unseeded_shuffle_under_padded_batch_interleave_flat_map_or_cache_is_seeded():
+    """The original Tarantella seeded an unseeded shuffle followed by padded_batch,
+    interleave or flat_map (its docs' Transformer pipeline pads its batches), and
+    promised to distribute any dataset; these were refused here, asking for a seed.
+    Two pipelines stand for two processes: each draws its own order unless seeded."""
+    def pipeline(kind):
+        tf.random.set_seed(None)
+        ds = tf.data.Dataset.range(40).shuffle(40)
+        one = lambda i: tf.data.Dataset.from_tensors(i)  # noqa: E731
+        return {"padded_batch": lambda: ds.map(lambda i: tf.fill([i % 3 + 1], i)).padded_batch(6),
+                "flat_map": lambda: ds.flat_map(one).batch(6),
+                "interleave": lambda: ds.interleave(one, cycle_length=2, block_length=2).batch(6),
+                "parallel_interleave": lambda: ds.interleave(one, cycle_length=2, num_parallel_calls=2,
+                                                             deterministic=False).batch(6),
+                "cache": lambda: ds.cache().batch(6)}[kind]()
+
+    for kind in ("padded_batch", "flat_map", "interleave", "parallel_interleave", "cache"):
+        parts = [_batches(distribute_dataset(pipeline(kind), rank=r, size=2).dataset) for r in range(2)]
+        # every sample once in the epoch (a padded row's sample is its largest value)
+        samples = sorted(int(np.max(row, initial=0)) for part in parts for batch in part for row in batch)
+        assert samples == list(range(40)), (kind, samples)
+
+
 def test_unbatched_dataset_without_micro_batch_size_is_refused():
     with pytest.raises(ValueError, match="not batched.*tnt_micro_batch_size"):
         distribute_dataset(tf.data.Dataset.range(10), rank=0, size=2)

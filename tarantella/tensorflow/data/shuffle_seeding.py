@@ -70,8 +70,25 @@ def _replay(op, upstream, seed, deterministic=False):
         return upstream.take(_arg(op, "_count"))
     if name == "_SkipDataset":
         return upstream.skip(_arg(op, "_count"))
-    if name == "_CacheDataset" and _arg(op, "_filename", "") in ("", b""):
-        return upstream.cache()
+    if name in ("_CacheDataset", "CacheDataset") and _arg(op, "_filename", "") in ("", b""):
+        return upstream.cache()  # (TensorFlow 2.21 names the class CacheDataset)
+    # the ops the original Tarantella re-applied on its seeded shuffles too (its docs'
+    # Transformer pipeline pads its batches): refused, `shuffle()` then `padded_batch()`
+    # needed a seed the original did not ask for
+    if name == "_PaddedBatchDataset":
+        return upstream.padded_batch(_arg(op, "_batch_size"), padded_shapes=op._padded_shapes,
+                                     padding_values=op._padding_values,
+                                     drop_remainder=bool(_arg(op, "_drop_remainder")))
+    if name == "_FlatMapDataset":
+        return upstream.flat_map(op._map_func._func)
+    if name == "_InterleaveDataset":
+        return upstream.interleave(op._map_func._func, cycle_length=_arg(op, "_cycle_length"),
+                                   block_length=_arg(op, "_block_length"))
+    if name == "_ParallelInterleaveDataset":
+        return upstream.interleave(op._map_func._func, cycle_length=_arg(op, "_cycle_length"),
+                                   block_length=_arg(op, "_block_length"),
+                                   num_parallel_calls=_arg(op, "_num_parallel_calls"),
+                                   deterministic=True if deterministic else _deterministic(op))
     if name == "_OptionsDataset":
         return upstream.with_options(op._options_attr)
     raise ValueError(
