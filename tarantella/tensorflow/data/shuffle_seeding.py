@@ -126,10 +126,27 @@ def _rebuild_from(ops, first, seed, deterministic=False):
     key = (first, seed, deterministic)
     if key not in known:
         rebuilt = ops[first]._input_dataset
-        for op in reversed(ops[:first + 1]):
+        for op in _without_unbatch_internals(list(reversed(ops[:first + 1]))):
             rebuilt = _replay(op, rebuilt, seed, deterministic)
         known[key] = rebuilt
     return known[key]
+
+
+def _without_unbatch_internals(ops):
+    """`ops` (oldest first) without the two ops `unbatch()` puts before its own
+    (tf.data's normalize_to_dense: a map to dense tensors and a
+    _RestructuredDataset), which `upstream.unbatch()` adds again: met first,
+    the _RestructuredDataset stopped every rebuild of a pipeline with an
+    unbatch() after the shuffle."""
+    out = []
+    for i, op in enumerate(ops):
+        if type(op).__name__ == "_RestructuredDataset" and i + 1 < len(ops) \
+                and type(ops[i + 1]).__name__ == "_UnbatchDataset" and out \
+                and type(out[-1]).__name__ == "_MapDataset" and out[-1] is op._input_dataset:
+            out.pop()
+            continue
+        out.append(op)
+    return out
 
 
 def keep_order(dataset):
