@@ -103,7 +103,8 @@ _ROWS = (
           ("DEBUG", "INFO", "WARNING", "ERROR")),
     Param("TNT_LOG_ON_ALL_DEVICES", "bool", False, "log on every rank, not only the master rank"),
     Param("TNT_OUTPUT_ON_ALL_DEVICES", "bool", False, "show the output of every rank (set by tntrun)"),
-    Param("TNT_TENSORBOARD_ON_ALL_DEVICES", "bool", False, "TensorBoard callbacks write on every rank"),
+    Param("TNT_TENSORBOARD_ON_ALL_DEVICES", "bool", False, "TensorBoard callbacks write on every rank, each "
+          "its own rank's metrics in log_dir/rank_<r> (unset: the master writes the global metrics)"),
     Param("TNT_LAUNCHER_DIR", "str", None,
           "the folder where tntrun notes how each rank's process ended (set by tntrun): a rank that waits "
           "for one that ended before it joined fails at once, naming it, instead of at TNT_TIMEOUT_S"),

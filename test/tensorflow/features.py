@@ -2227,6 +2227,15 @@ def main():
 
         tb = prepare_callbacks([keras.callbacks.TensorBoard(os.path.join(files, "tb"))])[0]
         results["tensorboard"] = [tb.run_on_all_ranks, os.path.relpath(tb.log_dir, files)]
+        # TNT_TENSORBOARD_ON_ALL_DEVICES: every rank's own metrics (the original's "local
+        # information on all devices"), each rank in its folder; they were the global ones
+        os.environ["TNT_TENSORBOARD_ON_ALL_DEVICES"] = "true"
+        try:
+            tb = prepare_callbacks([keras.callbacks.TensorBoard(os.path.join(files, "tb_env"))])[0]
+            results["tensorboard_env"] = [tb.run_on_all_ranks, tb.aggregate_logs,
+                                          os.path.relpath(tb.log_dir, files)]
+        finally:
+            del os.environ["TNT_TENSORBOARD_ON_ALL_DEVICES"]
         # wrapped by the user to run on every rank (the original Tarantella's way to ask for
         # every rank's events): each rank in its own log_dir/rank_<r>, never one shared folder
         wrap = tnt.keras.callbacks.Callback

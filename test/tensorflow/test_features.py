@@ -80,6 +80,7 @@ def test_writing_callbacks_run_on_the_master_only(runs):
     assert r0["lambda_master_only_calls"] > 0 and r1["lambda_master_only_calls"] == 0
     for rank, r in enumerate(runs["ranks"]):
         assert r["tensorboard"] == [False, "tb"]
+        assert r["tensorboard_env"] == [True, False, f"tb_env/rank_{rank}"]
         # tnt.keras.callbacks.Callback(TensorBoard(d), run_on_all_ranks=True): each rank writes
         # d/rank_<r> (both ranks' event files used to land in d/train, which TensorBoard shows
         # as one run); run_on_all_ranks unset: on the master only, as unwrapped

@@ -68,8 +68,8 @@ class Callback(keras.callbacks.Callback):
     Callbacks passed to `tnt.Model.fit/evaluate/predict` are wrapped
     automatically: ProgbarLogger, CSVLogger, RemoteMonitor and TensorBoard run
     on the master rank only (TensorBoard on every rank, each in `log_dir/rank_<r>`, when
-    TNT_TENSORBOARD_ON_ALL_DEVICES is true, or when this wrapper runs it on every
-    rank); every other callback runs on
+    TNT_TENSORBOARD_ON_ALL_DEVICES is true, with its own rank's metrics, or when this
+    wrapper runs it on every rank); every other callback runs on
     every rank with global logs. ModelCheckpoint runs on every rank, so that
     its decisions match, and `tnt.Model.save` writes on the master only.
 

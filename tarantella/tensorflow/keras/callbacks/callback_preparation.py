@@ -8,7 +8,8 @@ import numpy as np
 from tarantella.common import collectives, config, core
 from tarantella.tensorflow.data import step_counts
 from tarantella.tensorflow.keras.callbacks import backup_and_restore
-from tarantella.tensorflow.keras.callbacks.callback import WRITERS, Callback
+from tarantella.tensorflow.keras.callbacks.callback import (WRITERS, Callback,
+                                                           runs_on_all_ranks_by_default)
 
 
 def _tensorboard_on_all_ranks(callback):
@@ -36,7 +37,13 @@ def prepare_callbacks(callbacks):
         if isinstance(cb, keras.callbacks.BackupAndRestore):
             cb = backup_and_restore.distributed(cb)  # the master keeps the backup
         if isinstance(cb, (Callback, *WRITERS)):
-            cb = cb if isinstance(cb, Callback) else Callback(cb)  # where callback.py says
+            if not isinstance(cb, Callback):  # where callback.py says
+                # TNT_TENSORBOARD_ON_ALL_DEVICES asks, as in the original Tarantella, for every
+                # rank's own (device-local) metrics, each rank in its folder: with the global
+                # logs, every folder held the same curves and the variable showed nothing more
+                local = isinstance(cb, keras.callbacks.TensorBoard) and core.get_size() > 1 \
+                    and runs_on_all_ranks_by_default(cb)
+                cb = Callback(cb, aggregate_logs=not local)
             if isinstance(cb, keras.callbacks.TensorBoard) and cb.run_on_all_ranks and core.get_size() > 1:
                 cb = _tensorboard_on_all_ranks(cb)  # every rank's events, each in its folder
             prepared.append(cb)
