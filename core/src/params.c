@@ -117,7 +117,9 @@ tnt_result_t tnt_param_check(const char *name, const char *value) {
   return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "%s is not a setting of the core", name ? name : "(null)");
 }
 
-static const char *const log_levels[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
+/* with the aliases the logger (log.c) and tntrun --log-level take: WARN was the original
+   Tarantella's own default value of TNT_LOG_LEVEL */
+static const char *const log_levels[] = {"DEBUG", "INFO", "WARNING", "ERROR", "WARN", "TRACE", "FATAL"};
 
 tnt_result_t tnt_params_read(tnt_params_t *p) {
   double v;

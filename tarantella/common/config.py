@@ -171,6 +171,8 @@ def unknown_names(environ=None):
     return out
 
 
+LOG_LEVEL_ALIASES = {"WARN": "WARNING", "TRACE": "DEBUG", "FATAL": "ERROR"}
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -205,6 +207,10 @@ def get(name, environ=None):
             raise ValueError
         if param.kind == "choice":
             value = raw.strip().upper() if name == "TNT_LOG_LEVEL" else raw.strip().lower()
+            if name == "TNT_LOG_LEVEL":
+                # the aliases the core's logger and tntrun --log-level take (WARN: the original
+                # Tarantella's own default value, refused here while tntrun took it)
+                value = LOG_LEVEL_ALIASES.get(value, value)
             if value not in param.choices:
                 raise ValueError
             return value

@@ -170,6 +170,18 @@ def test_bad_environment_values(var, value, words):
     raises("tnt.init()", "InvalidArgumentError", words, **{var: value})
 
 
+def test_log_level_aliases_are_taken_as_tntrun_takes_them():
+    # TNT_LOG_LEVEL=WARN (the original Tarantella's own default value) failed init and every
+    # config read, while `tntrun --log-level WARN` and the core's logger took it
+    res = run("from tarantella.common import config; print(config.get('TNT_LOG_LEVEL')); tnt.init(); "
+              "print('up')", TNT_LOG_LEVEL="warn")
+    assert res.returncode == 0 and res.stdout.split() == ["WARNING", "up"], res.stderr
+    for alias, level in (("TRACE", "DEBUG"), ("FATAL", "ERROR")):
+        res = run("from tarantella.common import config; print(config.get('TNT_LOG_LEVEL')); tnt.init()",
+                  TNT_LOG_LEVEL=alias)
+        assert res.returncode == 0 and res.stdout.split() == [level], res.stderr
+
+
 def test_a_timeline_path_too_long_for_the_core_is_refused(tmp_path):
     # the core holds TNT_TIMELINE in 1024 bytes: a longer path was cut without a word, and the
     # trace written to the cut name (here a file beside the one asked for)
