@@ -255,6 +255,19 @@ def parse(argv, prog="tntrun"):
     return parser, args, command
 
 
+def _other_hosts(args):
+    """The hosts of --hostfile / -H other than this one (none when neither is given)."""
+    if not (args.hostfile or args.hosts):
+        return []
+    import socket
+
+    from tarantella.runner import hostfile
+    hosts = hostfile.parse_hostfile(args.hostfile) if args.hostfile else hostfile.parse_hosts(args.hosts)
+    node = platform.node()
+    here = {node, node.split(".")[0], socket.getfqdn(), "localhost", "127.0.0.1"}
+    return [h for h, _ in hosts if h not in here and h.split(".")[0] not in here]
+
+
 def _warn(message):
     print(f"tntrun: WARNING: {message}", file=sys.stderr, flush=True)
 
@@ -339,6 +352,15 @@ def main(argv=None):
     try:
         if args.cleanup:
             from tarantella.runner import cleanup
+            others = _other_hosts(args)
+            if others:
+                # the original `tarantella --hostfile hosts --cleanup` cleaned up every host
+                # listed; taken without a word, the list made the user believe so here too
+                _warn(f"--cleanup acts on this host only: it does not reach {', '.join(others)} "
+                      "of the host list. Their ranks were started by the engine (mpirun, srun, "
+                      "gaspi_run), which stops them when tntrun ends; to remove what is left there "
+                      "(shared memory, temporary folders), run `tntrun --cleanup -- PROGRAM` on "
+                      "each of those hosts (e.g. through ssh)")
             return cleanup.run(command, force=args.force)
         if not command:
             parser.error("missing PROGRAM: write `tntrun [options] -- PROGRAM [ARGS...]`, "

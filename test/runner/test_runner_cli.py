@@ -1,4 +1,5 @@
 """Usage errors (exit code 2 with a message saying what to do), --help and --version."""
+import platform
 import re
 
 import pytest
@@ -115,6 +116,20 @@ def test_tarantella_refuses_n_beside_several_hosts(tmp_path):
     res = run_tntrun(["--hostfile", str(hosts), "--n-per-node", "1", "-n", "1", "--dry-run", "--",
                       "x.py"], command=TARANTELLA)
     assert res.returncode == 0, res.stderr
+
+
+def test_cleanup_with_a_host_list_says_it_acts_on_this_host_only(tmp_path):
+    # the original `tarantella --hostfile hosts --cleanup -- model.py` cleaned up every host of
+    # the list; the list was taken without a word, and only this host was cleaned
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{platform.node()}\nnode-elsewhere1\nnode-elsewhere2\n")
+    res = run_tntrun(["--hostfile", str(hosts), "--cleanup", "--", "x.py"], command=TARANTELLA)
+    assert res.returncode == 0, res.stderr
+    assert ("--cleanup acts on this host only: it does not reach node-elsewhere1, node-elsewhere2 "
+            "of the host list") in res.stderr and "run `tntrun --cleanup -- PROGRAM` on each" in res.stderr
+    assert "nothing to do" in res.stdout + res.stderr  # this host's clean-up still ran
+    res = run_tntrun(["-H", f"localhost:2,{platform.node()}:2", "--cleanup", "--", "x.py"])
+    assert res.returncode == 0 and "WARNING" not in res.stderr, res.stderr
 
 
 def test_n_must_match_the_hostfile(tmp_path):
