@@ -67,13 +67,16 @@ class CountingMonitor(keras.callbacks.RemoteMonitor):
 class Recorder(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
-        self.epochs, self.batches = [], 0
+        self.epochs, self.batches, self.train_end = [], 0, None
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
 
     def on_epoch_end(self, epoch, logs=None):
         self.epochs.append({k: float(v) for k, v in (logs or {}).items()})
+
+    def on_train_end(self, logs=None):
+        self.train_end = {k: float(v) for k, v in (logs or {}).items()}
 
 
 def check_callbacks(tnt, files, reference):
@@ -120,6 +123,7 @@ def check_callbacks(tnt, files, reference):
               "weights": weights(model)}
     if not reference:
         result.update(master_only_batches=master_only.batches, local_epochs=local.epochs,
+                      local_train_end=local.train_end, everywhere_train_end=everywhere.train_end,
                       lambda_master_only_calls=lambda_seen["master_only"],
                       lambda_local_epochs=lambda_seen["local"],
                       csv_is_wrapped=isinstance(csv, tnt.keras.callbacks.Callback),

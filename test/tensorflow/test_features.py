@@ -134,6 +134,12 @@ def test_aggregate_logs_false_gives_local_logs(runs):
     # a LambdaCallback's on_epoch_end (set on the object) gets the local logs too
     assert r0["lambda_local_epochs"] == r0["local_epochs"]
     assert r1["lambda_local_epochs"] == r1["local_epochs"]
+    # on_train_end gets the last epoch's metrics, local as well (they were the global ones)
+    for r in (r0, r1):
+        end, last = r["local_train_end"], r["local_epochs"][-1]
+        assert end.keys() >= {"loss", "val_loss"} and end == {k: last[k] for k in end}, (end, last)
+        end, last = r["everywhere_train_end"], r["everywhere"][-1]
+        assert end == {k: last[k] for k in end}, (end, last)
 
 
 def test_custom_loops_match_serial(runs):

@@ -183,7 +183,7 @@ def _local_logs(callback, hook, logs):
         local = local_result()
         state["train" if hook == "on_train_batch_end" else "val"] = local
         return {k: local.get(k, v) for k, v in logs.items()}
-    if hook == "on_epoch_end":
+    if hook in ("on_epoch_end", "on_train_end"):  # fit ends with the last epoch's logs
         train, val = state.get("train", {}), state.get("val", {})
         return {k: val.get(k[4:], v) if k.startswith("val_") else train.get(k, v)
                 for k, v in logs.items()}
