@@ -2108,6 +2108,14 @@ def check_same_data(tnt):
         "augmented": lambda m: m.fit(same.map(lambda a, b: (a + tf.random.uniform([8]), b)).batch(B),
                                      epochs=1, verbose=0),
     }
+
+    def per_rank_global_seed(m):  # e.g. to draw other dropout per rank
+        tf.random.set_seed(100 + rank)  # a shuffle() without seed= takes its seed from it
+        try:
+            m.fit(same.shuffle(N).batch(B), epochs=1, verbose=0)
+        finally:
+            tf.random.set_seed(None)
+    cases["per_rank_global_seed"] = per_rank_global_seed  # last: it leaves no global seed
     return run_cases(tnt, cases)
 
 

@@ -966,12 +966,17 @@ def test_datasets_that_differ_between_ranks_fail_every_rank_once_their_first_bat
         "predict": "the ranks read different data in predict: the first batch of x",
         "augmented_on_one_rank": "the ranks read different data in the first step of fit: the "
                                  "first batch of x in each pass (ranks [1] differ from rank 0)",
+        # the original Tarantella seeded shuffle(seed=None) with 42 whatever the global seed;
+        # here the global seed gives it one, so a seed per rank shuffles per rank
+        "per_rank_global_seed": "the ranks read different data in the first step of fit",
     }
     for key, what in expected.items():
         assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
         assert r0[key]["message"] == r1[key]["message"], key  # the same verdict on every rank
         assert r0[key]["message"].startswith(what), (key, r0[key]["message"])
         assert "tnt_distribute_dataset=False" in r0[key]["message"], key  # what to do
+    # the hint names the global seed, from which a shuffle without seed= takes its seed
+    assert "unless a global seed gives it one, `tf.random.set_seed`" in r0["per_rank_global_seed"]["message"]
     # not refused: the same data (an unseeded shuffle is seeded alike), and augmentation
     # drawn at random on each rank (each sample is still used once: not compared)
     for key in ("same", "augmented", "shuffle_in_interleave_seeded", "sample_from_datasets_seeded"):

@@ -39,7 +39,9 @@ _ADVICE = (
     "Every rank reads the whole dataset and keeps its slice of each global batch, so every "
     "rank's dataset must yield the same batches in the same order: build it from the same "
     "files, with the same seeds on every rank (`shuffle(..., seed=s)` with s the same "
-    "everywhere; an unseeded shuffle is seeded alike by tnt), and keep tf.data's order "
+    "everywhere; a shuffle without seed= is seeded alike by tnt, unless a global seed gives it "
+    "one, `tf.random.set_seed` or `keras.utils.set_random_seed`, which must then be the same "
+    "on every rank too), and keep tf.data's order "
     "deterministic (no `deterministic=False`). To give each rank data of its "
     "own on purpose, pass tnt_distribute_dataset=False (each rank then feeds its part of "
     "every global batch)")
