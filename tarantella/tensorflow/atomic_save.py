@@ -161,12 +161,16 @@ def atomic_save(path, save_fn, siblings=False):
     path = os.fspath(path)
     if not _is_local(path):
         return save_fn(path)
-    remove_stale_twins(path)
     if siblings:
+        remove_stale_twins(path)
         return _save_with_siblings(path, save_fn, temporary_twin(path))
+    path = _through_link(path)
+    remove_stale_twins(path)
+    _refuse_read_only(path)
     tmp = temporary_twin(path)
     try:
         result = save_fn(tmp)
+        _keep_permissions(path, tmp)
         if os.path.isdir(tmp):
             _swap_in(tmp, path)
         else:
@@ -177,6 +181,45 @@ def atomic_save(path, save_fn, siblings=False):
             shutil.rmtree(tmp, ignore_errors=True)
         elif os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _through_link(path):
+    """Where a save of `path` writes: a symbolic link's target, as Keras'
+    own save writes through the link (open follows it). Renamed over the
+    link itself, the new file replaced the link in its folder (on the file
+    system of the link, not of its target) and the target kept the old
+    model, which whoever read it (through another path) took for the saved
+    one. A dangling link's target is created, as open creates it."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
+def _refuse_read_only(path):
+    """The PermissionError Keras' own save raises for an existing file this
+    process may not write (`chmod a-w`, set to keep a checkpoint): a rename
+    needs the folder's permission only, so the file was replaced without a
+    word. Root may write it, as it may open it."""
+    if os.path.isfile(path) and not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, "Permission denied (the file is read-only; Keras' "
+                              "save would fail to open it too)", path)
+
+
+def _keep_permissions(path, new):
+    """Give the new file `new` the mode (and, where allowed, the group) of the
+    file at `path` that it replaces: Keras' own save rewrites the file in
+    place, which keeps them; a new file had the umask's (a checkpoint shared
+    with a group as 0640 came out 0644, or 0600)."""
+    try:
+        old = os.stat(path)
+    except OSError:
+        return  # nothing to replace
+    if not (os.path.isfile(path) and os.path.isfile(new)):
+        return
+    if os.stat(new).st_gid != old.st_gid:
+        try:
+            os.chown(new, -1, old.st_gid)
+        except OSError:
+            pass  # not a member of that group: as a new file gets it
+    os.chmod(new, old.st_mode & 0o7777)  # after chown, which may clear set-id bits
 
 
 def _swap_in(new, path):

@@ -693,6 +693,42 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
 
 
 
+def test_a_save_writes_through_a_link_and_keeps_the_files_permissions(tmp_path, monkeypatch):
+    """Keras' own save rewrites its file in place: through a symbolic link
+    (to its target), with the file's mode and group kept, and refused for a
+    read-only file. tnt's rename replaced the link with a new file in the
+    link's folder (the target kept the old model), made the file 0644 where
+    it was 0640, and replaced a read-only file without a word."""
+    store = tmp_path / "store"
+    store.mkdir()
+    model = _model()
+    for name, save, load in (
+            ("m.keras", model.save, lambda p: keras.saving.load_model(p).get_weights()),
+            ("m.weights.h5", model.save_weights, None)):
+        target, link = store / name, tmp_path / name
+        save(str(target))
+        link.symlink_to(target)
+        model.set_weights([w + 1 for w in model.get_weights()])
+        save(str(link))
+        assert link.is_symlink() and os.path.samefile(link, target), name
+        if load is not None:
+            np.testing.assert_array_equal(load(str(target))[0], model.get_weights()[0])
+        os.chmod(target, 0o640)
+        save(str(link))
+        assert oct(os.stat(target).st_mode & 0o777) == oct(0o640), name
+    assert sorted(os.listdir(store)) == ["m.keras", "m.weights.h5"]
+    assert sorted(os.listdir(tmp_path)) == ["m.keras", "m.weights.h5", "store"]
+    # read-only for this process (root may write anything: pretend it is not root)
+    path = store / "m.keras"
+    before = path.read_bytes()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: (
+        False if os.fspath(p) == str(path) and mode == os.W_OK else real_access(p, mode, **kw)))
+    with pytest.raises(PermissionError, match="read-only"):
+        model.save(str(path))
+    assert path.read_bytes() == before and sorted(os.listdir(store)) == ["m.keras", "m.weights.h5"]
+
+
 def test_save_model_of_a_plain_model_keeps_a_file_when_overwrite_is_false(tmp_path):
     """tnt.models.save_model(keras_model, path, overwrite=False) wrote to a fresh
     temporary, where Keras' overwrite check never fires, and renamed it over
