@@ -1,6 +1,7 @@
 """Checks that need one process only: dataset slicing for simulated rank
 counts, clear errors for bad input, and the wrappers' rules."""
 import copy
+import json
 import logging
 import os
 import re
@@ -614,6 +615,46 @@ def test_saved_files_are_plain_keras_files(tmp_path):
         fresh.load_weights(weights)  # a plain model reads the weights file
         for a, b in zip(fresh.get_weights(), model.get_weights()):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_job_stopped_between_a_backups_two_renames_resumes_as_a_run_never_stopped(
+        tmp_path, monkeypatch):
+    """BackupAndRestore renames the new weights into place, then the new
+    training_metadata.json: a job stopped between the two left the weights of
+    epoch 3 under the metadata of epoch 2, and the resumed run trained the
+    third epoch again, ending with other weights than a run never stopped.
+    The weights file now holds its own epoch."""
+    from tarantella.tensorflow.keras.callbacks import backup_and_restore
+
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    y = x @ np.ones((4, 2), "float32")
+    fit = dict(batch_size=8, epochs=4, shuffle=False, verbose=0)
+    never_stopped = _model()
+    never_stopped.fit(x, y, **fit)
+    folder = str(tmp_path / "backup")
+    write_text = backup_and_restore._write_text_atomically
+
+    def stopped_at_the_third(path, text):
+        if json.loads(text)["epoch"] == 3:
+            raise KeyboardInterrupt("stopped between the renames")
+        write_text(path, text)
+
+    monkeypatch.setattr(backup_and_restore, "_write_text_atomically", stopped_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(x, y, **fit, callbacks=[keras.callbacks.BackupAndRestore(folder)])
+    monkeypatch.setattr(backup_and_restore, "_write_text_atomically", write_text)
+    resumed = _model()
+    history = resumed.fit(x, y, **fit, callbacks=[keras.callbacks.BackupAndRestore(folder)])
+    assert history.epoch == [3]
+    for a, b in zip(resumed.get_weights(), never_stopped.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # the marked file is still a plain Keras weights file
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    stopped = str(tmp_path / "again")
+    monkeypatch.setattr(backup_and_restore, "_write_text_atomically", stopped_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(x, y, **fit, callbacks=[keras.callbacks.BackupAndRestore(stopped)])
+    plain.load_weights(os.path.join(stopped, "latest.weights.h5"))
 
 
 def test_callback_rules():

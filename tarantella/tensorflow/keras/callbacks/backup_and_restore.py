@@ -18,7 +18,9 @@ Here the class of the user's callback is swapped (class_swap) for one that
     weights, then the metadata (Keras' order: the metadata never names an
     epoch whose weights are not written), each file written beside its
     target and renamed over it, so that a job stopped mid-save leaves the
-    previous backup whole. The ranks meet after it, as after any save, and
+    previous backup whole; the weights file also holds its epoch, so that a
+    job stopped between the weights' rename and the metadata's resumes after
+    the epoch of the weights it loads. The ranks meet after it, as after any save, and
     an error on the master is raised on every rank;
   * removes the folder at the end of training on the master only, the
     ranks meeting after it.
@@ -56,18 +58,33 @@ def _write_text_atomically(target, text):
     atomic_save(target, write)
 
 
+# The epoch a backup's weights file was written for, as an attribute of the file itself
+# (Keras reads the weights by their groups and never looks at the file's attributes). The
+# weights and training_metadata.json are two files, each renamed into place: a job stopped
+# between the two renames left the new weights under the old metadata, so the resumed run
+# trained the last epoch once more (on weights that had been trained on it already) and ended
+# with other weights than a run never stopped. The mark is renamed into place with the weights.
+_EPOCH_MARK = "tnt_backup_epoch"
+
+
 def _read_backup(callback):
     """On the master: (whether the weights file exists, the epoch to resume
     from or -1), Keras' checks included: an unreadable weights file raises
-    OSError, as Keras' load of it did."""
+    OSError, as Keras' load of it did. The epoch is the weights file's own
+    (_EPOCH_MARK) where it has one, else the metadata's (a backup of plain
+    Keras)."""
     weights = file_utils.exists(callback._weights_path)
+    marked = None
     if weights:
         import h5py  # installed with Keras; its open is the read that fails on a damaged file
-        h5py.File(callback._weights_path, "r").close()
+        with h5py.File(callback._weights_path, "r") as f:
+            marked = f.attrs.get(_EPOCH_MARK)
     epoch = -1
     if file_utils.exists(callback._training_metadata_path):
         with file_utils.File(callback._training_metadata_path, "r") as f:
             epoch = int(json.loads(f.read())["epoch"])
+    if marked is not None:
+        epoch = int(marked)
     return weights, epoch
 
 
@@ -139,10 +156,18 @@ def _write_backup(self):
                                  (self._training_metadata_path, self._prev_training_metadata_path)):
             if file_utils.exists(latest):
                 _copy_atomically(latest, previous)
-    atomic_save(self._weights_path,
-                lambda path: self.model.model.save_weights(path, overwrite=True))
+    epoch = self._current_epoch
+
+    def write_weights(path):
+        self.model.model.save_weights(path, overwrite=True)
+        import h5py
+
+        with h5py.File(path, "a") as f:  # the temporary, before its rename
+            f.attrs[_EPOCH_MARK] = epoch
+
+    atomic_save(self._weights_path, write_weights)
     _write_text_atomically(self._training_metadata_path, json.dumps(
-        {"epoch": self._current_epoch, "batch": self._last_batch_seen}))
+        {"epoch": epoch, "batch": self._last_batch_seen}))
 
 
 def _remove_backup(self):
