@@ -172,6 +172,7 @@ def atomic_save(path, save_fn, siblings=False):
         result = save_fn(tmp)
         _keep_permissions(path, tmp)
         if os.path.isdir(tmp):
+            _refuse_file_in_place(path)
             _swap_in(tmp, path)
         else:
             os.replace(tmp, path)
@@ -201,6 +202,17 @@ def _refuse_read_only(path):
     if os.path.isfile(path) and not os.access(path, os.W_OK):
         raise PermissionError(errno.EACCES, "Permission denied (the file is read-only; Keras' "
                               "save would fail to open it too)", path)
+
+
+def _refuse_file_in_place(path):
+    """The error Keras' own directory save (`zipped=False`, `export`) raises
+    where `path` is a file (`model.export("model.keras")` of the user's saved
+    model): it cannot make the directory. The exchange (or the rename) swapped
+    the directory in and removed the user's file."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory (the save writes a directory, "
+                                 "and a file of this name is in its place; Keras' own save fails "
+                                 "alike)", path)
 
 
 def _keep_permissions(path, new):

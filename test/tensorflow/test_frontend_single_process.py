@@ -770,6 +770,23 @@ def test_a_save_writes_through_a_link_and_keeps_the_files_permissions(tmp_path, 
     assert path.read_bytes() == before and sorted(os.listdir(store)) == ["m.keras", "m.weights.h5"]
 
 
+def test_a_directory_save_over_a_file_fails_and_keeps_the_file(tmp_path):
+    """Keras' own directory saves (export, zipped=False) fail where a file is in
+    the directory's place. tnt's exchange swapped the directory in and removed
+    the file: `model.export("model.keras")` deleted the user's saved model."""
+    model = _model()
+    model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
+    for name, save in (("m.keras", lambda p: model.export(p, verbose=False)),
+                       ("m", lambda p: model.save(p, zipped=False)),
+                       ("s", lambda p: tf.saved_model.save(model, p))):
+        path = tmp_path / name
+        path.write_text("the user's file")
+        with pytest.raises(NotADirectoryError, match="a file of this name is in its place"):
+            save(str(path))
+        assert path.read_text() == "the user's file", name
+    assert sorted(os.listdir(tmp_path)) == ["m", "m.keras", "s"]
+
+
 def test_save_model_of_a_plain_model_keeps_a_file_when_overwrite_is_false(tmp_path):
     """tnt.models.save_model(keras_model, path, overwrite=False) wrote to a fresh
     temporary, where Keras' overwrite check never fires, and renamed it over
