@@ -173,6 +173,7 @@ def atomic_save(path, save_fn, siblings=False):
         _keep_permissions(path, tmp)
         if os.path.isdir(tmp):
             _refuse_file_in_place(path)
+            _refuse_losing_other_files(path, tmp)
             _swap_in(tmp, path)
         else:
             os.replace(tmp, path)
@@ -213,6 +214,24 @@ def _refuse_file_in_place(path):
         raise NotADirectoryError(errno.ENOTDIR, "Not a directory (the save writes a directory, "
                                  "and a file of this name is in its place; Keras' own save fails "
                                  "alike)", path)
+
+
+def _refuse_losing_other_files(path, new):
+    """An OSError where the directory `path`, which the new directory `new`
+    replaces whole, holds entries the save does not write (the job's logs in
+    `model.export(output_dir)`): Keras' own directory save writes into the
+    directory and leaves them; the exchange removed them with the old
+    directory, without a word. The save's own entries (a SavedModel's, a
+    `zipped=False` model's) are replaced as before."""
+    if not os.path.isdir(path):
+        return
+    others = sorted(set(os.listdir(path)) - set(os.listdir(new)))
+    if others:
+        shown = ", ".join(others[:5]) + (f", ... ({len(others)} in all)" if len(others) > 5 else "")
+        raise OSError(errno.ENOTEMPTY, f"Directory not empty: it holds {shown}, which this save "
+                      "does not write: the save replaces the directory whole (atomically), so it "
+                      "would remove them (Keras' own save writes into the directory and keeps "
+                      "them). Save to a directory of its own, or move them away first", path)
 
 
 def _keep_permissions(path, new):

@@ -787,6 +787,31 @@ def test_a_directory_save_over_a_file_fails_and_keeps_the_file(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["m", "m.keras", "s"]
 
 
+def test_a_directory_save_into_a_folder_of_other_files_fails_and_keeps_them(tmp_path):
+    """Keras' own directory saves (export, zipped=False, tf.saved_model.save)
+    write into an existing directory and leave the files they do not write.
+    tnt's exchanged the whole directory and removed the old one:
+    `model.export(output_dir)` deleted the job's logs in it. Now refused;
+    a directory of the save's own entries (a save before) is replaced."""
+    model = _model()
+    model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
+    for name, save in (("export", lambda p: model.export(p, verbose=False)),
+                       ("zipped", lambda p: model.save(p, zipped=False)),
+                       ("saved", lambda p: tf.saved_model.save(model, p))):
+        path = tmp_path / name
+        path.mkdir()
+        save(str(path))  # into an empty directory
+        saved = sorted(os.listdir(path))
+        save(str(path))  # over the save before
+        assert sorted(os.listdir(path)) == saved
+        (path / "train_log.csv").write_text("epoch,loss")
+        with pytest.raises(OSError, match="it holds train_log.csv, which this save does not write"):
+            save(str(path))
+        assert sorted(os.listdir(path)) == sorted(saved + ["train_log.csv"]), name
+        assert (path / "train_log.csv").read_text() == "epoch,loss"
+    assert sorted(os.listdir(tmp_path)) == ["export", "saved", "zipped"]
+
+
 def test_save_model_of_a_plain_model_keeps_a_file_when_overwrite_is_false(tmp_path):
     """tnt.models.save_model(keras_model, path, overwrite=False) wrote to a fresh
     temporary, where Keras' overwrite check never fires, and renamed it over
