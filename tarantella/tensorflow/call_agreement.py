@@ -164,16 +164,20 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
         # TNT_TIMEOUT_S
         "compile's steps_per_execution": getattr(model, "steps_per_execution", None),
     }, "the ranks are not in the same call on one model", _ADVICE, skip_unknown=True)
-    failed_part = step_counts.Group({"whether this rank's part of the call failed": int(error is not None)})
+    failed_part = step_counts.Group({"whether this rank's part of the call failed": _failure(error)})
     rows = step_counts.gather_groups("tnt.call", [call, *groups, failed_part])
     failed = [r for r, row in enumerate(rows) if row[-1]]
     if failed and all(row[0] == rows[0][0] for row in rows):  # every rank in this call
         if error is not None:
             raise error
-        raise TarantellaError(
-            f"The {what} call failed on rank(s) {failed} (the error is raised there: see that "
-            "rank's output), so it fails on every rank: no rank goes on alone to wait for the "
-            "others")
+        message = (f"The {what} call failed on rank(s) {failed} (the error is raised there: see "
+                   "that rank's output), so it fails on every rank: no rank goes on alone to wait "
+                   "for the others")
+        if all(rows[r][-1] == _FILE_EXISTS for r in failed):
+            # a save with overwrite=False of an existing file: the same error on every rank
+            raise FileExistsError(f"{message}. There, the file to save exists and "
+                                  "overwrite=False. Received: overwrite=False")
+        raise TarantellaError(message)
     try:
         step_counts.check_groups("tnt.call", [call, *groups], [row[:-1] for row in rows])
     except MismatchError as mismatch:
@@ -181,6 +185,18 @@ def check(what, model, state, broadcasts_first, *groups, error=None):
     if state is not None and state.ordinal is None:
         state.ordinal = ordinal
         _numbered[0] += 1
+
+
+_FAILED, _FILE_EXISTS = 1, 2
+
+
+def _failure(error):
+    """What check() tells the other ranks about this rank's `error`: nothing
+    (0), that it failed, or that it is a FileExistsError (a save with
+    overwrite=False of an existing file), which they raise alike."""
+    if error is None:
+        return 0
+    return _FILE_EXISTS if isinstance(error, FileExistsError) else _FAILED
 
 
 _inside = threading.local()  # depth: how deep this thread is in tnt.Model calls (one_thread_at_a_time)

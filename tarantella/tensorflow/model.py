@@ -956,11 +956,9 @@ class Model(keras.Model):
         filepath = os.fspath(filepath)
         check_model_path(filepath, zipped)  # on every rank, before any file or collective work
         check_save_keywords(kwargs)
-        if not overwrite and os.path.exists(filepath):
-            raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         save_together("save", self, not self._tnt_synced, filepath,
                       lambda path: self.model.save(path, overwrite=True, zipped=zipped, **kwargs),
-                      tnt_save_all_devices)
+                      tnt_save_all_devices, overwrite=overwrite)
 
     @call_agreement.one_thread_at_a_time("save_weights")
     def save_weights(self, filepath, overwrite=True, tnt_save_all_devices=False, **kwargs):
@@ -969,11 +967,9 @@ class Model(keras.Model):
         filepath = os.fspath(filepath)
         check_weights_path(filepath, kwargs.get("max_shard_size"))
         check_save_weights_keywords(kwargs)
-        if not overwrite and os.path.exists(filepath):
-            raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
         save_together("save_weights", self, not self._tnt_synced, filepath,
                       lambda path: self.model.save_weights(path, overwrite=True, **kwargs),
-                      tnt_save_all_devices,
+                      tnt_save_all_devices, overwrite=overwrite,
                       siblings=kwargs.get("max_shard_size") is not None)  # the shards, named after it
 
     @call_agreement.one_thread_at_a_time("export")
@@ -1045,12 +1041,25 @@ class Sequential(Model):
 
 
 def save_together(what, model, broadcasts_first, filepath, write, save_all_devices,
-                  siblings=False):
+                  siblings=False, overwrite=True):
     """A save (`what`, one of step_counts.CALLS) of `model`, called on every
     rank: `write(path)` writes `filepath` atomically on the master (every rank
-    with `save_all_devices`), then the ranks meet (master_writes_together)."""
-    master_writes_together(what, model, broadcasts_first,
-                           lambda: atomic_save(filepath, write, siblings=siblings), save_all_devices)
+    with `save_all_devices`), then the ranks meet (master_writes_together).
+
+    `overwrite=False`: an existing `filepath` is a FileExistsError, found by
+    the rank that writes, and so on every rank (call_agreement.check). Each
+    rank looked for the file itself before: a rank that came to the save
+    after the master had written it (a rank slower by the time of the write)
+    found the new file and raised alone, while the master waited for it in
+    the save's barrier; so did a rank whose relative path named another
+    file (another working directory)."""
+
+    def checked_write():
+        if not overwrite and os.path.exists(filepath):
+            raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
+        return atomic_save(filepath, write, siblings=siblings)
+
+    master_writes_together(what, model, broadcasts_first, checked_write, save_all_devices)
 
 
 def master_writes_together(what, model, broadcasts_first, write, on_all_ranks=False):

@@ -6,7 +6,6 @@ tnt.Model is the plain Keras file of the wrapped model, compiled, with its
 optimizer state (recorded as the plain Keras class): plain Keras loads it
 without Tarantella, and `load_model` here returns it as a tnt.Model.
 """
-import os
 
 import keras
 
@@ -35,11 +34,10 @@ def _wrap_plain_save(model, filepath, overwrite, save_all_devices, **kwargs):
     check_save_keywords({k: v for k, v in kwargs.items() if k != "zipped"},
                         what="tnt.models.save_model")
     # the write goes to a fresh temporary, where Keras' own overwrite check never fires:
-    # refuse here (on every rank, as tnt.Model.save does), or the file was replaced
-    if not overwrite and os.path.exists(filepath):
-        raise FileExistsError(f"{filepath} exists and overwrite=False. Received: overwrite=False")
+    # save_together refuses it (on every rank, as tnt.Model.save does), or the file was replaced
     save_together("save", model, False, filepath,
-                  lambda path: model.save(path, overwrite=True, **kwargs), save_all_devices)
+                  lambda path: model.save(path, overwrite=True, **kwargs), save_all_devices,
+                  overwrite=overwrite)
 
 
 @call_agreement.one_thread_at_a_time("load_model")

@@ -1993,6 +1993,13 @@ def check_rank_only_saves(tnt, files):
             m.fit(ds, epochs=1, verbose=0)
         return run
 
+    def late_on_rank_1(call):
+        def run(m):
+            if rank == 1:
+                time.sleep(2)  # after the master's write (none of the results depends on it)
+            call(m)
+        return run
+
     return run_cases(tnt, {
         "save_on_master": on_master(lambda m: m.save(os.path.join(files, "on_master.keras"))),
         "save_weights_on_master": on_master(lambda m: m.save_weights(wpath)),
@@ -2009,6 +2016,17 @@ def check_rank_only_saves(tnt, files):
             path if rank == 0 else os.path.join(files, "none.keras")),
         "set_weights_of_other_shapes_on_rank_1": lambda m: m.set_weights(
             m.get_weights() if rank == 0 else m.get_weights()[:1]),
+        # overwrite=False of a new file, rank 1 coming to the save after the master wrote it:
+        # rank 1 found the file and raised a FileExistsError alone (the master waited for it)
+        "save_new_file_without_overwrite_late_rank_1": late_on_rank_1(
+            lambda m: m.save(os.path.join(files, "late.keras"), overwrite=False)),
+        "save_weights_new_file_without_overwrite_late_rank_1": late_on_rank_1(
+            lambda m: m.save_weights(os.path.join(files, "late.weights.h5"), overwrite=False)),
+        "save_model_new_file_without_overwrite_late_rank_1": late_on_rank_1(
+            lambda m: tnt.models.save_model(m.model, os.path.join(files, "late_plain.keras"),
+                                            overwrite=False)),
+        "save_existing_file_without_overwrite": lambda m: m.save(
+            os.path.join(files, "late.keras"), overwrite=False),
         "fit_after": lambda m: m.fit(ds, epochs=1, verbose=0),
     })
 

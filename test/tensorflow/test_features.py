@@ -916,6 +916,15 @@ def test_a_save_or_load_on_some_ranks_only_fails_every_rank_at_once(runs):
         assert f"failed on rank(s) [{1 if failing is r1 else 0}]" in other[key]["message"], other[key]
     assert r0["fit_after"] == r1["fit_after"] == {"error": None}
     assert "no_such_dir" not in os.listdir(os.path.join(runs["out"], "files"))
+    # overwrite=False is decided where the file is written: a rank that came to the save after
+    # the master had written the new file raised a FileExistsError alone
+    for key in ("save_new_file_without_overwrite_late_rank_1",
+                "save_weights_new_file_without_overwrite_late_rank_1",
+                "save_model_new_file_without_overwrite_late_rank_1"):
+        assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
+    key = "save_existing_file_without_overwrite"
+    assert r0[key]["error"] == r1[key]["error"] == "FileExistsError", (r0[key], r1[key])
+    assert "overwrite=False" in r0[key]["message"] and "failed on rank(s) [0]" in r1[key]["message"]
 
 
 def test_collectives_in_a_master_only_callback_are_refused_at_once(runs):
