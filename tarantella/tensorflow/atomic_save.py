@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import socket
+import zlib
 
 from tarantella.common.logging import get_logger
 
@@ -18,10 +19,24 @@ def _is_local(path):
     return "://" not in path
 
 
+_NAME_MAX = 255  # bytes in a file name (Linux' file systems)
+_PID_ROOM = 12  # "-" and a pid, with room to spare
+_TAIL_KEPT = 32  # characters of a long name's end kept: Keras' suffixes are shorter
+
+
 def _twin_parts(path, mark=_TMP_MARK):
+    """(folder, head, tail) of the names of `path`'s twins: head + host-pid +
+    tail. A name too long for a twin (Keras saves one of up to 255 bytes)
+    keeps the start of its stem and its end, with a digest of the whole name
+    between: the twin of a 230-byte name failed with "File name too long",
+    where Keras' own save succeeds."""
     directory, base = os.path.split(path)
     stem, dot, rest = base.partition(".")
-    return directory, f".{stem}{mark}", f"{dot}{rest}"
+    head, tail = f".{stem}{mark}", f"{dot}{rest}"
+    if len(os.fsencode(head + tail + _host())) + _PID_ROOM > _NAME_MAX:
+        digest = f"{zlib.crc32(os.fsencode(base)):08x}"
+        head, tail = f".{stem[:16]}~{digest}{mark}", tail[-_TAIL_KEPT:]
+    return directory, head, tail
 
 
 def _host():

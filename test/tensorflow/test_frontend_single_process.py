@@ -812,6 +812,22 @@ def test_a_directory_save_into_a_folder_of_other_files_fails_and_keeps_them(tmp_
     assert sorted(os.listdir(tmp_path)) == ["export", "saved", "zipped"]
 
 
+def test_a_save_to_a_long_name_succeeds_as_in_keras(tmp_path):
+    """Keras saves to a name of up to 255 bytes; the temporary twin, longer by
+    its mark, host and pid, failed with "File name too long" for a name of
+    230 bytes. A long name's twin is shortened (a digest of the name keeps it
+    apart from other targets' twins)."""
+    model = _model()
+    for name, save in (("m" * 240 + ".keras", model.save),
+                       ("w" * 235 + ".weights.h5", model.save_weights),
+                       ("d" * 240, lambda p: model.export(p, verbose=False))):
+        for _ in range(2):  # a new file, then over it
+            save(str(tmp_path / name))
+    assert sorted(os.listdir(tmp_path)) == sorted(["m" * 240 + ".keras", "w" * 235 + ".weights.h5",
+                                                   "d" * 240])
+    keras.saving.load_model(str(tmp_path / ("m" * 240 + ".keras")))
+
+
 def test_save_model_of_a_plain_model_keeps_a_file_when_overwrite_is_false(tmp_path):
     """tnt.models.save_model(keras_model, path, overwrite=False) wrote to a fresh
     temporary, where Keras' overwrite check never fires, and renamed it over
