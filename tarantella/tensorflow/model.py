@@ -24,8 +24,8 @@ from tarantella.tensorflow.data.array_dataset import (as_keras_arrays, check_sam
                                                       sample_count)
 from tarantella.tensorflow.data.step_counts import input_kind
 from tarantella.tensorflow.keras.callbacks.callback_preparation import (
-    own_csv_files, prepare_callbacks, same_backups, same_checkpoints, same_csv_loggers,
-    same_rate_setters, same_restoring_stops)
+    own_csv_files, prepare_callbacks, same_backups, same_checkpoint_settings, same_checkpoints,
+    same_csv_loggers, same_rate_setters, same_restoring_stops)
 from tarantella.tensorflow.keras.callbacks.dataset_check import DatasetCheck
 from tarantella.tensorflow.keras.callbacks.replica_check import ReplicaCheck
 from tarantella.tensorflow.keras.callbacks.stop_agreement import StopAgreement
@@ -723,7 +723,8 @@ class Model(keras.Model):
             "shuffle": shuffle, "class_weight": class_weight})
         # one round: the call, its arguments, the callbacks that make collective calls
         call_agreement.check("fit", self, self._tnt_agreement, not self._tnt_synced, arguments,
-                             same_checkpoints(callbacks), same_restoring_stops(callbacks),
+                             same_checkpoints(callbacks), same_checkpoint_settings(callbacks),
+                             same_restoring_stops(callbacks),
                              same_rate_setters(callbacks), same_csv_loggers(callbacks),
                              same_backups(callbacks))
         own_csv_files(callbacks)  # a round of its own only where a CSVLogger runs on every rank

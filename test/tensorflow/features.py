@@ -1957,6 +1957,16 @@ def check_master_only_checkpoints(tnt, files):
             keras.callbacks.BackupAndRestore(_damaged_backup(files, master))]),
         "backup_on_master_wrapped": lambda m: tnt.keras.callbacks.Callback(
             keras.callbacks.BackupAndRestore(os.path.join(files, "bar")), run_on_all_ranks=False),
+        # on every rank, deciding apart when to save: one rank saved while the other went on
+        # to its next step, and both waited until TNT_TIMEOUT_S
+        "checkpoint_save_freq_per_rank": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            keras.callbacks.ModelCheckpoint(path, save_freq=2 if master else 3)]),
+        "checkpoint_mode_per_rank": lambda m: m.fit(datasets()[0], epochs=2, verbose=0, callbacks=[
+            keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=True,
+                                            mode="min" if master else "max")]),
+        # the file name may differ (the master's is written)
+        "checkpoint_name_per_rank": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            keras.callbacks.ModelCheckpoint(os.path.join(files, f"named_{tnt.get_rank()}.keras"))]),
     }
     return run_cases(tnt, cases)
 

@@ -886,6 +886,19 @@ def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(
     for key in ("wrapped", "history", "restoring_stop_everywhere", "stop_on_master"):
         assert r0[key] == r1[key] == {"error": None}, (key, r0[key], r1[key])
     assert "master_only_1.keras" in os.listdir(os.path.join(runs["out"], "files"))
+    # every rank's ModelCheckpoint, deciding apart when to save: refused before the first step
+    # (they waited for each other until TNT_TIMEOUT_S, 60 s here)
+    lead = "fit was given ModelCheckpoint callbacks that save at different times on the ranks: "
+    for key, said in (("checkpoint_save_freq_per_rank",
+                       "the ModelCheckpoints' save_freq (rank 0: 2, rank 1: 3)"),
+                      ("checkpoint_mode_per_rank",
+                       "the ModelCheckpoints' monitor and mode (ranks [1] differ from rank 0)")):
+        assert r0[key]["error"] == r1[key]["error"] == "MismatchError", (key, r0[key], r1[key])
+        assert r0[key]["message"] == r1[key]["message"]
+        assert r0[key]["message"].startswith(lead + said), r0[key]["message"]
+    assert r0["checkpoint_name_per_rank"] == r1["checkpoint_name_per_rank"] == {"error": None}
+    files = os.listdir(os.path.join(runs["out"], "files"))
+    assert "named_0.keras" in files and "named_1.keras" not in files
 
 
 def test_a_save_or_load_on_some_ranks_only_fails_every_rank_at_once(runs):

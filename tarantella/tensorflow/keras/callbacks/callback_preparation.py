@@ -131,6 +131,38 @@ def same_checkpoints(callbacks):
     return step_counts.Group({"the ModelCheckpoints that run on every rank": count}, message=message)
 
 
+def _one_or_all(values):
+    """`values` (one per callback) as compared: the one value of a single
+    callback (shown in the message as it is), else all of them."""
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def same_checkpoint_settings(callbacks):
+    """The Group (for call_agreement.check in fit, after same_checkpoints)
+    that fails unless the ModelCheckpoints that run on every rank decide
+    alike when to save: their save_freq, save_best_only, monitor and mode, and
+    the best value so far (initial_value_threshold). Their saves are
+    collective: with save_freq 2 on one rank and 3 on another, or mode "min"
+    against "max", one rank saved while the other went on to its next step,
+    and the two waited for each other until TNT_TIMEOUT_S, with a message
+    about `tnt.call` and `tnt.stop_training`. The file names may differ (the
+    master's is written)."""
+    checkpoints = _on_every_rank(callbacks, keras.callbacks.ModelCheckpoint)
+    best = [None if getattr(cb, "best", None) is None else float(cb.best) for cb in checkpoints]
+    return step_counts.Group({
+        "the ModelCheckpoints' save_freq": _one_or_all([cb.save_freq for cb in checkpoints]),
+        "the ModelCheckpoints' save_best_only": _one_or_all(
+            [bool(cb.save_best_only) for cb in checkpoints]),
+        "the ModelCheckpoints' monitor and mode": tuple(
+            (cb.monitor, cb.mode) for cb in checkpoints),
+        "the ModelCheckpoints' best value so far (initial_value_threshold)": tuple(best),
+    }, "fit was given ModelCheckpoint callbacks that save at different times on the ranks",
+        "Their saves are collective (the master writes, every rank waits for the file), so the "
+        "ranks would wait for each other until TNT_TIMEOUT_S. Pass every rank the same "
+        "ModelCheckpoint (the file name may differ: the master's is written); to decide on the "
+        "master alone, wrap it: tnt.keras.callbacks.Callback(checkpoint, run_on_all_ranks=False)")
+
+
 def same_backups(callbacks):
     """The Group (for call_agreement.check in fit) that fails unless every rank
     passes the same BackupAndRestore callbacks: as many, with the same folders
