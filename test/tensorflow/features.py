@@ -1955,6 +1955,12 @@ def check_master_only_checkpoints(tnt, files):
         # damaged, without a previous backup: Keras' OSError on the master, an error on the others
         "backup_unreadable": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
             keras.callbacks.BackupAndRestore(_damaged_backup(files, master))]),
+        # its removal at the end of fit meets the ranks: rank 1 had left fit (rank 0 failed
+        # with a MismatchError against rank 1's next call, which named neither the callback
+        # nor delete_checkpoint)
+        "backup_delete_on_master": lambda m: m.fit(datasets()[0], epochs=1, verbose=0, callbacks=[
+            keras.callbacks.BackupAndRestore(os.path.join(files, "bar_del"),
+                                             delete_checkpoint=master)]),
         "backup_on_master_wrapped": lambda m: tnt.keras.callbacks.Callback(
             keras.callbacks.BackupAndRestore(os.path.join(files, "bar")), run_on_all_ranks=False),
         # on every rank, deciding apart when to save: one rank saved while the other went on

@@ -874,6 +874,13 @@ def test_a_checkpoint_on_the_master_only_fails_every_rank_before_the_first_step(
     said = r0["backup_per_rank"]["message"]
     assert r0["backup_per_rank"]["error"] == r1["backup_per_rank"]["error"] == "MismatchError", said
     assert "backup_dir" in said and "shared file system" in said, said
+    said = r0["backup_delete_on_master"]["message"]
+    assert r0["backup_delete_on_master"]["error"] == r1["backup_delete_on_master"]["error"] == \
+        "MismatchError", said
+    assert said == r1["backup_delete_on_master"]["message"]
+    assert said.startswith("fit was given different BackupAndRestore callbacks on the ranks: the "
+                           "BackupAndRestore callbacks' delete_checkpoint (ranks [1] differ from "
+                           "rank 0)"), said
     # a backup the master cannot read: its OSError (Keras' own), the others an error that quotes it
     bad = r0["backup_unreadable"], r1["backup_unreadable"]
     assert bad[0]["error"] == "OSError" and bad[1]["error"] == "TarantellaError", bad

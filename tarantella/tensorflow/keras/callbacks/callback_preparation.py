@@ -165,8 +165,8 @@ def same_checkpoint_settings(callbacks):
 
 def same_backups(callbacks):
     """The Group (for call_agreement.check in fit) that fails unless every rank
-    passes the same BackupAndRestore callbacks: as many, with the same folders
-    and save_freq. The master decides whether and from which epoch to resume
+    passes the same BackupAndRestore callbacks: as many, with the same folders,
+    save_freq and delete_checkpoint. The master decides whether and from which epoch to resume
     (backup_and_restore.py) and every rank loads from its own callback's
     folder: one of another folder would load other weights or none."""
     backups = _on_every_rank(callbacks, keras.callbacks.BackupAndRestore)
@@ -174,6 +174,10 @@ def same_backups(callbacks):
         "the BackupAndRestore callbacks' folders (backup_dir)":
             tuple(os.path.abspath(os.fspath(cb.backup_dir)) for cb in backups),
         "the BackupAndRestore callbacks' save_freq": tuple(cb.save_freq for cb in backups),
+        # the removal at the end of training is a save's meeting of the ranks: on the master
+        # only, it waited there for the others, which had left fit, and met their next call
+        "the BackupAndRestore callbacks' delete_checkpoint": tuple(
+            bool(cb.delete_checkpoint) for cb in backups),
     }, "fit was given different BackupAndRestore callbacks on the ranks",
         "Pass the same BackupAndRestore on every rank, with one backup_dir that every rank can "
         "read (a shared file system): the master writes the backup, every rank resumes from it")
