@@ -15,6 +15,13 @@ place that hands a tnt.Model to its own `save` / `save_weights` (the master
 writes atomically, every rank meets after) and passes anything else to Keras
 unchanged: the wrapped model that tnt.Model.save hands Keras goes there too.
 
+Keras' public `save_model` (`keras.saving`, `keras.models`, `tf.keras.models`)
+and `save_weights` (`keras.saving`) are routed too, before they ask on the
+terminal whether to replace an existing file (overwrite=False): they asked on
+every rank, where only rank 0 can answer under tntrun. A tnt.Model goes to
+its own `save` / `save_weights`, overwrite included (a FileExistsError on
+every rank).
+
 `tf.saved_model.save(model, dir)` likewise wrote the SavedModel from every
 rank into one directory at once: now and then one rank's save failed in
 MergeV2Checkpoints (the other rank had merged and removed the shared
@@ -112,6 +119,76 @@ def _makedirs_made_meanwhile(original):
     return makedirs
 
 
+# Where Keras' public save_model and save_weights are bound by name (`from ... import`): each
+# must take the routed function, as saving_api (looked up at every call by Keras' own
+# Model.save and save_weights)
+_PUBLIC_MODULES = ("keras.saving", "keras.models", "keras._tf_keras.keras.saving",
+                   "keras._tf_keras.keras.models")
+
+
+def _public_save_model(original):
+    """Keras' `save_model(model, filepath, overwrite, zipped, **kwargs)`,
+    which hands a tnt.Model saved to a path to its own `save`, overwrite
+    included. Keras' asked on the terminal about an existing file with
+    overwrite=False, on every rank, before it reached the routed internals:
+    rank 0 waited for an answer while another rank (its stdin /dev/null under
+    tntrun) failed with an EOFError; tnt.Model.save raises the same
+    FileExistsError on every rank instead."""
+
+    @functools.wraps(original)
+    def save_model(model, filepath, overwrite=True, zipped=None, **kwargs):
+        from tarantella.tensorflow.model import Model
+
+        if isinstance(model, Model) and _is_path(filepath):
+            return model.save(filepath, overwrite=overwrite, zipped=zipped, **kwargs)
+        return original(model, filepath, overwrite=overwrite, zipped=zipped, **kwargs)
+
+    setattr(save_model, _INSTALLED, True)
+    return save_model
+
+
+def _public_save_weights(original):
+    """Keras' `save_weights(model, filepath, overwrite, max_shard_size)`, as
+    _public_save_model: a tnt.Model's own `save_weights`, overwrite included."""
+
+    @functools.wraps(original)
+    def save_weights(model, filepath, overwrite=True, max_shard_size=None, **kwargs):
+        from tarantella.tensorflow.model import Model
+
+        if isinstance(model, Model) and _is_path(filepath):
+            if max_shard_size is not None:
+                kwargs["max_shard_size"] = max_shard_size
+            return model.save_weights(filepath, overwrite=overwrite, **kwargs)
+        return original(model, filepath, overwrite=overwrite, max_shard_size=max_shard_size,
+                        **kwargs)
+
+    setattr(save_weights, _INSTALLED, True)
+    return save_weights
+
+
+def _install_public_saves():
+    import importlib
+
+    from keras.src.saving import saving_api
+
+    modules = []
+    for name in _PUBLIC_MODULES:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:  # another Keras' layout: its internals are routed all the same
+            pass
+    for name, route in (("save_model", _public_save_model),
+                        ("save_weights", _public_save_weights)):
+        original = getattr(saving_api, name)
+        if getattr(original, _INSTALLED, False):
+            continue
+        routed = route(original)
+        setattr(saving_api, name, routed)
+        for module in modules:
+            if getattr(module, name, None) is original:
+                setattr(module, name, routed)
+
+
 def install():
     """Route Keras' (and tf.saved_model's) saving functions' tnt.Models to
     their own saves, and let Keras' makedirs meet a folder another rank made
@@ -131,3 +208,4 @@ def install():
             setattr(module, name, _route(original, save(original)))
     if not getattr(file_utils.makedirs, _INSTALLED, False):
         file_utils.makedirs = _makedirs_made_meanwhile(file_utils.makedirs)
+    _install_public_saves()

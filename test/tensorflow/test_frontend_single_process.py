@@ -828,6 +828,36 @@ def test_a_save_to_a_long_name_succeeds_as_in_keras(tmp_path):
     keras.saving.load_model(str(tmp_path / ("m" * 240 + ".keras")))
 
 
+def test_keras_save_model_of_a_tnt_model_refuses_overwrite_false_instead_of_asking(tmp_path):
+    """keras.saving.save_model(tnt_model, path, overwrite=False) (and
+    save_weights) of an existing file asked on the terminal, on every rank (under tntrun only rank 0 has a
+    stdin: the others failed with an EOFError while rank 0 waited for an
+    answer). It is tnt.Model.save's FileExistsError now, as for
+    model.save(path, overwrite=False); a plain model is Keras' as before."""
+    model = _model()
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    before = open(path, "rb").read()
+    model.set_weights([w + 1 for w in model.get_weights()])
+    for save_model in (keras.saving.save_model, keras.models.save_model,
+                       tf.keras.models.save_model):
+        with pytest.raises(FileExistsError, match="overwrite=False"):
+            save_model(model, path, overwrite=False)
+    assert open(path, "rb").read() == before and os.listdir(tmp_path) == ["m.keras"]
+    keras.saving.save_model(model, path)  # overwrite=True: replaced
+    np.testing.assert_array_equal(keras.saving.load_model(path).get_weights()[0],
+                                  model.get_weights()[0])
+    plain = str(tmp_path / "plain.keras")
+    keras.saving.save_model(model.model, plain)
+    keras.saving.save_model(model.model, plain, overwrite=True)
+    weights = str(tmp_path / "m.weights.h5")
+    keras.saving.save_weights(model, weights)
+    before = open(weights, "rb").read()
+    with pytest.raises(FileExistsError, match="overwrite=False"):
+        keras.saving.save_weights(model, weights, overwrite=False)
+    assert open(weights, "rb").read() == before
+
+
 def test_save_model_of_a_plain_model_keeps_a_file_when_overwrite_is_false(tmp_path):
     """tnt.models.save_model(keras_model, path, overwrite=False) wrote to a fresh
     temporary, where Keras' overwrite check never fires, and renamed it over
