@@ -20,7 +20,9 @@ and `save_weights` (`keras.saving`) are routed too, before they ask on the
 terminal whether to replace an existing file (overwrite=False): they asked on
 every rank, where only rank 0 can answer under tntrun. A tnt.Model goes to
 its own `save` / `save_weights`, overwrite included (a FileExistsError on
-every rank).
+every rank). So does Keras' public `load_weights` (`keras.saving`): it walked
+the wrapper, which loaded the weights but not the optimizer's state (kept
+under the wrapped model in the file), and no rank took the master's values.
 
 `tf.saved_model.save(model, dir)` likewise wrote the SavedModel from every
 rank into one directory at once: now and then one rank's save failed in
@@ -166,6 +168,26 @@ def _public_save_weights(original):
     return save_weights
 
 
+def _public_load_weights(original):
+    """Keras' `load_weights(model, filepath, skip_mismatch, **kwargs)`, which
+    hands a tnt.Model to its own `load_weights`. Keras' walked the wrapper
+    itself: the weights loaded, but the optimizer's state did not (found
+    under the wrapped model in the file: "the saved optimizer has 0
+    variables"), where serial Keras restores it; and no rank took the
+    master's values."""
+
+    @functools.wraps(original)
+    def load_weights(model, filepath, skip_mismatch=False, **kwargs):
+        from tarantella.tensorflow.model import Model
+
+        if isinstance(model, Model):
+            return model.load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+        return original(model, filepath, skip_mismatch=skip_mismatch, **kwargs)
+
+    setattr(load_weights, _INSTALLED, True)
+    return load_weights
+
+
 def _install_public_saves():
     import importlib
 
@@ -178,7 +200,8 @@ def _install_public_saves():
         except ImportError:  # another Keras' layout: its internals are routed all the same
             pass
     for name, route in (("save_model", _public_save_model),
-                        ("save_weights", _public_save_weights)):
+                        ("save_weights", _public_save_weights),
+                        ("load_weights", _public_load_weights)):
         original = getattr(saving_api, name)
         if getattr(original, _INSTALLED, False):
             continue

@@ -858,6 +858,26 @@ def test_keras_save_model_of_a_tnt_model_refuses_overwrite_false_instead_of_aski
     assert open(weights, "rb").read() == before
 
 
+def test_keras_load_weights_of_a_tnt_model_restores_the_optimizer_as_in_keras(tmp_path):
+    """keras.saving.load_weights(tnt_model, path) walked the wrapper: the
+    weights loaded, the optimizer's state did not ("the saved optimizer has 0
+    variables"), where keras.saving.load_weights of the plain model (and
+    tnt.Model.load_weights) restores it."""
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    model = _model()
+    model.fit(x, x[:, :2], epochs=3, verbose=0)
+    path = str(tmp_path / "w.weights.h5")
+    model.save_weights(path)
+    other = _model()
+    other.fit(x, x[:, :2], verbose=0)  # its optimizer built
+    keras.saving.load_weights(other, path)
+    assert int(other.optimizer.iterations) == int(model.optimizer.iterations)
+    for a, b in zip(other.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(other.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_save_model_of_a_plain_model_keeps_a_file_when_overwrite_is_false(tmp_path):
     """tnt.models.save_model(keras_model, path, overwrite=False) wrote to a fresh
     temporary, where Keras' overwrite check never fires, and renamed it over
