@@ -32,6 +32,13 @@ static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
   return x ^ (x >> 31);
 }
 
+/* A hash of ndim and the dimensions, from `seed` (one per kind of layout). */
+static uint64_t hash_dims(uint64_t seed, int ndim, const int64_t *dims) {
+  uint64_t h = mix(seed ^ (uint64_t)ndim);
+  for (int i = 0; i < ndim && dims; i++) h = mix(h ^ (uint64_t)dims[i]) + 0x9e3779b97f4a7c15ull;
+  return h;
+}
+
 uint64_t tnt_shape_layout(int ndim, const int64_t *dims) {
   if (ndim < 2 || !dims) return 0;
   if (ndim <= EXACT_MAX_NDIM) {
@@ -44,16 +51,14 @@ uint64_t tnt_shape_layout(int ndim, const int64_t *dims) {
     }
     if (fits) return packed << 6 | (uint64_t)(ndim - 2) << 3 | TAG_EXACT | TAG_SHAPE;
   }
-  uint64_t h = mix(0x74616e7368617065ull ^ (uint64_t)ndim); /* "tanshape" */
-  for (int i = 0; i < ndim; i++) h = mix(h ^ (uint64_t)dims[i]) + 0x9e3779b97f4a7c15ull;
+  const uint64_t h = hash_dims(0x74616e7368617065ull, ndim, dims); /* "tanshape" */
   const uint64_t shown_ndim = ndim > 255 ? 255 : (uint64_t)ndim;
   return (h << 11) | shown_ndim << 3 | TAG_SHAPE;
 }
 
 uint64_t tnt_empty_rows_layout(int ndim, const int64_t *dims) {
-  uint64_t h = mix(0x656d707479726f77ull ^ (uint64_t)ndim); /* "emptyrow" */
-  for (int i = 0; i < ndim && dims; i++) h = mix(h ^ (uint64_t)dims[i]) + 0x9e3779b97f4a7c15ull;
-  return h | 1u; /* odd: never 0 nor a shape's (binary 10), as a structure's digest */
+  /* "emptyrow"; odd: never 0 nor a shape's (binary 10), as a structure's digest */
+  return hash_dims(0x656d707479726f77ull, ndim, dims) | 1u;
 }
 
 int tnt_shape_layout_is_shape(uint64_t layout) { return (layout & 3u) == TAG_SHAPE; }

@@ -835,6 +835,18 @@ def _wait_all(handles):
         lib.tnt_wait(waiting[0]._handle, _WAIT_SLICE_S)
 
 
+def _structure_name(kind, name):
+    """(name as bytes, unnamed) of a structure's first request, made by auto_name. An unnamed
+    one has the name of the unnamed call of its kind NAME_WINDOW calls earlier, which may still
+    be in flight (an async one): it is waited for first, as an array call's twin is (_submit).
+    Submitted at once, the request was refused as in flight twice on the ranks where the earlier
+    one was still pending, and the others waited for it until TNT_TIMEOUT_S."""
+    base_name, unnamed = auto_name(kind, name, request_names.STRUCTURE_SUFFIX_BYTES)
+    if unnamed and (_orphans or _unnamed_in_flight):
+        _settle_before(base_name, True)
+    return base_name, unnamed
+
+
 def _structure_collective(structure, kind, name, start, now=None):
     """allreduce or broadcast of a structure: one request per dtype (the first
     through the blocking `now` where there is one), each carrying the
@@ -842,13 +854,7 @@ def _structure_collective(structure, kind, name, start, now=None):
     leaves, rebuild = flatten(structure)
     converted = [_leaf_array(leaf, kind) for leaf in leaves]
     arrays = [a for a, _ in converted]
-    base_name, unnamed = auto_name(kind, name, request_names.STRUCTURE_SUFFIX_BYTES)
-    if unnamed and (_orphans or _unnamed_in_flight):
-        # its first request has the name of the unnamed call of this kind NAME_WINDOW calls earlier,
-        # which may still be in flight (an async one): wait for it, as that call's array twin does
-        # (_submit). Submitted at once, it was refused as in flight twice on the ranks where the
-        # earlier one was still pending, and the others waited for it until TNT_TIMEOUT_S.
-        _settle_before(base_name, True)
+    base_name, unnamed = _structure_name(kind, name)
     base = base_name.decode()
     layout = _layout(structure, arrays)
     # The first request is named `base` whatever its dtype, so that every rank has it and the
@@ -889,10 +895,7 @@ def _allgather_structure(structure, name):
     leaves, rebuild = flatten(structure)
     arrays = [_leaf_array(leaf, "allgather")[0] for leaf in leaves]
     arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
-    base_name, unnamed = auto_name("allgather", name, request_names.STRUCTURE_SUFFIX_BYTES)
-    if unnamed and (_orphans or _unnamed_in_flight):
-        _settle_before(base_name, True)  # as _structure_collective's first request: the name's last use
-    base = base_name.decode()
+    base = _structure_name("allgather", name)[0].decode()
     groups = _groups(arrays)
     # The rows' request carries the layout, under the call's own name: it is the one request every
     # rank has, whatever its leaves' dtypes, even an empty structure (one 0), which then fails against

@@ -65,10 +65,15 @@ std::atomic<const CoreApi *> g_api{nullptr};
 
 // The layout of the shape of `t` from dimension `from` on (allreduce and
 // broadcast: 0; allgather: 1, its rows): tnt_shape_layout, 0 below 2 dimensions.
-uint64_t ShapeLayout(const CoreApi &api, const Tensor &t, int from) {
-  if (t.dims() - from < 2) return 0;
+std::vector<int64_t> DimsFrom(const Tensor &t, int from) {
   std::vector<int64_t> dims;
   for (int d = from; d < t.dims(); ++d) dims.push_back(t.dim_size(d));
+  return dims;
+}
+
+uint64_t ShapeLayout(const CoreApi &api, const Tensor &t, int from) {
+  if (t.dims() - from < 2) return 0;
+  const std::vector<int64_t> dims = DimsFrom(t, from);
   return api.shape_layout(static_cast<int>(dims.size()), dims.data());
 }
 
@@ -144,8 +149,7 @@ int64_t RowElems(const Tensor &t) {
 }
 
 uint64_t EmptyRowsLayout(const CoreApi &api, const Tensor &t) {
-  std::vector<int64_t> dims;
-  for (int d = 1; d < t.dims(); ++d) dims.push_back(t.dim_size(d));
+  const std::vector<int64_t> dims = DimsFrom(t, 1);
   return api.empty_rows_layout(static_cast<int>(dims.size()), dims.data());
 }
 
@@ -366,7 +370,7 @@ class StartOp : public OpKernel {
           p.row_counts.emplace_back();
         } else {
           Tensor counts(DT_INT64, TensorShape({1}));
-          counts.flat<int64_t>()(0) = in.dims() ? in.dim_size(0) : 1;
+          counts.flat<int64_t>()(0) = in.dim_size(0);  // rows of no elements: at least 2 dimensions
           const int64_t per_rank = kRowCountBytes / DataTypeSize(in.dtype());
           r = api->allgather_async(name, counts.data(), per_rank, per_rank, dt, nullptr, 0,
                                    EmptyRowsLayout(*api, in), &h);
