@@ -168,6 +168,12 @@ def placement(args):
             "where this one reads -n as the total (as mpirun and srun do). Write "
             f"--n-per-node {args.n} for {args.n} ranks on each host, or tntrun -n TOTAL "
             f"(docs/migration.md). Received: -n {args.n}, {len(hosts)} hosts")
+    if per_node is None and args.n is not None and len(hosts) == 1 and hosts[0][1] is None:
+        # one host without slots: -n ranks there. Per host and in total are the same number,
+        # so this is how the original `tarantella --hostfile <one host> -n 4` ran (4 ranks),
+        # and how mpirun reads it; the default below (one rank per GPU, else one) would
+        # refuse the -n given
+        per_node = args.n
     if per_node is None and all(s is None for _, s in hosts):
         # the seed's default: one rank per GPU of a node (nodes are alike), else one, with a
         # WARNING as on one host (and in the original `tarantella`), unless --no-gpu asked for it

@@ -116,6 +116,16 @@ def test_tarantella_refuses_n_beside_several_hosts(tmp_path):
     res = run_tntrun(["--hostfile", str(hosts), "--n-per-node", "1", "-n", "1", "--dry-run", "--",
                       "x.py"], command=TARANTELLA)
     assert res.returncode == 0, res.stderr
+    # and -n alone on one host without slots is its ranks there, as the original ran it (it
+    # was refused: "-n 4 does not match the host list: 1 host(s) with 1 rank(s) each")
+    for command in (TARANTELLA, None):
+        res = run_tntrun(["--hostfile", str(hosts), "-n", "4", "--dry-run", "--", "x.py"],
+                         command=command)
+        assert res.returncode == 0 and "4 rank(s) on node1:4" in res.stdout, res.stderr
+    # slots written in the file still rule: -n must agree with them
+    hosts.write_text("node1 slots=2\n")
+    res = run_tntrun(["--hostfile", str(hosts), "-n", "4", "--dry-run", "--", "x.py"])
+    assert res.returncode == 2 and "-n 4 does not match the host list" in res.stderr, res.stderr
 
 
 def test_cleanup_with_a_host_list_says_it_acts_on_this_host_only(tmp_path):
