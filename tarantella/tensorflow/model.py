@@ -15,7 +15,7 @@ from tarantella.tensorflow import (batch_normalization, call_agreement, collecti
                                    distributed_optimizer, global_loss, random_layers,
                                    step_context)
 from tarantella.tensorflow import compression as compression_lib
-from tarantella.tensorflow import keras_saving
+from tarantella.tensorflow import checkpoint_writes, keras_saving
 from tarantella.tensorflow.atomic_save import atomic_save, explain_missing
 from tarantella.tensorflow.data import array_dataset, distribute_dataset
 from tarantella.tensorflow.data import first_batches, py_dataset, step_counts
@@ -1241,3 +1241,4 @@ def _split_arrays(arrays, validation_split):
 
 # keras.saving.save_model(model, path) and keras.saving.save_weights of a tnt.Model: its own saves
 keras_saving.install()
+checkpoint_writes.install()

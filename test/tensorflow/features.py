@@ -1294,7 +1294,14 @@ def check_slow_master(tnt, out):
     try:
         model.fit(datasets()[0], epochs=1, verbose=0, callbacks=[on_all, on_master])
         tnt.barrier()  # the other rank waits here for the master's last save
-        result = {"error": None, "files": sorted(os.listdir(files))}
+        # a custom loop's tf.train.Checkpoint saved on the master only (Horovod's guides): the
+        # other rank waits for it in the barrier
+        folder = os.path.join(out, "tf_checkpoint")
+        if rank == 0:
+            slow = tf.train.CheckpointOptions(experimental_write_callbacks=[lambda path: time.sleep(slow_s)])
+            tf.train.Checkpoint(step=tf.Variable(1)).save(os.path.join(folder, "ckpt"), options=slow)
+        tnt.barrier()
+        result = {"error": None, "files": sorted(os.listdir(files)), "checkpoint": sorted(os.listdir(folder))}
     except Exception as exc:  # noqa: BLE001 - recorded for the test
         result = {"error": type(exc).__name__, "message": str(exc)}
     with open(os.path.join(out, f"slow{rank}.json"), "w") as f:
@@ -1917,6 +1924,37 @@ def check_noise_off_the_batch_axis(tnt):
         return {"error": type(exc).__name__, "message": str(exc)[:300]}
 
 
+def check_tf_checkpoints_on_every_rank(tnt, files):
+    """A custom loop's tf.train.Checkpoint.save and CheckpointManager.save
+    (max_to_keep=2) called on every rank, into one folder, as a serial script
+    does: the ranks wrote the same files at once, and one rank's merge failed
+    ("MergeV2Checkpoints ... did not exist"), ending the job. Every checkpoint
+    is now whole, and every rank restores the last one."""
+    folder = os.path.join(files, "tf_checkpoints")
+    seeded = lambda: keras.Sequential([keras.Input((64,))] + [  # noqa: E731 - alike on every rank
+        keras.layers.Dense(1500, kernel_initializer=keras.initializers.GlorotUniform(seed=i)) for i in (1, 2)])
+    model = seeded()
+    optimizer = tnt.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    optimizer.build(model.trainable_variables)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(folder, "managed"), max_to_keep=2)
+    saved = []
+    for _ in range(3):  # each save begun together on the ranks, as in a loop's lockstep
+        tnt.barrier()
+        saved.append(os.path.relpath(manager.save(), folder))
+        tnt.barrier()
+        saved.append(os.path.relpath(checkpoint.save(os.path.join(folder, "plain", "ckpt")), folder))
+    tnt.barrier()
+    restored = seeded()
+    for variable in restored.weights:
+        variable.assign(tf.zeros_like(variable))
+    again = tf.train.Checkpoint(model=restored)
+    again.restore(manager.latest_checkpoint).expect_partial()
+    equal = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.weights, restored.weights))
+    return {"saved": saved, "latest": os.path.relpath(tf.train.latest_checkpoint(os.path.join(folder, "plain")), folder),
+            "managed": sorted(os.listdir(os.path.join(folder, "managed"))), "restored_equal": equal}
+
+
 def check_master_only_checkpoints(tnt, files):
     """A ModelCheckpoint passed to fit on the master only (Horovod's `if
     hvd.rank() == 0: callbacks.append(...)`): its save waited for the other
@@ -2263,6 +2301,7 @@ def main():
         results["threads_training_unnamed"] = check_threads_training(tnt, named=False)
         results["same_data"] = check_same_data(tnt)
         results["master_only_checkpoints"] = check_master_only_checkpoints(tnt, files)
+        results["tf_checkpoints"] = check_tf_checkpoints_on_every_rank(tnt, files)
         results["master_only_collectives"] = check_master_only_collectives(tnt)
         results["rank_only_saves"] = check_rank_only_saves(tnt, files)
         results["stateful_rnn"] = check_stateful_rnn(tnt)

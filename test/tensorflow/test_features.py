@@ -121,7 +121,8 @@ def test_saves_on_the_master_longer_than_the_timeout_are_waited_for(tmp_path):
     run_ranks(2, "features.py", "--out", tmp_path, "--slow-master", env={"TNT_TIMEOUT_S": 5})
     for rank in (0, 1):
         result = json.load(open(os.path.join(tmp_path, f"slow{rank}.json")))
-        assert result == {"error": None, "files": ["slow_all.keras", "slow_master.keras"]}, result
+        assert result == {"error": None, "files": ["slow_all.keras", "slow_master.keras"],
+                          "checkpoint": ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]}, result
 
 
 def test_aggregate_logs_false_gives_local_logs(runs):
@@ -1022,3 +1023,16 @@ def test_datasets_that_differ_between_ranks_fail_every_rank_once_their_first_bat
         assert r0[key]["message"].startswith(
             f"The dataset has {what}, where Tarantella cannot add one"), r0[key]["message"]
         assert "keras.utils.set_random_seed" in r0[key]["message"]
+
+
+def test_tf_train_checkpoints_saved_on_every_rank_are_whole(runs):
+    # every rank saved into one folder, as a serial script does: the job ended in a rank's
+    # MergeV2Checkpoints before (the other rank had merged and removed the temporary folder)
+    for rank in runs["ranks"]:
+        got = rank["tf_checkpoints"]
+        assert got["saved"] == ["managed/ckpt-1", "plain/ckpt-2", "managed/ckpt-3", "plain/ckpt-4",
+                                "managed/ckpt-5", "plain/ckpt-6"]
+        assert got["latest"] == "plain/ckpt-6"
+        assert got["managed"] == ["checkpoint", "ckpt-3.data-00000-of-00001", "ckpt-3.index",
+                                  "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
+        assert got["restored_equal"] is True
