@@ -93,8 +93,11 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
         if state:
             jobs.write(record, state)
 
-    def on_stopping(reason):
-        print(f"tntrun: {reason}", file=sys.stderr, flush=True)
+    def on_stopping(reason, routine=False):
+        # that a rank failed is a notice, not an error: --log-level ERROR promises the failure
+        # in one line; a signal or a stalled engine is still said (the one line says neither)
+        if not (one_line and routine):
+            print(f"tntrun: {reason}", file=sys.stderr, flush=True)
 
     supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping,
                             on_ended=ended_rank_noter(private_dir), error_of=report.error_of, adopt=adopt)

@@ -284,7 +284,7 @@ class Supervisor:
         self.error_of = error_of
         self._stopped_at = None  # when tntrun began to stop processes
         self.on_started = on_started      # called with the list of Popen objects
-        self.on_stopping = on_stopping    # called with a reason string when the job is ended early
+        self.on_stopping = on_stopping    # called with a reason string (and routine=) when the job is ended early
         self.on_ended = on_ended          # called with (spec, returncode) as each process ends
         self._events = queue.SimpleQueue()
         self._signalled = False  # a stop signal arrived: start no more processes
@@ -436,7 +436,8 @@ class Supervisor:
                           if job.interrupted_by else f"{job.stalled}: stopping it" if job.stalled else
                           f"{_who(job.root_cause.spec)} failed: stopping the other processes")
                 if self.on_stopping:
-                    self.on_stopping(reason)
+                    # routine: a rank failed (the report follows), not a signal or a stalled engine
+                    self.on_stopping(reason, routine=not (job.interrupted_by or job.stalled))
                 self._stop(running, {i: results[i] for i in running})
                 job.root_cause = self._root_cause(results)
         finally:
