@@ -37,7 +37,7 @@ def _wait_gone(procs, timeout):
                 pass
     try:
         while True:
-            alive = [(pid, st) for pid, st in procs if jobs.same_process(pid, st)]
+            alive = [(pid, st) for pid, st in procs if jobs.running(pid, st)]
             left = deadline - time.monotonic()
             if not alive or left <= 0:
                 return alive
@@ -121,14 +121,14 @@ def run(command, force=False, out=None):
     found = 0
     for rec in records:
         job_id = rec.get("job_id", "")
-        runner_alive = jobs.same_process(rec.get("runner_pid"), rec.get("runner_start"))
+        runner_alive = jobs.running(rec.get("runner_pid"), rec.get("runner_start"))
         if key is not None and rec.get("program") != key:
             continue
         if key is None and runner_alive:
             continue  # a healthy job: only named programs are ended while tntrun runs
         found += 1
         ranks = [(r["pid"], r.get("start")) for r in rec.get("ranks", [])]
-        alive = [(pid, st) for pid, st in ranks if jobs.same_process(pid, st)]
+        alive = [(pid, st) for pid, st in ranks if jobs.running(pid, st)]
         say(f"job {job_id} ({' '.join(rec.get('command', []))}, started by tntrun pid "
             f"{rec.get('runner_pid')}, {'still running' if runner_alive else 'gone'}): "
             f"{len(alive)} of {len(ranks)} process(es) still running"
@@ -148,7 +148,7 @@ def run(command, force=False, out=None):
         if removed:
             say(f"removed {len(removed)} shared-memory object(s): {', '.join(removed)}")
         if not [p for p in ranks + [(rec.get("runner_pid"), rec.get("runner_start"))]
-                if jobs.same_process(*p)]:
+                if jobs.running(*p)]:
             removed = _remove_leftovers(rec)
             if removed:
                 say(f"removed {len(removed)} temporary file(s) and folder(s): {', '.join(removed)}")

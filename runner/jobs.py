@@ -81,6 +81,13 @@ def same_process(pid, start):
     return pid is not None and start is not None and process_start_time(pid) == start
 
 
+def running(pid, start):
+    """That process, and not dead yet: a zombie has ended (ranks killed with their tntrun
+    stay zombies until init reaps them, which a container's init may be slow to do)."""
+    fields = _stat(pid) if pid is not None and start is not None else None
+    return bool(fields) and int(fields[19]) == start and fields[0] not in (b"Z", b"X")
+
+
 def descendants(pid):
     """[(pid, start time)] of every process below `pid` now, also those in other process
     groups (Open MPI's ssh children call setpgid, so killing mpirun's group misses them)."""

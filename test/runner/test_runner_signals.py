@@ -332,3 +332,33 @@ def test_cleanup_force_kills(script):
     res = run_tntrun(["--cleanup", "--force", "--", path], env=env, timeout=30)
     assert "sent SIGKILL" in res.stdout
     assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_cleanup_counts_a_dead_rank_that_is_not_reaped_yet_as_gone(tmp_path):
+    # what troubleshooting.md's session shows: ranks killed with their tntrun (parent-death
+    # signal) are zombies until init reaps them, which a container's init may be slow to
+    # do; --cleanup said "2 of 2 process(es) still running" and "sent SIGTERM" to the dead
+    import_runner()
+    from tarantella.runner import jobs
+
+    zombie = subprocess.Popen(["true"])  # ours, not reaped: a zombie until we wait for it
+    try:
+        deadline = time.monotonic() + 10
+        while not jobs.is_zombie(zombie.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert jobs.is_zombie(zombie.pid)
+        env = runner_env(TNT_STATE_DIR=str(tmp_path / "state"))
+        job_id = "0123456789abcdef0123456789abcdef"
+        jobs.write({"job_id": job_id, "program": "/nowhere/dead_job.py", "command": ["dead_job.py"],
+                    "runner_pid": zombie.pid, "runner_start": jobs.process_start_time(zombie.pid),
+                    "ranks": [{"label": "rank 0", "pid": zombie.pid,
+                               "start": jobs.process_start_time(zombie.pid)}]},
+                   jobs.state_dir(env))
+        res = run_tntrun(["--cleanup"], env=env, timeout=30)
+        assert res.returncode == 0, res.stderr
+        assert f"job {job_id} (dead_job.py, started by tntrun pid {zombie.pid}, gone): " \
+               "0 of 1 process(es) still running" in res.stdout, res.stdout
+        assert "sent SIG" not in res.stdout, res.stdout
+        assert jobs.load_all(jobs.state_dir(env)) == []  # nothing runs: the record is gone
+    finally:
+        zombie.wait()
