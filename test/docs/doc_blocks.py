@@ -149,3 +149,43 @@ def fences_in_docstrings(source):
             out += [m.group(2) for m in re.finditer(r"^```(\w*)\n(.*?)^```", doc, re.M | re.S)
                     if m.group(1) in PYTHON]
     return out
+
+
+# `tnt.NAME` in the pages that names no attribute, on purpose: the original Tarantella's names
+# that migration.md lists as not available or renamed (each must stay absent: once one
+# exists, its entry goes), placeholders, and the names of the core's requests
+NOT_ATTRIBUTES = {
+    "tnt.Group", "tnt.Allreduce", "tnt.Allgatherv", "tnt.Broadcast", "tnt.Barrier",
+    "tnt.ReductionOp", "tnt.SynchCommunicator", "tnt.PipelineCommunicator",
+    "tnt.distributed_optimizers", "tnt.get_group_master_rank", "tnt.is_group_master_rank",
+    "tnt.global_tnt_config", "tnt.logger", "tnt.data.Dataset", "tnt.models.model_from_yaml",
+    "tnt.keras.losses.ZeroLoss", "tnt.keras.metrics.ZeroMetric",  # migration.md
+    "tnt.NAME",                                                 # reference/python.md
+    "tnt.call",                                                 # a request's name
+    "tnt.overlap",                                              # an optimizer's name (keras.md)
+}
+
+# a dotted name after `tnt.`, not one of a request's names that go on (`tnt.step.<i>`,
+# `tnt.tape@thread`, `'tnt.metrics'`)
+_CITED = re.compile(r"(?<![\w.'\"])tnt(?:\.[A-Za-z_]\w*)+(?![\w.@<'\"])")
+
+
+def cited_names():
+    """{`tnt.X.Y`: [where]} for every such name in the prose and the python blocks of the
+    pages and of the README (not in display blocks: a timeline shows request names)."""
+    sources = [(p, os.path.join(DOCS, p)) for p in pages()]
+    sources.append(("README.md", os.path.join(REPO, "README.md")))
+    out = {}
+    for page, path in sources:
+        with open(path) as f:
+            text = f.read()
+        for m in _FENCE.finditer(text):  # display blocks out, keeping the lines' count
+            try:
+                kind = _kind(m.group("info"))[0]
+            except ValueError:
+                continue
+            if kind not in ("python",):
+                text = text[:m.start()] + re.sub(r"[^\n]", " ", m.group(0)) + text[m.end():]
+        for m in _CITED.finditer(text):
+            out.setdefault(m.group(0), []).append(f"{page}:{text.count(chr(10), 0, m.start()) + 1}")
+    return out

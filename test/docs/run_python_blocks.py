@@ -44,6 +44,29 @@ def public_objects():
             if getattr(o, "__module__", "").startswith("tarantella")}
 
 
+def unresolved_names():
+    """None if every `tnt.X.Y` of the pages is an attribute (and none of those they cite
+    on purpose as absent is), else what is wrong: a renamed function or a class left in the
+    prose reads as Tarantella's API until a user's AttributeError."""
+    import tarantella as tnt
+
+    def resolves(name):
+        obj = tnt
+        try:
+            for part in name.split(".")[1:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            return False
+        return True
+
+    problems = [f"{name} (at {', '.join(where)}) is no attribute"
+                for name, where in sorted(doc_blocks.cited_names().items())
+                if name not in doc_blocks.NOT_ATTRIBUTES and not resolves(name)]
+    problems += [f"{name} exists now: remove it from doc_blocks.NOT_ATTRIBUTES"
+                 for name in sorted(doc_blocks.NOT_ATTRIBUTES) if resolves(name)]
+    return "\n".join(problems) or None
+
+
 def main():
     spec_path, out = sys.argv[1], sys.argv[2]
     with open(spec_path) as f:
@@ -62,6 +85,8 @@ def main():
             namespace = {"__name__": "__main__"}
             run(f"docstring of {name}:setup", fragments.SETUP, namespace, results)
             run(f"docstring of {name}", code, namespace, results)
+
+    results["the tnt.NAMEs the pages cite"] = unresolved_names()
 
     import tarantella as tnt
 
