@@ -214,10 +214,11 @@ def parse(argv, prog="tntrun"):
         command = list(args.command)
         if command and not os.path.exists(command[0]):
             _refuse_export_list(parser, command[0])
-    for flag, value in (("--hostfile", args.hostfile), ("-H/--hosts", args.hosts)):
+    for flag, value, example in (("--hostfile", args.hostfile, '--hostfile "$HOSTFILE"'),
+                                 ("-H/--hosts", args.hosts, '-H "$HOSTS"')):
         # an empty value is false: the job ran on this host alone, as if no list were given
         if value is not None and not value.strip():
-            parser.error(f"{flag} is empty (an unset variable, as in -H \"$HOSTS\"?): name the hosts, "
+            parser.error(f"{flag} is empty (an unset variable, as in {example}?): name the hosts, "
                          "or leave the flag out to run on this host")
     if args.force and not args.cleanup:
         parser.error("--force only goes with --cleanup")

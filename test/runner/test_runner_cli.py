@@ -56,8 +56,10 @@ def test_version_read_in_part_ends_quietly():
     (["--no-python", "--python-interpreter", "python", "--", "x.py"], "contradict"),
     (["-m", "--no-python", "--", "json.tool"], "-m/--module runs PROGRAM as `python -m PROGRAM`"),
     # an empty host list (an unset variable) ran the job on this host alone, without a word
-    (["-H", "", "--", "x.py"], "-H/--hosts is empty"),
-    (["--hostfile", " ", "--", "x.py"], "--hostfile is empty"),
+    # (each message's example is its own flag's: the --hostfile one spoke of -H "$HOSTS")
+    (["-H", "", "--", "x.py"], '-H/--hosts is empty (an unset variable, as in -H "$HOSTS"?)'),
+    (["--hostfile", " ", "--", "x.py"],
+     '--hostfile is empty (an unset variable, as in --hostfile "$HOSTFILE"?)'),
 ])
 def test_usage_errors(args, message):
     res = run_tntrun(args)
