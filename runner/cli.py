@@ -103,8 +103,9 @@ def build_parser(prog="tntrun"):
         description="Run a Python program on many processes with Tarantella (data parallel).",
         epilog=EXAMPLES, formatter_class=_HelpFormatter, allow_abbrev=False)
     p.add_argument("--version", "--check-build", dest="version", action="store_true",
-                   help="print the version and the transports available on this machine (and "
-                        "why the others are not), then exit")
+                   help="print the version, the transports available on this machine (and "
+                        "why the others are not) and the TensorFlow frontend's state (compiled "
+                        "ops, GPUs, CUDA runtime, NCCL), then exit")
     p.add_argument("--dry-run", action="store_true",
                    help="print the command and environment of every rank (or the engine command "
                         "for several hosts) and start nothing")
