@@ -189,3 +189,30 @@ def cited_names():
         for m in _CITED.finditer(text):
             out.setdefault(m.group(0), []).append(f"{page}:{text.count(chr(10), 0, m.start()) + 1}")
     return out
+
+
+def launcher_from_source(folder):
+    """With TNT_TEST_RUNNER_FROM_SOURCE set (as test/runner reads it), a folder holding
+    `tntrun` and `tarantella` commands that run this checkout's runner/, to put first on
+    PATH; else None (the installed commands run). Without it, a second checkout (a git
+    worktree) tested the launcher that the editable install maps to the first one."""
+    if not os.environ.get("TNT_TEST_RUNNER_FROM_SOURCE"):
+        return None
+    import shlex
+    import sys
+
+    os.makedirs(folder, exist_ok=True)
+    shim = os.path.join(folder, "shim")
+    if not os.path.exists(shim):
+        os.mkdir(shim)
+        os.symlink(os.path.join(REPO, "runner"), os.path.join(shim, "runner"))
+    for name in ("tntrun", "tarantella"):
+        boot = (f"import sys; sys.argv[0] = {name!r}; import tarantella; "
+                f"tarantella.__path__.append({shim!r}); "
+                "from tarantella.runner.cli import main; sys.exit(main())")
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write(f"#!/bin/sh\nPYTHONPATH={shlex.quote(REPO)}${{PYTHONPATH:+:$PYTHONPATH}} "
+                    f"exec {shlex.quote(sys.executable)} -c {shlex.quote(boot)} \"$@\"\n")
+        os.chmod(path, 0o755)
+    return folder

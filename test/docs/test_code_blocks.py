@@ -7,10 +7,16 @@
   the page's own, holding the page's `<!-- file: NAME -->` blocks, examples/,
   and stand-ins for the files the pages' commands name (STAND_INS below);
 - marks (doc_blocks.py): a reason for every block that does not run here,
-  every file block used, every `run-by` block run by that test.
+  every file block used, every `run-by` block run by that test;
+- what the pages quote as a command's output (EXPECTED_OUTPUT below) is in the
+  output of the block that runs it, and the `tnt.NAME`s the pages cite exist
+  (run_python_blocks.py).
+With TNT_TEST_RUNNER_FROM_SOURCE set, the blocks' `tntrun` is this checkout's
+runner/, as for test/runner.
 """
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -50,6 +56,40 @@ STAND_INS = {
 STAND_IN_COMMANDS = {"python3.12": sys.executable}
 
 
+# what the pages say a command prints, checked in the output of the shell block that runs
+# it (the exact line of the block -> regular expressions, each to be found; with a count, to
+# be found that many times): a block that still exits 0 but no longer prints what the text
+# around it quotes is drift all the same
+EXPECTED_OUTPUT = {
+    # quickstart.md: both runs print, and of the two ranks only rank 0 does
+    "tntrun -n 2 -- train.py     # two ranks": [(r"accuracy per epoch: \[", 2)],
+    # installation.md: "it prints `[2.]`", and the INFO line of the transport
+    'tntrun -n 2 -- python -c "import numpy, tarantella as tnt; print(tnt.allreduce(numpy.ones(1)))"':
+        [r"(?m)^\[2\.\]$"],
+    'TNT_LOG_LEVEL=INFO tntrun -n 2 -- python -c "import tarantella as tnt; tnt.init()" 2>&1 | grep "transport"':
+        [r"transport shm selected \(TNT_TRANSPORT=auto\)"],
+    # troubleshooting.md: the hang's error, and rank 1 (stopped by tntrun) as the root cause
+    'tntrun -n 2 --timeout 5 -- hang.py || echo "tntrun exited with $?"': [
+        r"TimeoutError: allreduce 'allreduce\.1' was submitted on rank 0 \d+ s ago but ranks \[1\] "
+        r"never submitted it .*rank 1 \(pid \d+ on \S+\) is alive but did not answer",
+        r"Root cause \(first failure not caused by another rank\):\n  rank:    1 \(local_rank 1\)",
+        r"Other failures:\n  rank:    0 ", r"tntrun exited with \d+"],
+    # troubleshooting.md: the report of a failed rank, as quoted
+    # (whether rank 0 was still running, and so "Stopped by tntrun", is a race: rank 1's
+    # abort lets rank 0's collective fail as rank 1 exits)
+    'tntrun -n 2 -- fail.py || echo "tntrun exited with $?"': [
+        r"=+\ntntrun: fail\.py FAILED\n-+\n"
+        r"Root cause \(first failure not caused by another rank\):\n  rank:    1 \(local_rank 1\)",
+        r"error:   ValueError: rank 1 found a bad input file", r"tntrun exited with 1\b"],
+    # troubleshooting.md: the ranks died with their tntrun; what is left is its files
+    "tntrun --cleanup -- sleepy.py  # what is left of its jobs: processes, shared memory, files": [
+        # (of as many ranks as it had started when it was killed: 2, unless a loaded machine
+        # had not started both within the block's 2 s)
+        r"tntrun --cleanup: job \w+ \(sleepy\.py, started by tntrun pid \d+, gone\): "
+        r"0 of \d process\(es\) still running", ("sent SIG", 0)],
+}
+
+
 # blocks that fail because of a bug outside the docs (reported): a warning
 # while they fail; once one passes, the test fails until its entry is removed
 KNOWN_FAILURES = {}  # block -> why it fails today; the test fails once one passes
@@ -63,8 +103,9 @@ def _env(tmp_path):
         bin_dir.mkdir()
         for name, target in STAND_IN_COMMANDS.items():
             os.symlink(target, bin_dir / name)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", ""),
-                                   str(bin_dir)])
+    source = db.launcher_from_source(str(tmp_path / "launcher-bin"))
+    env["PATH"] = os.pathsep.join(([source] if source else []) + [
+        os.path.dirname(sys.executable), env.get("PATH", ""), str(bin_dir)])
     env["PYTHONPATH"] = db.REPO + os.pathsep + env.get("PYTHONPATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     env["TNT_STATE_DIR"] = str(tmp_path / "tntrun-state")  # --cleanup sees only our jobs
@@ -93,6 +134,7 @@ def _runs(block):
 def test_every_code_block_runs_or_says_why_not():
     problems = []
     commands = {c.strip() for c in test_examples.COMMANDS.values()}
+    quoted = set()  # every line of the shell blocks that run
     for page in db.pages():
         blocks = db.blocks(page)
         shell = "\n".join(b.text for b in blocks if b.kind == "shell" and _runs(b))
@@ -109,9 +151,13 @@ def test_every_code_block_runs_or_says_why_not():
                 problems.append(f"{where}: not a command of test/docs/test_examples.py")
             elif b.mark == "requires" and b.kind != "shell":
                 problems.append(f"{where}: `requires` is for shell blocks")
+            if b.kind == "shell" and _runs(b):
+                quoted.update(line.strip() for line in b.text.splitlines())
         for path in db.literal_includes(page):
             if not any(path in c for c in commands):
                 problems.append(f"{page} includes {path}, which test_examples.py does not run")
+    problems += [f"EXPECTED_OUTPUT names {line!r}, which no shell block that runs holds"
+                 for line in EXPECTED_OUTPUT if line not in quoted]
     assert not problems, "\n".join(problems)
 
 
@@ -161,3 +207,11 @@ def test_shell_blocks(page, tmp_path):
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, (f"{block.id} failed ({result.returncode}):\n{block.text}\n"
                                         f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+        output = result.stdout + result.stderr
+        for line in (ln.strip() for ln in block.text.splitlines()):
+            for expected in EXPECTED_OUTPUT.get(line, ()):
+                pattern, count = expected if isinstance(expected, tuple) else (expected, None)
+                found = len(re.findall(pattern, output))
+                assert found == count if count is not None else found, (
+                    f"{block.id}: the page says `{line}` prints {pattern!r}"
+                    f"{'' if count is None else f' {count} time(s)'}; found {found}:\n{output[-5000:]}")

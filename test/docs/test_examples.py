@@ -22,7 +22,9 @@ COMMANDS = {
 def launch(name, tmp_path):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TNT_", "SLURM_", "OMPI_", "PMI_", "PMIX_"))}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    source = db.launcher_from_source(str(tmp_path / "launcher-bin"))
+    env["PATH"] = os.pathsep.join(([source] if source else []) + [
+        os.path.dirname(sys.executable), env.get("PATH", "")])
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     env["TNT_TIMEOUT_S"] = "120"
     os.symlink(os.path.join(db.REPO, "examples"), tmp_path / "examples")
