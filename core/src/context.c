@@ -276,8 +276,9 @@ static tnt_result_t allreduce_async_in(const char *name, const void *in, void *o
   if ((dtype == TNT_INT32 || dtype == TNT_INT64) && !(prescale == trunc(prescale) && fabs(prescale) < 9.2e18))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allreduce '%s': prescale=%g on an integer dtype must be a whole number "
                     "of magnitude below 9.2e18 (integer products wrap like the sum; a fraction cannot be exact, and a "
-                    "larger factor has no 64-bit integer): scale the integers yourself, or use a floating-point dtype",
-                    name ? name : "", prescale);
+                    "larger factor has no 64-bit integer): scale the integers yourself, or use a floating-point dtype. "
+                    "Received: prescale=%g for %s",
+                    name ? name : "", prescale, prescale, tnt_dtype_name(dtype));
   if (!isfinite(prescale))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "allreduce '%s': prescale must be a finite number. Received: %g",
                     name ? name : "", prescale);

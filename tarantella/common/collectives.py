@@ -85,7 +85,7 @@ def _refuse_masked(array, what):
             f"{what} does not take masked arrays: the masked values would be combined too. "
             "Fill them with what the collective should see (array.filled(0) for a sum), or "
             "combine the mask separately (e.g. an allreduce of (~array.mask).astype(np.int64) "
-            "to count the valid values)")
+            f"to count the valid values). Received: a numpy.ma.MaskedArray, {array.dtype}{array.shape}")
 
 
 def _as_input(array, what):
@@ -314,8 +314,9 @@ def _output(out, array, what):
         offset = out.ctypes.data - array.ctypes.data
         if offset:
             raise InvalidArgumentError(
-                f"{what}: out overlaps the input without being it (it starts {offset:+d} bytes from the "
-                "input's start). Pass out=<the input itself> to work in place, or an array of its own.")
+                f"{what}: out overlaps the input without being it. Pass out=<the input itself> to work "
+                f"in place, or an array of its own. Received: out={_described(out)} starting "
+                f"{offset:+d} bytes from the input's start")
     return out
 
 

@@ -79,6 +79,7 @@ def test_bad_input_to_a_running_core():
             # int64 sum was multiplied by 2**53 where 2**53 + 1 was given, without a word
             "prescale-str": lambda: tnt.allreduce(x, prescale="2"),
             "prescale-none": lambda: tnt.allreduce(x, prescale=None),
+            "prescale-fraction": lambda: tnt.allreduce(np.ones(2, np.int64), prescale=0.5),
             "prescale-inexact": lambda: tnt.allreduce(np.ones(2, np.int64), prescale=2**53 + 1),
             "prescale-inexact-async": lambda: tnt.allreduce_async(np.ones(2, np.int64), prescale=np.int64(2**62 + 1)),
             # NumPy wraps these in an array of dtype object, which was refused as an unsupported dtype to cast
@@ -102,12 +103,13 @@ def test_bad_input_to_a_running_core():
                 "op": '"sum" or "average"', "op-type": '"sum" or "average"', "name": "at most 255 bytes",
                 "name-type": "non-empty string", "out-readonly": "Received: float32(4,), read-only", "out-shape": "float32(4,)",
                 "out-dtype": "float32(4,)", "out-strided": "Received: float32(4,), not C-contiguous",
-                "out-overlaps": "overlaps the input without being it (it starts +4 bytes",
-                "out-overlaps-broadcast": "overlaps the input without being it (it starts -4 bytes",
+                "out-overlaps": "Received: out=float32(8,) starting +4 bytes from the input's start",
+                "out-overlaps-broadcast": "Received: out=float32(8,) starting -4 bytes",
                 "masked": "does not take masked arrays", "masked-broadcast": "does not take masked arrays",
                 "masked-allgather": "does not take masked arrays", "masked-leaf": "does not take masked arrays",
                 "masked-leaf-allgather": "does not take masked arrays",
                 "prescale-str": "prescale must be a real number", "prescale-none": "Received: prescale=None",
+                "prescale-fraction": "Received: prescale=0.5 for int64",
                 "prescale-inexact": "prescale=9007199254740993 on an integer dtype",
                 "prescale-inexact-async": "exactly only up to 2**53",
                 "async-structure": "Received: dict (a nested structure: the blocking tnt.allreduce",
@@ -115,6 +117,8 @@ def test_bad_input_to_a_running_core():
                 "none": "expects a NumPy array. Received: NoneType"}
     for label, words in expected.items():
         assert lines.get(label, "").startswith("MESSAGE:") and words in lines[label], (label, res.stdout + res.stderr)
+        # api.md, "Errors": an InvalidArgumentError's message ends with what was received
+        assert "Received: " in lines[label], (label, lines[label])
     assert lines.get("after:") == "[2.0, 2.0, 2.0, 2.0] [1.0, 1.0, 1.0, 1.0] [1.0, 1.0, 1.0, 1.0] [9007199254740992] [-3]", \
         res.stdout + res.stderr
 
