@@ -57,6 +57,15 @@ def pages():
                   if not os.path.relpath(p, DOCS).startswith("_"))
 
 
+# the README's blocks run as the pages' do (it is not a page of the site), named from docs/
+README = os.path.relpath(os.path.join(REPO, "README.md"), DOCS)
+
+
+def code_pages():
+    """The pages whose code blocks the tests run: the site's and the README."""
+    return pages() + [README]
+
+
 def _kind(info):
     info = info.strip()
     if info.startswith("{"):
@@ -173,8 +182,7 @@ _CITED = re.compile(r"(?<![\w.'\"])tnt(?:\.[A-Za-z_]\w*)+(?![\w.@<'\"])")
 def cited_names():
     """{`tnt.X.Y`: [where]} for every such name in the prose and the python blocks of the
     pages and of the README (not in display blocks: a timeline shows request names)."""
-    sources = [(p, os.path.join(DOCS, p)) for p in pages()]
-    sources.append(("README.md", os.path.join(REPO, "README.md")))
+    sources = [(p, os.path.join(DOCS, p)) for p in code_pages()]
     out = {}
     for page, path in sources:
         with open(path) as f:

@@ -9,7 +9,7 @@ would type them.
 """
 
 # pages whose python blocks are fragments (relative to docs/)
-FRAGMENT_PAGES = {"index.md", "keras.md", "api.md"}
+FRAGMENT_PAGES = {"index.md", "keras.md", "api.md", "../README.md"}
 
 SETUP = '''
 import keras

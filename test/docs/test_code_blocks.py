@@ -61,6 +61,9 @@ STAND_IN_COMMANDS = {"python3.12": sys.executable}
 # be found that many times): a block that still exits 0 but no longer prints what the text
 # around it quotes is drift all the same
 EXPECTED_OUTPUT = {
+    # README.md: the program gets its arguments, on 4 ranks that reach each other
+    "tntrun -n 4 -- train.py --epochs 3     # 4 ranks on this host (`tarantella` is the same command)":
+        [r"train\.py --epochs 3: rank 0 of 4, allreduce 4"],
     # quickstart.md: both runs print, and of the two ranks only rank 0 does
     "tntrun -n 2 -- train.py     # two ranks": [(r"accuracy per epoch: \[", 2)],
     # installation.md: "it prints `[2.]`", and the INFO line of the transport
@@ -135,7 +138,7 @@ def test_every_code_block_runs_or_says_why_not():
     problems = []
     commands = {c.strip() for c in test_examples.COMMANDS.values()}
     quoted = set()  # every line of the shell blocks that run
-    for page in db.pages():
+    for page in db.code_pages():
         blocks = db.blocks(page)
         shell = "\n".join(b.text for b in blocks if b.kind == "shell" and _runs(b))
         for b in blocks:
@@ -163,7 +166,7 @@ def test_every_code_block_runs_or_says_why_not():
 
 def test_python_blocks_and_docstring_examples_on_two_ranks(tmp_path):
     spec = []
-    for page in db.pages():
+    for page in db.code_pages():
         blocks = [b for b in db.blocks(page) if b.kind == "python" and _runs(b)]
         if blocks:
             spec.append({"page": page, "dir": str(_page_folder(tmp_path, page)),
@@ -191,7 +194,7 @@ def test_python_blocks_and_docstring_examples_on_two_ranks(tmp_path):
         assert any(k.startswith("docstring of") for k in results), "no docstring example found"
 
 
-SHELL_PAGES = [p for p in db.pages() if any(b.kind == "shell" and _runs(b) for b in db.blocks(p))]
+SHELL_PAGES = [p for p in db.code_pages() if any(b.kind == "shell" and _runs(b) for b in db.blocks(p))]
 
 
 @pytest.mark.parametrize("page", SHELL_PAGES)
