@@ -36,7 +36,7 @@ examples:
   tntrun --cleanup -- train.py                  stop leftovers of a killed job of train.py
   tntrun -n 2 --python-interpreter "" -- ./run.sh   run an executable, not a Python script
 
-docs: docs/cli.md; environment variables: TNT_* (see `tntrun --help` of each flag)
+docs: docs/cli.md; environment variables (TNT_*): docs/environment.md
 """
 
 

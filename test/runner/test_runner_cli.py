@@ -18,6 +18,8 @@ def test_help_is_grouped_and_has_examples():
     # the core's defaults, filled in only for the help (reading them loads the core)
     text = " ".join(res.stdout.split())
     assert "<TNT_" not in text and re.search(r"TNT_TIMEOUT_S; default \d+\)", text), res.stdout
+    # where the environment variables are listed: the help said "see `tntrun --help`", itself
+    assert "environment variables (TNT_*): docs/environment.md" in text
     assert re.search(r"TNT_FUSION_THRESHOLD_KB; default \d+\)", text), res.stdout
 
 
