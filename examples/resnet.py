@@ -145,6 +145,14 @@ def main():
     if resume_from:
         # the weights, the optimizer's state and its step count (so the schedule goes on)
         model = tnt.models.load_model(resume_from)  # tnt
+        planned = model.optimizer._learning_rate  # the schedule the run began with
+        if isinstance(planned, keras.optimizers.schedules.CosineDecay) and \
+                planned.warmup_steps + planned.decay_steps != warmup_steps + max(total_steps - warmup_steps, 1):
+            # its rate is 0 from its last step on: more epochs would train at rate 0, without a word
+            parser.error(f"--resume continues the run of {resume_from}, whose learning-rate schedule "
+                         f"ends after {planned.warmup_steps + planned.decay_steps} steps; --epochs "
+                         f"{args.epochs} --steps {args.steps} make {total_steps}: resume with the run's "
+                         "--epochs, --steps and --warmup-epochs (a longer run starts afresh)")
     else:
         keras.utils.set_random_seed(42)
         schedule = keras.optimizers.schedules.CosineDecay(
