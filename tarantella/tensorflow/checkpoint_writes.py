@@ -25,7 +25,7 @@ A write is a section of the rank's own (busy.py): the other ranks wait for a
 master-only save in their next collective for as long as it takes (up to
 TNT_BUSY_TIMEOUT_S), where a write longer than TNT_TIMEOUT_S ended the job.
 
-The lock is a file in the host's temporary folder named after the checkpoint's
+The lock is a file in the host's /tmp named after the checkpoint's
 folder: an fcntl lock ends with its process, so a rank killed in a write frees
 it. Ranks on several hosts that share a file system are not ordered by it:
 there, save on the master only (custom-training-loops.md).
@@ -44,7 +44,10 @@ def _lock_path(file_prefix):
     folder = os.path.dirname(os.path.abspath(os.fspath(file_prefix))) or "/"
     folder = os.path.realpath(folder)
     digest = hashlib.sha1(os.fsencode(folder)).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"tnt-checkpoint-{os.getuid()}-{digest}.lock")
+    # /tmp, not $TMPDIR: a cluster may give each task a TMPDIR of its own, and the ranks of a
+    # host must meet at one lock
+    base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+    return os.path.join(base, f"tnt-checkpoint-{os.getuid()}-{digest}.lock")
 
 
 def _several_ranks():
