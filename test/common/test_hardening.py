@@ -122,6 +122,24 @@ def test_two_processes_claiming_one_rank_void_the_job_on_every_rank():
     assert shm_objects(job) == []
 
 
+def test_a_second_rank_0_of_one_job_id_voids_the_job_it_found():
+    # two hand-made jobs of one TNT_JOB_ID, started a little apart: the second job's rank 0 found
+    # the name taken and failed ("File exists"), and its rank 1 joined the first job's segment:
+    # the two jobs' ranks summed each other's data and exited 0. Now the second rank 0 voids the
+    # segment it found, and every rank in it fails with the collision. (Rank 2 never starts, so
+    # that the segment stays open while the second rank 0 arrives.)
+    job = secrets.token_hex(16)
+    first = [start(0, 3, job)]
+    time.sleep(0.5)
+    first.append(start(1, 3, job))  # the first job's, or the second's: it cannot be told
+    time.sleep(0.5)
+    results = [outcome(p) for p in first + [start(0, 3, job)]]
+    for got in results:
+        assert got["error"] == "InvalidUsageError" and "claimed rank 0" in got["message"], results
+        assert "same TNT_JOB_ID" in got["message"], results
+    assert shm_objects(job) == []
+
+
 def test_a_rank_whose_set_up_failed_tells_the_others_why():
     # rank 1 never starts; rank 2 gives up first (a bound of its own) and rank 0 learns it from
     # rank 2's abort, whose reason was empty: rank 0 read "rank 2 aborted ()", without the missing rank

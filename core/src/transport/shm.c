@@ -510,21 +510,52 @@ static tnt_result_t stale_segment(const shm_t *s, pid_t pid) {
                   G(s, s->pl.rank), s->name, s->pl.job_id, (int)pid, s->name);
 }
 
-/* Rank 0 found its segment's name taken: the error, naming a leftover (gone_rank0). */
+/* Rank 0 found its segment's name taken: the error, naming a leftover (gone_rank0).
+ * Where the segment's rank 0 lives, two jobs were started with one TNT_JOB_ID
+ * and the other one is still setting up (the last rank to attach unlinks the
+ * name): its ranks and ours are about to join it, whichever comes first, and
+ * a rank of ours that did would compute with its rank 0, without a word (a
+ * hand-made job started while another of the same id was attaching summed
+ * the two jobs' data, and both exited 0). So void it as a second claimant of
+ * any rank does (tnt_shm_init_group's compare-and-swap): every rank in it
+ * fails with the collision, at the end of its set-up or its next wait. A
+ * segment all of whose ranks attached is left alone: it is the other job's
+ * own (its name is about to go). */
 static tnt_result_t name_taken(const shm_t *s, int err) {
-  int fd = shm_open(s->name, O_RDONLY | O_CLOEXEC, 0);
+  int fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0);
   struct stat st;
   size_t need = align_up(sizeof(shm_header_t), 4096) + sizeof(shm_rank_t);
-  pid_t gone = 0;
-  if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && (size_t)st.st_size >= need) {
-    void *base = mmap(NULL, need, PROT_READ, MAP_SHARED, fd, 0);
+  pid_t gone = 0, other = 0;
+  int voided = 0;
+  if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 077) && (size_t)st.st_size >= need) {
+    uint8_t *base = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base != MAP_FAILED) {
+      shm_header_t *hdr = (shm_header_t *)base;
+      /* its rank 0 stores the magic just after sizing it: wait for that a moment */
+      for (int i = 0; i < 200 && atomic_load(&hdr->magic) != SHM_MAGIC; i++) usleep(1000);
       gone = gone_rank0(base);
+      const shm_rank_t *r0 = (const shm_rank_t *)(base + align_up(sizeof(shm_header_t), 4096));
+      if (!gone && atomic_load(&hdr->magic) == SHM_MAGIC && atomic_load(&hdr->attached.value) < hdr->size) {
+        other = atomic_load(&r0->pid); /* 0 for a moment: it claims its block after the magic */
+        voided = 1;
+        if (!atomic_load(&hdr->collided)) {
+          snprintf(hdr->collision, sizeof hdr->collision,
+                   "two processes (pids %d and %d) claimed rank 0 of job %s: two jobs were started with the same "
+                   "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
+                   (int)other, (int)getpid(), s->pl.job_id);
+          atomic_store(&hdr->collided, 1);
+        }
+      }
       munmap(base, need);
     }
   }
   if (fd >= 0) close(fd);
   if (gone) return stale_segment(s, gone);
+  if (voided)
+    return tnt_fail(TNT_ERR_INVALID_USAGE,
+                    "two processes (pids %d and %d) claimed rank 0 of job %s: two jobs were started with the same "
+                    "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
+                    (int)other, (int)getpid(), s->pl.job_id);
   return tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s (a job with this TNT_JOB_ID exists: /dev/shm%s; use a fresh "
                   "id, or, if no job with this id runs, remove it: rm /dev/shm%s)", s->name, strerror(err), s->name,
                   s->name);
