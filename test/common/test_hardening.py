@@ -140,6 +140,69 @@ def test_a_second_rank_0_of_one_job_id_voids_the_job_it_found():
     assert shm_objects(job) == []
 
 
+@pytest.mark.parametrize("sizes, envs, says", [
+    ((2, 2), ({}, {"TNT_SHM_SLOTS": "16"}), "TNT_SHM_SLOTS or TNT_SHM_SLOT_KB differ"),
+    ((2, 2), ({"TNT_SHM_SLOT_KB": "512"}, {}), "TNT_SHM_SLOTS or TNT_SHM_SLOT_KB differ"),
+    ((2, 3), ({}, {}), "it has TNT_SIZE=3, rank 0"),
+    ((3, 2), ({}, {}), "it has TNT_SIZE=2, rank 0")])
+def test_a_rank_whose_shared_memory_would_differ_fails_with_rank_0_at_once(sizes, envs, says):
+    # a rank whose segment would be larger than rank 0's waited for one of its size until
+    # TNT_TIMEOUT_S ("is rank 0 running with the same TNT_JOB_ID?"); one whose segment would be
+    # smaller failed at once ("TNT_SIZE 2 vs 2") but wrote its failure where rank 0 did not look;
+    # rank 0 waited until TNT_TIMEOUT_S for it "to start" either way (TNT_TIMEOUT_S=20 here)
+    job = secrets.token_hex(16)
+    first = start(0, sizes[0], job, **envs[0])
+    time.sleep(0.5)
+    results = [outcome(p) for p in (first, start(1, sizes[1], job, **envs[1]))]
+    for got in results:
+        assert got["error"] == "InvalidUsageError", results
+        assert "rank 1" in got["message"] and "disagrees with the job" in got["message"], results
+        assert says in got["message"], results
+    assert shm_objects(job) == []
+
+
+def test_a_rank_of_a_build_with_another_shared_memory_layout_fails_with_rank_0_at_once():
+    # a joining rank whose build lays the segment out otherwise (another magic) waited until
+    # TNT_TIMEOUT_S for the magic of its own ("never initialized by rank 0"), and rank 0 for it
+    # "to start". Now it fails at once and leaves the magic that every build's rank 0 reads as
+    # "another build joined". Both sides, without a second build: the test plays the other one.
+    import mmap
+    import struct
+    job = secrets.token_hex(16)
+    path = f"/dev/shm/tnt-{job}"
+    with open(path, "wb") as f:  # another build's rank 0 (this process, alive): magic "TNT9"
+        f.truncate(64 << 20)
+        f.write(struct.pack("<I", 0x544E5439))
+    os.chmod(path, 0o600)
+    try:
+        got = outcome(start(1, 2, job))
+        assert got["error"] == "InvalidUsageError" and "has another layout (0x544e5439)" in got["message"], got
+        with open(path, "rb") as f:
+            assert struct.unpack("<I", f.read(4))[0] == 0x544E5446, "the joining rank leaves TNTF for rank 0"
+    finally:
+        os.unlink(path)
+    # this build's rank 0, and a rank of another build that joins its segment (the test)
+    job = secrets.token_hex(16)
+    path = f"/dev/shm/tnt-{job}"
+    first = start(0, 2, job)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(path, "r+b") as f:
+                m = mmap.mmap(f.fileno(), 4096)
+                if struct.unpack("<I", m[:4])[0] != 0:  # rank 0 has laid it out (its magic)
+                    m[:4] = struct.pack("<I", 0x544E5446)
+                    m.close()
+                    break
+                m.close()
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.01)
+    got = outcome(first)
+    assert got["error"] == "InvalidUsageError" and "a rank of another build of Tarantella" in got["message"], got
+    assert shm_objects(job) == []
+
+
 def test_a_rank_whose_set_up_failed_tells_the_others_why():
     # rank 1 never starts; rank 2 gives up first (a bound of its own) and rank 0 learns it from
     # rank 2's abort, whose reason was empty: rank 0 read "rank 2 aborted ()", without the missing rank

@@ -55,6 +55,9 @@
 #include "put_copy.h"
 
 #define SHM_MAGIC 0x544e5432u /* "TNT2": changes with the segment's layout, so that ranks of two builds do not share one */
+/* What a joining rank of another build (another SHM_MAGIC) leaves in the magic word, so
+ * that rank 0 fails at once too: the same in every build, never to change. */
+#define SHM_MAGIC_FOREIGN 0x544e5446u /* "TNTF" */
 #define CACHE_LINE 64
 /* Each of a rank's two exchange buffers: the negotiation's message needs
  * TNT_EXCHANGE_MAX; the direct allreduce (allreduce_direct.c) moves a chunk of
@@ -81,7 +84,7 @@ typedef struct {
   uint64_t total_bytes, window_bytes, block_bytes;
   shm_word_t attached;
   _Atomic uint64_t cycle_wanted;
-  _Atomic uint32_t collided; /* two processes claimed one rank: the job is void */
+  _Atomic uint32_t collided; /* two processes claimed one rank, or a rank disagreed on the set-up: the job is void */
   char pad0[CACHE_LINE];
   shm_word_t arrived;           /* exchange posts of every rank, all rounds: round r is complete at r * size */
   _Atomic uint32_t spinners;    /* threads of this host busy-waiting now (at most one per core) */
@@ -172,6 +175,10 @@ static tnt_result_t peer_aborted(shm_t *s, int r, const char *what) {
 static tnt_result_t check_job(shm_t *s, const char *what) {
   if (atomic_load(&s->hdr->collided))
     return tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
+  if (atomic_load(&s->hdr->magic) == SHM_MAGIC_FOREIGN) /* joinable(), in a rank of another build */
+    return tnt_fail(TNT_ERR_INVALID_USAGE, "a rank of another build of Tarantella (another layout of the shared "
+                    "memory) tried to join job %s, and failed: every rank must run the same release of Tarantella "
+                    "(the same install, or the same version built alike)", s->pl.job_id);
   for (int r = 0; r < s->pl.size; r++)
     if (r != s->pl.rank && atomic_load(&s->ranks[r]->state) == RANK_FAILED) return peer_aborted(s, r, what);
   return TNT_SUCCESS;
@@ -561,6 +568,70 @@ static tnt_result_t name_taken(const shm_t *s, int err) {
                   s->name);
 }
 
+/* A joining rank's look at the segment rank 0 made, before it maps the whole of
+ * it: 1 when it may, 0 while rank 0 is still setting it up, -1 (and *res) when it
+ * never can. A rank whose segment would have another size (another TNT_SIZE,
+ * TNT_SHM_SLOTS or TNT_SHM_SLOT_KB than rank 0's) or whose build has another
+ * layout waited for a segment of its own size or magic until TNT_TIMEOUT_S ("is
+ * rank 0 running with the same TNT_JOB_ID?"), or failed at once with "TNT_SIZE 2
+ * vs 2" and wrote its failure where rank 0 did not look, while rank 0 waited
+ * until TNT_TIMEOUT_S for it "to start". Now both fail at once, saying what
+ * differs: rank 0 through the segment's collision (a disagreement) or its magic
+ * word (another build, which cannot know the rest of the layout). */
+static int joinable(shm_t *s, size_t file_size, tnt_result_t *res) {
+  const size_t head = align_up(sizeof(shm_header_t), 4096), need = head + sizeof(shm_rank_t);
+  if (file_size < need) return 0; /* rank 0 is still sizing it (any build's segment is larger) */
+  uint8_t *base = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+  if (base == MAP_FAILED) {
+    *res = tnt_fail(TNT_ERR_SYSTEM, "mmap of %s failed: %s", s->name, strerror(errno));
+    return -1;
+  }
+  shm_header_t *hdr = (shm_header_t *)base;
+  const shm_rank_t *r0 = (const shm_rank_t *)(base + head);
+  uint32_t magic = atomic_load(&hdr->magic);
+  int verdict = 0;
+  pid_t gone = gone_rank0(base);
+  if (gone) { /* never join it, nor mark it: the new rank 0 finds it and says the same */
+    *res = stale_segment(s, gone);
+    verdict = -1;
+  } else if (magic == SHM_MAGIC && hdr->size == (uint32_t)s->pl.size && hdr->total_bytes == s->total) {
+    verdict = 1;
+  } else if (magic == SHM_MAGIC) {
+    char differs[256];
+    if (hdr->size != (uint32_t)s->pl.size)
+      snprintf(differs, sizeof differs, "it has TNT_SIZE=%d, rank %d (pid %d, which made the job's shared memory) "
+               "TNT_SIZE=%u", s->pl.size, G(s, 0), (int)atomic_load(&r0->pid), hdr->size);
+    else
+      snprintf(differs, sizeof differs, "its shared-memory window is %llu bytes, rank %d's (pid %d) %llu: "
+               "TNT_SHM_SLOTS or TNT_SHM_SLOT_KB differ", (unsigned long long)s->total, G(s, 0),
+               (int)atomic_load(&r0->pid), (unsigned long long)hdr->total_bytes);
+    if (!atomic_load(&hdr->collided)) {
+      snprintf(hdr->collision, sizeof hdr->collision, "rank %d (pid %d) disagrees with the job %s on its set-up: %s; "
+               "give every rank the same environment (tntrun does)", G(s, s->pl.rank), (int)getpid(),
+               s->pl.job_id, differs);
+      atomic_store(&hdr->collided, 1);
+    }
+    *res = tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d (pid %d) disagrees with the job %s on its set-up: %s; give every "
+                    "rank the same environment (tntrun does)", G(s, s->pl.rank), (int)getpid(), s->pl.job_id, differs);
+    verdict = -1;
+  } else if (magic == SHM_MAGIC_FOREIGN) { /* a rank of another build came first, and voided it */
+    *res = tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d: a rank of another build of Tarantella (another layout of the "
+                    "shared memory) tried to join job %s, and failed: every rank must run the same release of "
+                    "Tarantella (the same install, or the same version built alike)", G(s, s->pl.rank), s->pl.job_id);
+    verdict = -1;
+  } else if (magic != 0) {
+    uint32_t theirs = magic;
+    atomic_compare_exchange_strong(&hdr->magic, &theirs, SHM_MAGIC_FOREIGN);
+    *res = tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d: the shared memory of job %s (/dev/shm%s) has another layout "
+                    "(0x%08x) than this build of Tarantella makes (0x%08x): rank %d runs another build or release; "
+                    "every rank must run the same release of Tarantella (the same install)", G(s, s->pl.rank),
+                    s->pl.job_id, s->name, magic, SHM_MAGIC, G(s, 0));
+    verdict = -1;
+  }
+  munmap(base, need);
+  return verdict;
+}
+
 tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
                                 const int *global, void **state) {
   shm_t *s = calloc(1, sizeof *s);
@@ -634,9 +705,11 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
           s->fd = -1; /* not ours: never unlink it */
           goto fail;
         }
-        if ((size_t)st.st_size >= s->total) break;
+        int ok = joinable(s, (size_t)st.st_size, &res);
+        if (ok > 0) break;
         close(s->fd);
-        s->fd = -1;
+        s->fd = -1; /* rank 0's, not ours: never unlink it */
+        if (ok < 0) goto fail;
       } else if (errno != ENOENT) {
         res = tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s", s->name, strerror(errno));
         goto fail;
