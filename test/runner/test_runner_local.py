@@ -156,13 +156,16 @@ def test_output_on_all_devices_prefixes_every_line(script):
         print(f"out of {os.environ['TNT_RANK']}")
         print(f"err of {os.environ['TNT_RANK']}", file=sys.stderr)
         print("TNT_OUTPUT_ON_ALL_DEVICES=" + os.environ.get("TNT_OUTPUT_ON_ALL_DEVICES", ""))
+        print("stdin: " + repr(sys.stdin.read()))
     """)
-    res = run_tntrun(["-n", "3", "--output-on-all-devices", "--", path])
+    res = run_tntrun(["-n", "3", "--output-on-all-devices", "--", path], input="typed\n")
     assert res.returncode == 0, res.stderr
     out = set(res.stdout.splitlines())
     for r in range(3):
         assert f"[{r}] out of {r}" in out and f"[{r}] err of {r}" in res.stderr
         assert f"[{r}] TNT_OUTPUT_ON_ALL_DEVICES=true" in out
+        # tntrun's stdin reaches rank 0 alone; the others read an empty one (cli.md)
+        assert f"[{r}] stdin: " + repr("typed\n" if r == 0 else "") in out, res.stdout
 
 
 def test_output_and_log_settings_from_the_environment_are_the_flags(script):
