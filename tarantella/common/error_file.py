@@ -24,9 +24,9 @@ _written = False  # write() ran: the rank's uncaught exception is on record
 _job_error = None  # the first error of a collective that broke the job (note())
 
 
-def write(exc_type, exc, tb, path=None, caught=False, thread=None):
+def write(exc_type, exc, tb, path=None, caught=False, thread=None, final=True):
     global _written
-    if thread is None:
+    if thread is None and final:
         _written = True
     path = path or config.get("TNT_ERROR_FILE")
     if not path:
@@ -68,6 +68,14 @@ def note(exc):
     global _job_error
     if _job_error is None and exc is not None:
         _job_error = exc
+        # on record at once, marked caught: a program that catches it and ends without
+        # Python's exit (os._exit(0), which skips write_if_caught) left no record, and
+        # tntrun exited 0 for a broken job. An uncaught exception, or the exit, writes over it.
+        if not _written and _the_ranks_own():
+            try:
+                write(type(exc), exc, exc.__traceback__, caught=True, final=False)
+            except Exception:  # noqa: BLE001 - never hide the collective's error behind ours
+                pass
 
 
 def _the_ranks_own():

@@ -156,6 +156,33 @@ def test_a_collective_that_failed_fails_the_job_even_if_the_program_went_on(scri
     assert "error:   PeerLostError" in root and "the program went on after this error" in root, report
 
 
+def test_a_caught_collective_error_fails_the_job_also_after_os_exit(script):
+    # rank 1 finishes after the first allreduce; rank 0 catches the PeerLostError of its last
+    # one and ends with os._exit(0) (as programs do that must not hang at exit): the error,
+    # written only at Python's exit, was never written, and tntrun exited 0 for a broken job.
+    # It is on record as soon as the program's call gets it now
+    path = script("""
+        import os
+        import numpy as np
+        import tarantella as tnt
+
+        tnt.allreduce(np.ones(2), name="first")
+        if tnt.get_rank() == 0:
+            try:
+                tnt.allreduce(np.ones(2), name="last")
+            except tnt.PeerLostError as exc:
+                print("rank 0 caught", type(exc).__name__, flush=True)
+            os._exit(0)
+    """)
+    res = run_tntrun(["-n", "2", "--", path], timeout=120)
+    assert "rank 0 caught PeerLostError" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 1, res.stdout + res.stderr
+    root = _section(res.stderr[res.stderr.index("=" * WIDTH):], "Root cause")
+    assert "rank:    0" in root and "exit code 0" in root, root
+    assert "error:   PeerLostError: rank 1 has shut down" in root, root
+    assert "the program went on after this error" in root, root
+
+
 def test_a_collective_that_broke_the_job_fails_it_whatever_error_the_program_caught(script):
     # each rank trains in a thread of another default name (rank 1 started one more thread
     # first), so their unnamed allreduces never meet: the core fails them at the stall warning
