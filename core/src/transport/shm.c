@@ -607,12 +607,13 @@ static int joinable(shm_t *s, size_t file_size, tnt_result_t *res) {
                (int)atomic_load(&r0->pid), (unsigned long long)hdr->total_bytes);
     if (!atomic_load(&hdr->collided)) {
       snprintf(hdr->collision, sizeof hdr->collision, "rank %d (pid %d) disagrees with the job %s on its set-up: %s; "
-               "give every rank the same environment (tntrun does)", G(s, s->pl.rank), (int)getpid(),
+               "give every rank the same environment (tntrun does), and every job its own TNT_JOB_ID", G(s, s->pl.rank), (int)getpid(),
                s->pl.job_id, differs);
       atomic_store(&hdr->collided, 1);
     }
     *res = tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d (pid %d) disagrees with the job %s on its set-up: %s; give every "
-                    "rank the same environment (tntrun does)", G(s, s->pl.rank), (int)getpid(), s->pl.job_id, differs);
+                    "rank the same environment (tntrun does), and every job its own TNT_JOB_ID", G(s, s->pl.rank),
+                    (int)getpid(), s->pl.job_id, differs);
     verdict = -1;
   } else if (magic == SHM_MAGIC_FOREIGN) { /* a rank of another build came first, and voided it */
     *res = tnt_fail(TNT_ERR_INVALID_USAGE, "rank %d: a rank of another build of Tarantella (another layout of the "
