@@ -203,6 +203,51 @@ def test_a_rank_of_a_build_with_another_shared_memory_layout_fails_with_rank_0_a
     assert shm_objects(job) == []
 
 
+EARLY_WORKER = """
+import json, os, subprocess, sys, time, tarantella as tnt
+if os.environ.get("WORKER"):  # started before the rank's tnt.init, it calls in during it
+    time.sleep(1)
+try:
+    worker = None if os.environ.get("WORKER") else subprocess.Popen(
+        [sys.executable, "-c", sys.argv[1], sys.argv[1]], env=dict(os.environ, WORKER="1"),
+        stdout=subprocess.PIPE, text=True)
+    tnt.init()
+    print(json.dumps({"error": None}))
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+if worker:
+    print(worker.communicate(timeout=60)[0].strip())
+"""
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank):
+    # a process that a rank started before its tnt.init() (a pool's worker) inherits TNT_RANK;
+    # calling in while the rank, which had claimed its place, still waited for the others, it
+    # claimed that rank a second time and voided the job (rank > 0: "two processes claimed rank
+    # 1"), or, for rank 0, failed alone with "File exists" (which now voids the segment, as a
+    # second job's rank 0 must: test_a_second_rank_0_of_one_job_id_voids_the_job_it_found). The
+    # rank's claim names the worker's ancestor: the worker fails alone, saying what it is
+    job = secrets.token_hex(16)
+    procs = {0: start(0, 3, job)} if rank else {}  # rank 1 claims its place in rank 0's segment
+    time.sleep(0.5)
+    env = clean_env(TNT_RANK=rank, TNT_SIZE=3, TNT_JOB_ID=job, TNT_TIMEOUT_S=20)
+    procs[rank] = subprocess.Popen([sys.executable, "-c", EARLY_WORKER, EARLY_WORKER], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # the others come late: `rank` waits in its set-up meanwhile
+    procs.update({r: start(r, 3, job) for r in range(3) if r not in procs})
+    out, err = procs[rank].communicate(timeout=60)
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(lines) == 2, out + err[-3000:]
+    mine, worker = lines
+    assert mine["error"] is None, lines
+    assert worker["error"] == "InvalidUsageError", lines
+    assert f"which is rank {rank} of job {job} (still starting)" in worker["message"], lines
+    for r in set(range(3)) - {rank}:
+        assert outcome(procs[r])["error"] is None
+    assert shm_objects(job) == []
+
+
 def test_a_rank_whose_set_up_failed_tells_the_others_why():
     # rank 1 never starts; rank 2 gives up first (a bound of its own) and rank 0 learns it from
     # rank 2's abort, whose reason was empty: rank 0 read "rank 2 aborted ()", without the missing rank

@@ -67,3 +67,12 @@ pid_t tnt_ancestor_in_job(const char *name) {
   }
   return 0;
 }
+
+int tnt_is_ancestor(pid_t target) {
+  pid_t pid = getppid();
+  for (int depth = 0; target > 1 && pid > 1 && depth < MAX_DEPTH; depth++) {
+    if (pid == target) return 1;
+    pid = parent_of(pid);
+  }
+  return 0;
+}

@@ -11,4 +11,8 @@
  * when /proc cannot tell. */
 pid_t tnt_ancestor_in_job(const char *name);
 
+/* Whether `pid` is an ancestor of this process (its parent, the parent's
+ * parent, ...); 0 also when /proc cannot tell. */
+int tnt_is_ancestor(pid_t pid);
+
 #endif

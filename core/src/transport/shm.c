@@ -517,6 +517,31 @@ static tnt_result_t stale_segment(const shm_t *s, pid_t pid) {
                   G(s, s->pl.rank), s->name, s->pl.job_id, (int)pid, s->name);
 }
 
+/* A process started by a rank of a job whose ranks have all attached (tnt_ancestor_in_job). */
+static tnt_result_t worker_of_started_job(const shm_t *s, pid_t rank_pid) {
+  return tnt_fail(TNT_ERR_INVALID_USAGE,
+                  "this process (pid %d) was started by pid %d, directly or not, which is a rank of job %s, whose %d "
+                  "ranks have all started: this process is not one of them (a worker of a rank, such as a process "
+                  "pool's or a data loader's, made before or after tnt.init()) and cannot use collectives or the "
+                  "rank API (it would claim rank %d a second time). Call them in the rank itself, and give a worker "
+                  "what it needs (e.g. tnt.get_rank()) as an argument",
+                  (int)getpid(), (int)rank_pid, s->pl.job_id, s->pl.size, G(s, s->pl.rank));
+}
+
+/* A process that a rank started (a worker made before its tnt.init(), which
+ * inherited its TNT_RANK) and that calls in while the rank is still inside its
+ * set-up: tnt_ancestor_in_job cannot see it yet (the name is not removed), but
+ * the rank's claim names the worker's own ancestor. It fails alone: voiding the
+ * segment, as a second job's claimant does, would fail the rank's whole job. */
+static tnt_result_t worker_of_starting_rank(const shm_t *s, pid_t rank_pid) {
+  return tnt_fail(TNT_ERR_INVALID_USAGE,
+                  "this process (pid %d) was started by pid %d, directly or not, which is rank %d of job %s (still "
+                  "starting): this process is not a rank (a worker of a rank, such as a process pool's or a data "
+                  "loader's) and cannot use collectives or the rank API (it would claim rank %d a second time). Call "
+                  "them in the rank itself, and give a worker what it needs (e.g. tnt.get_rank()) as an argument",
+                  (int)getpid(), (int)rank_pid, G(s, s->pl.rank), s->pl.job_id, G(s, s->pl.rank));
+}
+
 /* Rank 0 found its segment's name taken: the error, naming a leftover (gone_rank0).
  * Where the segment's rank 0 lives, two jobs were started with one TNT_JOB_ID
  * and the other one is still setting up (the last rank to attach unlinks the
@@ -532,7 +557,7 @@ static tnt_result_t name_taken(const shm_t *s, int err) {
   int fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0);
   struct stat st;
   size_t need = align_up(sizeof(shm_header_t), 4096) + sizeof(shm_rank_t);
-  pid_t gone = 0, other = 0;
+  pid_t gone = 0, other = 0, worker_of = 0;
   int voided = 0;
   if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 077) && (size_t)st.st_size >= need) {
     uint8_t *base = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -544,8 +569,9 @@ static tnt_result_t name_taken(const shm_t *s, int err) {
       const shm_rank_t *r0 = (const shm_rank_t *)(base + align_up(sizeof(shm_header_t), 4096));
       if (!gone && atomic_load(&hdr->magic) == SHM_MAGIC && atomic_load(&hdr->attached.value) < hdr->size) {
         other = atomic_load(&r0->pid); /* 0 for a moment: it claims its block after the magic */
-        voided = 1;
-        if (!atomic_load(&hdr->collided)) {
+        worker_of = other > 0 && tnt_is_ancestor(other) ? other : 0;
+        voided = !worker_of;
+        if (voided && !atomic_load(&hdr->collided)) {
           snprintf(hdr->collision, sizeof hdr->collision,
                    "two processes (pids %d and %d) claimed rank 0 of job %s: two jobs were started with the same "
                    "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
@@ -558,6 +584,7 @@ static tnt_result_t name_taken(const shm_t *s, int err) {
   }
   if (fd >= 0) close(fd);
   if (gone) return stale_segment(s, gone);
+  if (worker_of) return worker_of_starting_rank(s, worker_of);
   if (voided)
     return tnt_fail(TNT_ERR_INVALID_USAGE,
                     "two processes (pids %d and %d) claimed rank 0 of job %s: two jobs were started with the same "
@@ -663,13 +690,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
    * before it makes a second job under the same name (ancestry.c) */
   pid_t rank_above = tnt_ancestor_in_job(s->name);
   if (rank_above) {
-    res = tnt_fail(TNT_ERR_INVALID_USAGE,
-                   "this process (pid %d) was started by pid %d, directly or not, which is a rank of job %s, whose %d "
-                   "ranks have all started: this process is not one of them (a worker of a rank, such as a process "
-                   "pool's or a data loader's, made before or after tnt.init()) and cannot use collectives or the "
-                   "rank API (it would claim rank %d a second time). Call them in the rank itself, and give a worker "
-                   "what it needs (e.g. tnt.get_rank()) as an argument",
-                   (int)getpid(), (int)rank_above, pl->job_id, pl->size, G(s, pl->rank));
+    res = worker_of_started_job(s, rank_above);
     goto fail;
   }
   if (pl->rank == 0) {
@@ -718,6 +739,12 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
       if ((res = tnt_host_marks_poll()) != TNT_SUCCESS) goto fail; /* rank 0 took another transport */
       if (tnt_now() >= next_check) { /* a file read: not at every poll */
         next_check = tnt_now() + SLICE_S;
+        /* a worker of a rank that was still starting when it called in, and whose job has
+         * started meanwhile (its name is gone): it waited until TNT_TIMEOUT_S */
+        if ((rank_above = tnt_ancestor_in_job(s->name)) != 0) {
+          res = worker_of_started_job(s, rank_above);
+          goto fail;
+        }
         if ((res = check_ended_before_joining(s, 0, "waiting for rank 0 to create the job's shared memory")) !=
             TNT_SUCCESS)
           goto fail;
@@ -767,7 +794,15 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   }
   shm_rank_t *me = s->ranks[pl->rank];
   int32_t nobody = 0;
-  if (!atomic_compare_exchange_strong(&me->pid, &nobody, (int32_t)getpid())) {
+  if (!atomic_compare_exchange_strong(&me->pid, &nobody, (int32_t)getpid()) && nobody > 0 &&
+      tnt_is_ancestor(nobody)) {
+    res = worker_of_starting_rank(s, nobody); /* the rank's own worker: the job is not void */
+    s->ranks[pl->rank] = NULL;              /* not ours: the failure path must not mark it */
+    close(s->fd);
+    s->fd = -1; /* nor unlink the name: the job's ranks are still attaching */
+    goto fail;
+  }
+  if (nobody != 0) {
     /* another process holds this rank: two jobs share the id. Void the whole
      * segment so that nobody computes with a stranger's data. */
     snprintf(s->hdr->collision, sizeof s->hdr->collision,
