@@ -248,6 +248,23 @@ def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank):
     assert shm_objects(job) == []
 
 
+def test_a_segment_never_laid_out_is_named_as_a_leftover():
+    # a rank 0 killed between creating its segment and writing its header leaves a name with no
+    # header: a joining rank waits for it until TNT_TIMEOUT_S and then says how to remove it
+    job = secrets.token_hex(16)
+    path = f"/dev/shm/tnt-{job}"
+    with open(path, "wb") as f:
+        f.truncate(64 << 20)
+    os.chmod(path, 0o600)
+    try:
+        got = outcome(start(1, 2, job, TNT_TIMEOUT_S=2))
+    finally:
+        os.unlink(path)
+    assert got["error"] == "TimeoutError", got
+    assert f"/dev/shm/tnt-{job} was never initialized by rank 0" in got["message"], got
+    assert f"rm /dev/shm/tnt-{job}" in got["message"], got
+
+
 def test_a_rank_whose_set_up_failed_tells_the_others_why():
     # rank 1 never starts; rank 2 gives up first (a bound of its own) and rank 0 learns it from
     # rank 2's abort, whose reason was empty: rank 0 read "rank 2 aborted ()", without the missing rank

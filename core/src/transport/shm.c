@@ -709,6 +709,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
       goto fail;
     }
   } else {
+    int seen_uninitialized = 0;
     for (;;) {
       s->fd = shm_open(s->name, O_RDWR | O_CLOEXEC, 0600);
       if (s->fd >= 0) {
@@ -729,12 +730,15 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
         }
         int ok = joinable(s, (size_t)st.st_size, &res);
         if (ok > 0) break;
+        seen_uninitialized = ok == 0; /* its name is there, its header not (yet): a leftover, if it stays so */
         close(s->fd);
         s->fd = -1; /* rank 0's, not ours: never unlink it */
         if (ok < 0) goto fail;
       } else if (errno != ENOENT) {
         res = tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s", s->name, strerror(errno));
         goto fail;
+      } else {
+        seen_uninitialized = 0;
       }
       if ((res = tnt_host_marks_poll()) != TNT_SUCCESS) goto fail; /* rank 0 took another transport */
       if (tnt_now() >= next_check) { /* a file read: not at every poll */
@@ -750,8 +754,13 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
           goto fail;
       }
       if (tnt_now() > deadline) {
-        res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d waited %.0f s for rank 0 to create %s: is rank 0 running with the same TNT_JOB_ID?",
-                       pl->rank, params->timeout_s, s->name);
+        if (seen_uninitialized)
+          res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d: shared segment /dev/shm%s was never initialized by rank 0 (if no "
+                         "job with this TNT_JOB_ID runs, a killed one left it: rm /dev/shm%s)", pl->rank, s->name,
+                         s->name);
+        else
+          res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d waited %.0f s for rank 0 to create %s: is rank 0 running with the same TNT_JOB_ID?",
+                         pl->rank, params->timeout_s, s->name);
         goto fail;
       }
       usleep(1000); /* set-up only */
