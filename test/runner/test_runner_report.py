@@ -2,6 +2,8 @@
 
 These ranks run the real core (NumPy and tarantella, no TensorFlow), so that the survivors'
 error is the PeerLostError the core raises, written to their error files by tarantella."""
+import re
+
 import pytest
 from tntrun_helpers import run_tntrun, runner_env
 
@@ -204,7 +206,7 @@ def test_a_collective_that_broke_the_job_fails_it_whatever_error_the_program_cau
         def train():
             try:
                 tnt.allreduce(np.ones(2))
-            except tnt.MismatchError as exc:
+            except (tnt.MismatchError, tnt.PeerLostError) as exc:
                 print(f"rank {tnt.get_rank()} caught", type(exc).__name__, flush=True)
 
         thread = threading.Thread(target=train)
@@ -213,8 +215,12 @@ def test_a_collective_that_broke_the_job_fails_it_whatever_error_the_program_cau
     """)
     res = run_tntrun(["-n", "2", "--output-on-all-devices", "--", path], timeout=120,
                      env=runner_env(TNT_TIMEOUT_S="4"))
-    assert "rank 0 caught MismatchError" in res.stdout and "rank 1 caught MismatchError" in \
-        res.stdout, res.stdout + res.stderr
+    # each rank fails at its stall warning; a rank that learns of the other's failure first gets
+    # it as a PeerLostError (troubleshooting.md, "Collectives from several threads"): which one
+    # does is timing (it failed the test now and then on a loaded machine)
+    caught = re.findall(r"rank (\d) caught (MismatchError|PeerLostError)", res.stdout)
+    assert sorted(r for r, _ in caught) == ["0", "1"] and ("MismatchError" in {e for _, e in caught}), \
+        res.stdout + res.stderr
     assert res.returncode == 1, res.stdout + res.stderr
     root = _section(res.stderr[res.stderr.index("=" * WIDTH):], "Root cause")
     assert "error:   MismatchError: allreduce 'allreduce.0@Thread-" in root, root
