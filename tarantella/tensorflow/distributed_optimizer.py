@@ -239,12 +239,10 @@ def _check_supported(optimizer):
             "DistributedOptimizer expects a Keras 3 optimizer instance (e.g. "
             f"keras.optimizers.Adam()). Received: optimizer={optimizer!r} (of type "
             f"{type(optimizer).__name__})")
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
-    if isinstance(inner, keras.optimizers.Ftrl):
-        raise ValueError(
-            "Tarantella does not support the Ftrl optimizer: its per-coordinate accumulators are "
-            "not a function of the batch-mean gradient, so data-parallel Ftrl cannot match serial "
-            "training. Use another optimizer. Received: optimizer=Ftrl")
+    # Every Keras 3 optimizer's update is a function of the gradient it is given
+    # (Ftrl's accumulators too: n += g*g of that gradient), so the averaged
+    # gradient gives the serial update; none is refused. (The original
+    # Tarantella refused Ftrl; Keras 3's Ftrl trains as in serial Keras.)
 
 
 def DistributedOptimizer(optimizer, name=None, compression=compression_lib.Compression.none,  # noqa: N802 - as Horovod
@@ -259,7 +257,7 @@ def DistributedOptimizer(optimizer, name=None, compression=compression_lib.Compr
     serial mean gradient.
 
     Args:
-        optimizer: A `keras.optimizers.Optimizer` instance (not Ftrl).
+        optimizer: A `keras.optimizers.Optimizer` instance.
         name: Optional string naming this optimizer's requests across ranks;
             by default the name is derived from the shapes and dtypes of the
             gradients (the same on every rank, whatever else a rank created).

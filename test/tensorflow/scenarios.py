@@ -405,6 +405,13 @@ def scenarios(size):
                 keras.optimizers.schedules.ExponentialDecay(0.02, 3, 0.7), weight_decay=0.05,
                 global_clipnorm=0.5, use_ema=True, ema_momentum=0.8, ema_overwrite_frequency=3,
                 gradient_accumulation_steps=2)),
+        # Ftrl with all its regularisations: its accumulators add the squares of the averaged
+        # gradient, as serial Ftrl adds those of the batch's (it used to be refused)
+        "mlp_ftrl": dict(
+            build=mlp, B=25, kind="dataset", x=xm, y=ym, val=(xmv, ymv), sizes=(2,),
+            opt=lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=1e-3,
+                                              l2_regularization_strength=1e-2,
+                                              l2_shrinkage_regularization_strength=1e-2, beta=0.1)),
         # per-output losses (cls_loss, val_reg_loss, ...) and EarlyStopping on one of them
         "two_heads": dict(build=two_heads, opt=sgd, B=25, kind="dataset", x=xm,
                           y={"cls": ym, "reg": xm[:, :1] * 2.0}, sizes=(2, 3), epochs=5,

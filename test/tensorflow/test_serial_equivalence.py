@@ -22,7 +22,8 @@ SpatialDropout1D by train_on_batch (micro-batches of a static 1), a Mean and a S
 added after compile, metrics' results logged under other names, synchronised BatchNormalization, fit(x, y, shuffle=True) after
 set_random_seed, and mixed_float16 (the loss scale of every step must be
 serial Keras'). On 2 and 4 ranks, AdamW with a schedule, weight decay,
-global_clipnorm, EMA and gradient accumulation (all on the averaged gradient).
+global_clipnorm, EMA and gradient accumulation (all on the averaged gradient). On 2 ranks, Ftrl
+(refused before).
 
 Tolerances (float32): weights rtol 1e-5 / atol 1e-6, logs atol 1e-6 (rtol
 1e-6), predictions atol 1e-5; a scenario may loosen them ("tolerance": BN
