@@ -225,9 +225,25 @@ def _global_results(metrics, extra, name):
     results, offset = [], 0
     for metric in metrics:
         count = len(metric.variables)
-        results.append(metric.stateless_result(summed[offset:offset + count]))
+        results.append(_stateless_result(metric, summed[offset:offset + count]))
         offset += count
     return results, summed[offset:]
+
+
+def _stateless_result(metric, values):
+    """`metric.stateless_result(values)`, its variables read inside the scope.
+
+    A `result()` that returns a state variable itself (`return
+    self.true_positives`, as in Keras' guide to writing metrics; a
+    CompileMetrics' dict holding such a result) hands back the variable
+    object, which is read after `stateless_result`'s scope has ended: this
+    rank's own state, not the summed one. The logs then showed each rank its
+    own value (ranks apart, so callbacks deciding from them decided apart),
+    without a word."""
+    with keras.StatelessScope(state_mapping=list(zip(metric.variables, values))):
+        return tf.nest.map_structure(
+            lambda r: tf.convert_to_tensor(r) if isinstance(r, (keras.Variable, tf.Variable)) else r,
+            metric.result())
 
 
 def _add(results, metric, result, nested):

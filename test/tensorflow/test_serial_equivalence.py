@@ -4,7 +4,8 @@ scenarios.py trains an MLP and a small CNN for 2 epochs, seeded, with a global
 batch (25) that no rank count of 2-4 divides and 103 samples (a last batch of
 3, so on 4 ranks one rank gets an empty micro-batch), from a batched dataset,
 an unbatched dataset with tnt_micro_batch_size, NumPy arrays (with
-validation), and a dataset with an unseeded shuffle; subclassed models whose
+validation), and a dataset with an unseeded shuffle (with a metric whose result()
+is its variable); subclassed models whose
 call() takes only `inputs`, or `inputs` and `training` with their own
 train_step/test_step/predict_step and metrics, or the steps of Keras' guide
 (the compiled metrics as one nested entry, a batch's loss named "loss"); and train_on_batch /
