@@ -448,6 +448,10 @@ class WaitOp : public AsyncOpKernel {
         all.handles.insert(all.handles.end(), p.handles.begin(), p.handles.end());
         all.inputs.insert(all.inputs.end(), p.inputs.begin(), p.inputs.end());
         all.outputs.insert(all.outputs.end(), p.outputs.begin(), p.outputs.end());
+        // the row counts too, which the core reads until completion: left behind, they were freed
+        // here, and an allgather of rows of no elements whose peers came later sent whatever lay
+        // there as its row count ((22948089398, 0, 2) where (5, 0, 2) was due, now and then)
+        all.row_counts.insert(all.row_counts.end(), p.row_counts.begin(), p.row_counts.end());
         g_registry.erase(it);
       }
     }
