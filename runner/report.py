@@ -132,6 +132,7 @@ def format_failure(job, program):
     out = ["=" * WIDTH, f"tntrun: {program} FAILED", "-" * WIDTH,
            "Root cause (first failure not caused by another rank):"]
     out += _entry(root)
+    out += _ended_first(job, root)
     if others:
         out += ["-" * WIDTH, "Other failures:"]
         for res in others:
@@ -149,6 +150,33 @@ def format_failure(job, program):
             out.append(f"tntrun stopped {engine.spec.label}: {job.stalled}")
     out.append("=" * WIDTH)
     return "\n".join(out)
+
+
+def _ended_first(job, root):
+    """The rank the root cause's error says had shut down (it ended, exit 0, while the root
+    still made collective calls: the other half of the story), with its stderr's last lines.
+    Not a failure of its own, so listed nowhere else: where it ended early because its
+    program caught an error and went on to its end (a fit in a try), what it printed of that
+    error was hidden with its output (only the master's is shown), and the report said only
+    that it "has shut down"."""
+    _, _, blamed, finished, *_ = error_of(root)
+    if not finished:
+        return []
+    res = next((r for r in job.results if getattr(r.spec, "rank", None) == blamed), None)
+    if res is None or res.returncode != 0:
+        return []
+    tail = tail_lines(res.stderr_tail)
+    lines = ["-" * WIDTH,
+             f"Rank {blamed} ({res.spec.host or '?'}, pid {res.pid}) had ended, exit code 0, while the "
+             "others still made collective calls: its program made fewer (it left a loop early, or "
+             "caught an error and went on to its end)."]
+    if tail:
+        lines.append(f"  its stderr (last {len(tail)} lines):")
+        lines.extend("    " + ln for ln in tail)
+    else:
+        lines.append("  Its stderr was empty: its output may say why (tntrun shows the master's; "
+                     "--output-on-all-devices shows every rank's).")
+    return lines
 
 
 def format_one_line(job):

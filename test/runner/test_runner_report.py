@@ -300,3 +300,33 @@ def test_a_process_a_rank_starts_is_not_a_rank(script):
     assert "rank:    1 (local_rank 1)" in root and "exit code 3" in root, report
     assert "error:   ValueError" not in root, report
     assert res.returncode == 3, report
+
+
+def test_a_rank_that_ended_early_after_catching_an_error_is_shown_with_its_stderr(script):
+    # rank 1 catches an error of its own (a bad batch in a fit it wraps in try) and goes on to
+    # its end; rank 0 then waits in its next collective and fails with "rank 1 has shut
+    # down". Rank 1 did not fail (exit 0), so the report showed nothing of it: what it printed
+    # of its error was hidden with its output, and the report named only rank 0's
+    # PeerLostError. Its stderr's tail is now shown below the root cause
+    path = script("""
+        import sys, traceback
+        import numpy as np
+        import tarantella as tnt
+
+        tnt.allreduce(np.ones(2), name="first")
+        if tnt.get_rank() == 1:
+            try:
+                raise ValueError("a label of 7 in a batch of rank 1's (3 classes)")
+            except ValueError:
+                traceback.print_exc()
+                print("rank 1 goes on without training", flush=True)
+                sys.exit(0)
+        tnt.allreduce(np.ones(2), name="second")
+    """)
+    res, report = _failed_job(path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    root = _section(report, "Root cause")
+    assert "rank:    0" in root and "rank 1 has shut down" in root, root
+    ended = _section(report, "Rank 1 (")
+    assert "had ended, exit code 0, while the others still made collective calls" in ended, report
+    assert "its stderr (last" in ended and "ValueError: a label of 7 in a batch of rank 1's" in ended, report
