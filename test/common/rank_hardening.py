@@ -361,6 +361,9 @@ ok("wait-after-shutdown-raises")
 # generations restarted at 1, so the first request of the new context had the
 # stale handle's number, whose wait returned its never-written result
 tnt.init()
+# ... also one waited for after the shutdown: its wait kept the shutdown's error, and raised it again
+# ("finalized on this rank: call tnt.init() again first") after tnt.init()
+expect(errors.InvalidArgumentError, h.wait, "before tnt_finalize")
 stale = tnt.allreduce_async(np.ones(2), name=f"pending-at-shutdown-{rank}")  # the context's first request
 if rank:
     # ... and rank 0 shuts down first: the others' engines fail their pending request (PeerLostError,
