@@ -62,7 +62,8 @@ def _blamed_rank(exc):
 
 def note(exc):
     """Remember `exc`, an error of a collective that broke the job (errors.error_for_code
-    calls this for PeerLostError and TimeoutError: every later collective fails too), for
+    calls this for PeerLostError, TimeoutError and a MismatchError that failed the job:
+    every later collective fails too), for
     write_if_caught. The first one is kept, with its traceback (frames and all): the job is
     over by then. None: nothing to remember."""
     global _job_error

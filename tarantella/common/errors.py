@@ -86,4 +86,18 @@ def error_for_code(code, message, rank=None):
 
         error_file.note(exc)
         return exc
-    return cls(message)
+    exc = cls(message)
+    if cls is MismatchError and _job_broken():
+        # a MismatchError that broke the job (threads named otherwise on another rank), not one
+        # call's: on record at once too, for a program that catches it and ends with os._exit(0)
+        from tarantella.common import error_file
+
+        error_file.note(exc)
+    return exc
+
+
+def _job_broken():
+    """Whether the core has failed the job (tnt_job_error), asked without making an error."""
+    from tarantella.common import codes, core
+
+    return core.is_initialized() and core.lib().tnt_job_error() != codes.SUCCESS
