@@ -305,7 +305,9 @@ def _compiled_scale(compiled, weight, total, size, name):
         return tf.constant(1.0 / size, tf.float64)
     if total is None:
         total = compiled.run("allreduce", [tf.reshape(weight, [1])], [f"{name}.w"])[0][0]
-    return tf.where(total > 0, weight / total, tf.constant(0.0, tf.float64))
+    # a scalar, as the op takes it: a weight of shape (1,) (tf.shape(x)[:1]) is one number, as
+    # the numpy_function path's float(w) takes it
+    return tf.reshape(tf.where(total > 0, weight / total, tf.constant(0.0, tf.float64)), [])
 
 
 def sum_across_ranks(tensors, name="tnt.sum"):

@@ -254,6 +254,37 @@ def test_a_core_error_surfaces_as_a_tensorflow_error():
         compiled.run("allreduce", [tf.constant([1.0])], ["x" * 300])
 
 
+def test_a_bad_prescale_is_refused_as_the_numpy_api_refuses_it():
+    """Inside a tf.function, tnt.allreduce's prescale is checked as the NumPy API checks it
+    eagerly: a prescale of 2 (or 0) elements aborted the whole process (a failed CHECK in
+    Tensor::scalar()), an int beyond 2**53 on int64 tensors multiplied by 2**53 without a
+    word, and a string failed at run time with an UnimplementedError."""
+    import numpy as np
+
+    import tarantella.tensorflow as tnt
+
+    if ops.get() is None:
+        pytest.skip("the compiled ops cannot be built here (see the WARNING)")
+    ones, big = tf.constant([1.0, 2.0]), tf.constant([1, 1], tf.int64)
+    for x, prescale, match in ((ones, np.array([2.0, 3.0]), "real number"),
+                               (ones, tf.zeros([0], tf.float64), "must be a scalar|real number"),
+                               (big, 2**53 + 1, r"2\*\*53"), (ones, "2", "real number"),
+                               (ones, None, "real number")):
+        with pytest.raises(errors.InvalidArgumentError, match=match):
+            tf.function(lambda x: tnt.allreduce(x, prescale=prescale), autograph=False)(x)
+        with pytest.raises(errors.InvalidArgumentError, match=match):  # eagerly: the NumPy API
+            tnt.allreduce(x, prescale=prescale)
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float64)], autograph=False)
+    def unknown_shape(scale):
+        return tnt.allreduce(ones, prescale=scale)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="prescale must be a scalar"):
+        unknown_shape(tf.constant([2.0, 3.0], tf.float64))  # the kernel's check, at run time
+    assert unknown_shape(tf.constant(2.0, tf.float64)).numpy().tolist() == [2.0, 4.0]
+    assert tf.function(lambda x: tnt.allreduce(x, prescale=2**53), autograph=False)(big).numpy().tolist() == [2**53] * 2
+
+
 def test_shapes_agree_with_the_numpy_path_and_differing_ones_fail(tmp_path):
     """A rank on the compiled ops and one on the NumPy API (a tf.function on
     one rank, an eager call on another) carry the same layout for one shape,

@@ -49,7 +49,7 @@ class CompiledOps:
         if op not in codes.OPS:
             raise errors.InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
         return self._module.tnt_collective_start(
-            list(tensors), tf.cast(scale, tf.float64), kind=kind, names=list(names),
+            list(tensors), _scale(scale, tensors), kind=kind, names=list(names),
             reduce_op=int(codes.OPS[op]), root=int(root))
 
     def wait(self, tokens, tensors, gathered=False, block=False):
@@ -64,6 +64,26 @@ class CompiledOps:
 
     def run(self, kind, tensors, names, **kw):
         return self.wait([self.start(kind, tensors, names, **kw)], tensors, gathered=kind == "allgather")
+
+
+def _scale(scale, tensors):
+    """`scale` (an allreduce's prescale) as the op's float64 scalar input, refused as the NumPy
+    API refuses it (collectives._prescale): a string or None, an integer beyond 2**53 for integer
+    tensors (a float64 cannot hold it: `2**53 + 1` multiplied by 2**53 without a word), and a
+    tensor or array of another shape than a scalar's. Passed on, a string failed at run time
+    with an UnimplementedError, and a tensor of 2 or 0 elements aborted the whole process (a
+    failed CHECK in TensorFlow's Tensor::scalar())."""
+    if isinstance(scale, (tf.Tensor, tf.Variable)):
+        if scale.shape.rank not in (0, None):
+            raise errors.InvalidArgumentError(
+                f"allreduce: prescale must be a scalar. Received: a tensor of shape {scale.shape}")
+        if not (scale.dtype.is_floating or scale.dtype.is_integer):
+            raise errors.InvalidArgumentError(
+                f"allreduce: prescale must be a real number. Received: a tensor of dtype {scale.dtype.name}")
+        return tf.cast(scale, tf.float64)  # a shape unknown until run time: the kernel checks it
+    for t in tensors:  # as the NumPy API checks it, against each tensor's dtype
+        collectives._prescale(scale, np.empty(0, t.dtype.as_numpy_dtype))
+    return tf.constant(collectives._prescale(scale, np.empty(0)), tf.float64)
 
 
 # the end of a kernel's error message (tnt_ops.cc, CoreError)

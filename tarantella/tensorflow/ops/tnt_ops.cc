@@ -350,7 +350,13 @@ class StartOp : public OpKernel {
     OP_REQUIRES(ctx, static_cast<size_t>(inputs.size()) == names_.size(),
                 errors::InvalidArgument("TntCollectiveStart: ", inputs.size(), " inputs but ", names_.size(),
                                         " names"));
-    const double scale = ctx->input(inputs.size()).scalar<double>()();
+    // scalar<double>() of another shape is a failed CHECK, which aborts the process (a
+    // prescale of 2 or 0 elements did); Python refuses what it can see at trace time
+    const Tensor &scale_in = ctx->input(inputs.size());
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(scale_in.shape()),
+                errors::InvalidArgument("Tarantella allreduce: prescale must be a scalar. Received: a tensor of shape ",
+                                        scale_in.shape().DebugString()));
+    const double scale = scale_in.scalar<double>()();
     Pending p;
     p.kind = kind_;
     Status status;
