@@ -362,9 +362,15 @@ class StartOp : public OpKernel {
     Status status;
     for (int i = 0; i < inputs.size() && status.ok(); ++i) {
       const Tensor &in = inputs[i];
+      // No OP_REQUIRES in this loop: it returns at once, and `p` went with the requests
+      // already submitted, whose buffers the core then read and wrote after they were freed
+      // (an output that could not be allocated half-way through a list). A failure breaks
+      // out instead, and they are registered below.
       tnt_dtype_t dt;
-      OP_REQUIRES(ctx, CoreDtype(in.dtype(), &dt),
-                  errors::InvalidArgument("Tarantella collectives do not take ", DataTypeString(in.dtype())));
+      if (!CoreDtype(in.dtype(), &dt)) {
+        status = errors::InvalidArgument("Tarantella collectives do not take ", DataTypeString(in.dtype()));
+        break;
+      }
       tnt_handle_t h = 0;
       tnt_result_t r;
       const char *name = names_[i].c_str();
@@ -388,10 +394,9 @@ class StartOp : public OpKernel {
         // gradient nobody else reads), its buffer becomes the output, and a
         // fresh one (page faults included: ~1 ms per 10 MB here) is saved.
         Tensor out;
-        if (kind_ == "allreduce")
-          OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_temp({i}, in.dtype(), in.shape(), &out));
-        else
-          OP_REQUIRES_OK(ctx, ctx->allocate_temp(in.dtype(), in.shape(), &out));
+        status = kind_ == "allreduce" ? ctx->forward_input_or_allocate_temp({i}, in.dtype(), in.shape(), &out)
+                                      : ctx->allocate_temp(in.dtype(), in.shape(), &out);
+        if (!status.ok()) break;
         const uint64_t layout = ShapeLayout(*api, in, 0);
         r = kind_ == "allreduce"
                 ? api->allreduce_async(name, in.data(), out.data(), in.NumElements(), dt,
