@@ -69,5 +69,34 @@ try:
     failures += 1
 except errors.MismatchError:
     pass
+# A wait for a late peer delays no other wait: rank 0's thread waits (on the compiled ops) for a
+# request rank 1 submits only after 100 others, which the main threads make meanwhile. One
+# completion thread served every wait, blocking 1 s at a time on the oldest while it was alone:
+# each of the 100 waited up to 1 s for that slice to end (4 ops in 3 s, where 1383 ran without
+# the pending one), so the loop took minutes, and the pending request failed at TNT_TIMEOUT_S.
+import threading
+import time
+
+pending = []
+if rank == 0:
+    waiter = threading.Thread(target=lambda: pending.append(call("allreduce", np.ones(4, np.float32), "late")))
+    waiter.start()
+began = time.monotonic()
+for i in range(100):
+    got = call("allreduce", np.full(3, i, np.int64), f"meanwhile-{i}")
+    if not (got == 2 * i).all():
+        print(f"FAILED allreduce meanwhile-{i}: {got!r}", flush=True)
+        failures += 1
+took = time.monotonic() - began
+if took > 30:  # well inside TNT_TIMEOUT_S (60 s): without the pending request, about 0.1 s
+    print(f"FAILED 100 allreduces beside a pending one took {took:.0f} s", flush=True)
+    failures += 1
+if rank == 0:
+    waiter.join()
+    if len(pending) != 1 or not (pending[0] == 2).all():
+        print(f"FAILED the pending allreduce: {pending!r}", flush=True)
+        failures += 1
+else:
+    call("allreduce", np.ones(4, np.float32), "late")
 print("OK" if not failures else f"{failures} FAILED", flush=True)
 sys.exit(1 if failures else 0)

@@ -7,8 +7,9 @@
 // Start is a synchronous kernel that returns at once: it allocates each output,
 // hands the input and output buffers to the core (tnt_*_async) and keeps both
 // alive in a registry under the token. Wait is an AsyncOpKernel: it queues the
-// token to one completion thread and returns, so no inter-op thread blocks on
-// communication; that thread calls done() when the core has finished. Both ops
+// token to a completion thread (one per wait in flight) and returns, so no
+// inter-op thread blocks on communication; that thread calls done() when the
+// core has finished. Both ops
 // are stateful, so automatic control dependencies keep them in program order
 // on every rank; because Start returns at once, the buckets of a step are all
 // in flight together (a single async op per bucket would be chained to the
@@ -77,10 +78,9 @@ uint64_t ShapeLayout(const CoreApi &api, const Tensor &t, int from) {
   return api.shape_layout(static_cast<int>(dims.size()), dims.data());
 }
 
-// Slices of a completion wait: the thread looks at the other queued tokens this
-// often while the oldest is still in flight (the core bounds the wait itself);
-// alone, it looks for new ones at the long slice.
-constexpr double kShortSliceS = 0.005, kLongSliceS = 1.0;
+// The slice of a completion thread's wait (the core bounds the wait itself),
+// and the longest a blocking wait holds TensorFlow's thread.
+constexpr double kLongSliceS = 1.0;
 
 const char *CodeName(tnt_result_t code) {
   switch (code) {
@@ -157,7 +157,7 @@ std::mutex g_registry_mu;
 std::unordered_map<int64_t, Pending> g_registry;
 std::atomic<int64_t> g_next_token{1};
 
-// ---- the completion thread -------------------------------------------------
+// ---- the completion threads ------------------------------------------------
 
 struct Job {
   Pending pending;
@@ -173,12 +173,12 @@ std::atomic<bool> g_blocking{false};  // a wait blocks in a TensorFlow thread (C
 class Completer {
  public:
   static Completer &Get() {
-    static Completer *c = new Completer();  // never destroyed: the thread outlives static destructors
+    static Completer *c = new Completer();  // never destroyed: the threads outlive static destructors
     return *c;
   }
   // Finishes `job` at once when its requests are already complete (small
   // ones on one rank often are), or, with `block`, waits for them here;
-  // else hands it to the completion thread.
+  // else hands it to a completion thread.
   //
   // A blocking wait holds one of TensorFlow's inter-op threads, and the
   // requests it waits for may need an inter-op thread on another rank to be
@@ -207,12 +207,16 @@ class Completer {
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs_.push_back(job);
+      if (idle_ < jobs_.size()) {  // every thread waits for a job of its own: one more
+        ++idle_;  // counted from now, so that a burst of jobs starts one thread each
+        std::thread([this] { Run(); }).detach();
+      }
     }
     cv_.notify_one();
   }
 
  private:
-  Completer() { std::thread([this] { Run(); }).detach(); }
+  Completer() = default;  // threads start on demand (Submit)
 
   // Advances `job` past its completed handles; true when none is in flight.
   // `slice_s` > 0: wait that long for the first one still in flight.
@@ -274,35 +278,37 @@ class Completer {
     done();
   }
 
+  // One completion thread per job in flight, each waiting on its own job's
+  // requests (the core bounds every wait). A single thread served them all,
+  // blocking for 1 s slices on the oldest while it was alone: a job queued
+  // meanwhile waited for the slice to end, though its requests had completed,
+  // so while one tf.function's collective waited for a late peer, every op of
+  // another that waited on the thread took up to 1 s (measured: 4 steps of a
+  // 4-float allreduce in 3 s, 1383 without the pending one). Threads are
+  // never ended: as many as the most waits ever in flight at once.
   void Run() {
     for (;;) {
-      std::vector<Job *> jobs;
+      Job *job;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return !jobs_.empty(); });
-        jobs.assign(jobs_.begin(), jobs_.end());
+        job = jobs_.front();
+        jobs_.pop_front();
+        --idle_;
       }
       const CoreApi &api = *g_api.load();
-      std::vector<Job *> finished;
-      // The oldest job blocks for a slice (the waiting thread drives the
-      // core's engine meanwhile); the others are only tested, so one that
-      // completes first is not held behind it for long.
-      const double slice_s = jobs.size() > 1 ? kShortSliceS : kLongSliceS;
-      for (size_t i = 0; i < jobs.size(); ++i)
-        if (Progress(api, jobs[i], i == 0 ? slice_s : 0)) finished.push_back(jobs[i]);
-      if (!finished.empty()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (Job *j : finished)
-          for (auto it = jobs_.begin(); it != jobs_.end(); ++it)
-            if (*it == j) { jobs_.erase(it); break; }
+      while (!Progress(api, job, kLongSliceS)) {
       }
-      for (Job *j : finished) Finish(api, j);
+      Finish(api, job);
+      std::lock_guard<std::mutex> lock(mu_);
+      ++idle_;
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job *> jobs_;
+  size_t idle_ = 0;  // threads waiting for a job, or started for one
 };
 
 // ---- the ops ---------------------------------------------------------------
