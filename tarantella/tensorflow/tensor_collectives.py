@@ -64,7 +64,7 @@ def allreduce(x, op="sum", name=None, prescale=1.0, out=None):
     tensors; `out=` (a NumPy array) as there."""
     if out is not None:
         return collectives.allreduce(x, op=op, name=name, prescale=prescale, out=out)
-    return _run(x, lambda v: collectives.allreduce(v, op=op, name=name, prescale=prescale),
+    return _run(x, lambda v, scale=prescale: collectives.allreduce(v, op=op, name=name, prescale=scale),
                 kind="allreduce", name=name, op=op, scale=prescale)
 
 
@@ -95,7 +95,9 @@ def _run(x, collective, kind, name=None, **options):
         tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
         if compiled is not None and all(t.dtype.name in dtypes.SUPPORTED for t in tensors):
             return rebuild(_run_compiled(compiled, tensors, kind, name, options))
-        return _run_in_graph(leaves, rebuild, collective, kind == "allgather")
+        scale = options.get("scale")
+        return _run_in_graph(leaves, rebuild, collective, kind == "allgather",
+                             scale if _is_tensor(scale) else None)
     values, rebuild_result = collectives.flatten(collective(x))
     return rebuild_result([tf.convert_to_tensor(v, dtype=leaf.dtype) if _is_tensor(leaf) else v
                            for leaf, v in zip(leaves, values)])
@@ -109,14 +111,19 @@ def _run_compiled(compiled, tensors, kind, name, options):
     return compiled.run(kind, tensors, [f"{base}.{i}" for i in range(len(tensors))], **options)
 
 
-def _run_in_graph(leaves, rebuild, collective, gather):
+def _run_in_graph(leaves, rebuild, collective, gather, scale=None):
+    """One tf.numpy_function over the NumPy API; `scale`: an allreduce's prescale given as a
+    tensor, which travels as one more input (captured, the NumPy API got the symbolic tensor
+    and refused it at run time, where the compiled ops take it)."""
     tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
+    extra = [] if scale is None else [tf.convert_to_tensor(scale)]
 
     def run(*arrays):
-        out = collectives.flatten(collective(rebuild(list(arrays))))[0]
+        args = arrays[len(tensors):]  # the prescale's value, if it is a tensor
+        out = collectives.flatten(collective(rebuild(list(arrays[:len(tensors)])), *args))[0]
         return [a.astype(t.dtype.as_numpy_dtype, copy=False) for a, t in zip(out, tensors)]
 
-    out = tf.numpy_function(run, tensors, [t.dtype for t in tensors], stateful=True,
+    out = tf.numpy_function(run, tensors + extra, [t.dtype for t in tensors], stateful=True,
                             name="TntCollective")
     out = out if isinstance(out, (list, tuple)) else [out]  # eagerly, one output comes bare
     for o, t in zip(out, tensors):

@@ -285,6 +285,31 @@ def test_a_bad_prescale_is_refused_as_the_numpy_api_refuses_it():
     assert tf.function(lambda x: tnt.allreduce(x, prescale=2**53), autograph=False)(big).numpy().tolist() == [2**53] * 2
 
 
+def test_a_prescale_tensor_is_taken_on_both_paths(monkeypatch):
+    """A prescale given as a tensor inside a tf.function: the compiled ops take it, and so does
+    the numpy_function path (TNT_TF_OPS=numpy, or auto on a host without a compiler), which
+    refused it at run time ("prescale must be a real number. Received: prescale=<tf.Tensor
+    ...>": the captured symbolic tensor reached the NumPy API)."""
+    import tarantella.tensorflow as tnt
+    from tarantella.tensorflow import tensor_collectives
+
+    x = tf.constant([1.0, 2.0])
+    paths = ["numpy"] + (["compiled"] if ops.get() is not None else [])
+    for path in paths:
+        if path == "numpy":
+            monkeypatch.setattr(tensor_collectives.tf_ops, "get", lambda: None)
+
+        @tf.function(autograph=False)  # traced afresh for each path
+        def scaled(x, scale):
+            return tnt.allreduce({"x": x, "n": tf.constant(3, tf.int64)}, prescale=scale)
+
+        assert (path == "numpy") == ("PyFunc" in str(scaled.get_concrete_function(
+            x, tf.constant(1.0, tf.float64)).graph.as_graph_def())), path
+        got = scaled(x, tf.constant(2.0, tf.float64))
+        assert got["x"].numpy().tolist() == [2.0, 4.0] and int(got["n"]) == 6, (path, got)
+        monkeypatch.undo()
+
+
 def test_shapes_agree_with_the_numpy_path_and_differing_ones_fail(tmp_path):
     """A rank on the compiled ops and one on the NumPy API (a tf.function on
     one rank, an eager call on another) carry the same layout for one shape,
