@@ -103,11 +103,13 @@ def test_samples_flattened_out_of_batches_are_not_taken_for_batches(unbatch):
         np.testing.assert_array_equal(np.concatenate([p[step] for p in parts]), global_batch)
 
 
-@pytest.mark.parametrize("where", ["map", "batch", "options"])
+@pytest.mark.parametrize("where", ["map", "batch", "options", "interleave"])
 def test_out_of_order_pipelines_are_read_in_order(where):
     """deterministic=False let each rank's pipeline yield the samples in its
     own order (a costlier sample finishing later): the ranks sliced different
-    global batches, some samples used twice and others never."""
+    global batches, some samples used twice and others never. An interleave's
+    (tf.data's guide reads files so) was not seen at all: tf.data keeps it
+    only in the graph."""
     from tarantella.tensorflow.data import dataset_inspection
 
     def work(v):  # a cost that differs per sample, so that the order can change
@@ -118,6 +120,10 @@ def test_out_of_order_pipelines_are_read_in_order(where):
     loose = where != "options"
     ds = tf.data.Dataset.range(24).map(work, num_parallel_calls=4,
                                        deterministic=False if where == "map" else None)
+    if where == "interleave":  # 4 "files" of 6 records, read 4 at a time as they come
+        ds = tf.data.Dataset.range(4).interleave(
+            lambda f: tf.data.Dataset.range(f * 6, f * 6 + 6).map(work), cycle_length=4,
+            num_parallel_calls=4, deterministic=False)
     ds = ds.filter(lambda v: True).batch(6, num_parallel_calls=2 if where == "batch" else None,
                                          deterministic=False if where == "batch" else None)
     if not loose:
@@ -125,9 +131,14 @@ def test_out_of_order_pipelines_are_read_in_order(where):
         options.deterministic = False
         ds = ds.with_options(options)
     parts = [distribute_dataset(ds, rank=r, size=2).dataset for r in range(2)]
+    if where == "interleave":  # in the order of the serial, deterministic pipeline
+        ordered = tf.data.Dataset.range(4).interleave(
+            lambda f: tf.data.Dataset.range(f * 6, f * 6 + 6), cycle_length=4).batch(6)
+        for step, batch in enumerate(_batches(ordered)):
+            assert np.concatenate([_batches(p)[step] for p in parts]).tolist() == batch.tolist()
     for part in parts:
         assert part.options().deterministic is not False
-        assert all(getattr(op, "_deterministic", None) != "false"
+        assert all(dataset_inspection.deterministic(op) != "false"
                    for op in dataset_inspection._datasets(part))
     samples = [v for part in parts for batch in _batches(part) for v in batch.tolist()]
     assert sorted(samples) == list(range(24))

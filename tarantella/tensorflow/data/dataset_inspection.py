@@ -92,6 +92,27 @@ def batching(dataset):
     return Batching(False)
 
 
+def deterministic(ds):
+    """A parallel op's `deterministic` as tf.data records it: "true", "false"
+    or "default" (None: not a parallel op, or not readable). A parallel
+    interleave keeps it only in its graph node, read from the serialized
+    pipeline (its inputs' constants too: only done for that op)."""
+    value = getattr(ds, "_deterministic", None)
+    if value is not None or type(ds).__name__ != "_ParallelInterleaveDataset":
+        return value
+    try:
+        graph = tf.compat.v1.GraphDef()
+        graph.ParseFromString(ds._as_serialized_graph().numpy())
+        nodes = {n.name: n for n in graph.node}
+        out = [n for n in graph.node if n.op == "_Retval"]
+        node = nodes[out[0].input[0].split(":")[0]] if len(out) == 1 else None
+        if node is None or "deterministic" not in node.attr:
+            return None
+        return node.attr["deterministic"].s.decode()
+    except Exception:  # a pipeline that cannot be serialized: unknown # noqa: BLE001
+        return None
+
+
 def unseeded_shuffles(dataset):
     """The shuffle ops of the chain that got no seed (they shuffle differently
     in every process)."""

@@ -160,7 +160,10 @@ def keep_order(dataset):
     which first_batches compares, is usually still the same). Serial Keras
     uses each sample once, in whatever order."""
     ops = dataset_inspection.chain(dataset)
-    loose = [i for i, op in enumerate(ops) if getattr(op, "_deterministic", None) == "false"]
+    # (an interleave's deterministic=False, as in tf.data's guide for reading files in
+    # parallel, is not kept as an attribute: it went unseen, and each rank read the files'
+    # records in its own order)
+    loose = [i for i, op in enumerate(ops) if dataset_inspection.deterministic(op) == "false"]
     if loose:
         try:
             dataset = _rebuild_from(ops, max(loose), DEFAULT_SEED, deterministic=True)  # the oldest one
