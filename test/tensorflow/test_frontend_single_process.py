@@ -143,6 +143,29 @@ def test_out_of_order_pipelines_are_read_in_order(where):
     samples = [v for part in parts for batch in _batches(part) for v in batch.tolist()]
     assert sorted(samples) == list(range(24))
 
+def test_a_rebuilt_seeded_shuffle_keeps_its_seed_pair():
+    """A seeded shuffle rebuilt after the pipeline was built (here: in order,
+    for a map with deterministic=False before it) took its seed pair anew
+    from the global seed of then: with `keras.utils.set_random_seed` called
+    after the dataset was built (for the model), the ranks trained on
+    another order than serial Keras with the same seeds."""
+    import keras
+
+    def make():
+        return tf.data.Dataset.range(20).map(lambda v: v, num_parallel_calls=2,
+                                             deterministic=False).shuffle(20, seed=1).batch(5)
+
+    datasets = [make() for _ in range(3)]  # one per "process"
+    keras.utils.set_random_seed(0)
+    try:
+        parts = [_batches(distribute_dataset(datasets[r + 1], rank=r, size=2).dataset)
+                 for r in range(2)]
+        for step, batch in enumerate(_batches(datasets[0])):
+            assert np.concatenate([p[step] for p in parts]).tolist() == batch.tolist()
+    finally:
+        tf.random.set_seed(None)
+
+
 def test_structures_are_sliced_alike():
     x = np.arange(12, dtype="float32").reshape(6, 2)
     ds = tf.data.Dataset.from_tensor_slices(({"a": x, "b": x[:, 0]}, np.arange(6))).batch(6)

@@ -7,10 +7,12 @@ unseeded shuffle on, re-applying each later op with its recorded arguments.
 This reads private tf.data attributes; an op it does not know stops the
 rebuild with an error that says how to avoid it (pass `seed=` to shuffle).
 """
+import threading
 import warnings
 import weakref
 
 import tensorflow as tf
+from tensorflow.python.data.ops import shuffle_op  # a shuffle with a given seed pair
 
 from tarantella.tensorflow.data import dataset_inspection
 
@@ -36,6 +38,39 @@ def _deterministic(ds):
     return None if value == "default" else value == "true" or value is True
 
 
+class _SeedPair:
+    """Stands for tf.data's shuffle module's `random_seed` while a shuffle is
+    rebuilt: its get_seed returns the pair the user's shuffle was made with."""
+
+    def __init__(self, pair):
+        self.pair = pair
+
+    def get_seed(self, _):
+        return self.pair
+
+
+_seed_pair_lock = threading.Lock()
+
+
+def _shuffle_with_seed_pair(upstream, op):
+    """`op` (a seeded shuffle) on `upstream`, with its own seed pair. Its
+    seed alone (`shuffle(n, seed=s)`) makes the pair anew from the global seed
+    of now: a global seed set after the dataset was built
+    (`keras.utils.set_random_seed` before the model, the common order) gave
+    the rebuilt shuffle another pair, so the ranks trained on another order
+    than serial Keras with the same seeds."""
+    pair = (_arg(op, "_seed"), _arg(op, "_seed2"))
+    reshuffle = bool(_arg(op, "_reshuffle_each_iteration"))
+    with _seed_pair_lock:
+        saved = shuffle_op.random_seed
+        shuffle_op.random_seed = _SeedPair(pair)  # shuffle_op's own name only
+        try:
+            return shuffle_op._ShuffleDataset(upstream, _arg(op, "_buffer_size"), seed=pair[1],
+                                              reshuffle_each_iteration=reshuffle)
+        finally:
+            shuffle_op.random_seed = saved
+
+
 def _replay(op, upstream, seed, deterministic=False):
     """`op` re-applied on top of `upstream` (`deterministic`: its parallel
     map or batch in order, whatever it asked)."""
@@ -43,8 +78,7 @@ def _replay(op, upstream, seed, deterministic=False):
     if name == "_ShuffleDataset":
         seeded = dataset_inspection._static(op._seed) != 0 or dataset_inspection._static(op._seed2) != 0
         if seeded:  # keep the user's seed pair exactly
-            return upstream.shuffle(_arg(op, "_buffer_size"), seed=_arg(op, "_seed2"),
-                                    reshuffle_each_iteration=bool(_arg(op, "_reshuffle_each_iteration")))
+            return _shuffle_with_seed_pair(upstream, op)
         return upstream.shuffle(_arg(op, "_buffer_size"), seed=seed,
                                 reshuffle_each_iteration=bool(_arg(op, "_reshuffle_each_iteration")))
     if name == "_MapDataset":
