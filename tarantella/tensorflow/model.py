@@ -652,8 +652,14 @@ class Model(keras.Model):
             # A subclassed model creates its weights at its first call: do it
             # now, on this rank's first batch, so they can be broadcast.
             if isinstance(x, tf.data.Dataset):
-                with first_batches.unrecorded(stores):
-                    inputs = keras.utils.unpack_x_y_sample_weight(next(iter(x)))[0]
+                # a sample of zeros of the dataset's shapes where they are known: reading a
+                # batch started a pass over the dataset, whose shuffles then drew the next
+                # order for every epoch (a subclassed model trained each epoch on the order
+                # serial Keras, seeded alike, took an epoch later)
+                inputs = _zero_sample_of(keras.utils.unpack_x_y_sample_weight(x.element_spec)[0])
+                if inputs is None:
+                    with first_batches.unrecorded(stores):
+                        inputs = keras.utils.unpack_x_y_sample_weight(next(iter(x)))[0]
             elif py_dataset.is_py_dataset(x):  # this rank's RankSlices
                 inputs = keras.utils.unpack_x_y_sample_weight(x[0])[0]
             else:
@@ -1167,6 +1173,16 @@ def _allgather_strings(tensor):
     joined = tf.strings.reduce_join(
         tf.RaggedTensor.from_row_lengths(tf.gather(table, codes), lengths), axis=1)
     return tf.reshape(joined, tf.concat([[-1], shape[1:]], 0))
+
+
+def _zero_sample_of(spec):
+    """A batch of one sample of zeros for the batches of `spec` (a nest of
+    tf.TensorSpec whose shapes are known but for the batch), else None."""
+    specs = tf.nest.flatten(spec)
+    if not specs or not all(type(s) is tf.TensorSpec and s.shape.rank
+                            and s.shape[1:].is_fully_defined() for s in specs):
+        return None
+    return tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape[1:].as_list(), s.dtype), spec)
 
 
 def _one_zero_sample(t):

@@ -429,7 +429,29 @@ def epoch_loop(tnt, reference):
     ds = ds.batch(B)
     history = [float(model.fit(ds, epochs=e + 1, initial_epoch=e, verbose=0).history["loss"][0])
                for e in range(3)]
-    return {"history": history, "weights": weights(model)}
+    # a subclassed model, built by tnt before fit: it read a first batch for that, a pass
+    # over the dataset, so every epoch's (seeded) shuffle took the next epoch's order
+    keras.utils.set_random_seed(3)
+    sub = Subclassed()
+    if not reference:
+        sub = tnt.Model(sub)
+    compile_(sub)
+    shuffled = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N, seed=7).batch(B)
+    sub_history = sub.fit(shuffled, epochs=2, verbose=0).history["loss"]
+    return {"history": history, "weights": weights(model),
+            "subclassed": {"history": [float(v) for v in sub_history], "weights": weights(sub)}}
+
+
+class Subclassed(keras.Model):
+    """A subclassed model: its weights are made at its first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="relu")
+        self.out = keras.layers.Dense(3)
+
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
 
 
 def py_datasets(tnt, reference):

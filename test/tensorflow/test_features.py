@@ -397,12 +397,19 @@ def test_fine_tuning_a_tnt_model_used_as_a_layer_trains_as_in_serial_keras(runs)
 
 def test_fit_in_a_loop_of_one_epoch_each_reshuffles_every_epoch_as_serial_keras(runs):
     """An unseeded shuffle, seeded by tnt, draws a new order at every fit call
-    (before: the first epoch's order, every time), as serial Keras' does."""
+    (before: the first epoch's order, every time), as serial Keras' does. A
+    subclassed model, which tnt builds before fit, trains on serial Keras'
+    orders too (before: building it read a batch, a pass over the dataset,
+    and each epoch took the order of serial Keras' next one)."""
     ref = runs["ref"]["epoch_loop"]
     for rank in runs["ranks"]:
         got = rank["epoch_loop"]
         np.testing.assert_allclose(got["history"], ref["history"], rtol=1e-6, atol=1e-6)
         for a, b in zip(got["weights"], ref["weights"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        sub, sub_ref = got["subclassed"], ref["subclassed"]
+        np.testing.assert_allclose(sub["history"], sub_ref["history"], rtol=1e-6, atol=1e-6)
+        for a, b in zip(sub["weights"], sub_ref["weights"]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert runs["ranks"][0]["epoch_loop"] == runs["ranks"][1]["epoch_loop"]
 
