@@ -805,15 +805,20 @@ def test_a_save_writes_through_a_link_and_keeps_the_files_permissions(tmp_path, 
     assert path.read_bytes() == before and sorted(os.listdir(store)) == ["m.keras", "m.weights.h5"]
 
 
+def _directory_saves(*names):
+    """(name, save) of Keras' three directory saves of a trained tnt.Model: export,
+    save(zipped=False) and tf.saved_model.save, each under the name given for it."""
+    model = _model()
+    model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
+    return zip(names, (lambda p: model.export(p, verbose=False), lambda p: model.save(p, zipped=False),
+                       lambda p: tf.saved_model.save(model, p)))
+
+
 def test_a_directory_save_over_a_file_fails_and_keeps_the_file(tmp_path):
     """Keras' own directory saves (export, zipped=False) fail where a file is in
     the directory's place. tnt's exchange swapped the directory in and removed
     the file: `model.export("model.keras")` deleted the user's saved model."""
-    model = _model()
-    model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
-    for name, save in (("m.keras", lambda p: model.export(p, verbose=False)),
-                       ("m", lambda p: model.save(p, zipped=False)),
-                       ("s", lambda p: tf.saved_model.save(model, p))):
+    for name, save in _directory_saves("m.keras", "m", "s"):
         path = tmp_path / name
         path.write_text("the user's file")
         with pytest.raises(NotADirectoryError, match="a file of this name is in its place"):
@@ -828,11 +833,7 @@ def test_a_directory_save_into_a_folder_of_other_files_fails_and_keeps_them(tmp_
     tnt's exchanged the whole directory and removed the old one:
     `model.export(output_dir)` deleted the job's logs in it. Now refused;
     a directory of the save's own entries (a save before) is replaced."""
-    model = _model()
-    model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
-    for name, save in (("export", lambda p: model.export(p, verbose=False)),
-                       ("zipped", lambda p: model.save(p, zipped=False)),
-                       ("saved", lambda p: tf.saved_model.save(model, p))):
+    for name, save in _directory_saves("export", "zipped", "saved"):
         path = tmp_path / name
         path.mkdir()
         save(str(path))  # into an empty directory
