@@ -264,7 +264,7 @@ def _other_hosts(args):
     import socket
 
     from tarantella.runner import hostfile
-    hosts = hostfile.parse_hostfile(args.hostfile) if args.hostfile else hostfile.parse_hosts(args.hosts)
+    hosts = hostfile.of_args(args)
     node = platform.node()
     here = {node, node.split(".")[0], socket.getfqdn(), "localhost", "127.0.0.1"}
     return [h for h, _ in hosts if h not in here and h.split(".")[0] not in here]

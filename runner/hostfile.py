@@ -54,3 +54,10 @@ def parse_hosts(spec):
             host, slots = _parse_entry(item, f"--hosts item {i}")
             entries.append((host, slots, f"--hosts item {i}"))
     return _check(entries, "--hosts")
+
+
+def of_args(args):
+    """[(host, slots)] of --hostfile, else of -H/--hosts; None when neither is given."""
+    if args.hostfile:
+        return parse_hostfile(args.hostfile)
+    return parse_hosts(args.hosts) if args.hosts else None

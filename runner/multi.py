@@ -151,8 +151,7 @@ def placement(args):
     allocation's nodes."""
     if args.hostfile and args.hosts:
         raise UsageError("give --hostfile or --hosts, not both")
-    hosts = (hostfile.parse_hostfile(args.hostfile) if args.hostfile
-             else hostfile.parse_hosts(args.hosts) if args.hosts else None)
+    hosts = hostfile.of_args(args)
     per_node = _per_node(args)
     if hosts is None:  # inside Slurm without a host list: the allocation's nodes
         return _slurm_placement(args, per_node), False

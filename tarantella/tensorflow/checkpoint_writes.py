@@ -41,8 +41,7 @@ _INSTALLED = "_tnt_checkpoint_lock"
 
 
 def _lock_path(file_prefix):
-    folder = os.path.dirname(os.path.abspath(os.fspath(file_prefix))) or "/"
-    folder = os.path.realpath(folder)
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(os.fspath(file_prefix))))
     digest = hashlib.sha1(os.fsencode(folder)).hexdigest()[:16]
     # /tmp, not $TMPDIR: a cluster may give each task a TMPDIR of its own, and the ranks of a
     # host must meet at one lock
