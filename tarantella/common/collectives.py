@@ -260,8 +260,15 @@ def _settle_before(name, unnamed):
         _reap_orphans()
     earlier = _unnamed_in_flight.pop(name, None) if unnamed else None
     if earlier is not None:
-        while lib.tnt_test(earlier) == codes.IN_PROGRESS:
-            lib.tnt_wait(earlier, _WAIT_SLICE_S)
+        try:
+            while lib.tnt_test(earlier) == codes.IN_PROGRESS:
+                lib.tnt_wait(earlier, _WAIT_SLICE_S)
+        except BaseException:
+            # Ctrl+C in the wait: the earlier call is still in flight, and the
+            # name's next use must still wait for it (popped for good, that use
+            # was submitted beside it and the core refused the name as in use)
+            _unnamed_in_flight.setdefault(name, earlier)
+            raise
 
 
 def _submit(fn, name, args, finish, keepalive):

@@ -328,6 +328,29 @@ for kind in ("allreduce", "broadcast"):
         gate.wait()
 ok("unnamed-structure-waits-for-its-name")
 
+# Ctrl+C while an unnamed call waits for its name's call 60 calls earlier: the earlier call, still in
+# flight, was taken out of the names in flight before the wait, so the name's next use went to the core
+# beside it (refused there as a name in flight twice). It stays the name's call in flight. The others
+# submit their calls only after rank 0's interrupt; rank 0 then makes its interrupted call by name.
+if rank == 0:
+    window = [tnt.allreduce_async(np.ones(2)) for _ in range(request_names.NAME_WINDOW)]
+    first_name = next(n for n, h in collectives._unnamed_in_flight.items() if h == window[0]._handle)
+    signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
+    expect(KeyboardInterrupt, lambda: tnt.allreduce(np.ones(2)))  # waits for window[0]: the others are not there
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    assert collectives._unnamed_in_flight.get(first_name) == window[0]._handle, first_name
+    gate = tnt.barrier_async(name="interrupted-settle")
+    assert all((h.wait() == size).all() for h in window)
+    assert (tnt.allreduce(np.ones(2), name=first_name.decode()) == size).all()
+    gate.wait()
+else:
+    tnt.barrier(name="interrupted-settle")
+    window = [tnt.allreduce_async(np.ones(2)) for _ in range(request_names.NAME_WINDOW)]
+    assert (tnt.allreduce(np.ones(2)) == size).all()
+    assert all((h.wait() == size).all() for h in window)
+ok("ctrl-c-in-the-wait-for-a-names-earlier-call-keeps-it")
+
 # an allgather of rows of no elements is one request: its row counts were a second collective, made in
 # whichever test() or wait() first saw the first request complete, a moment that differs between ranks.
 # Here the others' test() runs before rank 0 has submitted (False), rank 0's wait() after: rank 0 then

@@ -14,7 +14,7 @@ from core_helpers import HERE, clean_env, shm_objects, tntrun
 
 CHECKS = ["float16-average-no-overflow", "integer-average-exact", "nul-name-refused",
           "fusion-independent-bits", "unnamed-calls-hit-the-cache", "nested-structures-that-differ-fail",
-          "shapes-that-differ-fail", "unnamed-structure-waits-for-its-name", "rows-of-no-elements-are-one-request", "ctrl-c-in-a-blocking-call-keeps-its-buffers", "fork-child-is-not-a-rank",
+          "shapes-that-differ-fail", "unnamed-structure-waits-for-its-name", "ctrl-c-in-the-wait-for-a-names-earlier-call-keeps-it", "rows-of-no-elements-are-one-request", "ctrl-c-in-a-blocking-call-keeps-its-buffers", "fork-child-is-not-a-rank",
           "workers-started-before-init-are-not-ranks",
           "bounded-wait-says-still-pending", "ctrl-c-ends-a-wait-with-a-timeout", "wait-after-shutdown-raises", "handle-from-before-shutdown-refused-after-init",
           "unnamed-calls-numbered-afresh-after-init",
