@@ -41,6 +41,15 @@ missing, one made it and the other's makedirs failed with FileExistsError,
 on that rank alone, in the middle of fit. `file_utils.makedirs` is wrapped to
 take a folder made between the check and the call as made; a file in its
 place still raises, as before.
+
+Keras 3.15's legacy HDF5 writer (`model.save("m.h5")`, a ModelCheckpoint to
+".h5") pops "optimizer" out of the model's own compile config
+(`saving_utils.model_metadata`). Under tntrun only the master writes, so its
+model then differed from the others': a later `tnt.models.save_model` of the
+plain Keras model was a MismatchError ("what compile was given"), and every
+later ".keras" file of the model (serial Keras' too) was written without its
+optimizer, which `load_model` then replaced with a fresh RMSprop. The HDF5
+writer is wrapped to put the compile config back as it was.
 """
 import functools
 import os
@@ -86,6 +95,24 @@ def _save_weights(model, filepath, max_shard_size=None, objects_to_skip=None):
 def _save_model_to_hdf5(model, filepath, overwrite=True, include_optimizer=True):
     # Keras' save_model asked about an existing file before it came here
     return model.save(filepath, include_optimizer=include_optimizer)
+
+
+def _keeping_compile_config(original):
+    """`original` (Keras' legacy HDF5 writer), with the model's compile config
+    as it was before the call: the writer pops its "optimizer" (see above)."""
+
+    @functools.wraps(original)
+    def save(model, *args, **kwargs):
+        config = getattr(getattr(model, "_compile_config", None), "config", None)
+        kept = dict(config) if isinstance(config, dict) else None
+        try:
+            return original(model, *args, **kwargs)
+        finally:
+            if kept is not None and config != kept:
+                config.clear()
+                config.update(kept)
+
+    return save
 
 
 def _saved_model_save(original):
@@ -228,7 +255,8 @@ def install():
             (saved_model_save, "save_and_return_nodes", _saved_model_save)):
         original = getattr(module, name)
         if not getattr(original, _INSTALLED, False):
-            setattr(module, name, _route(original, save(original)))
+            plain = _keeping_compile_config(original) if module is legacy_h5_format else original
+            setattr(module, name, _route(plain, save(original)))
     if not getattr(file_utils.makedirs, _INSTALLED, False):
         file_utils.makedirs = _makedirs_made_meanwhile(file_utils.makedirs)
     _install_public_saves()

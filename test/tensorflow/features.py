@@ -178,6 +178,12 @@ def check_save_load(tnt, files):
     model.fit(train, epochs=1, verbose=0,
               callbacks=[tnt.keras.callbacks.Callback(SaveOnMaster(), run_on_all_ranks=False)])
     out["master_callback_saved"] = sorted(f for f in os.listdir(files) if f.startswith("master_cb"))
+    # a legacy .h5 save (written by the master only): Keras 3.15's HDF5 writer popped the
+    # optimizer out of the model's compile config, there only; save_model of the plain Keras
+    # model was then a MismatchError, and every later .keras file lost its optimizer (model.keras
+    # below: load_model gave a fresh RMSprop)
+    model.save(os.path.join(files, "legacy.h5"))
+    tnt.models.save_model(model.model, os.path.join(files, "after_h5_plain.keras"))
     path = os.path.join(files, "model.keras")
     model.save(path)
     # master only by default: a rank-specific name shows who wrote

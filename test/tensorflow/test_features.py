@@ -510,6 +510,7 @@ def test_save_and_load(runs):
         runs["ranks"][1]["save_load"]["bad_keywords"]
     assert not {"kw.keras", "kw.weights.h5", "kw_plain.keras"} & set(files)
     assert "no_extension" not in files
+    assert {"legacy.h5", "after_h5_plain.keras"} <= set(files)  # after a legacy .h5 save
     assert "by_rank0.keras" in files and "by_rank1.keras" not in files  # master only
     assert {"all_rank0.keras", "all_rank1.keras"} <= set(files)  # tnt_save_all_devices
     assert not [f for f in files if f.startswith(".")]  # no temporary files left
