@@ -1,18 +1,25 @@
 """The original Tarantella's module paths: `import tarantella.keras.callbacks`,
 `from tarantella.optimizers import Optimizer`, `tarantella.data`,
-`tarantella.models`. Each is the module of tarantella.tensorflow that serves
+`tarantella.models` (also `tarantella.keras.models`, `.model`, `.sequential`). Each is the module of tarantella.tensorflow that serves
 it (the same object as `tnt.keras`, ...), imported only when asked for, so
 that `import tarantella` stays free of TensorFlow."""
 import importlib
 import importlib.abc
 import importlib.util
 
-_MOVED = {f"tarantella.{name}": f"tarantella.tensorflow.{name}"
-          for name in ("keras", "data", "models", "optimizers")}
+_MOVED = {
+    # the original's modules under tarantella.keras whose names differ here; its __init__
+    # imported them, so `tnt.keras.models.load_model` ran as `tnt.models.load_model`
+    "tarantella.keras.models": "tarantella.tensorflow.models",
+    "tarantella.keras.model": "tarantella.tensorflow.model",
+    "tarantella.keras.sequential": "tarantella.tensorflow.model",
+    **{f"tarantella.{name}": f"tarantella.tensorflow.{name}"
+       for name in ("keras", "data", "models", "optimizers")},
+}
 
 
 def _new_name(fullname):
-    for old, new in _MOVED.items():
+    for old, new in _MOVED.items():  # the specific names before "tarantella.keras"
         if fullname == old or fullname.startswith(old + "."):
             return new + fullname[len(old):]
     return None

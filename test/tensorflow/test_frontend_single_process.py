@@ -1448,6 +1448,15 @@ def test_the_original_tarantellas_module_paths_are_tarantella_tensorflows_module
     assert sys.modules["tarantella.keras.callbacks"] is tarantella.keras.callbacks
     assert Callback is tnt.keras.callbacks.Callback and Optimizer is tnt.DistributedOptimizer
     assert tarantella.data is tnt.data and tarantella.models is tnt.models
+    # the original's tarantella.keras.models / .model / .sequential, reached through tnt.keras
+    # too: a script's tnt.keras.models.load_model was an AttributeError
+    import tarantella.keras.model
+    import tarantella.keras.models
+    from tarantella.keras.sequential import Sequential
+
+    assert tnt.keras.models is tarantella.keras.models is tnt.models
+    assert tnt.keras.model.Model is tarantella.keras.model.Model is tnt.Model
+    assert tnt.keras.sequential.Sequential is Sequential is tnt.Sequential
     # its own spec, which reload() and find_spec() read, not the alias's
     assert importlib.util.find_spec("tarantella.tensorflow.models").name == "tarantella.tensorflow.models"
     with pytest.raises(ImportError):
