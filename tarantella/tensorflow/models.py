@@ -70,8 +70,10 @@ def _loaded(filepath, custom_objects, compile, safe_mode):  # noqa: A002
         return loaded
     model = Model(loaded)
     if compile and getattr(loaded, "compiled", False):
-        # compile the wrapper alike, with the loaded optimizer and its state
-        arguments = keras.saving.deserialize_keras_object(loaded.get_compile_config())
+        # compile the wrapper alike, with the loaded optimizer and its state; the loss and
+        # metrics are the user's custom objects where Keras' load took them from there
+        arguments = keras.saving.deserialize_keras_object(
+            loaded.get_compile_config(), custom_objects=custom_objects, safe_mode=safe_mode)
         model.compile(**dict(arguments, optimizer=loaded.optimizer))
     return model
 

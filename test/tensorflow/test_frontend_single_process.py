@@ -652,6 +652,26 @@ def test_saved_files_are_plain_keras_files(tmp_path):
             np.testing.assert_array_equal(a, b)
 
 
+def test_load_model_compiles_with_the_custom_objects_it_is_given(tmp_path):
+    """tnt.models.load_model(path, custom_objects=...) of a model compiled with
+    a loss function of the user's: Keras loaded it, then tnt compiled the
+    wrapper from the compile config without the custom objects ("Could not
+    locate function 'squared'"), where keras.saving.load_model loads it."""
+
+    def squared(y_true, y_pred):
+        return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+    model = tnt.Model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(5)]))
+    model.compile(optimizer=keras.optimizers.Adam(0.1), loss=squared)
+    x, y = np.ones((8, 4), "float32"), np.zeros((8, 5), "float32")
+    model.fit(x, y, batch_size=4, verbose=0)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = tnt.models.load_model(path, custom_objects={"squared": squared})
+    assert loaded.loss is squared and int(loaded.optimizer.iterations) == 2
+    assert loaded.evaluate(x, y, verbose=0) == pytest.approx(model.evaluate(x, y, verbose=0))
+
+
 def test_a_job_stopped_between_a_backups_two_renames_resumes_as_a_run_never_stopped(
         tmp_path, monkeypatch):
     """BackupAndRestore renames the new weights into place, then the new
