@@ -271,6 +271,16 @@ def _settle_before(name, unnamed):
             raise
 
 
+def next_unnamed(kind, sequence):
+    """The name (str) of the next unnamed `kind` call of the thread sequence `sequence`
+    (request_names.next_in_sequence), to make it under that name from another thread; the unnamed
+    request of the name NAME_WINDOW calls earlier is waited for first, as for an unnamed call."""
+    name = request_names.next_in_sequence(kind, sequence)
+    if _orphans or _unnamed_in_flight:
+        _settle_before(name, True)
+    return name.decode()
+
+
 def _submit(fn, name, args, finish, keepalive):
     """Submit `fn(name, *args, &handle)` (`name` from request_names.auto_name) and
     return its Handle, which keeps `keepalive` (the buffers) until completion."""

@@ -112,6 +112,20 @@ def thread_sequence():
     return _sequence_of(thread)
 
 
+def next_in_sequence(kind, sequence):
+    """The next unnamed `kind` call's name (bytes) in the sequence `sequence` (thread_sequence() of
+    the thread that made the call; None: the main thread's), for a call made on that thread's
+    behalf in another thread (a traced collective that TensorFlow runs in a thread of its own). It
+    shares the sequence's count with the thread's own unnamed calls, so that one rank that runs a
+    step eagerly and another that runs it traced name its calls alike."""
+    if sequence is None:
+        counter, names = unnamed_window(kind)
+        return names[next(counter) % NAME_WINDOW]
+    with _counter_lock:
+        counter = _counters.setdefault((kind, sequence), itertools.count())
+    return _sequence_name(kind, next(counter) % NAME_WINDOW, sequence)
+
+
 def in_thread(name):
     """A name Tarantella gives requests of its own when the caller gives none
     (a DistributedOptimizer's "tnt.grads.<digest>", a DistributedGradientTape's

@@ -725,8 +725,8 @@ def test_inputs_that_would_take_different_numbers_of_steps_fail_every_rank_befor
 
 
 def test_unnamed_tf_collectives_pair_up_whichever_trace_each_rank_runs(runs):
-    """Unnamed collectives in a tf.function are named after the function and
-    their place in it, the same in every trace. Before, one count over all
+    """Unnamed collectives in a tf.function are named when they run, as eager
+    calls are (api.md), whichever trace runs them. Before, one count over all
     traces named them: rank 0, which retraced the step for its 13 samples,
     submitted names rank 1 never did, and both waited until TNT_TIMEOUT_S.
     Threads that each trace a function of one name pair with their namesakes

@@ -277,7 +277,7 @@ def test_a_bad_prescale_is_refused_as_the_numpy_api_refuses_it():
 
     @tf.function(input_signature=[tf.TensorSpec(None, tf.float64)], autograph=False)
     def unknown_shape(scale):
-        return tnt.allreduce(ones, prescale=scale)
+        return tnt.allreduce(ones, prescale=scale, name="unknown-shape")  # named: the compiled ops
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="prescale must be a scalar"):
         unknown_shape(tf.constant([2.0, 3.0], tf.float64))  # the kernel's check, at run time
@@ -300,12 +300,14 @@ def test_a_prescale_tensor_is_taken_on_both_paths(monkeypatch):
             monkeypatch.setattr(tensor_collectives.tf_ops, "get", lambda: None)
 
         @tf.function(autograph=False)  # traced afresh for each path
-        def scaled(x, scale):
-            return tnt.allreduce({"x": x, "n": tf.constant(3, tf.int64)}, prescale=scale)
+        def scaled(x, scale):  # a named tensor: the compiled ops; a structure: the NumPy API's requests
+            return tnt.allreduce(x, prescale=scale, name="scaled"), \
+                tnt.allreduce({"x": x, "n": tf.constant(3, tf.int64)}, prescale=scale)
 
-        assert (path == "numpy") == ("PyFunc" in str(scaled.get_concrete_function(
+        assert (path == "compiled") == ("TntCollectiveStart" in str(scaled.get_concrete_function(
             x, tf.constant(1.0, tf.float64)).graph.as_graph_def())), path
-        got = scaled(x, tf.constant(2.0, tf.float64))
+        one, got = scaled(x, tf.constant(2.0, tf.float64))
+        assert one.numpy().tolist() == [2.0, 4.0], (path, one)
         assert got["x"].numpy().tolist() == [2.0, 4.0] and int(got["n"]) == 6, (path, got)
         monkeypatch.undo()
 

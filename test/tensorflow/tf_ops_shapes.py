@@ -98,5 +98,51 @@ if rank == 0:
         failures += 1
 else:
     call("allreduce", np.ones(4, np.float32), "late")
+# tnt.allreduce / broadcast / allgather (tarantella.tensorflow) traced into a tf.function on rank 0
+# and run eagerly on rank 1 (run_eagerly=True on one rank, a custom loop traced on some ranks):
+# each call pairs with the same call on the other rank, named or not, once or in a loop. A named
+# call was "<name>.0" traced on the compiled ops and "<name>" eagerly, an unnamed one
+# "tf.allreduce.<function>.0" traced and "allreduce.<k>" eagerly: both ranks waited until
+# TNT_TIMEOUT_S for partners that never came.
+v = tf.constant([1.0, 2.0]) * (rank + 1)
+n = tf.constant([3, 4], tf.int64) * (rank + 1)
+g = tf.reshape(tf.range(2 * (rank + 1), dtype=tf.float32), [rank + 1, 2])
+cases = {
+    "named": lambda: tnt.allreduce(v, name="mixed-x"),
+    "named-average": lambda: tnt.allreduce(v, op="average", name="mixed-avg"),
+    "named-structure": lambda: tnt.allreduce({"a": v, "b": n}, name="mixed-s"),
+    "named-broadcast": lambda: tnt.broadcast([v, n], root=1, name="mixed-b"),
+    "named-allgather": lambda: tnt.allgather({"g": g, "n": n}, name="mixed-g"),
+    "named-allgather-one": lambda: tnt.allgather(g, name="mixed-g1"),
+    "unnamed": lambda: tnt.allreduce(v),
+    "unnamed-two": lambda: (tnt.allreduce(n), tnt.allgather(g), tnt.broadcast(v, root=1)),
+    "unnamed-structure": lambda: tnt.allreduce((v, n)),
+}
+want = {
+    "named": [3.0, 6.0], "named-average": [1.5, 3.0], "named-structure": {"a": [3.0, 6.0], "b": [9, 12]},
+    "named-broadcast": [[2.0, 4.0], [6, 8]], "named-allgather": {"g": [[0, 1], [0, 1], [2, 3]], "n": [3, 4, 6, 8]},
+    "named-allgather-one": [[0, 1], [0, 1], [2, 3]], "unnamed": [3.0, 6.0],
+    "unnamed-two": [[9, 12], [[0, 1], [0, 1], [2, 3]], [2.0, 4.0]], "unnamed-structure": [[3.0, 6.0], [9, 12]],
+}
+
+
+def plain(x):
+    if isinstance(x, dict):
+        return {k: plain(x[k]) for k in x}
+    if isinstance(x, (list, tuple)):
+        return [plain(i) for i in x]
+    return np.asarray(x).tolist()
+
+
+for key, case in cases.items():
+    run = tf.function(case, autograph=False) if rank == 0 else case
+    for i in range(3):  # a loop: the function traced once and run 3 times, against 3 eager calls
+        try:
+            got = plain(run())
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            got = f"{type(exc).__name__}: {exc}"[:300]
+        if got != want[key]:
+            print(f"FAILED {key} traced on rank 0, eager on rank 1 (call {i}): {got!r}", flush=True)
+            failures += 1
 print("OK" if not failures else f"{failures} FAILED", flush=True)
 sys.exit(1 if failures else 0)

@@ -10,8 +10,9 @@ collectives inside a `tf.function`:
 
 `get()` answers None for the numpy_function path. Both paths submit the same
 gradient requests (same names, sizes, prescale) to the same core, so they give
-bitwise the same gradients (bench/grad_op.py checks it); the TF-level collectives send
-one request per leaf here, one per dtype on the numpy_function path.
+bitwise the same gradients (bench/grad_op.py checks it); the TF-level collectives take
+the compiled ops for a named call of one tensor only (tensor_collectives._run), which is
+the same request on both paths.
 """
 import ctypes
 import os
@@ -64,6 +65,11 @@ class CompiledOps:
 
     def run(self, kind, tensors, names, **kw):
         return self.wait([self.start(kind, tensors, names, **kw)], tensors, gathered=kind == "allgather")
+
+
+def check_scale(scale, tensors):
+    """Refuse a bad prescale while a tf.function traces, on either path (see _scale)."""
+    _scale(scale, tensors)
 
 
 def _scale(scale, tensors):
