@@ -254,6 +254,44 @@ def test_a_core_error_surfaces_as_a_tensorflow_error():
         compiled.run("allreduce", [tf.constant([1.0])], ["x" * 300])
 
 
+def test_the_requests_of_a_start_whose_wait_never_runs_are_released():
+    """A Start's requests whose Wait never runs: an op between the two fails (TensorFlow drops
+    the rest of the step), or the Start itself fails half-way through its list (a name the core
+    refuses). They stayed registered for good (handles, inputs and outputs: a leak at every such
+    failure); they are now released once the core is done with their buffers."""
+    import time
+
+    import numpy as np
+
+    compiled = ops.get()
+    if compiled is None:
+        pytest.skip("the compiled ops cannot be built here (see the WARNING)")
+
+    @tf.function(autograph=False)
+    def interrupted(n, bad):
+        x = tf.fill([n], 2.0)  # made here: only the requests hold it once the step fails
+        token = compiled.start("allreduce", [x], ["interrupted"])
+        with tf.control_dependencies([token]):
+            checked = tf.debugging.check_numerics(bad, "a NaN between the start and its wait")
+        with tf.control_dependencies([checked]):
+            return compiled.wait([token], [x])[0]
+
+    assert interrupted(4, tf.constant(1.0)).numpy().tolist() == [2.0] * 4
+    assert compiled.unreleased() == 0
+    for _ in range(3):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="a NaN between the start"):
+            interrupted(1 << 20, tf.constant(np.nan))
+    x = tf.constant([1.0, 2.0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Tarantella allreduce of x{300}"):
+        compiled.run("allreduce", [x, x], ["half-way", "x" * 300])  # the first is submitted
+    deadline = time.monotonic() + 60
+    while compiled.unreleased() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert compiled.unreleased() == 0
+    # the names are free again: their requests were released, not left in flight
+    assert compiled.run("allreduce", [x, x], ["interrupted", "half-way"])[1].numpy().tolist() == [1.0, 2.0]
+
+
 def test_a_bad_prescale_is_refused_as_the_numpy_api_refuses_it():
     """Inside a tf.function, tnt.allreduce's prescale is checked as the NumPy API checks it
     eagerly: a prescale of 2 (or 0) elements aborted the whole process (a failed CHECK in

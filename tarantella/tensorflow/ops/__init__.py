@@ -42,6 +42,13 @@ class CompiledOps:
         binder.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t)
         if binder(core.library_path().encode(), err, len(err)) != 0:
             raise errors.InternalError(f"Tarantella's TensorFlow ops ({path}): {err.value.decode()}")
+        self._unreleased = ctypes.CDLL(path).tnt_tfop_unreleased
+        self._unreleased.restype = ctypes.c_int64
+
+    def unreleased(self):
+        """Requests a Start submitted that are not released yet: waited for by no Wait so far, or
+        orphaned (their Wait will never run) and still in flight in the core (tnt_ops.cc)."""
+        return int(self._unreleased())
 
     def start(self, kind, tensors, names, scale=1.0, op="sum", root=0):
         """A token for `kind` requests of `tensors`, one per tensor, in flight."""

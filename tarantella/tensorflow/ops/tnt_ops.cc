@@ -6,7 +6,7 @@
 //
 // Start is a synchronous kernel that returns at once: it allocates each output,
 // hands the input and output buffers to the core (tnt_*_async) and keeps both
-// alive in a registry under the token. Wait is an AsyncOpKernel: it queues the
+// alive in the token (a variant tensor, see Requests). Wait is an AsyncOpKernel: it queues the
 // token to a completion thread (one per wait in flight) and returns, so no
 // inter-op thread blocks on communication; that thread calls done() when the
 // core has finished. Both ops
@@ -38,6 +38,9 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/variant.h"
+#include "tensorflow/core/framework/variant_encode_decode.h"
+#include "tensorflow/core/framework/variant_tensor_data.h"
 
 namespace tnt_tf {
 using namespace tensorflow;
@@ -153,15 +156,35 @@ uint64_t EmptyRowsLayout(const CoreApi &api, const Tensor &t) {
   return api.empty_rows_layout(static_cast<int>(dims.size()), dims.data());
 }
 
-std::mutex g_registry_mu;
-std::unordered_map<int64_t, Pending> g_registry;
-std::atomic<int64_t> g_next_token{1};
+// The requests of a Start, from Start to the Wait that takes them. The token Start outputs is a
+// variant tensor holding them: when it goes without a Wait having taken them (an op between the
+// two failed, so TensorFlow dropped the rest of the step; a Start that failed half-way through
+// its list; a Wait pruned), they are handed to a completion thread, which releases them once the
+// core has finished with their buffers (orphans, below). An int64 token into a registry kept
+// them there for good: handles, inputs and outputs leaked at every such failure.
+struct Requests {
+  std::mutex mu;
+  bool taken = false;  // by a Wait
+  Pending pending;
+  ~Requests();  // orphans what no Wait took (defined after the Completer)
+};
+
+std::atomic<int64_t> g_unwaited{0};  // Requests of submitted requests that no Wait has taken yet
+std::atomic<int64_t> g_orphans{0};   // orphaned requests whose core requests are still in flight
+
+struct Token {
+  std::shared_ptr<Requests> requests;
+  std::string TypeName() const { return "TntCollectiveToken"; }
+  void Encode(VariantTensorData *data) const { data->set_type_name(TypeName()); }
+  bool Decode(const VariantTensorData &data) { return false; }  // a token lives in its process only
+  std::string DebugString() const { return "TntCollectiveToken"; }
+};
 
 // ---- the completion threads ------------------------------------------------
 
 struct Job {
   Pending pending;
-  OpKernelContext *ctx;
+  OpKernelContext *ctx = nullptr;  // nullptr: an orphan, completed only to be released
   AsyncOpKernel::DoneCallback done;
   size_t next = 0;  // handles before it have completed
   tnt_result_t failed = TNT_SUCCESS;
@@ -190,6 +213,16 @@ class Completer {
   // only one wait of the process blocks at a time (the others hand off at
   // once), and it hands off too after one long slice: a stall is bounded
   // even where the inter-op pool has a single thread.
+  // Requests no Wait will take: released once complete, without blocking the caller (a
+  // tensor's destructor, in whichever thread drops it).
+  void Orphan(Pending pending) {
+    if (pending.handles.empty()) return;
+    auto *job = new Job();
+    job->pending = std::move(pending);
+    g_orphans.fetch_add(1);
+    Submit(job, false);
+  }
+
   void Submit(Job *job, bool block) {
     const CoreApi &api = *g_api.load();
     bool expected = false;
@@ -241,6 +274,12 @@ class Completer {
   static void Finish(const CoreApi &api, Job *job) {
     Pending &p = job->pending;
     OpKernelContext *ctx = job->ctx;
+    if (ctx == nullptr) {  // an orphan: its buffers go with the job, once the core is done with them
+      for (tnt_handle_t h : p.handles) api.release(h);
+      delete job;
+      g_orphans.fetch_sub(1);
+      return;
+    }
     Status status;
     if (job->failed != TNT_SUCCESS) {
       status = Status(CoreError(api, job->failed, p.kind).code(), job->error);
@@ -311,12 +350,18 @@ class Completer {
   size_t idle_ = 0;  // threads waiting for a job, or started for one
 };
 
+Requests::~Requests() {
+  if (taken || pending.handles.empty()) return;
+  g_unwaited.fetch_sub(1);
+  if (g_api.load() != nullptr) Completer::Get().Orphan(std::move(pending));
+}
+
 // ---- the ops ---------------------------------------------------------------
 
 REGISTER_OP("TntCollectiveStart")
     .Input("inputs: T")
     .Input("scale: double")
-    .Output("token: int64")
+    .Output("token: variant")
     .Attr("T: list({half, bfloat16, float, double, int32, int64}) >= 1")
     .Attr("kind: {'allreduce', 'broadcast', 'allgather'}")
     .Attr("names: list(string)")
@@ -328,7 +373,7 @@ REGISTER_OP("TntCollectiveStart")
          "rank's prescale (allreduce). The token goes to TntCollectiveWait.");
 
 REGISTER_OP("TntCollectiveWait")
-    .Input("tokens: N * int64")
+    .Input("tokens: N * variant")
     .Attr("N: int >= 1")
     .Attr("block: bool = false")
     .Output("outputs: T")
@@ -417,17 +462,15 @@ class StartOp : public OpKernel {
       p.handles.push_back(h);
       p.inputs.push_back(in);
     }
-    const int64_t token = g_next_token.fetch_add(1);
-    {
-      // Even after a failed submission the requests already submitted stay
-      // registered: the core may still read and write their buffers.
-      std::lock_guard<std::mutex> lock(g_registry_mu);
-      g_registry.emplace(token, std::move(p));
-    }
+    // After a failed submission, the requests already submitted go with `requests` when it goes
+    // here: orphaned, released once the core is done with their buffers (~Requests).
+    auto requests = std::make_shared<Requests>();
+    if (!p.handles.empty()) g_unwaited.fetch_add(1);
+    requests->pending = std::move(p);
     OP_REQUIRES_OK(ctx, status);
     Tensor *out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = token;
+    out->scalar<Variant>()() = Token{std::move(requests)};
   }
 
  private:
@@ -451,15 +494,21 @@ class WaitOp : public AsyncOpKernel {
     std::string problem;
     Pending &all = job->pending;
     {
-      std::lock_guard<std::mutex> lock(g_registry_mu);
       for (int i = 0; i < ctx->num_inputs(); ++i) {
-        const int64_t token = ctx->input(i).scalar<int64_t>()();
-        auto it = g_registry.find(token);
-        if (it == g_registry.end()) {
-          problem = "unknown or already waited token " + std::to_string(token);
+        const Token *token = ctx->input(i).scalar<Variant>()().get<Token>();
+        std::shared_ptr<Requests> requests = token ? token->requests : nullptr;
+        if (requests == nullptr) {
+          problem = "input " + std::to_string(i) + " is not a TntCollectiveStart token";
           continue;
         }
-        Pending &p = it->second;
+        std::lock_guard<std::mutex> lock(requests->mu);
+        if (requests->taken) {
+          problem = "a token waited for twice";
+          continue;
+        }
+        requests->taken = true;
+        if (!requests->pending.handles.empty()) g_unwaited.fetch_sub(1);
+        Pending p = std::move(requests->pending);
         if (!all.kind.empty() && all.kind != p.kind) problem = "tokens of " + all.kind + " and " + p.kind;
         all.kind = p.kind;
         all.handles.insert(all.handles.end(), p.handles.begin(), p.handles.end());
@@ -469,7 +518,6 @@ class WaitOp : public AsyncOpKernel {
         // here, and an allgather of rows of no elements whose peers came later sent whatever lay
         // there as its row count ((22948089398, 0, 2) where (5, 0, 2) was due, now and then)
         all.row_counts.insert(all.row_counts.end(), p.row_counts.begin(), p.row_counts.end());
-        g_registry.erase(it);
       }
     }
     if (problem.empty() && static_cast<int>(all.handles.size()) != num_outputs())
@@ -492,6 +540,12 @@ REGISTER_KERNEL_BUILDER(Name("TntCollectiveStart").Device(DEVICE_CPU), StartOp);
 REGISTER_KERNEL_BUILDER(Name("TntCollectiveWait").Device(DEVICE_CPU), WaitOp);
 
 }  // namespace tnt_tf
+
+// Requests submitted by a Start and not yet released: taken by no Wait yet, or orphaned and
+// still in flight in the core (tests check that none is left behind).
+extern "C" __attribute__((visibility("default"))) int64_t tnt_tfop_unreleased() {
+  return tnt_tf::g_unwaited.load() + tnt_tf::g_orphans.load();
+}
 
 // Binds the ops to the core that Python loaded from `core_path` (which must
 // already be loaded: RTLD_NOLOAD never loads a second copy). 0 on success,
