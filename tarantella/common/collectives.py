@@ -218,14 +218,28 @@ class Handle:
         return self._outcome()
 
     def __del__(self):
-        if not self._done and core.is_initialized():
+        # What it needs comes from the class, not from the module's globals: a Handle that
+        # Python's teardown frees late (held by another module, or in a reference cycle, with
+        # TensorFlow imported) ran after this module's globals were cleared, and printed
+        # "Exception ignored in: <function Handle.__del__> ... 'NoneType' object has no
+        # attribute 'is_initialized'" at every such exit. The core is shut down by then (the
+        # exit handler): nothing is left to keep alive.
+        if not self._done and self._core_up():
             # The core still reads/writes these buffers: keep them alive until the
             # request completes. Never wait here: a dropped request that no other
             # rank submits would block the garbage collector.
-            _orphans.append((self._handle, self._keepalive))
+            self._orphans.append((self._handle, self._keepalive))
+
+    @staticmethod
+    def _core_up():
+        try:
+            return core.is_initialized()
+        except Exception:  # noqa: BLE001 - the interpreter is tearing the modules down: the core is gone
+            return False
 
 
 _orphans = []  # (core handle, buffers) of dropped, unfinished requests
+Handle._orphans = _orphans  # the same list, reachable from __del__ at teardown
 
 
 def _reap_orphans():

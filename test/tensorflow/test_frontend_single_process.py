@@ -1565,3 +1565,32 @@ def test_a_numpy_collective_given_a_traced_tensor_names_the_tensorflow_one():
     assert "InvalidArgumentError: allreduce expects a NumPy array. Received: SymbolicTensor (a " \
         "tensor of a tf.function being traced" in " ".join(said.split()), said
     assert "tnt_tf.allreduce(t)" in said, said
+
+
+def test_a_handle_dropped_unfinished_at_exit_says_nothing(tmp_path):
+    """An async request left unwaited until the interpreter exits, held where Python's teardown
+    frees it late (a module's list, a reference cycle) with TensorFlow imported: Handle.__del__
+    ran after the collectives module's globals were cleared and printed "Exception ignored in:
+    <function Handle.__del__> ... AttributeError: 'NoneType' object has no attribute
+    'is_initialized'" at every exit."""
+    from tf_helpers import clean_env
+
+    (tmp_path / "keeper.py").write_text("kept = []\n")
+    script = tmp_path / "dropped.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import numpy as np\n"
+        "import tensorflow as tf\n"
+        "import tarantella.tensorflow\n"
+        "import tarantella\n"
+        "import keeper\n"
+        "keeper.kept.append(tarantella.allreduce_async(np.ones(3), name='kept'))\n"
+        "handle = tarantella.allreduce_async(np.ones(3), name='main')\n"
+        "cycle = [tarantella.allgather_async(np.ones(3), name='cycle')]\n"
+        "cycle.append(cycle)\n"
+        "print('done', flush=True)\n")
+    result = subprocess.run([sys.executable, str(script)], env=clean_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and result.stdout == "done\n", result.stdout + result.stderr[-3000:]
+    assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
