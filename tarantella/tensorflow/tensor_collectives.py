@@ -10,6 +10,7 @@ named call of one tensor as the compiled ops (tarantella/tensorflow/ops), the
 others as one `tf.numpy_function` (see _run); eagerly they run at once.
 """
 import tensorflow as tf
+from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
 from tarantella.common import collectives, dtypes, master_only, request_names
 from tarantella.tensorflow import ops as tf_ops
@@ -78,6 +79,24 @@ def _run(x, collective, kind, name=None, **options):
                            for leaf, v in zip(leaves, values)])
 
 
+def _traced_sequence():
+    """The sequence that numbers, when they run, the unnamed calls traced here: the tracing
+    thread's (thread_sequence(), refused here as eagerly), or, in a tf.data function (a map's,
+    a filter's: graphs tf.data names "Dataset_<transformation>_<function>"), a sequence of that
+    function's own. tf.data runs those in threads of its own, ahead of the main thread
+    (prefetch): in the main thread's sequence, their calls and the main thread's took the
+    numbers in an order that differs between ranks, and paired one rank's map call with
+    another's step call, without a word where the shapes agreed."""
+    thread = request_names.thread_sequence()
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(graph, ControlFlowFuncGraph):  # a cond or while branch: its function's
+        graph = graph.outer_graph
+    function = getattr(graph, "name", "") or ""
+    if not function.startswith(("Dataset_", "tf_data_")):
+        return thread
+    return f"tf.data.{function}" + (f"@{thread}" if thread is not None else "")
+
+
 def _run_in_graph(leaves, rebuild, collective, kind, name, scale=None):
     """One tf.numpy_function over the NumPy API; `scale`: an allreduce's prescale given as a
     tensor, which travels as one more input (captured, the NumPy API got the symbolic tensor
@@ -86,7 +105,7 @@ def _run_in_graph(leaves, rebuild, collective, kind, name, scale=None):
     of its own, whose unnamed calls would all share the main thread's sequence."""
     tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
     extra = [] if scale is None else [tf.convert_to_tensor(scale)]
-    sequence = request_names.thread_sequence() if name is None else None  # refused here as eagerly
+    sequence = _traced_sequence() if name is None else None
     gather = kind == "allgather"
 
     def run(*arrays):

@@ -1594,3 +1594,21 @@ def test_a_handle_dropped_unfinished_at_exit_says_nothing(tmp_path):
                             timeout=300)
     assert result.returncode == 0 and result.stdout == "done\n", result.stdout + result.stderr[-3000:]
     assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def test_unnamed_collectives_in_a_tf_data_function_count_apart_from_the_main_thread():
+    """An unnamed tnt.allreduce in a dataset's map runs in tf.data's threads, ahead of the main
+    thread (prefetch), and is named when it runs: in the main thread's sequence, the ranks
+    numbered its calls and the main thread's in orders of their own, and a map call on one rank
+    paired with a step's call on another (same shapes: summed together without a word). It has
+    a sequence of its own, and leaves the main thread's untouched."""
+    import tarantella.tensorflow as ttf
+    from tarantella.common import request_names
+
+    counter = request_names.unnamed_window("allreduce")[0]
+    before = repr(counter)
+    ds = tf.data.Dataset.range(3).map(lambda x: ttf.allreduce(tf.cast(x, tf.float32))).prefetch(2)
+    assert [float(v) for v in ds] == [0.0, 1.0, 2.0]
+    assert repr(counter) == before  # "count(k)": no number of the main thread's taken
+    assert float(ttf.allreduce(tf.constant(5.0))) == 5.0
+    assert repr(counter) != before
