@@ -117,10 +117,11 @@ _steps_lock = threading.Lock()
 
 
 class _Step:
-    def __init__(self, weight_handle, scale):
+    def __init__(self, weight_handle, scale, name=None):
         self.weight_handle = weight_handle
         self.scale = scale
         self.handles = []
+        self.name = name
 
     def prescale(self, weight):
         if self.scale is None:
@@ -128,6 +129,22 @@ class _Step:
             self.weight_handle = None
             self.scale = weight / total if total > 0 else 0.0
         return self.scale
+
+
+def _register(step):
+    """Register `step` under a new key, and let go of the earlier steps of its name: a step whose
+    wait never ran (an op between its starts and its wait failed, and TensorFlow dropped the rest
+    of it) stayed here for good, with its requests' handles and gradient-sized buffers. The
+    steps of one name run one after the other (each step's wait comes before the next one's
+    begin; threads have names of their own, request_names.in_thread), so an earlier one still
+    here is such a step. Its dropped handles become orphans, released once the core is done
+    with their buffers (collectives.Handle.__del__)."""
+    with _steps_lock:
+        for key in [k for k, s in _steps.items() if s.name == step.name]:
+            del _steps[key]
+        key = next(_step_keys)
+        _steps[key] = step
+    return key
 
 
 def _buckets(tensors, present):
@@ -227,16 +244,13 @@ def weighted_average(tensors, weight=None, name="tnt.grads", total=None, compres
     def begin(w, t):
         w, t = float(w), float(t)
         if w < 0:  # equal weights
-            step = _Step(None, 1.0 / size)
+            step = _Step(None, 1.0 / size, name)
         elif t >= 0:  # the caller knows the total
-            step = _Step(None, w / t if t > 0 else 0.0)
+            step = _Step(None, w / t if t > 0 else 0.0, name)
         else:
             step = _Step(collectives.allreduce_async(np.array([w]), op="sum", name=f"{name}.w"),
-                         None)
-        with _steps_lock:
-            key = next(_step_keys)
-            _steps[key] = step
-        return np.int64(key)
+                         None, name)
+        return np.int64(_register(step))
 
     # Stateful ops are chained by automatic control dependencies in program
     # order: begin, then the buckets in backprop order, then the wait.
