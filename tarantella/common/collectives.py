@@ -549,6 +549,14 @@ def new_context():
         _bind_fastpath(core.lib(), core.ffi())
 
 
+def check_root(root, size):
+    """Refuse a root that is not a rank of `size` (a bool too: root=True broadcast rank 1's array
+    without a word)."""
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        raise InvalidArgumentError(
+            f"root must be a rank between 0 and {size - 1}. Received: root={root!r} (ranks={size})")
+
+
 def broadcast_async(array, root=0, name=None, out=None):
     if master_only.open_sections:  # on the master only: refused, the others never call it
         master_only.refuse("tnt.broadcast_async")
@@ -559,11 +567,7 @@ def _broadcast(array, root, name, out, blocking, layout=0):
     """broadcast_async's Handle, or (blocking) broadcast's result; `layout`
     as in _allreduce_async."""
     lib = core.ensure_initialized()
-    size = lib.tnt_size()
-    # a bool is an int to Python: root=True broadcast rank 1's array without a word
-    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
-        raise InvalidArgumentError(
-            f"root must be a rank between 0 and {size - 1}. Received: root={root!r} (ranks={size})")
+    check_root(root, lib.tnt_size())
     array, dt = _as_input(array, "broadcast")
     out = _output(out, array, "broadcast")
     ffi = core.ffi()

@@ -12,7 +12,7 @@ others as one `tf.numpy_function` (see _run); eagerly they run at once.
 import tensorflow as tf
 from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
-from tarantella.common import collectives, dtypes, master_only, request_names
+from tarantella.common import collectives, core, dtypes, master_only, request_names
 from tarantella.tensorflow import ops as tf_ops
 
 # The entry points run as plain Python while a tf.function traces them, as Keras'
@@ -65,6 +65,7 @@ def _run(x, collective, kind, name=None, **options):
         # ("allreduce.<k>"): both on the numpy_function path. (Before, the compiled ops named a
         # call "<name>.0", one request per leaf, and an unnamed one "tf.allreduce.<function>.0"
         # at trace time: a traced rank and an eager one waited for each other until TNT_TIMEOUT_S.)
+        _refuse_as_eagerly(x, leaves, kind, name, options)
         compiled = tf_ops.get()
         tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
         if compiled is not None and name is not None and _is_tensor(x) and \
@@ -77,6 +78,27 @@ def _run(x, collective, kind, name=None, **options):
     values, rebuild_result = collectives.flatten(collective(x, name))
     return rebuild_result([tf.convert_to_tensor(v, dtype=leaf.dtype) if _is_tensor(leaf) else v
                            for leaf, v in zip(leaves, values)])
+
+
+def _refuse_as_eagerly(x, leaves, kind, name, options):
+    """Refuse, while a tf.function traces the call, what the NumPy API refuses when the call runs
+    eagerly, with the same errors: a bad name, op or root, a leaf that is no tensor, array or
+    number, a dtype the core lacks. Left to the ops, root="0" or 0.9 was rank 0 on the compiled
+    ops (int(root)), name=5 and a None leaf were TensorFlow's TypeError and ValueError, and a
+    bool tensor or a bad name failed only when the function ran, as a TensorFlow error."""
+    if name is not None:
+        request_names.auto_name(kind, name, request_names.STRUCTURE_SUFFIX_BYTES
+                                if collectives._is_structure(x) else 0)
+    if kind == "allreduce":
+        collectives._op_code(options["op"])
+    if kind == "broadcast":
+        collectives.check_root(options["root"], core.get_size())
+    for leaf in leaves:
+        if _is_tensor(leaf):
+            dtype = leaf.dtype.as_numpy_dtype if leaf.dtype != tf.string else object
+        else:
+            dtype = collectives._leaf_array(leaf, kind)[0].dtype  # a TypeError naming another leaf's type
+        dtypes.core_dtype(dtype)
 
 
 def _traced_sequence():

@@ -1612,3 +1612,36 @@ def test_unnamed_collectives_in_a_tf_data_function_count_apart_from_the_main_thr
     assert repr(counter) == before  # "count(k)": no number of the main thread's taken
     assert float(ttf.allreduce(tf.constant(5.0))) == 5.0
     assert repr(counter) != before
+
+
+def test_a_traced_collective_refuses_bad_arguments_as_an_eager_one_does():
+    """Inside a tf.function, tnt.allreduce / broadcast / allgather refuse what they refuse
+    eagerly, with the same error, while the function is traced. Before, root="0" (or 0.9) was
+    taken as rank 0 by the compiled ops (int(root)), name=5 was a TypeError of TensorFlow's
+    ("Expected string for argument 'names'"), a None leaf a ValueError ("None values not
+    supported"), and a dtype the core lacks (bool, int8, complex) or a bad name failed only when
+    the function ran, as a TensorFlow error with a Python traceback in the log."""
+    import tarantella.tensorflow as ttf
+
+    x = tf.constant([1.0, 2.0])
+    cases = {
+        "root str": lambda: ttf.broadcast(x, root="0", name="b"),
+        "root float": lambda: ttf.broadcast(x, root=0.9, name="b"),
+        "root bool": lambda: ttf.broadcast(x, root=True, name="b"),
+        "root unnamed": lambda: ttf.broadcast([x], root=3),
+        "name int": lambda: ttf.allreduce(x, name=5),
+        "name empty": lambda: ttf.allreduce(x, name=""),
+        "name long": lambda: ttf.allreduce([x], name="n" * 250),
+        "op": lambda: ttf.allreduce(x, op="max"),
+        "none leaf": lambda: ttf.allreduce([x, None], name="none"),
+        "str leaf": lambda: ttf.allgather([x, "a"]),
+        "bool": lambda: ttf.allreduce(tf.constant([True]), name="bool"),
+        "int8 unnamed": lambda: ttf.allgather(tf.constant([1], tf.int8)),
+        "complex nest": lambda: ttf.allreduce({"c": tf.constant([1j])}, name="c"),
+    }
+    for key, case in cases.items():
+        with pytest.raises(Exception) as eager:
+            case()
+        with pytest.raises(Exception) as traced:
+            tf.function(case, autograph=False).get_concrete_function()  # traced, never run
+        assert (type(traced.value), str(traced.value)) == (type(eager.value), str(eager.value)), key
