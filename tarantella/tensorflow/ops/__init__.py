@@ -160,11 +160,12 @@ def _try(chosen):
 
 def _agreed(compiled, why):
     """Every rank's choice, the same on all: the compiled ops only where every
-    rank has them. A rank on the compiled ops names its requests otherwise than
-    one on tf.numpy_function (one per leaf, not one per dtype), so a mix of the
-    two (a host without a compiler, a rank with TNT_TF_OPS=numpy) would wait for
-    partners that never come until TNT_TIMEOUT_S. `why` then says which ranks
-    could not, and why."""
+    rank has them. A rank on the compiled ops named its TF-level requests
+    otherwise than one on tf.numpy_function (one per leaf, not one per dtype), so
+    a mix of the two (a host without a compiler, a rank with TNT_TF_OPS=numpy)
+    waited for partners that never came until TNT_TIMEOUT_S; both now make the
+    requests of the eager call (tensor_collectives._run), and the one choice
+    keeps every rank's costs alike. `why` then says which ranks could not, and why."""
     if core.get_size() == 1:
         return compiled, why
     # the reasons travel as int32 code units (the collectives carry no bytes)
