@@ -76,8 +76,8 @@ except Exception as exc:
 
 
 def start(rank, size, job, **env):
-    e = clean_env(TNT_RANK=rank, TNT_SIZE=size, TNT_LOCAL_RANK=rank, TNT_LOCAL_SIZE=size, TNT_JOB_ID=job,
-                  **{"TNT_TIMEOUT_S": 20, **env})
+    e = clean_env(TNT_RANK=rank, TNT_SIZE=size, TNT_JOB_ID=job,
+                  **{"TNT_LOCAL_RANK": rank, "TNT_LOCAL_SIZE": size, "TNT_TIMEOUT_S": 20, **env})
     return subprocess.Popen([sys.executable, "-c", PROBE], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -105,6 +105,26 @@ def test_ranks_that_disagree_on_a_protocol_setting_fail_on_every_rank(setting, v
         assert got["error"] == "InvalidUsageError", (r, got)
         assert setting in got["message"], got
         assert f"rank 0: {int(values[0]) * (1024 if setting.endswith('_KB') else 1)}" in got["message"], got
+    assert shm_objects(job) == []
+
+
+def test_ranks_of_one_host_with_one_local_rank_fail_on_every_rank():
+    """Two ranks started by hand with the same TNT_LOCAL_RANK were accepted: get_local_rank() was 0 on
+    both, so a GPU chosen by local rank was shared without a word."""
+    job = secrets.token_hex(16)
+    procs = [start(r, 2, job, TNT_LOCAL_RANK=0) for r in range(2)]
+    for r, p in enumerate(procs):
+        got = outcome(p)
+        assert got["error"] == "InvalidUsageError", (r, got)
+        assert "ranks 0 and 1 of host" in got["message"] and "both have local rank 0" in got["message"], got
+        assert got["message"].endswith("Received: TNT_LOCAL_RANK=0 on ranks 0 and 1"), got
+    assert shm_objects(job) == []
+    job = secrets.token_hex(16)
+    procs = [start(r, 3, job, TNT_LOCAL_RANK=min(r, 1)) for r in range(3)]
+    for r, p in enumerate(procs):
+        got = outcome(p)
+        assert got["error"] == "InvalidUsageError", (r, got)
+        assert "ranks 1 and 2 of host" in got["message"] and "both have local rank 1" in got["message"], got
     assert shm_objects(job) == []
 
 
