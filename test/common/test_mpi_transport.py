@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -374,6 +375,26 @@ def test_auto_across_hosts_without_a_usable_mpi_says_why(tmp_path):
     assert err["message"].startswith("the 2 ranks of this job are on several hosts (1 on this one): "
                                      "TNT_TRANSPORT=auto needs the mpi transport between hosts, and it cannot be "
                                      "used: the mpi transport plugin TNT_MPI_PLUGIN=/nonexistent/"), err
+
+
+@needs_mpi
+def test_a_local_size_of_one_on_ranks_started_by_hand_names_it(cache):
+    """Two ranks of one host started by hand with TNT_LOCAL_SIZE=1 took auto to shm+mpi and failed with
+    the mpi launcher's error ("start it with mpirun"), which did not name the local size."""
+    job = secrets.token_hex(8)
+    procs = [subprocess.Popen([sys.executable, "-c", INIT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=0, TNT_LOCAL_SIZE=1, TNT_JOB_ID=job,
+                                            TNT_TIMEOUT_S=30, XDG_CACHE_HOME=cache)) for r in range(2)]
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=300)
+        got = json_lines(out)
+        assert got, out + err[-3000:]
+        assert got[0]["error"] == "InvalidUsageError", (r, got)
+        message = got[0]["message"]
+        assert message.startswith("TNT_LOCAL_SIZE=1 with TNT_SIZE=2 puts this rank on a host with 1 of the job's 2 "
+                                  "ranks"), message
+        assert "MPI sees only this process" in message and "give each TNT_LOCAL_SIZE=2" in message, message
+        assert message.endswith("Received: TNT_LOCAL_SIZE=1, TNT_SIZE=2"), message
 
 
 def test_no_mpi_found_says_so(tmp_path):

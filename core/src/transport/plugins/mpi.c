@@ -798,8 +798,21 @@ static void free_state(mpi_t *s) {
 
 /* Every rank checks every rank's placement against MPI's, so that all of
  * them fail with the same message. */
-static tnt_result_t check_hellos(const tnt_placement_t *pl, const hello_t *all, int msize, double beat) {
+static tnt_result_t check_hellos(const tnt_placement_t *pl, const char *transport, const hello_t *all, int msize,
+                                 double beat) {
   if (msize != pl->size) {
+    if (msize == 1 && pl->from_launcher && pl->local_size < pl->size && !strcmp(transport, "auto"))
+      /* by hand: TNT_LOCAL_SIZE alone sent auto to mpi, and no MPI launcher started the ranks;
+       * most likely they are all on this host and the local size is wrong */
+      return failf(TNT_ERR_INVALID_USAGE, -1,
+                   "TNT_LOCAL_SIZE=%d with TNT_SIZE=%d puts this rank on a host with %d of the job's %d ranks, the others "
+                   "on other hosts, which TNT_TRANSPORT=auto reaches over MPI; but MPI sees only this process "
+                   "(MPI_COMM_WORLD has 1 process: no MPI launcher started the job). If every rank is on this host, "
+                   "give each TNT_LOCAL_SIZE=%d and its own TNT_LOCAL_RANK (0 to %d), or leave both unset; ranks on "
+                   "several hosts need an MPI launcher (tntrun --hostfile, or mpirun/srun without TNT_RANK and "
+                   "TNT_SIZE). Received: TNT_LOCAL_SIZE=%d, TNT_SIZE=%d",
+                   pl->local_size, pl->size, pl->local_size, pl->size, pl->size, pl->size - 1, pl->local_size,
+                   pl->size);
     if (msize == 1)
       return failf(TNT_ERR_INVALID_USAGE, -1,
                    "the mpi transport needs ranks started by an MPI launcher, but MPI sees only this process "
@@ -900,7 +913,7 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
                 "to introduce themselves", pl->rank, params->timeout_s);
   else if (res != TNT_SUCCESS)
     res = failf(TNT_ERR_SYSTEM, -1, "MPI_Iallgather of the set-up records failed");
-  if (res == TNT_SUCCESS) res = check_hellos(pl, all, msize, beat);
+  if (res == TNT_SUCCESS) res = check_hellos(pl, params->transport, all, msize, beat);
   if (res != TNT_SUCCESS) goto fail;
 
   s->pl = *pl;
