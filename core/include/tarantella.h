@@ -199,6 +199,11 @@ int tnt_last_error_rank(void);
  * that caught the error and went on (or that never converted it: a TensorFlow op's failure)
  * still ended with a broken job: the frontend asks at exit. */
 tnt_result_t tnt_job_error(void);
+/* The pid of the rank that started this process, directly or not, once a tnt_init of this
+ * process failed because of it (a worker made before its rank's tnt_init inherited the rank's
+ * TNT_RANK and TNT_JOB_ID, and called in), else 0: this process is not a rank, and its own
+ * failures are not the rank's (the frontend's error file stays the rank's). */
+int tnt_worker_of(void);
 
 /* The core's numeric settings (TNT_FUSION_THRESHOLD_KB, TNT_TIMEOUT_S, ...), one
  * table for the core, tntrun's validation, --help and the docs. tnt_param_check

@@ -106,7 +106,14 @@ def _init():
         from tarantella.common import plugins
 
         plugins.prepare()  # TNT_TRANSPORT=mpi: find or build the plugin first (or say why there is none)
-        check(lib_.tnt_init())
+        result = lib_.tnt_init()
+        if result != codes.SUCCESS and lib_.tnt_worker_of() > 0 and not started_by_a_rank():
+            # a worker its rank started before that rank's init (it inherited TNT_RANK, TNT_JOB_ID and
+            # TNT_ERROR_FILE): the core found the rank above it. From here on it is known as what it is,
+            # as if the rank had marked it: its uncaught error must not land in the rank's error file,
+            # where tntrun's report took it for the rank's own failure (error_file._the_ranks_own)
+            os.environ[RANK_PID] = str(lib_.tnt_worker_of())
+        check(result)
         if _state == "down":
             # a new context after tnt.shutdown(): its unnamed calls are numbered from 0 on every rank
             # alike, before another thread sees it up and makes one (collectives came with the first init)

@@ -234,14 +234,16 @@ try:
     tnt.init()
     print(json.dumps({"error": None}))
 except Exception as exc:
-    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+    if os.environ.get("WORKER"):
+        raise  # uncaught in the worker: its error is its own, not its rank's (TNT_ERROR_FILE)
 if worker:
     print(worker.communicate(timeout=60)[0].strip())
 """
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank):
+def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank, tmp_path):
     # a process that a rank started before its tnt.init() (a pool's worker) inherits TNT_RANK;
     # calling in while the rank, which had claimed its place, still waited for the others, it
     # claimed that rank a second time and voided the job (rank > 0: "two processes claimed rank
@@ -251,7 +253,8 @@ def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank):
     job = secrets.token_hex(16)
     procs = {0: start(0, 3, job)} if rank else {}  # rank 1 claims its place in rank 0's segment
     time.sleep(0.5)
-    env = clean_env(TNT_RANK=rank, TNT_SIZE=3, TNT_JOB_ID=job, TNT_TIMEOUT_S=20)
+    error_file = tmp_path / "rank.json"
+    env = clean_env(TNT_RANK=rank, TNT_SIZE=3, TNT_JOB_ID=job, TNT_TIMEOUT_S=20, TNT_ERROR_FILE=error_file)
     procs[rank] = subprocess.Popen([sys.executable, "-c", EARLY_WORKER, EARLY_WORKER], env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)  # the others come late: `rank` waits in its set-up meanwhile
@@ -263,6 +266,9 @@ def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank):
     assert mine["error"] is None, lines
     assert worker["error"] == "InvalidUsageError", lines
     assert f"which is rank {rank} of job {job} (still starting)" in worker["message"], lines
+    # the worker's uncaught error was written into the rank's error file, which inherited it: tntrun's
+    # report named it as the failure of the rank, which had none
+    assert not error_file.exists(), error_file.read_text()
     for r in set(range(3)) - {rank}:
         assert outcome(procs[r])["error"] is None
     assert shm_objects(job) == []

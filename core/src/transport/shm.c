@@ -517,8 +517,14 @@ static tnt_result_t stale_segment(const shm_t *s, pid_t pid) {
                   G(s, s->pl.rank), s->name, s->pl.job_id, (int)pid, s->name);
 }
 
+/* The rank above this process that a failed set-up found (tnt_worker_of). */
+static _Atomic int32_t worker_of_pid;
+
+int tnt_worker_of(void) { return atomic_load(&worker_of_pid); }
+
 /* A process started by a rank of a job whose ranks have all attached (tnt_ancestor_in_job). */
 static tnt_result_t worker_of_started_job(const shm_t *s, pid_t rank_pid) {
+  atomic_store(&worker_of_pid, (int32_t)rank_pid);
   return tnt_fail(TNT_ERR_INVALID_USAGE,
                   "this process (pid %d) was started by pid %d, directly or not, which is a rank of job %s, whose %d "
                   "ranks have all started: this process is not one of them (a worker of a rank, such as a process "
@@ -534,6 +540,7 @@ static tnt_result_t worker_of_started_job(const shm_t *s, pid_t rank_pid) {
  * the rank's claim names the worker's own ancestor. It fails alone: voiding the
  * segment, as a second job's claimant does, would fail the rank's whole job. */
 static tnt_result_t worker_of_starting_rank(const shm_t *s, pid_t rank_pid) {
+  atomic_store(&worker_of_pid, (int32_t)rank_pid);
   return tnt_fail(TNT_ERR_INVALID_USAGE,
                   "this process (pid %d) was started by pid %d, directly or not, which is rank %d of job %s (still "
                   "starting): this process is not a rank (a worker of a rank, such as a process pool's or a data "
