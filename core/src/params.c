@@ -307,9 +307,9 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
     if (rank == -1 && size == -1) continue;
     if (rank < 0 || size < 1 || rank >= size)
       return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
-                      "bad placement from %s: %s=%s and %s=%s must satisfy 0 <= rank < size; start the job with tntrun "
-                      "or unset them to run serially",
-                      s->engine, s->rank, getenv(s->rank) ? getenv(s->rank) : "(unset)", s->size,
+                      "bad placement from %s: %s and %s must be whole numbers with 0 <= rank < size; start the job "
+                      "with tntrun or unset them to run serially. Received: %s=%s, %s=%s",
+                      s->engine, s->rank, s->size, s->rank, getenv(s->rank) ? getenv(s->rank) : "(unset)", s->size,
                       getenv(s->size) ? getenv(s->size) : "(unset)");
     long lrank = env_int(s->local_rank), lsize = env_int(s->local_size);
     /* The launcher's local placement picks the transport (shm serves a job whose ranks
@@ -319,10 +319,12 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
     if (i == 0 && (lrank == -2 || lsize == -2 || lsize == 0 || (lsize > 0 && lsize > size) ||
                    (lrank >= 0 && lrank >= (lsize > 0 ? lsize : size))))
       return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
-                      "bad placement from %s: %s=%s and %s=%s must be whole numbers with "
-                      "0 <= local rank < local size <= size (%s=%ld); unset, they are the rank and size",
-                      s->engine, s->local_rank, getenv(s->local_rank) ? getenv(s->local_rank) : "(unset)",
-                      s->local_size, getenv(s->local_size) ? getenv(s->local_size) : "(unset)", s->size, size);
+                      "bad placement from %s: %s and %s must be whole numbers with "
+                      "0 <= local rank < local size <= size (%s=%ld); unset, they are the rank and size. "
+                      "Received: %s=%s, %s=%s",
+                      s->engine, s->local_rank, s->local_size, s->size, size, s->local_rank,
+                      getenv(s->local_rank) ? getenv(s->local_rank) : "(unset)", s->local_size,
+                      getenv(s->local_size) ? getenv(s->local_size) : "(unset)");
     if (!strcmp(s->engine, "Slurm")) {
       const long step = slurm_step_local_size();
       if (step >= 1) lsize = step;
@@ -348,7 +350,8 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
     } else if (size > 1) {
       if (i == 0)
         return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_SIZE=%ld but TNT_JOB_ID is unset: start the job with tntrun, "
-                        "or give every rank the same random TNT_JOB_ID", size);
+                        "or give every rank the same random TNT_JOB_ID. Received: TNT_SIZE=%ld, TNT_JOB_ID=%s",
+                        size, size, job ? "(empty)" : "(unset)");
       engine_job_id(pl->job_id, sizeof pl->job_id);
     }
     TNT_INFO("placement from %s: rank %d of %d (local %d of %d)", s->engine, pl->rank, pl->size, pl->local_rank, pl->local_size);

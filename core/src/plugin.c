@@ -120,13 +120,13 @@ static tnt_result_t load(const char *name, const tnt_transport_t **out) {
   if (access(path, F_OK) != 0) {
     if (from_env)
       return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "the %s transport plugin %s=%s does not exist (%s): set %s to the path "
-                      "of libtnt-transport-%s.so, or unset it so that the Python package builds one",
-                      name, var, path, strerror(errno), var, name);
+                      "of libtnt-transport-%s.so, or unset it so that the Python package builds one. Received: %s=%s",
+                      name, var, path, strerror(errno), var, name, var, path);
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
                     "the %s transport is a plugin loaded at run time, and none was found: %s is unset and %s does not "
                     "exist. The Python package builds it at first use where an MPI is found (mpicc); from C, build it "
-                    "with `make -C core %s` and set %s to its path",
-                    name, var, path, name, var);
+                    "with `make -C core %s` and set %s to its path. Received: %s unset",
+                    name, var, path, name, var, var);
   }
   dlerror();
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);

@@ -65,8 +65,10 @@ tnt_result_t tnt_timeline_open(tnt_timeline_t **out, const char *path, int rank,
   const int more = !strcmp(written.file, file) && (tl->f = reopen_for_more(file)) != NULL;
   if (!more) tl->f = fopen(file, "w");
   if (!tl->f) {
+    const int err = errno;
     free(tl);
-    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_TIMELINE: cannot write %s; give a path in a writable folder", file);
+    return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "TNT_TIMELINE: cannot write %s (%s); give a path in a writable folder. "
+                    "Received: TNT_TIMELINE=%s", file, strerror(err), path);
   }
   pthread_mutex_init(&tl->mu, NULL);
   snprintf(tl->file, sizeof tl->file, "%s", file);

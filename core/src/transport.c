@@ -25,8 +25,9 @@ static tnt_result_t cannot_serve(const tnt_transport_t *t, const tnt_placement_t
   return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
                   "transport %s cannot serve this job: rank %d of %d sees %d ranks on its host (shm needs every "
                   "rank on one host); use TNT_TRANSPORT=auto (shm within hosts, mpi between them) or "
-                  "TNT_TRANSPORT=mpi under mpirun/srun, or start the job on one host",
-                  t->name, pl->rank, pl->size, pl->local_size);
+                  "TNT_TRANSPORT=mpi under mpirun/srun, or start the job on one host. Received: TNT_TRANSPORT=%s, "
+                  "%d of %d ranks on this host",
+                  t->name, pl->rank, pl->size, pl->local_size, t->name, pl->local_size, pl->size);
 }
 
 /* The plugin transport `name` that auto needs for a job on several hosts, or

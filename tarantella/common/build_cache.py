@@ -55,7 +55,8 @@ def find_cxx():
     """The C++ compiler as an argument list ($CXX, else c++, g++ or clang++ on
     PATH), or raise saying why there is none."""
     cmd = compiler_from_environment(
-        ("CXX",), "{var}={value} is not an executable C++ compiler: point CXX at g++ or clang++, or unset it")
+        ("CXX",), "{var}={value} is not an executable C++ compiler: point CXX at g++ or clang++, or unset it. "
+        "Received: {var}={value}")
     if cmd is not None:
         return cmd
     for name in ("c++", "g++", "clang++"):

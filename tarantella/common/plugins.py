@@ -67,15 +67,20 @@ def find_mpicc():
     """The MPI compiler wrapper as an argument list, or raise saying why there is none."""
     cmd = build_cache.compiler_from_environment(
         ("TNT_MPICC", "MPICC"), "the mpi transport: {var}={value} is not an executable compiler wrapper: point "
-        "{var} at your MPI's mpicc, or unset it to use the mpicc on PATH")
+        "{var} at your MPI's mpicc, or unset it to use the mpicc on PATH. Received: {var}={value}")
     if cmd is not None:
         return cmd
     found = shutil.which("mpicc")
     if not found:
+        transport = os.environ.get("TNT_TRANSPORT", "").strip() or "auto"
+        # auto comes here for ranks that the placement puts on several hosts (spans_hosts)
+        why = "TNT_TRANSPORT=mpi" if transport == "mpi" else \
+            f"TNT_TRANSPORT={transport} needs the mpi transport between hosts (the placement puts the ranks on several)"
         raise errors.InvalidArgumentError(
-            "TNT_TRANSPORT=mpi, but no MPI was found: there is no mpicc on PATH (nor TNT_MPICC / MPICC). Install an "
+            f"{why}, but no MPI was found: there is no mpicc on PATH (nor TNT_MPICC / MPICC). Install an "
             "MPI with its development files (Debian/Ubuntu: apt-get install libopenmpi-dev; a cluster: module load "
-            "openmpi), or use TNT_TRANSPORT=shm on one host")
+            f"openmpi), or use TNT_TRANSPORT=shm on one host. Received: TNT_TRANSPORT={transport}, "
+            f"PATH={os.environ.get('PATH', '')}")
     return [found]
 
 
@@ -173,7 +178,7 @@ def find_cc():
     """The C compiler for the gpi2 plugin as an argument list, or raise saying why there is none."""
     cmd = build_cache.compiler_from_environment(
         ("TNT_CC", "CC"), "the gpi2 transport: {var}={value} is not an executable C compiler: point {var} at "
-        "one, or unset it to use cc on PATH")
+        "one, or unset it to use cc on PATH. Received: {var}={value}")
     if cmd is not None:
         return cmd
     found = shutil.which("cc") or shutil.which("gcc")
@@ -181,7 +186,8 @@ def find_cc():
         raise errors.InvalidArgumentError(
             "TNT_TRANSPORT=gpi2, but there is no C compiler (cc) to build the gpi2 transport's plugin with (it is "
             "compiled once, at first use): install one (Debian/Ubuntu: apt-get install gcc), set TNT_CC, or set "
-            "TNT_GPI2_PLUGIN to a plugin built elsewhere")
+            "TNT_GPI2_PLUGIN to a plugin built elsewhere. Received: "
+            f"TNT_TRANSPORT={os.environ.get('TNT_TRANSPORT', '').strip() or 'auto'}, PATH={os.environ.get('PATH', '')}")
     return [found]
 
 

@@ -390,3 +390,36 @@ def test_a_dev_shm_too_small_for_the_job_says_how_to_get_more():
                          capture_output=True, text=True, timeout=60)
     for w in ("MESSAGE:", "cannot reserve", "in /dev/shm for 4 ranks", "--shm-size", "TNT_SHM_SLOTS"):
         assert w in res.stdout, (w, res.stdout + res.stderr)
+
+
+def test_every_error_about_the_environment_ends_with_what_was_received(tmp_path):
+    """The errors about a TNT_* setting end with "Received: NAME=value" (config.get, params.c); some did
+    not: the placement's ("bad placement from tntrun: ... unset them to run serially"), a missing
+    TNT_JOB_ID, shm for ranks on several hosts, a missing plugin, no mpicc for TNT_TRANSPORT=mpi (which
+    also said TNT_TRANSPORT=mpi under auto), an unwritable TNT_TIMELINE."""
+    job = dict(TNT_SIZE=2, TNT_JOB_ID="x", TNT_TIMEOUT_S=2)
+    cases = [(dict(TNT_RANK=5, TNT_SIZE=2), "Received: TNT_RANK=5, TNT_SIZE=2"),
+             (dict(TNT_RANK=0, TNT_SIZE=2), "Received: TNT_SIZE=2, TNT_JOB_ID=(unset)"),
+             (dict(TNT_RANK=1, TNT_LOCAL_RANK="5", **job), "Received: TNT_LOCAL_RANK=5, TNT_LOCAL_SIZE=(unset)"),
+             (dict(TNT_RANK=0, TNT_LOCAL_SIZE="1", TNT_TRANSPORT="shm", **job),
+              "Received: TNT_TRANSPORT=shm, 1 of 2 ranks on this host"),
+             (dict(TNT_RANK=0, TNT_TRANSPORT="mpi", TNT_MPI_PLUGIN="/nonexistent/p.so", **job),
+              "Received: TNT_MPI_PLUGIN=/nonexistent/p.so"),
+             (dict(TNT_RANK=0, TNT_TRANSPORT="mpi", PATH=str(tmp_path), **job), f"Received: TNT_TRANSPORT=mpi, PATH={tmp_path}"),
+             (dict(TNT_RANK=0, TNT_LOCAL_SIZE="1", PATH=str(tmp_path), **job),
+              f"Received: TNT_TRANSPORT=auto, PATH={tmp_path}"),
+             (dict(TNT_TIMELINE=str(tmp_path / "no" / "t.json")), f"Received: TNT_TIMELINE={tmp_path}/no/t.json")]
+    said = {}
+    for env, ending in cases:
+        res = run("""
+            try:
+                tnt.init()
+                print("NO ERROR")
+            except tnt.InvalidArgumentError as e:
+                print("MESSAGE:", e)
+            """, **env)
+        assert "MESSAGE:" in res.stdout, (env, res.stdout + res.stderr[-2000:])
+        assert res.stdout.strip().endswith(ending), (ending, res.stdout)
+        said[ending] = res.stdout
+    # no mpicc under auto across hosts: it said "TNT_TRANSPORT=mpi, but no MPI was found"
+    assert "TNT_TRANSPORT=auto needs the mpi transport between hosts" in said[f"Received: TNT_TRANSPORT=auto, PATH={tmp_path}"]
