@@ -66,7 +66,8 @@ def test_a_child_forked_while_a_thread_imports_the_collectives_fails_clearly():
 
 
 PROBE = """
-import json, tarantella as tnt
+import json, os, time, tarantella as tnt
+time.sleep(float(os.environ.get("TNT_TEST_SLEEP_S", 0)))  # a rank late to call in (a long import)
 try:
     tnt.init()
     print(json.dumps({"error": None}))
@@ -128,6 +129,12 @@ def test_ranks_of_one_host_with_one_local_rank_fail_on_every_rank():
     assert shm_objects(job) == []
 
 
+def assert_void_mark_left(job):
+    """A voided job leaves only its mark (shm.c: for its ranks that come later); removed here."""
+    assert shm_objects(job) == [f"tnt-{job}-void"]
+    os.unlink(f"/dev/shm/tnt-{job}-void")
+
+
 def test_two_processes_claiming_one_rank_void_the_job_on_every_rank():
     # rank 2 never starts, so the segment stays open while the second claimant of rank 1 arrives
     job = secrets.token_hex(16)
@@ -135,10 +142,25 @@ def test_two_processes_claiming_one_rank_void_the_job_on_every_rank():
     time.sleep(0.5)
     first.append(start(1, 3, job))
     time.sleep(0.5)
+    # the rest of either job, started with them but calling in after the segment was voided and removed:
+    # rank 2 waited for a rank 0 until TNT_TIMEOUT_S; a rank 0 made a new segment and waited for ranks that
+    # had failed
+    began = time.monotonic()
+    late = [start(2, 3, job, TNT_TIMEOUT_S=120, TNT_TEST_SLEEP_S=6),
+            start(0, 3, job, TNT_TIMEOUT_S=120, TNT_TEST_SLEEP_S=6)]
     intruder = start(1, 3, job)
     results = [outcome(p) for p in first + [intruder]]
     for got in results:
         assert got["error"] == "InvalidUsageError" and "claimed rank 1" in got["message"], results
+    for got in map(outcome, late):
+        assert got["error"] == "InvalidUsageError", got
+        assert f"job {job} was voided" in got["message"] and "claimed rank 1" in got["message"], got
+        assert "fresh TNT_JOB_ID" in got["message"], got
+    assert time.monotonic() - began < 90  # well inside their TNT_TIMEOUT_S
+    assert shm_objects(job) == [f"tnt-{job}-void"]  # the mark that told them, a few hundred bytes
+    # the job started again afterwards with the same id is a new one: it runs, and removes the mark
+    for got in map(outcome, [start(r, 3, job) for r in range(3)]):
+        assert got["error"] is None, got
     assert shm_objects(job) == []
 
 
@@ -157,7 +179,7 @@ def test_a_second_rank_0_of_one_job_id_voids_the_job_it_found():
     for got in results:
         assert got["error"] == "InvalidUsageError" and "claimed rank 0" in got["message"], results
         assert "same TNT_JOB_ID" in got["message"], results
-    assert shm_objects(job) == []
+    assert_void_mark_left(job)
 
 
 @pytest.mark.parametrize("sizes, envs, says", [
@@ -178,7 +200,7 @@ def test_a_rank_whose_shared_memory_would_differ_fails_with_rank_0_at_once(sizes
         assert got["error"] == "InvalidUsageError", results
         assert "rank 1" in got["message"] and "disagrees with the job" in got["message"], results
         assert says in got["message"], results
-    assert shm_objects(job) == []
+    assert_void_mark_left(job)
 
 
 def test_a_rank_of_a_build_with_another_shared_memory_layout_fails_with_rank_0_at_once():

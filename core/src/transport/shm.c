@@ -549,6 +549,104 @@ static tnt_result_t worker_of_starting_rank(const shm_t *s, pid_t rank_pid) {
                   (int)getpid(), (int)rank_pid, G(s, s->pl.rank), s->pl.job_id, G(s, s->pl.rank));
 }
 
+/* The mark a voided job leaves: /dev/shm/tnt-<job id>-void, with why and when. A segment
+ * voided (two claimants of one rank, a rank that disagreed on the set-up) is unlinked, so that
+ * nothing large leaks; a rank that came later (the rest of either job) then found no segment
+ * and waited for a rank 0 until TNT_TIMEOUT_S, or, a rank 0, made a new one and waited for
+ * ranks that had failed already. The mark, a few hundred bytes, tells it at once. It counts
+ * for a process that was started before it was left (a rank of that launch, late to call in:
+ * TensorFlow's import alone takes seconds), for TNT_TIMEOUT_S (such a rank would have timed out
+ * by then anyway); a job started again afterwards with the same id is a new one, whose rank 0
+ * removes the mark, and tntrun removes it with its job. */
+#define VOID_MAGIC 0x544e5456u /* "TNTV" */
+typedef struct {
+  uint32_t magic, pad;
+  int64_t at_us; /* the wall clock (CLOCK_REALTIME): the mark outlives every process of the job */
+  char why[512];
+} void_mark_t;
+
+static int64_t wall_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void void_mark_name(const shm_t *s, char *out, size_t len) { snprintf(out, len, "%s-void", s->name); }
+
+/* When this process was started, on the wall clock (from its start in /proc/self/stat, in
+ * ticks since boot, and CLOCK_BOOTTIME); 0 when it cannot be told. */
+static int64_t process_started_wall_us(void) {
+  char buf[1024];
+  int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  if (!p) return 0;
+  /* the space before field 3 (state), then each one up to that before field 22 (starttime) */
+  for (int field = 3; field <= 22 && p; field++) p = strchr(p + 1, ' ');
+  if (!p) return 0;
+  const unsigned long long ticks = strtoull(p + 1, NULL, 10);
+  const long hz = sysconf(_SC_CLK_TCK);
+  struct timespec boot;
+  if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0) return 0;
+  const double ago_s = (double)boot.tv_sec + boot.tv_nsec / 1e9 - (double)ticks / (double)hz;
+  return wall_us() - (int64_t)(ago_s * 1e6);
+}
+
+/* Leave the mark of this voided job (best effort: without it, a latecomer waits as before). */
+static void leave_void_mark(const shm_t *s, const char *why) {
+  char name[200];
+  void_mark_name(s, name, sizeof name);
+  int fd = shm_open(name, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 077)) {
+    void_mark_t m;
+    memset(&m, 0, sizeof m);
+    m.magic = VOID_MAGIC;
+    m.at_us = wall_us();
+    snprintf(m.why, sizeof m.why, "%s", why);
+    if (pwrite(fd, &m, sizeof m, 0) != (ssize_t)sizeof m) { /* a mark cut short is read as none */
+    }
+  }
+  close(fd);
+}
+
+/* 1 (and *res) when a job of this id was voided less than `timeout_s` ago, after this process
+ * started; a mark that does not count is removed by a rank 0 (`remove_stale`), which is about to
+ * start the id anew. */
+static int voided_lately(const shm_t *s, double timeout_s, int remove_stale, tnt_result_t *res) {
+  char name[200];
+  void_mark_name(s, name, sizeof name);
+  int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct stat st;
+  void_mark_t m;
+  memset(&m, 0, sizeof m);
+  const int ours = fstat(fd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 077);
+  const int whole = ours && pread(fd, &m, sizeof m, 0) == (ssize_t)sizeof m && m.magic == VOID_MAGIC;
+  close(fd);
+  if (!whole) return 0;
+  m.why[sizeof m.why - 1] = 0;
+  const double age = (double)(wall_us() - m.at_us) / 1e6;
+  const int64_t started = process_started_wall_us();
+  /* another launch's: long over, or before this process began (a job started again after the
+   * failure, with the same id; 1 s of slack for the start's resolution) */
+  if (age > timeout_s || age < -60 || (started && started > m.at_us + 1000000)) {
+    if (remove_stale) shm_unlink(name);
+    return 0;
+  }
+  *res = tnt_fail(TNT_ERR_INVALID_USAGE,
+                  "rank %d: job %s was voided %.1f s ago, before this rank joined it (%s). Start the job again "
+                  "with a fresh TNT_JOB_ID (tntrun makes one per job); the id can be reused once /dev/shm%s is "
+                  "removed, or TNT_TIMEOUT_S after it was left",
+                  G(s, s->pl.rank), s->pl.job_id, age > 0 ? age : 0, m.why, name);
+  return 1;
+}
+
 /* Rank 0 found its segment's name taken: the error, naming a leftover (gone_rank0).
  * Where the segment's rank 0 lives, two jobs were started with one TNT_JOB_ID
  * and the other one is still setting up (the last rank to attach unlinks the
@@ -701,6 +799,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
     goto fail;
   }
   if (pl->rank == 0) {
+    if (voided_lately(s, params->timeout_s, 1, &res)) goto fail; /* a job of this id was voided: it is over */
     s->fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (s->fd < 0) {
       res = errno == EEXIST ? name_taken(s, errno)
@@ -759,6 +858,8 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
         if ((res = check_ended_before_joining(s, 0, "waiting for rank 0 to create the job's shared memory")) !=
             TNT_SUCCESS)
           goto fail;
+        /* no segment, and the job of this id was voided (its name removed): nothing will make one */
+        if (s->fd < 0 && voided_lately(s, params->timeout_s, 0, &res)) goto fail;
       }
       if (tnt_now() > deadline) {
         if (seen_uninitialized)
@@ -829,6 +930,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
     bump(&s->hdr->attached);
     res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
     s->ranks[pl->rank] = NULL; /* not ours: the failure path must not mark it */
+    leave_void_mark(s, s->hdr->collision);
     shm_unlink(s->name);
     goto fail;
   }
@@ -863,7 +965,9 @@ fail:
     snprintf(s->ranks[pl->rank]->reason, sizeof s->ranks[pl->rank]->reason, "%s", tnt_last_error());
     atomic_store(&s->ranks[pl->rank]->state, RANK_FAILED);
   }
-  /* the set-up failed: leave no name behind (ranks already attached keep their mapping) */
+  /* the set-up failed: leave no name behind (ranks already attached keep their mapping), but
+   * the mark of a voided job for the ranks that come later */
+  if (s->fd >= 0 && s->hdr && atomic_load(&s->hdr->collided)) leave_void_mark(s, s->hdr->collision);
   if (s->fd >= 0) shm_unlink(s->name);
   shm_free(s);
   return res;
