@@ -36,7 +36,7 @@ def write(exc_type, exc, tb, path=None, caught=False, thread=None, final=True):
         "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
         "timestamp": time.time(),
         "pid": os.getpid(),
-        "rank": config.get("TNT_RANK"),
+        "rank": _own_rank(),
         # the rank a PeerLostError or TimeoutError blames (a lost or stuck peer): the
         # launcher then looks for the root cause there, not here
         "caused_by_rank": _blamed_rank(exc),
@@ -53,9 +53,19 @@ def write(exc_type, exc, tb, path=None, caught=False, thread=None, final=True):
     os.replace(tmp, path)
 
 
+def _own_rank():
+    """TNT_RANK, or its text when it is no number: the error being written may be the one about
+    it (tnt.init's "bad placement ... TNT_RANK=abc"), and the record must not fail on it in turn
+    (the hooks ignore their own failures: the rank's error was lost, and tntrun named none)."""
+    try:
+        return config.get("TNT_RANK")
+    except ValueError:  # InvalidArgumentError
+        return os.environ.get("TNT_RANK")
+
+
 def _blamed_rank(exc):
     blamed = getattr(exc, "rank", None)
-    if not isinstance(blamed, int) or blamed < 0 or blamed == config.get("TNT_RANK"):
+    if not isinstance(blamed, int) or blamed < 0 or blamed == _own_rank():
         return None
     return blamed
 

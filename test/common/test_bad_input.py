@@ -1,6 +1,7 @@
 """Bad input gets a clear error that says what was wrong and what to do.
 
 Each check runs in a fresh interpreter (the core's state is per process)."""
+import json
 import os
 import secrets
 import shlex
@@ -423,3 +424,14 @@ def test_every_error_about_the_environment_ends_with_what_was_received(tmp_path)
         said[ending] = res.stdout
     # no mpicc under auto across hosts: it said "TNT_TRANSPORT=mpi, but no MPI was found"
     assert "TNT_TRANSPORT=auto needs the mpi transport between hosts" in said[f"Received: TNT_TRANSPORT=auto, PATH={tmp_path}"]
+
+
+def test_a_bad_tnt_rank_is_still_written_to_the_error_file(tmp_path):
+    """An uncaught error about TNT_RANK itself (TNT_RANK=abc) left no error file: writing the record read
+    TNT_RANK, which raised in turn, and the hook ignores its own failures."""
+    path = tmp_path / "error.json"
+    res = subprocess.run([sys.executable, "-c", "import tarantella as tnt; tnt.init()"], capture_output=True, text=True,
+                         timeout=60, env=clean_env(TNT_RANK="abc", TNT_SIZE=2, TNT_JOB_ID="x", TNT_ERROR_FILE=path))
+    assert res.returncode != 0 and "TNT_RANK=abc" in res.stderr, res.stderr[-2000:]
+    record = json.loads(path.read_text())
+    assert "TNT_RANK=abc" in record["message"] and record["rank"] == "abc", record
