@@ -187,6 +187,15 @@ static long env_int(const char *name) {
   return v;
 }
 
+/* env_int for the launcher's own TNT_* placement, where a variable set but empty is a bad value
+ * (-2), not an unset one: `TNT_RANK=$RANK TNT_SIZE=$WORLD python train.py` with those unset made
+ * every process a serial rank 0 of 1 without a word, each training alone (Python's config.get
+ * refused the same empty TNT_RANK, in the logger, before tnt.init). */
+static long env_int_strict(const char *name) {
+  const char *raw = name ? getenv(name) : NULL;
+  return raw && !*raw ? -2 : env_int(name);
+}
+
 typedef struct {
   const char *rank, *size, *local_rank, *local_size, *engine;
 } placement_source_t;
@@ -303,7 +312,8 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
   pl->local_size = 1;
   for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
     const placement_source_t *s = &sources[i];
-    long rank = env_int(s->rank), size = env_int(s->size);
+    long (*read)(const char *) = i == 0 ? env_int_strict : env_int;
+    long rank = read(s->rank), size = read(s->size);
     if (rank == -1 && size == -1) continue;
     if (rank < 0 || size < 1 || rank >= size)
       return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
@@ -311,7 +321,7 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
                       "with tntrun or unset them to run serially. Received: %s=%s, %s=%s",
                       s->engine, s->rank, s->size, s->rank, getenv(s->rank) ? getenv(s->rank) : "(unset)", s->size,
                       getenv(s->size) ? getenv(s->size) : "(unset)");
-    long lrank = env_int(s->local_rank), lsize = env_int(s->local_size);
+    long lrank = read(s->local_rank), lsize = read(s->local_size);
     /* The launcher's local placement picks the transport (shm serves a job whose ranks
      * are all local) and the GPU: a bad TNT_LOCAL_* is an error, as every TNT_* is,
      * never the global rank and size instead. (The engines' own variables keep the

@@ -218,6 +218,10 @@ def test_settings_tarantella_does_not_read_are_named_once():
 def test_bad_placement():
     raises("tnt.init()", "InvalidArgumentError", ["TNT_RANK=5", "0 <= rank < size"], TNT_RANK=5, TNT_SIZE=2)
     raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID is unset", "tntrun"], TNT_RANK=0, TNT_SIZE=2)
+    # set but empty (TNT_RANK=$RANK TNT_SIZE=$WORLD with those unset): every process was a serial rank 0 of 1,
+    # each training alone without a word
+    raises("tnt.init()", "InvalidArgumentError", ["Received: TNT_RANK=, TNT_SIZE="], TNT_RANK="", TNT_SIZE="")
+    raises("tnt.init()", "InvalidArgumentError", ["Received: TNT_RANK=, TNT_SIZE=(unset)"], TNT_RANK="")
     # cut to 100 characters, ids alike in those named one job's shared memory: the second job
     # was told "two jobs were started with the same TNT_JOB_ID"
     raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID may be at most 100 characters long",
@@ -233,6 +237,7 @@ def test_bad_placement():
     # beyond the local size was kept (TNT_LOCAL_RANK=5: "local 5 of 2")
     job = dict(TNT_SIZE=2, TNT_JOB_ID="x", TNT_TIMEOUT_S=2)
     for bad, words in ((dict(TNT_RANK=0, TNT_LOCAL_RANK="x"), ["TNT_LOCAL_RANK=x"]),
+                       (dict(TNT_RANK=0, TNT_LOCAL_RANK=""), ["TNT_LOCAL_RANK=, TNT_LOCAL_SIZE=(unset)"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_SIZE="two"), ["TNT_LOCAL_SIZE=two"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_SIZE="0"), ["TNT_LOCAL_SIZE=0"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_SIZE="4294967298"), ["TNT_LOCAL_SIZE=4294967298"]),
