@@ -314,6 +314,16 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
     const placement_source_t *s = &sources[i];
     long (*read)(const char *) = i == 0 ? env_int_strict : env_int;
     long rank = read(s->rank), size = read(s->size);
+    if (rank == -1 && size == -1 && i == 0 && (getenv(s->local_rank) || getenv(s->local_size)))
+      /* a local placement alone was ignored: under mpirun (-x TNT_LOCAL_SIZE=1) the engine's own
+       * local rank and size were taken, and alone a serial rank was local 0 of 1, without a word */
+      return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
+                      "%s or %s is set without %s and %s, where it has no effect: the placement then comes from "
+                      "the launcher's variables (OMPI_COMM_WORLD_*, PMI_*, SLURM_*), or the process runs serially. "
+                      "Set %s and %s too, or unset it. Received: %s=%s, %s=%s",
+                      s->local_rank, s->local_size, s->rank, s->size, s->rank, s->size, s->local_rank,
+                      getenv(s->local_rank) ? getenv(s->local_rank) : "(unset)", s->local_size,
+                      getenv(s->local_size) ? getenv(s->local_size) : "(unset)");
     if (rank == -1 && size == -1) continue;
     if (rank < 0 || size < 1 || rank >= size)
       return tnt_fail(TNT_ERR_INVALID_ARGUMENT,

@@ -222,6 +222,10 @@ def test_bad_placement():
     # each training alone without a word
     raises("tnt.init()", "InvalidArgumentError", ["Received: TNT_RANK=, TNT_SIZE="], TNT_RANK="", TNT_SIZE="")
     raises("tnt.init()", "InvalidArgumentError", ["Received: TNT_RANK=, TNT_SIZE=(unset)"], TNT_RANK="")
+    # a local placement alone was ignored (mpirun -x TNT_LOCAL_SIZE=1 took OpenMPI's; serially local 0 of 1)
+    raises("tnt.init()", "InvalidArgumentError", ["set without TNT_RANK and TNT_SIZE, where it has no effect",
+                                                  "Received: TNT_LOCAL_RANK=(unset), TNT_LOCAL_SIZE=1"],
+           TNT_LOCAL_SIZE=1)
     # cut to 100 characters, ids alike in those named one job's shared memory: the second job
     # was told "two jobs were started with the same TNT_JOB_ID"
     raises("tnt.init()", "InvalidArgumentError", ["TNT_JOB_ID may be at most 100 characters long",
