@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "context.h"
+#include "setup_interrupt.h"
 #include "transport/host_marks.h"
 #include "copy_unaliased.h"
 #include "dtype.h"
@@ -120,6 +121,7 @@ tnt_result_t tnt_init(void) {
   if ((res = tnt_timeline_open(&c->timeline, c->params.timeline, c->pl.rank, c->pl.size)) != TNT_SUCCESS) goto out;
   tnt_requests_init(&c->requests, c->pl.size);
   if (c->pl.size > 1) {
+    tnt_setup_interrupt_arm(); /* Ctrl-C ends the waits for the other ranks (setup_interrupt.h) */
     /* the ranks of this host must take one transport (host_marks.h): checked before the
      * set-up, where each would wait for the others until TNT_TIMEOUT_S */
     if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS ||
@@ -129,12 +131,14 @@ tnt_result_t tnt_init(void) {
                                       (size_t)tnt_transport_regions(c->transport),
                                   &c->ts)) != TNT_SUCCESS) {
       tnt_host_marks_end();
+      tnt_setup_interrupt_disarm();
       c->transport = NULL;
       goto out;
     }
     tnt_host_marks_end();
-    if ((res = tnt_engine_start(&c->engine, &c->pl, &c->params, c->transport, c->ts, &c->requests, c->timeline)) !=
-        TNT_SUCCESS) {
+    res = tnt_engine_start(&c->engine, &c->pl, &c->params, c->transport, c->ts, &c->requests, c->timeline);
+    tnt_setup_interrupt_disarm();
+    if (res != TNT_SUCCESS) {
       c->transport->finalize(c->ts);
       c->transport = NULL;
       goto out;

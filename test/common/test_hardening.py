@@ -4,6 +4,7 @@ lifecycle. One 3-rank launch checks the in-job items (rank_hardening.py)."""
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -71,7 +72,7 @@ time.sleep(float(os.environ.get("TNT_TEST_SLEEP_S", 0)))  # a rank late to call 
 try:
     tnt.init()
     print(json.dumps({"error": None}))
-except Exception as exc:
+except BaseException as exc:  # KeyboardInterrupt too
     print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
 """
 
@@ -293,6 +294,30 @@ def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank, tmp_path):
     assert not error_file.exists(), error_file.read_text()
     for r in set(range(3)) - {rank}:
         assert outcome(procs[r])["error"] is None
+    assert shm_objects(job) == []
+
+
+def test_ctrl_c_while_the_ranks_find_each_other_ends_the_wait():
+    """Ctrl-C (SIGINT) on a hand-made rank waiting in tnt.init for a rank that never started did nothing
+    until TNT_TIMEOUT_S (300 s by default): Python's handler only notes the signal, and the wait is one C
+    call. Now the wait ends at once with KeyboardInterrupt, and the rank that attached learns why."""
+    job = secrets.token_hex(16)
+    procs = [start(0, 3, job, TNT_TIMEOUT_S=120)]  # rank 2 never starts
+    time.sleep(1)
+    procs.append(start(1, 3, job, TNT_TIMEOUT_S=120))
+    time.sleep(2)
+    began = time.monotonic()
+    procs[0].send_signal(signal.SIGINT)
+    first, second = outcome(procs[0]), outcome(procs[1])
+    assert time.monotonic() - began < 60  # well inside TNT_TIMEOUT_S
+    assert first["error"] == "KeyboardInterrupt", first
+    assert second["error"] == "PeerLostError", second
+    assert "rank 0 aborted (interrupted (SIGINT, Ctrl-C) while setting up the job" in second["message"], second
+    # a joining rank waiting for rank 0 to make the job's shared memory
+    lone = start(1, 3, secrets.token_hex(16), TNT_TIMEOUT_S=120)
+    time.sleep(2)
+    lone.send_signal(signal.SIGINT)
+    assert outcome(lone)["error"] == "KeyboardInterrupt"
     assert shm_objects(job) == []
 
 

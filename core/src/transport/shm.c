@@ -53,6 +53,7 @@
 #include "host_load.h"
 #include "process_state.h"
 #include "put_copy.h"
+#include "../setup_interrupt.h"
 
 #define SHM_MAGIC 0x544e5432u /* "TNT2": changes with the segment's layout, so that ranks of two builds do not share one */
 /* What a joining rank of another build (another SHM_MAGIC) leaves in the magic word, so
@@ -405,6 +406,7 @@ static tnt_result_t sleep_until_word(shm_t *s, shm_word_t *w, uint32_t target, i
       next_check = now + SLICE_S;
       TNT_CHECK(check_job(s, what));
       TNT_CHECK(tnt_host_marks_poll()); /* during the set-up: a rank of this host took another transport */
+      TNT_CHECK(tnt_setup_interrupt_check()); /* during the set-up: Ctrl-C */
       if (from >= 0) TNT_CHECK(check_awaited(s, from, what));
       else if (from == FROM_EXCHANGE) TNT_CHECK(check_missing(s, what));
       else TNT_CHECK(check_all(s, NULL, what));
@@ -847,6 +849,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
         seen_uninitialized = 0;
       }
       if ((res = tnt_host_marks_poll()) != TNT_SUCCESS) goto fail; /* rank 0 took another transport */
+      if ((res = tnt_setup_interrupt_check()) != TNT_SUCCESS) goto fail; /* Ctrl-C */
       if (tnt_now() >= next_check) { /* a file read: not at every poll */
         next_check = tnt_now() + SLICE_S;
         /* a worker of a rank that was still starting when it called in, and whose job has
@@ -888,6 +891,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
     atomic_store(&s->hdr->magic, SHM_MAGIC);
   } else {
     while (atomic_load(&s->hdr->magic) != SHM_MAGIC) {
+      if ((res = tnt_setup_interrupt_check()) != TNT_SUCCESS) goto fail;
       if (tnt_now() > deadline) {
         res = tnt_fail(TNT_ERR_TIMEOUT, "rank %d: shared segment /dev/shm%s was never initialized by rank 0 (if no job "
                        "with this TNT_JOB_ID runs, a killed one left it: rm /dev/shm%s)", pl->rank, s->name, s->name);

@@ -1,0 +1,47 @@
+/* setup_interrupt.c - Ctrl-C during tnt_init's waits (setup_interrupt.h). */
+#define _GNU_SOURCE
+#include "setup_interrupt.h"
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+
+static struct sigaction previous; /* the program's handler, called after ours */
+static _Atomic int armed, interrupted;
+
+static void on_sigint(int sig, siginfo_t *info, void *context) {
+  atomic_store(&interrupted, 1);
+  if (previous.sa_flags & SA_SIGINFO) previous.sa_sigaction(sig, info, context);
+  else previous.sa_handler(sig);
+}
+
+void tnt_setup_interrupt_arm(void) {
+  atomic_store(&interrupted, 0);
+  struct sigaction now;
+  if (atomic_load(&armed) || sigaction(SIGINT, NULL, &now) != 0) return;
+  /* the default action ends the process at once anyway; an ignored SIGINT stays ignored */
+  if (!(now.sa_flags & SA_SIGINFO) && (now.sa_handler == SIG_DFL || now.sa_handler == SIG_IGN)) return;
+  previous = now;
+  struct sigaction ours;
+  memset(&ours, 0, sizeof ours);
+  ours.sa_sigaction = on_sigint;
+  ours.sa_mask = now.sa_mask;
+  ours.sa_flags = (now.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+  if (sigaction(SIGINT, &ours, NULL) == 0) atomic_store(&armed, 1);
+}
+
+void tnt_setup_interrupt_disarm(void) {
+  if (!atomic_load(&armed)) return;
+  struct sigaction now;
+  /* a handler the program installed meanwhile is its own: leave it */
+  if (sigaction(SIGINT, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigint)
+    sigaction(SIGINT, &previous, NULL);
+  atomic_store(&armed, 0);
+  atomic_store(&interrupted, 0); /* the collectives' waits, which share the set-up's checks, never see it */
+}
+
+tnt_result_t tnt_setup_interrupt_check(void) {
+  if (!atomic_load(&armed) || !atomic_load(&interrupted)) return TNT_SUCCESS;
+  return tnt_fail(TNT_ERR_SYSTEM, "interrupted (SIGINT, Ctrl-C) while setting up the job: this rank gave up "
+                  "waiting for the others");
+}
