@@ -107,6 +107,7 @@ tnt_result_t tnt_init(void) {
   pthread_mutex_lock(&init_mu);
   tnt_ctx_t *c = &tnt_ctx;
   tnt_result_t res = TNT_SUCCESS;
+  int joining = 0; /* the transport's set-up began: from there its own waits and marks tell the others */
   if (atomic_load(&c->initialized)) goto out;
   pthread_rwlock_wrlock(&life);
   memset(c, 0, sizeof *c);
@@ -126,7 +127,7 @@ tnt_result_t tnt_init(void) {
      * set-up, where each would wait for the others until TNT_TIMEOUT_S */
     if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS ||
         (res = tnt_host_marks_begin(&c->pl, c->params.transport, c->transport->name)) != TNT_SUCCESS ||
-        (res = c->transport->init(&c->pl, &c->params,
+        (joining = 1, res = c->transport->init(&c->pl, &c->params,
                                   (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots *
                                       (size_t)tnt_transport_regions(c->transport),
                                   &c->ts)) != TNT_SUCCESS) {
@@ -149,6 +150,14 @@ tnt_result_t tnt_init(void) {
   TNT_INFO("initialized: rank %d of %d, transport %s", c->pl.rank, c->pl.size, tnt_transport_name());
 out:
   if (res != TNT_SUCCESS) {
+    /* failed before it joined the others (a bad setting of its own): they waited for it until
+     * TNT_TIMEOUT_S. Once in the transport's set-up, its failure reaches them there (a rank marked
+     * failed in the segment, a voided one), or theirs is the same (the settings' check) */
+    if (!joining && !tnt_worker_of()) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", tnt_last_error());
+      tnt_shm_note_failed_start(&c->pl, c->params.timeout_s > 0 ? c->params.timeout_s : 300, why);
+    }
     tnt_timeline_close(c->timeline);
     c->timeline = NULL;
     if (c->requests.size) tnt_requests_destroy(&c->requests);

@@ -321,6 +321,26 @@ def test_ctrl_c_while_the_ranks_find_each_other_ends_the_wait():
     assert shm_objects(job) == []
 
 
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_rank_that_fails_before_it_joins_fails_the_others_at_once(bad_rank):
+    """A hand-made job whose rank has a bad setting of its own fails at once on that rank; the others
+    waited for it (rank 0 for it to attach, the others for rank 0's segment) until TNT_TIMEOUT_S. Its
+    failure now leaves the job's mark, and they fail at once naming it."""
+    job = secrets.token_hex(16)
+    began = time.monotonic()
+    procs = [start(r, 3, job, TNT_TIMEOUT_S=120, **({"TNT_FUSION_THRESHOLD_KB": "abc"} if r == bad_rank else {}))
+             for r in range(3)]
+    results = [outcome(p) for p in procs]
+    assert time.monotonic() - began < 60, results  # well inside TNT_TIMEOUT_S
+    assert results[bad_rank]["error"] == "InvalidArgumentError", results
+    for r in set(range(3)) - {bad_rank}:
+        got = results[r]
+        assert got["error"] == "PeerLostError", results
+        assert f"the job cannot start: rank {bad_rank} (pid " in got["message"], results
+        assert "failed to start: environment variable TNT_FUSION_THRESHOLD_KB must be" in got["message"], results
+    assert_void_mark_left(job)
+
+
 def test_a_segment_never_laid_out_is_named_as_a_leftover():
     # a rank 0 killed between creating its segment and writing its header leaves a name with no
     # header: a joining rank waits for it until TNT_TIMEOUT_S and then says how to remove it

@@ -135,7 +135,11 @@ typedef struct {
   int *global;         /* [size] job-wide rank of each member, for messages (a group of a larger job) */
   char host[64];       /* this host's name, for messages: every peer of this segment is on it */
   tnt_put_copier_t put_copier; /* how puts copy, from what they cost lately (put_copy.h) */
+  int setting_up;      /* inside tnt_shm_init_group: its waits look for the job's void mark */
+  double setup_timeout_s;
 } shm_t;
+
+static int voided_lately(const shm_t *s, double timeout_s, int remove_stale, tnt_result_t *res);
 
 /* The rank a message names: the job-wide one when this segment serves one host of many. */
 #define G(s, r) ((s)->global[(r)])
@@ -407,6 +411,8 @@ static tnt_result_t sleep_until_word(shm_t *s, shm_word_t *w, uint32_t target, i
       TNT_CHECK(check_job(s, what));
       TNT_CHECK(tnt_host_marks_poll()); /* during the set-up: a rank of this host took another transport */
       TNT_CHECK(tnt_setup_interrupt_check()); /* during the set-up: Ctrl-C */
+      tnt_result_t voided;
+      if (s->setting_up && voided_lately(s, s->setup_timeout_s, 0, &voided)) return voided; /* a rank failed */
       if (from >= 0) TNT_CHECK(check_awaited(s, from, what));
       else if (from == FROM_EXCHANGE) TNT_CHECK(check_missing(s, what));
       else TNT_CHECK(check_all(s, NULL, what));
@@ -559,11 +565,16 @@ static tnt_result_t worker_of_starting_rank(const shm_t *s, pid_t rank_pid) {
  * for a process that was started before it was left (a rank of that launch, late to call in:
  * TensorFlow's import alone takes seconds), for TNT_TIMEOUT_S (such a rank would have timed out
  * by then anyway); a job started again afterwards with the same id is a new one, whose rank 0
- * removes the mark, and tntrun removes it with its job. */
-#define VOID_MAGIC 0x544e5456u /* "TNTV" */
+ * removes the mark, and tntrun removes it with its job. A rank whose tnt_init failed before the
+ * job was up (a bad setting of its own: TNT_FUSION_THRESHOLD_KB=abc on one rank) leaves the mark
+ * too, naming itself (tnt_shm_note_failed_start): the others, waiting for it to attach (or for
+ * its segment, a rank 0), waited until TNT_TIMEOUT_S for a rank that had failed at once. */
+#define VOID_MAGIC 0x544e5457u /* "TNTW" */
 typedef struct {
-  uint32_t magic, pad;
+  uint32_t magic;
+  int32_t rank; /* the rank that failed to start, else -1 (a voided segment) */
   int64_t at_us; /* the wall clock (CLOCK_REALTIME): the mark outlives every process of the job */
+  int32_t pid, pad; /* the process that left it: its own mark never stops its own retry */
   char why[512];
 } void_mark_t;
 
@@ -573,7 +584,7 @@ static int64_t wall_us(void) {
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static void void_mark_name(const shm_t *s, char *out, size_t len) { snprintf(out, len, "%s-void", s->name); }
+static void void_mark_name(const char *segment, char *out, size_t len) { snprintf(out, len, "%s-void", segment); }
 
 /* When this process was started, on the wall clock (from its start in /proc/self/stat, in
  * ticks since boot, and CLOCK_BOOTTIME); 0 when it cannot be told. */
@@ -598,10 +609,11 @@ static int64_t process_started_wall_us(void) {
   return wall_us() - (int64_t)(ago_s * 1e6);
 }
 
-/* Leave the mark of this voided job (best effort: without it, a latecomer waits as before). */
-static void leave_void_mark(const shm_t *s, const char *why) {
+/* Leave the mark of the job whose segment is `segment` (best effort: without it, a latecomer
+ * waits as before). `rank`: the rank that failed to start, or -1 for a voided segment. */
+static void leave_mark(const char *segment, int rank, const char *why) {
   char name[200];
-  void_mark_name(s, name, sizeof name);
+  void_mark_name(segment, name, sizeof name);
   int fd = shm_open(name, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return;
   struct stat st;
@@ -609,7 +621,9 @@ static void leave_void_mark(const shm_t *s, const char *why) {
     void_mark_t m;
     memset(&m, 0, sizeof m);
     m.magic = VOID_MAGIC;
+    m.rank = rank;
     m.at_us = wall_us();
+    m.pid = (int32_t)getpid();
     snprintf(m.why, sizeof m.why, "%s", why);
     if (pwrite(fd, &m, sizeof m, 0) != (ssize_t)sizeof m) { /* a mark cut short is read as none */
     }
@@ -617,22 +631,40 @@ static void leave_void_mark(const shm_t *s, const char *why) {
   close(fd);
 }
 
+static void leave_void_mark(const shm_t *s, const char *why) { leave_mark(s->name, -1, why); }
+
+static int read_mark(const char *name, void_mark_t *m) {
+  int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct stat st;
+  memset(m, 0, sizeof *m);
+  const int ours = fstat(fd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 077);
+  const int whole = ours && pread(fd, m, sizeof *m, 0) == (ssize_t)sizeof *m && m->magic == VOID_MAGIC;
+  close(fd);
+  m->why[sizeof m->why - 1] = 0;
+  return whole;
+}
+
+void tnt_shm_note_failed_start(const tnt_placement_t *pl, double timeout_s, const char *why) {
+  if (pl->size < 2 || !pl->job_id[0]) return;
+  char segment[160], text[512], name[200];
+  snprintf(segment, sizeof segment, "/tnt-%s", pl->job_id);
+  void_mark_name(segment, name, sizeof name);
+  void_mark_t m;
+  /* the first reason stands (a rank that failed because of the mark must not replace it) */
+  if (read_mark(name, &m) && (double)(wall_us() - m.at_us) / 1e6 < timeout_s) return;
+  snprintf(text, sizeof text, "rank %d (pid %d) failed to start: %s", pl->rank, (int)getpid(), why);
+  leave_mark(segment, pl->rank, text);
+}
+
 /* 1 (and *res) when a job of this id was voided less than `timeout_s` ago, after this process
  * started; a mark that does not count is removed by a rank 0 (`remove_stale`), which is about to
  * start the id anew. */
 static int voided_lately(const shm_t *s, double timeout_s, int remove_stale, tnt_result_t *res) {
   char name[200];
-  void_mark_name(s, name, sizeof name);
-  int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  struct stat st;
+  void_mark_name(s->name, name, sizeof name);
   void_mark_t m;
-  memset(&m, 0, sizeof m);
-  const int ours = fstat(fd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 077);
-  const int whole = ours && pread(fd, &m, sizeof m, 0) == (ssize_t)sizeof m && m.magic == VOID_MAGIC;
-  close(fd);
-  if (!whole) return 0;
-  m.why[sizeof m.why - 1] = 0;
+  if (!read_mark(name, &m)) return 0;
   const double age = (double)(wall_us() - m.at_us) / 1e6;
   const int64_t started = process_started_wall_us();
   /* another launch's: long over, or before this process began (a job started again after the
@@ -641,11 +673,16 @@ static int voided_lately(const shm_t *s, double timeout_s, int remove_stale, tnt
     if (remove_stale) shm_unlink(name);
     return 0;
   }
-  *res = tnt_fail(TNT_ERR_INVALID_USAGE,
-                  "rank %d: job %s was voided %.1f s ago, before this rank joined it (%s). Start the job again "
-                  "with a fresh TNT_JOB_ID (tntrun makes one per job); the id can be reused once /dev/shm%s is "
-                  "removed, or TNT_TIMEOUT_S after it was left",
-                  G(s, s->pl.rank), s->pl.job_id, age > 0 ? age : 0, m.why, name);
+  if (m.pid == (int32_t)getpid()) return 0; /* this process's own failure: it may try again */
+  if (m.rank >= 0) /* a rank that failed before it joined: the others fail at once, naming it */
+    *res = tnt_fail_peer(m.rank, "rank %d: the job cannot start: %s (%.1f s ago). Fix it and start every rank "
+                         "again", G(s, s->pl.rank), m.why, age > 0 ? age : 0);
+  else
+    *res = tnt_fail(TNT_ERR_INVALID_USAGE,
+                    "rank %d: job %s was voided %.1f s ago, before this rank joined it (%s). Start the job again "
+                    "with a fresh TNT_JOB_ID (tntrun makes one per job); the id can be reused once /dev/shm%s is "
+                    "removed, or TNT_TIMEOUT_S after it was left",
+                    G(s, s->pl.rank), s->pl.job_id, age > 0 ? age : 0, m.why, name);
   return 1;
 }
 
@@ -792,6 +829,8 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   s->total = align_up(sizeof(shm_header_t), 4096) + (size_t)pl->size * block_bytes_for(pl->size, window_bytes);
   double deadline = tnt_now() + params->timeout_s, next_check = tnt_now() + SLICE_S;
   tnt_result_t res = TNT_SUCCESS;
+  s->setting_up = 1;
+  s->setup_timeout_s = params->timeout_s;
 
   /* a worker a rank started before its tnt_init inherited TNT_RANK and TNT_JOB_ID: refuse it
    * before it makes a second job under the same name (ancestry.c) */
@@ -959,6 +998,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
     res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
   if (res != TNT_SUCCESS) goto fail;
   s->ncpu = host_cpus(s->hdr); /* every rank has added its mask: the same count on every rank */
+  s->setting_up = 0;
   *state = s;
   TNT_INFO("shm: %s, %zu bytes, %d ranks on %ld cores (the CPUs they may run on, of %ld online)", s->name, s->total,
            pl->size, s->ncpu, s->online);
