@@ -50,7 +50,7 @@ static void collect(const tnt_placement_t *pl, const tnt_params_t *p, int64_t ou
 typedef struct {
   int64_t settings[N_SETTINGS];
   int32_t local_rank, local_size, from_launcher, pad;
-  char host[64];
+  char host[256]; /* as topology.c compares them */
 } record_t;
 
 /* The host of rank q: the index of the lowest rank with its host name (all ranks one host on
