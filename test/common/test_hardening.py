@@ -341,6 +341,23 @@ def test_a_rank_that_fails_before_it_joins_fails_the_others_at_once(bad_rank):
     assert_void_mark_left(job)
 
 
+def test_a_mark_that_no_longer_counts_is_swept_by_the_next_job():
+    """A failed start's mark counts for its job's TNT_TIMEOUT_S; a random id is never used again, so
+    marks of failed hand-made jobs gathered in /dev/shm for good. The next job's rank 0 sweeps them."""
+    stale, fresh, job = (secrets.token_hex(16) for _ in range(3))
+    for mark_job, timeout in ((stale, 1), (fresh, 600)):  # a failure once the settings are read (their timeout)
+        got = outcome(start(1, 2, mark_job, TNT_TIMEOUT_S=timeout, TNT_TIMELINE="/nonexistent/timeline.json"))
+        assert got["error"] is not None and "TNT_TIMELINE" in got["message"], got
+        assert shm_objects(mark_job) == [f"tnt-{mark_job}-void"]
+    time.sleep(1.5)
+    try:
+        results = [outcome(p) for p in [start(r, 2, job) for r in range(2)]]
+        assert all(r.get("error") is None for r in results), results
+        assert shm_objects(stale) == []  # older than its 1 s: swept
+    finally:
+        assert_void_mark_left(fresh)  # still counts: kept
+
+
 def test_a_segment_never_laid_out_is_named_as_a_leftover():
     # a rank 0 killed between creating its segment and writing its header leaves a name with no
     # header: a joining rank waits for it until TNT_TIMEOUT_S and then says how to remove it

@@ -30,6 +30,7 @@
  * the same rank (two jobs started with one TNT_JOB_ID) marks the segment
  * collided, and every rank in it fails with that message. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -574,7 +575,8 @@ typedef struct {
   uint32_t magic;
   int32_t rank; /* the rank that failed to start, else -1 (a voided segment) */
   int64_t at_us; /* the wall clock (CLOCK_REALTIME): the mark outlives every process of the job */
-  int32_t pid, pad; /* the process that left it: its own mark never stops its own retry */
+  int32_t pid; /* the process that left it: its own mark never stops its own retry */
+  int32_t counts_s; /* how long it counts (its job's TNT_TIMEOUT_S, rounded up): a stale one is swept */
   char why[512];
 } void_mark_t;
 
@@ -611,7 +613,7 @@ static int64_t process_started_wall_us(void) {
 
 /* Leave the mark of the job whose segment is `segment` (best effort: without it, a latecomer
  * waits as before). `rank`: the rank that failed to start, or -1 for a voided segment. */
-static void leave_mark(const char *segment, int rank, const char *why) {
+static void leave_mark(const char *segment, int rank, double timeout_s, const char *why) {
   char name[200];
   void_mark_name(segment, name, sizeof name);
   int fd = shm_open(name, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
@@ -624,6 +626,7 @@ static void leave_mark(const char *segment, int rank, const char *why) {
     m.rank = rank;
     m.at_us = wall_us();
     m.pid = (int32_t)getpid();
+    m.counts_s = timeout_s < 1 ? 1 : timeout_s > INT32_MAX ? INT32_MAX : (int32_t)timeout_s + (timeout_s > (int32_t)timeout_s);
     snprintf(m.why, sizeof m.why, "%s", why);
     if (pwrite(fd, &m, sizeof m, 0) != (ssize_t)sizeof m) { /* a mark cut short is read as none */
     }
@@ -631,7 +634,7 @@ static void leave_mark(const char *segment, int rank, const char *why) {
   close(fd);
 }
 
-static void leave_void_mark(const shm_t *s, const char *why) { leave_mark(s->name, -1, why); }
+static void leave_void_mark(const shm_t *s, const char *why) { leave_mark(s->name, -1, s->setup_timeout_s, why); }
 
 static int read_mark(const char *name, void_mark_t *m) {
   int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
@@ -654,7 +657,30 @@ void tnt_shm_note_failed_start(const tnt_placement_t *pl, double timeout_s, cons
   /* the first reason stands (a rank that failed because of the mark must not replace it) */
   if (read_mark(name, &m) && (double)(wall_us() - m.at_us) / 1e6 < timeout_s) return;
   snprintf(text, sizeof text, "rank %d (pid %d) failed to start: %s", pl->rank, (int)getpid(), why);
-  leave_mark(segment, pl->rank, text);
+  leave_mark(segment, pl->rank, timeout_s, text);
+}
+
+/* Remove the marks of other jobs of this user that no longer count (older than their job's
+ * TNT_TIMEOUT_S): a hand-made job whose rank failed to start leaves one, and nothing else ends
+ * it unless the id is used again (a random id never is), so they gathered in /dev/shm. A rank 0
+ * about to start a job sweeps them, as it removes a stale mark of its own id. */
+static void sweep_stale_marks(void) {
+  DIR *dir = opendir("/dev/shm");
+  if (!dir) return;
+  const size_t suffix = strlen("-void");
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    const size_t n = strlen(e->d_name);
+    if (strncmp(e->d_name, "tnt-", 4) != 0 || n <= 4 + suffix || strcmp(e->d_name + n - suffix, "-void") != 0)
+      continue;
+    char name[NAME_MAX + 2];
+    snprintf(name, sizeof name, "/%s", e->d_name);
+    void_mark_t m;
+    if (!read_mark(name, &m)) continue; /* another user's, or not a mark */
+    const double age = (double)(wall_us() - m.at_us) / 1e6;
+    if (age > (m.counts_s > 0 ? m.counts_s : 300)) shm_unlink(name);
+  }
+  closedir(dir);
 }
 
 /* 1 (and *res) when a job of this id was voided less than `timeout_s` ago, after this process
@@ -841,6 +867,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   }
   if (pl->rank == 0) {
     if (voided_lately(s, params->timeout_s, 1, &res)) goto fail; /* a job of this id was voided: it is over */
+    sweep_stale_marks();
     s->fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (s->fd < 0) {
       res = errno == EEXIST ? name_taken(s, errno)
