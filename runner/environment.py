@@ -83,6 +83,7 @@ def job_env(args, exports, job_id, base=None):
     # the folder where the tntrun that started this process notes its ranks' ends: a job
     # started from a rank has a tntrun of its own (local.rank_specs), or none
     env.pop("TNT_LAUNCHER_DIR", None)
+    env.pop("TNT_JOIN_NOTES", None)  # the same, across hosts (the rank wrapper's)
     env["PYTHONUNBUFFERED"] = "1"  # the last lines before a crash must reach us
     env.update(tnt_settings(args))
     env["TNT_JOB_ID"] = job_id
@@ -120,7 +121,7 @@ _SESSION_OR_HOST = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "HOST",
                               "TERMCAP", "COLUMNS", "LINES", "MAIL", "PS1", "PS2", "PS4",
                               "PROMPT_COMMAND", "TMUX", "TMUX_PANE", "STY", "WINDOW"})
 _PER_RANK = frozenset({"TNT_RANK", "TNT_SIZE", "TNT_LOCAL_RANK", "TNT_LOCAL_SIZE",
-                       "TNT_ERROR_FILE", "TNT_LAUNCHER_DIR", "TNT_RANK_PID", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"})
+                       "TNT_ERROR_FILE", "TNT_LAUNCHER_DIR", "TNT_JOIN_NOTES", "TNT_RANK_PID", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"})
 _ENGINE_PREFIXES = ("OMPI_", "OPAL_", "ORTE_", "PRTE_", "PMIX_", "PMI_", "HYDRA_", "SLURM_", "GASPI_",
                     "SSH_", "XDG_", "DBUS_")
 

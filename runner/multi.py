@@ -6,6 +6,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 
 from tarantella.runner import command as cmd
 from tarantella.runner import engines, environment, gpus, hostfile, local, rank_report, report, shm
@@ -361,44 +362,119 @@ def rank_results(records):
     return sorted(results, key=lambda r: (r.spec.rank is None, r.spec.rank or 0))
 
 
-def ranks_job(job, records, engine_name):
+def ranks_job(job, records, engine_name, joins=None):
     """The job as its ranks saw it: when the engine failed (or a rank reported a collective's
     error that its program went on after) and ranks reported failures,
     the root cause is the rank that failed first on its own (named with its host), not the
     engine, and tntrun exits with that rank's status (srun would say 143 for the ranks it
-    stopped); else the engine's job unchanged."""
+    stopped); when tntrun ended the job because ranks waited in tnt.init() for one that
+    had ended without joining (`joins`, Joins.found), that rank; else the engine's job
+    unchanged."""
     if not records or job.interrupted_by is not None:
         return job
+    found = joins.found if joins is not None else None
     caught = any((rec.get("error") or {}).get("caught") is True for rec in records if isinstance(rec, dict))
-    if job.root_cause is None and not job.stalled and not caught:
+    if job.root_cause is None and not job.stalled and not caught and not found:
         # (with `caught`, a rank went on after a collective of its failed and exited 0, as
         # the engine then did: the job failed all the same, see supervise.failed)
         return job
     results = rank_results(records)
-    root = root_cause(results, report.error_of, lambda res: getattr(res, "stopped_at", None))
+    root = None
+    if found:
+        root = next((res for res in results if res.spec.rank == found["rank"]), None)
+        if root is not None:
+            root.error = {"message": found["message"], "timestamp": root.ended_at}
+    if root is None:
+        root = root_cause(results, report.error_of, lambda res: getattr(res, "stopped_at", None))
     if root is None:
         return job
     return JobResult(results=results, root_cause=root, started_at=job.started_at,
                      engine=job.root_cause or job.results[0], stopped_by=engine_name, stalled=job.stalled)
 
 
-def stall_watch(collector, engine_name, seconds=ENGINE_SETTLE_S):
+class Joins:
+    """What tntrun learns, across hosts, of the ranks' tnt.init(): each rank's wrapper notes
+    every tnt.init() its program begins, and how many it had begun when it ended
+    (rank.py). A rank that waits in tnt.init() (it began more than another one that has
+    ended with exit code 0) waits for ever: every rank must join, and that one never will.
+    On one host tntrun tells the waiting ranks (TNT_LAUNCHER_DIR), which fail at once naming
+    it; across hosts it cannot reach them (the engine, MPI_Init or gaspi_proc_init waited
+    until TNT_TIMEOUT_S), and ends the job itself: `found` is then that rank's description."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.begun = {}   # rank -> (tnt.init() calls it began, host)
+        self.ended = {}   # rank -> its end record
+        self.found = None  # {"rank", "host", "waiting", "message", "reason"}
+
+    def take(self, record, engine_name):
+        """Note a record (a note or an end); the finding, the first time there is one."""
+        rank = record.get("rank")
+        if not isinstance(rank, int):
+            return None
+        with self._lock:
+            if self.found is not None:
+                return None
+            if record.get("note") == "joining":
+                count = record.get("joins")
+                if isinstance(count, int):
+                    self.begun[rank] = (max(count, self.begun.get(rank, (0, None))[0]), record.get("host") or "?")
+            elif record.get("note") is None:
+                self.ended[rank] = record
+            for gone, rec in sorted(self.ended.items()):
+                joined = rec.get("joins")
+                if (rec.get("returncode") != 0 or rec.get("stopped") or not isinstance(joined, int)
+                        or (rec.get("error") or {}).get("caught") is True):
+                    continue  # a failure (reported as such), a stop, or a wrapper that does not count
+                waiting = sorted((q, n, host) for q, (n, host) in self.begun.items()
+                                 if q not in self.ended and n > joined)
+                if waiting:
+                    self.found = self._finding(gone, rec, joined, waiting, engine_name)
+                    return self.found
+        return None
+
+    @staticmethod
+    def _finding(gone, rec, joined, waiting, engine_name):
+        host = rec.get("host") or "?"
+        first, began, where = waiting[0]
+        others = f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""
+        before = ("before it joined the job" if joined == 0 else
+                  f"after {joined} tnt.init() call{'s' if joined > 1 else ''}, where rank {first} began {began}")
+        message = (f"rank {gone} ended (exit code 0) {before}, while rank {first} on {where}{others} waited for it in "
+                   "tnt.init(): every rank must make the same collective calls (does the program return or exit on "
+                   "some ranks before its first collective?)")
+        reason = (f"rank {gone} ended on {host} (exit code 0) without joining the job, while rank {first}{others} "
+                  f"waits for it in tnt.init(), and {engine_name} would wait too")
+        return {"rank": gone, "host": host, "waiting": first, "message": message, "reason": reason}
+
+
+def stall_watch(collector, engine_name, seconds=ENGINE_SETTLE_S, joins=None):
     """A local.run `watch`: at a rank's first failure record, the engine gets `seconds` to
     end the job on every host, as mpirun and srun do at once; if it has not, tntrun stops it
     (SIGTERM, SIGKILL after the grace period), and the ranks it could still reach with it.
     Where a host was cut off, its daemon cannot be reached: the ranks there end on their own
-    (they name the silent hosts' ranks within the heartbeat bound and exit)."""
+    (they name the silent hosts' ranks within the heartbeat bound and exit). With `joins`
+    (Joins), a rank that ended (exit 0) without joining the job while others wait for it in
+    tnt.init() ends the job at once."""
     def watch(supervisor):
         def on_record(record):
             host = record.get("host") or "?"
+            if joins is not None:
+                found = joins.take(record, engine_name)
+                if found is not None:
+                    supervisor.stall_after(found["reason"], 0)
+                    return
+            if record.get("note") is not None:
+                return  # a rank began tnt.init() (for `joins` only)
             if record.get("not_started"):
                 # gaspi_run's ssh could not start the ranks of a host (gaspi_ssh.py): the
                 # others would wait for them until TNT_TIMEOUT_S, and gaspi_run with them
                 supervisor.stall_after(f"{engine_name} could not start the ranks on {host}", 0)
                 return
             if record.get("returncode") == 0:
-                # its program caught a collective's error and exited 0 (supervise.failed): it
-                # counts at the end, and the others may still be saving what they can
+                # it ended well, or its program caught a collective's error and exited 0
+                # (supervise.failed): it counts at the end, and the others may still be saving
+                # what they can
                 return
             supervisor.stall_after(f"rank {record.get('rank')} failed on {host} and {engine_name} had not ended "
                                    f"the job {seconds:g} s later", seconds)
@@ -484,10 +560,11 @@ def run(args, command, job_id):
                         stop_signal=signal.SIGINT if plan.engine == "srun" else signal.SIGTERM,
                         stdout_filter=(rank_report.MarkerFilter(collector)
                                        if plan.engine == "gaspi_run" else None))
+        joins = Joins()
         return local.run([spec], job_id, program=command[0], command=command,
                          one_line=args.one_line_report, private_dir=private_dir,
-                         files=list(plan.files), watch=stall_watch(collector, name),
-                         translate=lambda job: ranks_job(job, collector.records, name), adopt=True)
+                         files=list(plan.files), watch=stall_watch(collector, name, joins=joins),
+                         translate=lambda job: ranks_job(job, collector.records, name, joins), adopt=True)
     except engines.EngineMissing as exc:
         print(f"tntrun: error: {exc}", file=sys.stderr)
         return 127

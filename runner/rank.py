@@ -12,11 +12,18 @@ that tntrun, which sees only the engine, learns why a rank failed on whatever ho
 - signals that stop a job (SIGTERM, SIGINT, SIGHUP, SIGQUIT; also SIGCONT, SIGUSR1, SIGUSR2)
   are passed on to the program; a stop signal before the program ended marks the rank as
   stopped by the engine (not a failure of its own);
-- when the program fails (also when it exits 0 after a collective of its failed: its error
-  file says "caught"), one record (rank, host, pid, exit status, time, stopped, error
-  file, stderr tail) goes to stderr as marker lines (rank_report.py), which the engine
-  forwards to tntrun; then the wrapper ends as the program did: the same exit code, or the
-  same signal (without a core dump of its own), so the engine sees what it would have seen;
+- when the program ends, one record (rank, host, pid, exit status, time, stopped, error
+  file, stderr tail, how many times it began tnt.init()) goes to stderr as marker lines
+  (rank_report.py), which the engine forwards to tntrun; then the wrapper ends as the
+  program did: the same exit code, or the same signal (without a core dump of its own), so
+  the engine sees what it would have seen. An exit 0 is recorded too: it is a failure where
+  a collective of its failed (its error file says "caught"), and a rank that ended before
+  it joined the job leaves the others waiting for it in tnt.init() (below);
+- the program notes each tnt.init() it begins in a named pipe of the wrapper's
+  (TNT_JOIN_NOTES), which the wrapper passes on at once as a small record: tntrun, which
+  sees every rank's notes and ends, knows when a rank waits in tnt.init() for one that
+  ended without joining (on one host it tells the waiting rank, TNT_LAUNCHER_DIR; across
+  hosts it has no way to, and ends the job itself, naming that rank);
 - the program dies with the wrapper (parent-death signal SIGKILL);
 - with --label (tntrun passes it under gaspi_run, which labels no output, when every rank's
   output is shown), its stdout passes through the wrapper too, and every line of both gets
@@ -106,7 +113,7 @@ class _Child:
         for sig in self._pending:  # arrived while the program was being started
             self._pass(sig)
         # passed on at once, chunk by chunk (whole lines when labelled); the stderr's tail kept
-        writer = _Writer()
+        self.writer = writer = _Writer()
         self._stderr = _Forwarder(self.proc.stderr, 2, True, label, writer, True)
         self._readers = [self._stderr]
         if self.proc.stdout is not None:
@@ -117,11 +124,6 @@ class _Child:
     @property
     def tail(self):
         return self._stderr.tail
-
-    @property
-    def at_line_start(self):
-        """Whether what we passed on of its stderr ended a line (labelled: whole lines only)."""
-        return bool(self.label) or not self.tail or self.tail.endswith(b"\n")
 
     def _on_signal(self, signum, frame):
         if signum in STOP_SIGNALS and (self.proc is None or self.proc.returncode is None):
@@ -148,6 +150,11 @@ class _Child:
         except (ProcessLookupError, OSError):
             pass
 
+    def write_record(self, record, job_id):
+        """`record`'s lines to our stderr, each starting a line of its own, between the
+        program's writes (what it wrote of a line is ended first)."""
+        self.writer.write_lines(2, rank_report.encode(record, job_id))
+
     def wait(self):
         code = self.proc.wait()
         ended = time.time()
@@ -157,7 +164,59 @@ class _Child:
         return code, ended
 
 
-def _record(rank, local_rank, size, child, code, ended, error_file, started):
+class _JoinNotes:
+    """A named pipe in the wrapper's folder (TNT_JOIN_NOTES) where the program writes one
+    line at each tnt.init() it begins (tarantella.common.core). Each is passed on to tntrun
+    at once, as a record {"rank", "host", "note": "joining", "joins": N}; `count` is how many
+    came. The wrapper holds the pipe open for reading and writing, so that it never reads
+    an end of file, and the program's open never fails for want of a reader."""
+
+    END = b"end\n"  # written by the wrapper itself after the program ended: no more notes
+
+    def __init__(self, folder):
+        self.path = os.path.join(folder, "joins")
+        self.count = 0
+        self.fd = None
+        self._thread = None
+        try:
+            os.mkfifo(self.path, 0o600)
+            self.fd = os.open(self.path, os.O_RDWR)
+        except OSError:  # no named pipes here: the notes are not taken (tntrun learns less)
+            self.path = None
+
+    def start(self, on_note):
+        if self.fd is not None:
+            self._thread = threading.Thread(target=self._read, args=(on_note,), daemon=True)
+            self._thread.start()
+
+    def _read(self, on_note):
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self.fd, 4096)
+            except OSError:
+                return
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line + b"\n" == self.END:
+                    return
+                self.count += 1
+                on_note(self.count)
+
+    def finish(self):
+        """Take every note written before the program ended (the pipe keeps their order)."""
+        if self._thread is not None:
+            try:
+                os.write(self.fd, self.END)
+            except OSError:
+                pass
+            self._thread.join(timeout=5.0)
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def _record(rank, local_rank, size, child, code, ended, error_file, started, joins=0):
     from tarantella.runner import report
 
     return {
@@ -167,6 +226,7 @@ def _record(rank, local_rank, size, child, code, ended, error_file, started):
         "stopped_at": child.stopped_at if child else None,
         "error": report.read_error_file(error_file),
         "stderr_tail": "\n".join(report.tail_lines(bytes(child.tail))) if child else "",
+        "joins": joins,  # the tnt.init() calls it began (_JoinNotes)
     }
 
 
@@ -199,11 +259,17 @@ def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False, 
     private = tempfile.mkdtemp(prefix=f"tnt-rank-{job_id[:8]}-")
     error_file = os.path.join(private, f"error-rank{rank}.json")
     env["TNT_ERROR_FILE"] = error_file
+    notes = _JoinNotes(private)
+    if notes.path:
+        env["TNT_JOIN_NOTES"] = notes.path
     started = time.time()
     child = None
     try:
         try:
             child = _Child(command, hide_stdout, env, f"[{rank}] ".encode() if label else b"", script_pid)
+            host = socket.gethostname()
+            notes.start(lambda count: child.write_record(
+                {"rank": rank, "host": host, "note": "joining", "joins": count}, job_id))
         except OSError as exc:
             message = (f"tntrun (rank {rank} on {socket.gethostname()}): cannot start "
                        f"{command[0]!r}: {exc.strerror}")
@@ -213,16 +279,16 @@ def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False, 
             rank_report.write(record, job_id)
             return 127
         code, ended = child.wait()
-        # an exit 0 after a collective failed (the program caught it, or Python ignored it
-        # in an atexit handler: tarantella wrote it at exit, marked "caught") is a failure too
-        from tarantella.runner.report import read_error_file
-
-        if code != 0 or (read_error_file(error_file) or {}).get("caught") is True:
-            if not child.at_line_start:
-                os.write(2, b"\n")  # the record starts on a line of its own
-            rank_report.write(_record(rank, local_rank, size, child, code, ended, error_file,
-                                      started), job_id)
+        notes.finish()
+        # every end, an exit 0 too: tntrun decides whether it failed (an exit 0 after a
+        # collective failed, which the program caught or Python ignored in an atexit handler:
+        # tarantella wrote it at exit, marked "caught"), and whether it ended before it joined
+        # the job while others wait for it; its stderr's tail is then shown in the report
+        child.write_record(_record(rank, local_rank, size, child, code, ended, error_file, started,
+                                   notes.count), job_id)
     finally:
+        if child is None:
+            notes.finish()
         shutil.rmtree(private, ignore_errors=True)
     # only now: a program ended by a signal ends the wrapper by the same signal, and no
     # `finally` would run after that

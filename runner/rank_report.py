@@ -2,9 +2,10 @@
 
 Across hosts tntrun supervises only the engine (mpirun, srun, gaspi_run); the ranks, their
 error files (TNT_ERROR_FILE) and their stderr live on the other hosts. The rank wrapper
-(rank.py) runs the program as its child; when the program fails it writes one record (rank,
+(rank.py) runs the program as its child; when the program ends it writes one record (rank,
 host, pid, exit status, when, whether the engine had stopped it, the error file's content,
-the last lines of its stderr) to its stderr, which every engine forwards to tntrun. The
+the last lines of its stderr, the tnt.init() calls it began) to its stderr, which every
+engine forwards to tntrun, and a short note as the program begins each tnt.init(). The
 record travels as short lines, each written with one write(2), so that lines of different
 ranks never mix and an engine's line prefix (mpirun --tag-output "[1,3]<stderr>:", srun
 --label "3: ") does no harm:
@@ -47,7 +48,8 @@ def write(record, job_id, fd=2):
 
 
 class Collector:
-    """Rebuilds the records of one job from marker lines (any thread)."""
+    """Rebuilds the records of one job from marker lines (any thread): `records` holds how
+    ranks ended; notes (records with a "note": a rank began tnt.init()) go to on_record only."""
 
     def __init__(self, job_id, on_record=None):
         self.job = job_id[:12].encode()
@@ -78,10 +80,10 @@ class Collector:
                     record = json.loads(data if data[:1] == b"{" else zlib.decompress(data))
                 except (ValueError, zlib.error):
                     return True
-                if isinstance(record, dict):
-                    self.records.append(record)
-                else:
+                if not isinstance(record, dict):
                     record = None
+                elif "note" not in record:  # a note (a tnt.init() begun) is for on_record only
+                    self.records.append(record)
         if record is not None and self.on_record is not None:
             self.on_record(record)
         return True

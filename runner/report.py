@@ -163,11 +163,20 @@ def _ended_first(job, root):
     if not finished:
         return []
     res = next((r for r in job.results if getattr(r.spec, "rank", None) == blamed), None)
-    if res is None or res.returncode != 0:
+    if res is None:
+        return []
+    if res.returncode == 0:
+        how = "had ended, exit code 0,"
+    elif res.stopped and _error_record(res) is None:
+        # across hosts: its program had ended, but the process was still in its exit (MPI_Finalize
+        # waits for every rank) when the engine stopped the job; its record came from its host
+        how = (f"had shut down (its process, still in its exit, was then stopped by "
+               f"{getattr(job, 'stopped_by', None) or 'tntrun'}: {describe_exit(res.returncode)})")
+    else:
         return []
     tail = tail_lines(res.stderr_tail)
     lines = ["-" * WIDTH,
-             f"Rank {blamed} ({res.spec.host or '?'}, pid {res.pid}) had ended, exit code 0, while the "
+             f"Rank {blamed} ({res.spec.host or '?'}, pid {res.pid}) {how} while the "
              "others still made collective calls: its program made fewer (it left a loop early, or "
              "caught an error and went on to its end)."]
     if tail:

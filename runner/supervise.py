@@ -172,17 +172,35 @@ class _Writer:
     def __init__(self):
         self._lock = threading.Lock()
         self.broken = set()
+        self._mid_line = set()  # fds whose last write did not end a line
 
     def write(self, fd, data):
         with self._lock:
-            if fd in self.broken:
-                return
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            except OSError:  # our reader went away (e.g. `| head`): keep draining, stop writing
-                self.broken.add(fd)
+            self._write(fd, data)
+
+    def write_lines(self, fd, lines):
+        """Whole lines (bytes ending in a newline), each written at once, the first at the
+        start of a line: a line the others left unfinished is ended first."""
+        with self._lock:
+            if fd in self._mid_line:
+                self._write(fd, b"\n")
+            for line in lines:
+                self._write(fd, line)
+
+    def _write(self, fd, data):
+        if fd in self.broken or not data:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:  # our reader went away (e.g. `| head`): keep draining, stop writing
+            self.broken.add(fd)
+            return
+        if data.endswith(b"\n"):
+            self._mid_line.discard(fd)
+        else:
+            self._mid_line.add(fd)
 
 
 class _Forwarder(threading.Thread):

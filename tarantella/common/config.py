@@ -108,6 +108,10 @@ _ROWS = (
     Param("TNT_LAUNCHER_DIR", "str", None,
           "the folder where tntrun notes how each rank's process ended (set by tntrun): a rank that waits "
           "for one that ended before it joined fails at once, naming it, instead of at TNT_TIMEOUT_S"),
+    Param("TNT_JOIN_NOTES", "str", None,
+          "a named pipe where a rank notes each tnt.init() it begins (set by tntrun's rank wrapper across "
+          "hosts): tntrun ends a job whose ranks wait in tnt.init() for one that ended without joining, "
+          "naming it, instead of at TNT_TIMEOUT_S"),
     Param("TNT_ERROR_FILE", "str", None,
           "where an uncaught Python exception of this rank is written as JSON (set by tntrun); also, at "
           "exit, a collective's PeerLostError or TimeoutError that the program caught"),

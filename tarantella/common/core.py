@@ -6,6 +6,7 @@ stays cheap. Collectives initialize the core on first use (the seed's
 InvalidUsageError until init() is called again.
 """
 import os
+import stat
 import sys
 import threading
 
@@ -102,6 +103,7 @@ def _init():
             return
         mark("tnt.init: begin")
         _check_not_started_by_a_rank()
+        _note_joining()
         lib_, _ = _load()
         from tarantella.common import plugins
 
@@ -140,6 +142,28 @@ def _init():
     # child, whose first tnt.* call then waited on it forever instead of failing as a forked child's does.
     # (Every rank that uses collectives imports the module anyway: no cost to start-up.)
     from tarantella.common import collectives  # noqa: F401
+
+
+def _note_joining():
+    """Tell the rank wrapper of tntrun (across hosts) that this rank begins tnt.init(): one
+    line in its named pipe, TNT_JOIN_NOTES. tntrun then knows that this rank waits for every
+    other, and ends the job at once, naming the rank, where one of them ended without
+    joining (without it, this rank waited until TNT_TIMEOUT_S). Never blocks, never fails:
+    without a reader, or without the pipe, nothing is noted."""
+    path = os.environ.get("TNT_JOIN_NOTES")
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):  # never append to a file given by mistake
+            os.write(fd, b"init\n")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _warn_unknown_settings():

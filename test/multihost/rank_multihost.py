@@ -18,6 +18,7 @@ by mpirun directly), so that one launch checks many things:
                                          engine's rank), then exit 3 after 3 s (a bare mpirun with
                                          settings that differ between hosts)
     rank_multihost.py OUTDIR early       the last rank ends (exit 0) before tnt.init(), the others call it
+    rank_multihost.py OUTDIR early-after the last rank ends (exit 0) after one allreduce, the others make two
 
 BIG_BYTES is an argument, not an environment variable: mpirun forwards only the variables
 it is told to (-x) to other hosts."""
@@ -52,10 +53,16 @@ if mode == "kill":
     if os.WIFSIGNALED(status):
         os.kill(os.getpid(), os.WTERMSIG(status))
     sys.exit(os.WEXITSTATUS(status))
-if mode == "early":
-    if int(os.environ["TNT_RANK"]) == int(os.environ["TNT_SIZE"]) - 1:
+if mode in ("early", "early-after"):
+    last = int(os.environ["TNT_RANK"]) == int(os.environ["TNT_SIZE"]) - 1
+    if last and mode == "early":
+        print(f"rank {os.environ['TNT_RANK']} has no shard on {socket.gethostname()}", file=sys.stderr)
         sys.exit(0)  # its program had nothing to do (a finished shard, a wrong branch)
     tnt.init()
+    for step in range(1 if last else 2):
+        tnt.allreduce(np.ones(3, np.float32), name=f"step-{step}")
+    if last:
+        print(f"rank {os.environ['TNT_RANK']} left its loop early on {socket.gethostname()}", file=sys.stderr)
     sys.exit(0)
 if mode == "init":
     try:

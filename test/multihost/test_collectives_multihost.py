@@ -22,6 +22,7 @@ import time
 import pytest
 
 from multihost_helpers import cut_off, job_env, nothing_left
+from multihost_helpers import root_cause as root_cause_of
 
 COMMON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common")
 sys.path.insert(0, COMMON)
@@ -164,18 +165,39 @@ def test_a_rank_that_exits_with_a_status_on_one_host_is_the_root_cause(bed, tmp_
     assert nothing_left(bed, bed.hosts)
 
 
-def test_a_rank_that_ends_before_init_on_one_host_does_not_hang_the_others(bed, tmp_path):
-    # rank 1 (hostB) ends, exit 0, before it calls tnt.init(): rank 0 waited in MPI_Init for
-    # ever (Open MPI's start-up fence has no time limit, and mpirun accepts an exit 0), where on
-    # one host it ends with a TimeoutError after TNT_TIMEOUT_S. It now ends then, saying why
+@pytest.mark.parametrize("mode", ["early", "early-after"])
+def test_a_rank_that_ends_early_on_one_host_is_named_at_once(bed, tmp_path, mode):
+    # rank 1 (hostB) ends, exit 0, before it calls tnt.init() ("early"), or after one
+    # allreduce of the two the other makes ("early-after"). Before it joined: rank 0 waited in
+    # MPI_Init until TNT_TIMEOUT_S (Open MPI's start-up fence has no time limit of its own, and
+    # mpirun accepts an exit 0), where on one host tntrun tells it at once; tntrun, told by
+    # the rank wrappers which ranks began tnt.init() and how every rank ended, now ends the job
+    # at once naming rank 1. After: rank 0 was told at once ("rank 1 has shut down"), but the
+    # report showed nothing of rank 1 (still in MPI_Finalize when mpirun stopped it), where on
+    # one host it shows its host and the last lines of its stderr
     env = env_for(bed, tmp_path)
-    env["TNT_TIMEOUT_S"] = "10"
-    res = bed.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--no-gpu", "--", RANK, str(tmp_path), "early"],
+    env["TNT_TIMEOUT_S"] = "60"
+    started = time.monotonic()
+    res = bed.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--no-gpu", "--", RANK, str(tmp_path), mode],
                   env=env, cwd=str(tmp_path), timeout=300)
+    took = time.monotonic() - started
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
-    root = res.stderr[res.stderr.index("Root cause"):]
-    assert "  rank:    0 (local_rank 0)\n  host:    hostA\n" in root, root
-    assert "TimeoutError: rank 0 waited 10 s (TNT_TIMEOUT_S) in MPI_Init for the other processes" in root, root
+    assert took < 45, (took, res.stderr[-3000:])  # well inside TNT_TIMEOUT_S
+    report = res.stderr[res.stderr.index(" FAILED\n"):]
+    if mode == "early":
+        root = root_cause_of(res.stderr)
+        assert root.startswith("  rank:    1 (local_rank 0)\n  host:    hostB\n"), report
+        assert "  exit:    exit code 0\n" in root, report
+        assert ("  error:   rank 1 ended (exit code 0) before it joined the job, while rank 0 on hostA waited for it "
+                "in tnt.init()") in root, report
+        assert "rank 1 has no shard on hostB" in root, report  # its stderr, forwarded from hostB
+        assert "tntrun stopped mpirun: rank 1 ended on hostB (exit code 0) without joining the job" in report, report
+    else:
+        root = root_cause_of(res.stderr)
+        assert root.startswith("  rank:    0 (local_rank 0)\n  host:    hostA\n"), report
+        assert "PeerLostError: rank 1 has shut down" in root, report
+        assert re.search(r"\nRank 1 \(hostB, pid \d+\) had (ended, exit code 0,|shut down \(its process)", report), report
+        assert "rank 1 left its loop early on hostB" in report.split("\nRank 1 (hostB")[1], report
     assert nothing_left(bed, bed.hosts)
 
 

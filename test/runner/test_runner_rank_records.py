@@ -121,10 +121,101 @@ def test_wrapper_passes_a_stop_on_and_marks_the_rank_stopped(tmp_path):
     assert os.listdir(tmp_path) == []  # no tnt-rank-* folder left behind
 
 
-def test_wrapper_success_sends_nothing():
-    proc = _wrapper("import sys; sys.stderr.write('fine\\n')")
+def test_wrapper_success_sends_its_end_and_each_init_it_began():
+    # a success sends its end too, with how many tnt.init() calls the program began (each one
+    # noted at once as it begins, in the wrapper's named pipe): tntrun learns from them that
+    # ranks wait in tnt.init() for one that ended without joining (multi.Joins)
+    program = ("import sys; from tarantella.common import core; core._note_joining(); "
+               "sys.stderr.write('half a line'); sys.stderr.flush(); core._note_joining(); "
+               "sys.stderr.write(' ended\\nfine\\n')")
+    proc = _wrapper(program)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and err == b"fine\n"
+    assert proc.returncode == 0
+    collector = rank_report.Collector(JOB)
+    notes = []
+    collector.on_record = notes.append
+    filt = rank_report.MarkerFilter(collector)
+    shown = filt.feed(err) + filt.flush()
+    # a note that came in the middle of a line of the program's starts a line of its own
+    assert shown in (b"half a line ended\nfine\n", b"half a line\n ended\nfine\n"), shown
+    assert [(n.get("note"), n["joins"]) for n in notes] == [("joining", 1), ("joining", 2), (None, 2)]
+    [end] = collector.records  # the notes are not ends
+    assert end["returncode"] == 0 and end["stderr_tail"].endswith("fine") and end["stopped"] is False
+    engine = ProcResult(ProcSpec(argv=["mpirun"], env={}, label="mpirun", host="login1"), 99, returncode=0)
+    assert multi.ranks_job(JobResult(results=[engine]), [end], "mpirun", multi.Joins()).root_cause is None
+
+
+def _note(rank, joins, host="hostA"):
+    return {"rank": rank, "host": host, "note": "joining", "joins": joins}
+
+
+def _end(rank, joins, host="hostB", code=0, **extra):
+    return dict({"rank": rank, "local_rank": 0, "host": host, "pid": 70 + rank, "returncode": code, "ended_at": 5.0,
+                 "stopped": False, "error": None, "joins": joins, "stderr_tail": f"rank {rank} had no shard"},
+                **extra)
+
+
+@pytest.mark.parametrize("order", ["end first", "note first"])
+def test_a_rank_that_ended_without_joining_while_others_wait_is_the_root_cause(order):
+    # across hosts no one told the ranks waiting in tnt.init() (MPI_Init, gaspi_proc_init) that
+    # rank 1 had ended without joining: they waited until TNT_TIMEOUT_S. tntrun, which hears of
+    # both, ends the job at once, whichever it hears of first, and names rank 1
+    joins = multi.Joins()
+    events = [_end(1, 0), _note(0, 1)]
+    found = [joins.take(record, "mpirun") for record in (events if order == "end first" else events[::-1])]
+    assert found[0] is None and found[1] is joins.found
+    assert found[1]["rank"] == 1 and found[1]["waiting"] == 0
+    assert joins.take(_note(2, 1), "mpirun") is None  # said once
+    job = multi.ranks_job(JobResult(results=[ProcResult(ProcSpec(argv=["mpirun"], env={}, label="mpirun",
+                                                                 host="hostA"), 99, returncode=-15, stopped=True)],
+                                    stalled=found[1]["reason"]),
+                          [_end(1, 0), {"rank": 0, "host": "hostA", "returncode": -15, "ended_at": 6.0,
+                                        "stopped": True, "stopped_at": 5.5}], "mpirun", joins)
+    assert job.root_cause.spec.rank == 1 and job.exit_code == 1
+    text = report.format_failure(job, "train.py")
+    root = text.split("Root cause")[1].split("-" * 72)[0]
+    assert root.startswith(" (first failure not caused by another rank):\n  rank:    1 (local_rank 0)\n  host:    hostB\n  pid:     71\n  exit:    exit code 0\n"), text
+    assert ("error:   rank 1 ended (exit code 0) before it joined the job, while rank 0 on hostA waited for it in "
+            "tnt.init()") in root, text
+    assert "rank 1 had no shard" in root, text  # its stderr's tail
+    assert "tntrun stopped mpirun: rank 1 ended on hostB (exit code 0) without joining the job, while rank 0 " \
+           "waits for it in tnt.init()" in text, text
+
+
+def test_ends_that_leave_no_one_waiting_are_no_failure():
+    joins = multi.Joins()
+    # every rank joined once and ended: the usual end of a job, in any order
+    assert [joins.take(r, "srun") for r in (_note(0, 1), _note(1, 1), _end(1, 1), _end(0, 1))] == [None] * 4
+    # no rank uses Tarantella (a probe, `hostname`): none joins
+    joins = multi.Joins()
+    assert [joins.take(r, "srun") for r in (_end(0, 0), _end(1, 0))] == [None, None]
+    # a failure, a stop, an exit 0 after a caught collective error, a wrapper that does not count
+    # joins (another release): each is reported as such, not as an early end
+    for end in (_end(1, 0, code=3), _end(1, 0, stopped=True), _end(1, 0, error={"caught": True}),
+                {k: v for k, v in _end(1, 0).items() if k != "joins"}):
+        joins = multi.Joins()
+        assert joins.take(_note(0, 1), "srun") is None and joins.take(end, "srun") is None, end
+    # a rank that ended after one init while another begins a second one waits for it in vain
+    joins = multi.Joins()
+    for record in (_note(0, 1), _note(1, 1), _end(1, 1)):
+        assert joins.take(record, "gaspi_run") is None
+    found = joins.take(_note(0, 2), "gaspi_run")
+    assert found["rank"] == 1 and "rank 1 ended (exit code 0) after 1 tnt.init() call, where rank 0 began 2" \
+        in found["message"], found
+
+
+def test_a_rank_stopped_in_its_exit_after_shutting_down_is_shown_with_its_stderr():
+    # across hosts the rank that ended early (one allreduce less) waits at exit in MPI_Finalize
+    # for the others, which fail naming it; mpirun stops it there. Its record (stopped, no error
+    # of its own) is shown below the root cause, as on one host a rank that ended, exit code 0
+    records = [{"rank": 0, "host": "hostA", "returncode": 1, "ended_at": 10.1, "stopped": False,
+                "error": {"message": "PeerLostError: rank 1 has shut down while rank 0 was in a bit round of the "
+                                     "negotiation", "timestamp": 10.0, "caused_by_rank": 1}},
+               _end(1, 1, code=-15, stopped=True, stopped_at=10.5, stderr_tail="left the loop early")]
+    text = report.format_failure(multi.ranks_job(_engine_job(code=1), records, "mpirun"), "train.py")
+    assert ("Rank 1 (hostB, pid 71) had shut down (its process, still in its exit, was then stopped by mpirun: "
+            "signal 15 (SIGTERM)) while the others still made collective calls") in text, text
+    assert "left the loop early" in text.split("had shut down")[1], text
 
 
 def test_a_rank_that_went_on_after_a_failed_collective_fails_the_job():
