@@ -374,7 +374,12 @@ def ranks_job(job, records, engine_name, joins=None):
         return job
     found = joins.found if joins is not None else None
     caught = any((rec.get("error") or {}).get("caught") is True for rec in records if isinstance(rec, dict))
-    if job.root_cause is None and not job.stalled and not caught and not found:
+    # a rank that failed on its own (not stopped): gaspi_run exits with its master rank's status
+    # alone, so a job whose rank 0 ended well (exit 0) while others failed (their PeerLostError
+    # after it had shut down early) ended with exit 0 and no report
+    failed = any(rec.get("returncode") not in (0, None) and not rec.get("stopped")
+                 for rec in records if isinstance(rec, dict))
+    if job.root_cause is None and not job.stalled and not caught and not found and not failed:
         # (with `caught`, a rank went on after a collective of its failed and exited 0, as
         # the engine then did: the job failed all the same, see supervise.failed)
         return job

@@ -19,6 +19,7 @@ by mpirun directly), so that one launch checks many things:
                                          settings that differ between hosts)
     rank_multihost.py OUTDIR early       the last rank ends (exit 0) before tnt.init(), the others call it
     rank_multihost.py OUTDIR early-after the last rank ends (exit 0) after one allreduce, the others make two
+    rank_multihost.py OUTDIR early-master the same with rank 0
 
 BIG_BYTES is an argument, not an environment variable: mpirun forwards only the variables
 it is told to (-x) to other hosts."""
@@ -53,8 +54,8 @@ if mode == "kill":
     if os.WIFSIGNALED(status):
         os.kill(os.getpid(), os.WTERMSIG(status))
     sys.exit(os.WEXITSTATUS(status))
-if mode in ("early", "early-after"):
-    last = int(os.environ["TNT_RANK"]) == int(os.environ["TNT_SIZE"]) - 1
+if mode in ("early", "early-after", "early-master"):
+    last = int(os.environ["TNT_RANK"]) == (0 if mode == "early-master" else int(os.environ["TNT_SIZE"]) - 1)
     if last and mode == "early":
         print(f"rank {os.environ['TNT_RANK']} has no shard on {socket.gethostname()}", file=sys.stderr)
         sys.exit(0)  # its program had nothing to do (a finished shard, a wrong branch)

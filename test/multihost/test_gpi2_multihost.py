@@ -288,6 +288,25 @@ def test_a_rank_killed_or_exiting_on_hostB_is_the_root_cause(multihost, tmp_path
     assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
 
 
+def test_a_master_that_ends_early_does_not_hide_the_others_failures(multihost, tmp_path):
+    # rank 0 (hostA) makes one allreduce of the two rank 1 (hostB) makes, and ends, exit 0;
+    # rank 1 fails at once ("rank 0 has shut down") and exits 1. gaspi_run exits with its
+    # master rank's status alone: tntrun exited 0, with no report, for a job that failed
+    env = multihost.env(base=job_env(tmp_path), GPI2_HOME=GPI2_HOME, TNT_TIMEOUT_S="60")
+    env["PATH"] = env["PATH"] + os.pathsep + os.path.join(GPI2_HOME, "bin")
+    res = multihost.run("hostA", ["tntrun", "-H", "hostA:1,hostB:1", "--transport", "gpi2", "--",
+                                  os.path.join(HERE, "rank_multihost.py"), str(tmp_path), "early-master"],
+                        env=env, cwd=str(tmp_path), timeout=300)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    root = root_cause(res.stderr)
+    assert root.startswith("  rank:    1 (local_rank 0)\n  host:    hostB\n"), res.stderr[-3000:]
+    assert "PeerLostError: rank 0 has shut down" in root, root
+    below = res.stderr.split("\nRank 0 (hostA, pid ")[1]  # as on one host: rank 0, with its stderr
+    assert "had ended, exit code 0, while the others" in below and "rank 0 left its loop early on hostA" in below
+    assert "gaspi_run (on hostA, pid" in res.stderr and "ended with exit code 0" in res.stderr
+    assert nothing_left(multihost, multihost.hosts), {h: multihost.pids(h) for h in multihost.hosts}
+
+
 def test_a_host_ssh_cannot_reach_is_named_at_once(multihost, tmp_path):
     # gaspi_run starts each host's ranks with `ssh HOST ... &` and never looks at ssh's exit:
     # with a host that does not resolve, rank 0 waited in gaspi_proc_init until TNT_TIMEOUT_S

@@ -460,3 +460,17 @@ def test_a_wrapper_that_cannot_serve_this_tntrun_sends_the_ranks_record(tmp_path
     message = f"NotStartedError: rank 2 could not start on {socket.gethostname()}: "
     assert record["error"]["message"].startswith(message) and said in record["error"]["message"], record
     assert (record["rank"], record["returncode"], record["not_started"]) == (2, 127, True), record
+
+
+def test_a_rank_that_failed_fails_the_job_whose_engine_exited_0():
+    # gaspi_run exits with its master rank's status alone: rank 0 ended early (exit 0), rank 1
+    # failed naming it, and tntrun exited 0 without a report
+    engine = ProcResult(ProcSpec(argv=["gaspi_run"], env={}, label="gaspi_run", host="hostA"), 99, returncode=0)
+    records = [_end(0, 1, host="hostA", stderr_tail="left the loop early"),
+               {"rank": 1, "host": "hostB", "returncode": 1, "ended_at": 10.1, "stopped": False,
+                "error": {"message": "PeerLostError: rank 0 has shut down while rank 1 was in a bit round of the "
+                                     "negotiation", "timestamp": 10.0, "caused_by_rank": 0}}]
+    job = multi.ranks_job(JobResult(results=[engine]), records, "gaspi_run", multi.Joins())
+    assert job.root_cause.spec.rank == 1 and job.exit_code == 1
+    text = report.format_failure(job, "train.py")
+    assert "Rank 0 (hostA, pid 70) had ended, exit code 0" in text and "left the loop early" in text, text
