@@ -133,6 +133,26 @@ def test_the_failed_rank_and_its_own_status_not_sruns(cluster, tmp_path):
     assert "cannot import tarantella.runner.rank" in root, root
 
 
+def test_a_rank_that_ends_before_init_is_named_at_once(cluster, tmp_path):
+    # rank 1 ends, exit 0, before tnt.init(): rank 0 waited for it until TNT_TIMEOUT_S (srun
+    # starts the ranks: tntrun cannot tell them, as on one host, TNT_LAUNCHER_DIR); tntrun,
+    # told by the rank wrappers through srun, ends the job at once naming rank 1. One node:
+    # across nodes the mpi transport needs MPI started by srun, which this machine cannot do
+    # (see test_ranks_srun_started_find_their_placement_and_reduce)
+    env = dict(job_env(tmp_path), TNT_TIMEOUT_S="120")
+    started = time.monotonic()
+    res = salloc(cluster, tmp_path, ["-N", "1", "--ntasks-per-node=2", "tntrun", "--no-gpu", "--", sys.executable,
+                                     os.path.join(HERE, "rank_multihost.py"), str(tmp_path), "early"], env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert time.monotonic() - started < 90, res.stderr  # well inside TNT_TIMEOUT_S
+    root = root_cause(res.stderr)
+    host = re.match(r"  rank:    1 \(local_rank 1\)\n  host:    (host[AB])\n", root)
+    assert host, res.stderr
+    assert f"before it joined the job, while rank 0 on {host[1]} waited for it in tnt.init()" in root, root
+    assert f"rank 1 has no shard on {host[1]}" in root, root
+    assert f"tntrun stopped srun: rank 1 ended on {host[1]}" in res.stderr, res.stderr
+
+
 TRAPPED = """
 import os, signal, sys, time
 rank = os.environ["TNT_RANK"]
