@@ -7,6 +7,7 @@ Everything after `--` (or from the first argument that is not an option) is the 
 command, passed on untouched. Usage errors exit with 2, like argparse.
 """
 import argparse
+import difflib
 import os
 import platform
 import re
@@ -97,8 +98,32 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return re.sub(r"<(TNT_[A-Z0-9_]+)>", default, super()._get_help_string(action))
 
 
+class _Parser(argparse.ArgumentParser):
+    """An unknown flag's error names the flags it may have meant. Prefixes of a flag are not
+    taken for it (allow_abbrev=False: a typo must not become another flag), though the
+    original Tarantella's launcher took them: `--fusion-thresh` now says to spell it out."""
+
+    def error(self, message):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            flags = [f for action in self._actions for f in action.option_strings if f.startswith("--")]
+            hints, prefixes = [], False
+            for word in message[len(prefix):].split():
+                flag = word.split("=", 1)[0]
+                if not flag.startswith("--"):
+                    continue
+                meant = [f for f in flags if f.startswith(flag)]
+                prefixes = prefixes or bool(meant)
+                meant = meant or difflib.get_close_matches(flag, flags, n=2, cutoff=0.8)
+                if meant:
+                    hints.append(f"{flag}: did you mean {' or '.join(dict.fromkeys(meant))}?")
+            if hints:
+                message += ". " + " ".join(hints) + (" Flags are spelled out in full." if prefixes else "")
+        super().error(message)
+
+
 def build_parser(prog="tntrun"):
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=prog, usage=f"{prog} [options] -- PROGRAM [ARGS...]",
         description="Run a Python program on many processes with Tarantella (data parallel).",
         epilog=EXAMPLES, formatter_class=_HelpFormatter, allow_abbrev=False)

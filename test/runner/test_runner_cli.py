@@ -40,6 +40,10 @@ def test_version_read_in_part_ends_quietly():
 
 @pytest.mark.parametrize("args, message", [
     (["--bogus", "--", "x.py"], "unrecognized arguments: --bogus"),
+    # the original Tarantella's launcher took prefixes of its flags; here the error names the flags
+    (["--fusion-thresh", "64", "--", "x.py"],
+     "--fusion-thresh: did you mean --fusion-threshold or --fusion-threshold-mb? Flags are spelled out in full."),
+    (["--verbos", "--", "x.py"], "--verbos: did you mean --verbose?"),
     (["-n", "2"], "missing PROGRAM"),
     (["-n", "2", "--"], "missing PROGRAM"),
     (["-n", "0", "--", "x.py"], "must be at least 1. Received: 0"),
