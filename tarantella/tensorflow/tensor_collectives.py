@@ -54,7 +54,14 @@ def _is_tensor(leaf):
 def _run(x, collective, kind, name=None, **options):
     master_only.refuse(f"tnt.{kind}")  # eagerly, and when a tf.function is traced
     leaves, rebuild = collectives.flatten(x)
-    if any(_is_tensor(leaf) for leaf in leaves) and not tf.executing_eagerly():
+    tensors_in = any(_is_tensor(leaf) for leaf in leaves)
+    if tensors_in:
+        # The choice of path (tf_ops.get) is agreed by every rank in a collective of its own
+        # ("tnt.tf_ops.agree"), made at the first call with tensors, eager or traced: made only
+        # where a call was traced, a rank that traced its loop waited there for a rank that ran
+        # the same loop eagerly, which was in the call's own collective, until TNT_TIMEOUT_S.
+        tf_ops.get()
+    if tensors_in and not tf.executing_eagerly():
         # Traced, a call makes the very requests it makes eagerly (names, sizes, layouts), so that a
         # rank that runs the step eagerly (run_eagerly=True on one rank, a custom loop traced on
         # some ranks only) pairs each call with the same call on a rank that traced it. The

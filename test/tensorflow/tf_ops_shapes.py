@@ -15,6 +15,14 @@ from tarantella.common import errors
 from tarantella.tensorflow import ops
 
 rank = tnt.get_rank()
+# First of all, before either rank has asked for the compiled ops: a named tnt.allreduce traced on
+# rank 0 and called eagerly on rank 1 (a custom loop traced on some ranks only). The trace's choice of
+# path is a collective of every rank ("tnt.tf_ops.agree"), which the eager rank made nowhere: both
+# waited until TNT_TIMEOUT_S (rank 0 in the agreement, rank 1 in the call).
+first = tf.constant([1.0, 2.0]) * (rank + 1)
+first_call = (lambda: tnt.allreduce(first, name="first-ever"))
+first_got = (tf.function(first_call) if rank == 0 else first_call)().numpy().tolist()
+assert first_got == [3.0, 6.0], f"FAILED the first call, traced on rank 0 only: {first_got!r}"
 compiled = ops.get()
 assert compiled is not None, "the compiled ops cannot be built here"
 
