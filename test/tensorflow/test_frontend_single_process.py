@@ -1612,6 +1612,17 @@ def test_unnamed_collectives_in_a_tf_data_function_count_apart_from_the_main_thr
     assert repr(counter) == before  # "count(k)": no number of the main thread's taken
     assert float(ttf.allreduce(tf.constant(5.0))) == 5.0
     assert repr(counter) != before
+    # A tf.function that the map calls (a helper) is traced in a graph of its own, inside the map's:
+    # its calls took the main thread's sequence (on 2 ranks, 22 of 30 elements summed with a step's
+    # value of the other rank, without a word).
+    @tf.function
+    def helper(x):
+        return ttf.allreduce(x)
+
+    before = repr(counter)
+    ds = tf.data.Dataset.range(3).map(lambda x: helper(tf.cast(x, tf.float32))).prefetch(2)
+    assert [float(v) for v in ds] == [0.0, 1.0, 2.0]
+    assert repr(counter) == before
 
 
 def test_a_traced_collective_refuses_bad_arguments_as_an_eager_one_does():
