@@ -9,6 +9,8 @@ requests they make eagerly, so that a traced call pairs with an eager one: a
 named call of one tensor as the compiled ops (tarantella/tensorflow/ops), the
 others as one `tf.numpy_function` (see _run); eagerly they run at once.
 """
+import threading
+
 import tensorflow as tf
 from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
@@ -21,6 +23,7 @@ from tarantella.tensorflow import ops as tf_ops
 # at once (measured: "tf___thread_window() missing 1 required positional
 # argument: 'thread'" in one of three threads). They call no user code.
 plain_python = tf.autograph.experimental.do_not_convert
+_tf_data_lock = threading.Lock()
 
 @plain_python
 def allreduce(x, op="sum", name=None, prescale=1.0, out=None):
@@ -126,9 +129,28 @@ def _traced_sequence():
     while graph is not None:
         function = getattr(graph, "name", "") or ""
         if not isinstance(graph, ControlFlowFuncGraph) and function.startswith(("Dataset_", "tf_data_")):
-            return f"tf.data.{function}" + (f"@{thread}" if thread is not None else "")
+            return _tf_data_sequence(graph, function) + (f"@{thread}" if thread is not None else "")
         graph = getattr(graph, "outer_graph", None)
     return thread
+
+
+_tf_data_functions = {}  # tf.data graph name -> how many graphs of that name have been traced
+
+
+def _tf_data_sequence(graph, function):
+    """The sequence of one tf.data function's graph: "tf.data.<graph name>", then ".1", ".2", ...
+    for later graphs of the same name, in the order they are traced (program order: a dataset's
+    map is traced as it is built, alike on every rank). By name alone, two datasets mapped with
+    functions of one name (`ds.map(lambda x: ...)` for training and validation) shared one
+    sequence, and their prefetching threads took its numbers in orders of their own on each rank:
+    every element paired with another on the other rank, without a word."""
+    sequence = getattr(graph, "_tnt_sequence", None)
+    if sequence is None:
+        with _tf_data_lock:
+            k = _tf_data_functions.get(function, 0)
+            _tf_data_functions[function] = k + 1
+        sequence = graph._tnt_sequence = f"tf.data.{function}" + (f".{k}" if k else "")
+    return sequence
 
 
 def _run_in_graph(leaves, rebuild, collective, kind, name, scale=None):

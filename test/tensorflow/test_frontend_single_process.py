@@ -1623,6 +1623,17 @@ def test_unnamed_collectives_in_a_tf_data_function_count_apart_from_the_main_thr
     ds = tf.data.Dataset.range(3).map(lambda x: helper(tf.cast(x, tf.float32))).prefetch(2)
     assert [float(v) for v in ds] == [0.0, 1.0, 2.0]
     assert repr(counter) == before
+    # Two datasets mapped with functions of one name (lambdas: graphs "Dataset_map_<lambda>") have
+    # a sequence each: sharing one, their prefetching threads numbered their calls in orders of
+    # their own on each rank (2 ranks: 20 of 20 zipped pairs wrong, without a word).
+    def sequences():
+        return {k[1] for k in request_names._counters if isinstance(k, tuple) and k[1].startswith("tf.data.")}
+
+    known = sequences()
+    one = tf.data.Dataset.range(2).map(lambda x: ttf.allreduce(tf.cast(x, tf.float32))).prefetch(2)
+    two = tf.data.Dataset.range(2).map(lambda x: ttf.allreduce(tf.cast(x, tf.float32) + 10)).prefetch(2)
+    assert [(float(a), float(b)) for a, b in zip(one, two)] == [(0.0, 10.0), (1.0, 11.0)]
+    assert len(sequences() - known) == 2, sequences()
 
 
 def test_a_traced_collective_refuses_bad_arguments_as_an_eager_one_does():
