@@ -1636,6 +1636,24 @@ def test_unnamed_collectives_in_a_tf_data_function_count_apart_from_the_main_thr
     assert len(sequences() - known) == 2, sequences()
 
 
+def test_the_tf_level_collectives_have_no_gradient_on_any_path():
+    """tape.gradient through tnt.allreduce is None, eagerly and traced, named (the compiled ops)
+    or not (tf.numpy_function). Through the compiled ops it raised LookupError ("gradient
+    registry has no entry for: TntCollectiveWait") where the other paths gave None."""
+    import tarantella.tensorflow as ttf
+
+    def grads(name):
+        x = tf.constant(2.0)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = ttf.allreduce(x * 3.0, name=name)
+        return tape.gradient(y, x)
+
+    assert grads("grad-eager") is None
+    assert tf.function(lambda: grads("grad-traced"))() is None
+    assert tf.function(lambda: grads(None))() is None
+
+
 def test_a_traced_collective_refuses_bad_arguments_as_an_eager_one_does():
     """Inside a tf.function, tnt.allreduce / broadcast / allgather refuse what they refuse
     eagerly, with the same error, while the function is traced. Before, root="0" (or 0.9) was

@@ -27,6 +27,12 @@ from tarantella.common.logging import get_logger
 from tarantella.common.startup_log import mark
 
 MODES = ("auto", "compiled", "numpy")
+# The collectives have no gradient, on every path: eagerly their results come from NumPy (the tape
+# sees nothing), on the numpy_function path a PyFunc (no gradient either), and tape.gradient through
+# the compiled ops raised "LookupError: gradient registry has no entry for: TntCollectiveWait"
+# where the same step eagerly, or unnamed, gave None (docs/api.md).
+tf.no_gradient("TntCollectiveStart")
+tf.no_gradient("TntCollectiveWait")
 _lock = threading.Lock()
 _state = {}  # "ops": the bound ops or None; "why": why not
 
