@@ -175,6 +175,18 @@ def engine(lock, machinefile, argv):
     return 128 - code if code < 0 else code
 
 
+def _streams_apart(words):
+    """The remote command of a starting call without the ` 2>&1` that gaspi_run ends it with
+    (`ssh HOST "... nohup ssh.spawner ... 2>&1" &`): the ranks' stderr came on ssh's stdout,
+    so every rank but rank 0 (which gaspi_run starts itself) wrote its stderr to tntrun's
+    stdout: `tntrun ... 2>/dev/null` still showed their tracebacks, and a user parsing stdout
+    got them mixed in. Without it ssh keeps the two apart (ssh(1): the remote stderr is its
+    stderr), as mpirun does and as on one host."""
+    if words and words[-1].rstrip().endswith("2>&1"):
+        return [*words[:-1], words[-1].rstrip()[:-len("2>&1")].rstrip()]
+    return words
+
+
 def main(argv):
     if argv[0] == "--engine":
         return engine(argv[1], argv[2], argv[3:])
@@ -187,20 +199,21 @@ def main(argv):
         fcntl.flock(holder, fcntl.LOCK_SH)
         with open(lock + ".started", "ab") as said:  # one write (O_APPEND): lines never mix
             said.write(f"{host}\n".encode())
+        argv = [*argv[:4], *_streams_apart(argv[4:])]
     try:
         proc = subprocess.Popen([real_ssh, host, *argv[4:]], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
     except OSError as exc:
         code, tail = 127, f"cannot run {real_ssh}: {exc.strerror}".encode()
     else:
-        # the ranks' output (the remote command ends in 2>&1), passed on until every process
+        # the ranks' stdout, and their stderr with ssh's own (_streams_apart), passed on until every process
         # holding it has ended, as sshd keeps a session open while anything holds its output:
         # a rank wrapper whose script gaspi_run's clean-up killed is still ending (rank.py
         # --die-with-script), its record still to come, and the lock must be held until then
         ranks_output = threading.Thread(target=_pass_on, args=(proc.stdout.fileno(), 1), daemon=True)
         ranks_output.start()
         tail = bytearray()
-        _pass_on(proc.stderr.fileno(), 2, tail)  # ssh's own messages, the last ones kept
+        _pass_on(proc.stderr.fileno(), 2, tail)  # ssh's own messages and the ranks' stderr, the last ones kept
         ranks_output.join()
         code = proc.wait()
         code = 128 - code if code < 0 else code  # a signal: as a shell reports it

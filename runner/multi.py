@@ -553,7 +553,6 @@ def run(args, command, job_id):
                 return 1
         collector = rank_report.Collector(job_id)
         name = "gaspi_run" if plan.engine == "gaspi_run" else os.path.basename(plan.argv[0])  # not bash
-        # gaspi_run's ssh commands end in 2>&1: the remote ranks' records come on its stdout
         stderr_filter = rank_report.MarkerFilter(collector)
         if plan.engine == "srun":  # srun's own words say nothing of what to change
             stderr_filter = AdviceFilter(stderr_filter, engines.SRUN_TOO_FEW_CPUS,
@@ -563,6 +562,8 @@ def run(args, command, job_id):
                         # srun SIGKILLs its tasks on SIGTERM ("forcing job termination"): the ranks
                         # had no grace period; SIGINT it passes on to them (--disable-status)
                         stop_signal=signal.SIGINT if plan.engine == "srun" else signal.SIGTERM,
+                        # (gaspi_run's ssh commands end in 2>&1, which our ssh, gaspi_ssh.py,
+                        # takes off: a record that came on its stdout all the same is taken too)
                         stdout_filter=(rank_report.MarkerFilter(collector)
                                        if plan.engine == "gaspi_run" else None))
         joins = Joins()

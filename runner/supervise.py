@@ -71,8 +71,8 @@ class ProcSpec:
     cwd: object = None
     stderr_filter: object = None  # feed(bytes) -> bytes to show, flush() -> bytes: takes
                                   # the ranks' failure records out of an engine's stderr
-    stdout_filter: object = None  # the same for its stdout (gaspi_run's remote ranks'
-                                  # stderr arrives there: its ssh commands end in 2>&1)
+    stdout_filter: object = None  # the same for its stdout (gaspi_run's ssh commands end
+                                  # in 2>&1, which gaspi_ssh.py takes off: a safeguard)
     stop_signal: int = signal.SIGTERM  # the first signal when the job is stopped (srun: SIGINT,
                                        # which it passes on; on SIGTERM it SIGKILLs its tasks)
 

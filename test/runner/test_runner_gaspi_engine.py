@@ -68,3 +68,27 @@ def test_a_failed_gaspi_run_waits_a_while_for_the_ranks_of_other_hosts(tmp_path,
     real_ssh.write_text(f"#!/bin/sh\nsleep 4\ntouch {shlex.quote(str(late))}\n")
     assert gaspi_ssh.engine(lock, str(machinefile), gaspi_run) == 1
     assert not late.exists()  # returned while that rank still ran
+
+
+def test_the_ranks_stderr_stays_apart_from_their_stdout(tmp_path):
+    # gaspi_run starts the ranks of every host (all but its rank 0) with
+    # `ssh HOST "nohup ssh.spawner ... 2>&1"`: their stderr came on tntrun's stdout, so
+    # `tntrun --transport gpi2 ... 2>/dev/null` still showed rank 1's tracebacks. The shim
+    # runs the command without that 2>&1: stderr reaches stderr, as under mpirun
+    import subprocess
+
+    machinefile = tmp_path / "machines"
+    machinefile.write_text("hostA\nhostB\n")
+    spawner = tmp_path / "ssh.spawner"  # the ranks of hostB
+    spawner.write_text("#!/bin/sh\necho \"out of $1\"\necho \"err of $1\" >&2\n")
+    spawner.chmod(0o755)
+    real_ssh = tmp_path / "real_ssh"  # runs the remote command as sshd would: one string, by a shell
+    real_ssh.write_text("#!/bin/sh\nshift\nexec /bin/sh -c \"$*\"\n")
+    real_ssh.chmod(0o755)
+    shim = [*runner_module_argv("gaspi_ssh"), str(real_ssh), "f" * 32, str(machinefile), str(tmp_path / "lock")]
+    # (gaspi_run's command, with its empty $(cat /dev/null) before the 2>&1)
+    res = subprocess.run([*shim, "hostB", f"GPI2_OFI_PROVIDER='' nohup {spawner} hostB  2>&1"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "out of hostB\n", res
+    assert res.stderr == "err of hostB\n", res
