@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from tarantella.runner import rank_report
+from tarantella.runner import lines, rank_report
 
 SSH_FAILED = 255  # ssh(1): "ssh exits ... with 255 if an error occurred"
 TAIL = 4096
@@ -76,11 +76,10 @@ def _started(lock):
 
 def _pass_on(source, fd, tail=None):
     """Copy `source` to `fd` as it comes, until its end (every writer closed it); the last
-    TAIL bytes kept in `tail` (a bytearray) where one is given."""
-    while True:
-        chunk = os.read(source, 65536)
-        if not chunk:
-            return
+    TAIL bytes kept in `tail` (a bytearray) where one is given. In whole lines (lines.py):
+    the calls of every host write into gaspi_run's same stdout and stderr, and ssh's reads
+    cut its ranks' lines anywhere (a line's half, then another host's line)."""
+    for chunk in lines.whole_lines(source):
         if tail is not None:
             tail += chunk
             del tail[:-TAIL]

@@ -7,8 +7,8 @@ on (its GPU, its NUMA node, whether its stdout is shown), then runs the user's p
 Without --report it replaces itself with the program (exec), so the engine supervises the
 program directly. With --report (what tntrun passes) it stays as the program's parent, so
 that tntrun, which sees only the engine, learns why a rank failed on whatever host it ran:
-- the program's stderr passes through the wrapper (at once, chunk by chunk) and its last
-  lines are kept; the program gets TNT_ERROR_FILE in a private folder on this host;
+- the program's stderr, and its stdout under --output-all, pass through the wrapper (a line
+  at a time: lines.py) and the stderr's last lines are kept; the program gets TNT_ERROR_FILE in a private folder on this host;
 - signals that stop a job (SIGTERM, SIGINT, SIGHUP, SIGQUIT; also SIGCONT, SIGUSR1, SIGUSR2)
   are passed on to the program; a stop signal before the program ended marks the rank as
   stopped by the engine (not a failure of its own);
@@ -92,7 +92,7 @@ class _Child:
     """The program, run as a child whose stderr passes through us (see the module's doc);
     with `label` (b"[3] "), its stdout too, every line of both labelled with it."""
 
-    def __init__(self, command, hide_stdout, env, label=b"", script_pid=None):
+    def __init__(self, command, hide_stdout, env, label=b"", script_pid=None, all_shown=False):
         self.stopped = False
         self.stopped_at = None
         self.proc = None
@@ -106,18 +106,23 @@ class _Child:
             signal.signal(SCRIPT_GONE, self._on_script_gone)
             (die_with_launcher(SCRIPT_GONE, script_pid) or (lambda: None))()
 
-        stdout = subprocess.DEVNULL if hide_stdout else subprocess.PIPE if label else None
+        # stdout through us too when every rank's is shown (--output-all): its lines pass on
+        # whole (lines.py), as the stderr's do, or the engine ran the lines of ranks writing
+        # at once together. Rank 0's alone, the only one shown, stays the engine's (Open MPI
+        # gives it a terminal, where a progress bar redraws itself)
+        stdout = (subprocess.DEVNULL if hide_stdout else subprocess.PIPE if label or all_shown
+                  else None)
         self.proc = subprocess.Popen(
             command, env=env, stdout=stdout, stderr=subprocess.PIPE,
             preexec_fn=die_with_launcher(signal.SIGKILL))
         for sig in self._pending:  # arrived while the program was being started
             self._pass(sig)
-        # passed on at once, chunk by chunk (whole lines when labelled); the stderr's tail kept
+        # passed on in whole lines, labelled or not; the stderr's tail kept
         self.writer = writer = _Writer()
-        self._stderr = _Forwarder(self.proc.stderr, 2, True, label, writer, True)
+        self._stderr = _Forwarder(self.proc.stderr, 2, True, label, writer, True, whole=True)
         self._readers = [self._stderr]
         if self.proc.stdout is not None:
-            self._readers.append(_Forwarder(self.proc.stdout, 1, True, label, writer, False))
+            self._readers.append(_Forwarder(self.proc.stdout, 1, True, label, writer, False, whole=True))
         for reader in self._readers:
             reader.start()
 
@@ -254,7 +259,8 @@ def _end_like(code):
     return code
 
 
-def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False, script_pid=None):
+def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False, script_pid=None,
+                all_shown=False):
     job_id = env.get("TNT_JOB_ID", "")
     private = tempfile.mkdtemp(prefix=f"tnt-rank-{job_id[:8]}-")
     error_file = os.path.join(private, f"error-rank{rank}.json")
@@ -266,7 +272,8 @@ def _supervised(command, rank, local_rank, size, hide_stdout, env, label=False, 
     child = None
     try:
         try:
-            child = _Child(command, hide_stdout, env, f"[{rank}] ".encode() if label else b"", script_pid)
+            child = _Child(command, hide_stdout, env, f"[{rank}] ".encode() if label else b"", script_pid,
+                           all_shown)
             host = socket.gethostname()
             notes.start(lambda count: child.write_record(
                 {"rank": rank, "host": host, "note": "joining", "joins": count}, job_id))
@@ -351,7 +358,8 @@ def main(argv=None):
     if opts.report:
         script_pid = env.pop(SCRIPT_PID, None)
         script_pid = int(script_pid) if opts.die_with_script and script_pid else None
-        return _supervised(command, rank, local_rank, size, hide_stdout, dict(env), opts.label, script_pid)
+        return _supervised(command, rank, local_rank, size, hide_stdout, dict(env), opts.label, script_pid,
+                           opts.output_all)
     if hide_stdout:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)

@@ -43,6 +43,7 @@ import time
 
 from tarantella.common.startup_log import mark
 from tarantella.runner import jobs
+from tarantella.runner import lines as whole_lines
 
 TAIL_BYTES = 64 * 1024  # what is kept of each process's stderr for the failure report
 # SIGQUIT (Ctrl+\) too: by default it would end tntrun alone, leaving its temporary folder
@@ -208,10 +209,12 @@ class _Forwarder(threading.Thread):
     "[label] " prefix per line when asked, and keeps its tail for the failure report.
     A hidden process's pipe is drained all the same, or it would block when the pipe fills."""
 
-    def __init__(self, pipe, out_fd, show, prefix, writer, keep_tail, filt=None):
+    def __init__(self, pipe, out_fd, show, prefix, writer, keep_tail, filt=None, whole=False):
         super().__init__(daemon=True)
         self.pipe, self.out_fd, self.show, self.writer = pipe, out_fd, show, writer
         self.prefix = prefix
+        # without a prefix: whole lines, a line begun waiting for its end a moment (lines.py)
+        self.whole = whole
         self.keep_tail = keep_tail
         self.filter = filt
         self.tail = bytearray()
@@ -219,11 +222,15 @@ class _Forwarder(threading.Thread):
     def run(self):
         fd = self.pipe.fileno()
         pending = b""
+        pieces = whole_lines.whole_lines(fd) if self.whole and not self.prefix else None
         while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                chunk = b""
+            if pieces is not None:
+                chunk = next(pieces, b"")
+            else:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    chunk = b""
             if not chunk and self.filter is not None:
                 chunk, self.filter = self.filter.flush(), None  # what it held back
                 if not chunk:

@@ -92,3 +92,46 @@ def test_the_ranks_stderr_stays_apart_from_their_stdout(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout == "out of hostB\n", res
     assert res.stderr == "err of hostB\n", res
+
+
+def test_lines_are_passed_on_whole_and_a_line_begun_shows_in_time():
+    # gaspi_run's ssh calls of every host write into its same stdout, and ssh's reads cut
+    # lines anywhere: a line's half, then another host's line. whole_lines (lines.py) gives
+    # whole lines, but a line begun (a progress bar) after hold_s all the same
+    from tarantella.runner import lines
+
+    r, w = os.pipe()
+    pieces = lines.whole_lines(r, hold_s=30.0)
+    os.write(w, b"one\ntw")
+    assert next(pieces) == b"one\n"
+    import array
+    import fcntl
+    import termios
+    import threading
+
+    left = array.array("i", [0])
+    got = []
+    reader = threading.Thread(target=lambda: got.append(next(pieces)), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until "tw" was read: the reader waits for the rest
+        fcntl.ioctl(r, termios.FIONREAD, left)
+        if left[0] == 0:
+            break
+        time.sleep(0.01)
+    time.sleep(0.2)
+    os.write(w, b"o\nthr")
+    reader.join(timeout=30)
+    assert got == [b"two\n"]
+    os.close(w)
+    assert next(pieces) == b"thr" and next(pieces, None) is None  # the end: what is left
+    os.close(r)
+    r, w = os.pipe()
+    shown = lines.whole_lines(r, hold_s=0.2)
+    os.write(w, b"Epoch 1/3 [===")
+    started = time.monotonic()
+    assert next(shown) == b"Epoch 1/3 [==="  # not held until a newline that does not come
+    assert time.monotonic() - started < 25  # well inside the 30 s hold above
+    os.close(w)
+    assert next(shown, None) is None
+    os.close(r)

@@ -474,3 +474,52 @@ def test_a_rank_that_failed_fails_the_job_whose_engine_exited_0():
     assert job.root_cause.spec.rank == 1 and job.exit_code == 1
     text = report.format_failure(job, "train.py")
     assert "Rank 0 (hostA, pid 70) had ended, exit code 0" in text and "left the loop early" in text, text
+
+
+def test_wrapper_passes_the_programs_lines_on_whole(tmp_path):
+    # tntrun runs ranks with PYTHONUNBUFFERED=1, under which print() writes the text, then the
+    # newline: the wrapper passed the stderr on chunk by chunk (and left the stdout, every
+    # rank's under --output-all, to the engine), and the engine put the lines of ranks writing at once together ("READY 2READY
+    # 3", then empty lines). Now the wrapper writes whole lines: a line begun waits for its end
+    # (here for 30 s, lines.HOLD_S, so that a slow machine cannot make it pass by itself)
+    from tntrun_helpers import runner_module_argv
+
+    wrote, go = tmp_path / "wrote", tmp_path / "go"
+    program = ("import os, sys, time\n"
+               "print('READY 0', end=''); print('READY 0', end='', file=sys.stderr)\n"
+               f"open({str(wrote)!r}, 'w').close()\n"
+               f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+               "print(); print(file=sys.stderr)\n")
+    prelude = ("try:\n from tarantella.runner import lines; lines.HOLD_S = 30.0\n"
+               "except ImportError: pass")
+    env = runner_env(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="2", TNT_JOB_ID=JOB, PYTHONUNBUFFERED="1")
+    argv = runner_module_argv("rank", prelude) + ["--report", "--size=2", "--output-all", "--",
+                                                  sys.executable, "-c", program]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pieces = {1: [], 2: []}
+
+    def read(stream, into):
+        while True:
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                return
+            into.append(chunk)
+
+    import threading
+    readers = [threading.Thread(target=read, args=(proc.stdout, pieces[1]), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, pieces[2]), daemon=True)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + 60
+    while not wrote.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # (before, the wrapper, or the program itself, wrote "READY 0" meanwhile)
+    assert pieces == {1: [], 2: []}, pieces
+    go.touch()
+    assert proc.wait(timeout=60) == 0
+    for reader in readers:
+        reader.join(timeout=10)
+    assert pieces[1][0] == b"READY 0\n", pieces
+    assert pieces[2][0] == b"READY 0\n", pieces
+    shown, [record] = _records(b"".join(pieces[2]))
+    assert shown == b"READY 0\n" and b"".join(pieces[1]) == b"READY 0\n"

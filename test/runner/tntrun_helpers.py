@@ -114,12 +114,12 @@ def rank_wrapper_argv():
     return runner_module_argv("rank")
 
 
-def runner_module_argv(module):
-    """How to run `python -m tarantella.runner.MODULE`, installed or from this source tree."""
-    if TNTRUN[0] != sys.executable:
+def runner_module_argv(module, prelude=""):
+    """How to run `python -m tarantella.runner.MODULE`, installed or from this source tree;
+    `prelude`: Python statements run first (a test's settings)."""
+    if TNTRUN[0] != sys.executable and not prelude:
         return [sys.executable, "-m", f"tarantella.runner.{module}"]
-    shim = _shim_dir()
-    boot = ("import sys; import tarantella; "
-            f"tarantella.__path__.append({shim!r}); "
+    shim = "" if TNTRUN[0] != sys.executable else f"tarantella.__path__.append({_shim_dir()!r}); "
+    boot = (f"import sys; import tarantella; {shim}\n{prelude}\n"
             f"from tarantella.runner.{module} import main; sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-c", boot]
