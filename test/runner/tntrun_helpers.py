@@ -4,6 +4,8 @@ The installed console script is used when there is one (CI installs the package)
 otherwise (a source tree whose core is not built) a shim maps the package
 tarantella.runner to the folder runner/, as setup.py's package_dir does.
 """
+import atexit
+import functools
 import os
 import shutil
 import subprocess
@@ -14,9 +16,12 @@ import textwrap
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@functools.lru_cache(maxsize=None)
 def _shim_dir():
+    """One folder per test process, removed at its exit (one per call left hundreds in /tmp)."""
     d = tempfile.mkdtemp(prefix="tnt-runner-shim-")
     os.symlink(os.path.join(REPO, "runner"), os.path.join(d, "runner"))
+    atexit.register(shutil.rmtree, d, True)
     return d
 
 
