@@ -204,6 +204,12 @@ tnt_result_t tnt_job_error(void);
  * TNT_RANK and TNT_JOB_ID, and called in), else 0: this process is not a rank, and its own
  * failures are not the rank's (the frontend's error file stays the rank's). */
 int tnt_worker_of(void);
+/* Whether tnt_init's waits for the other ranks end at a SIGINT (Ctrl-C), 1 by default: a handler
+ * of the core's is chained in front of the program's own while they last. 0 leaves SIGINT to the
+ * program's handler alone: one that does not end the program (a Python handler that only notes
+ * the signal) then lets the set-up go on, as without the core's handler. The frontend passes 0
+ * for a Python handler other than the default (which raises KeyboardInterrupt). */
+void tnt_setup_sigint(int on);
 
 /* The core's numeric settings (TNT_FUSION_THRESHOLD_KB, TNT_TIMEOUT_S, ...), one
  * table for the core, tntrun's validation, --help and the docs. tnt_param_check

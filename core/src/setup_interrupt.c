@@ -8,6 +8,10 @@
 
 static struct sigaction previous; /* the program's handler, called after ours */
 static _Atomic int armed, interrupted;
+/* 0: the program's SIGINT handler decides alone (tnt_setup_sigint) */
+static _Atomic int chain = 1;
+
+void tnt_setup_sigint(int on) { atomic_store(&chain, on != 0); }
 
 static void on_sigint(int sig, siginfo_t *info, void *context) {
   atomic_store(&interrupted, 1);
@@ -18,7 +22,7 @@ static void on_sigint(int sig, siginfo_t *info, void *context) {
 void tnt_setup_interrupt_arm(void) {
   atomic_store(&interrupted, 0);
   struct sigaction now;
-  if (atomic_load(&armed) || sigaction(SIGINT, NULL, &now) != 0) return;
+  if (!atomic_load(&chain) || atomic_load(&armed) || sigaction(SIGINT, NULL, &now) != 0) return;
   /* the default action ends the process at once anyway; an ignored SIGINT stays ignored */
   if (!(now.sa_flags & SA_SIGINFO) && (now.sa_handler == SIG_DFL || now.sa_handler == SIG_IGN)) return;
   previous = now;

@@ -108,6 +108,14 @@ def _init():
         from tarantella.common import plugins
 
         plugins.prepare()  # TNT_TRANSPORT=mpi: find or build the plugin first (or say why there is none)
+        # Ctrl-C ends the set-up's waits for the other ranks (setup_interrupt.h) when it would end the
+        # program anyway (Python's default handler: KeyboardInterrupt). A handler of the program's own
+        # decides alone: one that only notes the signal (a graceful stop at the next epoch) let the
+        # set-up go on, where the core's made tnt.init fail every rank with a SystemError
+        import signal
+
+        handler = signal.getsignal(signal.SIGINT)
+        lib_.tnt_setup_sigint(int(handler is None or handler is signal.default_int_handler))
         result = lib_.tnt_init()
         if result != codes.SUCCESS and lib_.tnt_worker_of() > 0 and not started_by_a_rank():
             # a worker its rank started before that rank's init (it inherited TNT_RANK, TNT_JOB_ID and

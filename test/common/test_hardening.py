@@ -67,11 +67,14 @@ def test_a_child_forked_while_a_thread_imports_the_collectives_fails_clearly():
 
 
 PROBE = """
-import json, os, time, tarantella as tnt
+import json, os, signal, time, tarantella as tnt
+noted = []
+if os.environ.get("TNT_TEST_OWN_SIGINT"):  # the program's own handler, which only notes Ctrl-C
+    signal.signal(signal.SIGINT, lambda *_: noted.append(1))
 time.sleep(float(os.environ.get("TNT_TEST_SLEEP_S", 0)))  # a rank late to call in (a long import)
 try:
     tnt.init()
-    print(json.dumps({"error": None}))
+    print(json.dumps({"error": None, "noted": len(noted)}))
 except BaseException as exc:  # KeyboardInterrupt too
     print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
 """
@@ -318,6 +321,22 @@ def test_ctrl_c_while_the_ranks_find_each_other_ends_the_wait():
     time.sleep(2)
     lone.send_signal(signal.SIGINT)
     assert outcome(lone)["error"] == "KeyboardInterrupt"
+    assert shm_objects(job) == []
+
+
+def test_ctrl_c_on_a_program_with_its_own_handler_leaves_the_set_up_to_it():
+    """A program whose SIGINT handler only notes Ctrl-C (to stop gracefully later) waited in tnt.init as
+    before 0155d72 and joined its job; since, its tnt.init failed with SystemError 'interrupted (SIGINT,
+    Ctrl-C) ... (an operating-system call failed)' and took the job down. The program's handler decides."""
+    job = secrets.token_hex(16)
+    first = start(0, 2, job, TNT_TIMEOUT_S=120, TNT_TEST_OWN_SIGINT=1)
+    time.sleep(3)  # rank 0 waits for rank 1 in tnt.init (its handler installed before)
+    first.send_signal(signal.SIGINT)
+    time.sleep(1)
+    second = start(1, 2, job, TNT_TIMEOUT_S=120)
+    got = outcome(first)
+    assert got == {"error": None, "noted": 1}, got
+    assert outcome(second)["error"] is None
     assert shm_objects(job) == []
 
 
