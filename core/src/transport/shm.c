@@ -696,7 +696,10 @@ static int voided_lately(const shm_t *s, double timeout_s, int remove_stale, tnt
   /* another launch's: long over, or before this process began (a job started again after the
    * failure, with the same id; 1 s of slack for the start's resolution) */
   if (age > timeout_s || age < -60 || (started && started > m.at_us + 1000000)) {
-    if (remove_stale) shm_unlink(name);
+    /* a process of the rank that failed to start, started again: it stands in for the failed
+     * one, and the mark would fail the retries of the ranks still up (a loop around tnt.init)
+     * for TNT_TIMEOUT_S while this one waited for them */
+    if (remove_stale || (m.rank >= 0 && m.rank == G(s, s->pl.rank))) shm_unlink(name);
     return 0;
   }
   if (m.pid == (int32_t)getpid()) return 0; /* this process's own failure: it may try again */
