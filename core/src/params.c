@@ -306,6 +306,20 @@ static void engine_job_id(char *out, size_t len) {
   snprintf(out, len, "engine-%u-%016llx", (unsigned)getuid(), (unsigned long long)h);
 }
 
+/* The job a rank with a bad local placement belongs to (its TNT_RANK, TNT_SIZE and a well-formed
+ * TNT_JOB_ID): its failure then leaves the job's mark (tnt_shm_note_failed_start), and the others
+ * fail at once instead of waiting for it until TNT_TIMEOUT_S. */
+static void note_job(tnt_placement_t *pl, long rank, long size) {
+  const char *job = getenv("TNT_JOB_ID");
+  if (!job || !*job || strlen(job) > 100) return;
+  for (const char *c = job; *c; c++)
+    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '-' || *c == '_'))
+      return;
+  pl->rank = (int)rank;
+  pl->size = (int)size;
+  snprintf(pl->job_id, sizeof pl->job_id, "%s", job);
+}
+
 tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
   memset(pl, 0, sizeof *pl);
   pl->size = 1;
@@ -337,7 +351,8 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
      * never the global rank and size instead. (The engines' own variables keep the
      * fallback: their spelling is the engine's, not the user's.) */
     if (i == 0 && (lrank == -2 || lsize == -2 || lsize == 0 || (lsize > 0 && lsize > size) ||
-                   (lrank >= 0 && lrank >= (lsize > 0 ? lsize : size))))
+                   (lrank >= 0 && lrank >= (lsize > 0 ? lsize : size)))) {
+      note_job(pl, rank, size);
       return tnt_fail(TNT_ERR_INVALID_ARGUMENT,
                       "bad placement from %s: %s and %s must be whole numbers with "
                       "0 <= local rank < local size <= size (%s=%ld); unset, they are the rank and size. "
@@ -345,6 +360,7 @@ tnt_result_t tnt_placement_read(tnt_placement_t *pl) {
                       s->engine, s->local_rank, s->local_size, s->size, size, s->local_rank,
                       getenv(s->local_rank) ? getenv(s->local_rank) : "(unset)", s->local_size,
                       getenv(s->local_size) ? getenv(s->local_size) : "(unset)");
+    }
     if (!strcmp(s->engine, "Slurm")) {
       const long step = slurm_step_local_size();
       if (step >= 1) lsize = step;

@@ -239,7 +239,8 @@ def test_bad_placement():
     # the local placement too (it picks the transport and the GPU): a bad value was taken
     # silently as the global one (TNT_LOCAL_SIZE=two: "local 0 of 2"), a local rank
     # beyond the local size was kept (TNT_LOCAL_RANK=5: "local 5 of 2")
-    job = dict(TNT_SIZE=2, TNT_JOB_ID="x", TNT_TIMEOUT_S=2)
+    # a job of its own: a rank failing on its local placement leaves the job's mark (the others fail at once)
+    job = dict(TNT_SIZE=2, TNT_JOB_ID=secrets.token_hex(8), TNT_TIMEOUT_S=2)
     for bad, words in ((dict(TNT_RANK=0, TNT_LOCAL_RANK="x"), ["TNT_LOCAL_RANK=x"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_RANK=""), ["TNT_LOCAL_RANK=, TNT_LOCAL_SIZE=(unset)"]),
                        (dict(TNT_RANK=0, TNT_LOCAL_SIZE="two"), ["TNT_LOCAL_SIZE=two"]),
@@ -250,6 +251,8 @@ def test_bad_placement():
                        (dict(TNT_RANK=0, TNT_LOCAL_SIZE="3"), ["TNT_LOCAL_SIZE=3", "TNT_SIZE=2"])):
         raises("tnt.init()", "InvalidArgumentError", words + ["0 <= local rank < local size <= size"],
                **job, **bad)
+    assert os.path.exists(f"/dev/shm/tnt-{job['TNT_JOB_ID']}-void")
+    os.unlink(f"/dev/shm/tnt-{job['TNT_JOB_ID']}-void")
 
 
 def test_unknown_transport_is_refused_naming_the_choices():
