@@ -81,6 +81,10 @@ for attempt in range(retries + 1):
         if attempt < retries and type(exc).__name__ == "PeerLostError":
             time.sleep(1)
             continue
+        if attempt < retries and os.environ.get("TNT_TEST_FIX") in os.environ:  # its bad setting fixed
+            os.environ.pop(os.environ["TNT_TEST_FIX"])
+            time.sleep(1.5)
+            continue
         print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
     break
 """
@@ -384,6 +388,15 @@ def test_a_rank_started_again_after_it_failed_to_start_lifts_its_mark():
     got = outcome(first)
     assert got["error"] is None and got["attempts"] > 1, got
     assert outcome(again)["error"] is None
+    assert shm_objects(job) == []
+    # the failed rank itself trying again in the same process, its setting fixed
+    job = secrets.token_hex(16)
+    first = start(0, 2, job, TNT_TIMEOUT_S=30, TNT_TEST_RETRIES=20)
+    bad = start(1, 2, job, TNT_TIMEOUT_S=30, TNT_TEST_RETRIES=1, TNT_TEST_FIX="TNT_FUSION_THRESHOLD_KB",
+                TNT_FUSION_THRESHOLD_KB="abc")
+    got = outcome(first)
+    assert got["error"] is None and got["attempts"] > 1, got
+    assert outcome(bad) == {"error": None, "noted": 0, "attempts": 2}
     assert shm_objects(job) == []
 
 

@@ -702,7 +702,12 @@ static int voided_lately(const shm_t *s, double timeout_s, int remove_stale, tnt
     if (remove_stale || (m.rank >= 0 && m.rank == G(s, s->pl.rank))) shm_unlink(name);
     return 0;
   }
-  if (m.pid == (int32_t)getpid()) return 0; /* this process's own failure: it may try again */
+  if (m.pid == (int32_t)getpid()) { /* this process's own failure: it may try again (its setting fixed) */
+    /* the mark goes with the try (a new failure leaves it again): else the others' retries failed on
+     * it for TNT_TIMEOUT_S while this one waited for them */
+    if (m.rank >= 0 && m.rank == G(s, s->pl.rank)) shm_unlink(name);
+    return 0;
+  }
   if (m.rank >= 0) /* a rank that failed before it joined: the others fail at once, naming it */
     *res = tnt_fail_peer(m.rank, "rank %d: the job cannot start: %s (%.1f s ago). Fix it and start every rank "
                          "again", G(s, s->pl.rank), m.why, age > 0 ? age : 0);
