@@ -160,6 +160,12 @@ enum { CTRL_BYE = 1, CTRL_ABORT = 2 }; /* bits: a goodbye after an abort must no
 #define PORT_STRIDE (3 * MAX_PPN)
 #define PORT_SLOTS 29
 #define MAX_PPN 256           /* GPI-2's ranks per host (its port offsets) */
+/* Each range of PORT_STRIDE holds MAX_PPN / PORT_STEP jobs of up to PORT_STEP ranks per host,
+ * their bases PORT_STEP apart (a job uses base + local rank, + 256 + and + 512 + local rank):
+ * 29 * 16 = 464 choices, so that two jobs on one host pick the same ports once in 464, not
+ * once in 29 (a second gpi2 job on the same hosts failed 1 run in 29). A job of more ranks
+ * per host reaches into its neighbours' ports, where a job using them is still named */
+#define PORT_STEP 16
 #define HELLO_MAGIC 0x544e5447u
 
 /* A peer as GPI-2 sees it (its health: job_health_t) */
@@ -350,8 +356,8 @@ static int load_gpi2(char *why, size_t len) {
 
 /* ---- GPI-2 itself, once per process ---- */
 
-/* The first of this job's ports: TNT_GPI2_PORT, else one of PORT_SLOTS ranges
- * chosen by the job id (every rank of the job derives the same). */
+/* The first of this job's ports: TNT_GPI2_PORT, else one of the PORT_SLOTS ranges' bases
+ * (PORT_STEP apart) chosen by the job id (every rank of the job derives the same). */
 static tnt_result_t job_ports(const tnt_placement_t *pl, unsigned *out) {
   const char *raw = getenv("TNT_GPI2_PORT");
   if (raw && *raw) {
@@ -366,7 +372,8 @@ static tnt_result_t job_ports(const tnt_placement_t *pl, unsigned *out) {
   }
   uint64_t h = 1469598103934665603ull;
   for (const char *c = pl->job_id; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
-  *out = PORT_LOW + (unsigned)(h % PORT_SLOTS) * PORT_STRIDE;
+  const unsigned choice = (unsigned)(h % (PORT_SLOTS * (MAX_PPN / PORT_STEP)));
+  *out = PORT_LOW + (choice / (MAX_PPN / PORT_STEP)) * PORT_STRIDE + (choice % (MAX_PPN / PORT_STEP)) * PORT_STEP;
   return TNT_SUCCESS;
 }
 
