@@ -71,7 +71,7 @@ _ROWS = (
           "gpi2 transport: seconds between heartbeats (0.01 to 60); a peer silent for 10 of them is lost"),
     Param("TNT_GPI2_PORT", "int", None,
           "gpi2 transport: first TCP port of GPI-2's range on every host (this + local rank, + 256 + local rank, "
-          "+ 512 + local rank); unset: one of 29 ranges from 10240 (below the ephemeral ports), by the job id"),
+          "+ 512 + local rank); unset: one of 464 bases from 10240 (below the ephemeral ports), by the job id"),
     Param("TNT_GPI2_PLUGIN", "str", None,
           "gpi2 transport: path of its plugin library; unset: built at first use with cc into "
           "~/.cache/tarantella/plugins"),
