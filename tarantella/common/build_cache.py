@@ -39,14 +39,16 @@ def cache_root():
 def compiler_from_environment(variables, complaint):
     """The command that the first of the environment `variables` set (not
     blank) names, as an argument list, or None when none is set; raise
-    InvalidArgumentError(complaint.format(var=..., value=...)) when its program
-    is not an executable on PATH."""
+    InvalidArgumentError(complaint.format(var=..., value=...)) (its program
+    is not an executable on PATH), ending with what was received, as every error
+    about the environment does."""
     for var in variables:
         value = os.environ.get(var, "").strip()
         if value:
             cmd = shlex.split(value)
             if not shutil.which(cmd[0]):
-                raise errors.InvalidArgumentError(complaint.format(var=var, value=value))
+                raise errors.InvalidArgumentError(
+                    complaint.format(var=var, value=value) + f". Received: {var}={value}")
             return cmd
     return None
 
@@ -55,8 +57,7 @@ def find_cxx():
     """The C++ compiler as an argument list ($CXX, else c++, g++ or clang++ on
     PATH), or raise saying why there is none."""
     cmd = compiler_from_environment(
-        ("CXX",), "{var}={value} is not an executable C++ compiler: point CXX at g++ or clang++, or unset it. "
-        "Received: {var}={value}")
+        ("CXX",), "{var}={value} is not an executable C++ compiler: point CXX at g++ or clang++, or unset it")
     if cmd is not None:
         return cmd
     for name in ("c++", "g++", "clang++"):

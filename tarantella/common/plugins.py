@@ -67,7 +67,7 @@ def find_mpicc():
     """The MPI compiler wrapper as an argument list, or raise saying why there is none."""
     cmd = build_cache.compiler_from_environment(
         ("TNT_MPICC", "MPICC"), "the mpi transport: {var}={value} is not an executable compiler wrapper: point "
-        "{var} at your MPI's mpicc, or unset it to use the mpicc on PATH. Received: {var}={value}")
+        "{var} at your MPI's mpicc, or unset it to use the mpicc on PATH")
     if cmd is not None:
         return cmd
     found = shutil.which("mpicc")
@@ -178,7 +178,7 @@ def find_cc():
     """The C compiler for the gpi2 plugin as an argument list, or raise saying why there is none."""
     cmd = build_cache.compiler_from_environment(
         ("TNT_CC", "CC"), "the gpi2 transport: {var}={value} is not an executable C compiler: point {var} at "
-        "one, or unset it to use cc on PATH. Received: {var}={value}")
+        "one, or unset it to use cc on PATH")
     if cmd is not None:
         return cmd
     found = shutil.which("cc") or shutil.which("gcc")
