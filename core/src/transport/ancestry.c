@@ -14,6 +14,7 @@
  * works: its segment keeps its name until they have all attached. */
 #define _GNU_SOURCE
 #include "ancestry.h"
+#include "process_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,16 +25,10 @@ enum { MAX_DEPTH = 64 }; /* a chain of processes longer than this is not worth r
 
 /* The parent of `pid`, from /proc/<pid>/stat; 0 when it cannot be read. */
 static pid_t parent_of(pid_t pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char *paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  char buf[512];
+  const char *fields = tnt_proc_stat_fields(pid, buf, sizeof buf);
   int ppid = 0;
-  if (!paren || sscanf(paren + 1, " %*c %d", &ppid) != 1) return 0;
+  if (!fields || sscanf(fields, " %*c %d", &ppid) != 1) return 0;
   return (pid_t)ppid;
 }
 

@@ -15,21 +15,32 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+/* The fields of /proc/<pid>/stat after the command name, from the space before the
+ * state (field 3), read into `buf`; NULL when they cannot be read (errno ENOENT: the
+ * process is gone). */
+static inline const char *tnt_proc_stat_fields(pid_t pid, char *buf, size_t len) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  ssize_t n = read(fd, buf, len - 1);
+  close(fd);
+  if (n <= 0) return NULL;
+  buf[n] = 0;
+  const char *paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  return paren ? paren + 1 : NULL;
+}
+
 /* The scheduler state letter of a process ('R', 'S', 'T' stopped, 'Z' zombie...),
  * 'X' when it is gone, '?' when it cannot be read. */
 static inline char tnt_process_state(pid_t pid) {
   if (pid <= 0) return '?';
   if (kill(pid, 0) != 0 && errno == ESRCH) return 'X';
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? 'X' : '?';
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return '?';
-  buf[n] = 0;
-  char *paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-  return paren && paren[1] == ' ' ? paren[2] : '?';
+  char buf[512];
+  errno = 0;
+  const char *fields = tnt_proc_stat_fields(pid, buf, sizeof buf);
+  if (!fields) return errno == ENOENT ? 'X' : '?';
+  return fields[0] == ' ' ? fields[1] : '?';
 }
 
 /* What a peer process in `state` (tnt_process_state) is doing, for errors that

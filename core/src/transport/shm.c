@@ -592,16 +592,10 @@ static void void_mark_name(const char *segment, char *out, size_t len) { snprint
  * ticks since boot, and CLOCK_BOOTTIME); 0 when it cannot be told. */
 static int64_t process_started_wall_us(void) {
   char buf[1024];
-  int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  const char *p = tnt_proc_stat_fields(getpid(), buf, sizeof buf);
   if (!p) return 0;
-  /* the space before field 3 (state), then each one up to that before field 22 (starttime) */
-  for (int field = 3; field <= 22 && p; field++) p = strchr(p + 1, ' ');
+  /* from the space before field 3 (state), each one up to that before field 22 (starttime) */
+  for (int field = 4; field <= 22 && p; field++) p = strchr(p + 1, ' ');
   if (!p) return 0;
   const unsigned long long ticks = strtoull(p + 1, NULL, 10);
   const long hz = sysconf(_SC_CLK_TCK);
@@ -695,17 +689,14 @@ static int voided_lately(const shm_t *s, double timeout_s, int remove_stale, tnt
   const int64_t started = process_started_wall_us();
   /* another launch's: long over, or before this process began (a job started again after the
    * failure, with the same id; 1 s of slack for the start's resolution) */
-  if (age > timeout_s || age < -60 || (started && started > m.at_us + 1000000)) {
-    /* a process of the rank that failed to start, started again: it stands in for the failed
-     * one, and the mark would fail the retries of the ranks still up (a loop around tnt.init)
-     * for TNT_TIMEOUT_S while this one waited for them */
-    if (remove_stale || (m.rank >= 0 && m.rank == G(s, s->pl.rank))) shm_unlink(name);
-    return 0;
-  }
-  if (m.pid == (int32_t)getpid()) { /* this process's own failure: it may try again (its setting fixed) */
-    /* the mark goes with the try (a new failure leaves it again): else the others' retries failed on
-     * it for TNT_TIMEOUT_S while this one waited for them */
-    if (m.rank >= 0 && m.rank == G(s, s->pl.rank)) shm_unlink(name);
+  const int stale = age > timeout_s || age < -60 || (started && started > m.at_us + 1000000);
+  /* or this process's own failure: it may try again (its setting fixed) */
+  if (stale || m.pid == (int32_t)getpid()) {
+    /* the failed rank trying again (a process started again, or the same one's next try) stands
+     * in for the failed one, and the mark goes (a new failure leaves it again): else it failed
+     * the retries of the ranks still up (a loop around tnt.init) for TNT_TIMEOUT_S while this
+     * one waited for them */
+    if ((stale && remove_stale) || (m.rank >= 0 && m.rank == G(s, s->pl.rank))) shm_unlink(name);
     return 0;
   }
   if (m.rank >= 0) /* a rank that failed before it joined: the others fail at once, naming it */
