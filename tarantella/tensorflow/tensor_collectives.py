@@ -63,7 +63,7 @@ def _run(x, collective, kind, name=None, **options):
         # ("tnt.tf_ops.agree"), made at the first call with tensors, eager or traced: made only
         # where a call was traced, a rank that traced its loop waited there for a rank that ran
         # the same loop eagerly, which was in the call's own collective, until TNT_TIMEOUT_S.
-        tf_ops.get()
+        compiled = tf_ops.get()
     if tensors_in and not tf.executing_eagerly():
         # Traced, a call makes the very requests it makes eagerly (names, sizes, layouts), so that a
         # rank that runs the step eagerly (run_eagerly=True on one rank, a custom loop traced on
@@ -76,7 +76,6 @@ def _run(x, collective, kind, name=None, **options):
         # call "<name>.0", one request per leaf, and an unnamed one "tf.allreduce.<function>.0"
         # at trace time: a traced rank and an eager one waited for each other until TNT_TIMEOUT_S.)
         _refuse_as_eagerly(x, leaves, kind, name, options)
-        compiled = tf_ops.get()
         tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
         if compiled is not None and name is not None and _is_tensor(x) and \
                 tensors[0].dtype.name in dtypes.SUPPORTED and (kind != "allgather" or tensors[0].shape.rank):
@@ -84,7 +83,7 @@ def _run(x, collective, kind, name=None, **options):
         scale = options.get("scale")
         if kind == "allreduce":  # refused at trace time, as the compiled ops refuse it
             tf_ops.check_scale(scale, [t for t in tensors if t.dtype.name in dtypes.SUPPORTED])
-        return _run_in_graph(leaves, rebuild, collective, kind, name, scale if _is_tensor(scale) else None)
+        return _run_in_graph(tensors, rebuild, collective, kind, name, scale if _is_tensor(scale) else None)
     values, rebuild_result = collectives.flatten(collective(x, name))
     return rebuild_result([tf.convert_to_tensor(v, dtype=leaf.dtype) if _is_tensor(leaf) else v
                            for leaf, v in zip(leaves, values)])
@@ -153,13 +152,12 @@ def _tf_data_sequence(graph, function):
     return sequence
 
 
-def _run_in_graph(leaves, rebuild, collective, kind, name, scale=None):
-    """One tf.numpy_function over the NumPy API; `scale`: an allreduce's prescale given as a
+def _run_in_graph(tensors, rebuild, collective, kind, name, scale=None):
+    """One tf.numpy_function over the NumPy API on `tensors` (the leaves); `scale`: an allreduce's prescale given as a
     tensor, which travels as one more input (captured, the NumPy API got the symbolic tensor
     and refused it at run time, where the compiled ops take it). An unnamed call is named at run
     time, in the sequence of the thread that traced it: TensorFlow runs the function in threads
     of its own, whose unnamed calls would all share the main thread's sequence."""
-    tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
     extra = [] if scale is None else [tf.convert_to_tensor(scale)]
     sequence = _traced_sequence() if name is None else None
     gather = kind == "allgather"
