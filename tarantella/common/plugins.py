@@ -34,10 +34,10 @@ _PACKAGED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 # files in tarantella/_plugin_src for installs that are not editable).
 SOURCES = ("src/transport/plugins/mpi.c", "src/transport/plugins/gpi2.c", "src/transport_plugin.h",
            "src/transport.h", "src/params.h", "src/transport/process_state.h", "src/transport/host_load.h",
-           "src/transport/plugins/plugin_util.h",
+           "src/transport/plugins/plugin_util.h", "src/transport/plugins/shared_entries.h",
            "src/transport/plugins/peer_health.h", "src/transport/plugins/wedge_watch.h", "include/tarantella.h")
 HEADERS = ("src/transport_plugin.h", "src/transport.h", "src/params.h", "src/transport/process_state.h",
-           "src/transport/host_load.h", "src/transport/plugins/plugin_util.h",
+           "src/transport/host_load.h", "src/transport/plugins/plugin_util.h", "src/transport/plugins/shared_entries.h",
            "src/transport/plugins/peer_health.h", "src/transport/plugins/wedge_watch.h", "include/tarantella.h")
 LIBRARY = "libtnt-transport-mpi.so"
 GPI2_LIBRARY = "libtnt-transport-gpi2.so"

@@ -228,6 +228,10 @@ typedef struct {
   int segment_ok; /* every peer said goodbye: the segment may be deleted */
 } gpi2_t;
 
+/* check_all, the rounds' waits, the doorbell, and the entries mpi.c has too */
+#define PLUGIN_STATE gpi2_t
+#include "shared_entries.h"
+
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static void *gpi2_lib;
 /* GPI-2's own configuration, where the library exports it (glb_gaspi_cfg, the
@@ -244,14 +248,7 @@ static char description[256];
 
 #define LOG(level, ...) plugin_log(level, "gpi2.c", __LINE__, __VA_ARGS__)
 
-static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  return host->fail(code, peer, msg);
-}
+static void plugin_failed(tnt_result_t code) { (void)code; }
 
 static const char *gerr(gaspi_return_t rc) {
   static __thread char buf[64];
@@ -260,10 +257,6 @@ static const char *gerr(gaspi_return_t rc) {
   snprintf(buf, sizeof buf, "GASPI error %d", rc);
   return buf;
 }
-
-static void bump_bell(gpi2_t *s) { doorbell_ring_local(&s->door); }
-
-static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
 /* A notification value: the low 31 bits of a count, never 0 (GASPI's "none"). */
 static gaspi_notification_t encode(uint64_t count) { return (gaspi_notification_t)((count & 0x7fffffffu) | 0x80000000u); }
@@ -594,8 +587,6 @@ static gaspi_return_t post_once(gpi2_t *s, const post_t *p) {
   return G.notify(s->seg, (gaspi_rank_t)p->peer, p->id, p->value, p->q, CALL_TIMEOUT_MS);
 }
 
-static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const char *what);
-
 /* Post a request (mu held); a full queue is drained until the deadline. */
 static tnt_result_t post(gpi2_t *s, const post_t *p, double deadline, const char *what) {
   double sleep = SLEEP_MIN_S;
@@ -720,20 +711,9 @@ static tnt_result_t check_alive(gpi2_t *s, int r, double now, int pids, const ch
   return peer_silent(&s->health, r, now, what);
 }
 
-static tnt_result_t check_all(gpi2_t *s, const uint8_t *awaited, int pids, const char *what) {
-  double now = host->now();
-  tnt_result_t res;
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && (res = check_alive(s, r, now, pids, what)) != TNT_SUCCESS) return res;
-  if ((res = check_job(&s->health, what)) != TNT_SUCCESS) return res;
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && (!awaited || awaited[r]) && (res = peer_gone(&s->health, r, what)) != TNT_SUCCESS) return res;
-  return TNT_SUCCESS;
-}
+static tnt_result_t check_gone(gpi2_t *s, int r, const char *what) { return peer_gone(&s->health, r, what); }
 
 /* ---- waiting ---- */
-
-typedef int (*ready_fn)(gpi2_t *s, void *arg); /* mu held */
 
 /* Poll until ready(), a failure, or `deadline` (TNT_ERR_TIMEOUT, no message).
  * `from`: the rank that must act (-1: any), checked in full. */
@@ -752,7 +732,7 @@ static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, d
       if (from >= 0) {
         res = check_alive(s, from, now, pids, what);
         if (res == TNT_SUCCESS) res = check_job(&s->health, what);
-        if (res == TNT_SUCCESS) res = peer_gone(&s->health, from, what);
+        if (res == TNT_SUCCESS) res = check_gone(s, from, what);
       } else {
         res = check_all(s, NULL, pids, what);
       }
@@ -764,16 +744,6 @@ static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, d
     }
     backoff_pause(&b, &s->waits, now);
   }
-}
-
-/* Poll a resumable round (the exchange, a bit round) until `until`: then
- * TNT_IN_PROGRESS, and another call (maybe another thread's) resumes it. At
- * the round's own deadline TNT_ERR_TIMEOUT, which the caller turns into an
- * error naming the rank it waits for. */
-static tnt_result_t poll_round(gpi2_t *s, ready_fn ready, double round_deadline, double until, const char *what) {
-  double deadline = until < round_deadline ? until : round_deadline;
-  tnt_result_t res = poll_until(s, ready, NULL, -1, deadline, what);
-  return res == TNT_ERR_TIMEOUT && deadline < round_deadline ? TNT_IN_PROGRESS : res;
 }
 
 /* ---- data ---- */
@@ -973,15 +943,7 @@ static int exchange_arrived(gpi2_t *s, void *arg) {
 
 static tnt_result_t gpi2_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
   gpi2_t *s = st;
-  if (!s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange collected before it was posted");
-  const char *what = "negotiating with the other ranks";
-  tnt_result_t res = poll_round(s, exchange_arrived, s->exch_deadline, until, what);
-  if (res == TNT_ERR_TIMEOUT) {
-    int first = -1; /* the first rank whose message is missing */
-    for (int r = 0; r < s->n && first < 0; r++)
-      if (!s->peers[r].exch_got) first = r;
-    return timed_out(&s->health, first, what);
-  }
+  tnt_result_t res = exchange_wait(s, until);
   if (res != TNT_SUCCESS) return res;
   for (int r = 0; r < s->n; r++) {
     const uint8_t *slot = s->base + (r == s->me ? s->off_exch_out + (size_t)(s->round & 1) * EXCH_SLOT
@@ -1015,11 +977,6 @@ static tnt_result_t gpi2_exchange_collect(void *st, void *all, size_t stride, si
  * end. Each step's outgoing words have their own buffer (GASPI writes from
  * registered memory, asynchronously), two rounds of them. */
 
-static int and_partner(const gpi2_t *s, int step) {
-  const int r = s->me, P = s->and_pow;
-  if (step >= 1 && step <= s->and_log) return r < P ? r ^ (1 << (step - 1)) : -1;
-  return r >= P ? r - P : (r + P < s->n ? r + P : -1);
-}
 static int and_sends(const gpi2_t *s, int step) {
   if (s->me >= s->and_pow) return step == 0;
   return step > 0 && and_partner(s, step) >= 0; /* step 0: only the wake, sent at post */
@@ -1116,10 +1073,7 @@ static tnt_result_t gpi2_and_post(void *st, const uint64_t *mine, int nwords, do
 
 static tnt_result_t gpi2_and_collect(void *st, uint64_t *out, double until) {
   gpi2_t *s = st;
-  if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
-  const char *what = "in a bit round of the negotiation";
-  tnt_result_t res = poll_round(s, and_advance, s->and_deadline, until, what);
-  if (res == TNT_ERR_TIMEOUT) return timed_out(&s->health, s->and_partner, what);
+  tnt_result_t res = and_wait(s, until);
   if (res == TNT_SUCCESS) res = s->and_err;
   if (res != TNT_SUCCESS) return res;
   pthread_mutex_lock(&s->mu);
@@ -1142,8 +1096,8 @@ static tnt_result_t gpi2_exchange(void *st, const void *mine, size_t len, void *
 /* The doorbell is the cycle's own first message, as in mpi.c: a rank with
  * news posts its round right after ringing, and a rank between rounds that
  * holds a peer's exchange or AND message of a later round (or the wake of
- * the rank below it, see the AND) runs the cycle. No bells to every rank. */
-static void gpi2_ring_doorbell(void *st, uint64_t cycle) { doorbell_want_cycle(&((gpi2_t *)st)->door, cycle); }
+ * the rank below it, see the AND) runs the cycle. No bells to every rank:
+ * ringing (plugin_ring_doorbell, shared_entries.h) only records the cycle. */
 
 /* Take the exchange notifications that arrived (mu held): a peer's message of
  * a round after the last one this rank posted means the peer started a cycle. */
@@ -1163,45 +1117,12 @@ static int peer_started_round(gpi2_t *s) {
   return 0;
 }
 
-/* Whether a peer's round has begun (polling the engine first): the doorbell's
- * question between its sleeps. */
-static int peer_round_begun(void *st) {
-  gpi2_t *s = st;
-  pthread_mutex_lock(&s->mu);
-  progress(s);
-  int started = peer_started_round(s);
-  pthread_mutex_unlock(&s->mu);
-  return started;
-}
-
 static int gpi2_cycle_wanted(void *st, uint64_t done) {
   gpi2_t *s = st;
   return atomic_load(&s->door.cycle_wanted) > done || peer_round_begun(s);
 }
 
-/* The idle thread's wait: it polls GPI-2's notifications for peers' rounds
- * every BELL_POLL_S at most. */
-static void gpi2_wait_doorbell(void *st, uint64_t done, double deadline) {
-  (void)done; /* a cycle this rank asked for is run by the thread that asked (cycle_wanted) */
-  doorbell_wait(&((gpi2_t *)st)->door, deadline, BELL_POLL_S, host->now, peer_round_begun, st);
-}
-
-static void gpi2_wake_local(void *st) { bump_bell((gpi2_t *)st); }
-
-/* ---- health, abort, shutdown ---- */
-
-static tnt_result_t gpi2_check_peers(void *st, const uint8_t *awaited) {
-  gpi2_t *s = st;
-  pthread_mutex_lock(&s->mu);
-  progress(s);
-  tnt_result_t res = check_all(s, awaited, 1, "waiting for the other ranks to submit the same collectives");
-  pthread_mutex_unlock(&s->mu);
-  return res;
-}
-
-static void gpi2_describe_peer(void *st, int peer, char *out, size_t len) {
-  describe(&((gpi2_t *)st)->health, peer, out, len);
-}
+/* ---- abort, shutdown ---- */
 
 /* Send CTRL `what` (BYE, or ABORT after the reason) to every peer still there,
  * then give queue 1 up to `wait_s` to deliver it. */
@@ -1372,9 +1293,7 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   s->off_reasons = s->off_exch_in + 2 * n * EXCH_SLOT;
   s->off_exch_out = s->off_reasons + n * REASON_MAX;
   s->off_reason_out = s->off_exch_out + 2 * EXCH_SLOT;
-  s->and_pow = 1;
-  while (2 * s->and_pow <= s->n) s->and_pow *= 2, s->and_log++;
-  s->and_steps = s->and_log + 2;
+  and_shape(s);
   s->off_and_out = (s->off_reason_out + REASON_MAX + 4095) & ~(size_t)4095;
   s->off_stage = (s->off_and_out + 2 * (size_t)s->and_steps * EXCH_SLOT + 4095) & ~(size_t)4095;
   s->seg_bytes = s->off_stage + s->stage_bytes;
@@ -1441,12 +1360,6 @@ static tnt_result_t gpi2_init(const tnt_placement_t *pl, const tnt_params_t *par
   return TNT_SUCCESS;
 }
 
-static void gpi2_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
-  wait_counts_read(&((gpi2_t *)st)->wait_counts, spun, yielded, slept);
-}
-
-static long gpi2_cores(void *st) { return ((gpi2_t *)st)->share.cores; }
-
 static int gpi2_can_serve(const tnt_placement_t *pl) { return pl->size >= 1; }
 
 static const tnt_transport_t transport = {
@@ -1462,18 +1375,18 @@ static const tnt_transport_t transport = {
     .exchange = gpi2_exchange,
     .exchange_post = gpi2_exchange_post,
     .exchange_collect = gpi2_exchange_collect,
-    .ring_doorbell = gpi2_ring_doorbell,
+    .ring_doorbell = plugin_ring_doorbell,
     .cycle_wanted = gpi2_cycle_wanted,
-    .wait_doorbell = gpi2_wait_doorbell,
-    .check_peers = gpi2_check_peers,
-    .describe_peer = gpi2_describe_peer,
-    .wake_local = gpi2_wake_local,
+    .wait_doorbell = plugin_wait_doorbell,
+    .check_peers = plugin_check_peers,
+    .describe_peer = plugin_describe_peer,
+    .wake_local = plugin_wake_local,
     .abort = gpi2_abort,
     .finalize = gpi2_finalize,
     .and_post = gpi2_and_post,
     .and_collect = gpi2_and_collect,
-    .wait_stats = gpi2_wait_stats,
-    .cores = gpi2_cores,
+    .wait_stats = plugin_wait_stats,
+    .cores = plugin_cores,
 };
 
 static const tnt_plugin_t plugin = {

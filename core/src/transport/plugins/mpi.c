@@ -183,6 +183,10 @@ typedef struct {
   wedge_watch_t watch; /* ends this process if MPI never returns after a local peer died */
 } mpi_t;
 
+/* check_all, the rounds' waits, the doorbell, and the entries gpi2.c has too */
+#define PLUGIN_STATE mpi_t
+#include "shared_entries.h"
+
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int mpi_ours;           /* this plugin called MPI_Init_thread */
 static pid_t mpi_pid;          /* ... in this process: a fork()ed child's MPI is its parent's */
@@ -194,14 +198,8 @@ static char description[256];
 
 #define LOG(level, ...) plugin_log(level, "mpi.c", __LINE__, __VA_ARGS__)
 
-static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+static void plugin_failed(tnt_result_t code) {
   if (code == TNT_ERR_PEER_LOST || code == TNT_ERR_TIMEOUT) atomic_store(&job_failed, 1);
-  return host->fail(code, peer, msg);
 }
 
 static const char *mpi_err(int rc, char *buf) {
@@ -209,10 +207,6 @@ static const char *mpi_err(int rc, char *buf) {
   if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) snprintf(buf, MPI_MAX_ERROR_STRING, "MPI error %d", rc);
   return buf;
 }
-
-static void bump_bell(mpi_t *s) { doorbell_ring_local(&s->door); }
-
-static int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
 /* ---- control messages ---- */
 
@@ -500,23 +494,7 @@ static tnt_result_t check_gone(mpi_t *s, int r, const char *what) {
   return peer_gone(&s->health, r, what);
 }
 
-/* Every peer: lost ones first, so that the error names the lost rank rather
- * than one that aborted because of it; a clean shutdown only for `awaited`
- * ranks (NULL: all). */
-static tnt_result_t check_all(mpi_t *s, const uint8_t *awaited, int pids, const char *what) {
-  double now = host->now();
-  tnt_result_t res;
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && (res = check_alive(s, r, now, pids, what)) != TNT_SUCCESS) return res;
-  if ((res = check_job(&s->health, what)) != TNT_SUCCESS) return res;
-  for (int r = 0; r < s->n; r++)
-    if (r != s->me && (!awaited || awaited[r]) && (res = check_gone(s, r, what)) != TNT_SUCCESS) return res;
-  return TNT_SUCCESS;
-}
-
 /* ---- waiting ---- */
-
-typedef int (*ready_fn)(mpi_t *s, void *arg); /* mu held, after progress */
 
 /* Poll until ready(), a failure, or `deadline` (then TNT_ERR_TIMEOUT, with no
  * message: the caller names what it waited for). `from` is the rank that must
@@ -565,16 +543,6 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
       backoff_pause(&b, &s->waits, now);
     }
   }
-}
-
-/* Poll a resumable round (the exchange, a bit round) until `until`: then
- * TNT_IN_PROGRESS, and another call (maybe another thread's) resumes it. At
- * the round's own deadline TNT_ERR_TIMEOUT, which the caller turns into an
- * error naming the rank it waits for. */
-static tnt_result_t poll_round(mpi_t *s, ready_fn ready, double round_deadline, double until, const char *what) {
-  double deadline = until < round_deadline ? until : round_deadline;
-  tnt_result_t res = poll_until(s, ready, NULL, -1, deadline, what);
-  return res == TNT_ERR_TIMEOUT && deadline < round_deadline ? TNT_IN_PROGRESS : res;
 }
 
 /* A request of set-up, before the state exists. */
@@ -1314,15 +1282,7 @@ static int exchange_arrived(mpi_t *s, void *arg) {
 
 static tnt_result_t mpi_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
   mpi_t *s = st;
-  if (!s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange collected before it was posted");
-  const char *what = "negotiating with the other ranks";
-  tnt_result_t res = poll_round(s, exchange_arrived, s->exch_deadline, until, what);
-  if (res == TNT_ERR_TIMEOUT) {
-    int first = -1; /* the first rank whose message is missing */
-    for (int r = 0; r < s->n && first < 0; r++)
-      if (!s->peers[r].exch_got) first = r;
-    return timed_out(&s->health, first, what);
-  }
+  tnt_result_t res = exchange_wait(s, until);
   if (res != TNT_SUCCESS) return res;
   uint32_t b = s->round & 1;
   for (int r = 0; r < s->n; r++) {
@@ -1356,14 +1316,6 @@ static tnt_result_t mpi_exchange(void *st, const void *mine, size_t len, void *a
 
 static uint64_t and_tag(uint32_t round, int step) { return (uint64_t)round << 8 | (uint64_t)step; }
 
-/* The partner of `step` (-1: none: this rank skips the step). */
-static int and_partner(const mpi_t *s, int step) {
-  const int r = s->me;
-  if (step == 0) return r >= s->and_pow ? r - s->and_pow : (r + s->and_pow < s->n ? r + s->and_pow : -1);
-  if (step <= s->and_log) return r < s->and_pow ? r ^ (1 << (step - 1)) : -1;
-  return r >= s->and_pow ? r - s->and_pow : (r + s->and_pow < s->n ? r + s->and_pow : -1);
-}
-
 /* Does this rank send / receive in `step`? Step 0 goes both ways, though
  * the rank above P needs nothing from below: that message is its doorbell
  * (it learns of the cycle from it, as every other rank does from its first
@@ -1379,11 +1331,7 @@ static int and_receives(const mpi_t *s, int step) {
 
 static tnt_result_t and_buffers(mpi_t *s, int nwords) {
   if (nwords <= s->and_cap) return TNT_SUCCESS;
-  int P = 1, L = 0;
-  while (2 * P <= s->n) P *= 2, L++;
-  s->and_pow = P;
-  s->and_log = L;
-  s->and_steps = L + 2;
+  and_shape(s);
   const size_t w = (size_t)nwords + 1;
   free(s->and_acc);
   free(s->and_rbuf);
@@ -1517,10 +1465,7 @@ static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, dou
 
 static tnt_result_t mpi_and_collect(void *st, uint64_t *out, double until) {
   mpi_t *s = st;
-  if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
-  const char *what = "in a bit round of the negotiation";
-  tnt_result_t res = poll_round(s, and_advance, s->and_deadline, until, what);
-  if (res == TNT_ERR_TIMEOUT) return timed_out(&s->health, s->and_partner, what);
+  tnt_result_t res = and_wait(s, until);
   if (res != TNT_SUCCESS) return res;
   memcpy(out, s->and_acc + 1, (size_t)s->and_nwords * sizeof *out);
   s->and_posted = 0;
@@ -1544,8 +1489,6 @@ static int peer_started_round(mpi_t *s) { /* mu held */
   return flag;
 }
 
-static void mpi_ring_doorbell(void *st, uint64_t cycle) { doorbell_want_cycle(&((mpi_t *)st)->door, cycle); }
-
 static int mpi_cycle_wanted(void *st, uint64_t done) {
   mpi_t *s = st;
   if (atomic_load(&s->door.cycle_wanted) > done) return 1;
@@ -1555,40 +1498,7 @@ static int mpi_cycle_wanted(void *st, uint64_t done) {
   return started;
 }
 
-/* Whether a peer's round has begun (polling the engine first): the doorbell's
- * question between its sleeps. */
-static int peer_round_begun(void *st) {
-  mpi_t *s = st;
-  pthread_mutex_lock(&s->mu);
-  progress(s);
-  int started = peer_started_round(s);
-  pthread_mutex_unlock(&s->mu);
-  return started;
-}
-
-/* The idle thread's wait: it polls MPI for peers' rounds, and sends heartbeats
- * (progress), every BELL_POLL_S at most. */
-static void mpi_wait_doorbell(void *st, uint64_t done, double deadline) {
-  (void)done; /* a cycle this rank asked for is run by the thread that asked (cycle_wanted) */
-  doorbell_wait(&((mpi_t *)st)->door, deadline, BELL_POLL_S, host->now, peer_round_begun, st);
-}
-
-static void mpi_wake_local(void *st) { bump_bell((mpi_t *)st); }
-
-/* ---- health, abort, shutdown ---- */
-
-static tnt_result_t mpi_check_peers(void *st, const uint8_t *awaited) {
-  mpi_t *s = st;
-  pthread_mutex_lock(&s->mu);
-  progress(s);
-  tnt_result_t res = check_all(s, awaited, 1, "waiting for the other ranks to submit the same collectives");
-  pthread_mutex_unlock(&s->mu);
-  return res;
-}
-
-static void mpi_describe_peer(void *st, int peer, char *out, size_t len) {
-  describe(&((mpi_t *)st)->health, peer, out, len);
-}
+/* ---- abort, shutdown ---- */
 
 static void mpi_abort(void *st, const char *reason, int root_peer) {
   mpi_t *s = st;
@@ -1666,12 +1576,6 @@ static void mpi_finalize(void *st) {
   free_state(s);
 }
 
-static void mpi_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
-  wait_counts_read(&((mpi_t *)st)->wait_counts, spun, yielded, slept);
-}
-
-static long mpi_cores(void *st) { return ((mpi_t *)st)->share.cores; }
-
 static const tnt_transport_t transport = {
     .name = "mpi",
     .can_serve = mpi_can_serve,
@@ -1685,19 +1589,19 @@ static const tnt_transport_t transport = {
     .exchange = mpi_exchange,
     .exchange_post = mpi_exchange_post,
     .exchange_collect = mpi_exchange_collect,
-    .ring_doorbell = mpi_ring_doorbell,
+    .ring_doorbell = plugin_ring_doorbell,
     .cycle_wanted = mpi_cycle_wanted,
-    .wait_doorbell = mpi_wait_doorbell,
-    .check_peers = mpi_check_peers,
-    .describe_peer = mpi_describe_peer,
-    .wake_local = mpi_wake_local,
+    .wait_doorbell = plugin_wait_doorbell,
+    .check_peers = plugin_check_peers,
+    .describe_peer = plugin_describe_peer,
+    .wake_local = plugin_wake_local,
     .abort = mpi_abort,
     .finalize = mpi_finalize,
     .and_post = mpi_and_post,
     .and_collect = mpi_and_collect,
     .sendrecv = mpi_sendrecv,
-    .wait_stats = mpi_wait_stats,
-    .cores = mpi_cores,
+    .wait_stats = plugin_wait_stats,
+    .cores = plugin_cores,
 };
 
 static const tnt_plugin_t plugin = {

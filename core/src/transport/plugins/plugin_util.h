@@ -2,15 +2,16 @@
  * plugins/gpi2.c) do alike and cannot take from the core they do not link
  * against: futex, sleeps, the identity of this node, the backoff of a polled
  * wait and the idle thread's doorbell (how a plugin judges its peers' health
- * is peer_health.h). What differs between them (every call into MPI or GPI-2)
+ * is peer_health.h; what both build alike on their own state,
+ * shared_entries.h). What differs between them (every call into MPI or GPI-2)
  * stays in the plugin.
  *
  * Header-only (static inline), because each plugin is compiled alone, from its
  * one .c file, at first use; tarantella/common/plugins.py ships it with their
  * sources and includes it in their build digest.
  *
- * A plugin that includes it defines failf (its error report, declared below)
- * and sets `host` in its entry point. */
+ * A plugin that includes it defines plugin_failed (what it does besides
+ * reporting a failure, declared below) and sets `host` in its entry point. */
 #ifndef TNT_PLUGIN_UTIL_H
 #define TNT_PLUGIN_UTIL_H
 
@@ -43,9 +44,22 @@ enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2, LOG_ERROR = 3 }; /* the cor
 
 static const tnt_plugin_host_t *host; /* set by the plugin's entry point */
 
-/* The plugin's error report, defined by each plugin: the core's fail() with a
- * formatted message (mpi.c also notes that the job failed). */
-static tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Defined by each plugin: what it does at every failure it reports, before
+ * the core records it (mpi.c notes that the job failed; gpi2.c nothing). */
+static void plugin_failed(tnt_result_t code);
+
+/* The plugin's error report: the core's fail() with a formatted message. */
+static inline tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline tnt_result_t failf(tnt_result_t code, int peer, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  plugin_failed(code);
+  return host->fail(code, peer, msg);
+}
 
 /* A log line as the core writes it, from `file` (the plugin's source). */
 static inline void plugin_log(int level, const char *file, int line, const char *fmt, ...)
@@ -84,6 +98,10 @@ static inline tnt_result_t read_seconds(const char *name, double dflt, double lo
   *out = v;
   return TNT_SUCCESS;
 }
+
+/* Whether `value`, a count that only grows, has reached `target`: compared
+ * as a difference, so that a count that wrapped past 2^32 still has. */
+static inline int reached(uint32_t value, uint32_t target) { return (int32_t)(value - target) >= 0; }
 
 /* ---- sleeping and waking ---- */
 
