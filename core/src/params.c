@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -15,56 +16,72 @@
 
 #include "common.h"
 
+typedef enum { AS_INT, AS_INT64, AS_DOUBLE } param_type_t;
+
 typedef struct {
   const char *name;
   double def, min, max;
   int integer; /* whole numbers only */
+  /* where tnt_params_read puts the value (INTO): tnt_params_t's field at
+   * `field`, of `type`, the value times `scale` (KiB to bytes: 1024, us to
+   * seconds: 1e-6, else 1) */
+  size_t field;
+  param_type_t type;
+  double scale;
   const char *doc;
 } num_param_t;
+
+/* A row's destination: tnt_params_t's `field` (its type read from the struct,
+ * so that a row cannot write another type), the value times `scale`. */
+#define INTO(field, scale)                                                                          \
+  offsetof(tnt_params_t, field),                                                                    \
+      _Generic(((tnt_params_t *)0)->field, int: AS_INT, int64_t: AS_INT64, double: AS_DOUBLE), scale
 
 enum { P_FUSION_KB, P_TIMEOUT_S, P_BUSY_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_PAIR_SUM, P_NET_SPIN_US, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
-    [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1,
+    [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1, INTO(fusion_threshold_bytes, 1024),
                      "allreduces of one dtype are packed into one buffer up to this many KiB; 0 disables fusion"},
-    [P_TIMEOUT_S] = {"TNT_TIMEOUT_S", 300, 0.01, 1e9, 0,
+    [P_TIMEOUT_S] = {"TNT_TIMEOUT_S", 300, 0.01, 1e9, 0, INTO(timeout_s, 1),
                      "bound on any wait for a peer, in seconds: a stalled negotiation or silent peer fails after it"},
-    [P_BUSY_TIMEOUT_S] = {"TNT_BUSY_TIMEOUT_S", 3600, 0.01, 1e9, 0,
+    [P_BUSY_TIMEOUT_S] = {"TNT_BUSY_TIMEOUT_S", 3600, 0.01, 1e9, 0, INTO(busy_timeout_s, 1),
                           "bound in seconds on a wait for a peer that is alive and busy on its own (the master "
                           "writing a save, a callback that runs on the master only, tnt.rank_only()): TNT_TIMEOUT_S counts from "
                           "when it stopped being busy, and the whole wait fails after this (or TNT_TIMEOUT_S, "
                           "if larger)"},
-    [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, 1, "shared-memory transport: size of one pipelined piece in KiB"},
-    [P_SLOTS] = {"TNT_SHM_SLOTS", 8, 2, 64, 1, "shared-memory transport: pieces in flight per ring link"},
-    [P_CACHE] = {"TNT_CACHE_CAPACITY", 1024, 0, 65536, 1,
+    [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, 1, INTO(shm_slot_bytes, 1024),
+                   "shared-memory transport: size of one pipelined piece in KiB"},
+    [P_SLOTS] = {"TNT_SHM_SLOTS", 8, 2, 64, 1, INTO(shm_slots, 1),
+                 "shared-memory transport: pieces in flight per ring link"},
+    [P_CACHE] = {"TNT_CACHE_CAPACITY", 1024, 0, 65536, 1, INTO(cache_capacity, 1),
                  "negotiated tensor names remembered (steady state costs one bit each)"},
-    [P_SPIN_US] = {"TNT_SPIN_US", 50, 0, 1e6, 0,
+    [P_SPIN_US] = {"TNT_SPIN_US", 50, 0, 1e6, 0, INTO(spin_s, 1e-6),
                    "microseconds a waiter polls before it sleeps: spinning while the host's ranks fit on its "
                    "cores; where they outnumber them, yielding the core at every poll, this long for every "
                    "core's worth of ranks"},
-    [P_HIER] = {"TNT_HIERARCHICAL", 1, 0, 1, 1,
+    [P_HIER] = {"TNT_HIERARCHICAL", 1, 0, 1, 1, INTO(hierarchical, 1),
                 "1: across hosts with the same number of ranks each, allreduce inside each host, then between "
                 "hosts; 0: one flat ring"},
-    [P_BITS] = {"TNT_BIT_ROUNDS", 1, 0, 1, 1,
+    [P_BITS] = {"TNT_BIT_ROUNDS", 1, 0, 1, 1, INTO(bit_rounds, 1),
                 "1: a negotiation cycle in which every name is cached is one AND-allreduce of readiness bits; "
                 "0: every cycle exchanges every rank's full message (for comparison)"},
-    [P_SIMD] = {"TNT_SIMD", 2, 0, 2, 1,
+    [P_SIMD] = {"TNT_SIMD", 2, 0, 2, 1, INTO(simd, 1),
                 "float16/bfloat16 sums and scaling: 2: AVX-512F or F16C+AVX2, the best the CPU has; 1: at most "
                 "F16C+AVX2; 0: portable scalar code (every level gives the same bits)"},
-    [P_STREAM_KB] = {"TNT_STREAM_MIN_KB", 4096, 0, 1e12, 1,
+    [P_STREAM_KB] = {"TNT_STREAM_MIN_KB", 4096, 0, 1e12, 1, INTO(stream_min_bytes, 1024),
                      "allreduces of at least this many KiB (the direct allreduce of N ranks on one host: N times "
                      "its buffer, all of the host's) are taken to be larger than the cache: results are written "
                      "past it with streaming stores (x86-64), and the ring's last reduce step sends each "
                      "completed piece on at once (the same bits either way)"},
-    [P_DIRECT] = {"TNT_SHM_DIRECT", 1, 0, 1, 1,
+    [P_DIRECT] = {"TNT_SHM_DIRECT", 1, 0, 1, 1, INTO(shm_direct, 1),
                   "shared-memory transport with more than 2 ranks: 1: an allreduce above 16 KiB reads every rank's "
                   "chunk in place, two rounds per MiB; 0: the ring (the same bits either way)"},
-    [P_MPI_PAIR_SUM] = {"TNT_MPI_PAIR_SUM", 1, 0, 1, 1,
+    [P_MPI_PAIR_SUM] = {"TNT_MPI_PAIR_SUM", 1, 0, 1, 1, INTO(mpi_pair_sum, 1),
                          "a pair of ranks on two hosts over MPI (2 hosts x 1 rank, and each link of the "
                          "hierarchical allreduce between 2 hosts): 1: every dtype above 16 KiB is summed in direct "
                          "MPI messages, each receive posted before its bytes come; 0: the ring "
                          "(the same bits either way)"},
-    [P_NET_SPIN_US] = {"TNT_NET_SPIN_US", 1000, 0, 1e6, 0,
+    [P_NET_SPIN_US] = {"TNT_NET_SPIN_US", 1000, 0, 1e6, 0, INTO(net_spin_s, 1e-6),
                        "across hosts (the mpi and gpi2 transports): microseconds a wait for the network polls "
                        "before it sleeps, while the host has a core free and its ranks fit on its cores (as for "
                        "TNT_SPIN_US); a round trip over TCP takes tens of microseconds, and a wait that sleeps "
@@ -124,34 +141,14 @@ static const char *const log_levels[] = {"DEBUG", "INFO", "WARNING", "ERROR", "W
 tnt_result_t tnt_params_read(tnt_params_t *p) {
   double v;
   memset(p, 0, sizeof *p);
-  TNT_CHECK(read_num(P_FUSION_KB, &v));
-  p->fusion_threshold_bytes = (int64_t)v * 1024;
-  TNT_CHECK(read_num(P_TIMEOUT_S, &v));
-  p->timeout_s = v;
-  TNT_CHECK(read_num(P_BUSY_TIMEOUT_S, &v));
-  p->busy_timeout_s = v;
-  TNT_CHECK(read_num(P_SLOT_KB, &v));
-  p->shm_slot_bytes = (int64_t)v * 1024;
-  TNT_CHECK(read_num(P_SLOTS, &v));
-  p->shm_slots = (int)v;
-  TNT_CHECK(read_num(P_CACHE, &v));
-  p->cache_capacity = (int)v;
-  TNT_CHECK(read_num(P_SPIN_US, &v));
-  p->spin_s = v * 1e-6;
-  TNT_CHECK(read_num(P_HIER, &v));
-  p->hierarchical = (int)v;
-  TNT_CHECK(read_num(P_BITS, &v));
-  p->bit_rounds = (int)v;
-  TNT_CHECK(read_num(P_SIMD, &v));
-  p->simd = (int)v;
-  TNT_CHECK(read_num(P_STREAM_KB, &v));
-  p->stream_min_bytes = (int64_t)v * 1024;
-  TNT_CHECK(read_num(P_DIRECT, &v));
-  p->shm_direct = (int)v;
-  TNT_CHECK(read_num(P_MPI_PAIR_SUM, &v));
-  p->mpi_pair_sum = (int)v;
-  TNT_CHECK(read_num(P_NET_SPIN_US, &v));
-  p->net_spin_s = v * 1e-6;
+  for (int i = 0; i < P_COUNT; i++) {
+    TNT_CHECK(read_num(i, &v));
+    const num_param_t *row = &num_params[i];
+    char *at = (char *)p + row->field;
+    if (row->type == AS_INT) *(int *)at = (int)v * (int)row->scale;
+    else if (row->type == AS_INT64) *(int64_t *)at = (int64_t)v * (int64_t)row->scale;
+    else *(double *)at = v * row->scale;
+  }
 
   const char *lvl = getenv("TNT_LOG_LEVEL"); /* the same rule as Python's logging: no silent default */
   if (lvl && *lvl) {
