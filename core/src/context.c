@@ -27,6 +27,7 @@
 #include "context.h"
 #include "setup_interrupt.h"
 #include "transport/host_marks.h"
+#include "transport/job_void.h"
 #include "copy_unaliased.h"
 #include "dtype.h"
 #include "stream_store.h"
@@ -156,7 +157,7 @@ out:
     if (!joining && !tnt_worker_of()) {
       char why[512];
       snprintf(why, sizeof why, "%s", tnt_last_error());
-      tnt_shm_note_failed_start(&c->pl, c->params.timeout_s > 0 ? c->params.timeout_s : 300, why);
+      tnt_job_void_note_failed_start(&c->pl, c->params.timeout_s > 0 ? c->params.timeout_s : 300, why);
     }
     tnt_timeline_close(c->timeline);
     c->timeline = NULL;

@@ -304,7 +304,7 @@ static void engine_job_id(char *out, size_t len) {
 }
 
 /* The job a rank with a bad local placement belongs to (its TNT_RANK, TNT_SIZE and a well-formed
- * TNT_JOB_ID): its failure then leaves the job's mark (tnt_shm_note_failed_start), and the others
+ * TNT_JOB_ID): its failure then leaves the job's mark (tnt_job_void_note_failed_start), and the others
  * fail at once instead of waiting for it until TNT_TIMEOUT_S. */
 static void note_job(tnt_placement_t *pl, long rank, long size) {
   const char *job = getenv("TNT_JOB_ID");

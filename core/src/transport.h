@@ -142,9 +142,6 @@ extern const tnt_transport_t tnt_transport_shm;
  * size; pl->job_id must name this group's segment). */
 tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
                                 const int *global, void **state);
-/* This rank's tnt_init failed before the job was up (`why`): leave the job's void mark (shm.c), so
- * that the ranks waiting for it on this host fail at once, naming it, not at TNT_TIMEOUT_S. */
-void tnt_shm_note_failed_start(const tnt_placement_t *pl, double timeout_s, const char *why);
 /* shm within each host, mpi between hosts (transport/hier.c). */
 extern const tnt_transport_t tnt_transport_hier;
 /* The window that `peer`'s puts land in (differs per peer for tnt_transport_hier). */
