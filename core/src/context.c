@@ -152,8 +152,9 @@ tnt_result_t tnt_init(void) {
 out:
   if (res != TNT_SUCCESS) {
     /* failed before it joined the others (a bad setting of its own): they waited for it until
-     * TNT_TIMEOUT_S. Once in the transport's set-up, its failure reaches them there (a rank marked
-     * failed in the segment, a voided one), or theirs is the same (the settings' check) */
+     * TNT_TIMEOUT_S. Once in the transport's set-up, its failure reaches them there (shm: a rank
+     * marked failed in the segment, or the job's mark for those still to come), or theirs is the
+     * same (the settings' check) */
     if (!joining && !tnt_worker_of()) {
       char why[512];
       snprintf(why, sizeof why, "%s", tnt_last_error());

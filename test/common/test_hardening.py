@@ -256,7 +256,7 @@ def test_a_rank_of_a_build_with_another_shared_memory_layout_fails_with_rank_0_a
         time.sleep(0.01)
     got = outcome(first)
     assert got["error"] == "InvalidUsageError" and "a rank of another build of Tarantella" in got["message"], got
-    assert shm_objects(job) == []
+    assert_void_mark_left(job)  # rank 0's, for this build's ranks still to come
 
 
 EARLY_WORKER = """
@@ -313,25 +313,33 @@ def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank, tmp_path):
 def test_ctrl_c_while_the_ranks_find_each_other_ends_the_wait():
     """Ctrl-C (SIGINT) on a hand-made rank waiting in tnt.init for a rank that never started did nothing
     until TNT_TIMEOUT_S (300 s by default): Python's handler only notes the signal, and the wait is one C
-    call. Now the wait ends at once with KeyboardInterrupt, and the rank that attached learns why."""
+    call. Now the wait ends at once with KeyboardInterrupt, and the rank that attached learns why. A rank
+    of that launch that calls in after it (a long import) found no segment (rank 0 removed its name) and
+    waited for a rank 0 until TNT_TIMEOUT_S: the interrupted rank leaves the job's mark, which names it."""
     job = secrets.token_hex(16)
-    procs = [start(0, 3, job, TNT_TIMEOUT_S=120)]  # rank 2 never starts
+    procs = [start(0, 3, job, TNT_TIMEOUT_S=120)]
     time.sleep(1)
     procs.append(start(1, 3, job, TNT_TIMEOUT_S=120))
+    late = start(2, 3, job, TNT_TIMEOUT_S=120, TNT_TEST_SLEEP_S=6)  # calls in after the Ctrl-C
     time.sleep(2)
     began = time.monotonic()
     procs[0].send_signal(signal.SIGINT)
-    first, second = outcome(procs[0]), outcome(procs[1])
+    first, second, third = outcome(procs[0]), outcome(procs[1]), outcome(late)
     assert time.monotonic() - began < 60  # well inside TNT_TIMEOUT_S
     assert first["error"] == "KeyboardInterrupt", first
     assert second["error"] == "PeerLostError", second
     assert "rank 0 aborted (interrupted (SIGINT, Ctrl-C) while setting up the job" in second["message"], second
-    # a joining rank waiting for rank 0 to make the job's shared memory
-    lone = start(1, 3, secrets.token_hex(16), TNT_TIMEOUT_S=120)
+    assert third["error"] == "PeerLostError", third
+    assert f"rank 2: the job cannot start: rank 0 (pid {procs[0].pid}) failed to start: interrupted (SIGINT, " \
+        "Ctrl-C) while setting up the job" in third["message"], third
+    assert_void_mark_left(job)
+    # a joining rank waiting for rank 0 to make the job's shared memory (its mark: for a rank 0 late to come)
+    lone_job = secrets.token_hex(16)
+    lone = start(1, 3, lone_job, TNT_TIMEOUT_S=120)
     time.sleep(2)
     lone.send_signal(signal.SIGINT)
     assert outcome(lone)["error"] == "KeyboardInterrupt"
-    assert shm_objects(job) == []
+    assert_void_mark_left(lone_job)
 
 
 def test_ctrl_c_on_a_program_with_its_own_handler_leaves_the_set_up_to_it():
@@ -443,4 +451,4 @@ def test_a_rank_whose_set_up_failed_tells_the_others_why():
     assert gave_up["error"] == "TimeoutError" and "ranks [1] to start" in gave_up["message"], gave_up
     assert waited["error"] == "PeerLostError", waited
     assert "rank 2 aborted (rank 2 waited 2 s (TNT_TIMEOUT_S) for ranks [1] to start" in waited["message"], waited
-    assert shm_objects(job) == []
+    assert_void_mark_left(job)  # rank 2's, for rank 1 if it comes later: it fails at once

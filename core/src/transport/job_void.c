@@ -86,16 +86,21 @@ static int read_mark(const char *name, void_mark_t *m) {
   return whole;
 }
 
-void tnt_job_void_note_failed_start(const tnt_placement_t *pl, double timeout_s, const char *why) {
-  if (pl->size < 2 || !pl->job_id[0]) return;
-  char segment[160], text[512], name[200];
-  snprintf(segment, sizeof segment, "/tnt-%s", pl->job_id);
+void tnt_job_void_note_failed_rank(const char *segment, int rank, double timeout_s, const char *why) {
+  char text[512], name[200];
   void_mark_name(segment, name, sizeof name);
   void_mark_t m;
   /* the first reason stands (a rank that failed because of the mark must not replace it) */
   if (read_mark(name, &m) && (double)(wall_us() - m.at_us) / 1e6 < timeout_s) return;
-  snprintf(text, sizeof text, "rank %d (pid %d) failed to start: %s", pl->rank, (int)getpid(), why);
-  tnt_job_void_leave(segment, pl->rank, timeout_s, text);
+  snprintf(text, sizeof text, "rank %d (pid %d) failed to start: %s", rank, (int)getpid(), why);
+  tnt_job_void_leave(segment, rank, timeout_s, text);
+}
+
+void tnt_job_void_note_failed_start(const tnt_placement_t *pl, double timeout_s, const char *why) {
+  if (pl->size < 2 || !pl->job_id[0]) return;
+  char segment[160];
+  snprintf(segment, sizeof segment, "/tnt-%s", pl->job_id);
+  tnt_job_void_note_failed_rank(segment, pl->rank, timeout_s, why);
 }
 
 /* Remove the marks of other jobs of this user that no longer count (older than their job's

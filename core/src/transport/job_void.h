@@ -10,7 +10,10 @@
  *     removed so that nothing large leaks, and the mark stays instead (tnt_job_void_leave);
  *   - a rank whose tnt_init failed before it joined the others (a bad setting of its own, such
  *     as TNT_FUSION_THRESHOLD_KB=abc on one rank): context.c, through
- *     tnt_job_void_note_failed_start, naming that rank.
+ *     tnt_job_void_note_failed_start, naming that rank;
+ *   - a rank whose shm set-up failed (Ctrl-C, TNT_TIMEOUT_S, a peer that died) before every rank
+ *     had attached: shm.c, through tnt_job_void_note_failed_rank. The segment's name goes with
+ *     that failure, so a rank still to come could not see it there.
  *
  * Who reads it: the shm transport's set-up (tnt_job_void_lately), in a rank 0 before it makes
  * the segment and in every rank while it waits for rank 0's segment or for the others to
@@ -41,6 +44,9 @@ void tnt_job_void_leave(const char *segment, int rank, double timeout_s, const c
  * rank, so that the ranks waiting for it on this host fail at once, not at TNT_TIMEOUT_S. The
  * first reason stands: a mark that still counts is kept. No mark for a job of one rank. */
 void tnt_job_void_note_failed_start(const tnt_placement_t *pl, double timeout_s, const char *why);
+/* The same for the job of the shared segment `segment`, whose (job-wide) rank `rank` failed in
+ * its set-up before every rank had attached (shm.c). */
+void tnt_job_void_note_failed_rank(const char *segment, int rank, double timeout_s, const char *why);
 
 /* Remove this user's marks of any job that no longer count (older than their job's
  * TNT_TIMEOUT_S): nothing else ends the mark of a random id, which is never used again. */

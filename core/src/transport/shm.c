@@ -137,6 +137,7 @@ typedef struct {
   char host[64];       /* this host's name, for messages: every peer of this segment is on it */
   tnt_put_copier_t put_copier; /* how puts copy, from what they cost lately (put_copy.h) */
   int setting_up;      /* inside tnt_shm_init_group: its waits look for the job's void mark */
+  int failed_on_mark;  /* the set-up failed on that mark: it is the reason, and stays (tnt_shm_init_group) */
   double setup_timeout_s;
 } shm_t;
 
@@ -144,8 +145,8 @@ typedef struct {
 #define G(s, r) ((s)->global[(r)])
 
 /* The job's void mark (job_void.h), as this segment's rank reads it. */
-static int voided_lately(const shm_t *s, double timeout_s, int remove_stale, tnt_result_t *res) {
-  return tnt_job_void_lately(s->name, G(s, s->pl.rank), s->pl.job_id, timeout_s, remove_stale, res);
+static int voided_lately(shm_t *s, double timeout_s, int remove_stale, tnt_result_t *res) {
+  return s->failed_on_mark = tnt_job_void_lately(s->name, G(s, s->pl.rank), s->pl.job_id, timeout_s, remove_stale, res);
 }
 
 /* Void this segment's job for the ranks that come later (job_void.h): the segment's name goes. */
@@ -709,6 +710,9 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   tnt_result_t res = TNT_SUCCESS;
   s->setting_up = 1;
   s->setup_timeout_s = params->timeout_s;
+  /* 0 for a failure that is not this job's own (a leftover or another job's segment): the
+   * failure path leaves no mark for it (a worker of a rank, a voided job: neither do they) */
+  int own_failure = 1;
 
   /* a worker a rank started before its tnt_init inherited TNT_RANK and TNT_JOB_ID: refuse it
    * before it makes a second job under the same name (ancestry.c) */
@@ -722,8 +726,10 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
     tnt_job_void_sweep_stale();
     s->fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (s->fd < 0) {
-      res = errno == EEXIST ? name_taken(s, errno)
-                            : tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s", s->name, strerror(errno));
+      const int taken = errno == EEXIST; /* another job's, or a leftover: name_taken says which */
+      res = taken ? name_taken(s, errno)
+                  : tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s", s->name, strerror(errno));
+      own_failure = !taken;
       goto fail;
     }
     int err = posix_fallocate(s->fd, 0, (off_t)s->total); /* fail now, not with SIGBUS later */
@@ -752,6 +758,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
                          s->name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)geteuid());
           close(s->fd);
           s->fd = -1; /* not ours: never unlink it */
+          own_failure = 0;
           goto fail;
         }
         int ok = joinable(s, (size_t)st.st_size, &res);
@@ -759,7 +766,10 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
         seen_uninitialized = ok == 0; /* its name is there, its header not (yet): a leftover, if it stays so */
         close(s->fd);
         s->fd = -1; /* rank 0's, not ours: never unlink it */
-        if (ok < 0) goto fail;
+        if (ok < 0) { /* a leftover (rank 0 says so too), or the collision that voids the job */
+          own_failure = 0;
+          goto fail;
+        }
       } else if (errno != ENOENT) {
         res = tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s", s->name, strerror(errno));
         goto fail;
@@ -823,6 +833,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
       s->ranks[pl->rank] = NULL; /* not ours: the failure path must not mark it */
       close(s->fd);
       s->fd = -1;
+      own_failure = 0;
       goto fail;
     }
     if (s->hdr->size != (uint32_t)pl->size || s->hdr->total_bytes != s->total) {
@@ -883,6 +894,16 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
            pl->size, s->ncpu, s->online);
   return TNT_SUCCESS;
 fail:
+  /* The ranks still to come (of this launch, late to call in: a long import) cannot read this
+   * failure in the segment, whose name goes now or was never found: they waited for a rank 0
+   * until TNT_TIMEOUT_S (a rank 0 interrupted with Ctrl-C), or, a rank 0, made a new segment and
+   * waited for this rank. The job's mark names it (job_void.h), before this rank's block says it
+   * failed, so that the mark's reason is this rank's own and not that of a peer that saw it fail.
+   * None where every rank attached (they see it in the segment), for a voided job (its own mark),
+   * a failure on a mark (the first reason stands), a worker of a rank, or another job's segment. */
+  if (own_failure && !s->failed_on_mark && !tnt_worker_of() &&
+      !(s->hdr && (atomic_load(&s->hdr->collided) || atomic_load(&s->hdr->attached.value) >= (uint32_t)pl->size)))
+    tnt_job_void_note_failed_rank(s->name, G(s, pl->rank), s->setup_timeout_s, tnt_last_error());
   if (s->base && s->base != MAP_FAILED && pl->rank < pl->size && s->ranks[pl->rank]) {
     /* why, for the ranks that attached: they read "rank N aborted ()" without the rank it waited for */
     snprintf(s->ranks[pl->rank]->reason, sizeof s->ranks[pl->rank]->reason, "%s", tnt_last_error());
