@@ -158,7 +158,12 @@ out:
     if (!joining && !tnt_worker_of()) {
       char why[512];
       snprintf(why, sizeof why, "%s", tnt_last_error());
-      tnt_job_void_note_failed_start(&c->pl, c->params.timeout_s > 0 ? c->params.timeout_s : 300, why);
+      /* the mark counts for the job's TNT_TIMEOUT_S (a stale one is swept: job_void.h): read on its own
+       * where the rank failed before its settings were read (a bad placement, or a bad setting read
+       * first, such as TNT_FUSION_THRESHOLD_KB); the mark of a rank whose TNT_TIMEOUT_S itself is bad
+       * counts for the default, the one value it can tell */
+      tnt_job_void_note_failed_start(&c->pl, c->params.timeout_s > 0 ? c->params.timeout_s : tnt_params_timeout_s(),
+                                     why);
     }
     tnt_timeline_close(c->timeline);
     c->timeline = NULL;

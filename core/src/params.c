@@ -88,13 +88,22 @@ static const num_param_t num_params[P_COUNT] = {
                        "through it, or through a transfer that moves only while it polls, adds its wake-up"},
 };
 
-/* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */
-static tnt_result_t parse_num(const num_param_t *p, const char *raw, double *out) {
+/* 1 when `raw` is a value of setting p (in *out), else 0. */
+static int parsed(const num_param_t *p, const char *raw, double *out) {
   char *end = NULL;
   errno = 0;
   double v = strtod(raw, &end);
   while (end && (*end == ' ' || *end == '\n')) end++;
   if (errno || end == raw || (end && *end) || !(v >= p->min && v <= p->max) || (p->integer && v != (double)(int64_t)v))
+    return 0;
+  *out = v;
+  return 1;
+}
+
+/* Parse `raw` as setting p; the one rule for the core, tntrun and the bindings. */
+static tnt_result_t parse_num(const num_param_t *p, const char *raw, double *out) {
+  double v;
+  if (!parsed(p, raw, &v))
     return tnt_fail(TNT_ERR_INVALID_ARGUMENT, "environment variable %s must be %s between %.15g and %.15g (%s). Received: %s=%s",
                     p->name, p->integer ? "a whole number" : "a number", p->min, p->max, p->doc, p->name, raw);
   *out = v;
@@ -109,6 +118,13 @@ static tnt_result_t read_num(int which, double *out) {
   TNT_CHECK(parse_num(p, raw, out));
   TNT_INFO("%s set by environment to %s", p->name, raw);
   return TNT_SUCCESS;
+}
+
+double tnt_params_timeout_s(void) {
+  const num_param_t *p = &num_params[P_TIMEOUT_S];
+  const char *raw = getenv(p->name);
+  double v;
+  return raw && *raw && parsed(p, raw, &v) ? v : p->def;
 }
 
 int tnt_param_count(void) { return P_COUNT; }

@@ -33,6 +33,9 @@ typedef struct {
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);
+/* TNT_TIMEOUT_S read on its own, for a rank whose other settings (or placement) failed before
+ * tnt_params_read got to it: its default where it is unset or itself bad. Sets no error. */
+double tnt_params_timeout_s(void);
 tnt_result_t tnt_placement_read(tnt_placement_t *pl);
 /* How long a waiter may spin before it sleeps: params->spin_s when every local
  * rank has two cores of its own (its application thread and the background

@@ -410,17 +410,23 @@ def test_a_rank_started_again_after_it_failed_to_start_lifts_its_mark():
 
 def test_a_mark_that_no_longer_counts_is_swept_by_the_next_job():
     """A failed start's mark counts for its job's TNT_TIMEOUT_S; a random id is never used again, so
-    marks of failed hand-made jobs gathered in /dev/shm for good. The next job's rank 0 sweeps them."""
-    stale, fresh, job = (secrets.token_hex(16) for _ in range(3))
-    for mark_job, timeout in ((stale, 1), (fresh, 600)):  # a failure once the settings are read (their timeout)
-        got = outcome(start(1, 2, mark_job, TNT_TIMEOUT_S=timeout, TNT_TIMELINE="/nonexistent/timeline.json"))
-        assert got["error"] is not None and "TNT_TIMELINE" in got["message"], got
+    marks of failed hand-made jobs gathered in /dev/shm for good. The next job's rank 0 sweeps them.
+    The mark of a rank that failed before it read TNT_TIMEOUT_S (on a setting read before it) counted
+    300 s, the default, whatever the job's TNT_TIMEOUT_S: it read that one on its own since."""
+    stale, early, fresh, job = (secrets.token_hex(16) for _ in range(4))
+    # a failure once the settings are read (their timeout), and one before TNT_TIMEOUT_S is read
+    for mark_job, timeout, bad in ((stale, 1, {"TNT_TIMELINE": "/nonexistent/timeline.json"}),
+                                   (early, 1, {"TNT_FUSION_THRESHOLD_KB": "abc"}),
+                                   (fresh, 600, {"TNT_TIMELINE": "/nonexistent/timeline.json"})):
+        got = outcome(start(1, 2, mark_job, TNT_TIMEOUT_S=timeout, **bad))
+        assert got["error"] is not None and next(iter(bad)) in got["message"], got
         assert shm_objects(mark_job) == [f"tnt-{mark_job}-void"]
     time.sleep(1.5)
     try:
         results = [outcome(p) for p in [start(r, 2, job) for r in range(2)]]
         assert all(r.get("error") is None for r in results), results
         assert shm_objects(stale) == []  # older than its 1 s: swept
+        assert shm_objects(early) == []
     finally:
         assert_void_mark_left(fresh)  # still counts: kept
 
