@@ -262,6 +262,41 @@ def test_ranks_of_one_host_that_take_different_transports_fail_at_once(cache):
     assert not glob.glob("/dev/shm/tnt-engine-*-marks-*"), glob.glob("/dev/shm/tnt-engine-*-marks-*")
 
 
+@needs_mpi
+def test_transport_marks_left_by_a_killed_job_do_not_fail_its_relaunch(cache):
+    # a hand-made job killed (SIGKILL) during its set-up leaves its host's transport marks,
+    # /dev/shm/tnt-<id>-marks-<host>: its relaunch with the same TNT_JOB_ID and another transport
+    # failed on rank 0 at once, "the ranks of this host took different transports: rank 0 (pid N)
+    # mpi ..., rank 1 (pid <the killed one>) shm". A slot whose writer is gone and that was written
+    # before the reader started is a leftover: the relaunch runs, and removes the marks
+    job = f"relaunch-{secrets.token_hex(6)}"
+    killed = subprocess.Popen([sys.executable, "-c", "import tarantella as tnt; tnt.init()"],
+                              env=clean_env(TNT_RANK=1, TNT_SIZE=2, TNT_LOCAL_RANK=1, TNT_LOCAL_SIZE=2, TNT_JOB_ID=job,
+                                            TNT_TRANSPORT="shm", TNT_TIMEOUT_S=60),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not glob.glob(f"/dev/shm/tnt-{job}-marks-*") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # its mark is written: it waits for rank 0's segment
+    finally:
+        killed.kill()
+        killed.communicate()
+    try:
+        assert glob.glob(f"/dev/shm/tnt-{job}-marks-*"), "the killed rank left its marks"
+        env = mpi_env(cache, TNT_TIMEOUT_S=60, TNT_JOB_ID=job)
+        # rank 1 comes 2 s late, so that rank 0 reads the leftover's slot 1 before it is rewritten
+        res = subprocess.run([MPIRUN, "--bind-to", "none", "--enable-recovery", "-np", "1", sys.executable, "-c",
+                              MIXED, "0", ":", "-np", "1", sys.executable, "-c", MIXED, "2"],
+                             env=env, capture_output=True, text=True, timeout=240)
+        said = sorted(json_lines(res.stdout), key=lambda x: x["rank"])
+        assert said == [{"rank": 0, "error": None}, {"rank": 1, "error": None}], res.stdout[-3000:] + res.stderr[-3000:]
+        assert not glob.glob(f"/dev/shm/tnt-{job}-marks-*")  # the relaunch removed them
+    finally:
+        for path in glob.glob(f"/dev/shm/tnt-{job}*"):
+            os.unlink(path)
+
+
 # ---- the plugin's error paths: one process, before any peer is contacted ----
 
 INIT = textwrap.dedent("""

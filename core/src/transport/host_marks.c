@@ -2,19 +2,26 @@
 #define _GNU_SOURCE
 #include "host_marks.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+#include "process_state.h"
 
 typedef struct {
   _Atomic int32_t pid; /* written last: the slot is whole once it is set */
   int32_t rank;
   char setting[16];
   char transport[24];
+  uint64_t started; /* the writer's start (tnt_proc_stat_starttime; 0: unknown): with pid, that process */
+  int64_t at_ns;    /* when the slot was written, on CLOCK_BOOTTIME (the clock of the processes' starts) */
 } mark_t;
 
 /* the marks of the set-up in progress (tnt_init holds its lock throughout) */
@@ -22,17 +29,38 @@ static struct {
   mark_t *slots;
   int count, me;
   size_t bytes;
+  int64_t started_ns; /* when this process started, on CLOCK_BOOTTIME (0: unknown) */
   char name[192]; /* "/tnt-" + a job id of up to 100 characters + "-marks-" + a host name of up to 64 */
 } cur;
+
+static int64_t boottime_ns(void) {
+  struct timespec ts;
+  return clock_gettime(CLOCK_BOOTTIME, &ts) == 0 ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : 0;
+}
+
+/* Whether the slot of `pid` counts. While its writer lives (that pid, started when the slot says:
+ * a pid used again is another process), it does; once it is gone, only if it was written after
+ * this process started: a rank of this launch that failed and exited (its mark is why it
+ * failed). A slot written before by a process gone since is a leftover: a job of this id killed
+ * during its set-up (SIGKILL; an MPI rank that ended itself in MPI_Init) never removed the name,
+ * and a hand-made relaunch of the id with another transport failed on it, naming a dead pid. A
+ * start rounded down to the clock's tick errs toward counting. */
+static int slot_counts(const mark_t *m, int32_t pid) {
+  if (!cur.started_ns || !m->started || m->at_ns >= cur.started_ns) return 1;
+  char buf[512];
+  errno = 0;
+  const char *fields = tnt_proc_stat_fields(pid, buf, sizeof buf);
+  if (!fields) return errno != ENOENT; /* gone, or (unreadable) as before */
+  if (fields[0] == ' ' && (fields[1] == 'Z' || fields[1] == 'X')) return 0; /* exited, not yet reaped */
+  return tnt_proc_stat_starttime(fields) == m->started;
+}
 
 static tnt_result_t check(void) {
   const mark_t *mine = &cur.slots[cur.me];
   for (int i = 0; i < cur.count; i++) {
     const mark_t *m = &cur.slots[i];
     int32_t pid = atomic_load(&m->pid);
-    /* a rank that has failed and exited still counts: the mark is why it failed (the job id
-     * in the name is this job's, so the segment is no older job's) */
-    if (i == cur.me || !pid) continue;
+    if (i == cur.me || !pid || !slot_counts(m, pid)) continue;
     if (strncmp(m->transport, mine->transport, sizeof m->transport))
       return tnt_fail(TNT_ERR_INVALID_USAGE,
                       "the ranks of this host took different transports: rank %d (pid %d) %s (TNT_TRANSPORT=%s), "
@@ -68,10 +96,20 @@ tnt_result_t tnt_host_marks_begin(const tnt_placement_t *pl, const char *setting
   cur.slots = base;
   cur.count = pl->local_size;
   cur.me = pl->local_rank;
+  char buf[512];
+  const char *fields = tnt_proc_stat_fields(getpid(), buf, sizeof buf);
+  const unsigned long long started = fields ? tnt_proc_stat_starttime(fields) : 0;
+  const long hz = sysconf(_SC_CLK_TCK);
+  cur.started_ns = started && hz > 0 ? (int64_t)(started / (unsigned long long)hz) * 1000000000 +
+                                           (int64_t)(started % (unsigned long long)hz) * 1000000000 / hz
+                                     : 0;
   mark_t *mine = &cur.slots[cur.me];
+  atomic_store(&mine->pid, 0); /* a leftover's slot of this local rank: not whole while it is rewritten */
   mine->rank = pl->rank;
   snprintf(mine->setting, sizeof mine->setting, "%s", setting);
   snprintf(mine->transport, sizeof mine->transport, "%s", transport);
+  mine->started = started;
+  mine->at_ns = boottime_ns();
   atomic_store(&mine->pid, (int32_t)getpid());
   return check();
 }

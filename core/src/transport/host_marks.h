@@ -8,7 +8,10 @@
  * writes its choice into a small segment of this host, /dev/shm/tnt-<job id>-marks-<host>, and
  * fails at once when another rank's differs, naming both; the shm transport checks it again
  * while it waits for its peers (tnt_host_marks_poll), so whichever rank comes first, the one
- * that waits fails too. The segment is removed when the set-up ends, well or not. */
+ * that waits fails too. The segment is removed when the set-up ends, well or not. A rank killed
+ * in its set-up leaves it: a slot whose writer is gone counts only if it was written after the
+ * reader started (a rank of its launch that failed and exited), so that a relaunch of the id
+ * with another transport is not failed by a leftover's dead pid, and the relaunch removes it. */
 #ifndef TNT_HOST_MARKS_H
 #define TNT_HOST_MARKS_H
 

@@ -38,12 +38,9 @@ static void void_mark_name(const char *segment, char *out, size_t len) { snprint
  * ticks since boot, and CLOCK_BOOTTIME); 0 when it cannot be told. */
 static int64_t process_started_wall_us(void) {
   char buf[1024];
-  const char *p = tnt_proc_stat_fields(getpid(), buf, sizeof buf);
-  if (!p) return 0;
-  /* from the space before field 3 (state), each one up to that before field 22 (starttime) */
-  for (int field = 4; field <= 22 && p; field++) p = strchr(p + 1, ' ');
-  if (!p) return 0;
-  const unsigned long long ticks = strtoull(p + 1, NULL, 10);
+  const char *fields = tnt_proc_stat_fields(getpid(), buf, sizeof buf);
+  const unsigned long long ticks = fields ? tnt_proc_stat_starttime(fields) : 0;
+  if (!ticks) return 0;
   const long hz = sysconf(_SC_CLK_TCK);
   struct timespec boot;
   if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0) return 0;

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -29,6 +30,16 @@ static inline const char *tnt_proc_stat_fields(pid_t pid, char *buf, size_t len)
   buf[n] = 0;
   const char *paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
   return paren ? paren + 1 : NULL;
+}
+
+/* The start of a process in clock ticks since boot (field 22 of /proc/<pid>/stat), from the
+ * fields tnt_proc_stat_fields read; 0 when they hold none. With the pid, it names one process:
+ * a pid used again later comes with a later start. */
+static inline unsigned long long tnt_proc_stat_starttime(const char *fields) {
+  const char *p = fields;
+  /* from the space before field 3 (state), each one up to that before field 22 (starttime) */
+  for (int field = 4; field <= 22 && p; field++) p = strchr(p + 1, ' ');
+  return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
 /* The scheduler state letter of a process ('R', 'S', 'T' stopped, 'Z' zombie...),
