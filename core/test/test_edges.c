@@ -2,8 +2,9 @@
  * broken: one handle shared by threads, a handle slot reused 2^31 and 2^32
  * times, shutdown under a waiter, the timeouts of tnt_wait, fork() after
  * tnt_init and before it, a rank that leaves as soon as its part of a broadcast is done,
- * ranks that diverge while the negotiation is in bit rounds, and ranks that
- * pass arrays of other shapes but as many elements.
+ * ranks that diverge while the negotiation is in bit rounds, ranks that
+ * pass arrays of other shapes but as many elements, and the transport marks
+ * that a set-up killed midway leaves.
  * The comment above each case states the behaviour it expects and the defect
  * it was written against.
  *
@@ -32,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -40,6 +42,7 @@
 #include "context.h"
 #include "ranks.h"
 #include "tarantella.h"
+#include "transport/host_marks.h"
 
 #define WATCHDOG_S 60       /* a rank not finished by then hangs (cases take seconds) */
 #define CHILD_WATCHDOG_S 20 /* a forked child that makes one call and exits */
@@ -861,6 +864,79 @@ static int shapes_that_differ_rank(int r) {
   return failed;
 }
 
+/* ---- g. the set-up's leftovers ---- */
+
+/* A process of its own, started now, marks `transport` as local rank `local` of `job`
+ * (host_marks.h) and ends without removing the marks, as a rank killed during its set-up does:
+ * its exit status (0: the marks' check passed, 3: it failed). With `marked` (a pipe), it stays in
+ * its "set-up" instead, having written a byte there once its slot is whole: its pid (0 on error). */
+static int marking_process(const char *job, int local, const char *transport, int marked) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(CHILD_WATCHDOG_S);
+    tnt_placement_t pl;
+    memset(&pl, 0, sizeof pl);
+    pl.rank = pl.local_rank = local;
+    pl.size = pl.local_size = 2;
+    snprintf(pl.job_id, sizeof pl.job_id, "%s", job);
+    tnt_result_t res = tnt_host_marks_begin(&pl, transport, transport);
+    if (marked >= 0) {
+      if (write(marked, "m", 1) != 1) _exit(4);
+      pause();
+    }
+    _exit(res == TNT_SUCCESS ? 0 : 3); /* no tnt_host_marks_end: the name stays */
+  }
+  if (marked >= 0) return pid > 0 ? pid : 0;
+  int st = 0;
+  return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* leftover_host_marks (one process; the marks of transport/host_marks.c): a job killed during its
+ * set-up leaves /dev/shm/tnt-<id>-marks-<host>, whose slots name processes that are gone. Its
+ * relaunch with the same id and another transport failed at once on them ("the ranks of this host
+ * took different transports: ... rank 1 (pid <dead>) mpi"). Expected: a slot whose writer is gone
+ * and that was written before the checking process started does not count; one written after it
+ * started (a rank of its own launch that failed and exited: its mark is why) does, and so does the
+ * slot of a writer that lives (a job that still runs), whenever it was written. */
+static int leftover_host_marks_rank(int r) {
+  int failed = 0;
+  char job[64], name[128], host[64] = "host";
+  snprintf(job, sizeof job, "edges-marks-%d", (int)getpid());
+  if (gethostname(host, sizeof host - 1) != 0 || strchr(host, '/')) snprintf(host, sizeof host, "host");
+  snprintf(name, sizeof name, "/tnt-%s-marks-%s", job, host);
+  CHECK(marking_process(job, 1, "mpi", -1) == 0);
+  /* this process started before the writer marked: the dead writer's slot is of its own launch */
+  tnt_placement_t pl;
+  memset(&pl, 0, sizeof pl);
+  pl.size = pl.local_size = 2;
+  snprintf(pl.job_id, sizeof pl.job_id, "%s", job);
+  EXPECT(tnt_host_marks_begin(&pl, "shm", "shm") == TNT_ERR_INVALID_USAGE, "a failed rank of this launch");
+  EXPECT(strstr(tnt_last_error(), "took different transports"), "%s", tnt_last_error());
+  tnt_host_marks_end(); /* removes the name, as a failed set-up does */
+  CHECK(marking_process(job, 1, "mpi", -1) == 0);
+  /* a process started after the mark (a relaunch). Process starts are read in clock ticks (10 ms),
+   * rounded down, which errs toward counting the slot: the relaunch starts a tick or more later */
+  usleep(100 * 1000);
+  EXPECT(marking_process(job, 0, "shm", -1) == 0, "a relaunch failed on a dead writer's leftover slot");
+  /* the writer lives on (a job of this id still setting up): its slot counts for a relaunch too */
+  shm_unlink(name);
+  int marked[2];
+  CHECK(pipe(marked) == 0);
+  pid_t writer = marking_process(job, 1, "mpi", marked[1]);
+  char b;
+  CHECK(writer > 0 && read(marked[0], &b, 1) == 1);
+  usleep(100 * 1000); /* a tick or more later, as above: only its life makes it count */
+  EXPECT(marking_process(job, 0, "shm", -1) == 3, "a live job's slot was ignored");
+  kill(writer, SIGKILL);
+  int st;
+  waitpid(writer, &st, 0);
+  close(marked[0]);
+  close(marked[1]);
+  shm_unlink(name);
+  return failed;
+}
+
 /* ---- the driver ---- */
 
 typedef struct {
@@ -887,6 +963,7 @@ static const edge_case_t cases[] = {
      .env = {"TNT_SHM_SLOTS=64", "TNT_SHM_SLOT_KB=64"}},
     {.name = "diverged_in_a_bit_round", .nranks = 2, .rank_main = diverged_rank},
     {.name = "shapes_that_differ", .nranks = 2, .rank_main = shapes_that_differ_rank},
+    {.name = "leftover_host_marks", .nranks = 1, .rank_main = leftover_host_marks_rank},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };
 

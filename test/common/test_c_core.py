@@ -252,3 +252,8 @@ def test_edges_diverged_in_a_bit_round(builds, kind):
 @pytest.mark.parametrize("kind", BUILDS)
 def test_edges_shapes_that_differ(builds, kind):
     edge_case(builds, kind, "shapes_that_differ")
+
+
+@pytest.mark.parametrize("kind", BUILDS)
+def test_edges_leftover_host_marks(builds, kind):
+    edge_case(builds, kind, "leftover_host_marks")
