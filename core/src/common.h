@@ -4,6 +4,7 @@
 #define TNT_COMMON_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -50,11 +51,31 @@ void tnt_set_last_error(const char *message, int peer);
     }                                                                        \
   } while (0)
 
-/* Monotonic clock in seconds. */
+/* The monotonic clock, less the time this process was stopped (pause.c). */
+extern _Atomic int64_t tnt_pause_offset_ns; /* the time stopped, counted so far */
+extern _Atomic int64_t tnt_clock_seen_ns;   /* the latest reading of the clock, by any thread */
+#define TNT_CLOCK_GRAIN_NS 10000000LL        /* how often tnt_clock_seen_ns is brought up to date */
+double tnt_now_slow(int64_t raw_ns);
+
+/* Monotonic clock in seconds, for deadlines: the time this process was stopped
+ * (SIGSTOP, Ctrl+Z) and continued does not count (pause.c). Values of tnt_now
+ * stay in this process: another process's deadlines are not on its clock. */
 static inline double tnt_now(void) {
+  const int64_t off = atomic_load(&tnt_pause_offset_ns);
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  const int64_t raw = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+  if (raw - atomic_load(&tnt_clock_seen_ns) <= TNT_CLOCK_GRAIN_NS && atomic_load(&tnt_pause_offset_ns) == off)
+    return (double)(raw - off) * 1e-9;
+  return tnt_now_slow(raw);
+}
+
+/* A tnt_now() time as an absolute CLOCK_MONOTONIC timespec (a condition variable's
+ * timed wait): the pauses counted so far added back. */
+static inline struct timespec tnt_deadline_timespec(double t) {
+  const double raw = t + (double)atomic_load(&tnt_pause_offset_ns) * 1e-9;
+  struct timespec ts = {(time_t)raw, (long)((raw - (double)(time_t)raw) * 1e9)};
+  return ts;
 }
 
 /* A condition variable whose timed waits count on tnt_now()'s clock: deadlines
@@ -80,7 +101,8 @@ static inline struct timespec tnt_timespec(double seconds) {
   return ts;
 }
 
-/* Microseconds since the epoch of the process (for timelines). */
+/* Microseconds of the monotonic clock, pauses included (timelines, and times that
+ * other processes of the host compare with theirs). */
 static inline int64_t tnt_now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "context.h"
+#include "pause.h"
 #include "setup_interrupt.h"
 #include "transport/host_marks.h"
 #include "transport/job_void.h"
@@ -123,6 +124,9 @@ tnt_result_t tnt_init(void) {
   if ((res = tnt_timeline_open(&c->timeline, c->params.timeline, c->pl.rank, c->pl.size)) != TNT_SUCCESS) goto out;
   tnt_requests_init(&c->requests, c->pl.size);
   if (c->pl.size > 1) {
+    /* ranks stopped together and continued (Ctrl+Z through tntrun, kill -STOP/-CONT) do
+     * not fail their waits for the time they were stopped (pause.c) */
+    tnt_pause_arm();
     tnt_setup_interrupt_arm(); /* Ctrl-C ends the waits for the other ranks (setup_interrupt.h) */
     /* the ranks of this host must take one transport (host_marks.h): checked before the
      * set-up, where each would wait for the others until TNT_TIMEOUT_S */
@@ -380,8 +384,8 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
    * the caller's own (the core still fails a stalled request after TNT_TIMEOUT_S) */
   const int bounded = timeout_s >= 0 && timeout_s < 1e9;
   const double deadline = bounded ? tnt_now() + timeout_s : INFINITY;
-  /* the deadline on the done condition's clock, CLOCK_MONOTONIC, which is tnt_now's */
-  const struct timespec until = bounded ? tnt_timespec(deadline) : (struct timespec){0, 0};
+  /* the deadline on the done condition's clock, CLOCK_MONOTONIC (tnt_now's, less the pauses) */
+  struct timespec until = bounded ? tnt_deadline_timespec(deadline) : (struct timespec){0, 0};
   tnt_handle_slot_t *h = tnt_requests_get(&c->requests, handle);
   if (!h) return bad_handle(handle);
   /* Drive the engine ourselves while nobody else does: a blocking collective
@@ -427,6 +431,10 @@ static tnt_result_t wait_in(tnt_handle_t handle, double timeout_s) {
   while (h && !h->done) {
     int err = tnt_requests_wait_completion(&c->requests, bounded ? &until : NULL);
     h = tnt_requests_get(&c->requests, handle); /* the table may have been reallocated, the handle released */
+    if (h && err == ETIMEDOUT && !h->done && tnt_now() <= deadline) {
+      until = tnt_deadline_timespec(deadline); /* the process was stopped meanwhile: that did not count */
+      continue;
+    }
     if (h && err == ETIMEDOUT && !h->done)
       return tnt_fail(TNT_ERR_TIMEOUT, "tnt_wait gave up after %.3g s; the request '%s' is still pending", timeout_s,
                       h->req ? h->req->name : "?");

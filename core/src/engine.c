@@ -92,7 +92,7 @@ static uint64_t wakes_now(tnt_engine_t *c) {
  * stop's own wake-up ends the sleep once, and the thread does not spin on the
  * lock while a driving thread finishes its step. */
 static void sleep_until_woken(tnt_engine_t *c, uint64_t seen, double until) {
-  const struct timespec ts = tnt_timespec(until); /* tnt_now's clock is the condition's */
+  const struct timespec ts = tnt_deadline_timespec(until); /* the condition's clock, CLOCK_MONOTONIC */
   pthread_mutex_lock(&c->queue_mu);
   while (c->wakes == seen && tnt_now() < until)
     if (pthread_cond_timedwait(&c->woken, &c->queue_mu, &ts) == ETIMEDOUT) break;

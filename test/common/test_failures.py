@@ -4,9 +4,11 @@ non-zero; nothing is left in /dev/shm."""
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -70,6 +72,56 @@ def test_hung_rank_times_out_on_every_other_rank():
     # the frozen rank is named, with what its process is doing, not a healthy one
     assert lines[0]["peer"] == 1 and "rank 1" in lines[0]["message"] and "stopped" in lines[0]["message"], lines
     assert TIMEOUT_S * 0.5 <= lines[0]["seconds"] <= TIMEOUT_S * 2, lines
+    assert shm_objects(job) == []
+
+
+# rank 1 computes (waits for the test's go file) while rank 0 waits for it in a collective
+PAUSED_RANK = """
+import os, sys, time
+import numpy as np
+import tarantella as tnt
+
+x = np.ones(4, np.float32)
+tnt.allreduce(x, name="warm-up")
+print("UP", os.getpid(), flush=True)
+if tnt.get_rank() == 1:
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.02)
+print("DONE", tnt.allreduce(x, name="across-the-pause").tolist(), flush=True)
+"""
+
+
+def test_ranks_stopped_together_go_on_when_continued_after_the_timeout(tmp_path):
+    # every rank stopped by hand (kill -STOP) for twice TNT_TIMEOUT_S, then continued: the core's
+    # waits counted the pause, and rank 0, which waited for rank 1 (computing when stopped),
+    # failed once continued ("rank 1 ... is alive but did not answer", or "is stopped" for a rank
+    # continued a moment later). A rank stopped alone still fails the others at the timeout
+    # (test_hung_rank_times_out_on_every_other_rank)
+    script, go = tmp_path / "paused.py", tmp_path / "go"
+    script.write_text(PAUSED_RANK)
+    job = secrets.token_hex(16)
+    procs = [subprocess.Popen([sys.executable, str(script), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=2,
+                                                       TNT_JOB_ID=job, TNT_TIMEOUT_S=3))
+             for r in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().startswith("UP")
+        time.sleep(0.5)  # rank 0 waits in 'across-the-pause'
+        for p in procs:
+            os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(6)
+        for p in procs:
+            os.kill(p.pid, signal.SIGCONT)
+        go.touch()
+        results = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0 and "DONE [2.0, 2.0, 2.0, 2.0]" in out, err[-3000:]
     assert shm_objects(job) == []
 
 

@@ -1064,7 +1064,9 @@ static void shm_wait_doorbell(void *st, uint64_t done, double deadline) {
     struct timespec ts = tnt_timespec(deadline - now < 1.0 ? deadline - now : 1.0);
     /* published before the last look at cycle_wanted: a peer that asks for a
      * cycle after it rings this bell (pay_bells), one that asked before is seen */
-    atomic_store(&s->ranks[s->pl.rank]->nap_until_us, deadline < 1e12 ? (int64_t)(deadline * 1e6) : INT64_MAX);
+    /* on the peers' clock (tnt_now_us: the monotonic one), not on this process's tnt_now, less its pauses */
+    atomic_store(&s->ranks[s->pl.rank]->nap_until_us,
+                 deadline < 1e12 ? (int64_t)(deadline * 1e6) + atomic_load(&tnt_pause_offset_ns) / 1000 : INT64_MAX);
     atomic_fetch_add(&bell->waiters, 1);
     if (atomic_load(&bell->value) == b && atomic_load(&s->hdr->cycle_wanted) <= done) futex(&bell->value, FUTEX_WAIT, b, &ts);
     atomic_fetch_sub(&bell->waiters, 1);
