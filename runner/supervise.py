@@ -17,7 +17,11 @@ How the job ends:
 - SIGINT/SIGTERM/SIGHUP/SIGQUIT to tntrun stops every process the same way (a second one
   kills at once) and the exit code is 128 + that signal;
 - SIGUSR1/SIGUSR2 to tntrun are passed on to every rank (or to the engine, which passes
-  them on to its ranks), and the job goes on.
+  them on to its ranks), and the job goes on;
+- SIGTSTP (Ctrl+Z) stops every rank's process group (SIGSTOP), then tntrun itself, as the
+  shell expects of a job; once tntrun is continued (fg, bg, SIGCONT) so are the ranks. The
+  core does not count the pause against TNT_TIMEOUT_S. Across hosts tntrun cannot stop the
+  ranks: it says so and goes on (the job too).
 
 Each process runs in its own session (so its process group holds everything it starts,
 and Ctrl+C in a terminal reaches only tntrun, which then stops the ranks in order). One
@@ -53,6 +57,9 @@ GRACE_S = 3.0  # between a stop signal and SIGKILL, for a stopped process to end
 # passed on to the job, which goes on (see Supervisor._forward): by default they would end
 # tntrun as SIGQUIT would
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# Ctrl+Z and the continuation (fg, bg, kill -CONT): the whole job pauses and goes on
+# (Supervisor._pause, _resume); by default Ctrl+Z stopped tntrun alone
+PAUSE_SIGNALS = (signal.SIGTSTP, signal.SIGCONT)
 
 
 @dataclasses.dataclass
@@ -378,6 +385,42 @@ class Supervisor:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def _pause(self, signum, frame):
+        """Ctrl+Z: the job pauses, as a job of the shell does. The ranks run in sessions of
+        their own, where the terminal's SIGTSTP does not reach them: each running rank's
+        process group (the rank and what it started) gets SIGSTOP, then tntrun stops itself
+        with SIGTSTP's default action, so that the shell sees the job stopped. When tntrun
+        goes on (fg, bg, kill -CONT), so do the ranks. Before, tntrun alone stopped: the ranks
+        went on, their output unread, and failed once a pipe filled."""
+        if any(spec.rank is None for spec in self.specs):
+            # mpirun, srun, gaspi_run: tntrun cannot reach the ranks on the other hosts, and a
+            # stopped tntrun would leave the engine's output unread until the ranks block on it
+            print("tntrun: Ctrl+Z (SIGTSTP) does not pause a job across hosts: it goes on, and so does "
+                  "tntrun (Ctrl+C stops it)", file=sys.stderr, flush=True)
+            return
+        if self._stopped_at is not None:
+            return  # the job is being ended: its ranks get no SIGSTOP, which only SIGKILL would end
+        paused = [i for i, proc in enumerate(self._procs) if proc.returncode is None]
+        for i in paused:
+            self._signal_group(i, signal.SIGSTOP)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            # stops this process here; returns once it is continued (at once where the kernel
+            # discards the signal: a process group without a shell to continue it)
+            os.kill(os.getpid(), signal.SIGTSTP)
+        finally:
+            signal.signal(signal.SIGTSTP, previous)
+            self._resume(signal.SIGCONT, None)
+
+    def _resume(self, signum, frame):
+        """SIGCONT to tntrun (the shell's fg or bg, kill -CONT): every rank's process group
+        goes on, those that Ctrl+Z stopped and those stopped by hand alike."""
+        for i, proc in enumerate(list(self._procs)):
+            if proc.returncode is None:  # reaped: its pid may be another process's now
+                self._signal_group(i, signal.SIGCONT)
+
     def stall_after(self, reason, seconds):
         """Stop the job if it has not ended `seconds` from now (any thread): across hosts a
         rank reported its failure, and the engine must end the job, but may not (mpirun
@@ -390,13 +433,14 @@ class Supervisor:
         started_at = time.time()
         previous = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS + FORWARDED_SIGNALS:
+            for sig in STOP_SIGNALS + FORWARDED_SIGNALS + PAUSE_SIGNALS:
                 if signal.getsignal(sig) == signal.SIG_IGN:
                     # ignored by whoever started tntrun (`nohup tntrun ...` for SIGHUP, a
                     # shell's background job for SIGINT and SIGQUIT): that holds for the job,
                     # as for any program; the ranks inherit it
                     continue
-                handler = self._on_signal if sig in STOP_SIGNALS else self._forward
+                handler = (self._on_signal if sig in STOP_SIGNALS else self._forward if sig in FORWARDED_SIGNALS
+                           else self._pause if sig == signal.SIGTSTP else self._resume)
                 previous[sig] = signal.signal(sig, handler)
         results = []
         job = JobResult(results=results, started_at=started_at)

@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from tntrun_helpers import import_runner, run_tntrun, runner_env, start_tntrun
+from tntrun_helpers import fake_bin, import_runner, run_tntrun, runner_env, start_tntrun
 
 RANK = """
 job = os.environ["TNT_JOB_ID"]
@@ -125,6 +125,83 @@ def test_sigusr_is_passed_on_to_every_rank_and_nohup_is_kept(script, nohup):
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
         assert sorted(re.findall(r"GOT USR1 (\d)", out)) == ["0", "1"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _until_stopped(pids, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_state(pid) != "T" for pid in pids):
+        time.sleep(0.05)
+    return {pid: _state(pid) for pid in pids}
+
+
+def test_ctrl_z_pauses_every_rank_and_fg_resumes_the_job(script, tmp_path):
+    # Ctrl+Z (SIGTSTP) stopped tntrun alone: the ranks, in sessions of their own, went on with
+    # their output unread. Now every rank stops, then tntrun; SIGCONT to tntrun (fg, bg)
+    # continues them, and the job goes on although it was paused for longer than
+    # TNT_TIMEOUT_S: rank 0, waiting for rank 1 (computing: it waits for the go file) when
+    # both stopped, does not count the pause (the core's waits, pause.c)
+    go = tmp_path / "go"
+    path = script(f"""
+        import numpy as np
+        import tarantella as tnt
+        x = np.ones(4, np.float32)
+        tnt.allreduce(x, name="warm-up")
+        print("UP", os.environ["TNT_JOB_ID"], os.getpid(), flush=True)
+        if tnt.get_rank() == 1:
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.02)
+        print("DONE", tnt.get_rank(), tnt.allreduce(x, name="across-the-pause").tolist(), flush=True)
+    """)
+    # a process group of its own, whose parent (this test) is in another group of the session,
+    # as a shell's job: the kernel discards SIGTSTP's stop in an orphaned process group
+    proc = start_tntrun(["-n", "2", "--output-on-all-devices", "--", path], env=runner_env(TNT_TIMEOUT_S="3"),
+                        process_group=0)
+    try:
+        job, pids = _wait_up(proc, 2)
+        time.sleep(0.5)  # rank 0 waits in 'across-the-pause'
+        proc.send_signal(signal.SIGTSTP)
+        states = _until_stopped([proc.pid] + pids)
+        assert set(states.values()) == {"T"}, states
+        time.sleep(6)  # twice TNT_TIMEOUT_S
+        assert {_state(pid) for pid in [proc.pid] + pids} == {"T"}
+        proc.send_signal(signal.SIGCONT)
+        go.touch()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-3000:]
+        assert sorted(re.findall(r"DONE (\d) \[2.0, 2.0, 2.0, 2.0\]", out)) == ["0", "1"], out
+        assert glob.glob(f"/dev/shm/tnt-{job}*") == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_ctrl_z_across_hosts_leaves_the_job_and_tntrun_running(tmp_path):
+    # tntrun cannot stop the ranks on other hosts: stopped alone, it left the engine's output
+    # unread until the ranks blocked on it. It says so and goes on.
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1\nnode2\n")
+    engine = 'case "$1" in --version) echo "mpirun (Open MPI) 4.1.4";; *) echo ENGINE UP; exec sleep 60;; esac'
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=engine) + os.pathsep + os.environ["PATH"])
+    proc = start_tntrun(["--hostfile", str(hosts), "--transport", "mpi", "--", "t.py"], env=env, process_group=0)
+    try:
+        assert "ENGINE UP" in proc.stdout.readline()
+        proc.send_signal(signal.SIGTSTP)
+        time.sleep(1.0)
+        assert _state(proc.pid) != "T"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGINT, err
+        assert "Ctrl+Z (SIGTSTP) does not pause a job across hosts" in err, err
     finally:
         if proc.poll() is None:
             proc.kill()
