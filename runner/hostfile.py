@@ -1,6 +1,9 @@
 """Host lists: a hostfile (`host`, `host slots=N` or `host:N` per line; `#` comments and
 blank lines allowed) or -H h1:2,h2:2. Duplicates and empty lists are errors that name the line."""
 import re
+import socket
+import threading
+import time
 
 from tarantella.runner.environment import UsageError
 
@@ -61,3 +64,71 @@ def of_args(args):
     if args.hostfile:
         return parse_hostfile(args.hostfile)
     return parse_hosts(args.hosts) if args.hosts else None
+
+
+RESOLVE_S = 2.0  # the longest wait for the host names' addresses (a slow DNS is not waited for)
+
+
+def _addresses(hosts, timeout_s, workers=32):
+    """{host: set of its addresses} for the names that resolve within `timeout_s`, looked up by
+    a few daemon threads (the engine names a host that does not resolve, as before, and a
+    slow DNS delays neither the job nor tntrun's exit)."""
+    found, todo, lock = {}, list(reversed(hosts)), threading.Lock()
+    deadline = time.monotonic() + timeout_s
+
+    def resolve():
+        while time.monotonic() < deadline:
+            with lock:
+                if not todo:
+                    return
+                host = todo.pop()
+            try:
+                addrs = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+            except (OSError, UnicodeError):
+                continue
+            with lock:
+                found[host] = addrs
+
+    threads = [threading.Thread(target=resolve, daemon=True) for _ in range(min(workers, len(hosts)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    with lock:
+        return dict(found)
+
+
+def _is_local(address):
+    """Whether `address` is one of this machine's (loopback included): it can be bound here."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def same_machine(hosts, timeout_s=RESOLVE_S):
+    """The first two names of `hosts` that are one machine, and why: both this machine (its
+    name and its address, localhost and its name...), or names that resolve to one address.
+    None if there are none (or the names do not resolve). An engine given one machine under
+    two names merges them into one node: Open MPI then refused the job in its own words
+    ("more processes than the ppr for this topology can support")."""
+    addresses = _addresses(hosts, timeout_s)
+    local_of, seen = {}, {}
+    for host in hosts:
+        addrs = addresses.get(host) or set()
+        mine = sorted(a for a in addrs if _is_local(a))
+        if mine:
+            if local_of:
+                first, first_mine = next(iter(local_of.items()))
+                return first, host, (f"are both this machine ({first}: {', '.join(first_mine)}; "
+                                     f"{host}: {', '.join(mine)})")
+            local_of[host] = mine
+            continue
+        for addr in sorted(addrs):
+            if addr in seen:
+                return seen[addr], host, f"resolve to one address, {addr}"
+            seen[addr] = host
+    return None

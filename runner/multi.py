@@ -182,6 +182,14 @@ def placement(args):
             print("tntrun: WARNING: no GPU found on this host: running 1 rank per host on the CPU "
                   "(use --n-per-node N for N ranks per host, --no-gpu to silence this)",
                   file=sys.stderr, flush=True)
+    if len(hosts) > 1:
+        twice = hostfile.same_machine([h for h, _ in hosts])
+        if twice:
+            first, second, why = twice
+            raise UsageError(
+                f"{'--hostfile ' + args.hostfile if args.hostfile else '--hosts'} names one machine twice: "
+                f"{first!r} and {second!r} {why}. List each machine once, with the slots of all its ranks "
+                f"({first}:N): the engine would take the two for one node and refuse the job in its own words")
     result = [(h, per_node if per_node is not None else (s or 1)) for h, s in hosts]
     total = sum(n for _, n in result)
     if args.n is not None and args.n != total:

@@ -135,3 +135,14 @@ def test_dry_run_prints_the_mpirun_command(bed, tmp_path):
     assert os.path.basename(rank_cmd.group(1)).startswith("python"), line
     assert "tntrun: INFO: running as root: passing --allow-run-as-root" in res.stderr
     assert bed.ssh_calls() == []  # nothing started
+
+
+def test_a_host_listed_again_under_its_address_is_refused_naming_both(bed, tmp_path):
+    # hostA and hostA's address are one machine: mpirun merged them into one node and refused
+    # the job in its own words ("more processes than the ppr for this topology can support")
+    address = bed.addresses["hostA"]
+    res = tntrun(bed, ["-H", f"hostA:1,{address}:1", "--", "probe.py"], tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert (f"names one machine twice: 'hostA' and '{address}' are both this machine (hostA: {address}; "
+            f"{address}: {address})") in res.stderr, res.stderr
+    assert "ppr" not in res.stderr and probes(res.stderr) == []

@@ -223,6 +223,17 @@ def test_shm_on_the_one_host_named_is_not_refused():
     assert "TNT_TRANSPORT=shm works on one host only, and the job has 2 (a, b)" in res.stderr
 
 
+def test_one_machine_under_two_names_is_refused_naming_both():
+    # localhost and 127.0.0.1 (or a host's name and its address): mpirun took them for one
+    # node and refused the job ("more processes than the ppr for this topology can support")
+    res = run_tntrun(["-H", "localhost:1,127.0.0.1:1", "--dry-run", "--", "t.py"])
+    assert res.returncode == 2, res.stderr
+    assert "--hosts names one machine twice: 'localhost' and '127.0.0.1' are both this machine" in res.stderr
+    assert "List each machine once, with the slots of all its ranks (localhost:N)" in res.stderr
+    # names that do not resolve are the engine's to judge, as before
+    assert run_tntrun(["-H", "a,b", "--dry-run", "--", "t.py"]).returncode == 0
+
+
 def test_engine_failure_is_reported(tmp_path):
     fake = 'echo "rank 3 on node2 died" >&2; exit 9'
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=fake) + os.pathsep + os.environ["PATH"])
