@@ -2,14 +2,19 @@
  * float16/bfloat16 arithmetic of the reduction kernels. Built and run by
  * test/common/test_c_core.py (or `make -C core test`). Prints "N passed, N failed". */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "copy_unaliased.h"
 #include "dtype.h"
 #include "expect.h"
+#include "common.h"
 #include "namemap.h"
+#include "pause.h"
 #include "shape_layout.h"
 #include "stream_store.h"
 #include "transport/put_copy.h"
@@ -276,6 +281,53 @@ static void test_serial_job(void) {
   EXPECT(strstr(tnt_last_error(), "finalized") != NULL);
 }
 
+/* pause.c: a child stopped (SIGSTOP) and continued does not count the pause on tnt_now's
+ * clock, and the program's own SIGCONT handler still runs; a gap without a SIGCONT counts. */
+static volatile sig_atomic_t program_saw_cont;
+static void program_on_cont(int sig) { (void)sig; program_saw_cont = 1; }
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void test_pause_does_not_count(void) {
+  int ready[2];
+  if (pipe(ready) != 0) {
+    EXPECT(!"pipe");
+    return;
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(60);
+    signal(SIGCONT, program_on_cont); /* the program's, installed before the core's */
+    tnt_pause_arm();
+    const double t0 = tnt_now(), m0 = mono_s();
+    const struct timespec tick = {0, 5000000};
+    while (mono_s() - m0 < 0.5) nanosleep(&tick, NULL), tnt_now(); /* a waiter reading its clock */
+    if (write(ready[1], "r", 1) != 1) _exit(3);
+    while (!program_saw_cont) nanosleep(&tick, NULL), tnt_now(); /* stopped in here for 2 s */
+    const double paused = (mono_s() - m0) - (tnt_now() - t0);
+    /* a gap without a SIGCONT (this process did not run, or read no clock) counts as before */
+    const double t1 = tnt_now();
+    sleep(2);
+    const double unpaused = tnt_now() - t1;
+    _exit(paused > 1.5 && unpaused > 1.9 ? 0 : (fprintf(stderr, "paused %g unpaused %g\n", paused, unpaused), 1));
+  }
+  char c;
+  EXPECT(pid > 0 && read(ready[0], &c, 1) == 1);
+  kill(pid, SIGSTOP);
+  sleep(2);
+  kill(pid, SIGCONT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(ready[0]);
+  close(ready[1]);
+}
+
 int main(void) {
   test_half_precision();
   test_streaming_copy();
@@ -286,6 +338,7 @@ int main(void) {
   test_cut_message_is_utf8();
   test_misuse_before_init();
   test_serial_job();
+  test_pause_does_not_count();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
