@@ -30,6 +30,7 @@
 #define _GNU_SOURCE
 #include "pause.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -109,8 +110,13 @@ static void on_sigcont(int sig, siginfo_t *info, void *context) {
   else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) previous.sa_handler(sig);
 }
 
+/* A fork() child has the one thread that forked: a flag another thread held at the fork
+ * would never come free there. */
+static void after_fork_in_child(void) { atomic_flag_clear(&counting); }
+
 void tnt_pause_arm(void) {
   if (atomic_exchange(&armed, 1)) return; /* once per process: it stays for later jobs */
+  pthread_atfork(NULL, NULL, after_fork_in_child);
   atomic_store(&tnt_clock_seen_ns, mono_ns());
   struct sigaction now;
   if (sigaction(SIGCONT, NULL, &now) != 0) {
