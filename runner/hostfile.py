@@ -24,7 +24,9 @@ def _parse_entry(text, where):
 def _check(entries, source):
     """entries: [(host, slots, where)] -> [(host, slots)]"""
     if not entries:
-        raise UsageError(f"{source}: no host listed (write one host name per line)")
+        # the hint is the list's own: -H takes names separated by commas, not lines
+        how = "host names separated by commas: -H h1:2,h2:2" if source == "--hosts" else "one host name per line"
+        raise UsageError(f"{source}: no host listed (write {how})")
     seen = {}
     for host, _, where in entries:
         if host in seen:

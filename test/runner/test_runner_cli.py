@@ -66,6 +66,8 @@ def test_version_read_in_part_ends_quietly():
     (["-H", "", "--", "x.py"], '-H/--hosts is empty (an unset variable, as in -H "$HOSTS"?)'),
     (["--hostfile", " ", "--", "x.py"],
      '--hostfile is empty (an unset variable, as in --hostfile "$HOSTFILE"?)'),
+    # commas alone: the hint spoke of lines, which -H has none of
+    (["-H", ",", "--", "x.py"], "--hosts: no host listed (write host names separated by commas: -H h1:2,h2:2)"),
 ])
 def test_usage_errors(args, message):
     res = run_tntrun(args)
