@@ -253,6 +253,51 @@ def test_stopped_rank_is_killed_at_once_not_after_the_grace_period(tmp_path):
     assert time.monotonic() - start < grace_s / 2, "the stopped rank waited for the grace period"
 
 
+def test_sigcont_to_tntrun_continues_ranks_stopped_by_hand(tmp_path):
+    # `kill -CONT` of tntrun (as fg and bg send it) continues every rank: here ranks that were
+    # stopped by hand (kill -STOP), which tntrun's continuation left stopped before
+    import threading
+
+    import_runner()
+    from tarantella.runner.supervise import ProcSpec, Supervisor
+
+    go = tmp_path / "go"
+    code = textwrap.dedent(f"""
+        import os, time
+        open({str(tmp_path)!r} + f"/up-{{os.getpid()}}", "w").close()
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.02)
+    """)
+    specs = [ProcSpec(argv=[sys.executable, "-c", code], env=dict(os.environ), label=str(r), rank=r)
+             for r in range(2)]
+    seen = {}
+
+    def by_hand():
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("up-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = [int(p.name[3:]) for p in tmp_path.glob("up-*")]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        seen["stopped"] = _until_stopped(pids)
+        os.kill(os.getpid(), signal.SIGCONT)  # to tntrun: this process runs the Supervisor
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "T" in {_state(pid) for pid in pids}:
+            time.sleep(0.05)
+        seen["continued"] = {pid: _state(pid) for pid in pids}
+        for pid in pids:  # whatever happened: the job must end
+            os.kill(pid, signal.SIGCONT)
+        go.touch()
+
+    helper = threading.Thread(target=by_hand, daemon=True)
+    helper.start()
+    job = Supervisor(specs, grace_s=1).run()
+    helper.join(timeout=30)
+    assert set(seen["stopped"].values()) == {"T"}, seen
+    assert "T" not in set(seen["continued"].values()), seen
+    assert job.exit_code == 0
+
+
 def test_stop_signal_while_ranks_are_being_started_starts_no_more(monkeypatch):
     # SIGTERM (`timeout 60 tntrun -n 100000 ...`, Ctrl+C) while ranks were still being
     # started was acted on only once every rank had started: for minutes with a large -n.
