@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from core_helpers import clean_env, shm_objects, spawn_ranks, tntrun
+from core_helpers import HERE, clean_env, shm_objects, spawn_ranks, tntrun
 
 TIMEOUT_S = 6
 
@@ -75,32 +75,16 @@ def test_hung_rank_times_out_on_every_other_rank():
     assert shm_objects(job) == []
 
 
-# rank 1 computes (waits for the test's go file) while rank 0 waits for it in a collective
-PAUSED_RANK = """
-import os, sys, time
-import numpy as np
-import tarantella as tnt
-
-x = np.ones(4, np.float32)
-tnt.allreduce(x, name="warm-up")
-print("UP", os.getpid(), flush=True)
-if tnt.get_rank() == 1:
-    while not os.path.exists(sys.argv[1]):
-        time.sleep(0.02)
-print("DONE", tnt.allreduce(x, name="across-the-pause").tolist(), flush=True)
-"""
-
-
 def test_ranks_stopped_together_go_on_when_continued_after_the_timeout(tmp_path):
     # every rank stopped by hand (kill -STOP) for twice TNT_TIMEOUT_S, then continued: the core's
     # waits counted the pause, and rank 0, which waited for rank 1 (computing when stopped),
     # failed once continued ("rank 1 ... is alive but did not answer", or "is stopped" for a rank
     # continued a moment later). A rank stopped alone still fails the others at the timeout
     # (test_hung_rank_times_out_on_every_other_rank)
-    script, go = tmp_path / "paused.py", tmp_path / "go"
-    script.write_text(PAUSED_RANK)
+    go = tmp_path / "go"
     job = secrets.token_hex(16)
-    procs = [subprocess.Popen([sys.executable, str(script), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "rank_paused.py"), str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=2,
                                                        TNT_JOB_ID=job, TNT_TIMEOUT_S=3))
              for r in range(2)]

@@ -68,6 +68,38 @@ def test_every_collective_is_bitwise_identical_on_every_rank(n, cache, tmp_path)
         same_results(first, json.load(open(shm / "rank0.json"))["results"], "mpi and shm")
 
 
+@needs_mpi
+def test_ranks_stopped_together_go_on_when_continued_after_the_timeout(cache, tmp_path):
+    # the plugin's waits count on the core's clock (host->now), which leaves out the time a
+    # process was stopped: every rank stopped (kill -STOP) for twice TNT_TIMEOUT_S and
+    # continued goes on. Before, rank 0, which waited for rank 1 (computing), failed once
+    # continued and mpirun ended the job
+    go = tmp_path / "go"
+    proc = subprocess.Popen(mpirun_cmd(2, "rank_paused.py", go), env=mpi_env(cache, TNT_TIMEOUT_S=3),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = []
+        while len(pids) < 2:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()[-3000:]
+            if line.startswith("UP "):
+                pids.append(int(line.split()[2]))
+        time.sleep(0.5)  # rank 0 waits in 'across-the-pause'
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(6)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert out.count("DONE [2.0, 2.0, 2.0, 2.0]") == 2, out
+
+
 def open_mpi():
     """Whether the plugin is built against Open MPI (where it sets the eager limit)."""
     return plugins.describe_mpi(plugins.find_mpicc())["name"].startswith("openmpi-")
