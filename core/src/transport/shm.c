@@ -732,7 +732,15 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
       own_failure = !taken;
       goto fail;
     }
-    int err = posix_fallocate(s->fd, 0, (off_t)s->total); /* fail now, not with SIGBUS later */
+    /* fail now, not with SIGBUS later. tmpfs gives up with EINTR when a signal with a
+     * handler arrives while it reserves (SA_RESTART does not restart fallocate): the
+     * core's own SIGCONT handler, the program's, or a Ctrl-C, which the set-up's check
+     * then reports as such; any other signal is no reason to fail, so try again */
+    int err;
+    while ((err = posix_fallocate(s->fd, 0, (off_t)s->total)) == EINTR) {
+      if ((res = tnt_setup_interrupt_check()) != TNT_SUCCESS) break;
+    }
+    if (err == EINTR) goto fail; /* interrupted: the name goes there */
     if (err) {
       res = tnt_fail(TNT_ERR_SYSTEM, "cannot reserve %zu bytes of shared memory in /dev/shm for %d ranks: %s (in a "
                      "container, give it more, e.g. docker run --shm-size=1g; or shrink each rank's window with "
