@@ -4,8 +4,10 @@
     python bench/grad_op.py --repeats 300
 
 Part 1, one TF-level collective (1 rank, plain python): a tf.function holding
-K named allreduces of 4 bytes (tnt.allreduce on a float32 scalar), chained, against
-the same function without them: the cost of one collective call, per path.
+K allreduces of 4 bytes (tnt.allreduce on a float32 scalar), chained, against
+the same function without them: the cost of one collective call, per path;
+named calls, then unnamed ones (named when they run, from the sequence the eager
+calls count in: on the compiled ops since the core holds that count).
 Part 2, the gradient path (2 ranks, tntrun -n 2): tnt's gradient averaging
 (collective_ops.weighted_average, weighted by a micro-batch size, as
 tnt.Model does) of three sets of gradient-shaped tensors inside a
@@ -85,23 +87,34 @@ def call_worker(args):
     _, numpy_path = _paths()
     k = args.calls
 
-    def chain(x):  # named: an unnamed call goes through tf.numpy_function on both paths (api.md)
+    def chain(x):
         for i in range(k):
             x = tnt.allreduce(x, name=f"bench.{i}")
         return x
 
+    def unnamed_chain(x):  # named when they run, allreduce.<k mod 60>, as eager calls are
+        for i in range(k):
+            x = tnt.allreduce(x)
+        return x
+
     baseline = tf.function(lambda x: x * 1.0)
-    compiled = tf.function(chain)
-    numpy_fn = tf.function(chain)
+    functions = {"compiled": tf.function(chain), "numpy": tf.function(chain),
+                 "unnamed compiled": tf.function(unnamed_chain), "unnamed numpy": tf.function(unnamed_chain)}
     x = tf.constant(1.0)
-    compiled(x)
-    with numpy_path():
-        numpy_fn(x)
-    graph_types = {op.type for op in compiled.get_concrete_function(x).graph.get_operations()}
+    for path, f in functions.items():
+        if path.endswith("numpy"):
+            with numpy_path():
+                f(x)
+        else:
+            f(x)
+    graph_types = {op.type for op in functions["compiled"].get_concrete_function(x).graph.get_operations()}
     assert "TntCollectiveStart" in graph_types and "PyFunc" not in graph_types, graph_types
-    t = _median_times({"none": baseline, "compiled": compiled, "numpy": numpy_fn}, (x,), args.repeats)
-    per = {p: (t[p] - t["none"]) / k * 1e6 for p in ("compiled", "numpy")}
-    print("BENCH " + json.dumps({"us_per_call": per, "calls": k}), flush=True)
+    # which path an unnamed call took (tf.numpy_function before the core held the count)
+    unnamed_types = {op.type for op in functions["unnamed compiled"].get_concrete_function(x).graph.get_operations()}
+    unnamed_path = "compiled ops" if "PyFunc" not in unnamed_types else "tf.numpy_function"
+    t = _median_times({"none": baseline, **functions}, (x,), args.repeats)
+    per = {p: (t[p] - t["none"]) / k * 1e6 for p in functions}
+    print("BENCH " + json.dumps({"us_per_call": per, "calls": k, "unnamed_path": unnamed_path}), flush=True)
 
 
 def grads_worker(args):
@@ -155,6 +168,7 @@ def main():
     parser.add_argument("--calls", type=int, default=100, help="collectives per function in part 1")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--worker", choices=("call", "grads"), help=argparse.SUPPRESS)
+    parser.add_argument("--calls-only", action="store_true", help="part 1 only")
     args = parser.parse_args()
     if args.worker == "call":
         return call_worker(args)
@@ -164,7 +178,12 @@ def main():
     call = _run(me + ["--worker", "call"], args.timeout)
     c, n = call["us_per_call"]["compiled"], call["us_per_call"]["numpy"]
     print(f"one TF-level collective, 4 B, 1 rank ({args.calls} per tf.function, {args.repeats} repeats):")
-    print(f"  compiled op {c:7.1f} us   numpy_function {n:7.1f} us   ratio {c / n:.2f}")
+    print(f"  named    compiled op {c:7.1f} us   numpy_function {n:7.1f} us   ratio {c / n:.2f}")
+    c, n = call["us_per_call"]["unnamed compiled"], call["us_per_call"]["unnamed numpy"]
+    print(f"  unnamed  compiled op {c:7.1f} us   numpy_function {n:7.1f} us   ratio {c / n:.2f}"
+          f"   (TNT_TF_OPS=auto runs it on: {call['unnamed_path']})")
+    if args.calls_only:
+        return
     tntrun = shutil.which("tntrun") or "tntrun"
     grads = _run([tntrun, "-n", "2", "--no-gpu", "--"] + me + ["--worker", "grads"], args.timeout)
     print(f"gradient averaging per step, 2 ranks ({args.repeats} repeats), over returning the tensors:")

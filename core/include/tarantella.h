@@ -251,6 +251,21 @@ typedef struct {
 } tnt_stats_t;
 tnt_result_t tnt_get_stats(tnt_stats_t *stats);
 
+/* Sequences of unnamed calls: one counter per key (the request names' kind and sequence,
+ * "allreduce" or "allreduce@worker", as tarantella/common/request_names.py makes them), shared by
+ * every caller of the process (the Python API and the compiled TensorFlow ops), so that an unnamed
+ * call takes the next number of its sequence whichever of them makes it. tnt_sequence_counter:
+ * the key's counter, made at 0 on its first use and never freed (its address stays valid), NULL
+ * when out of memory; tnt_sequence_next takes its next number (an atomic fetch-and-add, which a
+ * caller may also do itself on the address); tnt_sequence_restart sets every counter to 0 (a new
+ * context). Usable without a context, from any thread. tnt_name_in_flight: 1 while a request of
+ * that name is in flight on this rank (submitted and not complete), else 0 (also without a
+ * context): a caller that reuses unnamed names waits for it before submitting the name again. */
+int64_t *tnt_sequence_counter(const char *key);
+int64_t tnt_sequence_next(int64_t *counter);
+void tnt_sequence_restart(void);
+int tnt_name_in_flight(const char *name);
+
 /* Sizes and versions, for the bindings. */
 size_t tnt_dtype_size(tnt_dtype_t dtype);
 const char *tnt_version(void);

@@ -634,6 +634,15 @@ tnt_result_t tnt_barrier_async(const char *name, tnt_handle_t *handle) {
   WITH_CONTEXT(barrier_async_in(name, handle, 0));
 }
 
+int tnt_name_in_flight(const char *name) {
+  if (name == NULL || enter() != TNT_SUCCESS) return 0;
+  pthread_mutex_lock(&tnt_ctx.requests.mu);
+  int in_flight = tnt_namemap_get(&tnt_ctx.requests.active, name) >= 0;
+  pthread_mutex_unlock(&tnt_ctx.requests.mu);
+  leave();
+  return in_flight;
+}
+
 tnt_result_t tnt_test(tnt_handle_t handle) {
   WITH_CONTEXT(test_in(handle));
 }

@@ -225,6 +225,25 @@ static void test_misuse_before_init(void) {
   EXPECT(tnt_rank() == -1 && tnt_initialized() == 0);
 }
 
+/* The counts of unnamed calls (tnt_sequence_counter): one per key, at one address for good, taken
+ * atomically by whoever asks (the Python API and the TensorFlow ops), set to 0 by a new context. */
+static void test_sequences(void) {
+  int64_t *a = tnt_sequence_counter("test.allreduce"), *b = tnt_sequence_counter("test.allreduce@worker");
+  EXPECT(a != NULL && b != NULL && a != b && tnt_sequence_counter("test.allreduce") == a);
+  EXPECT(tnt_sequence_next(a) == 0 && tnt_sequence_next(a) == 1 && tnt_sequence_next(b) == 0);
+  EXPECT(__atomic_fetch_add(a, 1, __ATOMIC_SEQ_CST) == 2 && tnt_sequence_next(a) == 3);
+  for (int i = 0; i < 1000; i++) { /* many keys: every one keeps its counter */
+    char key[32];
+    snprintf(key, sizeof key, "test.k%d", i);
+    int64_t *c = tnt_sequence_counter(key);
+    EXPECT(c != NULL && tnt_sequence_next(c) == 0);
+  }
+  EXPECT(tnt_sequence_counter("test.allreduce") == a && tnt_sequence_next(a) == 4);
+  tnt_sequence_restart();
+  EXPECT(tnt_sequence_next(a) == 0 && tnt_sequence_next(b) == 0 && tnt_sequence_counter(NULL) == NULL);
+  EXPECT(tnt_name_in_flight("test") == 0); /* without a context: none */
+}
+
 static void test_serial_job(void) {
   EXPECT(tnt_init() == TNT_SUCCESS);
   EXPECT(tnt_rank() == 0 && tnt_size() == 1 && !strcmp(tnt_transport_name(), "self"));
@@ -337,6 +356,7 @@ int main(void) {
   test_namemap_churn();
   test_cut_message_is_utf8();
   test_misuse_before_init();
+  test_sequences();
   test_serial_job();
   test_pause_does_not_count();
   printf("%d passed, %d failed\n", passed, failed);

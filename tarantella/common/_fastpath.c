@@ -695,6 +695,45 @@ static PyObject *allgather(PyObject *self, PyObject *const *args, Py_ssize_t nar
   return next;
 }
 
+/* Counter(address): an iterator over 0, 1, 2, ... like itertools.count, whose count is the int64
+ * at `address`, a counter of the core (tnt_sequence_counter) that the compiled TensorFlow ops take
+ * numbers from too: each next() is one atomic fetch-and-add, so a number is never taken twice,
+ * whichever thread or op takes it, with the GIL or without. */
+typedef struct {
+  PyObject_HEAD int64_t *count;
+} counter_object;
+
+static PyObject *counter_next(counter_object *self) {
+  return PyLong_FromLongLong(__atomic_fetch_add(self->count, 1, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *counter_repr(counter_object *self) {
+  return PyUnicode_FromFormat("Counter(%lld)", (long long)__atomic_load_n(self->count, __ATOMIC_SEQ_CST));
+}
+
+static PyObject *counter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+  unsigned long long address;
+  if (!PyArg_ParseTuple(args, "K", &address)) return NULL;
+  if (!address || address % sizeof(int64_t)) {
+    PyErr_SetString(PyExc_ValueError, "Counter needs the address of an aligned int64 (tnt_sequence_counter)");
+    return NULL;
+  }
+  counter_object *self = (counter_object *)type->tp_alloc(type, 0);
+  if (self) self->count = (int64_t *)(uintptr_t)address;
+  return (PyObject *)self;
+}
+
+static PyTypeObject counter_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarantella._fastpath.Counter",
+    .tp_basicsize = sizeof(counter_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Counter(address): 0, 1, 2, ... taken atomically from the core's counter at address.",
+    .tp_new = counter_new,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)counter_next,
+    .tp_repr = (reprfunc)counter_repr,
+};
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "Connect the fast path to the running core and the Python path's state."},
     {"bind_broadcast", bind_broadcast, METH_VARARGS, "Connect the broadcast's fast path (after bind())."},
@@ -718,5 +757,14 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
   str_uint8 = PyUnicode_InternFromString("uint8");
   str_base = PyUnicode_InternFromString("base");
   if (!str_running || !str_dtype || !str_uint8 || !str_base) return NULL;
-  return PyModule_Create(&module);
+  if (PyType_Ready(&counter_type) < 0) return NULL;
+  PyObject *m = PyModule_Create(&module);
+  if (m == NULL) return NULL;
+  Py_INCREF(&counter_type);
+  if (PyModule_AddObject(m, "Counter", (PyObject *)&counter_type) < 0) {
+    Py_DECREF(&counter_type);
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
 }

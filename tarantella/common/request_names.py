@@ -12,14 +12,16 @@ rank runs alike, that older call depends only on calls before it, so the wait
 always ends.
 """
 import hashlib
-import itertools
 import threading
 import weakref
 
 from tarantella.common.errors import InvalidArgumentError, InvalidUsageError
 
 NAME_WINDOW = 60
-_counters = {}  # kind (the main thread's sequence) or (kind, thread name) -> itertools.count
+# kind (the main thread's sequence) or (kind, sequence) -> its count: the core's counter of the
+# sequence (tnt_sequence_counter, iterated by _fastpath.Counter), from which the compiled
+# TensorFlow ops take the numbers of the unnamed calls traced in that sequence too
+_counters = {}
 _counter_lock = threading.Lock()
 _unnamed_names = {}  # kind -> the main thread's NAME_WINDOW names, made once (no cost on the hot path)
 
@@ -50,7 +52,7 @@ def auto_name(kind, name, room=0):
         counter, names = unnamed_window(kind)
     else:
         counter, names = _thread_window(kind, thread)
-    # next() on an itertools.count is one step under the GIL: no lock needed for two threads to get two names
+    # next() on a counter is one atomic step (_fastpath.Counter): no lock needed for two threads to get two names
     return names[next(counter) % NAME_WINDOW], True
 
 
@@ -64,12 +66,55 @@ def unnamed_window(kind):
     """(counter, names) of a kind's unnamed calls in the main thread's sequence, made on first use."""
     names = _unnamed_names.get(kind)
     if names is None:
+        counter = unnamed_counter(kind, None)
         with _counter_lock:
-            if kind not in _counters:
-                _counters[kind] = itertools.count()
+            if kind not in _unnamed_names:
                 _unnamed_names[kind] = tuple(_sequence_name(kind, k, None) for k in range(NAME_WINDOW))
         names = _unnamed_names[kind]
+        return counter, names
     return _counters[kind], names
+
+
+def unnamed_counter(kind, sequence):
+    """The count of a kind's unnamed calls in `sequence` (None: the main thread's), made on first
+    use: the core's counter of counter_key(kind, sequence), which the compiled TensorFlow ops
+    (tnt_ops.cc) take their unnamed calls' numbers from too. Iterated as itertools.count was
+    (next(): the next number), each number taken atomically, with the GIL or without."""
+    key = kind if sequence is None else (kind, sequence)
+    counter = _counters.get(key)
+    if counter is None:
+        from tarantella import _fastpath
+        from tarantella.common import core
+
+        with _counter_lock:
+            counter = _counters.get(key)
+            if counter is None:
+                lib, ffi = core.lib(), core.ffi()
+                address = lib.tnt_sequence_counter(counter_key(kind, sequence).encode())
+                if address == ffi.NULL:
+                    raise MemoryError("no memory left for the count of unnamed collective calls")
+                counter = _counters[key] = _fastpath.Counter(int(ffi.cast("uintptr_t", address)))
+    return counter
+
+
+def counter_key(kind, sequence):
+    """The key of a kind's count of unnamed calls in `sequence` in the core (tnt_sequence_counter):
+    "allreduce", "allreduce@worker" (the sequence as its names end, sequence_suffix)."""
+    return kind + sequence_suffix(kind, sequence)
+
+
+def sequence_suffix(kind, sequence):
+    """What a sequence's names end with after "<kind>.<k>": "" for the main thread's, "@<thread
+    name>" for a thread's, "@<digest>" where the thread's name cannot be in a request name (too
+    long for a name of the longest k, with a NUL, or not UTF-8). One suffix for every k, so that
+    the compiled ops make the names as Python does: "<kind>.<k mod NAME_WINDOW><suffix>"."""
+    if sequence is None:
+        return ""
+    suffix = _utf8(f"@{sequence}")
+    longest = len(f"{kind}.{NAME_WINDOW - 1}".encode())
+    if suffix is None or longest + len(suffix) > 240 or b"\0" in suffix:
+        return f"@{_digest(sequence)}"
+    return suffix.decode()
 
 
 # Threads: the k-th unnamed call of a kind made by a thread pairs with the k-th
@@ -99,6 +144,9 @@ def restart():
         _counters.clear()
         _unnamed_names.clear()
         _generation += 1
+        from tarantella.common import core
+
+        core.lib().tnt_sequence_restart()  # the counters the compiled TensorFlow ops hold too
 
 
 def thread_sequence():
@@ -121,9 +169,7 @@ def next_in_sequence(kind, sequence):
     if sequence is None:
         counter, names = unnamed_window(kind)
         return names[next(counter) % NAME_WINDOW]
-    with _counter_lock:
-        counter = _counters.setdefault((kind, sequence), itertools.count())
-    return _sequence_name(kind, next(counter) % NAME_WINDOW, sequence)
+    return _sequence_name(kind, next(unnamed_counter(kind, sequence)) % NAME_WINDOW, sequence)
 
 
 def in_thread(name):
@@ -163,8 +209,7 @@ def _thread_window(kind, thread):
     window = windows.get(kind)
     if window is None:
         sequence = _sequence_of(thread)  # may refuse: then nothing is kept, and every call refuses
-        with _counter_lock:
-            counter = _counters.setdefault((kind, sequence), itertools.count())
+        counter = unnamed_counter(kind, sequence)
         window = windows[kind] = (counter, tuple(_sequence_name(kind, k, sequence) for k in range(NAME_WINDOW)))
     return window
 
@@ -213,12 +258,7 @@ def _sequence_name(kind, k, sequence):
     """The k-th name of a sequence: "allreduce.3", or "allreduce.3@worker" in thread "worker"
     (a thread name too long for a request name, with a NUL or not UTF-8, is replaced by its digest; a
     structure's requests add up to 9 bytes, ".bfloat16", to the 255 a name may have)."""
-    if sequence is None:
-        return f"{kind}.{k}".encode()
-    name = _utf8(f"{kind}.{k}@{sequence}")
-    if name is None or len(name) > 240 or b"\0" in name:
-        name = f"{kind}.{k}@{_digest(sequence)}".encode()
-    return name
+    return f"{kind}.{k}{sequence_suffix(kind, sequence)}".encode()
 
 
 def _utf8(text):

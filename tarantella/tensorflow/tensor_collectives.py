@@ -6,8 +6,8 @@ these return the same structure with a `tf.Tensor` wherever the input had a
 `tf.Tensor` or `tf.Variable` (of the same dtype), and NumPy values elsewhere.
 Inside a `tf.function` (every leaf must then be a tensor) they make the
 requests they make eagerly, so that a traced call pairs with an eager one: a
-named call of one tensor as the compiled ops (tarantella/tensorflow/ops), the
-others as one `tf.numpy_function` (see _run); eagerly they run at once.
+call of one tensor, named or not, as the compiled ops (tarantella/tensorflow/ops),
+a structure as one `tf.numpy_function` (see _run); eagerly they run at once.
 """
 import threading
 
@@ -68,18 +68,23 @@ def _run(x, collective, kind, name=None, **options):
         # Traced, a call makes the very requests it makes eagerly (names, sizes, layouts), so that a
         # rank that runs the step eagerly (run_eagerly=True on one rank, a custom loop traced on
         # some ranks only) pairs each call with the same call on a rank that traced it. The
-        # compiled ops take a named call of one tensor, which is one request under the name on
-        # both paths. A structure goes as the NumPy API sends it (one request per dtype, with the
-        # structure's digest, see collectives._structure_collective), and an unnamed call takes
-        # the next name of the caller's sequence when it *runs*, as an eager call does
-        # ("allreduce.<k>"): both on the numpy_function path. (Before, the compiled ops named a
-        # call "<name>.0", one request per leaf, and an unnamed one "tf.allreduce.<function>.0"
-        # at trace time: a traced rank and an eager one waited for each other until TNT_TIMEOUT_S.)
+        # compiled ops take a call of one tensor, which is one request on both paths: under its
+        # name, or, unnamed, under the next name of the tracing thread's sequence (or the tf.data
+        # function's, _traced_sequence) taken when the op *runs*, from the core's counter of that
+        # sequence, which the eager calls of that sequence count on too ("allreduce.<k>",
+        # request_names.unnamed_counter). A structure goes as the NumPy API sends it (one request
+        # per dtype, with the structure's digest, see collectives._structure_collective), on the
+        # numpy_function path, named alike when it runs. (Before, the compiled ops named a call
+        # "<name>.0", one request per leaf, and an unnamed one "tf.allreduce.<function>.0" at trace
+        # time: a traced rank and an eager one waited for each other until TNT_TIMEOUT_S; then an
+        # unnamed call went through tf.numpy_function for its name, ~15 times the op's cost.)
         _refuse_as_eagerly(x, leaves, kind, name, options)
         tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
-        if compiled is not None and name is not None and _is_tensor(x) and \
+        if compiled is not None and _is_tensor(x) and \
                 tensors[0].dtype.name in dtypes.SUPPORTED and (kind != "allgather" or tensors[0].shape.rank):
-            return compiled.run(kind, tensors, [name], **options)[0]
+            if name is not None:
+                return compiled.run(kind, tensors, [name], **options)[0]
+            return compiled.run(kind, tensors, None, sequence=_traced_sequence(), **options)[0]
         scale = options.get("scale")
         if kind == "allreduce":  # refused at trace time, as the compiled ops refuse it
             tf_ops.check_scale(scale, [t for t in tensors if t.dtype.name in dtypes.SUPPORTED])

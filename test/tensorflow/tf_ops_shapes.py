@@ -5,6 +5,8 @@ of one shape must pair (both sides carry the same shape layout,
 tnt_shape_layout); arrays of another shape but as many elements must fail
 with a MismatchError on both sides that names both shapes."""
 import sys
+import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -152,6 +154,82 @@ for key, case in cases.items():
         if got != want[key]:
             print(f"FAILED {key} traced on rank 0, eager on rank 1 (call {i}): {got!r}", flush=True)
             failures += 1
+# An unnamed call of one tensor traced on rank 0 runs as the compiled ops (it went through one
+# tf.numpy_function, ~15 times their cost, to be named when it ran): named when the op runs, from
+# the core's count of the tracing thread's sequence, the count the eager calls of that thread take
+# their numbers from. Rank 0 mixes eager and traced unnamed calls, rank 1 makes them all eagerly:
+# they pair in one order (values that differ per call: a call paired with another sums wrongly).
+def unnamed_mix(traced):
+    def step(a):
+        return tnt.allreduce(tnt.broadcast(a, root=1) + 1.0), tnt.allgather(tf.reshape(a, [1, 2]))
+
+    step = tf.function(step, autograph=False) if traced else step
+    got = []
+    for i in range(4):
+        a = tf.constant([i, 10.0 + i]) * (rank + 1)
+        got.append(plain(tnt.allreduce(a)))  # eager on both ranks
+        got.append(plain(step(a * 2.0)))
+        got.append(plain(tnt.allgather(tf.reshape(a, [1, 2]))))
+    return got, step
+
+
+def unnamed_want(i):
+    a = np.array([i, 10.0 + i])
+    return [(3 * a).tolist(), [(2 * (4 * a + 1)).tolist(), [(2 * a).tolist(), (4 * a).tolist()]],
+            [a.tolist(), (2 * a).tolist()]]
+
+
+mix_want = [x for i in range(4) for x in unnamed_want(i)]
+for where in ("main", "worker", "w" * 300):  # a thread's own sequence; a name too long: its digest
+    found = {}
+
+    def mixed(where=where, found=found):
+        try:
+            found["got"], step = unnamed_mix(traced=rank == 0)
+            if rank == 0:
+                types = {op.type for op in step.get_concrete_function(tf.constant([1.0, 2.0])).graph.get_operations()}
+                if "PyFunc" in types or "TntCollectiveStart" not in types:
+                    found["got"] = f"not on the compiled ops: {sorted(types)}"
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            found["got"] = f"{type(exc).__name__}: {exc}"[:300]
+
+    if where == "main":
+        mixed()
+    else:
+        worker = threading.Thread(target=mixed, name=where)
+        worker.start()
+        worker.join()
+    if found["got"] != mix_want:
+        print(f"FAILED unnamed calls traced on rank 0 ({where} thread), eager on rank 1: {found['got']!r}"[:2000],
+              flush=True)
+        failures += 1
+# The unnamed name of a traced call comes back every 60 calls: the call of that name 60 calls
+# earlier, an eager allreduce_async of rank 0's, is still in flight (rank 1 submits its part 1 s
+# late), so the core refuses the name until it completes. The compiled op waits for it, as an eager
+# call does (api.md), and goes on.
+from tarantella.common import request_names  # noqa: E402
+
+counter = request_names.unnamed_window("allreduce")[0]
+k = next(counter)  # alike on both ranks (their unnamed calls paired): the next unnamed name is k + 1
+if rank == 0:
+    late = tnp.allreduce_async(np.ones(3, np.float32))  # "allreduce.<k + 1>", whose rank 1 part comes late
+    window = tf.function(lambda a: [tnt.allreduce(a + float(j)) for j in range(60)], autograph=False)
+    try:  # named allreduce.<k + 2> ... allreduce.<k + 61>, the last allreduce.<k + 1> again
+        got = [float(t) for t in window(tf.constant(1.0))]
+        late_got = late.wait().tolist()
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        got, late_got = f"{type(exc).__name__}: {exc}"[:300], None
+else:  # the same names, given by hand, the late one 1 s late
+    got = [float(tnp.allreduce(np.float32(1.0 + j), name=f"allreduce.{(k + 2 + j) % 60}")) for j in range(59)]
+    time.sleep(1.0)
+    late_got = tnp.allreduce(np.ones(3, np.float32), name=f"allreduce.{(k + 1) % 60}").tolist()
+    got.append(float(tnp.allreduce(np.float32(60.0), name=f"allreduce.{(k + 1) % 60}")))
+    for _ in range(61):
+        next(counter)  # as many numbers as rank 0 took
+if got != [2.0 * (1.0 + j) for j in range(60)] or late_got != [2.0] * 3:
+    print(f"FAILED a traced unnamed call whose name's earlier call is still in flight: {got!r} {late_got!r}",
+          flush=True)
+    failures += 1
 # The gradient averaging on the numpy_function path (TNT_TF_OPS=numpy, or no compiler): a step
 # whose wait never runs (an op between its buckets' starts and its wait fails, on every rank)
 # kept its requests, their buffers and handles in collective_ops._steps for good, one more

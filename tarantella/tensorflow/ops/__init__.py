@@ -11,8 +11,10 @@ collectives inside a `tf.function`:
 `get()` answers None for the numpy_function path. Both paths submit the same
 gradient requests (same names, sizes, prescale) to the same core, so they give
 bitwise the same gradients (bench/grad_op.py checks it); the TF-level collectives take
-the compiled ops for a named call of one tensor only (tensor_collectives._run), which is
-the same request on both paths.
+the compiled ops for a call of one tensor (tensor_collectives._run), which is the same
+request on both paths: under its name, or, unnamed, under the next name of its sequence,
+taken when the op runs from the core's count that the Python API's calls take theirs from
+(tnt_sequence_counter).
 """
 import ctypes
 import os
@@ -56,15 +58,22 @@ class CompiledOps:
         orphaned (their Wait will never run) and still in flight in the core (tnt_ops.cc)."""
         return int(self._unreleased())
 
-    def start(self, kind, tensors, names, scale=1.0, op="sum", root=0):
-        """A token for `kind` requests of `tensors`, one per tensor, in flight."""
-        from tarantella.common import codes
+    def start(self, kind, tensors, names, scale=1.0, op="sum", root=0, sequence=False):
+        """A token for `kind` requests of `tensors`, one per tensor, in flight. `sequence`: not
+        False for an unnamed call of one tensor (names None), named when the op runs, the next of
+        the sequence `sequence` (request_names.thread_sequence(); None: the main thread's), from
+        the core's counter that the Python API's unnamed calls of that sequence take theirs from."""
+        from tarantella.common import codes, request_names
 
         if op not in codes.OPS:
             raise errors.InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
+        unnamed = sequence is not False
+        if unnamed:
+            request_names.unnamed_counter(kind, sequence)  # made now, as the Python API would make it
+            names = [request_names.sequence_suffix(kind, sequence)]
         return self._module.tnt_collective_start(
             list(tensors), _scale(scale, tensors), kind=kind, names=list(names),
-            reduce_op=int(codes.OPS[op]), root=int(root))
+            reduce_op=int(codes.OPS[op]), root=int(root), unnamed=unnamed, window=request_names.NAME_WINDOW)
 
     def wait(self, tokens, tensors, gathered=False, block=False):
         """The results of the requests of `tokens` (one wait for all): tensors

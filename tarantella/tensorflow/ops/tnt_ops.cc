@@ -64,6 +64,8 @@ struct CoreApi {
   decltype(&tnt_last_error) last_error;
   decltype(&tnt_last_error_rank) last_error_rank;
   decltype(&tnt_strerror) strerror;
+  decltype(&tnt_sequence_counter) sequence_counter;
+  decltype(&tnt_name_in_flight) name_in_flight;
 };
 std::atomic<const CoreApi *> g_api{nullptr};
 
@@ -367,10 +369,14 @@ REGISTER_OP("TntCollectiveStart")
     .Attr("names: list(string)")
     .Attr("reduce_op: int = 0")
     .Attr("root: int = 0")
+    .Attr("unnamed: bool = false")
+    .Attr("window: int = 60")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ScalarShape)
     .Doc("Submits one Tarantella collective request per input; `scale` is this "
-         "rank's prescale (allreduce). The token goes to TntCollectiveWait.");
+         "rank's prescale (allreduce). The token goes to TntCollectiveWait. `unnamed`: one "
+         "input, named when the op runs '<kind>.<k mod window><names[0]>', k the next number "
+         "of the core's counter '<kind><names[0]>' (the sequence's, shared with Python).");
 
 REGISTER_OP("TntCollectiveWait")
     .Input("tokens: N * variant")
@@ -389,6 +395,29 @@ class StartOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("names", &names_));
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
     OP_REQUIRES_OK(c, c->GetAttr("root", &root_));
+    OP_REQUIRES_OK(c, c->GetAttr("unnamed", &unnamed_));
+    OP_REQUIRES_OK(c, c->GetAttr("window", &window_));
+    OP_REQUIRES(c, !unnamed_ || (names_.size() == 1 && window_ > 0),
+                errors::InvalidArgument("TntCollectiveStart: an unnamed call takes one input, one suffix "
+                                        "and a window of at least 1"));
+  }
+
+  // An unnamed call's name, made now (not at trace time) from the next number of its sequence's
+  // counter in the core, the one Python's unnamed calls of that thread (or tf.data function) take
+  // their numbers from (request_names.py): a traced call and an eager one then take one sequence
+  // of numbers, in the order they run, as when the traced call came back into Python for its name.
+  std::string UnnamedName(const CoreApi &api, Status *status) {
+    int64_t *counter = counter_.load();
+    if (counter == nullptr) {
+      counter = api.sequence_counter((kind_ + names_[0]).c_str());  // never freed: kept for good
+      if (counter == nullptr) {
+        *status = errors::ResourceExhausted("Tarantella ", kind_, ": no memory for the count of unnamed calls");
+        return "";
+      }
+      counter_.store(counter);
+    }
+    const int64_t k = __atomic_fetch_add(counter, 1, __ATOMIC_SEQ_CST);
+    return kind_ + "." + std::to_string(k % window_) + names_[0];
   }
 
   void Compute(OpKernelContext *ctx) override {
@@ -423,41 +452,61 @@ class StartOp : public OpKernel {
         break;
       }
       tnt_handle_t h = 0;
-      tnt_result_t r;
-      const char *name = names_[i].c_str();
-      if (kind_ == "allgather") {
-        const int64_t row = RowElems(in);
-        if (row) {
-          r = api->allgather_async(name, in.data(), in.NumElements(), row, dt, nullptr, 0, ShapeLayout(*api, in, 1),
-                                   &h);
-          p.row_counts.emplace_back();
+      tnt_result_t r = TNT_SUCCESS;
+      const std::string made = unnamed_ ? UnnamedName(*api, &status) : std::string();
+      if (!status.ok()) break;
+      const char *name = unnamed_ ? made.c_str() : names_[i].c_str();
+      Tensor counts, out;  // an allgather's row count (rows of no elements), an allreduce's or broadcast's result
+      bool allocated = false;
+      // An unnamed name comes back every `window` calls: the call of that name `window` calls
+      // earlier may still be in flight (an eager allreduce_async not waited for yet), and the core
+      // refuses a name in flight. It is waited for, and the request submitted again, as the Python
+      // API waits for it first (collectives._settle_before); only once refused, so that the
+      // common call pays nothing.
+      for (bool again = unnamed_;; again = false) {
+        if (kind_ == "allgather") {
+          const int64_t row = RowElems(in);
+          if (row) {
+            r = api->allgather_async(name, in.data(), in.NumElements(), row, dt, nullptr, 0,
+                                     ShapeLayout(*api, in, 1), &h);
+          } else {
+            counts = Tensor(DT_INT64, TensorShape({1}));
+            counts.flat<int64_t>()(0) = in.dim_size(0);  // rows of no elements: at least 2 dimensions
+            const int64_t per_rank = kRowCountBytes / DataTypeSize(in.dtype());
+            r = api->allgather_async(name, counts.data(), per_rank, per_rank, dt, nullptr, 0,
+                                     EmptyRowsLayout(*api, in), &h);
+          }
         } else {
-          Tensor counts(DT_INT64, TensorShape({1}));
-          counts.flat<int64_t>()(0) = in.dim_size(0);  // rows of no elements: at least 2 dimensions
-          const int64_t per_rank = kRowCountBytes / DataTypeSize(in.dtype());
-          r = api->allgather_async(name, counts.data(), per_rank, per_rank, dt, nullptr, 0,
-                                   EmptyRowsLayout(*api, in), &h);
-          p.row_counts.push_back(counts);  // the core reads it until completion
+          // An allreduce may run in place (the core allows in == out): when this
+          // op holds the only reference to an input (a packed bucket, a
+          // gradient nobody else reads), its buffer becomes the output, and a
+          // fresh one (page faults included: ~1 ms per 10 MB here) is saved.
+          if (!allocated) {  // once: a second try reuses it
+            status = kind_ == "allreduce" ? ctx->forward_input_or_allocate_temp({i}, in.dtype(), in.shape(), &out)
+                                          : ctx->allocate_temp(in.dtype(), in.shape(), &out);
+            if (!status.ok()) break;
+            allocated = true;
+          }
+          const uint64_t layout = ShapeLayout(*api, in, 0);
+          r = kind_ == "allreduce"
+                  ? api->allreduce_async(name, in.data(), out.data(), in.NumElements(), dt,
+                                         static_cast<tnt_reduce_op_t>(reduce_op_), scale, layout, &h)
+                  : api->broadcast_async(name, in.data(), out.data(), in.NumElements(), dt, root_, layout, &h);
         }
-      } else {
-        // An allreduce may run in place (the core allows in == out): when this
-        // op holds the only reference to an input (a packed bucket, a
-        // gradient nobody else reads), its buffer becomes the output, and a
-        // fresh one (page faults included: ~1 ms per 10 MB here) is saved.
-        Tensor out;
-        status = kind_ == "allreduce" ? ctx->forward_input_or_allocate_temp({i}, in.dtype(), in.shape(), &out)
-                                      : ctx->allocate_temp(in.dtype(), in.shape(), &out);
-        if (!status.ok()) break;
-        const uint64_t layout = ShapeLayout(*api, in, 0);
-        r = kind_ == "allreduce"
-                ? api->allreduce_async(name, in.data(), out.data(), in.NumElements(), dt,
-                                       static_cast<tnt_reduce_op_t>(reduce_op_), scale, layout, &h)
-                : api->broadcast_async(name, in.data(), out.data(), in.NumElements(), dt, root_, layout, &h);
-        if (r == TNT_SUCCESS) p.outputs.push_back(out);
+        if (!(r == TNT_ERR_INVALID_USAGE && again && api->name_in_flight(name))) break;
+        // the earlier call depends only on calls before it, which every rank made: it ends (or
+        // the core fails it within TNT_TIMEOUT_S), and name_in_flight is 0 once it has
+        while (api->name_in_flight(name)) std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
+      if (!status.ok()) break;
       if (r != TNT_SUCCESS) {
-        status = CoreError(*api, r, kind_ + " of " + names_[i]);
+        status = CoreError(*api, r, kind_ + " of " + name);
         break;
+      }
+      if (kind_ == "allgather") {
+        p.row_counts.push_back(counts);  // the core reads it until completion (empty: rows of elements)
+      } else {
+        p.outputs.push_back(out);
       }
       p.handles.push_back(h);
       p.inputs.push_back(in);
@@ -475,8 +524,11 @@ class StartOp : public OpKernel {
 
  private:
   std::string kind_;
-  std::vector<std::string> names_;
+  std::vector<std::string> names_;  // unnamed: one, the suffix of the sequence's names
   int reduce_op_ = 0, root_ = 0;
+  bool unnamed_ = false;
+  int64_t window_ = 60;
+  std::atomic<int64_t *> counter_{nullptr};
 };
 
 // `block`: wait in the calling TensorFlow thread instead of handing off to the
@@ -572,6 +624,8 @@ extern "C" __attribute__((visibility("default"))) int tnt_tfop_bind(const char *
       {reinterpret_cast<void **>(&api->last_error), "tnt_last_error"},
       {reinterpret_cast<void **>(&api->last_error_rank), "tnt_last_error_rank"},
       {reinterpret_cast<void **>(&api->strerror), "tnt_strerror"},
+      {reinterpret_cast<void **>(&api->sequence_counter), "tnt_sequence_counter"},
+      {reinterpret_cast<void **>(&api->name_in_flight), "tnt_name_in_flight"},
   };
   for (auto &e : entries) {
     *e.slot = dlsym(lib, e.name);
