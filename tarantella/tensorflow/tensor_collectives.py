@@ -9,12 +9,13 @@ requests they make eagerly, so that a traced call pairs with an eager one: a
 call of one tensor, named or not, as the compiled ops (tarantella/tensorflow/ops),
 a structure as one `tf.numpy_function` (see _run); eagerly they run at once.
 """
+import sys
 import threading
 
 import tensorflow as tf
 from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
-from tarantella.common import collectives, core, dtypes, master_only, request_names
+from tarantella.common import collectives, core, dtypes, errors, master_only, request_names
 from tarantella.tensorflow import ops as tf_ops
 
 # The entry points run as plain Python while a tf.function traces them, as Keras'
@@ -84,7 +85,7 @@ def _run(x, collective, kind, name=None, **options):
                 tensors[0].dtype.name in dtypes.SUPPORTED and (kind != "allgather" or tensors[0].shape.rank):
             if name is not None:
                 return compiled.run(kind, tensors, [name], **options)[0]
-            return compiled.run(kind, tensors, None, sequence=_traced_sequence(), **options)[0]
+            return compiled.run(kind, tensors, None, sequence=_traced_sequence(kind), **options)[0]
         scale = options.get("scale")
         if kind == "allreduce":  # refused at trace time, as the compiled ops refuse it
             tf_ops.check_scale(scale, [t for t in tensors if t.dtype.name in dtypes.SUPPORTED])
@@ -115,8 +116,60 @@ def _refuse_as_eagerly(x, leaves, kind, name, options):
         dtypes.core_dtype(dtype)
 
 
-def _traced_sequence():
-    """The sequence that numbers, when they run, the unnamed calls traced here: the tracing
+def _traced_sequence(kind):
+    """The sequence that numbers, when they run, the unnamed calls traced here: that of the place
+    where they are traced (_place_sequence). A tf.function traced in two places is refused at
+    its trace in the second: a trace runs wherever the function is called, so a rank that ran the
+    first trace in the second place (the same shape there) counted those calls in the first
+    place's sequence, while a rank that traced again there (another shape: an uneven last batch)
+    counted them in the second's, 'allreduce.18' against 'allreduce.0@worker', and both waited
+    until TNT_TIMEOUT_S. Keeping the first place's sequence for every trace instead would number
+    the calls of threads that each trace one shared function (each with a model of its own) in
+    one sequence, in an order that differs between ranks: paired wrongly, without a word."""
+    place = _place_sequence()
+    function = _tracing_function()
+    first = getattr(function, "_tnt_sequence", None)
+    if first is None:
+        try:
+            function._tnt_sequence = (place,)  # lives as long as the function's traces
+        except AttributeError:  # none found (None), or one without attributes: nothing is refused
+            pass
+    elif first[0] != place:
+        raise errors.InvalidUsageError(
+            f"an unnamed tnt.{kind} in a tf.function traced in {_place(place)}, which was first traced in "
+            f"{_place(first[0])}: the function's traces run wherever it is called, so a rank that runs the "
+            f"first trace in {_place(place)} numbers these calls in the sequence of {_place(first[0])}, and a "
+            "rank that traces the function again there (another shape) in its own: the ranks would wait for "
+            "each other until TNT_TIMEOUT_S. Name the calls (name=...), or make one tf.function per thread "
+            "(per tf.data function)")
+    return place
+
+
+def _place(sequence):
+    """A place of _place_sequence() in words."""
+    if sequence is None:
+        return "the main thread"
+    if sequence.startswith("tf.data."):
+        return f"the tf.data function {sequence[len('tf.data.'):]}"
+    return f"thread {sequence!r}"
+
+
+def _tracing_function():
+    """What stands for the tf.function being traced, the same for all its traces: its captures
+    (TensorFlow's TracingOptions.function_captures, one object per tf.function, found in the
+    frame that traces; its cache of traces has __slots__), or None where there is none to find
+    (then nothing is refused)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_create_concrete_function" and \
+                frame.f_globals.get("__name__", "").endswith("tracing_compilation"):
+            return getattr(frame.f_locals.get("tracing_options"), "function_captures", None)
+        frame = frame.f_back
+    return None
+
+
+def _place_sequence():
+    """The sequence of the place where a call is traced: the tracing
     thread's (thread_sequence(), refused here as eagerly), or, in a tf.data function (a map's,
     a filter's: graphs tf.data names "Dataset_<transformation>_<function>"), a sequence of that
     function's own. tf.data runs those in threads of its own, ahead of the main thread
@@ -164,7 +217,7 @@ def _run_in_graph(tensors, rebuild, collective, kind, name, scale=None):
     time, in the sequence of the thread that traced it: TensorFlow runs the function in threads
     of its own, whose unnamed calls would all share the main thread's sequence."""
     extra = [] if scale is None else [tf.convert_to_tensor(scale)]
-    sequence = _traced_sequence() if name is None else None
+    sequence = _traced_sequence(kind) if name is None else None
     gather = kind == "allgather"
 
     def run(*arrays):

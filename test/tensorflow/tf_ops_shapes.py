@@ -203,6 +203,35 @@ for where in ("main", "worker", "w" * 300):  # a thread's own sequence; a name t
         print(f"FAILED unnamed calls traced on rank 0 ({where} thread), eager on rank 1: {found['got']!r}"[:2000],
               flush=True)
         failures += 1
+# A tf.function first traced in the main thread and traced again in a thread: the trace of a
+# rank that retraced there (another shape: an uneven last batch) numbered its calls in the thread's
+# sequence ("allreduce.0@retracer"), a rank that ran the first trace there (the shape it had
+# traced) in the main thread's ("allreduce.18"), and both waited until TNT_TIMEOUT_S. The trace in
+# a second place is refused at once, before any request (here on both ranks, which both trace
+# again: refused on one rank only, the other would wait for it).
+retraced = tf.function(lambda a: tnt.allreduce(a), autograph=False)
+found = {"first": plain(retraced(tf.constant([1.0, 2.0]) * (rank + 1)))}
+
+
+def in_thread():
+    try:
+        found["thread"] = plain(retraced(tf.constant([1.0, 2.0, 3.0]) * (rank + 1)))
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        found["thread"] = f"{type(exc).__name__}: {exc}"[:300]
+    # a function of its own per thread: traced there, counted there ("allreduce.<k>@retracer")
+    found["own"] = plain(tf.function(lambda a: tnt.allreduce(a), autograph=False)(tf.constant([4.0])))
+
+
+retracer = threading.Thread(target=in_thread, name="retracer")
+retracer.start()
+retracer.join()
+found["after"] = plain(tnt.allreduce(tf.constant([5.0])))  # the main thread's count still agrees
+refused = "InvalidUsageError: an unnamed tnt.allreduce in a tf.function traced in thread 'retracer', which was " \
+    "first traced in the main thread"
+if not (str(found.get("thread")).startswith(refused) and found["first"] == [3.0, 6.0] and found["own"] == [8.0]
+        and found["after"] == [10.0]):
+    print(f"FAILED a function traced again in a thread: {found!r}", flush=True)
+    failures += 1
 # The unnamed name of a traced call comes back every 60 calls: the call of that name 60 calls
 # earlier, an eager allreduce_async of rank 0's, is still in flight (rank 1 submits its part 1 s
 # late), so the core refuses the name until it completes. The compiled op waits for it, as an eager
