@@ -320,6 +320,10 @@ class Supervisor:
         self.on_ended = on_ended          # called with (spec, returncode) as each process ends
         self._events = queue.SimpleQueue()
         self._signalled = False  # a stop signal arrived: start no more processes
+        # a process is being started (_start_one): its pid is not known until Popen returns,
+        # so Ctrl+Z then waits for it (_pause_due) rather than leave it running alone
+        self._starting = False
+        self._pause_due = False
         self._procs = []
         self._forwarders = []
         self._writer = _Writer()
@@ -400,19 +404,30 @@ class Supervisor:
             return
         if self._stopped_at is not None:
             return  # the job is being ended: its ranks get no SIGSTOP, which only SIGKILL would end
+        if self._starting:
+            # a rank is being started, its pid not yet known (this handler runs in the main
+            # thread, inside its Popen): the start loop pauses once it is (run)
+            self._pause_due = True
+            return
         paused = [i for i, proc in enumerate(self._procs) if proc.returncode is None]
         for i in paused:
             self._signal_group(i, signal.SIGSTOP)
         sys.stdout.flush()
         sys.stderr.flush()
+        try:
+            self._stop_self()
+        finally:
+            self._resume(signal.SIGCONT, None)
+
+    def _stop_self(self):
+        """Stop tntrun as Ctrl+Z stops a program (SIGTSTP's default action, so that the shell
+        says "Stopped"); returns once it is continued (at once where the kernel discards the
+        signal: a process group without a shell to continue it)."""
         previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
         try:
-            # stops this process here; returns once it is continued (at once where the kernel
-            # discards the signal: a process group without a shell to continue it)
             os.kill(os.getpid(), signal.SIGTSTP)
         finally:
             signal.signal(signal.SIGTSTP, previous)
-            self._resume(signal.SIGCONT, None)
 
     def _resume(self, signum, frame):
         """SIGCONT to tntrun (the shell's fg or bg, kill -CONT): every rank's process group
@@ -456,11 +471,22 @@ class Supervisor:
                     # slow machine): the main loop below stops those started so far, now;
                     # before, every rank was started first (-n 100000: minutes)
                     break
+                self._starting = True
                 try:
                     self._start_one(index, spec)
                 except LaunchError:
+                    self._starting = self._pause_due = False
                     self._stop(set(range(len(self._procs))), results_by_index={})
                     raise
+                finally:
+                    self._starting = False
+                if self._pause_due:
+                    # Ctrl+Z came while this rank was being started (the Popen's fork and
+                    # exec): the pause is taken now that its pid is known. Before, the rank
+                    # went on while the others were stopped, and failed at TNT_TIMEOUT_S
+                    # waiting for them in its set-up
+                    self._pause_due = False
+                    self._pause(signal.SIGTSTP, None)
             # only the processes started (fewer than specs after a stop signal)
             results.extend(ProcResult(spec, p.pid) for spec, p in zip(self.specs, self._procs))
             if self.on_started:

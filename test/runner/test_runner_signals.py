@@ -185,6 +185,41 @@ def test_ctrl_z_pauses_every_rank_and_fg_resumes_the_job(script, tmp_path):
             proc.communicate()
 
 
+def test_ctrl_z_while_a_rank_is_being_started_stops_it_too(monkeypatch):
+    # Ctrl+Z handled inside a rank's Popen (tntrun's handler runs in the main thread, which
+    # waits there for the child's exec) stopped the ranks whose pids tntrun knew: that rank
+    # went on alone while the others and tntrun were stopped, and failed at TNT_TIMEOUT_S
+    # waiting for them in its set-up (8 of 30 Ctrl+Z during a start of -n 8). It is stopped
+    # too: the pause is taken once its Popen has returned. Here SIGTSTP arrives as the second
+    # rank's Popen returns, and tntrun's own stop notes the ranks' states instead
+    import_runner()
+    from tarantella.runner import supervise
+
+    specs = [supervise.ProcSpec(argv=["sleep", "2"], env=dict(os.environ), label=str(r), rank=r)
+             for r in range(3)]
+    supervisor = supervise.Supervisor(specs, grace_s=5)
+    real_popen, started, seen = supervise.subprocess.Popen, [], {}
+
+    def popen_then_ctrl_z(argv, *args, **kwargs):
+        proc = real_popen(argv, *args, **kwargs)
+        if argv == ["sleep", "2"]:
+            started.append(proc.pid)
+            if len(started) == 2:
+                os.kill(os.getpid(), signal.SIGTSTP)  # the Supervisor's handler, on this thread
+                for _ in range(1000):  # a few bytecodes: the handler runs here
+                    pass
+        return proc
+
+    def stop_self():
+        seen["stopped"] = _until_stopped(list(started), timeout=5)
+
+    monkeypatch.setattr(supervise.subprocess, "Popen", popen_then_ctrl_z)
+    monkeypatch.setattr(supervisor, "_stop_self", stop_self)
+    job = supervisor.run()
+    assert len(seen["stopped"]) == 2 and set(seen["stopped"].values()) == {"T"}, seen
+    assert job.exit_code == 0 and len(job.results) == 3  # continued, the job goes on
+
+
 def test_ctrl_z_across_hosts_leaves_the_job_and_tntrun_running(tmp_path):
     # tntrun cannot stop the ranks on other hosts: stopped alone, it left the engine's output
     # unread until the ranks blocked on it. It says so and goes on.
