@@ -1,5 +1,6 @@
 """Host lists: a hostfile (`host`, `host slots=N` or `host:N` per line; `#` comments and
 blank lines allowed) or -H h1:2,h2:2. Duplicates and empty lists are errors that name the line."""
+import ipaddress
 import re
 import socket
 import threading
@@ -101,13 +102,22 @@ def _addresses(hosts, timeout_s, workers=32):
 
 
 def _is_local(address):
-    """Whether `address` is one of this machine's (loopback included): it can be bound here."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    """Whether `address` is one of this machine's (loopback included). Not whether it can be
+    bound here: with net.ipv4.ip_nonlocal_bind=1 (hosts of keepalived, HAProxy, some
+    Kubernetes nodes) any address can, and every job on two hosts was refused as "both this
+    machine". The kernel's route to an address of this machine leaves from that address (its
+    local table), a route to another machine from an address of this one (or there is none)."""
     try:
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.bind((address, 0))
+        ip = ipaddress.ip_address(address)
+    except ValueError:  # an IPv6 address with a %scope: not compared
+        return False
+    if ip.is_loopback:
         return True
-    except OSError:
+    try:
+        with socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((address, 9))  # UDP: no packet is sent, the route is chosen
+            return ipaddress.ip_address(sock.getsockname()[0].split("%", 1)[0]) == ip
+    except (OSError, ValueError):
         return False
 
 

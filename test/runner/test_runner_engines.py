@@ -234,6 +234,19 @@ def test_one_machine_under_two_names_is_refused_naming_both():
     assert run_tntrun(["-H", "a,b", "--dry-run", "--", "t.py"]).returncode == 0
 
 
+def test_two_machines_are_not_taken_for_one_where_any_address_can_be_bound(monkeypatch):
+    # "this machine" was an address that bind() accepts: with net.ipv4.ip_nonlocal_bind=1
+    # (hosts of keepalived or HAProxy, some Kubernetes nodes) the kernel accepts any, and
+    # every job on two hosts was refused ("'node1' and 'node2' are both this machine").
+    # Such a kernel's bind() is what the patch below does
+    from tarantella.runner import hostfile
+
+    monkeypatch.setattr(socket.socket, "bind", lambda self, address: None)
+    assert hostfile.same_machine(["198.51.100.1", "198.51.100.2"]) is None  # TEST-NET-2: no host of ours
+    assert hostfile.same_machine(["localhost", "127.0.0.1"])[2].startswith("are both this machine")
+    assert hostfile.same_machine(["198.51.100.1", "localhost", "127.0.0.1"])[:2] == ("localhost", "127.0.0.1")
+
+
 def test_engine_failure_is_reported(tmp_path):
     fake = 'echo "rank 3 on node2 died" >&2; exit 9'
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=fake) + os.pathsep + os.environ["PATH"])
