@@ -25,6 +25,9 @@
  * of PAUSE_EVIDENCE_GAP_NS or more without a SIGCONT noted waits up to
  * EVIDENCE_WAIT_NS for one, so that it does not take its deadline for passed.
  *
+ * A handler the program installs after ours (Python's signal.signal) replaces
+ * it: the slow path of tnt_now puts ours back in front of it (rearm_if_replaced).
+ *
  * A rank stopped alone is reported as before: its peers, not stopped, count
  * their waits in full and fail at TNT_TIMEOUT_S naming it ("is stopped"). */
 #define _GNU_SOURCE
@@ -52,8 +55,17 @@ _Atomic int64_t tnt_clock_seen_ns;
 static _Atomic uint32_t conts;         /* SIGCONTs received */
 static _Atomic uint32_t conts_counted; /* ... of which the pause was counted */
 static atomic_flag counting = ATOMIC_FLAG_INIT;
-static struct sigaction previous;      /* the program's SIGCONT handler, called after ours */
+/* The program's SIGCONT handler, called after ours: two slots, so that a re-arm (below)
+ * never rewrites the one a handler running on another thread reads. */
+static struct sigaction previous[2];
+static _Atomic int previous_at;
 static _Atomic int armed;
+/* A handler the program installs after ours (Python's signal.signal(SIGCONT, ...)) replaces
+ * it, and the job's pauses counted again: the slow path looks every HANDLER_CHECK_NS
+ * whether ours is still in place, and puts it back in front of the program's. */
+#define HANDLER_CHECK_NS 250000000LL
+static int64_t handler_checked_ns; /* under `counting` */
+static void rearm_if_replaced(int64_t raw);
 
 static int64_t mono_ns(void) {
   struct timespec ts;
@@ -91,6 +103,7 @@ double tnt_now_slow(int64_t raw) {
       while (atomic_load(&conts) == atomic_load(&conts_counted) && mono_ns() < until) nanosleep(&nap, NULL);
     }
     count_gap(raw);
+    if (raw - handler_checked_ns >= HANDLER_CHECK_NS) rearm_if_replaced(raw);
     const int64_t now = atomic_load(&tnt_clock_seen_ns), off = atomic_load(&tnt_pause_offset_ns);
     atomic_flag_clear(&counting); /* read under it: every count adds the offset and moves the reading */
     return (double)(now - off) * 1e-9;
@@ -106,8 +119,39 @@ static void on_sigcont(int sig, siginfo_t *info, void *context) {
     count_gap(mono_ns());
     atomic_flag_clear(&counting);
   }
-  if (previous.sa_flags & SA_SIGINFO) previous.sa_sigaction(sig, info, context);
-  else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) previous.sa_handler(sig);
+  const struct sigaction *prev = &previous[atomic_load(&previous_at)];
+  if (prev->sa_flags & SA_SIGINFO) prev->sa_sigaction(sig, info, context);
+  else if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN) prev->sa_handler(sig);
+}
+
+/* Install on_sigcont in front of the handler `now` (the current one); 0 on success. The
+ * handler actually replaced (one the program installed since `now` was read) is the one
+ * chained. */
+static int install(const struct sigaction *now) {
+  const int slot = !atomic_load(&previous_at);
+  previous[slot] = *now;
+  atomic_store(&previous_at, slot);
+  struct sigaction ours, replaced;
+  memset(&ours, 0, sizeof ours);
+  ours.sa_sigaction = on_sigcont;
+  ours.sa_mask = now->sa_mask;
+  /* SA_RESTART: the program's system calls go on after the continuation, as they
+   * did without a handler */
+  ours.sa_flags = (now->sa_flags | SA_SIGINFO | SA_RESTART) & ~SA_RESETHAND;
+  if (sigaction(SIGCONT, &ours, &replaced) != 0) return -1;
+  if (!((replaced.sa_flags & SA_SIGINFO) && replaced.sa_sigaction == on_sigcont) &&
+      memcmp(&replaced.sa_handler, &now->sa_handler, sizeof replaced.sa_handler) != 0) {
+    previous[!slot] = replaced;
+    atomic_store(&previous_at, !slot);
+  }
+  return 0;
+}
+
+static void rearm_if_replaced(int64_t raw) {
+  handler_checked_ns = raw;
+  struct sigaction now;
+  if (sigaction(SIGCONT, NULL, &now) != 0 || ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigcont)) return;
+  install(&now);
 }
 
 /* A fork() child has the one thread that forked: a flag another thread held at the fork
@@ -119,17 +163,5 @@ void tnt_pause_arm(void) {
   pthread_atfork(NULL, NULL, after_fork_in_child);
   atomic_store(&tnt_clock_seen_ns, mono_ns());
   struct sigaction now;
-  if (sigaction(SIGCONT, NULL, &now) != 0) {
-    atomic_store(&armed, 0);
-    return;
-  }
-  previous = now;
-  struct sigaction ours;
-  memset(&ours, 0, sizeof ours);
-  ours.sa_sigaction = on_sigcont;
-  ours.sa_mask = now.sa_mask;
-  /* SA_RESTART: the program's system calls go on after the continuation, as they
-   * did without a handler */
-  ours.sa_flags = (now.sa_flags | SA_SIGINFO | SA_RESTART) & ~SA_RESETHAND;
-  if (sigaction(SIGCONT, &ours, NULL) != 0) atomic_store(&armed, 0);
+  if (sigaction(SIGCONT, NULL, &now) != 0 || install(&now) != 0) atomic_store(&armed, 0);
 }
