@@ -19,7 +19,8 @@ How the job ends:
 - SIGUSR1/SIGUSR2 to tntrun are passed on to every rank (or to the engine, which passes
   them on to its ranks), and the job goes on;
 - SIGTSTP (Ctrl+Z) stops every rank's process group (SIGSTOP), then tntrun itself, as the
-  shell expects of a job; once tntrun is continued (fg, bg, SIGCONT) so are the ranks. The
+  shell expects of a job (SIGTTOU and SIGTTIN too: a background tntrun that writes to the
+  terminal under `stty tostop`); once tntrun is continued (fg, bg, SIGCONT) so are the ranks. The
   core does not count the pause against TNT_TIMEOUT_S. Across hosts tntrun cannot stop the
   ranks: it says so and goes on (the job too).
 
@@ -58,8 +59,10 @@ GRACE_S = 3.0  # between a stop signal and SIGKILL, for a stopped process to end
 # tntrun as SIGQUIT would
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 # Ctrl+Z and the continuation (fg, bg, kill -CONT): the whole job pauses and goes on
-# (Supervisor._pause, _resume); by default Ctrl+Z stopped tntrun alone
-PAUSE_SIGNALS = (signal.SIGTSTP, signal.SIGCONT)
+# (Supervisor._pause, _resume); by default Ctrl+Z stopped tntrun alone. SIGTTOU and SIGTTIN
+# stop a background job that writes to the terminal (stty tostop) or reads it: the same
+STOPPING_SIGNALS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+PAUSE_SIGNALS = STOPPING_SIGNALS + (signal.SIGCONT,)
 
 
 @dataclasses.dataclass
@@ -323,7 +326,7 @@ class Supervisor:
         # a process is being started (_start_one): its pid is not known until Popen returns,
         # so Ctrl+Z then waits for it (_pause_due) rather than leave it running alone
         self._starting = False
-        self._pause_due = False
+        self._pause_due = None  # the stop signal to act on
         self._procs = []
         self._forwarders = []
         self._writer = _Writer()
@@ -397,6 +400,11 @@ class Supervisor:
         goes on (fg, bg, kill -CONT), so do the ranks. Before, tntrun alone stopped: the ranks
         went on, their output unread, and failed once a pipe filled."""
         if any(spec.rank is None for spec in self.specs):
+            if signum != signal.SIGTSTP:
+                # the kernel stops a background tntrun that writes to the terminal (stty
+                # tostop) with SIGTTOU, and sends it again at each write until it is stopped
+                self._stop_self(signum)
+                return
             # mpirun, srun, gaspi_run: tntrun cannot reach the ranks on the other hosts, and a
             # stopped tntrun would leave the engine's output unread until the ranks block on it
             print("tntrun: Ctrl+Z (SIGTSTP) does not pause a job across hosts: it goes on, and so does "
@@ -407,7 +415,7 @@ class Supervisor:
         if self._starting:
             # a rank is being started, its pid not yet known (this handler runs in the main
             # thread, inside its Popen): the start loop pauses once it is (run)
-            self._pause_due = True
+            self._pause_due = signum
             return
         paused = [i for i, proc in enumerate(self._procs) if proc.returncode is None]
         for i in paused:
@@ -415,19 +423,19 @@ class Supervisor:
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            self._stop_self()
+            self._stop_self(signum)
         finally:
             self._resume(signal.SIGCONT, None)
 
-    def _stop_self(self):
-        """Stop tntrun as Ctrl+Z stops a program (SIGTSTP's default action, so that the shell
-        says "Stopped"); returns once it is continued (at once where the kernel discards the
+    def _stop_self(self, signum=signal.SIGTSTP):
+        """Stop tntrun as `signum` stops a program (its default action, so that the shell says
+        "Stopped"); returns once it is continued (at once where the kernel discards the
         signal: a process group without a shell to continue it)."""
-        previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        previous = signal.signal(signum, signal.SIG_DFL)
         try:
-            os.kill(os.getpid(), signal.SIGTSTP)
+            os.kill(os.getpid(), signum)
         finally:
-            signal.signal(signal.SIGTSTP, previous)
+            signal.signal(signum, previous)
 
     def _resume(self, signum, frame):
         """SIGCONT to tntrun (the shell's fg or bg, kill -CONT): every rank's process group
@@ -455,7 +463,7 @@ class Supervisor:
                     # as for any program; the ranks inherit it
                     continue
                 handler = (self._on_signal if sig in STOP_SIGNALS else self._forward if sig in FORWARDED_SIGNALS
-                           else self._pause if sig == signal.SIGTSTP else self._resume)
+                           else self._pause if sig in STOPPING_SIGNALS else self._resume)
                 previous[sig] = signal.signal(sig, handler)
         results = []
         job = JobResult(results=results, started_at=started_at)
@@ -475,18 +483,18 @@ class Supervisor:
                 try:
                     self._start_one(index, spec)
                 except LaunchError:
-                    self._starting = self._pause_due = False
+                    self._starting, self._pause_due = False, None
                     self._stop(set(range(len(self._procs))), results_by_index={})
                     raise
                 finally:
                     self._starting = False
-                if self._pause_due:
+                if self._pause_due is not None:
                     # Ctrl+Z came while this rank was being started (the Popen's fork and
                     # exec): the pause is taken now that its pid is known. Before, the rank
                     # went on while the others were stopped, and failed at TNT_TIMEOUT_S
                     # waiting for them in its set-up
-                    self._pause_due = False
-                    self._pause(signal.SIGTSTP, None)
+                    signum, self._pause_due = self._pause_due, None
+                    self._pause(signum, None)
             # only the processes started (fewer than specs after a stop signal)
             results.extend(ProcResult(spec, p.pid) for spec, p in zip(self.specs, self._procs))
             if self.on_started:

@@ -185,6 +185,36 @@ def test_ctrl_z_pauses_every_rank_and_fg_resumes_the_job(script, tmp_path):
             proc.communicate()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTTOU, signal.SIGTTIN])
+def test_a_background_tntrun_stopped_by_the_terminal_stops_its_ranks(script, sig):
+    # `bg` under `stty tostop`: the kernel stops a background job that writes to the terminal
+    # with SIGTTOU (one that reads it with SIGTTIN). It stopped tntrun alone, as Ctrl+Z did:
+    # the ranks went on, their output unread, until a pipe filled and the others failed at
+    # TNT_TIMEOUT_S. They are stopped with it, as by Ctrl+Z, and continued with it
+    path = script("""
+        print("UP", os.environ["TNT_JOB_ID"], os.getpid(), flush=True)
+        time.sleep(60)
+    """)
+    proc = start_tntrun(["-n", "2", "--output-on-all-devices", "--", path], env=runner_env(), process_group=0)
+    try:
+        job, pids = _wait_up(proc, 2)
+        proc.send_signal(sig)
+        states = _until_stopped([proc.pid] + pids)
+        assert set(states.values()) == {"T"}, states
+        proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "T" in {_state(pid) for pid in [proc.pid] + pids}:
+            time.sleep(0.05)
+        assert "T" not in {_state(pid) for pid in [proc.pid] + pids}
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_ctrl_z_while_a_rank_is_being_started_stops_it_too(monkeypatch):
     # Ctrl+Z handled inside a rank's Popen (tntrun's handler runs in the main thread, which
     # waits there for the child's exec) stopped the ranks whose pids tntrun knew: that rank
@@ -210,7 +240,7 @@ def test_ctrl_z_while_a_rank_is_being_started_stops_it_too(monkeypatch):
                     pass
         return proc
 
-    def stop_self():
+    def stop_self(signum=None):
         seen["stopped"] = _until_stopped(list(started), timeout=5)
 
     monkeypatch.setattr(supervise.subprocess, "Popen", popen_then_ctrl_z)
