@@ -72,7 +72,17 @@ def of_args(args):
 RESOLVE_S = 2.0  # the longest wait for the host names' addresses (a slow DNS is not waited for)
 
 
+_looked_up = {}  # tuple(hosts) -> _addresses: same_machine's, for this_host_only (once per job)
+
+
 def _addresses(hosts, timeout_s, workers=32):
+    key = tuple(hosts)
+    if key not in _looked_up:
+        _looked_up[key] = _lookup(hosts, timeout_s, workers)
+    return _looked_up[key]
+
+
+def _lookup(hosts, timeout_s, workers):
     """{host: set of its addresses} for the names that resolve within `timeout_s`, looked up by
     a few daemon threads (the engine names a host that does not resolve, as before, and a
     slow DNS delays neither the job nor tntrun's exit)."""
@@ -144,3 +154,9 @@ def same_machine(hosts, timeout_s=RESOLVE_S):
                 return seen[addr], host, f"resolve to one address, {addr}"
             seen[addr] = host
     return None
+
+
+def this_host_only(hosts, timeout_s=RESOLVE_S):
+    """Whether every name of `hosts` is this machine (each of its addresses is one of ours)."""
+    addresses = _addresses(hosts, timeout_s)
+    return all(addresses.get(host) and all(_is_local(a) for a in addresses[host]) for host in hosts)

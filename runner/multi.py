@@ -570,6 +570,10 @@ def run(args, command, job_id):
                         # srun SIGKILLs its tasks on SIGTERM ("forcing job termination"): the ranks
                         # had no grace period; SIGINT it passes on to them (--disable-status)
                         stop_signal=signal.SIGINT if plan.engine == "srun" else signal.SIGTERM,
+                        # Ctrl+Z can pause ranks that all run here (--transport mpi -n N): Open
+                        # MPI forks them below mpirun (others may reach even this host by ssh)
+                        on_this_host=plan.engine == "mpirun (Open MPI)" and hostfile.this_host_only(
+                            [h for h, _ in plan.placement]),
                         # (gaspi_run's ssh commands end in 2>&1, which our ssh, gaspi_ssh.py,
                         # takes off: a record that came on its stdout all the same is taken too)
                         stdout_filter=(rank_report.MarkerFilter(collector)

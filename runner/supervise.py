@@ -86,6 +86,8 @@ class ProcSpec:
                                   # in 2>&1, which gaspi_ssh.py takes off: a safeguard)
     stop_signal: int = signal.SIGTERM  # the first signal when the job is stopped (srun: SIGINT,
                                        # which it passes on; on SIGTERM it SIGKILLs its tasks)
+    on_this_host: bool = False    # an engine launcher whose ranks all run on this host
+                                  # (--transport mpi, -H localhost:N): Ctrl+Z pauses them
 
 
 @dataclasses.dataclass
@@ -399,7 +401,7 @@ class Supervisor:
         with SIGTSTP's default action, so that the shell sees the job stopped. When tntrun
         goes on (fg, bg, kill -CONT), so do the ranks. Before, tntrun alone stopped: the ranks
         went on, their output unread, and failed once a pipe filled."""
-        if any(spec.rank is None for spec in self.specs):
+        if any(spec.rank is None and not spec.on_this_host for spec in self.specs):
             if signum != signal.SIGTSTP:
                 # the kernel stops a background tntrun that writes to the terminal (stty
                 # tostop) with SIGTTOU, and sends it again at each write until it is stopped
@@ -420,6 +422,7 @@ class Supervisor:
         paused = [i for i, proc in enumerate(self._procs) if proc.returncode is None]
         for i in paused:
             self._signal_group(i, signal.SIGSTOP)
+            self._signal_below(i, signal.SIGSTOP)
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -442,7 +445,19 @@ class Supervisor:
         goes on, those that Ctrl+Z stopped and those stopped by hand alike."""
         for i, proc in enumerate(list(self._procs)):
             if proc.returncode is None:  # reaped: its pid may be another process's now
+                self._signal_below(i, signal.SIGCONT)
                 self._signal_group(i, signal.SIGCONT)
+
+    def _signal_below(self, index, sig):
+        """An engine on this host (mpirun -H localhost:N): its ranks run in process groups of
+        their own (Open MPI's setpgid), which its group's signal does not reach."""
+        if self.specs[index].rank is None and self.specs[index].on_this_host:
+            for pid, start in jobs.descendants(self._procs[index].pid):
+                if jobs.same_process(pid, start):
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
 
     def stall_after(self, reason, seconds):
         """Stop the job if it has not ended `seconds` from now (any thread): across hosts a

@@ -273,6 +273,35 @@ def test_ctrl_z_across_hosts_leaves_the_job_and_tntrun_running(tmp_path):
             proc.communicate()
 
 
+def test_ctrl_z_pauses_the_ranks_of_mpirun_on_this_host(tmp_path):
+    # --transport mpi on one host (-H localhost:2): mpirun starts the ranks here, in process
+    # groups of their own. Ctrl+Z said "does not pause a job across hosts" and the job went
+    # on; now mpirun and every process below it stop with tntrun, and go on with it
+    engine = ('case "$1" in --version) echo "mpirun (Open MPI) 4.1.4";; *) '
+              'for r in 0 1; do setsid sleep 60 & done; echo ENGINE UP; wait;; esac')
+    env = runner_env(PATH=fake_bin(tmp_path, mpirun=engine) + os.pathsep + os.environ["PATH"])
+    proc = start_tntrun(["-H", "localhost:2", "--transport", "mpi", "--", "t.py"], env=env, process_group=0)
+    try:
+        assert "ENGINE UP" in proc.stdout.readline()
+        below = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(below) >= 3  # mpirun and its two "ranks"
+        proc.send_signal(signal.SIGTSTP)
+        states = _until_stopped([proc.pid] + below, timeout=10)
+        assert set(states.values()) == {"T"}, states
+        proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "T" in {_state(pid) for pid in [proc.pid] + below}:
+            time.sleep(0.05)
+        assert "T" not in {_state(pid) for pid in [proc.pid] + below}
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert "does not pause a job across hosts" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(script):
     path = script("""
         import signal
