@@ -73,13 +73,24 @@ static int64_t mono_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* The shortest gap counted as a pause. A waiting thread reads the clock at
+ * least every 0.1 s, so while a deadline runs the gaps are shorter than this
+ * unless the process was really stopped; SIGCONTs sent to a process that was
+ * not stopped (a tool that sends them over and over: every 50 ms stretched a
+ * TNT_TIMEOUT_S of 3 s to 15 s, each counting the gap since the last reading)
+ * then count nothing. A pause shorter than this counts as time, as before. */
+#define PAUSE_MIN_NS 250000000LL
+
 /* Under `counting`: the gap from the last reading to `raw`, counted as a pause
- * when a SIGCONT came since the last count; the reading advanced to `raw`. */
+ * when a SIGCONT came since the last count; the reading advanced to `raw`. A
+ * SIGCONT whose gap is too short stays uncounted: a thread that read the clock
+ * just before the process stopped may count first, with a reading from before
+ * the pause, and the pause is then counted by the next reading. */
 static void count_gap(int64_t raw) {
   const int64_t seen = atomic_load(&tnt_clock_seen_ns);
   if (raw <= seen) return;
   const uint32_t n = atomic_load(&conts);
-  if (n != atomic_load(&conts_counted) && raw - seen > TNT_CLOCK_GRAIN_NS) {
+  if (n != atomic_load(&conts_counted) && raw - seen >= PAUSE_MIN_NS) {
     atomic_fetch_add(&tnt_pause_offset_ns, raw - seen); /* first: a reader that sees the new reading sees it */
     atomic_store(&conts_counted, n);
   }

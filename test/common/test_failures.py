@@ -113,6 +113,37 @@ def test_ranks_stopped_together_go_on_when_continued_after_the_timeout(tmp_path)
     assert shm_objects(job) == []
 
 
+def test_sigconts_to_a_rank_that_is_not_stopped_do_not_stretch_its_timeout(tmp_path):
+    # SIGCONT to a process that was not stopped, over and over (every 50 ms), while it waits for a
+    # peer that never answers: each counted the gap since the clock's last reading as a pause, and
+    # TNT_TIMEOUT_S=3 became about 15 s. Gaps that short are no pause (pause.c's PAUSE_MIN_NS)
+    go = tmp_path / "go"
+    job = secrets.token_hex(16)
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "rank_paused.py"), str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=2,
+                                            TNT_JOB_ID=job, TNT_TIMEOUT_S=3))
+             for r in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().startswith("UP")
+        began = time.monotonic()
+        while procs[0].poll() is None and time.monotonic() - began < 40:
+            os.kill(procs[0].pid, signal.SIGCONT)
+            time.sleep(0.05)
+        waited = time.monotonic() - began
+        go.touch()  # rank 1 calls in, and learns that rank 0 failed
+        results = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert procs[0].returncode != 0 and "TimeoutError" in results[0][1], results[0][1][-3000:]
+    assert waited < 7, waited  # TNT_TIMEOUT_S=3 and a margin for a loaded machine; 9.7-14.8 s before
+    assert shm_objects(job) == []
+
+
 def test_rank_that_never_submits_is_named_after_the_timeout():
     job, procs = spawn_ranks(2, "rank_failures.py", "stall", env={"TNT_TIMEOUT_S": 3})
     reports = collect(procs, skip=None, timeout=60)
