@@ -150,10 +150,22 @@ def same_machine(hosts, timeout_s=RESOLVE_S):
             local_of[host] = mine
             continue
         for addr in sorted(addrs):
-            if addr in seen:
+            if addr in seen and (_is_address(seen[addr]) or _is_address(host)):
                 return seen[addr], host, f"resolve to one address, {addr}"
-            seen[addr] = host
+            seen.setdefault(addr, host)
     return None
+
+
+def _is_address(host):
+    """Whether `host` is written as an address. Two names of one address are refused only
+    when one of them is the address itself: two host names can share an address they are not
+    reached by (a wildcard DNS record answers for ssh aliases that ~/.ssh/config maps to
+    machines of their own), and a false refusal would leave no way to run the job."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
 
 
 def this_host_only(hosts, timeout_s=RESOLVE_S):

@@ -247,6 +247,27 @@ def test_two_machines_are_not_taken_for_one_where_any_address_can_be_bound(monke
     assert hostfile.same_machine(["198.51.100.1", "localhost", "127.0.0.1"])[:2] == ("localhost", "127.0.0.1")
 
 
+def test_two_host_names_of_one_address_are_left_to_the_engine(monkeypatch):
+    # A wildcard DNS record answers with one address for names that are not in DNS (ssh aliases
+    # that ~/.ssh/config maps to machines of their own): two such names were refused as
+    # "resolve to one address", a job the engine would have run, with no way around. Refused
+    # only where one of the names is the address itself
+    from tarantella.runner import hostfile
+
+    wildcard = "198.51.100.7"  # TEST-NET-2: no host of ours
+    real = socket.getaddrinfo
+
+    def lookup(host, *args, **kwargs):
+        if host in ("node-a", "node-b"):
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (wildcard, 0))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    assert hostfile.same_machine(["node-a", "node-b"]) is None
+    assert hostfile.same_machine(["node-a", wildcard]) == ("node-a", wildcard, f"resolve to one address, {wildcard}")
+    assert hostfile.same_machine([wildcard, "node-b"])[:2] == (wildcard, "node-b")
+
+
 def test_engine_failure_is_reported(tmp_path):
     fake = 'echo "rank 3 on node2 died" >&2; exit 9'
     env = runner_env(PATH=fake_bin(tmp_path, mpirun=fake) + os.pathsep + os.environ["PATH"])
