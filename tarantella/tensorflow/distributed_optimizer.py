@@ -315,6 +315,11 @@ def record_applies():
         _recording.calls = previous
 
 
+def recorded_applies():
+    """How many applies record_applies() has collected so far on this thread (0 outside it)."""
+    return len(getattr(_recording, "calls", None) or ())
+
+
 def missing_gradients(optimizer):
     """For each variable of the last traced `apply`, whether its gradient was None."""
     return getattr(optimizer, "_tnt_missing", None)

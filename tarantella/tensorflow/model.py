@@ -432,10 +432,12 @@ class Model(keras.Model):
         def skip():
             # tf.cond traces the real branch first (see below for a step run
             # eagerly): what it did is in `state`
-            step.replay(state.replays[kind])
-            for optimizer, variables, grads in state.applies[kind]:
-                optimizer.apply([None if g is None else distributed_optimizer.zero_gradient(*g)
-                                 for g in grads], variables)
+            # the applies go in where the real branch made them among its TF-level collectives
+            # (a metric's result() that sums over ranks comes after them)
+            step.replay(state.replays[kind], [
+                lambda optimizer=optimizer, variables=variables, grads=grads: optimizer.apply(
+                    [None if g is None else distributed_optimizer.zero_gradient(*g) for g in grads], variables)
+                for optimizer, variables, grads in state.applies[kind]])
             if after_skip is not None:
                 after_skip()
             return tf.nest.map_structure(

@@ -60,7 +60,8 @@ class StepContext:
         self._sizes = None
         self._replaying = False
         self._replayed_sizes = False  # replaying a real branch that summed the sizes
-        self._log = []  # (name, length, on_replay) of each allreduce, in program order
+        self._log = []  # (name, length, on_replay) of each allreduce, or a _Call, in program order
+        self._in_replay = False  # the empty branch is being traced: its calls are not logged
         self._on_replay = []  # what the empty branch must also do (advance seed generators)
         self.values = {}  # what parts of the step share (e.g. the loss scale folding)
 
@@ -74,7 +75,8 @@ class StepContext:
         if values.shape.rank != 1 or length is None:
             raise ValueError(f"allreduce_sum takes a 1-D tensor of static length. Received: "
                              f"shape={values.shape}")
-        name = f"tnt.step.{len(self._log)}.{purpose}"
+        # numbered among the step's own requests only: a rank run eagerly logs no _Call
+        name = f"tnt.step.{sum(not isinstance(e, _Call) for e in self._log)}.{purpose}"
         self._log.append((name, length, on_replay))
         return _allreduce_sum_op(values, name)
 
@@ -114,6 +116,16 @@ class StepContext:
         """This rank's first sample in the global batch (float64)."""
         return tf.reduce_sum(self.sizes()[:core.get_rank()])
 
+    def log_call(self, function, applies_before):
+        """Have the empty branch call `function()` where the real branch made one of the TF-level
+        collectives (tnt.allreduce, broadcast, allgather of a custom layer, metric or train_step),
+        in program order with the step's own requests, after `applies_before` optimizer applies.
+        Not replayed, a rank with an empty slice skipped such a call and every rank waited until
+        TNT_TIMEOUT_S (a layer that subtracts the global batch mean, a metric whose result() sums
+        over ranks)."""
+        if not (self._replaying or self._in_replay):
+            self._log.append(_Call(function, applies_before))
+
     def on_replay(self, function):
         """Have the empty branch call `function()` too (e.g. draw a seed, so that
         a random layer's state advances on every rank alike)."""
@@ -125,8 +137,10 @@ class StepContext:
         real one, makes no request of its own for the gradients' total weight)."""
         return list(self._log), list(self._on_replay), self._sizes is not None
 
-    def replay(self, previous=None):
-        """Issue the logged requests with zero contributions (the empty branch).
+    def replay(self, previous=None, applies=()):
+        """Issue the logged requests with zero contributions (the empty branch), and call
+        `applies` (the optimizer applies of the real branch, with zero gradients), each where
+        the real branch made it among the logged TF-level collectives (log_call).
         Afterwards the context only answers with constants: tensors of the
         real branch's graph cannot be used in this one. Run eagerly, only one
         branch runs, so nothing was logged in this step: `previous` (an
@@ -135,13 +149,36 @@ class StepContext:
             log, hooks, self._replayed_sizes = self._log, self._on_replay, self._sizes is not None
         else:
             log, hooks, self._replayed_sizes = previous
-        for name, length, consume in list(log):
-            summed = _allreduce_sum_op(tf.zeros([length], tf.float64), name)
-            if consume is not None:
-                consume(summed)
-        for function in list(hooks):
-            function()
-        self._replaying = True
+        applies = list(applies)
+        done = 0
+        self._in_replay = True
+        try:
+            for entry in list(log):
+                if isinstance(entry, _Call):
+                    while done < min(entry.applies_before, len(applies)):
+                        self._replaying = True  # an apply of the empty branch asks for no sizes
+                        applies[done]()
+                        done += 1
+                    entry.function()
+                    continue
+                name, length, consume = entry
+                summed = _allreduce_sum_op(tf.zeros([length], tf.float64), name)
+                if consume is not None:
+                    consume(summed)
+            for function in list(hooks):
+                function()
+            self._replaying = True
+            for apply in applies[done:]:
+                apply()
+        finally:
+            self._in_replay = False
+
+
+class _Call:
+    """A TF-level collective of the real branch, for the empty branch to make (log_call)."""
+
+    def __init__(self, function, applies_before):
+        self.function, self.applies_before = function, applies_before
 
 
 def current():

@@ -84,15 +84,57 @@ def _run(x, collective, kind, name=None, **options):
         if compiled is not None and _is_tensor(x) and \
                 tensors[0].dtype.name in dtypes.SUPPORTED and (kind != "allgather" or tensors[0].shape.rank):
             if name is not None:
-                return compiled.run(kind, tensors, [name], **options)[0]
-            return compiled.run(kind, tensors, None, sequence=_traced_sequence(kind), **options)[0]
-        scale = options.get("scale")
-        if kind == "allreduce":  # refused at trace time, as the compiled ops refuse it
-            tf_ops.check_scale(scale, [t for t in tensors if t.dtype.name in dtypes.SUPPORTED])
-        return _run_in_graph(tensors, rebuild, collective, kind, name, scale if _is_tensor(scale) else None)
+                result = compiled.run(kind, tensors, [name], **options)[0]
+            else:
+                result = compiled.run(kind, tensors, None, sequence=_traced_sequence(kind), **options)[0]
+        else:
+            scale = options.get("scale")
+            if kind == "allreduce":  # refused at trace time, as the compiled ops refuse it
+                tf_ops.check_scale(scale, [t for t in tensors if t.dtype.name in dtypes.SUPPORTED])
+            result = _run_in_graph(tensors, rebuild, collective, kind, name, scale if _is_tensor(scale) else None)
+        _log_for_empty_slice(tensors, rebuild, kind, name, options)
+        return result
     values, rebuild_result = collectives.flatten(collective(x, name))
     return rebuild_result([tf.convert_to_tensor(v, dtype=leaf.dtype) if _is_tensor(leaf) else v
                            for leaf, v in zip(leaves, values)])
+
+
+def _log_for_empty_slice(tensors, rebuild, kind, name, options):
+    """In a tnt.Model step, have a rank whose slice of the last batch is empty make this call too,
+    with zeros (no rows for an allgather): that rank skips the model (tnt.Model._unless_empty),
+    so a layer's, a metric's or a custom train_step's own tnt.allreduce / broadcast / allgather
+    was made on the other ranks only, and every rank waited until TNT_TIMEOUT_S. Its zeros add
+    nothing to a sum and no rows to a gather, as an empty slice contributes nothing; only a
+    broadcast from the empty rank itself has nothing right to send, and fails there."""
+    from tarantella.tensorflow import step_context
+
+    context = step_context.current()
+    if context is None:  # outside a tnt.Model step
+        return
+    from tarantella.tensorflow import distributed_optimizer
+    specs = [(t.shape, t.dtype) for t in tensors]
+
+    def zeros(shape, dtype):
+        if shape.rank is None:
+            return tf.zeros([0], dtype)
+        return tf.zeros([0 if d is None or (kind == "allgather" and i == 0) else d
+                         for i, d in enumerate(shape.as_list())], dtype)
+
+    def replay():
+        empty = rebuild([zeros(shape, dtype) for shape, dtype in specs])
+        if kind == "allreduce":
+            allreduce(empty, op=options["op"], name=name)
+        elif kind == "allgather":
+            allgather(empty, name=name)
+        elif options["root"] == core.get_rank():
+            tf.debugging.Assert(False, [  # raised only where the empty branch runs
+                f"tnt.broadcast from root {options['root']} in a tnt.Model step where this rank's slice of the "
+                "batch is empty (a last batch with fewer samples than ranks): it has nothing to send. Broadcast "
+                "from a rank that gets samples (rank 0), or use batches that give every rank a sample"])
+        else:
+            broadcast(empty, root=options["root"], name=name)
+
+    context.log_call(replay, distributed_optimizer.recorded_applies())
 
 
 def _refuse_as_eagerly(x, leaves, kind, name, options):

@@ -1072,7 +1072,54 @@ def empty_slices(tnt, reference):
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     out["eager_tracked"] = [float(model.test_on_batch(x[a:b], y[a:b], return_dict=True)["tracked"])
                             for a, b in ((0, 1), (1, 21), (21, 22))]
+    out["own_collectives"] = own_collectives_in_the_model(tnt, reference)
     return out
+
+
+def own_collectives_in_the_model(tnt, reference):
+    """A layer that centres its input on the global batch mean and a metric whose result() sums
+    its state over the ranks, both with an unnamed tarantella.tensorflow.allreduce, fit and
+    evaluated on 81 samples in batches of 20: rank 1's slice of the last batch is empty, and it
+    skips the model (the metric's result() comes after the optimizer's apply). Rank 1 runs
+    eagerly, rank 0 traced. Before, the empty rank made neither call, and both ranks waited until
+    TNT_TIMEOUT_S; now it makes them with zeros, which add nothing, as serial Keras sees it."""
+    if reference:
+        allreduce = tf.stop_gradient  # the collectives have no gradient (docs/api.md)
+    else:
+        import tarantella.tensorflow as tnt_tf
+
+        allreduce = tnt_tf.allreduce
+
+    class GlobalCentre(keras.layers.Layer):
+        def call(self, x):
+            sums = allreduce(tf.concat([tf.reduce_sum(x, 0), tf.cast(tf.shape(x)[:1], x.dtype)], 0))
+            return x - sums[:-1] / sums[-1]
+
+    class GlobalMeanLogit(keras.metrics.Metric):
+        def __init__(self, name="mean_logit"):
+            super().__init__(name=name)
+            self.total = self.add_weight(name="total", initializer="zeros")
+            self.count = self.add_weight(name="count", initializer="zeros")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.total.assign_add(tf.reduce_sum(y_pred))
+            self.count.assign_add(tf.cast(tf.size(y_pred), "float32"))
+
+        def result(self):
+            both = allreduce(tf.stack([tf.convert_to_tensor(self.total), tf.convert_to_tensor(self.count)]))
+            return both[0] / both[1]
+
+    keras.utils.set_random_seed(13)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(6), GlobalCentre(), keras.layers.Dense(3)])
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.05),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[GlobalMeanLogit()], run_eagerly=not reference and tnt.get_rank() == 1)
+    x, y = data(81, seed=6)
+    history = model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0).history
+    evaluated = model.evaluate(x, y, batch_size=B, verbose=0, return_dict=True)
+    return {"history": history, "evaluated": evaluated, "weights": weights(model)}
 
 
 def check_stale_file_loads(tnt, files):

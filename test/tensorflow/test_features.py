@@ -473,6 +473,12 @@ def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
         np.testing.assert_allclose(got["eager_losses"], ref["eager_losses"], rtol=1e-6)
         np.testing.assert_allclose(got["eager_tracked"], ref["eager_tracked"], rtol=1e-6)
         np.testing.assert_allclose(got["recompiled_losses"], ref["recompiled_losses"], rtol=1e-6)
+        own, own_ref = got["own_collectives"], ref["own_collectives"]
+        for a, b in zip(own["weights"], own_ref["weights"]):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg="own_collectives")
+        for key in ("loss", "mean_logit"):
+            np.testing.assert_allclose(own["history"][key], own_ref["history"][key], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(own["evaluated"][key], own_ref["evaluated"][key], rtol=1e-4, atol=1e-6)
     assert runs["ranks"][0]["empty_slices"] == runs["ranks"][1]["empty_slices"]
 
 
