@@ -15,7 +15,7 @@ from tarantella.tensorflow import (batch_normalization, call_agreement, collecti
                                    distributed_optimizer, global_loss, random_layers,
                                    step_context)
 from tarantella.tensorflow import compression as compression_lib
-from tarantella.tensorflow import checkpoint_writes, keras_saving
+from tarantella.tensorflow import checkpoint_writes, keras_saving, tensor_collectives
 from tarantella.tensorflow.atomic_save import atomic_save, explain_missing
 from tarantella.tensorflow.data import array_dataset, distribute_dataset
 from tarantella.tensorflow.data import first_batches, py_dataset, step_counts
@@ -490,7 +490,10 @@ class Model(keras.Model):
 
         def on_one_zero_sample():  # the right output structure and shapes, with 0 rows
             zeros = tf.nest.map_structure(_one_zero_sample, x)
-            return tf.nest.map_structure(lambda t: rows(t, 0, 0), self.model.predict_step((zeros,)))
+            # a layer's own collectives: not the stand-in's values
+            with tensor_collectives.contributing_nothing():
+                predicted = self.model.predict_step((zeros,))
+            return tf.nest.map_structure(lambda t: rows(t, 0, 0), predicted)
 
         outputs = tf.cond(_first_dim(x) > 0, lambda: self.model.predict_step(data),
                           on_one_zero_sample)

@@ -9,6 +9,7 @@ requests they make eagerly, so that a traced call pairs with an eager one: a
 call of one tensor, named or not, as the compiled ops (tarantella/tensorflow/ops),
 a structure as one `tf.numpy_function` (see _run); eagerly they run at once.
 """
+import contextlib
 import sys
 import threading
 
@@ -55,9 +56,49 @@ def _is_tensor(leaf):
     return isinstance(leaf, (tf.Tensor, tf.Variable))
 
 
+_stand_in = threading.local()  # active: the model runs on a stand-in sample (contributing_nothing)
+
+
+@contextlib.contextmanager
+def contributing_nothing():
+    """Calls made inside (traced or eager) contribute nothing: zeros to an allreduce or to a
+    broadcast of another root, no rows to an allgather. tnt.Model.predict runs the model of a
+    rank whose slice of the last batch is empty on one sample of zeros, for the structure of the
+    outputs, and drops its rows; a layer's own collective sent that stand-in sample's values (a
+    layer centring on the global batch mean counted one sample more than there were: the other
+    ranks' predictions off, without a word)."""
+    before = getattr(_stand_in, "active", False)
+    _stand_in.active = True
+    try:
+        yield
+    finally:
+        _stand_in.active = before
+
+
+def _nothing_of(leaf, kind, options):
+    """What a stand-in `leaf` contributes: nothing (contributing_nothing)."""
+    if not _is_tensor(leaf):
+        return leaf
+    if kind == "allgather" and leaf.shape.rank:
+        return leaf[:0]
+    if kind == "broadcast" and options["root"] == core.get_rank():
+        message = (f"tnt.broadcast from root {options['root']} in tnt.Model.predict where this rank's slice of the "
+                   "batch is empty (a last batch with fewer samples than ranks): it has nothing to send. Broadcast "
+                   "from a rank that gets samples (rank 0), or predict in batches that give every rank a sample")
+        if tf.executing_eagerly():
+            raise errors.InvalidUsageError(message)
+        # traced, tf.cond traces this branch on every rank: it fails only where it runs
+        with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+            return tf.zeros_like(leaf)
+    return tf.zeros_like(leaf)
+
+
 def _run(x, collective, kind, name=None, **options):
     master_only.refuse(f"tnt.{kind}")  # eagerly, and when a tf.function is traced
     leaves, rebuild = collectives.flatten(x)
+    if getattr(_stand_in, "active", False):
+        leaves = [_nothing_of(leaf, kind, options) for leaf in leaves]
+        x = rebuild(leaves)
     tensors_in = any(_is_tensor(leaf) for leaf in leaves)
     if tensors_in:
         # The choice of path (tf_ops.get) is agreed by every rank in a collective of its own

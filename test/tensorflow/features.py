@@ -1082,7 +1082,8 @@ def own_collectives_in_the_model(tnt, reference):
     evaluated on 81 samples in batches of 20: rank 1's slice of the last batch is empty, and it
     skips the model (the metric's result() comes after the optimizer's apply). Rank 1 runs
     eagerly, rank 0 traced. Before, the empty rank made neither call, and both ranks waited until
-    TNT_TIMEOUT_S; now it makes them with zeros, which add nothing, as serial Keras sees it."""
+    TNT_TIMEOUT_S; now it makes them with zeros, which add nothing, as serial Keras sees it.
+    Then predict alike, whose empty rank runs the model on a stand-in sample."""
     if reference:
         allreduce = tf.stop_gradient  # the collectives have no gradient (docs/api.md)
     else:
@@ -1119,7 +1120,10 @@ def own_collectives_in_the_model(tnt, reference):
     x, y = data(81, seed=6)
     history = model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0).history
     evaluated = model.evaluate(x, y, batch_size=B, verbose=0, return_dict=True)
-    return {"history": history, "evaluated": evaluated, "weights": weights(model)}
+    # predict runs the empty rank's model on a stand-in sample of zeros: its layer's allreduce
+    # counted that sample (rank 0's last prediction centred on half its input, without a word)
+    predicted = model.predict(x, batch_size=B, verbose=0).tolist()
+    return {"history": history, "evaluated": evaluated, "weights": weights(model), "predicted": predicted}
 
 
 def check_stale_file_loads(tnt, files):
