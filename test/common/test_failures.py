@@ -75,38 +75,48 @@ def test_hung_rank_times_out_on_every_other_rank():
     assert shm_objects(job) == []
 
 
+def paused_ranks(go, job, *args, drive):
+    """Start rank_paused.py's two ranks (TNT_TIMEOUT_S=3), wait until both are up, run
+    `drive(procs)`, touch `go` (rank 1 calls in) and return what drive returned and each rank's
+    (stdout, stderr); no rank is left running, whatever fails."""
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "rank_paused.py"), str(go), *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=2,
+                                            TNT_JOB_ID=job, TNT_TIMEOUT_S=3))
+             for r in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().startswith("UP")
+        driven = drive(procs)
+        go.touch()
+        return procs, driven, [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
 def test_ranks_stopped_together_go_on_when_continued_after_the_timeout(tmp_path):
     # every rank stopped by hand (kill -STOP) for twice TNT_TIMEOUT_S, then continued: the core's
     # waits counted the pause, and rank 0, which waited for rank 1 (computing when stopped),
     # failed once continued ("rank 1 ... is alive but did not answer", or "is stopped" for a rank
     # continued a moment later). A rank stopped alone still fails the others at the timeout
     # (test_hung_rank_times_out_on_every_other_rank)
-    go = tmp_path / "go"
     job = secrets.token_hex(16)
-    # Rank 0 installs a SIGCONT handler of its own after tnt.init() (signal.signal), which
-    # replaced the core's: its pause counted again and it failed. The core puts its handler
-    # back in front of the program's, which still runs
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "rank_paused.py"), str(go), "own-handler"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=2,
-                                                       TNT_JOB_ID=job, TNT_TIMEOUT_S=3))
-             for r in range(2)]
-    try:
-        for p in procs:
-            assert p.stdout.readline().startswith("UP")
+
+    def stop_and_continue(procs):
         time.sleep(0.5)  # rank 0 waits in 'across-the-pause'
         for p in procs:
             os.kill(p.pid, signal.SIGSTOP)
         time.sleep(6)
         for p in procs:
             os.kill(p.pid, signal.SIGCONT)
-        go.touch()
-        results = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+
+    # Rank 0 installs a SIGCONT handler of its own after tnt.init() (signal.signal), which
+    # replaced the core's: its pause counted again and it failed. The core puts its handler
+    # back in front of the program's, which still runs
+    procs, _, results = paused_ranks(tmp_path / "go", job, "own-handler", drive=stop_and_continue)
     for p, (out, err) in zip(procs, results):
         assert p.returncode == 0 and "DONE [2.0, 2.0, 2.0, 2.0]" in out, err[-3000:]
     assert "OWN HANDLER RAN True" in results[0][0], results[0]
@@ -117,28 +127,16 @@ def test_sigconts_to_a_rank_that_is_not_stopped_do_not_stretch_its_timeout(tmp_p
     # SIGCONT to a process that was not stopped, over and over (every 50 ms), while it waits for a
     # peer that never answers: each counted the gap since the clock's last reading as a pause, and
     # TNT_TIMEOUT_S=3 became about 15 s. Gaps that short are no pause (pause.c's PAUSE_MIN_NS)
-    go = tmp_path / "go"
     job = secrets.token_hex(16)
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "rank_paused.py"), str(go)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=2,
-                                            TNT_JOB_ID=job, TNT_TIMEOUT_S=3))
-             for r in range(2)]
-    try:
-        for p in procs:
-            assert p.stdout.readline().startswith("UP")
+
+    def pester_until_rank_0_fails(procs):
         began = time.monotonic()
         while procs[0].poll() is None and time.monotonic() - began < 40:
             os.kill(procs[0].pid, signal.SIGCONT)
             time.sleep(0.05)
-        waited = time.monotonic() - began
-        go.touch()  # rank 1 calls in, and learns that rank 0 failed
-        results = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+        return time.monotonic() - began  # then rank 1 calls in, and learns that rank 0 failed
+
+    procs, waited, results = paused_ranks(tmp_path / "go", job, drive=pester_until_rank_0_fails)
     assert procs[0].returncode != 0 and "TimeoutError" in results[0][1], results[0][1][-3000:]
     assert waited < 7, waited  # TNT_TIMEOUT_S=3 and a margin for a loaded machine; 9.7-14.8 s before
     assert shm_objects(job) == []
