@@ -210,6 +210,10 @@ int tnt_worker_of(void);
  * the signal) then lets the set-up go on, as without the core's handler. The frontend passes 0
  * for a Python handler other than the default (which raises KeyboardInterrupt). */
 void tnt_setup_sigint(int on);
+/* 1 when the last tnt_init of this process failed because a SIGINT (Ctrl-C) interrupted its waits
+ * for the other ranks, else 0: the frontend raises KeyboardInterrupt for it in a thread other than
+ * the main one too, where Python's own handler raises it in the main thread alone. */
+int tnt_setup_was_interrupted(void);
 
 /* The core's numeric settings (TNT_FUSION_THRESHOLD_KB, TNT_TIMEOUT_S, ...), one
  * table for the core, tntrun's validation, --help and the docs. tnt_param_check

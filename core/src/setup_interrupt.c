@@ -8,6 +8,8 @@
 
 static struct sigaction previous; /* the program's handler, called after ours */
 static _Atomic int armed, interrupted;
+/* the last set-up failed on `interrupted` (tnt_setup_was_interrupted): kept past the disarm */
+static _Atomic int gave_up;
 /* 0: the program's SIGINT handler decides alone (tnt_setup_sigint) */
 static _Atomic int chain = 1;
 
@@ -19,8 +21,11 @@ static void on_sigint(int sig, siginfo_t *info, void *context) {
   else previous.sa_handler(sig);
 }
 
+int tnt_setup_was_interrupted(void) { return atomic_load(&gave_up); }
+
 void tnt_setup_interrupt_arm(void) {
   atomic_store(&interrupted, 0);
+  atomic_store(&gave_up, 0);
   struct sigaction now;
   if (!atomic_load(&chain) || atomic_load(&armed) || sigaction(SIGINT, NULL, &now) != 0) return;
   /* the default action ends the process at once anyway; an ignored SIGINT stays ignored */
@@ -46,6 +51,7 @@ void tnt_setup_interrupt_disarm(void) {
 
 tnt_result_t tnt_setup_interrupt_check(void) {
   if (!atomic_load(&armed) || !atomic_load(&interrupted)) return TNT_SUCCESS;
+  atomic_store(&gave_up, 1);
   return tnt_fail(TNT_ERR_SYSTEM, "interrupted (SIGINT, Ctrl-C) while setting up the job: this rank gave up "
                   "waiting for the others");
 }

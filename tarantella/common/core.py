@@ -123,6 +123,12 @@ def _init():
             # as if the rank had marked it: its uncaught error must not land in the rank's error file,
             # where tntrun's report took it for the rank's own failure (error_file._the_ranks_own)
             os.environ[RANK_PID] = str(lib_.tnt_worker_of())
+        if result != codes.SUCCESS and lib_.tnt_setup_was_interrupted():
+            # Ctrl-C ended the set-up's waits. In the main thread Python's handler has raised
+            # KeyboardInterrupt by now; in another thread (tnt.init in a worker thread) the call
+            # returns here, and the failure is the same KeyboardInterrupt, not a SystemError that
+            # blamed "an operating-system call"
+            raise KeyboardInterrupt(_load()[1].string(lib_.tnt_last_error()).decode("utf-8", "replace"))
         check(result)
         if _state == "down":
             # a new context after tnt.shutdown(): its unnamed calls are numbered from 0 on every rank

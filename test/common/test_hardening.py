@@ -73,20 +73,34 @@ if os.environ.get("TNT_TEST_OWN_SIGINT"):  # the program's own handler, which on
     signal.signal(signal.SIGINT, lambda *_: noted.append(1))
 time.sleep(float(os.environ.get("TNT_TEST_SLEEP_S", 0)))  # a rank late to call in (a long import)
 retries = int(os.environ.get("TNT_TEST_RETRIES", 0))  # a loop around tnt.init: a peer's failure tried again
-for attempt in range(retries + 1):
-    try:
-        tnt.init()
-        print(json.dumps({"error": None, "noted": len(noted), "attempts": attempt + 1}))
-    except BaseException as exc:  # KeyboardInterrupt too
-        if attempt < retries and type(exc).__name__ == "PeerLostError":
-            time.sleep(1)
-            continue
-        if attempt < retries and os.environ.get("TNT_TEST_FIX") in os.environ:  # its bad setting fixed
-            os.environ.pop(os.environ["TNT_TEST_FIX"])
-            time.sleep(1.5)
-            continue
-        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
-    break
+def attempts():
+    for attempt in range(retries + 1):
+        try:
+            tnt.init()
+            print(json.dumps({"error": None, "noted": len(noted), "attempts": attempt + 1}))
+        except BaseException as exc:  # KeyboardInterrupt too
+            if attempt < retries and type(exc).__name__ == "PeerLostError":
+                time.sleep(1)
+                continue
+            if attempt < retries and os.environ.get("TNT_TEST_FIX") in os.environ:  # its bad setting fixed
+                os.environ.pop(os.environ["TNT_TEST_FIX"])
+                time.sleep(1.5)
+                continue
+            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+        break
+if os.environ.get("TNT_TEST_IN_THREAD"):  # tnt.init in a thread; Ctrl-C raises in the main one
+    import threading
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (attempts(), done.set()))
+    worker.start()
+    while not done.is_set():  # not an interrupted join: Python 3.11's then returns at once
+        try:
+            done.wait(0.1)
+        except KeyboardInterrupt:
+            pass
+    worker.join()
+else:
+    attempts()
 """
 
 
@@ -340,6 +354,16 @@ def test_ctrl_c_while_the_ranks_find_each_other_ends_the_wait():
     lone.send_signal(signal.SIGINT)
     assert outcome(lone)["error"] == "KeyboardInterrupt"
     assert_void_mark_left(lone_job)
+    # tnt.init in a thread other than the main one: Python raises KeyboardInterrupt in the main
+    # thread only, and the init thread's failure was a SystemError blaming "an operating-system
+    # call". It is the same KeyboardInterrupt now
+    thread_job = secrets.token_hex(16)
+    in_thread = start(0, 2, thread_job, TNT_TIMEOUT_S=120, TNT_TEST_IN_THREAD=1)
+    time.sleep(2)
+    in_thread.send_signal(signal.SIGINT)
+    got = outcome(in_thread)
+    assert got["error"] == "KeyboardInterrupt", got
+    assert "interrupted (SIGINT, Ctrl-C) while setting up the job" in got["message"], got
 
 
 def test_ctrl_c_on_a_program_with_its_own_handler_leaves_the_set_up_to_it():
