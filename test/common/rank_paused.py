@@ -20,6 +20,10 @@ if len(sys.argv) > 2 and tnt.get_rank() == 0:
     signal.signal(signal.SIGCONT, lambda signum, frame: conts.append(signum))
     time.sleep(1.5)
 print("UP", tnt.get_rank(), os.getpid(), flush=True)
+# and a file beside argv[1]: under mpirun the line comes through its forwarding of output,
+# which may hold it (or lose it), while rank 0 waits for rank 1 only TNT_TIMEOUT_S
+with open(f"{sys.argv[1]}.up{tnt.get_rank()}", "w") as up:
+    up.write(str(os.getpid()))
 if tnt.get_rank() == 1:
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.02)

@@ -78,12 +78,14 @@ def test_ranks_stopped_together_go_on_when_continued_after_the_timeout(cache, tm
     proc = subprocess.Popen(mpirun_cmd(2, "rank_paused.py", go), env=mpi_env(cache, TNT_TIMEOUT_S=3),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        pids = []
-        while len(pids) < 2:
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()[-3000:]
-            if line.startswith("UP "):
-                pids.append(int(line.split()[2]))
+        # the ranks' pids from files, not from mpirun's forwarded output: a line it held back
+        # (once, for minutes) left this test reading forever, and rank 0 failed at the timeout
+        ups = [tmp_path / f"go.up{r}" for r in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(up.exists() and up.read_text() for up in ups):
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not come up"
+            time.sleep(0.02)
+        pids = [int(up.read_text()) for up in ups]
         time.sleep(0.5)  # rank 0 waits in 'across-the-pause'
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
@@ -93,9 +95,10 @@ def test_ranks_stopped_together_go_on_when_continued_after_the_timeout(cache, tm
         go.touch()
         out, err = proc.communicate(timeout=120)
     finally:
+        go.touch()  # a rank still waiting for it ends, and with it mpirun's hold on the pipes
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
     assert out.count("DONE [2.0, 2.0, 2.0, 2.0]") == 2, out
 
