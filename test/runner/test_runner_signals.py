@@ -143,6 +143,13 @@ def _until_stopped(pids, timeout=20):
     return {pid: _state(pid) for pid in pids}
 
 
+def _until_continued(pids, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_state(pid) == "T" for pid in pids):
+        time.sleep(0.05)
+    return {pid: _state(pid) for pid in pids}
+
+
 def test_ctrl_z_pauses_every_rank_and_fg_resumes_the_job(script, tmp_path):
     # Ctrl+Z (SIGTSTP) stopped tntrun alone: the ranks, in sessions of their own, went on with
     # their output unread. Now every rank stops, then tntrun; SIGCONT to tntrun (fg, bg)
@@ -202,10 +209,7 @@ def test_a_background_tntrun_stopped_by_the_terminal_stops_its_ranks(script, sig
         states = _until_stopped([proc.pid] + pids)
         assert set(states.values()) == {"T"}, states
         proc.send_signal(signal.SIGCONT)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and "T" in {_state(pid) for pid in [proc.pid] + pids}:
-            time.sleep(0.05)
-        assert "T" not in {_state(pid) for pid in [proc.pid] + pids}
+        assert "T" not in _until_continued([proc.pid] + pids).values()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 128 + signal.SIGTERM, err
@@ -289,10 +293,7 @@ def test_ctrl_z_pauses_the_ranks_of_mpirun_on_this_host(tmp_path):
         states = _until_stopped([proc.pid] + below, timeout=10)
         assert set(states.values()) == {"T"}, states
         proc.send_signal(signal.SIGCONT)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and "T" in {_state(pid) for pid in [proc.pid] + below}:
-            time.sleep(0.05)
-        assert "T" not in {_state(pid) for pid in [proc.pid] + below}
+        assert "T" not in _until_continued([proc.pid] + below).values()
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
         assert "does not pause a job across hosts" not in err, err
@@ -375,10 +376,7 @@ def test_sigcont_to_tntrun_continues_ranks_stopped_by_hand(tmp_path):
             os.kill(pid, signal.SIGSTOP)
         seen["stopped"] = _until_stopped(pids)
         os.kill(os.getpid(), signal.SIGCONT)  # to tntrun: this process runs the Supervisor
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and "T" in {_state(pid) for pid in pids}:
-            time.sleep(0.05)
-        seen["continued"] = {pid: _state(pid) for pid in pids}
+        seen["continued"] = _until_continued(pids)
         for pid in pids:  # whatever happened: the job must end
             os.kill(pid, signal.SIGCONT)
         go.touch()
