@@ -33,11 +33,6 @@ static struct {
   char name[192]; /* "/tnt-" + a job id of up to 100 characters + "-marks-" + a host name of up to 64 */
 } cur;
 
-static int64_t boottime_ns(void) {
-  struct timespec ts;
-  return clock_gettime(CLOCK_BOOTTIME, &ts) == 0 ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : 0;
-}
-
 /* Whether the slot of `pid` counts. While its writer lives (that pid, started when the slot says:
  * a pid used again is another process), it does; once it is gone, only if it was written after
  * this process started: a rank of this launch that failed and exited (its mark is why it
@@ -99,17 +94,14 @@ tnt_result_t tnt_host_marks_begin(const tnt_placement_t *pl, const char *setting
   char buf[512];
   const char *fields = tnt_proc_stat_fields(getpid(), buf, sizeof buf);
   const unsigned long long started = fields ? tnt_proc_stat_starttime(fields) : 0;
-  const long hz = sysconf(_SC_CLK_TCK);
-  cur.started_ns = started && hz > 0 ? (int64_t)(started / (unsigned long long)hz) * 1000000000 +
-                                           (int64_t)(started % (unsigned long long)hz) * 1000000000 / hz
-                                     : 0;
+  cur.started_ns = tnt_start_boottime_ns(started);
   mark_t *mine = &cur.slots[cur.me];
   atomic_store(&mine->pid, 0); /* a leftover's slot of this local rank: not whole while it is rewritten */
   mine->rank = pl->rank;
   snprintf(mine->setting, sizeof mine->setting, "%s", setting);
   snprintf(mine->transport, sizeof mine->transport, "%s", transport);
   mine->started = started;
-  mine->at_ns = boottime_ns();
+  mine->at_ns = tnt_boottime_ns();
   atomic_store(&mine->pid, (int32_t)getpid());
   return check();
 }

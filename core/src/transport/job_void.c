@@ -39,13 +39,10 @@ static void void_mark_name(const char *segment, char *out, size_t len) { snprint
 static int64_t process_started_wall_us(void) {
   char buf[1024];
   const char *fields = tnt_proc_stat_fields(getpid(), buf, sizeof buf);
-  const unsigned long long ticks = fields ? tnt_proc_stat_starttime(fields) : 0;
-  if (!ticks) return 0;
-  const long hz = sysconf(_SC_CLK_TCK);
-  struct timespec boot;
-  if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0) return 0;
-  const double ago_s = (double)boot.tv_sec + boot.tv_nsec / 1e9 - (double)ticks / (double)hz;
-  return wall_us() - (int64_t)(ago_s * 1e6);
+  const int64_t started = tnt_start_boottime_ns(fields ? tnt_proc_stat_starttime(fields) : 0);
+  const int64_t now = tnt_boottime_ns();
+  if (!started || !now) return 0;
+  return wall_us() - (now - started) / 1000;
 }
 
 /* Leave the mark of the job whose segment is `segment` (best effort: without it, a latecomer

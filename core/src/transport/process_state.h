@@ -10,10 +10,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The fields of /proc/<pid>/stat after the command name, from the space before the
@@ -40,6 +42,21 @@ static inline unsigned long long tnt_proc_stat_starttime(const char *fields) {
   /* from the space before field 3 (state), each one up to that before field 22 (starttime) */
   for (int field = 4; field <= 22 && p; field++) p = strchr(p + 1, ' ');
   return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+/* CLOCK_BOOTTIME in nanoseconds, the clock of the processes' starts; 0 when it cannot be read. */
+static inline int64_t tnt_boottime_ns(void) {
+  struct timespec ts;
+  return clock_gettime(CLOCK_BOOTTIME, &ts) == 0 ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : 0;
+}
+
+/* A process's start (tnt_proc_stat_starttime, clock ticks since boot) on tnt_boottime_ns's
+ * clock; 0 when unknown. */
+static inline int64_t tnt_start_boottime_ns(unsigned long long ticks) {
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (!ticks || hz <= 0) return 0;
+  const unsigned long long per_s = (unsigned long long)hz;
+  return (int64_t)(ticks / per_s) * 1000000000 + (int64_t)(ticks % per_s) * 1000000000 / hz;
 }
 
 /* The scheduler state letter of a process ('R', 'S', 'T' stopped, 'Z' zombie...),
