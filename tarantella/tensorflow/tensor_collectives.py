@@ -75,6 +75,13 @@ def contributing_nothing():
         _stand_in.active = before
 
 
+def _nothing_to_send(root, where, batches):
+    """The error of a broadcast whose root is a rank with an empty slice of the batch."""
+    return (f"tnt.broadcast from root {root} in {where} where this rank's slice of the batch is empty (a last "
+            "batch with fewer samples than ranks): it has nothing to send. Broadcast from a rank that gets "
+            f"samples (rank 0), or {batches} that give every rank a sample")
+
+
 def _nothing_of(leaf, kind, options):
     """What a stand-in `leaf` contributes: nothing (contributing_nothing)."""
     if not _is_tensor(leaf):
@@ -82,9 +89,7 @@ def _nothing_of(leaf, kind, options):
     if kind == "allgather" and leaf.shape.rank:
         return leaf[:0]
     if kind == "broadcast" and options["root"] == core.get_rank():
-        message = (f"tnt.broadcast from root {options['root']} in tnt.Model.predict where this rank's slice of the "
-                   "batch is empty (a last batch with fewer samples than ranks): it has nothing to send. Broadcast "
-                   "from a rank that gets samples (rank 0), or predict in batches that give every rank a sample")
+        message = _nothing_to_send(options["root"], "tnt.Model.predict", "predict in batches")
         if tf.executing_eagerly():
             raise errors.InvalidUsageError(message)
         # traced, tf.cond traces this branch on every rank: it fails only where it runs
@@ -169,9 +174,7 @@ def _log_for_empty_slice(tensors, rebuild, kind, name, options):
             allgather(empty, name=name)
         elif options["root"] == core.get_rank():
             tf.debugging.Assert(False, [  # raised only where the empty branch runs
-                f"tnt.broadcast from root {options['root']} in a tnt.Model step where this rank's slice of the "
-                "batch is empty (a last batch with fewer samples than ranks): it has nothing to send. Broadcast "
-                "from a rank that gets samples (rank 0), or use batches that give every rank a sample"])
+                _nothing_to_send(options["root"], "a tnt.Model step", "use batches")])
         else:
             broadcast(empty, root=options["root"], name=name)
 
