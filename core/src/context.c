@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "context.h"
 #include "pause.h"
@@ -44,7 +45,35 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void on_fork_child(void) {
   if (atomic_load(&tnt_ctx.initialized)) atomic_store(&forked_child, 1);
 }
-static void register_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+
+/* The process and thread whose tnt_init is in the transport's set-up (waiting for the other
+ * ranks), else 0: what the exit handler looks for. A fork() child inherits the pid, not the
+ * thread: it has nothing to clean up. */
+static _Atomic pid_t setting_up_pid;
+static pthread_t setting_up_thread;
+#define EXIT_WAIT_S 5.0 /* how long exit() waits for that set-up to give up (it looks every 0.1 s) */
+
+/* exit() (a program's end, sys.exit) while another thread is in tnt_init's set-up: Python ends
+ * at the end of its main thread whatever a daemon thread does, and an interrupted
+ * Thread.join() of 3.11 returns at once. The process then ended with the set-up half done: rank 0's
+ * segment /dev/shm/tnt-<job id> and the host's marks stayed for good (only `tntrun --cleanup`
+ * or rm removed them), and a rank still to come found no mark and waited until TNT_TIMEOUT_S. The
+ * set-up's waits now fail at their next check, and the set-up's own failure path does what it
+ * does for a Ctrl-C: removes the names, marks this rank failed in the segment, and leaves the
+ * job's mark for the ranks still to come. Exit waits for that, briefly (a set-up inside a
+ * plugin's MPI_Init cannot be ended, and the exit then goes on as before). */
+static void at_exit(void) {
+  if (atomic_load(&setting_up_pid) != getpid() || pthread_equal(setting_up_thread, pthread_self())) return;
+  tnt_setup_interrupt_exiting();
+  const double until = tnt_now() + EXIT_WAIT_S;
+  const struct timespec nap = {0, 2000000};
+  while (atomic_load(&setting_up_pid) == getpid() && tnt_now() < until) nanosleep(&nap, NULL);
+}
+
+static void register_atfork(void) {
+  pthread_atfork(NULL, NULL, on_fork_child);
+  atexit(at_exit);
+}
 
 const char *tnt_version(void) { return "0.1.0"; }
 
@@ -128,6 +157,8 @@ tnt_result_t tnt_init(void) {
      * not fail their waits for the time they were stopped (pause.c) */
     tnt_pause_arm();
     tnt_setup_interrupt_arm(); /* Ctrl-C ends the waits for the other ranks (setup_interrupt.h) */
+    setting_up_thread = pthread_self();
+    atomic_store(&setting_up_pid, getpid()); /* exit() meanwhile: at_exit */
     /* the ranks of this host must take one transport (host_marks.h): checked before the
      * set-up, where each would wait for the others until TNT_TIMEOUT_S */
     if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS ||
@@ -173,6 +204,7 @@ out:
     c->timeline = NULL;
     if (c->requests.size) tnt_requests_destroy(&c->requests);
   }
+  atomic_store(&setting_up_pid, 0); /* last: an exit waiting for the set-up goes on once it has cleaned up */
   pthread_mutex_unlock(&init_mu);
   return res;
 }

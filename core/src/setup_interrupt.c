@@ -12,6 +12,8 @@ static _Atomic int armed, interrupted;
 static _Atomic int gave_up;
 /* 0: the program's SIGINT handler decides alone (tnt_setup_sigint) */
 static _Atomic int chain = 1;
+/* the process is exiting (tnt_setup_interrupt_exiting): never cleared, it ends for good */
+static _Atomic int exiting;
 
 void tnt_setup_sigint(int on) { atomic_store(&chain, on != 0); }
 
@@ -49,7 +51,12 @@ void tnt_setup_interrupt_disarm(void) {
   atomic_store(&interrupted, 0); /* the collectives' waits, which share the set-up's checks, never see it */
 }
 
+void tnt_setup_interrupt_exiting(void) { atomic_store(&exiting, 1); }
+
 tnt_result_t tnt_setup_interrupt_check(void) {
+  if (atomic_load(&exiting))
+    return tnt_fail(TNT_ERR_SYSTEM, "the process exited while this rank was setting up the job (exit() or the end of "
+                    "the main thread while another thread was in tnt_init waiting for the others)");
   if (!atomic_load(&armed) || !atomic_load(&interrupted)) return TNT_SUCCESS;
   atomic_store(&gave_up, 1);
   return tnt_fail(TNT_ERR_SYSTEM, "interrupted (SIGINT, Ctrl-C) while setting up the job: this rank gave up "

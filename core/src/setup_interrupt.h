@@ -16,7 +16,11 @@
 void tnt_setup_interrupt_arm(void);
 /* Put the program's handler back (if ours is still the one installed). */
 void tnt_setup_interrupt_disarm(void);
-/* TNT_SUCCESS, or the failure of a set-up interrupted by SIGINT. */
+/* TNT_SUCCESS, or the failure of a set-up interrupted by SIGINT, or by the process's exit. */
 tnt_result_t tnt_setup_interrupt_check(void);
+/* The process is exiting (exit() in another thread while tnt_init waits: context.c's exit
+ * handler): the set-up's waits fail at their next check, whatever the SIGINT handling, so that
+ * the failure path removes what the set-up made and tells the other ranks. Once per process. */
+void tnt_setup_interrupt_exiting(void);
 
 #endif

@@ -88,7 +88,13 @@ def attempts():
                 continue
             print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
         break
-if os.environ.get("TNT_TEST_IN_THREAD"):  # tnt.init in a thread; Ctrl-C raises in the main one
+if os.environ.get("TNT_TEST_EXIT_AFTER_S"):  # tnt.init in a daemon thread, and the program ends meanwhile
+    import sys, threading
+    threading.Thread(target=attempts, daemon=True).start()
+    time.sleep(float(os.environ["TNT_TEST_EXIT_AFTER_S"]))
+    print(json.dumps({"error": "exited"}), flush=True)
+    sys.exit(0)
+elif os.environ.get("TNT_TEST_IN_THREAD"):  # tnt.init in a thread; Ctrl-C raises in the main one
     import threading
     done = threading.Event()
     worker = threading.Thread(target=lambda: (attempts(), done.set()))
@@ -369,6 +375,39 @@ def test_ctrl_c_while_the_ranks_find_each_other_ends_the_wait():
     got = outcome(in_thread)
     assert got["error"] == "KeyboardInterrupt", got
     assert "interrupted (SIGINT, Ctrl-C) while setting up the job" in got["message"], got
+
+
+def test_a_rank_that_exits_while_another_thread_waits_in_init_cleans_up_and_tells_the_others():
+    """A program that ended (sys.exit, the end of the main thread, an interrupted join of Python 3.11)
+    while a daemon thread waited in tnt.init for the other ranks left its segment /dev/shm/tnt-<job>
+    (rank 0) and the host's marks for good, and its peers read only that it died. The exit now ends
+    the set-up as a Ctrl-C does: the names go, the rank's block says why, and the job's mark tells the
+    ranks still to come."""
+    for rank in (0, 1):  # rank 0 made the segment; rank 1 waited for it: each alone, its peers never came
+        job = secrets.token_hex(16)
+        got = outcome(start(rank, 2, job, TNT_TIMEOUT_S=120, TNT_TEST_EXIT_AFTER_S=2))
+        assert got["error"] == "exited", got
+        mark = open(f"/dev/shm/tnt-{job}-void", "rb").read()
+        assert f"rank {rank} (pid ".encode() in mark and b"the process exited while this rank was setting" in mark
+        assert_void_mark_left(job)  # and nothing else: no segment, no host marks
+    job = secrets.token_hex(16)
+    procs = [start(0, 3, job, TNT_TIMEOUT_S=120, TNT_TEST_EXIT_AFTER_S=4)]
+    time.sleep(1)
+    procs.append(start(1, 3, job, TNT_TIMEOUT_S=120))
+    late = start(2, 3, job, TNT_TIMEOUT_S=120, TNT_TEST_SLEEP_S=9)  # calls in after rank 0 has gone
+    began = time.monotonic()
+    first, second, third = outcome(procs[0]), outcome(procs[1]), outcome(late)
+    assert time.monotonic() - began < 60  # well inside TNT_TIMEOUT_S
+    assert first["error"] == "exited", first
+    why = "the process exited while this rank was setting up the job"
+    assert second["error"] == "PeerLostError", second
+    # read in the segment, or (rank 1 not attached yet on a loaded machine) in the job's mark
+    assert any(f"{said}{why}" in second["message"] for said in
+               ("rank 0 aborted (", f"rank 1: the job cannot start: rank 0 (pid {procs[0].pid}) failed to start: ")), \
+        second
+    assert third["error"] == "PeerLostError", third
+    assert f"rank 2: the job cannot start: rank 0 (pid {procs[0].pid}) failed to start: {why}" in third["message"], third
+    assert_void_mark_left(job)
 
 
 def test_ctrl_c_on_a_program_with_its_own_handler_leaves_the_set_up_to_it():
