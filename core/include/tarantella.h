@@ -184,6 +184,14 @@ tnt_result_t tnt_release(tnt_handle_t handle);
  * which then no longer answers. A no-op before tnt_init. */
 void tnt_set_busy(int busy);
 
+/* The core's clock, in seconds: monotonic, less the time this process was stopped (SIGSTOP,
+ * Ctrl+Z) and continued, once a tnt_init of several ranks has armed the count of pauses (before:
+ * the plain monotonic clock). Every bound of the core counts on it (TNT_TIMEOUT_S); a caller's
+ * own bound on a wait for the other ranks (the frontend's Handle.wait(timeout=...)) must too, or
+ * ranks stopped together for longer than it fail it once continued. Its values mean nothing
+ * outside this process. */
+double tnt_clock(void);
+
 /* Errors. tnt_strerror: a fixed text that says what to do. tnt_last_error: the
  * message of the last failure returned to this thread (or of the handle's
  * failure after tnt_wait/tnt_test returned it). */

@@ -257,6 +257,8 @@ void tnt_set_busy(int busy) {
   leave();
 }
 
+double tnt_clock(void) { return tnt_now(); }
+
 tnt_result_t tnt_job_error(void) {
   tnt_ctx_t *c = &tnt_ctx;
   if (enter() != TNT_SUCCESS) return TNT_SUCCESS;

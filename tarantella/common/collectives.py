@@ -25,7 +25,6 @@ import functools
 import hashlib
 import math
 import threading
-import time
 
 import numpy as np
 
@@ -133,10 +132,10 @@ def _structure_hint(given):
 
 def _slice_until(deadline):
     """How long the next wait of a sliced wait may take: _WAIT_SLICE_S, or less before `deadline`
-    (time.monotonic's; None: no deadline)."""
+    (core.clock()'s, which does not count the time the process was stopped; None: no deadline)."""
     if deadline is None:
         return _WAIT_SLICE_S
-    return max(0.0, min(_WAIT_SLICE_S, deadline - time.monotonic()))
+    return max(0.0, min(_WAIT_SLICE_S, deadline - core.clock()))
 
 
 class Handle:
@@ -174,13 +173,15 @@ class Handle:
         if not self._done:
             lib = core.lib()
             bound = None if timeout is None else float(timeout)
-            deadline = time.monotonic() + bound if bound is not None and 0 <= bound < 1e9 else None
+            # on the core's clock: ranks stopped together (Ctrl+Z, kill -STOP) for longer than the
+            # bound and continued must not find it passed, as the core's own bounds do not
+            deadline = core.clock() + bound if bound is not None and 0 <= bound < 1e9 else None
             result = lib.tnt_wait(self._handle, _slice_until(deadline))
             while result == codes.ERR_TIMEOUT and not self._done:  # our slice, or the core's own bound?
                 result = lib.tnt_test(self._handle)
                 if result != codes.IN_PROGRESS:
                     break
-                if deadline is not None and time.monotonic() >= deadline:
+                if deadline is not None and core.clock() >= deadline:
                     # the request stays pending: not the job's timeout, whose message (advice on
                     # TNT_TIMEOUT_S and ranks that differ) core.check would append
                     raise errors.TimeoutError(

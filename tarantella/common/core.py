@@ -350,6 +350,15 @@ def stats():
                                          "waits_yielded", "waits_slept", "pair_sums", "pair_swaps")}
 
 
+def clock():
+    """The core's clock, in seconds (tnt_clock): time.monotonic() less the time this process was
+    stopped (SIGSTOP, Ctrl+Z) once a job of several ranks has started. A bound of the frontend's
+    on a wait for the other ranks counts on it, as the core's own (TNT_TIMEOUT_S) do: measured on
+    time.monotonic(), it passed while the ranks were stopped together, and failed once they were
+    continued."""
+    return _load()[0].tnt_clock()
+
+
 def get_master_rank():
     return MASTER_RANK
 

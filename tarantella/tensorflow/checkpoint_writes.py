@@ -66,15 +66,18 @@ def _local(file_prefix):
 def _lock(fd, kind, path):
     """flock(fd, kind), waiting while another rank of this host holds it, up to
     TNT_BUSY_TIMEOUT_S (a write of a large checkpoint may take long)."""
-    from tarantella.common import config
+    from tarantella.common import config, core
 
     limit = float(config.get("TNT_BUSY_TIMEOUT_S"))
-    deadline, pause = time.monotonic() + limit, 0.001
+    # on the core's clock, as the core's bounds: the time the ranks were stopped together (Ctrl+Z,
+    # kill -STOP) while another held the lock does not count (time.monotonic() counted it, and a
+    # rank continued after a pause longer than the bound failed at once)
+    deadline, pause = core.clock() + limit, 0.001
     while True:
         try:
             return fcntl.flock(fd, kind | fcntl.LOCK_NB)
         except BlockingIOError:
-            if time.monotonic() > deadline:
+            if core.clock() > deadline:
                 raise TimeoutError(
                     f"tf.train.Checkpoint: another process of this host has held {path}, the lock of "
                     f"this checkpoint's folder, for more than TNT_BUSY_TIMEOUT_S={limit:g} s (a rank "

@@ -1,6 +1,7 @@
 """A lost rank never leaves the others hanging: they raise within the bound,
 with an error that names the lost rank; tntrun names the failed rank and exits
 non-zero; nothing is left in /dev/shm."""
+import fcntl
 import json
 import os
 import re
@@ -120,6 +121,38 @@ def test_ranks_stopped_together_go_on_when_continued_after_the_timeout(tmp_path)
     for p, (out, err) in zip(procs, results):
         assert p.returncode == 0 and "DONE [2.0, 2.0, 2.0, 2.0]" in out, err[-3000:]
     assert "OWN HANDLER RAN True" in results[0][0], results[0]
+    assert shm_objects(job) == []
+
+
+def test_bounds_of_the_frontend_do_not_count_the_time_the_ranks_were_stopped(tmp_path):
+    # Handle.wait(timeout=2.5), and the wait for a checkpoint's lock (TNT_BUSY_TIMEOUT_S), measured
+    # their bounds on time.monotonic(), which counts the 6 s the ranks were stopped (kill -STOP,
+    # Ctrl+Z through tntrun): once continued, rank 0 raised "wait(timeout=2.5) ended before the
+    # request completed" (and "tf.train.Checkpoint: another process of this host has held ...")
+    # at once, where the core's own waits (TNT_TIMEOUT_S) go on. They count on the core's clock now
+    job = secrets.token_hex(16)
+    lock_path = tmp_path / "checkpoint.lock"
+    holder = open(lock_path, "w")
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another rank writing a checkpoint
+
+    def stop_and_continue(procs):
+        time.sleep(0.5)  # rank 0 waits in 'across-the-pause' and for the lock
+        for p in procs:
+            os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(6)
+        for p in procs:
+            os.kill(p.pid, signal.SIGCONT)
+        time.sleep(0.5)  # as long as rank 1 takes to call in (rank_paused.py)
+        holder.close()
+
+    try:
+        procs, _, results = paused_ranks(tmp_path / "go", job, "bounded-wait", str(lock_path),
+                                         drive=stop_and_continue)
+    finally:
+        holder.close()
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0 and "DONE [2.0, 2.0, 2.0, 2.0]" in out, err[-3000:]
+    assert "LOCK ['LOCKED']" in results[0][0], results[0]
     assert shm_objects(job) == []
 
 
