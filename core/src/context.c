@@ -42,8 +42,15 @@ static _Atomic int forked_child;    /* this process is a fork() child of an init
 static pid_t parent_pid;            /* the process that initialized, for the fork error */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+/* A thread of this process is inside tnt_init (it holds init_mu): a fork() child made meanwhile
+ * by another thread has no such thread, and init_mu stays held in it for good. */
+static _Atomic int in_init;
+
 static void on_fork_child(void) {
-  if (atomic_load(&tnt_ctx.initialized)) atomic_store(&forked_child, 1);
+  /* forked while another thread was in tnt_init (a thread starting the core while the main one
+   * forks a data loader's workers): the child's first call waited for that thread's init_mu
+   * forever. It is the child of a rank all the same, and fails as one */
+  if (atomic_load(&tnt_ctx.initialized) || atomic_load(&in_init)) atomic_store(&forked_child, 1);
 }
 
 /* The process and thread whose tnt_init is in the transport's set-up (waiting for the other
@@ -136,6 +143,8 @@ tnt_result_t tnt_init(void) {
   if (atomic_load(&forked_child)) return in_forked_child();
   pthread_once(&atfork_once, register_atfork);
   pthread_mutex_lock(&init_mu);
+  parent_pid = getpid(); /* before in_init: a child forked from here on names it */
+  atomic_store(&in_init, 1);
   tnt_ctx_t *c = &tnt_ctx;
   tnt_result_t res = TNT_SUCCESS;
   int joining = 0; /* the transport's set-up began: from there its own waits and marks tell the others */
@@ -205,6 +214,7 @@ out:
     if (c->requests.size) tnt_requests_destroy(&c->requests);
   }
   atomic_store(&setting_up_pid, 0); /* last: an exit waiting for the set-up goes on once it has cleaned up */
+  atomic_store(&in_init, 0);
   pthread_mutex_unlock(&init_mu);
   return res;
 }

@@ -238,9 +238,15 @@ _forked = False  # set in a fork() child: only then is the pid worth a system ca
 
 
 def _note_fork():
-    global _forked, _running
+    global _forked, _running, _lock
     _forked = True
     _running = False
+    if _lock.locked():
+        # held by a thread of the parent inside tnt.init() (a thread starting the core while
+        # another forks): that thread does not exist here, and the child's first tnt.* call waited
+        # for it forever. A fresh lock lets the child reach the core, which refuses it as the child
+        # of a rank (context.c's on_fork_child)
+        _lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_note_fork)

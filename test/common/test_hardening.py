@@ -66,6 +66,39 @@ def test_a_child_forked_while_a_thread_imports_the_collectives_fails_clearly():
     assert "child exit 0" in res.stdout and "forked child" in res.stdout, res.stdout + res.stderr[-3000:]
 
 
+FORK_DURING_INIT = """
+import os, signal, threading, time
+import tarantella as tnt
+# a thread starts the core (it waits in tnt.init for rank 1, who never comes) while the main
+# thread forks (a data loader's workers)
+threading.Thread(target=tnt.init, daemon=True).start()
+time.sleep(1.5)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(30)  # the parent's init thread held the locks of tnt.init: a wait on them never ended
+    try:
+        tnt.get_rank()
+    except tnt.InvalidUsageError as exc:
+        print("child:", exc, flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_a_child_forked_while_another_thread_waits_in_init_fails_clearly():
+    """A fork() while another thread waited in tnt.init() left the child's first tnt.* call waiting
+    forever for the locks that thread held (a thread the child does not have). It fails as a forked
+    child's call does."""
+    job = secrets.token_hex(16)
+    res = subprocess.run([sys.executable, "-c", FORK_DURING_INIT], capture_output=True, text=True, timeout=120,
+                         env=clean_env(TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID=job, TNT_TIMEOUT_S=60))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "child exit 0" in res.stdout and "cannot be used in a forked child process" in res.stdout, \
+        res.stdout + res.stderr[-3000:]
+    assert_void_mark_left(job)  # the parent ended while its thread waited (its mark for rank 1)
+
+
 PROBE = """
 import json, os, signal, time, tarantella as tnt
 noted = []
