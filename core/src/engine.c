@@ -84,6 +84,9 @@ static uint64_t wakes_now(tnt_engine_t *c) {
   return w;
 }
 
+/* The background thread's longest step in a cycle that waits for the peers (engine_main). */
+#define STEP_BOUND_S 1.0
+
 /* The background thread's longest sleep while an application thread drives. */
 #define BUSY_SLEEP_S 1e-3
 
@@ -640,7 +643,12 @@ static void *engine_main(void *arg) {
       sleep_until_woken(c, wakes, tnt_now() + BUSY_SLEEP_S);
       continue;
     }
-    int step = engine_step(c, INFINITY);
+    /* a bounded step: a negotiation waiting for a peer that does not answer (stopped, a
+     * debugger) resumes at the next step, which sees a stop (tnt.shutdown(), the exit handler's)
+     * first. Waited out with INFINITY, the stop came only at TNT_TIMEOUT_S (300 s by default),
+     * and shutdown waited for the peer, which it must not; a peer that answers completes a cycle
+     * far sooner than STEP_BOUND_S, so a stop never cuts off a cycle it would have finished */
+    int step = engine_step(c, tnt_now() + STEP_BOUND_S);
     uint64_t done = tnt_negotiate_cycles(&c->neg);
     int pending = c->pending.n;
     pthread_mutex_unlock(&c->progress);

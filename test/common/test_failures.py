@@ -156,6 +156,68 @@ def test_bounds_of_the_frontend_do_not_count_the_time_the_ranks_were_stopped(tmp
     assert shm_objects(job) == []
 
 
+SHUTDOWN_BESIDE_A_STOPPED_PEER = """
+import json, os, signal, sys, time
+import numpy as np
+import tarantella as tnt
+pid_file = sys.argv[1]
+tnt.allreduce(np.ones(2), name="warm-up")
+if tnt.get_rank() == 1:
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(pid_file + ".tmp", pid_file)
+    os.kill(os.getpid(), signal.SIGSTOP)  # a debugger's breakpoint, Ctrl+Z on this rank alone
+    print(json.dumps({"rank": 1, "continued": True}), flush=True)
+else:
+    while not os.path.exists(pid_file):
+        time.sleep(0.01)
+    time.sleep(0.5)  # rank 1 is stopped now
+    pending = tnt.allreduce_async(np.ones(4), name="rank-1-never-joins")
+    time.sleep(0.5)  # its negotiation waits for rank 1
+    began = time.monotonic()
+    tnt.shutdown()
+    took = time.monotonic() - began
+    try:
+        pending.wait()
+        error = None
+    except tnt.TarantellaError as exc:
+        error = type(exc).__name__
+    os.kill(int(open(pid_file).read()), signal.SIGCONT)
+    print(json.dumps({"rank": 0, "shutdown_s": took, "pending": error}), flush=True)
+"""
+
+
+def test_shutdown_beside_a_stopped_peer_does_not_wait_for_it(tmp_path):
+    # tnt.shutdown() (or the exit handler's) on a rank whose request was still negotiated while a
+    # peer was stopped (SIGSTOP, a debugger) waited for that peer until TNT_TIMEOUT_S (300 s by
+    # default): the background thread, inside the negotiation's wait, saw the stop only once that
+    # wait ended. "Other ranks are not waited for" (api.md): it gives up within a second now
+    job = secrets.token_hex(16)
+    pid_file = tmp_path / "rank1.pid"
+    procs = [subprocess.Popen([sys.executable, "-c", SHUTDOWN_BESIDE_A_STOPPED_PEER, str(pid_file)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=2,
+                                            TNT_JOB_ID=job, TNT_TIMEOUT_S=90))
+             for r in range(2)]
+    try:
+        out, err = procs[0].communicate(timeout=150)
+        got = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert got, err[-3000:]
+        assert got[0]["shutdown_s"] < 45, got  # well inside TNT_TIMEOUT_S=90
+        assert got[0]["pending"] == "InvalidUsageError", got  # "shut down before this request completed"
+        assert procs[1].communicate(timeout=60)[1] is not None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                p.kill()
+                p.communicate()
+    assert shm_objects(job) == []
+
+
 def test_sigconts_to_a_rank_that_is_not_stopped_do_not_stretch_its_timeout(tmp_path):
     # SIGCONT to a process that was not stopped, over and over (every 50 ms), while it waits for a
     # peer that never answers: each counted the gap since the clock's last reading as a pause, and
