@@ -73,7 +73,9 @@ import tarantella as tnt
 # a thread starts the core (it waits in tnt.init for rank 1, who never comes) while the main
 # thread forks (a data loader's workers)
 threading.Thread(target=tnt.init, daemon=True).start()
-time.sleep(1.5)
+deadline = time.monotonic() + 60
+while not os.path.exists("/dev/shm/tnt-" + os.environ["TNT_JOB_ID"]) and time.monotonic() < deadline:
+    time.sleep(0.01)  # until the thread is inside tnt.init's set-up (its segment is there)
 pid = os.fork()
 if pid == 0:
     signal.alarm(30)  # the parent's init thread held the locks of tnt.init: a wait on them never ended
