@@ -125,8 +125,11 @@ def attempts():
             print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
         break
 if os.environ.get("TNT_TEST_EXIT_AFTER_S"):  # tnt.init in a daemon thread, and the program ends meanwhile
-    import sys, threading
+    import glob, sys, threading
     threading.Thread(target=attempts, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not glob.glob(f"/dev/shm/tnt-{os.environ['TNT_JOB_ID']}*") and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the thread is inside tnt.init's set-up (the host's marks are there)
     time.sleep(float(os.environ["TNT_TEST_EXIT_AFTER_S"]))
     print(json.dumps({"error": "exited"}), flush=True)
     sys.exit(0)
