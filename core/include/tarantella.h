@@ -222,6 +222,11 @@ void tnt_setup_sigint(int on);
  * for the other ranks, else 0: the frontend raises KeyboardInterrupt for it in a thread other than
  * the main one too, where Python's own handler raises it in the main thread alone. */
 int tnt_setup_was_interrupted(void);
+/* 1: the set-up of a tnt_init in progress in another thread (waiting for the other ranks) gives
+ * up at its next check, as for a SIGINT, with TNT_ERR_INVALID_USAGE; so does a set-up begun while
+ * it stays 1. 0 clears it. The frontend's shutdown() sets it where another thread is in init()
+ * (it waited for that init until TNT_TIMEOUT_S), and its init() clears it before it starts. */
+void tnt_setup_cancel(int on);
 
 /* The core's numeric settings (TNT_FUSION_THRESHOLD_KB, TNT_TIMEOUT_S, ...), one
  * table for the core, tntrun's validation, --help and the docs. tnt_param_check

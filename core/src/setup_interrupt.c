@@ -14,6 +14,13 @@ static _Atomic int gave_up;
 static _Atomic int chain = 1;
 /* the process is exiting (tnt_setup_interrupt_exiting): never cleared, it ends for good */
 static _Atomic int exiting;
+/* tnt_setup_cancel(1): the set-up in progress (or the next one) gives up; tnt_setup_cancel(0) clears it */
+static _Atomic int cancelled;
+/* between arm and disarm: a set-up is in progress. The collectives' waits share the set-up's
+ * checks; `exiting` and `cancelled` fail only the set-up's */
+static _Atomic int in_setup;
+
+void tnt_setup_cancel(int on) { atomic_store(&cancelled, on != 0); }
 
 void tnt_setup_sigint(int on) { atomic_store(&chain, on != 0); }
 
@@ -28,6 +35,7 @@ int tnt_setup_was_interrupted(void) { return atomic_load(&gave_up); }
 void tnt_setup_interrupt_arm(void) {
   atomic_store(&interrupted, 0);
   atomic_store(&gave_up, 0);
+  atomic_store(&in_setup, 1);
   struct sigaction now;
   if (!atomic_load(&chain) || atomic_load(&armed) || sigaction(SIGINT, NULL, &now) != 0) return;
   /* the default action ends the process at once anyway; an ignored SIGINT stays ignored */
@@ -42,6 +50,7 @@ void tnt_setup_interrupt_arm(void) {
 }
 
 void tnt_setup_interrupt_disarm(void) {
+  atomic_store(&in_setup, 0);
   if (!atomic_load(&armed)) return;
   struct sigaction now;
   /* a handler the program installed meanwhile is its own: leave it */
@@ -54,9 +63,12 @@ void tnt_setup_interrupt_disarm(void) {
 void tnt_setup_interrupt_exiting(void) { atomic_store(&exiting, 1); }
 
 tnt_result_t tnt_setup_interrupt_check(void) {
-  if (atomic_load(&exiting))
+  if (atomic_load(&in_setup) && atomic_load(&exiting))
     return tnt_fail(TNT_ERR_SYSTEM, "the process exited while this rank was setting up the job (exit() or the end of "
                     "the main thread while another thread was in tnt_init waiting for the others)");
+  if (atomic_load(&in_setup) && atomic_load(&cancelled))
+    return tnt_fail(TNT_ERR_INVALID_USAGE, "tnt.shutdown() (tnt_setup_cancel) was called in another thread while this "
+                    "rank was setting up the job: it gave up waiting for the others");
   if (!atomic_load(&armed) || !atomic_load(&interrupted)) return TNT_SUCCESS;
   atomic_store(&gave_up, 1);
   return tnt_fail(TNT_ERR_SYSTEM, "interrupted (SIGINT, Ctrl-C) while setting up the job: this rank gave up "

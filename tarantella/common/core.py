@@ -21,6 +21,7 @@ _ffi = None
 _running = False
 _state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
 _pid = None  # the process that initialized: a fork() child must not act as its rank
+_initializing = None  # the thread inside the core's tnt_init (holding _lock), else None
 MASTER_RANK = 0
 
 
@@ -96,7 +97,7 @@ def init(devices_per_node=None):
 
 
 def _init():
-    global _state, _pid, _running
+    global _state, _pid, _running, _initializing
     with _lock:
         if _state == "up":
             _check_not_forked()
@@ -116,7 +117,12 @@ def _init():
 
         handler = signal.getsignal(signal.SIGINT)
         lib_.tnt_setup_sigint(int(handler is None or handler is signal.default_int_handler))
-        result = lib_.tnt_init()
+        lib_.tnt_setup_cancel(0)  # a shutdown() from before this init does not end it
+        _initializing = threading.current_thread()
+        try:
+            result = lib_.tnt_init()
+        finally:
+            _initializing = None
         if result != codes.SUCCESS and lib_.tnt_worker_of() > 0 and not started_by_a_rank():
             # a worker its rank started before that rank's init (it inherited TNT_RANK, TNT_JOB_ID and
             # TNT_ERROR_FILE): the core found the rank above it. From here on it is known as what it is,
@@ -214,6 +220,12 @@ def shutdown():
     """Stop the background thread and release the transport. Other ranks are not
     waited for; pending requests of this rank fail."""
     global _state, _running
+    initializing = _initializing
+    if initializing is not None and initializing is not threading.current_thread():
+        # another thread waits in init() for the other ranks: it gives up now (the core's set-up
+        # fails it, and tells the others), where this call waited for it until TNT_TIMEOUT_S
+        # (300 s by default), and then shut down the job that init() had just joined
+        _load()[0].tnt_setup_cancel(1)
     with _lock:
         if _state != "up":
             return

@@ -102,6 +102,59 @@ def test_a_child_forked_while_another_thread_waits_in_init_fails_clearly():
     assert_void_mark_left(job)  # the parent ended while its thread waited (its mark for rank 1)
 
 
+SHUTDOWN_DURING_INIT = """
+import json, os, threading, time
+import tarantella as tnt
+failed = []
+def start():
+    try:
+        tnt.init()
+        failed.append(None)
+    except tnt.TarantellaError as exc:
+        failed.append(f"{type(exc).__name__}: {exc}")
+waiting = threading.Thread(target=start)
+waiting.start()
+deadline = time.monotonic() + 60
+while not os.path.exists("/dev/shm/tnt-" + os.environ["TNT_JOB_ID"]) and time.monotonic() < deadline:
+    time.sleep(0.01)  # until the thread waits in tnt.init's set-up for rank 1, who is not started yet
+tnt.shutdown()  # a watchdog giving up on the start
+waiting.join()
+print(json.dumps({"init": failed}), flush=True)
+tnt.init()  # and starting again, once rank 1 is there
+print(json.dumps({"size": tnt.get_size()}), flush=True)
+"""
+
+
+def test_shutdown_while_another_thread_waits_in_init_ends_that_wait():
+    """tnt.shutdown() while another thread waited in tnt.init() for the other ranks waited for that
+    init until TNT_TIMEOUT_S (300 s by default; 120 here), then shut down the job it might just have
+    joined. The init now gives up at once (InvalidUsageError naming the shutdown, its job's mark left
+    for the others), and a later tnt.init() starts the job."""
+    job = secrets.token_hex(16)
+    first = subprocess.Popen([sys.executable, "-c", SHUTDOWN_DURING_INIT], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env=clean_env(TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID=job, TNT_TIMEOUT_S=120))
+    second = None
+    try:
+        line = first.stdout.readline()
+        assert line.startswith("{"), line + first.stderr.read()[-3000:]
+        got = json.loads(line)["init"]
+        assert len(got) == 1 and got[0].startswith("InvalidUsageError: tnt.shutdown()"), got
+        time.sleep(1.5)  # started after rank 0's mark was left: not of the launch it tells
+        second = start(1, 2, job, TNT_TIMEOUT_S=120)
+        assert outcome(second)["error"] is None
+        line = first.stdout.readline()
+        assert line.startswith("{"), line + first.stderr.read()[-3000:]
+        assert json.loads(line) == {"size": 2}, line
+        assert first.wait(timeout=60) == 0, first.stderr.read()[-3000:]
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert shm_objects(job) == []
+
+
 PROBE = """
 import json, os, signal, time, tarantella as tnt
 noted = []
