@@ -126,7 +126,11 @@ def _run(x, collective, kind, name=None, **options):
         # time: a traced rank and an eager one waited for each other until TNT_TIMEOUT_S; then an
         # unnamed call went through tf.numpy_function for its name, ~15 times the op's cost.)
         _refuse_as_eagerly(x, leaves, kind, name, options)
-        tensors = [tf.convert_to_tensor(leaf) for leaf in leaves]
+        # a number leaf as the NumPy API takes it (np.asarray: 1.5 is float64, 3 int64), not as
+        # tf.convert_to_tensor does (float32, int32): else the traced call's dtypes, and its
+        # structure's digest, differ from the eager call's, which then fail against each other
+        tensors = [tf.convert_to_tensor(leaf if _is_tensor(leaf) else collectives._leaf_array(leaf, kind)[0])
+                   for leaf in leaves]
         if compiled is not None and _is_tensor(x) and \
                 tensors[0].dtype.name in dtypes.SUPPORTED and (kind != "allgather" or tensors[0].shape.rank):
             if name is not None:

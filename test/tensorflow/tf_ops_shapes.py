@@ -127,12 +127,16 @@ cases = {
     "unnamed": lambda: tnt.allreduce(v),
     "unnamed-two": lambda: (tnt.allreduce(n), tnt.allgather(g), tnt.broadcast(v, root=1)),
     "unnamed-structure": lambda: tnt.allreduce((v, n)),
+    # a number leaf is float64 or int64 traced as eagerly (tf.convert_to_tensor made it float32 or
+    # int32 traced: the structures differed, MismatchError on both ranks)
+    "number-leaves": lambda: tnt.allreduce({"v": v, "w": 1.5, "k": 3}, name="mixed-num"),
 }
 want = {
     "named": [3.0, 6.0], "named-average": [1.5, 3.0], "named-structure": {"a": [3.0, 6.0], "b": [9, 12]},
     "named-broadcast": [[2.0, 4.0], [6, 8]], "named-allgather": {"g": [[0, 1], [0, 1], [2, 3]], "n": [3, 4, 6, 8]},
     "named-allgather-one": [[0, 1], [0, 1], [2, 3]], "unnamed": [3.0, 6.0],
     "unnamed-two": [[9, 12], [[0, 1], [0, 1], [2, 3]], [2.0, 4.0]], "unnamed-structure": [[3.0, 6.0], [9, 12]],
+    "number-leaves": {"v": [3.0, 6.0], "w": 3.0, "k": 6},
 }
 
 
