@@ -8,6 +8,8 @@ K allreduces of 4 bytes (tnt.allreduce on a float32 scalar), chained, against
 the same function without them: the cost of one collective call, per path;
 named calls, then unnamed ones (named when they run, from the sequence the eager
 calls count in: on the compiled ops since the core holds that count).
+With --structure N, part 1 also times calls of a structure (a list of N float32 tensors of 4
+elements; and of N/2 float32 and N/2 int64 ones, two requests a call), named and unnamed.
 Part 2, the gradient path (2 ranks, tntrun -n 2): tnt's gradient averaging
 (collective_ops.weighted_average, weighted by a micro-batch size, as
 tnt.Model does) of three sets of gradient-shaped tensors inside a
@@ -114,7 +116,46 @@ def call_worker(args):
     unnamed_path = "compiled ops" if "PyFunc" not in unnamed_types else "tf.numpy_function"
     t = _median_times({"none": baseline, **functions}, (x,), args.repeats)
     per = {p: (t[p] - t["none"]) / k * 1e6 for p in functions}
-    print("BENCH " + json.dumps({"us_per_call": per, "calls": k, "unnamed_path": unnamed_path}), flush=True)
+    structure = structure_calls(args, numpy_path) if args.structure else {}
+    print("BENCH " + json.dumps({"us_per_call": per, "calls": k, "unnamed_path": unnamed_path,
+                                 "structure": structure}), flush=True)
+
+
+def structure_calls(args, numpy_path):
+    """{row: {path: us per call}} for calls of a structure of args.structure small tensors, chained
+    (each call's result is the next one's input), and {row: which path TNT_TF_OPS=auto takes}."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tarantella.tensorflow as tnt
+
+    k, n = args.calls, args.structure
+
+    def chain(named):
+        def run(*xs):
+            for i in range(k):
+                xs = tnt.allreduce(list(xs), name=f"bench.s{i}" if named else None)
+            return xs
+        return run
+
+    one = [tf.constant(np.arange(4, dtype=np.float32) + j) for j in range(n)]
+    two = [tf.constant(np.arange(4) + j, tf.float32 if j % 2 == 0 else tf.int64) for j in range(n)]
+    rows, runs_on = {}, {}
+    for label, xs in ((f"{n} float32 tensors", one), (f"{n // 2} float32 + {n - n // 2} int64", two)):
+        for named in (True, False):
+            row = f"{label}, {'named' if named else 'unnamed'}"
+            functions = {"compiled": tf.function(chain(named)), "numpy": tf.function(chain(named))}
+            functions["compiled"](*xs)
+            with numpy_path():
+                functions["numpy"](*xs)
+            got = [[a.numpy() for a in f(*xs)] for f in functions.values()]
+            assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(*got)), "the paths disagree"
+            types = {op.type for op in functions["compiled"].get_concrete_function(*xs).graph.get_operations()}
+            runs_on[row] = "tf.numpy_function" if "PyFunc" in types else "compiled ops"
+            baseline = tf.function(lambda *ts: [t * 1 for t in ts])
+            t = _median_times({"none": baseline, **functions}, tuple(xs), args.repeats)
+            rows[row] = {p: (t[p] - t["none"]) / k * 1e6 for p in functions}
+    return {"us_per_call": rows, "runs_on": runs_on}
 
 
 def grads_worker(args):
@@ -169,12 +210,15 @@ def main():
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--worker", choices=("call", "grads"), help=argparse.SUPPRESS)
     parser.add_argument("--calls-only", action="store_true", help="part 1 only")
+    parser.add_argument("--structure", type=int, default=0, metavar="N",
+                        help="part 1 also times calls of a structure of N small tensors")
     args = parser.parse_args()
     if args.worker == "call":
         return call_worker(args)
     if args.worker == "grads":
         return grads_worker(args)
-    me = [sys.executable, HERE, "--repeats", str(args.repeats), "--calls", str(args.calls)]
+    me = [sys.executable, HERE, "--repeats", str(args.repeats), "--calls", str(args.calls),
+          "--structure", str(args.structure)]
     call = _run(me + ["--worker", "call"], args.timeout)
     c, n = call["us_per_call"]["compiled"], call["us_per_call"]["numpy"]
     print(f"one TF-level collective, 4 B, 1 rank ({args.calls} per tf.function, {args.repeats} repeats):")
@@ -182,6 +226,12 @@ def main():
     c, n = call["us_per_call"]["unnamed compiled"], call["us_per_call"]["unnamed numpy"]
     print(f"  unnamed  compiled op {c:7.1f} us   numpy_function {n:7.1f} us   ratio {c / n:.2f}"
           f"   (TNT_TF_OPS=auto runs it on: {call['unnamed_path']})")
+    if args.structure:
+        print(f"one TF-level call of a structure, 1 rank ({args.calls} per tf.function, {args.repeats} repeats):")
+        for row, per in call["structure"]["us_per_call"].items():
+            c, n = per["compiled"], per["numpy"]
+            print(f"  {row:36s} compiled op {c:7.1f} us   numpy_function {n:7.1f} us   ratio {c / n:.2f}"
+                  f"   (TNT_TF_OPS=auto runs it on: {call['structure']['runs_on'][row]})")
     if args.calls_only:
         return
     tntrun = shutil.which("tntrun") or "tntrun"

@@ -852,8 +852,14 @@ def _layout(structure, arrays, gather=False):
     structures alike: {"a": 2 values, "b": 3} against {"a": 3, "b": 2} would sum
     one rank's "b" into another's "a" without it. Odd, so never 0 (a 1-d array's)
     nor one array's _shape_layout (whose lowest bits are binary 10)."""
-    shapes = [(a.dtype.str, a.shape[1:] if gather else a.shape) for a in arrays]
-    text = f"{_skeleton(structure)}|{shapes}"
+    return structure_layout(structure, [(a.dtype.str, a.shape[1:] if gather else a.shape) for a in arrays])
+
+
+def structure_layout(structure, specs):
+    """_layout from each leaf's (dtype.str, shape as a tuple of ints; gather: but the first
+    dimension): what the compiled TensorFlow ops compute from the static shapes of a traced call,
+    so that their requests carry the digest an eager call's carry."""
+    text = f"{_skeleton(structure)}|{specs}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") | 1
 
 

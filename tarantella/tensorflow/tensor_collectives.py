@@ -6,13 +6,15 @@ these return the same structure with a `tf.Tensor` wherever the input had a
 `tf.Tensor` or `tf.Variable` (of the same dtype), and NumPy values elsewhere.
 Inside a `tf.function` (every leaf must then be a tensor) they make the
 requests they make eagerly, so that a traced call pairs with an eager one: a
-call of one tensor, named or not, as the compiled ops (tarantella/tensorflow/ops),
-a structure as one `tf.numpy_function` (see _run); eagerly they run at once.
+call of one tensor or of a structure, named or not, as the compiled ops
+(tarantella/tensorflow/ops; a structure of leaves of unknown shape, or without the
+compiled ops, as one `tf.numpy_function`, see _run); eagerly they run at once.
 """
 import contextlib
 import sys
 import threading
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
@@ -121,7 +123,9 @@ def _run(x, collective, kind, name=None, **options):
         # sequence, which the eager calls of that sequence count on too ("allreduce.<k>",
         # request_names.unnamed_counter). A structure goes as the NumPy API sends it (one request
         # per dtype, with the structure's digest, see collectives._structure_collective), on the
-        # numpy_function path, named alike when it runs. (Before, the compiled ops named a call
+        # compiled ops too (_run_structure), or, where its leaves' shapes are not known at trace
+        # time (the digest is made of them), on the numpy_function path, named alike when it
+        # runs. (Before, the compiled ops named a call
         # "<name>.0", one request per leaf, and an unnamed one "tf.allreduce.<function>.0" at trace
         # time: a traced rank and an eager one waited for each other until TNT_TIMEOUT_S; then an
         # unnamed call went through tf.numpy_function for its name, ~15 times the op's cost.)
@@ -137,6 +141,8 @@ def _run(x, collective, kind, name=None, **options):
                 result = compiled.run(kind, tensors, [name], **options)[0]
             else:
                 result = compiled.run(kind, tensors, None, sequence=_traced_sequence(kind), **options)[0]
+        elif compiled is not None and collectives._is_structure(x) and _compiled_structure(tensors, kind):
+            result = rebuild(_run_structure(compiled, x, tensors, kind, name, options))
         else:
             scale = options.get("scale")
             if kind == "allreduce":  # refused at trace time, as the compiled ops refuse it
@@ -147,6 +153,45 @@ def _run(x, collective, kind, name=None, **options):
     values, rebuild_result = collectives.flatten(collective(x, name))
     return rebuild_result([tf.convert_to_tensor(v, dtype=leaf.dtype) if _is_tensor(leaf) else v
                            for leaf, v in zip(leaves, values)])
+
+
+def _compiled_structure(tensors, kind):
+    """Whether a structure of `tensors` (its leaves) goes on the compiled ops: leaves of dtypes they
+    take, of shapes known when the function is traced (its digest is made of them; an allgather's
+    but for the first dimension). Any other (a leaf of unknown shape, an empty structure) goes on
+    one tf.numpy_function over the NumPy API, which makes the same requests (docs/api.md)."""
+    if not tensors:
+        return False
+    for t in tensors:
+        if t.dtype.name not in dtypes.SUPPORTED or t.shape.rank is None:
+            return False
+        if not (t.shape[1:] if kind == "allgather" else t.shape).is_fully_defined():
+            return False
+    return True
+
+
+def _run_structure(compiled, x, tensors, kind, name, options):
+    """A structure's call on the compiled ops, with the requests the NumPy API makes for it
+    (collectives._structure_collective, _allgather_structure): one flat request per dtype, in the
+    order the dtypes first appear among the leaves (an allgather's after one of the leaves' row
+    counts, its first), the first named after the call (unnamed: the next name of the sequence,
+    taken when the op runs) and the others "<name>.<dtype>", each carrying the structure's digest
+    computed from the leaves' static shapes as the NumPy API computes it from the arrays'. The
+    leaves (one per output) in flatten's order. Before, a structure went through one
+    tf.numpy_function (~35 us a call, and the GIL)."""
+    gather = kind == "allgather"
+    specs, order, groups = [], [], []
+    for t in tensors:
+        shape = tuple(t.shape.as_list())
+        specs.append((np.dtype(t.dtype.as_numpy_dtype).str, shape[1:] if gather else shape))
+        if t.dtype not in order:
+            order.append(t.dtype)
+        groups.append(order.index(t.dtype))
+    layout = collectives.structure_layout(x, specs)
+    suffixes = [f".{d.name}" for d in (order if gather else order[1:])]
+    if name is not None:
+        return compiled.structure(kind, tensors, groups, [name] + [name + s for s in suffixes], layout, **options)
+    return compiled.structure(kind, tensors, groups, suffixes, layout, sequence=_traced_sequence(kind), **options)
 
 
 def _log_for_empty_slice(tensors, rebuild, kind, name, options):

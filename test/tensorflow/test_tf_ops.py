@@ -338,7 +338,7 @@ def test_a_prescale_tensor_is_taken_on_both_paths(monkeypatch):
             monkeypatch.setattr(tensor_collectives.tf_ops, "get", lambda: None)
 
         @tf.function(autograph=False)  # traced afresh for each path
-        def scaled(x, scale):  # a named tensor: the compiled ops; a structure: the NumPy API's requests
+        def scaled(x, scale):  # a named tensor, and a structure (one flat request per dtype), on the compiled ops
             return tnt.allreduce(x, prescale=scale, name="scaled"), \
                 tnt.allreduce({"x": x, "n": tf.constant(3, tf.int64)}, prescale=scale)
 

@@ -4,6 +4,7 @@ whose collectives are the NumPy API's. Arrays
 of one shape must pair (both sides carry the same shape layout,
 tnt_shape_layout); arrays of another shape but as many elements must fail
 with a MismatchError on both sides that names both shapes."""
+import collections
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from tarantella.common import errors
 from tarantella.tensorflow import ops
 
 rank = tnt.get_rank()
+Point = collections.namedtuple("Point", "v n")
 # First of all, before either rank has asked for the compiled ops: a named tnt.allreduce traced on
 # rank 0 and called eagerly on rank 1 (a custom loop traced on some ranks only). The trace's choice of
 # path is a collective of every rank ("tnt.tf_ops.agree"), which the eager rank made nowhere: both
@@ -130,6 +132,15 @@ cases = {
     # a number leaf is float64 or int64 traced as eagerly (tf.convert_to_tensor made it float32 or
     # int32 traced: the structures differed, MismatchError on both ranks)
     "number-leaves": lambda: tnt.allreduce({"v": v, "w": 1.5, "k": 3}, name="mixed-num"),
+    # structures on the compiled ops (they went through one tf.numpy_function): one request per
+    # dtype, in the order the dtypes first appear, after an allgather's row counts, named and
+    # carrying the digest the NumPy API gives them; a number leaf as NumPy takes it (1.5: float64)
+    "named-structure-3": lambda: tnt.allreduce({"v": v, "n": n, "d": tf.cast(v, tf.float64)[0], "w": 1.5},
+                                               prescale=2.0, name="mixed-s3"),
+    "unnamed-broadcast": lambda: tnt.broadcast({"n": n, "v": [v, v * 2.0]}, root=1),
+    "unnamed-allgather": lambda: tnt.allgather([g, tf.cast(n, tf.float64)[0], tf.zeros([rank, 0, 2]),
+                                                tf.ones([rank, 2], tf.int32)]),  # rank 0: no int32 values
+    "unnamed-allreduce-average": lambda: tnt.allreduce(Point(v, n), op="average"),
 }
 want = {
     "named": [3.0, 6.0], "named-average": [1.5, 3.0], "named-structure": {"a": [3.0, 6.0], "b": [9, 12]},
@@ -137,7 +148,13 @@ want = {
     "named-allgather-one": [[0, 1], [0, 1], [2, 3]], "unnamed": [3.0, 6.0],
     "unnamed-two": [[9, 12], [[0, 1], [0, 1], [2, 3]], [2.0, 4.0]], "unnamed-structure": [[3.0, 6.0], [9, 12]],
     "number-leaves": {"v": [3.0, 6.0], "w": 3.0, "k": 6},
+    "named-structure-3": {"v": [6.0, 12.0], "n": [18, 24], "d": 6.0, "w": 6.0},
+    "unnamed-broadcast": {"n": [6, 8], "v": [[2.0, 4.0], [4.0, 8.0]]},
+    "unnamed-allgather": [[[0, 1], [0, 1], [2, 3]], [3.0, 6.0], [[]], [[1, 1]]],  # (1, 0, 2): rank 1's row
+    "unnamed-allreduce-average": [[1.5, 3.0], [4, 6]],
 }
+structures = {"named-structure", "number-leaves", "named-broadcast", "named-allgather", "unnamed-structure", "named-structure-3",
+              "unnamed-broadcast", "unnamed-allgather", "unnamed-allreduce-average"}
 
 
 def plain(x):
@@ -146,6 +163,10 @@ def plain(x):
     if isinstance(x, (list, tuple)):
         return [plain(i) for i in x]
     return np.asarray(x).tolist()
+
+
+def graph_types(function):
+    return {op.type for op in function.get_concrete_function().graph.get_operations()}
 
 
 for key, case in cases.items():
@@ -158,6 +179,54 @@ for key, case in cases.items():
         if got != want[key]:
             print(f"FAILED {key} traced on rank 0, eager on rank 1 (call {i}): {got!r}", flush=True)
             failures += 1
+    # a structure traced runs on the compiled ops, not on a tf.numpy_function (PyFunc)
+    if rank == 0 and key in structures and ({"PyFunc", "EagerPyFunc"} & graph_types(run)
+                                            or "TntCollectiveStart" not in graph_types(run)):
+        print(f"FAILED {key}: not on the compiled ops: {sorted(graph_types(run))}", flush=True)
+        failures += 1
+# A structure with a leaf of a shape unknown at trace time keeps the tf.numpy_function (its digest is
+# made of the shapes), with the same requests: it pairs with the eager call too.
+unknown = tf.function(lambda a: tnt.allreduce({"a": a, "n": n}, name="unknown-shape"), autograph=False,
+                      input_signature=[tf.TensorSpec([None], tf.float32)])
+for i in range(2):
+    got = plain((unknown if rank == 0 else unknown.python_function)(v))
+    if got != {"a": [3.0, 6.0], "n": [9, 12]}:
+        print(f"FAILED a structure of a leaf of unknown shape (call {i}): {got!r}", flush=True)
+        failures += 1
+if rank == 0 and "PyFunc" not in {op.type for op in unknown.get_concrete_function().graph.get_operations()}:
+    print("FAILED a structure of a leaf of unknown shape: not on the tf.numpy_function", flush=True)
+    failures += 1
+# Structures that differ between a rank that traced the call (on the compiled ops) and one that
+# made it eagerly fail with a MismatchError on both ranks, as between two eager ranks (the digest
+# of the first request), also where each dtype's count agrees and where one rank has a dtype the
+# other lacks; and they leave nothing in flight: the next call pairs.
+differ = {
+    "counts": lambda: tnt.allreduce({"a": tf.ones([2 + rank]), "b": tf.ones([3 - rank])}, name="differ-c"),
+    "extra-dtype": lambda: tnt.broadcast([v, n] if rank == 0 else [v]),
+    "keys": lambda: tnt.allreduce({"a": v, "b" if rank else "c": v}),
+    "gather-rows": lambda: tnt.allgather({"a": tf.zeros([1, 2 + rank]), "b": tf.zeros([1, 3 - rank])},
+                                         name="differ-g"),
+    "one-tensor": lambda: tnt.allgather({"a": g} if rank == 0 else g),
+}
+for key, case in differ.items():
+    run = tf.function(case, autograph=False) if rank == 0 else case
+    try:
+        run()
+        got = "no error"
+    except tf.errors.OpError as exc:
+        got = type(ops.tarantella_error(exc) or exc).__name__ + ": " + str(exc)[:300]
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        got = f"{type(exc).__name__}: {exc}"[:300]
+    if not got.startswith("MismatchError"):
+        print(f"FAILED structures that differ ({key}), traced on rank 0, eager on rank 1: {got!r}", flush=True)
+        failures += 1
+    if rank == 0 and "PyFunc" in graph_types(run):
+        print(f"FAILED structures that differ ({key}): not on the compiled ops", flush=True)
+        failures += 1
+    after = plain(tnt.allreduce({"x": v}))
+    if after != {"x": [3.0, 6.0]}:
+        print(f"FAILED the call after structures that differ ({key}): {after!r}", flush=True)
+        failures += 1
 # An unnamed call of one tensor traced on rank 0 runs as the compiled ops (it went through one
 # tf.numpy_function, ~15 times their cost, to be named when it ran): named when the op runs, from
 # the core's count of the tracing thread's sequence, the count the eager calls of that thread take

@@ -11,10 +11,10 @@ collectives inside a `tf.function`:
 `get()` answers None for the numpy_function path. Both paths submit the same
 gradient requests (same names, sizes, prescale) to the same core, so they give
 bitwise the same gradients (bench/grad_op.py checks it); the TF-level collectives take
-the compiled ops for a call of one tensor (tensor_collectives._run), which is the same
-request on both paths: under its name, or, unnamed, under the next name of its sequence,
-taken when the op runs from the core's count that the Python API's calls take theirs from
-(tnt_sequence_counter).
+the compiled ops for a call of one tensor or of a structure (tensor_collectives._run), which
+make the same requests on both paths: under its name, or, unnamed, under the next name of its
+sequence, taken when the op runs from the core's count that the Python API's calls take theirs
+from (tnt_sequence_counter); a structure's one per dtype with its digest (CompiledOps.structure).
 """
 import ctypes
 import os
@@ -74,6 +74,30 @@ class CompiledOps:
         return self._module.tnt_collective_start(
             list(tensors), _scale(scale, tensors), kind=kind, names=list(names),
             reduce_op=int(codes.OPS[op]), root=int(root), unnamed=unnamed, window=request_names.NAME_WINDOW)
+
+    def structure(self, kind, tensors, groups, names, layout, scale=1.0, op="sum", root=0, sequence=False):
+        """The results (one per leaf) of a structure's call, made as the NumPy API makes it
+        (collectives._structure_collective, _allgather_structure): `tensors`, the leaves in
+        flatten's order, go in one flat request per dtype (leaf i in the request of group
+        groups[i], groups numbered in the order their dtypes first appear), an allgather's after
+        one of the leaves' row counts, each carrying `layout` (the structure's digest; an
+        allgather's data requests their shape layout, 0), the first submitted by the Start, the
+        others by the Wait once the first has completed. `names`: the requests' names; unnamed
+        (`sequence` as in start()), the suffixes of the requests after the first (".int64"),
+        appended to the name the op makes when it runs."""
+        from tarantella.common import codes, request_names
+
+        if op not in codes.OPS:
+            raise errors.InvalidArgumentError(f'op must be "sum" or "average". Received: op={op!r}')
+        unnamed = sequence is not False
+        if unnamed:
+            request_names.unnamed_counter(kind, sequence)  # made now, as the Python API would make it
+            names = [request_names.sequence_suffix(kind, sequence)] + list(names)
+        token = self._module.tnt_collective_start(
+            list(tensors), _scale(scale, tensors), kind=kind, names=list(names), reduce_op=int(codes.OPS[op]),
+            root=int(root), unnamed=unnamed, window=request_names.NAME_WINDOW,
+            layout=layout - (1 << 64) if layout >= 1 << 63 else layout, leaf_groups=list(groups))
+        return self.wait([token], tensors, gathered=kind == "allgather")
 
     def wait(self, tokens, tensors, gathered=False, block=False):
         """The results of the requests of `tokens` (one wait for all): tensors

@@ -22,11 +22,13 @@
 // the host and back around them (untested on a GPU).
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -133,13 +135,55 @@ bool CoreDtype(DataType dt, tnt_dtype_t *out) {
 
 // ---- requests in flight, between Start and Wait ----------------------------
 
+// One request of a structure (StartOp::ComputeStructure): a flat buffer of one dtype.
+struct Flat {
+  std::string name;
+  Tensor in, out;  // out: an allreduce's or broadcast's result (an allreduce's is `in` itself)
+  tnt_dtype_t dt = TNT_FLOAT32;
+  uint64_t layout = 0;
+};
+
 struct Pending {
   std::string kind;
   std::vector<tnt_handle_t> handles;
   std::vector<Tensor> inputs;   // kept alive: the core reads them until completion
   std::vector<Tensor> outputs;  // allreduce/broadcast: written by the core
   std::vector<Tensor> row_counts;  // allgather: per input, its row count where its rows have no elements
+  // A structure (a nested list/tuple/dict of tensors, the leaves in flatten's order): its requests
+  // are flat buffers, one per dtype (allgather: after one of the leaves' row counts); `later`, all
+  // but the first, are submitted by the Wait once the first has completed (Completer::Progress),
+  // as the NumPy API's _structure_collective does: the first carries the structure's digest and
+  // fails with a MismatchError on every rank where the ranks' structures differ.
+  bool structure = false;
+  std::vector<TensorShape> leaf_shapes;
+  std::vector<DataType> leaf_dtypes;
+  std::vector<int> leaf_groups;  // the dtype group (data request) of each leaf
+  std::vector<Flat> later;
+  bool unnamed = false;  // `later` named after an unnamed first request: wait for an earlier one in flight
+  int reduce_op = 0, root = 0;
+  double scale = 1.0;
 };
+
+// Submits one request of a structure (1-d: an allgather's rows are its elements). The name of an
+// unnamed call comes back every `window` calls, and the call of that name may still be in flight:
+// waited for, and submitted again, as StartOp does for one tensor.
+tnt_result_t SubmitFlat(const CoreApi &api, const Pending &p, const Flat &f, tnt_handle_t *h) {
+  const char *name = f.name.c_str();
+  const int64_t n = f.in.NumElements();
+  for (bool again = p.unnamed;; again = false) {
+    tnt_result_t r;
+    if (p.kind == "allgather") {
+      r = api.allgather_async(name, f.in.data(), n, 1, f.dt, nullptr, 0, f.layout, h);
+    } else if (p.kind == "allreduce") {
+      r = api.allreduce_async(name, f.in.data(), f.out.data(), n, f.dt, static_cast<tnt_reduce_op_t>(p.reduce_op),
+                              p.scale, f.layout, h);
+    } else {
+      r = api.broadcast_async(name, f.in.data(), f.out.data(), n, f.dt, p.root, f.layout, h);
+    }
+    if (!(r == TNT_ERR_INVALID_USAGE && again && api.name_in_flight(name))) return r;
+    while (api.name_in_flight(name)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
 
 // An allgather of rows of no elements (a (5, 0) tensor): their data is no bytes, which cannot say
 // how many rows each rank has, and the result had no rows at all ((0, 0), where eager mode gave
@@ -221,6 +265,7 @@ class Completer {
     if (pending.handles.empty()) return;
     auto *job = new Job();
     job->pending = std::move(pending);
+    job->pending.later.clear();  // a structure's later requests: never submitted, as no one takes them
     g_orphans.fetch_add(1);
     Submit(job, false);
   }
@@ -256,6 +301,29 @@ class Completer {
   // Advances `job` past its completed handles; true when none is in flight.
   // `slice_s` > 0: wait that long for the first one still in flight.
   static bool Progress(const CoreApi &api, Job *job, double slice_s) {
+    for (;;) {
+      if (!Advance(api, job, slice_s)) return false;
+      Pending &p = job->pending;
+      if (p.later.empty() || job->failed != TNT_SUCCESS) return true;
+      // a structure whose first request has completed on every rank (its digest agreed): the rest
+      std::vector<Flat> later = std::move(p.later);
+      p.later.clear();
+      for (Flat &f : later) {
+        tnt_handle_t h = 0;
+        const tnt_result_t r = SubmitFlat(api, p, f, &h);
+        if (r != TNT_SUCCESS) {
+          job->failed = r;
+          job->error = std::string(CoreError(api, r, p.kind + " of " + f.name).message());
+          return true;
+        }
+        p.handles.push_back(h);
+        p.inputs.push_back(f.in);
+        p.outputs.push_back(f.out);
+      }
+    }
+  }
+
+  static bool Advance(const CoreApi &api, Job *job, double slice_s) {
     while (job->next < job->pending.handles.size()) {
       tnt_handle_t h = job->pending.handles[job->next];
       tnt_result_t r = slice_s > 0 ? api.wait(h, slice_s) : api.test(h);
@@ -285,6 +353,8 @@ class Completer {
     Status status;
     if (job->failed != TNT_SUCCESS) {
       status = Status(CoreError(api, job->failed, p.kind).code(), job->error);
+    } else if (p.structure) {
+      status = p.kind == "allgather" ? SplitGathered(api, p, ctx) : SplitFlats(p, ctx);
     } else if (p.kind == "allgather") {
       for (size_t i = 0; i < p.handles.size() && status.ok(); ++i) {
         int64_t count = 0;
@@ -317,6 +387,81 @@ class Completer {
     auto done = std::move(job->done);
     delete job;
     done();
+  }
+
+  // A structure's allreduce or broadcast: each leaf's values out of its dtype's flat result, in order.
+  static Status SplitFlats(const Pending &p, OpKernelContext *ctx) {
+    std::vector<size_t> offset(p.outputs.size(), 0);
+    for (size_t i = 0; i < p.leaf_shapes.size(); ++i) {
+      const int g = p.leaf_groups[i];
+      if (g < 0 || static_cast<size_t>(g) >= p.outputs.size())
+        return errors::Internal("TntCollectiveWait: a leaf of a request that was not made");
+      Tensor *out = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), p.leaf_shapes[i], &out));
+      const auto dst = out->tensor_data();
+      const auto src = p.outputs[g].tensor_data();
+      if (offset[g] + dst.size() > src.size()) return errors::Internal("TntCollectiveWait: a structure's result is short");
+      if (dst.size()) std::memcpy(const_cast<char *>(dst.data()), src.data() + offset[g], dst.size());
+      offset[g] += dst.size();
+    }
+    return Status();
+  }
+
+  // A structure's allgather: the first request gathered every rank's row count of each leaf, the
+  // others each dtype's leaves, flat, rank after rank (each rank's leaves of the dtype in order):
+  // each leaf's rows of every rank, concatenated in rank order, as _allgather_structure does.
+  static Status SplitGathered(const CoreApi &api, const Pending &p, OpKernelContext *ctx) {
+    const size_t leaves = p.leaf_shapes.size();
+    int64_t count = 0;
+    tnt_result_t r = api.result_count(p.handles[0], &count);
+    if (r != TNT_SUCCESS) return CoreError(api, r, p.kind);
+    if (leaves == 0 || count % static_cast<int64_t>(leaves))
+      return errors::Internal("TntCollectiveWait: ", count, " row counts for ", leaves, " leaves");
+    std::vector<int64_t> rows(count);
+    if (count && (r = api.result_copy(p.handles[0], rows.data())) != TNT_SUCCESS) return CoreError(api, r, p.kind);
+    const int64_t ranks = count / static_cast<int64_t>(leaves);
+    std::vector<int64_t> row_elems(leaves, 1);
+    std::vector<Tensor *> outs(leaves, nullptr);
+    for (size_t i = 0; i < leaves; ++i) {
+      const TensorShape &s = p.leaf_shapes[i];
+      int64_t total = 0;
+      for (int64_t q = 0; q < ranks; ++q) total += rows[q * leaves + i];
+      TensorShape shape;
+      shape.AddDim(total);
+      for (int d = 1; d < s.dims(); ++d) {
+        shape.AddDim(s.dim_size(d));
+        row_elems[i] *= s.dim_size(d);
+      }
+      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(i), shape, &outs[i]));
+    }
+    const int groups = static_cast<int>(p.handles.size()) - 1;
+    for (int g = 0; g < groups; ++g) {
+      tnt_handle_t h = p.handles[g + 1];
+      if ((r = api.result_count(h, &count)) != TNT_SUCCESS) return CoreError(api, r, p.kind);
+      DataType dt = DT_INVALID;
+      for (size_t i = 0; i < leaves; ++i)
+        if (p.leaf_groups[i] == g) dt = p.leaf_dtypes[i];
+      if (dt == DT_INVALID) return errors::Internal("TntCollectiveWait: a request of no leaf");
+      Tensor flat(dt, TensorShape({count}));
+      if (count && (r = api.result_copy(h, flat.data())) != TNT_SUCCESS) return CoreError(api, r, p.kind);
+      const size_t item = DataTypeSize(dt);
+      const char *src = flat.tensor_data().data();
+      size_t offset = 0;
+      std::vector<size_t> written(leaves, 0);
+      for (int64_t q = 0; q < ranks; ++q) {
+        for (size_t i = 0; i < leaves; ++i) {
+          if (p.leaf_groups[i] != g) continue;
+          const size_t n = static_cast<size_t>(rows[q * leaves + i] * row_elems[i]) * item;
+          const auto dst = outs[i]->tensor_data();
+          if (offset + n > flat.tensor_data().size() || written[i] + n > dst.size())
+            return errors::Internal("TntCollectiveWait: the gathered rows of a structure do not add up");
+          if (n) std::memcpy(const_cast<char *>(dst.data()) + written[i], src + offset, n);
+          offset += n;
+          written[i] += n;
+        }
+      }
+    }
+    return Status();
   }
 
   // One completion thread per job in flight, each waiting on its own job's
@@ -371,12 +516,18 @@ REGISTER_OP("TntCollectiveStart")
     .Attr("root: int = 0")
     .Attr("unnamed: bool = false")
     .Attr("window: int = 60")
+    .Attr("layout: int = 0")
+    .Attr("leaf_groups: list(int) = []")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ScalarShape)
     .Doc("Submits one Tarantella collective request per input; `scale` is this "
          "rank's prescale (allreduce). The token goes to TntCollectiveWait. `unnamed`: one "
          "input, named when the op runs '<kind>.<k mod window><names[0]>', k the next number "
-         "of the core's counter '<kind><names[0]>' (the sequence's, shared with Python).");
+         "of the core's counter '<kind><names[0]>' (the sequence's, shared with Python). "
+         "`leaf_groups` (not empty): the inputs are the leaves of a structure, sent as the NumPy "
+         "API sends one: leaf i in the flat request of dtype group leaf_groups[i] (allgather: "
+         "after one of the leaves' row counts), each carrying `layout` (allgather: the first "
+         "only), named names[0] and names[r] (unnamed: the name made, then it + names[r]).");
 
 REGISTER_OP("TntCollectiveWait")
     .Input("tokens: N * variant")
@@ -397,7 +548,11 @@ class StartOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("root", &root_));
     OP_REQUIRES_OK(c, c->GetAttr("unnamed", &unnamed_));
     OP_REQUIRES_OK(c, c->GetAttr("window", &window_));
-    OP_REQUIRES(c, !unnamed_ || (names_.size() == 1 && window_ > 0),
+    int64_t layout = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("layout", &layout));
+    layout_ = static_cast<uint64_t>(layout);  // a digest of 64 bits, passed as a signed attribute
+    OP_REQUIRES_OK(c, c->GetAttr("leaf_groups", &leaf_groups_));
+    OP_REQUIRES(c, !unnamed_ || ((names_.size() == 1 || !leaf_groups_.empty()) && window_ > 0),
                 errors::InvalidArgument("TntCollectiveStart: an unnamed call takes one input, one suffix "
                                         "and a window of at least 1"));
   }
@@ -427,7 +582,7 @@ class StartOp : public OpKernel {
                                            "use tarantella.tensorflow.ops, not tf.load_op_library"));
     OpInputList inputs;
     OP_REQUIRES_OK(ctx, ctx->input_list("inputs", &inputs));
-    OP_REQUIRES(ctx, static_cast<size_t>(inputs.size()) == names_.size(),
+    OP_REQUIRES(ctx, !leaf_groups_.empty() || static_cast<size_t>(inputs.size()) == names_.size(),
                 errors::InvalidArgument("TntCollectiveStart: ", inputs.size(), " inputs but ", names_.size(),
                                         " names"));
     // scalar<double>() of another shape is a failed CHECK, which aborts the process (a
@@ -437,6 +592,7 @@ class StartOp : public OpKernel {
                 errors::InvalidArgument("Tarantella allreduce: prescale must be a scalar. Received: a tensor of shape ",
                                         scale_in.shape().DebugString()));
     const double scale = scale_in.scalar<double>()();
+    if (!leaf_groups_.empty()) return ComputeStructure(ctx, *api, inputs, scale);
     Pending p;
     p.kind = kind_;
     Status status;
@@ -522,12 +678,102 @@ class StartOp : public OpKernel {
     out->scalar<Variant>()() = Token{std::move(requests)};
   }
 
+  // A structure's call (leaf_groups_): the leaves copied into one flat buffer per dtype group, and
+  // the first request submitted now; the others wait in the token for the Wait (Pending::later).
+  void ComputeStructure(OpKernelContext *ctx, const CoreApi &api, const OpInputList &inputs, double scale) {
+    const bool gather = kind_ == "allgather";
+    const int leaves = inputs.size();
+    OP_REQUIRES(ctx, static_cast<int>(leaf_groups_.size()) == leaves && leaves > 0,
+                errors::InvalidArgument("TntCollectiveStart: ", leaves, " leaves but ", leaf_groups_.size(),
+                                        " groups"));
+    int groups = 0;
+    for (int g : leaf_groups_) groups = std::max(groups, g + 1);
+    OP_REQUIRES(ctx, static_cast<int>(names_.size()) == groups + (gather ? 1 : 0),
+                errors::InvalidArgument("TntCollectiveStart: ", names_.size(), " names for ", groups,
+                                        " groups of a structure's ", kind_));
+    std::vector<DataType> dtypes(groups, DT_INVALID);
+    std::vector<int64_t> elems(groups, 0);
+    Pending p;
+    p.kind = kind_;
+    p.structure = true;
+    p.unnamed = unnamed_;
+    p.reduce_op = reduce_op_;
+    p.root = root_;
+    p.scale = scale;
+    p.leaf_groups = leaf_groups_;
+    for (int i = 0; i < leaves; ++i) {
+      const int g = leaf_groups_[i];
+      tnt_dtype_t dt;
+      OP_REQUIRES(ctx, g >= 0 && (dtypes[g] == DT_INVALID || dtypes[g] == inputs[i].dtype()),
+                  errors::InvalidArgument("TntCollectiveStart: leaf ", i, " in group ", g, " of another dtype"));
+      OP_REQUIRES(ctx, CoreDtype(inputs[i].dtype(), &dt),
+                  errors::InvalidArgument("Tarantella collectives do not take ", DataTypeString(inputs[i].dtype())));
+      dtypes[g] = inputs[i].dtype();
+      elems[g] += inputs[i].NumElements();
+      p.leaf_shapes.push_back(inputs[i].shape());
+      p.leaf_dtypes.push_back(inputs[i].dtype());
+    }
+    for (int g = 0; g < groups; ++g)
+      OP_REQUIRES(ctx, dtypes[g] != DT_INVALID, errors::InvalidArgument("TntCollectiveStart: group ", g, " is empty"));
+    Status status;
+    const std::string base = unnamed_ ? UnnamedName(api, &status) : names_[0];
+    OP_REQUIRES_OK(ctx, status);
+    std::vector<Flat> flats;
+    if (gather) {  // each leaf's row count (a 0-d leaf is one row), under the structure's digest
+      Flat f;
+      f.name = base;
+      f.in = Tensor(DT_INT64, TensorShape({leaves}));
+      for (int i = 0; i < leaves; ++i)
+        f.in.flat<int64_t>()(i) = inputs[i].dims() ? inputs[i].dim_size(0) : 1;
+      f.dt = TNT_INT64;
+      f.layout = layout_;
+      flats.push_back(std::move(f));
+    }
+    for (int g = 0; g < groups; ++g) {
+      Flat f;
+      const int r = g + (gather ? 1 : 0);
+      f.name = r == 0 ? base : unnamed_ ? base + names_[r] : names_[r];
+      CoreDtype(dtypes[g], &f.dt);
+      f.layout = gather ? 0 : layout_;  // an allgather's data: 1-d, as the NumPy API's (shape layout 0)
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(dtypes[g], TensorShape({elems[g]}), &f.in));
+      size_t offset = 0;
+      char *dst = const_cast<char *>(f.in.tensor_data().data());
+      for (int i = 0; i < leaves; ++i) {
+        if (leaf_groups_[i] != g) continue;
+        const auto src = inputs[i].tensor_data();
+        if (src.size()) std::memcpy(dst + offset, src.data(), src.size());
+        offset += src.size();
+      }
+      if (kind_ == "allreduce") {
+        f.out = f.in;  // in place: the core allows it, and the flat buffer is this op's own
+      } else if (kind_ == "broadcast") {
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(dtypes[g], TensorShape({elems[g]}), &f.out));
+      }
+      flats.push_back(std::move(f));
+    }
+    tnt_handle_t h = 0;
+    const tnt_result_t r = SubmitFlat(api, p, flats[0], &h);
+    OP_REQUIRES(ctx, r == TNT_SUCCESS, CoreError(api, r, kind_ + " of " + flats[0].name));
+    p.handles.push_back(h);
+    p.inputs.push_back(flats[0].in);
+    p.outputs.push_back(flats[0].out);
+    p.later.assign(std::make_move_iterator(flats.begin() + 1), std::make_move_iterator(flats.end()));
+    auto requests = std::make_shared<Requests>();
+    g_unwaited.fetch_add(1);
+    requests->pending = std::move(p);
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<Variant>()() = Token{std::move(requests)};
+  }
+
  private:
   std::string kind_;
   std::vector<std::string> names_;  // unnamed: one, the suffix of the sequence's names
   int reduce_op_ = 0, root_ = 0;
   bool unnamed_ = false;
   int64_t window_ = 60;
+  uint64_t layout_ = 0;            // not 0: the layout of every request (a structure's digest)
+  std::vector<int> leaf_groups_;  // not empty: a structure (ComputeStructure)
   std::atomic<int64_t *> counter_{nullptr};
 };
 
@@ -561,6 +807,17 @@ class WaitOp : public AsyncOpKernel {
         requests->taken = true;
         if (!requests->pending.handles.empty()) g_unwaited.fetch_sub(1);
         Pending p = std::move(requests->pending);
+        if (p.structure) {  // a structure's token comes alone: its outputs are its leaves
+          if (ctx->num_inputs() != 1) problem = "a structure's token with others";
+          for (tnt_handle_t h : all.handles) p.handles.push_back(h);  // none, unless a problem: released
+          all = std::move(p);
+          continue;
+        }
+        if (all.structure) {
+          problem = "a structure's token with others";
+          all.handles.insert(all.handles.end(), p.handles.begin(), p.handles.end());
+          continue;
+        }
         if (!all.kind.empty() && all.kind != p.kind) problem = "tokens of " + all.kind + " and " + p.kind;
         all.kind = p.kind;
         all.handles.insert(all.handles.end(), p.handles.begin(), p.handles.end());
@@ -572,8 +829,9 @@ class WaitOp : public AsyncOpKernel {
         all.row_counts.insert(all.row_counts.end(), p.row_counts.begin(), p.row_counts.end());
       }
     }
-    if (problem.empty() && static_cast<int>(all.handles.size()) != num_outputs())
-      problem = std::to_string(num_outputs()) + " outputs for " + std::to_string(all.handles.size()) + " requests";
+    const size_t results = all.structure ? all.leaf_shapes.size() : all.handles.size();
+    if (problem.empty() && static_cast<int>(results) != num_outputs())
+      problem = std::to_string(num_outputs()) + " outputs for " + std::to_string(results) + " results";
     if (!problem.empty()) {
       // a bug of the Python side; the handles found are still completed and released
       job->failed = TNT_ERR_INTERNAL;
