@@ -4,7 +4,7 @@ The NumPy collectives of tarantella.common take tensors (and nested lists,
 tuples and dicts of tensors, arrays and scalars) but return NumPy arrays;
 these return the same structure with a `tf.Tensor` wherever the input had a
 `tf.Tensor` or `tf.Variable` (of the same dtype), and NumPy values elsewhere.
-Inside a `tf.function` (every leaf must then be a tensor) they make the
+Inside a `tf.function` (every leaf becomes a tensor, every call an op) they make the
 requests they make eagerly, so that a traced call pairs with an eager one: a
 call of one tensor or of a structure, named or not, as the compiled ops
 (tarantella/tensorflow/ops; a structure of leaves of unknown shape, or without the
@@ -106,14 +106,20 @@ def _run(x, collective, kind, name=None, **options):
     if getattr(_stand_in, "active", False):
         leaves = [_nothing_of(leaf, kind, options) for leaf in leaves]
         x = rebuild(leaves)
-    tensors_in = any(_is_tensor(leaf) for leaf in leaves)
+    traced = not tf.executing_eagerly()
+    # Traced, every call goes into the graph, also one without a tensor (numbers, arrays, an empty
+    # structure): made where the function was traced, such a call ran once, at its trace, and
+    # never when the function ran; a rank that ran the same step eagerly made it at every step,
+    # and the ranks waited for each other until TNT_TIMEOUT_S (or paired later unnamed calls
+    # wrongly).
+    tensors_in = traced or any(_is_tensor(leaf) for leaf in leaves)
     if tensors_in:
         # The choice of path (tf_ops.get) is agreed by every rank in a collective of its own
         # ("tnt.tf_ops.agree"), made at the first call with tensors, eager or traced: made only
         # where a call was traced, a rank that traced its loop waited there for a rank that ran
         # the same loop eagerly, which was in the call's own collective, until TNT_TIMEOUT_S.
         compiled = tf_ops.get()
-    if tensors_in and not tf.executing_eagerly():
+    if traced:
         # Traced, a call makes the very requests it makes eagerly (names, sizes, layouts), so that a
         # rank that runs the step eagerly (run_eagerly=True on one rank, a custom loop traced on
         # some ranks only) pairs each call with the same call on a rank that traced it. The
@@ -135,7 +141,9 @@ def _run(x, collective, kind, name=None, **options):
         # structure's digest, differ from the eager call's, which then fail against each other
         tensors = [tf.convert_to_tensor(leaf if _is_tensor(leaf) else collectives._leaf_array(leaf, kind)[0])
                    for leaf in leaves]
-        if compiled is not None and _is_tensor(x) and \
+        if not tensors:  # an empty structure: one request of no values, as eagerly
+            result = _run_in_graph(tensors, rebuild, collective, kind, name)
+        elif compiled is not None and not collectives._is_structure(x) and \
                 tensors[0].dtype.name in dtypes.SUPPORTED and (kind != "allgather" or tensors[0].shape.rank):
             if name is not None:
                 result = compiled.run(kind, tensors, [name], **options)[0]
@@ -363,6 +371,8 @@ def _run_in_graph(tensors, rebuild, collective, kind, name, scale=None):
 
     out = tf.numpy_function(run, tensors + extra, [t.dtype for t in tensors], stateful=True,
                             name="TntCollective")
+    if not tensors:  # an empty structure: an op of no outputs (an Operation), kept as stateful
+        return rebuild([])
     out = out if isinstance(out, (list, tuple)) else [out]  # eagerly, one output comes bare
     for o, t in zip(out, tensors):
         o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]) if gather and t.shape.rank

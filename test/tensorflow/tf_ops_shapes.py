@@ -141,6 +141,11 @@ cases = {
     "unnamed-allgather": lambda: tnt.allgather([g, tf.cast(n, tf.float64)[0], tf.zeros([rank, 0, 2]),
                                                 tf.ones([rank, 2], tf.int32)]),  # rank 0: no int32 values
     "unnamed-allreduce-average": lambda: tnt.allreduce(Point(v, n), op="average"),
+    # calls without a tensor go into the graph too: they ran once, at the trace, and never when the
+    # function ran, so rank 1's second eager call waited for rank 0 until TNT_TIMEOUT_S
+    "no-tensor-structure": lambda: tnt.allreduce({"k": 3, "w": np.float32(1.5) * (rank + 1)}),
+    "no-tensor-number": lambda: tnt.broadcast(2.0 + rank, root=1, name="no-tensor-1"),
+    "empty-structure": lambda: (tnt.allreduce({}), tnt.allgather([])),
 }
 want = {
     "named": [3.0, 6.0], "named-average": [1.5, 3.0], "named-structure": {"a": [3.0, 6.0], "b": [9, 12]},
@@ -152,6 +157,7 @@ want = {
     "unnamed-broadcast": {"n": [6, 8], "v": [[2.0, 4.0], [4.0, 8.0]]},
     "unnamed-allgather": [[[0, 1], [0, 1], [2, 3]], [3.0, 6.0], [[]], [[1, 1]]],  # (1, 0, 2): rank 1's row
     "unnamed-allreduce-average": [[1.5, 3.0], [4, 6]],
+    "no-tensor-structure": {"k": 6, "w": 4.5}, "no-tensor-number": 3.0, "empty-structure": [{}, []],
 }
 structures = {"named-structure", "number-leaves", "named-broadcast", "named-allgather", "unnamed-structure", "named-structure-3",
               "unnamed-broadcast", "unnamed-allgather", "unnamed-allreduce-average"}
