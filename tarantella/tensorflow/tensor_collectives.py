@@ -85,9 +85,16 @@ def _nothing_to_send(root, where, batches):
 
 
 def _nothing_of(leaf, kind, options):
-    """What a stand-in `leaf` contributes: nothing (contributing_nothing)."""
+    """What a stand-in `leaf` contributes: nothing (contributing_nothing). A number or an array
+    too (it goes into the graph like a tensor, _run): zeros, or no rows to an allgather."""
     if not _is_tensor(leaf):
-        return leaf
+        try:
+            array = collectives._leaf_array(leaf, kind)[0]
+        except Exception:  # noqa: BLE001 - not a leaf the collectives take: refused as it is (_run)
+            return leaf
+        if tf.executing_eagerly() and not (kind == "broadcast" and options["root"] == core.get_rank()):
+            return array[:0] if kind == "allgather" and array.ndim else np.zeros_like(array)
+        leaf = tf.convert_to_tensor(array)
     if kind == "allgather" and leaf.shape.rank:
         return leaf[:0]
     if kind == "broadcast" and options["root"] == core.get_rank():

@@ -1685,3 +1685,23 @@ def test_a_traced_collective_refuses_bad_arguments_as_an_eager_one_does():
         with pytest.raises(Exception) as traced:
             tf.function(case, autograph=False).get_concrete_function()  # traced, never run
         assert (type(traced.value), str(traced.value)) == (type(eager.value), str(eager.value)), key
+
+
+def test_a_stand_in_contributes_nothing_of_its_numbers_too():
+    """Calls on tnt.Model.predict's stand-in sample (contributing_nothing) contribute nothing:
+    zeros, no rows. A number or an array leaf, traced, now goes into the graph as a tensor
+    does (tensor_collectives._run), and a stand-in sent its value there: a layer's
+    tnt.allreduce({"s": sums, "n": 1.0}) counted the stand-in rank as one more contributor."""
+    import tarantella.tensorflow as tnt_tf
+    from tarantella.tensorflow.tensor_collectives import contributing_nothing
+
+    def calls():
+        return tnt_tf.allreduce({"n": 3.0, "t": tf.ones([2])}), tnt_tf.allreduce(np.int64(4)), \
+            tnt_tf.allgather([np.ones((2, 2), np.float32), tf.ones([1, 3])])
+
+    for run in (calls, tf.function(calls, autograph=False)):
+        with contributing_nothing():
+            summed, single, (rows, more) = run()
+        assert float(summed["n"]) == 0.0 and np.asarray(summed["t"]).tolist() == [0.0, 0.0], summed
+        assert int(single) == 0 and np.asarray(rows).shape == (0, 2) and np.asarray(more).shape == (0, 3), \
+            (single, rows, more)
