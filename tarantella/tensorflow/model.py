@@ -495,8 +495,11 @@ class Model(keras.Model):
                 predicted = self.model.predict_step((zeros,))
             return tf.nest.map_structure(lambda t: rows(t, 0, 0), predicted)
 
-        outputs = tf.cond(_first_dim(x) > 0, lambda: self.model.predict_step(data),
-                          on_one_zero_sample)
+        local_batch = _first_dim(x)
+        # a layer's own broadcast from a rank with an empty slice fails on every rank
+        with tensor_collectives.predicting(local_batch):
+            outputs = tf.cond(local_batch > 0, lambda: self.model.predict_step(data),
+                              on_one_zero_sample)
         # Each rank predicted a contiguous slice of the global batch: gathering
         # the slices in rank order restores the global batch, in order.
         return tf.nest.map_structure(_allgather_tensor, outputs)

@@ -11,6 +11,7 @@ call of one tensor or of a structure, named or not, as the compiled ops
 compiled ops, as one `tf.numpy_function`, see _run); eagerly they run at once.
 """
 import contextlib
+import hashlib
 import sys
 import threading
 
@@ -19,6 +20,7 @@ import tensorflow as tf
 from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
 from tarantella.common import collectives, core, dtypes, errors, master_only, request_names
+from tarantella.tensorflow import collective_ops
 from tarantella.tensorflow import ops as tf_ops
 
 # The entry points run as plain Python while a tf.function traces them, as Keras'
@@ -77,41 +79,103 @@ def contributing_nothing():
         _stand_in.active = before
 
 
+_predicting = threading.local()  # samples: this rank's slice size in tnt.Model.predict's step
+
+
+@contextlib.contextmanager
+def predicting(local_batch):
+    """tnt.Model.predict's step is traced inside: `local_batch` (a scalar tensor) is this rank's
+    slice of the batch, 0 where predict runs the model on a stand-in sample (see
+    _root_has_samples)."""
+    before = getattr(_predicting, "samples", None)
+    _predicting.samples = local_batch
+    try:
+        yield
+    finally:
+        _predicting.samples = before
+
+
 def _nothing_to_send(root, where, batches):
     """The error of a broadcast whose root is a rank with an empty slice of the batch."""
-    return (f"tnt.broadcast from root {root} in {where} where this rank's slice of the batch is empty (a last "
-            "batch with fewer samples than ranks): it has nothing to send. Broadcast from a rank that gets "
-            f"samples (rank 0), or {batches} that give every rank a sample")
+    return (f"tnt.broadcast from root {root} in {where}, where rank {root}'s slice of the batch is empty (a "
+            "last batch with fewer samples than ranks): it has nothing to send. Broadcast from a rank that "
+            f"gets samples (rank 0), or {batches} that give every rank a sample")
 
 
-def _nothing_of(leaf, kind, options):
+def _samples_here():
+    """(this rank's samples in the batch, where, what to do) inside a tnt.Model step or
+    predict step, whose last batch can leave a rank an empty slice; None elsewhere."""
+    from tarantella.tensorflow import step_context
+
+    predict = ("tnt.Model.predict", "predict in batches")
+    if getattr(_stand_in, "active", False):
+        return (0,) + predict
+    context = step_context.current()
+    if context is not None:
+        # the empty branch (StepContext.replay) makes the real branch's calls: no samples
+        return (0 if context._in_replay else context.local_batch, "a tnt.Model step", "use batches")
+    samples = getattr(_predicting, "samples", None)
+    return None if samples is None else (samples,) + predict
+
+
+_noting = threading.local()  # active: _root_has_samples' own broadcast is being made
+
+
+def _root_has_samples(root, name, samples, where, batches):
+    """Before a broadcast in a step whose slice may be empty, the root broadcasts whether it has
+    samples, and every rank fails (an InvalidUsageError) where it has none: a rank whose slice
+    is empty has nothing right to send. Without it the empty root alone failed, and the other
+    ranks waited in the broadcast until TNT_TIMEOUT_S (a TimeoutError naming no cause). Returns
+    the check (traced: an op the broadcast must wait for), or None."""
+    flag = tf.reshape(tf.cast(tf.convert_to_tensor(samples) > 0, tf.float32), [1])
+    flag_name = None
+    if name is not None:  # a named call stays named (unnamed ones shift the sequence's numbers)
+        flag_name = f"{name}.root_has_samples"
+        if len(flag_name.encode()) > 255:
+            flag_name = f"tnt.root_has_samples.{hashlib.sha1(name.encode()).hexdigest()}"
+    _noting.active = True
+    try:
+        noted = broadcast(flag, root=root, name=flag_name)
+    finally:
+        _noting.active = False
+    message = _nothing_to_send(root, where, batches)
+    if tf.executing_eagerly():
+        if not float(noted[0]) > 0:
+            raise errors.InvalidUsageError(message)
+        return None
+
+    @collective_ops.reporting  # fit / predict raise it as itself (collective_errors)
+    def check(value):
+        if not float(value[0]) > 0:
+            raise errors.InvalidUsageError(message)
+        return value
+
+    return tf.numpy_function(check, [noted], tf.float32, stateful=True, name="TntRootHasSamples")
+
+
+def _nothing_of(leaf, kind):
     """What a stand-in `leaf` contributes: nothing (contributing_nothing). A number or an array
-    too (it goes into the graph like a tensor, _run): zeros, or no rows to an allgather."""
+    too (it goes into the graph like a tensor, _run): zeros, or no rows to an allgather. A
+    broadcast from the stand-in's rank fails on every rank before it is made (_root_has_samples)."""
     if not _is_tensor(leaf):
         try:
             array = collectives._leaf_array(leaf, kind)[0]
         except Exception:  # noqa: BLE001 - not a leaf the collectives take: refused as it is (_run)
             return leaf
-        if tf.executing_eagerly() and not (kind == "broadcast" and options["root"] == core.get_rank()):
+        if tf.executing_eagerly():
             return array[:0] if kind == "allgather" and array.ndim else np.zeros_like(array)
         leaf = tf.convert_to_tensor(array)
     if kind == "allgather" and leaf.shape.rank:
         return leaf[:0]
-    if kind == "broadcast" and options["root"] == core.get_rank():
-        message = _nothing_to_send(options["root"], "tnt.Model.predict", "predict in batches")
-        if tf.executing_eagerly():
-            raise errors.InvalidUsageError(message)
-        # traced, tf.cond traces this branch on every rank: it fails only where it runs
-        with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
-            return tf.zeros_like(leaf)
     return tf.zeros_like(leaf)
 
 
 def _run(x, collective, kind, name=None, **options):
     master_only.refuse(f"tnt.{kind}")  # eagerly, and when a tf.function is traced
     leaves, rebuild = collectives.flatten(x)
+    noting = getattr(_noting, "active", False)
     if getattr(_stand_in, "active", False):
-        leaves = [_nothing_of(leaf, kind, options) for leaf in leaves]
+        leaves = [_nothing_of(leaf, kind) for leaf in leaves]
         x = rebuild(leaves)
     traced = not tf.executing_eagerly()
     # Traced, every call goes into the graph, also one without a tensor (numbers, arrays, an empty
@@ -120,6 +184,10 @@ def _run(x, collective, kind, name=None, **options):
     # and the ranks waited for each other until TNT_TIMEOUT_S (or paired later unnamed calls
     # wrongly).
     tensors_in = traced or any(_is_tensor(leaf) for leaf in leaves)
+    here = _samples_here() if kind == "broadcast" and not noting else None
+    check = None  # traced: the root's note, which the broadcast's inputs wait for
+    if here is not None:
+        check = _root_has_samples(options["root"], name, *here)
     if tensors_in:
         # The choice of path (tf_ops.get) is agreed by every rank in a collective of its own
         # ("tnt.tf_ops.agree"), made at the first call with tensors, eager or traced: made only
@@ -148,6 +216,9 @@ def _run(x, collective, kind, name=None, **options):
         # structure's digest, differ from the eager call's, which then fail against each other
         tensors = [tf.convert_to_tensor(leaf if _is_tensor(leaf) else collectives._leaf_array(leaf, kind)[0])
                    for leaf in leaves]
+        if check is not None:  # the broadcast waits for the root's note (every rank fails before it)
+            with tf.control_dependencies([check]):
+                tensors = [tf.identity(t) for t in tensors]
         if not tensors:  # an empty structure: one request of no values, as eagerly
             result = _run_in_graph(tensors, rebuild, collective, kind, name)
         elif compiled is not None and not collectives._is_structure(x) and \
@@ -163,7 +234,8 @@ def _run(x, collective, kind, name=None, **options):
             if kind == "allreduce":  # refused at trace time, as the compiled ops refuse it
                 tf_ops.check_scale(scale, [t for t in tensors if t.dtype.name in dtypes.SUPPORTED])
             result = _run_in_graph(tensors, rebuild, collective, kind, name, scale if _is_tensor(scale) else None)
-        _log_for_empty_slice(tensors, rebuild, kind, name, options)
+        if not noting:  # _root_has_samples' broadcast: made again by the broadcast it precedes
+            _log_for_empty_slice(tensors, rebuild, kind, name, options)
         return result
     values, rebuild_result = collectives.flatten(collective(x, name))
     return rebuild_result([tf.convert_to_tensor(v, dtype=leaf.dtype) if _is_tensor(leaf) else v
@@ -215,7 +287,8 @@ def _log_for_empty_slice(tensors, rebuild, kind, name, options):
     so a layer's, a metric's or a custom train_step's own tnt.allreduce / broadcast / allgather
     was made on the other ranks only, and every rank waited until TNT_TIMEOUT_S. Its zeros add
     nothing to a sum and no rows to a gather, as an empty slice contributes nothing; only a
-    broadcast from the empty rank itself has nothing right to send, and fails there."""
+    broadcast from the empty rank itself has nothing right to send, and fails on every rank
+    (_root_has_samples)."""
     from tarantella.tensorflow import step_context
 
     context = step_context.current()
@@ -236,10 +309,7 @@ def _log_for_empty_slice(tensors, rebuild, kind, name, options):
             allreduce(empty, op=options["op"], name=name)
         elif kind == "allgather":
             allgather(empty, name=name)
-        elif options["root"] == core.get_rank():
-            tf.debugging.Assert(False, [  # raised only where the empty branch runs
-                _nothing_to_send(options["root"], "a tnt.Model step", "use batches")])
-        else:
+        else:  # from this rank, it fails on every rank before it is made (_root_has_samples)
             broadcast(empty, root=options["root"], name=name)
 
     context.log_call(replay, distributed_optimizer.recorded_applies())

@@ -1982,6 +1982,92 @@ def check_rank_branches(tnt):
                            "built_alike_named_apart": built_alike_named_apart})
 
 
+class BroadcastFrom(keras.layers.Layer):
+    """Adds the root's slice sum to every sample (a tarantella.tensorflow.broadcast in a layer)."""
+
+    def __init__(self, root, name=None, **kwargs):
+        super().__init__(**kwargs)
+        self.root, self.call_name = root, name
+
+    def call(self, x):
+        import tarantella.tensorflow as tnt_tf
+
+        return x + tnt_tf.broadcast(tf.reduce_sum(x, 0, keepdims=True), root=self.root, name=self.call_name)
+
+
+class BroadcastingStep(keras.Model):
+    """A train_step of its own that broadcasts its loss from rank 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, data):
+        import tarantella.tensorflow as tnt_tf
+
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        return {"loss": tnt_tf.broadcast(loss, root=1)}
+
+
+def check_broadcast_from_an_empty_slice(tnt):
+    """A tarantella.tensorflow.broadcast from rank 1 in a step where rank 1's slice of the batch is
+    empty (41 samples in batches of 20: the last one has 1): in a layer, in predict (rank 1 runs
+    the model on a stand-in sample), fit (rank 1 run eagerly, rank 0 traced) and evaluate (named);
+    in a train_step of its own. The empty rank has nothing to send: before, it alone failed, and
+    the other rank waited in the broadcast until TNT_TIMEOUT_S (a TimeoutError naming no cause).
+    Every rank must raise the InvalidUsageError saying so, at once; then a broadcast from rank 0,
+    which always gets a sample, works."""
+    x, y = data(41, seed=7)
+    rank = tnt.get_rank()
+
+    def model(root=1, name=None, eager_rank=None):
+        keras.utils.set_random_seed(5)
+        m = tnt.Model(keras.Sequential([keras.Input((8,)), keras.layers.Dense(3), BroadcastFrom(root, name)]))
+        compile_(m)
+        if eager_rank is not None:
+            m.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      run_eagerly=rank == eager_rank)
+        return m
+
+    def predict(m):
+        m.predict(x, batch_size=B, verbose=0)
+
+    def fit(m):
+        m.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+
+    def evaluate(m):
+        m.evaluate(x, y, batch_size=B, verbose=0)
+
+    own = tnt.Model(BroadcastingStep())
+    own.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cases = {"layer_predict": (model(), predict),
+             "layer_predict_eager_on_1": (model(eager_rank=1), predict),
+             "layer_fit_eager_on_1": (model(eager_rank=1), fit),
+             "layer_evaluate_named": (model(name="from_rank_1"), evaluate),
+             "own_train_step": (own, fit)}
+    out = {}
+    for key, (m, run) in cases.items():
+        start = time.monotonic()
+        try:
+            run(m)
+            out[key] = {"error": None}
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            out[key] = {"error": type(exc).__name__, "message": str(exc)}
+        out[key]["seconds"] = time.monotonic() - start
+    # the failed calls left nothing behind: the next one works (each case's calls too)
+    m = model(root=0)
+    out["from_rank_0"] = {"predicted": m.predict(x, batch_size=B, verbose=0).tolist(),
+                          "dense": np.asarray(m.layers[0](x)).tolist()}
+    return out
+
+
 def check_noise_off_the_batch_axis(tnt):
     """A Dropout after a transpose to time-major: its input's first dimension
     (6 steps) is not the batch (4 samples a rank). Rows cut from the global
@@ -2386,6 +2472,7 @@ def main():
         results["stateful_rnn"] = check_stateful_rnn(tnt)
         results["rank_branches"] = check_rank_branches(tnt)
         results["noise_off_the_batch_axis"] = check_noise_off_the_batch_axis(tnt)
+        results["broadcast_from_an_empty_slice"] = check_broadcast_from_an_empty_slice(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

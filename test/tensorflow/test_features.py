@@ -17,7 +17,8 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
     # TNT_TIMEOUT_S: a rank that waits for a request the others never submit (a name that
     # differs between ranks) fails in a minute instead of hanging the test
-    run_ranks(2, "features.py", "--out", out,
+    # timeout: the launch took 434 s on the shared 2-core machine (load 6), past the default 400
+    run_ranks(2, "features.py", "--out", out, timeout=900,
               env={"TNT_LOG_LEVEL": "INFO", "TNT_TIMELINE": os.path.join(out, "trace.json"),
                    "TNT_TIMEOUT_S": 60})
     load = lambda d, r: json.load(open(os.path.join(d, f"rank{r}.json")))  # noqa: E731
@@ -481,6 +482,30 @@ def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
             np.testing.assert_allclose(own["evaluated"][key], own_ref["evaluated"][key], rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(own["predicted"], own_ref["predicted"], rtol=1e-4, atol=1e-5)
     assert runs["ranks"][0]["empty_slices"] == runs["ranks"][1]["empty_slices"]
+
+
+def test_a_broadcast_from_a_rank_with_an_empty_slice_fails_on_every_rank(runs):
+    """A tarantella.tensorflow.broadcast rooted at rank 1 where its slice of the last batch is
+    empty (in a layer: predict, traced and run eagerly on rank 1; fit with rank 1 eager;
+    evaluate, named; in a train_step of its own): every rank raises the InvalidUsageError that
+    names the cause, before TNT_TIMEOUT_S (60 s); before the fix, rank 1 alone failed and rank 0
+    waited in the broadcast until TNT_TIMEOUT_S. Rooted at rank 0, predict is right."""
+    results = [r["broadcast_from_an_empty_slice"] for r in runs["ranks"]]
+    for got in results:
+        for key in ("layer_predict", "layer_predict_eager_on_1", "layer_fit_eager_on_1",
+                    "layer_evaluate_named", "own_train_step"):
+            case = got[key]
+            assert case["error"] == "InvalidUsageError", (key, case)
+            where = "tnt.Model.predict" if "predict" in key else "a tnt.Model step"
+            assert f"tnt.broadcast from root 1 in {where}, where rank 1's slice of the batch is empty" \
+                in case["message"], (key, case)
+            assert case["seconds"] < 60, (key, case)  # TNT_TIMEOUT_S: no rank waited for it
+        predicted, dense = (np.array(got["from_rank_0"][k]) for k in ("predicted", "dense"))
+        # each global batch of 20 (the last of 1): its rows plus the sum of rank 0's slice
+        expected = np.concatenate([dense[a:b] + dense[a:a + mine].sum(0)
+                                   for a, b, mine in ((0, 20, 10), (20, 40, 10), (40, 41, 1))])
+        np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-5)
+    assert results[0]["from_rank_0"] == results[1]["from_rank_0"]
 
 
 def test_save_and_load(runs):
