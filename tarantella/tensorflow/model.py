@@ -487,19 +487,28 @@ class Model(keras.Model):
         if not self._tnt_distributed_predict:
             return self.model.predict_step(data)
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        local_batch = _first_dim(x)
+
+        # Each branch in a step context of its own (a tensor of one branch cannot serve the
+        # other): a random layer called with training=True (Monte Carlo dropout) draws the
+        # noise of the global batch and keeps this rank's rows, as in a train step. Drawn for
+        # the micro-batch, ranks seeded alike drew the same noise for their slices: rank 1's
+        # predictions of a repeated input repeated rank 0's (20 distinct of 40 where serial
+        # Keras gives 40), without a word. The stand-in's context has no samples.
+        def predicted():
+            with step_context.step(local_batch):
+                return self.model.predict_step(data)
 
         def on_one_zero_sample():  # the right output structure and shapes, with 0 rows
             zeros = tf.nest.map_structure(_one_zero_sample, x)
             # a layer's own collectives: not the stand-in's values
-            with tensor_collectives.contributing_nothing():
-                predicted = self.model.predict_step((zeros,))
-            return tf.nest.map_structure(lambda t: rows(t, 0, 0), predicted)
+            with tensor_collectives.contributing_nothing(), step_context.step(0):
+                stand_in = self.model.predict_step((zeros,))
+            return tf.nest.map_structure(lambda t: rows(t, 0, 0), stand_in)
 
-        local_batch = _first_dim(x)
         # a layer's own broadcast from a rank with an empty slice fails on every rank
         with tensor_collectives.predicting(local_batch):
-            outputs = tf.cond(local_batch > 0, lambda: self.model.predict_step(data),
-                              on_one_zero_sample)
+            outputs = tf.cond(local_batch > 0, predicted, on_one_zero_sample)
         # Each rank predicted a contiguous slice of the global batch: gathering
         # the slices in rank order restores the global batch, in order.
         return tf.nest.map_structure(_allgather_tensor, outputs)
@@ -909,6 +918,8 @@ class Model(keras.Model):
             return super().predict_on_batch(_rank_slice((x,))[0])
 
     def _set_distributed_predict(self, distributed):
+        if distributed:  # a model never compiled: its random layers too (see predict_step)
+            random_layers.prepare(self.model)
         if distributed != self._tnt_distributed_predict:
             self._tnt_distributed_predict = distributed
             self.predict_function = None  # retrace with (or without) the gather

@@ -110,12 +110,14 @@ def _samples_here():
     predict = ("tnt.Model.predict", "predict in batches")
     if getattr(_stand_in, "active", False):
         return (0,) + predict
+    samples = getattr(_predicting, "samples", None)  # (predict's step has a step context too)
+    if samples is not None:
+        return (samples,) + predict
     context = step_context.current()
     if context is not None:
         # the empty branch (StepContext.replay) makes the real branch's calls: no samples
         return (0 if context._in_replay else context.local_batch, "a tnt.Model step", "use batches")
-    samples = getattr(_predicting, "samples", None)
-    return None if samples is None else (samples,) + predict
+    return None
 
 
 _noting = threading.local()  # active: _root_has_samples' own broadcast is being made

@@ -1126,6 +1126,36 @@ def own_collectives_in_the_model(tnt, reference):
     return {"history": history, "evaluated": evaluated, "weights": weights(model), "predicted": predicted}
 
 
+class MonteCarloDropout(keras.Model):
+    """Dropout called with training=True, in predict too (Monte Carlo dropout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.drop, self.out = (keras.layers.Dense(16, activation="relu"),
+                                            keras.layers.Dropout(0.5), keras.layers.Dense(2))
+
+    def call(self, x):
+        return self.out(self.drop(self.hidden(x), training=True))
+
+
+def monte_carlo_dropout(tnt, reference):
+    """predict of a model whose Dropout always draws, on one input repeated 41 times in batches of
+    20 (the last one leaves rank 1 empty), uncompiled, then compiled and run eagerly on rank 1:
+    every prediction is serial Keras' draw. Before, each rank drew the noise of its micro-batch,
+    with the same seed: rank 1's 10 rows of each batch repeated rank 0's (20 distinct values of 41
+    where serial Keras gives 41), without a word."""
+    keras.utils.set_random_seed(21)
+    model = MonteCarloDropout()
+    model(np.zeros((1, 8), "float32"))
+    if not reference:
+        model = tnt.Model(model)
+    x = np.repeat(data(1, seed=22)[0], 41, axis=0)
+    out = {"uncompiled": model.predict(x, batch_size=B, verbose=0).tolist()}
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=not reference and tnt.get_rank() == 1)
+    out["eager_on_1"] = model.predict(x, batch_size=B, verbose=0).tolist()
+    return out
+
+
 def check_stale_file_loads(tnt, files):
     """Every rank reads the file it loads: without a shared filesystem, one
     may read a stale copy. Rank r reads its own file here (the same relative
@@ -2452,6 +2482,7 @@ def main():
     results["epoch_loop"] = epoch_loop(tnt, args.reference)
     results["backup_and_restore"] = backup_and_restore(tnt, files, args.reference)
     results["py_datasets"] = py_datasets(tnt, args.reference)
+    results["monte_carlo_dropout"] = monte_carlo_dropout(tnt, args.reference)
     if not args.reference:
         results["save_load"] = check_save_load(tnt, files)
         results["misc"] = check_misc(tnt, files)

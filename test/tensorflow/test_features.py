@@ -484,6 +484,20 @@ def test_a_rank_with_an_empty_slice_keeps_up_with_the_others(runs):
     assert runs["ranks"][0]["empty_slices"] == runs["ranks"][1]["empty_slices"]
 
 
+def test_monte_carlo_dropout_in_predict_draws_the_serial_noise(runs):
+    """A Dropout called with training=True draws in predict the noise of the global batch, as
+    serial Keras (uncompiled; compiled and run eagerly on rank 1; a last batch of 1 sample);
+    before, ranks seeded alike drew the same noise for their slices, and rank 1's predictions
+    of a repeated input repeated rank 0's."""
+    ref = runs["ref"]["monte_carlo_dropout"]
+    for rank in runs["ranks"]:
+        for key in ("uncompiled", "eager_on_1"):
+            np.testing.assert_allclose(rank["monte_carlo_dropout"][key], ref[key], rtol=1e-5, atol=1e-6,
+                                       err_msg=key)
+    assert len(np.unique(np.round(ref["uncompiled"], 5), axis=0)) > 30  # the draws differ
+    assert runs["ranks"][0]["monte_carlo_dropout"] == runs["ranks"][1]["monte_carlo_dropout"]
+
+
 def test_a_broadcast_from_a_rank_with_an_empty_slice_fails_on_every_rank(runs):
     """A tarantella.tensorflow.broadcast rooted at rank 1 where its slice of the last batch is
     empty (in a layer: predict, traced and run eagerly on rank 1; fit with rank 1 eager;
