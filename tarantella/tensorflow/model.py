@@ -918,8 +918,14 @@ class Model(keras.Model):
             return super().predict_on_batch(_rank_slice((x,))[0])
 
     def _set_distributed_predict(self, distributed):
-        if distributed:  # a model never compiled: its random layers too (see predict_step)
+        if distributed:
+            # a model never compiled (prepared at compile): its random layers draw the global
+            # batch's noise, its synchronized=True BatchNormalization the global statistics, where
+            # a layer is called with training=True (see predict_step); Keras' own drew per rank,
+            # and a BatchNormalization's moving statistics came apart between the ranks
             random_layers.prepare(self.model)
+            if batch_normalization.prepare(self.model):
+                self.predict_function = None  # newly synchronised layers: trace again
         if distributed != self._tnt_distributed_predict:
             self._tnt_distributed_predict = distributed
             self.predict_function = None  # retrace with (or without) the gather

@@ -95,6 +95,12 @@ def predicting(local_batch):
         _predicting.samples = before
 
 
+def stand_in_active():
+    """Whether the model runs on predict's stand-in sample (contributing_nothing): what it adds
+    to a sum over ranks must be nothing."""
+    return getattr(_stand_in, "active", False)
+
+
 def _nothing_to_send(root, where, batches):
     """The error of a broadcast whose root is a rank with an empty slice of the batch."""
     return (f"tnt.broadcast from root {root} in {where}, where rank {root}'s slice of the batch is empty (a "

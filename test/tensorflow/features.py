@@ -1138,12 +1138,25 @@ class MonteCarloDropout(keras.Model):
         return self.out(self.drop(self.hidden(x), training=True))
 
 
+class BatchStatisticsInPredict(keras.Model):
+    """A synchronised BatchNormalization called with training=True, in predict too."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.norm, self.out = (keras.layers.Dense(4), keras.layers.BatchNormalization(synchronized=True),
+                                            keras.layers.Dense(2))
+
+    def call(self, x):
+        return self.out(self.norm(self.hidden(x), training=True))
+
+
 def monte_carlo_dropout(tnt, reference):
     """predict of a model whose Dropout always draws, on one input repeated 41 times in batches of
     20 (the last one leaves rank 1 empty), uncompiled, then compiled and run eagerly on rank 1:
     every prediction is serial Keras' draw. Before, each rank drew the noise of its micro-batch,
     with the same seed: rank 1's 10 rows of each batch repeated rank 0's (20 distinct values of 41
-    where serial Keras gives 41), without a word."""
+    where serial Keras gives 41), without a word. Then a synchronised BatchNormalization called
+    with training=True: the global batch's statistics, an empty rank's stand-in counting none."""
     keras.utils.set_random_seed(21)
     model = MonteCarloDropout()
     model(np.zeros((1, 8), "float32"))
@@ -1153,6 +1166,15 @@ def monte_carlo_dropout(tnt, reference):
     out = {"uncompiled": model.predict(x, batch_size=B, verbose=0).tolist()}
     model.compile(optimizer="sgd", loss="mse", run_eagerly=not reference and tnt.get_rank() == 1)
     out["eager_on_1"] = model.predict(x, batch_size=B, verbose=0).tolist()
+    # the batch's statistics in predict: rank 1's stand-in sample of the last batch (1 sample)
+    # counted as a sample of zeros in them (that row 1.9 off serial Keras, without a word)
+    keras.utils.set_random_seed(23)
+    model = BatchStatisticsInPredict()
+    model(np.zeros((2, 8), "float32"))
+    if not reference:
+        model = tnt.Model(model)
+    out["batch_statistics"] = model.predict(data(41, seed=24)[0], batch_size=B, verbose=0).tolist()
+    out["batch_statistics_weights"] = weights(model)  # the moving statistics, updated alike
     return out
 
 

@@ -3,7 +3,7 @@ import keras
 import tensorflow as tf
 
 from tarantella.common import core
-from tarantella.tensorflow import class_swap, step_context
+from tarantella.tensorflow import class_swap, step_context, tensor_collectives
 
 
 def _gradient_weight(context):
@@ -46,6 +46,10 @@ def global_moments(inputs, axes, mask=None, on_replay=None):
         weights = tf.ones_like(inputs)
     else:
         weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), inputs.dtype), tf.shape(inputs))
+    if tensor_collectives.stand_in_active():
+        # predict's stand-in sample of an empty slice (training=True in predict): it counted as
+        # one sample of zeros, and the other ranks normalised the last batch with its moments
+        weights = tf.zeros_like(weights)
 
     def replayed(summed):  # the empty branch: the same global moments
         if on_replay is not None:
