@@ -15,6 +15,13 @@ import numpy as np
 
 import tarantella as tnt
 
+# both ranks imported before either starts the job: its set-up has only TNT_TIMEOUT_S=3, which a
+# loaded machine's import skew between the two processes could use up (rank 0 then failed before "UP")
+with open(f"{sys.argv[1]}.ready{os.environ.get('TNT_RANK', os.environ.get('OMPI_COMM_WORLD_RANK', '0'))}", "w"):
+    pass
+began = time.monotonic()
+while not all(os.path.exists(f"{sys.argv[1]}.ready{r}") for r in range(2)) and time.monotonic() - began < 120:
+    time.sleep(0.01)
 x = np.ones(4, np.float32)
 tnt.allreduce(x, name="warm-up")
 conts = []
@@ -62,5 +69,8 @@ if bounded and tnt.get_rank() == 0:
 else:
     done = tnt.allreduce(x, name="across-the-pause")
 print("DONE", done.tolist(), flush=True)
+# and in a file: mpirun's forwarding of output has lost a rank's line (test_mpi_transport.py)
+with open(f"{sys.argv[1]}.done{tnt.get_rank()}", "w") as out:
+    out.write(f"DONE {done.tolist()}")
 if own_handler and tnt.get_rank() == 0:
     print("OWN HANDLER RAN", len(conts) > 0, flush=True)
