@@ -74,6 +74,24 @@ def _accepts(function, argument):
     return argument in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
 
 
+def _one_row_per_sample(output, local_batch):
+    """`output` of tnt.Model.predict's step, once its first dimension is checked to be the
+    slice's samples. predict gathers each output's rows from every rank: an output that is not
+    one row per sample (a statistic of the batch, of shape (k,)) came back with k rows of every
+    rank where serial Keras gives k a batch, without a word (12 values for 6 on 2 ranks). Such an
+    output now fails, on every rank (each has samples in the first batch), before the gather."""
+    if not isinstance(output, tf.Tensor) or output.shape.rank == 0:
+        return output  # ragged and sparse outputs have rows by construction; Keras refuses scalars
+    message = (f"tnt.Model.predict: an output of the model (of shape {output.shape}) does not have one "
+               "row per sample: its first dimension must be the "
+               "batch's (Keras concatenates the batches' outputs along it, and Tarantella gathers each "
+               "rank's rows of the global batch along it). Compute a statistic of the whole batch outside "
+               "predict (call the model, or use a metric in evaluate)")
+    with tf.control_dependencies([tf.debugging.assert_equal(tf.shape(output)[0], tf.cast(local_batch, tf.int32),
+                                                            message=message)]):
+        return tf.identity(output)
+
+
 def _first_dim(x):
     return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
 
@@ -497,7 +515,8 @@ class Model(keras.Model):
         # Keras gives 40), without a word. The stand-in's context has no samples.
         def predicted():
             with step_context.step(local_batch):
-                return self.model.predict_step(data)
+                return tf.nest.map_structure(lambda t: _one_row_per_sample(t, local_batch),
+                                             self.model.predict_step(data))
 
         def on_one_zero_sample():  # the right output structure and shapes, with 0 rows
             zeros = tf.nest.map_structure(_one_zero_sample, x)

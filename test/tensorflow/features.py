@@ -2068,6 +2068,24 @@ class BroadcastingStep(keras.Model):
         return {"loss": tnt_tf.broadcast(loss, root=1)}
 
 
+def check_outputs_not_one_row_per_sample(tnt):
+    """tnt.Model.predict of a model whose output is a statistic of the batch (shape (3,), not one
+    row per sample): serial Keras concatenates 3 values a batch (6 for 2 batches); predict
+    gathered every rank's 3 (12 on 2 ranks), without a word. Every rank must raise the error
+    that says so, traced and with rank 1 run eagerly."""
+    out = {}
+    for how, eager in (("traced", False), ("eager_on_1", tnt.get_rank() == 1)):
+        inp = keras.Input((3,))
+        m = tnt.Model(keras.Model(inp, keras.layers.Lambda(lambda t: keras.ops.mean(t, axis=0))(inp)))
+        m.compile(run_eagerly=eager)
+        try:
+            got = m.predict(np.arange(24, dtype="float32").reshape(8, 3), batch_size=4, verbose=0)
+            out[how] = {"error": None, "shape": list(got.shape)}
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            out[how] = {"error": type(exc).__name__, "message": str(exc)[-2000:]}
+    return out
+
+
 def check_broadcast_from_an_empty_slice(tnt):
     """A tarantella.tensorflow.broadcast from rank 1 in a step where rank 1's slice of the batch is
     empty (41 samples in batches of 20: the last one has 1): in a layer, in predict (rank 1 runs
@@ -2526,6 +2544,7 @@ def main():
         results["rank_branches"] = check_rank_branches(tnt)
         results["noise_off_the_batch_axis"] = check_noise_off_the_batch_axis(tnt)
         results["broadcast_from_an_empty_slice"] = check_broadcast_from_an_empty_slice(tnt)
+        results["outputs_not_one_row_per_sample"] = check_outputs_not_one_row_per_sample(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

@@ -502,6 +502,16 @@ def test_monte_carlo_dropout_in_predict_draws_the_serial_noise(runs):
     assert runs["ranks"][0]["monte_carlo_dropout"] == runs["ranks"][1]["monte_carlo_dropout"]
 
 
+def test_predict_of_an_output_that_is_not_one_row_per_sample_fails_on_every_rank(runs):
+    """An output of shape (3,) (a statistic of the batch) came back with every rank's 3 values
+    (12 where serial Keras gives 6), without a word; now an error on every rank, traced and eager."""
+    for rank in runs["ranks"]:
+        for how, case in rank["outputs_not_one_row_per_sample"].items():
+            assert case["error"] == "InvalidArgumentError", (how, case)
+            assert "tnt.Model.predict: an output of the model (of shape (3,)) does not have one row per sample" \
+                in case["message"], (how, case)
+
+
 def test_a_broadcast_from_a_rank_with_an_empty_slice_fails_on_every_rank(runs):
     """A tarantella.tensorflow.broadcast rooted at rank 1 where its slice of the last batch is
     empty (in a layer: predict, traced and run eagerly on rank 1; fit with rank 1 eager;
