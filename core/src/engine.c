@@ -29,6 +29,7 @@
 #include "engine.h"
 
 #include "copy_unaliased.h"
+#include "pause.h"
 #include "dtype.h"
 #include "settings_agree.h"
 
@@ -750,6 +751,7 @@ tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const 
     return res;
   }
   c->thread_started = 1;
+  tnt_pause_watch(1); /* its naps read the clock every second: a longer gap is time not run */
   return TNT_SUCCESS;
 }
 
@@ -761,6 +763,7 @@ void tnt_engine_stop(tnt_engine_t *c) {
     tnt_engine_wake(c);
     pthread_join(c->thread, NULL);
     c->thread_started = 0;
+    tnt_pause_watch(0);
   }
 }
 

@@ -29,7 +29,22 @@
  * it: the slow path of tnt_now puts ours back in front of it (rearm_if_replaced).
  *
  * A rank stopped alone is reported as before: its peers, not stopped, count
- * their waits in full and fail at TNT_TIMEOUT_S naming it ("is stopped"). */
+ * their waits in full and fail at TNT_TIMEOUT_S naming it ("is stopped").
+ *
+ * A process can also not run without a signal: a virtual machine that the host
+ * did not run for seconds (CI machines did, twice in ~15 runs of one test), a
+ * debugger's ptrace stop, a machine too loaded to schedule it. Every rank of
+ * a job then found, once it ran again, that its deadlines had passed while it
+ * could not look, and the first to wake failed its wait ("ranks [1] never
+ * submitted it") just before the peer, a moment behind, submitted. While the
+ * engine's background thread runs (tnt_pause_watch), some thread reads the
+ * clock at least every second (its nap), so a gap of PAUSE_EVIDENCE_GAP_NS or
+ * more between two readings is time this process was not run, and counts as
+ * a pause with or without a SIGCONT. A peer's silence is then timed over the
+ * time this process could watch it: a hang is still found, TNT_TIMEOUT_S of
+ * this process's running time after it began. Outside that window (set-up,
+ * after tnt.shutdown(), a forked child) nothing reads the clock on a timer,
+ * and a gap is time, as before. */
 #define _GNU_SOURCE
 #include "pause.h"
 
@@ -52,6 +67,7 @@ _Atomic int64_t tnt_clock_seen_ns;
 #define PAUSE_EVIDENCE_GAP_NS 1500000000LL
 #define EVIDENCE_WAIT_NS 20000000LL /* how long such a reader waits for the handler */
 
+static _Atomic int watched;            /* the background thread reads the clock every second (tnt_pause_watch) */
 static _Atomic uint32_t conts;         /* SIGCONTs received */
 static _Atomic uint32_t conts_counted; /* ... of which the pause was counted */
 static atomic_flag counting = ATOMIC_FLAG_INIT;
@@ -82,17 +98,19 @@ static int64_t mono_ns(void) {
 #define PAUSE_MIN_NS 250000000LL
 
 /* Under `counting`: the gap from the last reading to `raw`, counted as a pause
- * when a SIGCONT came since the last count; the reading advanced to `raw`. A
- * SIGCONT whose gap is too short stays uncounted: a thread that read the clock
- * just before the process stopped may count first, with a reading from before
- * the pause, and the pause is then counted by the next reading. */
+ * when a SIGCONT came since the last count, or when it is too long for a
+ * process that ran while watched; the reading advanced to `raw`. A SIGCONT
+ * whose gap is too short stays uncounted: a thread that read the clock just
+ * before the process stopped may count first, with a reading from before the
+ * pause, and the pause is then counted by the next reading. */
 static void count_gap(int64_t raw) {
   const int64_t seen = atomic_load(&tnt_clock_seen_ns);
   if (raw <= seen) return;
   const uint32_t n = atomic_load(&conts);
-  if (n != atomic_load(&conts_counted) && raw - seen >= PAUSE_MIN_NS) {
+  const int continued = n != atomic_load(&conts_counted) && raw - seen >= PAUSE_MIN_NS;
+  if (continued || (atomic_load(&watched) && raw - seen >= PAUSE_EVIDENCE_GAP_NS)) {
     atomic_fetch_add(&tnt_pause_offset_ns, raw - seen); /* first: a reader that sees the new reading sees it */
-    atomic_store(&conts_counted, n);
+    if (continued) atomic_store(&conts_counted, n);
   }
   atomic_store(&tnt_clock_seen_ns, raw);
 }
@@ -106,7 +124,8 @@ double tnt_now_slow(int64_t raw) {
   if (atomic_load(&armed)) {
     while (atomic_flag_test_and_set(&counting)) sched_yield(); /* another thread counts: a moment */
     const int64_t seen = atomic_load(&tnt_clock_seen_ns);
-    if (raw - seen >= PAUSE_EVIDENCE_GAP_NS && atomic_load(&conts) == atomic_load(&conts_counted)) {
+    if (raw - seen >= PAUSE_EVIDENCE_GAP_NS && atomic_load(&conts) == atomic_load(&conts_counted) &&
+        !atomic_load(&watched)) { /* watched, the gap counts either way */
       /* a pause, whose SIGCONT another thread is about to handle? (the handler
        * only notes it while we hold `counting`) */
       const int64_t until = mono_ns() + EVIDENCE_WAIT_NS;
@@ -167,7 +186,10 @@ static void rearm_if_replaced(int64_t raw) {
 
 /* A fork() child has the one thread that forked: a flag another thread held at the fork
  * would never come free there. */
-static void after_fork_in_child(void) { atomic_flag_clear(&counting); }
+static void after_fork_in_child(void) {
+  atomic_flag_clear(&counting);
+  atomic_store(&watched, 0); /* the background thread is not forked */
+}
 
 void tnt_pause_arm(void) {
   if (atomic_exchange(&armed, 1)) return; /* once per process: it stays for later jobs */
@@ -175,4 +197,9 @@ void tnt_pause_arm(void) {
   atomic_store(&tnt_clock_seen_ns, mono_ns());
   struct sigaction now;
   if (sigaction(SIGCONT, NULL, &now) != 0 || install(&now) != 0) atomic_store(&armed, 0);
+}
+
+void tnt_pause_watch(int on) {
+  (void)tnt_now(); /* a gap before the watch began is judged as before (a stop, or time) */
+  atomic_store(&watched, on);
 }
