@@ -10,7 +10,6 @@ subclass with the same `__name__` and `__module__` (class_swap), so its state (s
 iterations) stays where it is, `isinstance` checks still hold, and saved files
 still say "Adam" (loading them needs no Tarantella).
 """
-import contextlib
 import hashlib
 import sys
 import threading
@@ -19,6 +18,7 @@ import keras
 import tensorflow as tf
 
 from tarantella.common import gone_arguments, request_names
+from tarantella.common.thread_setting import set_in_thread
 from tarantella.tensorflow import class_swap, collective_ops, step_context
 from tarantella.tensorflow import compression as compression_lib
 
@@ -26,19 +26,13 @@ _recording = threading.local()  # see record_applies()
 _reduced = threading.local()  # see _applying_reduced()
 
 
-@contextlib.contextmanager
 def _applying_reduced():
     """Mark the gradients handed on by a distributed optimizer's `apply` as
     reduced: a distributed optimizer it wraps (the inner optimizer of a
     LossScaleOptimizer, each distributed) applies them as they are, instead
     of averaging them a second time (twice the traffic, and not bitwise the
     serial gradient on 3 ranks)."""
-    previous = getattr(_reduced, "active", False)
-    _reduced.active = True
-    try:
-        yield
-    finally:
-        _reduced.active = previous
+    return set_in_thread(_reduced, "active", True, default=False)
 
 
 def _caller_wrapping(optimizer):
@@ -301,18 +295,12 @@ def set_gradient_weight(optimizer, weight_fn):
     optimizer._tnt_weight_fn = weight_fn
 
 
-@contextlib.contextmanager
 def record_applies():
     """A list that collects, for every apply() of a distributed optimizer
     called inside the block (on this thread), (optimizer, trainable_variables,
     [(shape, dtype) of each gradient, or None]): what a rank that skips the
     step must still submit, in the same order."""
-    previous = getattr(_recording, "calls", None)
-    _recording.calls = calls = []
-    try:
-        yield calls
-    finally:
-        _recording.calls = previous
+    return set_in_thread(_recording, "calls", [])
 
 
 def recorded_applies():

@@ -10,7 +10,6 @@ call of one tensor or of a structure, named or not, as the compiled ops
 (tarantella/tensorflow/ops; a structure of leaves of unknown shape, or without the
 compiled ops, as one `tf.numpy_function`, see _run); eagerly they run at once.
 """
-import contextlib
 import hashlib
 import sys
 import threading
@@ -20,6 +19,7 @@ import tensorflow as tf
 from tensorflow.python.ops.control_flow_v2_func_graphs import ControlFlowFuncGraph
 
 from tarantella.common import collectives, core, dtypes, errors, master_only, request_names
+from tarantella.common.thread_setting import set_in_thread
 from tarantella.tensorflow import collective_ops
 from tarantella.tensorflow import ops as tf_ops
 
@@ -63,7 +63,6 @@ def _is_tensor(leaf):
 _stand_in = threading.local()  # active: the model runs on a stand-in sample (contributing_nothing)
 
 
-@contextlib.contextmanager
 def contributing_nothing():
     """Calls made inside (traced or eager) contribute nothing: zeros to an allreduce or to a
     broadcast of another root, no rows to an allgather. tnt.Model.predict runs the model of a
@@ -71,28 +70,17 @@ def contributing_nothing():
     outputs, and drops its rows; a layer's own collective sent that stand-in sample's values (a
     layer centring on the global batch mean counted one sample more than there were: the other
     ranks' predictions off, without a word)."""
-    before = getattr(_stand_in, "active", False)
-    _stand_in.active = True
-    try:
-        yield
-    finally:
-        _stand_in.active = before
+    return set_in_thread(_stand_in, "active", True, default=False)
 
 
 _predicting = threading.local()  # samples: this rank's slice size in tnt.Model.predict's step
 
 
-@contextlib.contextmanager
 def predicting(local_batch):
     """tnt.Model.predict's step is traced inside: `local_batch` (a scalar tensor) is this rank's
     slice of the batch, 0 where predict runs the model on a stand-in sample (see
     _root_has_samples)."""
-    before = getattr(_predicting, "samples", None)
-    _predicting.samples = local_batch
-    try:
-        yield
-    finally:
-        _predicting.samples = before
+    return set_in_thread(_predicting, "samples", local_batch)
 
 
 def stand_in_active():
@@ -141,11 +129,8 @@ def _root_has_samples(root, name, samples, where, batches):
         flag_name = f"{name}.root_has_samples"
         if len(flag_name.encode()) > 255:
             flag_name = f"tnt.root_has_samples.{hashlib.sha1(name.encode()).hexdigest()}"
-    _noting.active = True
-    try:
+    with set_in_thread(_noting, "active", True, default=False):
         noted = broadcast(flag, root=root, name=flag_name)
-    finally:
-        _noting.active = False
     message = _nothing_to_send(root, where, batches)
     if tf.executing_eagerly():
         if not float(noted[0]) > 0:
