@@ -5,21 +5,48 @@ full rounds, that this rank is alive and busy: a peer waiting for its next
 collective does not fail at TNT_TIMEOUT_S, which counts from the end of the
 section instead, and TNT_BUSY_TIMEOUT_S bounds the whole wait (core:
 tnt_set_busy). A process that dies or stops in one still fails the others
-as before. Sections nest and may be open in several threads at once."""
+as before. Sections nest and may be open in several threads at once.
+
+A section belongs to the job (core context) it was opened in, as a
+communicator's state does in Horovod or torch.distributed: one still open
+across tnt.shutdown() and a new tnt.init() ends with the first job, and
+the new job's core hears only of the sections opened in it. (The count was
+one for the whole process: a section left open across the shutdown hid the
+new job's sections from its core, or left it told busy after they ended.)"""
 import threading
 
 from tarantella.common import core
 
 _lock = threading.Lock()
-_open = 0
+_open = 0  # sections open in the job _context (core.context_number())
+_context = None
 
 
-def _set(delta):
+def _tell(busy):
+    core.lib().tnt_set_busy(busy)  # a no-op on one rank
+
+
+def _enter():
+    """Count a section into the running job; returns that job's number, for _leave."""
+    global _open, _context
+    with _lock:
+        context = core.context_number()
+        if context != _context:  # the first section of a new job: the last job's are its own
+            _context, _open = context, 0
+        _open += 1
+        if _open == 1:
+            _tell(1)
+        return context
+
+
+def _leave(context):
     global _open
     with _lock:
-        _open += delta
-        if _open == (1 if delta > 0 else 0):
-            core.lib().tnt_set_busy(1 if delta > 0 else 0)  # a no-op on one rank
+        if context != _context or context != core.context_number():
+            return  # opened in a job that has ended: nothing to tell the one running now
+        _open -= 1
+        if _open == 0:
+            _tell(0)
 
 
 class section:  # noqa: N801 - used as `with busy.section():`
@@ -27,13 +54,11 @@ class section:  # noqa: N801 - used as `with busy.section():`
     every hook of a master-only callback (the progress bar's, every batch)."""
 
     def __enter__(self):
-        self._on = core.is_initialized()
-        if self._on:
-            _set(1)
+        self._context = _enter() if core.is_initialized() else None
 
     def __exit__(self, *exc):
-        if self._on:
-            _set(-1)
+        if self._context is not None:
+            _leave(self._context)
 
 
 class _rank_only(section):  # noqa: N801

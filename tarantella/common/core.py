@@ -22,6 +22,7 @@ _running = False
 _state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
 _pid = None  # the process that initialized: a fork() child must not act as its rank
 _initializing = None  # the thread inside the core's tnt_init (holding _lock), else None
+_context_number = 0  # counts the contexts this process started: 1 is the first init's
 MASTER_RANK = 0
 
 
@@ -97,7 +98,7 @@ def init(devices_per_node=None):
 
 
 def _init():
-    global _state, _pid, _running, _initializing
+    global _state, _pid, _running, _initializing, _context_number
     with _lock:
         if _state == "up":
             _check_not_forked()
@@ -142,6 +143,7 @@ def _init():
             from tarantella.common import collectives
 
             collectives.new_context()
+        _context_number += 1
         _state = "up"
         _pid = os.getpid()
         _running = True
@@ -239,6 +241,12 @@ def shutdown():
 
 def is_initialized():
     return _state == "up" and _pid == os.getpid()
+
+
+def context_number():
+    """Which of this process's contexts runs (1 for the first init's, 2 after a shutdown and an
+    init, ...); 0 before the first. State tied to one job (busy.py's open sections) checks it."""
+    return _context_number
 
 
 def never_started():

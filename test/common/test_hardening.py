@@ -625,3 +625,34 @@ def test_a_rank_whose_set_up_failed_tells_the_others_why():
     assert waited["error"] == "PeerLostError", waited
     assert "rank 2 aborted (rank 2 waited 2 s (TNT_TIMEOUT_S) for ranks [1] to start" in waited["message"], waited
     assert_void_mark_left(job)  # rank 2's, for rank 1 if it comes later: it fails at once
+
+
+BUSY_ACROSS_JOBS = """
+import tarantella as tnt
+from tarantella.common import busy, core
+real, told = core.lib(), []
+class Lib:  # records what the sections tell the core, and passes it on
+    def __getattr__(self, name): return getattr(real, name)
+    def tnt_set_busy(self, flag): told.append(flag); real.tnt_set_busy(flag)
+core.lib = lambda: Lib()
+tnt.init()
+outer = tnt.rank_only(); outer.__enter__()  # job 1: told busy
+tnt.shutdown(); tnt.init()                   # job 2, job 1's section still open
+with tnt.rank_only():                         # job 2's own section: told busy, then not
+    told.append("in")
+outer.__exit__(None, None, None)            # ends with job 1: nothing to tell job 2
+with tnt.rank_only():
+    pass
+print(told)
+"""
+
+
+def test_a_section_open_across_shutdown_and_init_ends_with_its_job():
+    """`with tnt.rank_only():` (or a save's section) open across tnt.shutdown() and a new tnt.init():
+    the count of open sections was the process's, so job 2's core never heard of job 2's own section
+    (its peers failed at TNT_TIMEOUT_S while it was busy), and with the counts the other way round it
+    stayed told busy after its sections ended. A section now belongs to the job it was opened in."""
+    res = subprocess.run([sys.executable, "-c", BUSY_ACROSS_JOBS], env=clean_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "[1, 1, 'in', 0, 1, 0]", res.stdout + res.stderr[-3000:]
