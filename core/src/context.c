@@ -190,6 +190,13 @@ tnt_result_t tnt_init(void) {
     res = tnt_engine_start(&c->engine, &c->pl, &c->params, c->transport, c->ts, &c->requests, c->timeline);
     tnt_setup_interrupt_disarm();
     if (res != TNT_SUCCESS) {
+      /* joined (the transport is set up), then failed here (its background thread, memory, a
+       * peer lost in the ring's set-up, Ctrl-C): a failure, not a normal end. A finalize alone
+       * told the peers this rank had "shut down" (every rank must make the same calls before
+       * shutdown), and they said so at their first collective, or waited for it */
+      char why[1024];
+      snprintf(why, sizeof why, "%s", tnt_last_error());
+      c->transport->abort(c->ts, why, tnt_last_error_rank());
       c->transport->finalize(c->ts);
       c->transport = NULL;
       goto out;

@@ -656,3 +656,39 @@ def test_a_section_open_across_shutdown_and_init_ends_with_its_job():
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "[1, 1, 'in', 0, 1, 0]", res.stdout + res.stderr[-3000:]
+
+
+BARRIER_AFTER_INIT = """
+import json, tarantella as tnt
+try:
+    tnt.init()
+    tnt.barrier()
+    print(json.dumps({"error": None}))
+except tnt.TarantellaError as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+"""
+
+
+def test_a_rank_whose_engine_fails_to_start_is_reported_failed_not_shut_down(tmp_path):
+    """Rank 1 joins the job's shared memory, then cannot start its background thread (a thread
+    limit: no_engine_thread_shim.c). Its set-up released the transport as at a normal end, and
+    rank 0's first collective said "rank 1 has shut down ...: every rank must make the same
+    collective calls before shutdown", blaming the program. Rank 1 is now marked failed, with why."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler for the shim")
+    shim = tmp_path / "shim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(shim), os.path.join(HERE, "no_engine_thread_shim.c"), "-ldl"],
+                   check=True)
+    job = secrets.token_hex(16)
+    procs = [subprocess.Popen([sys.executable, "-c", BARRIER_AFTER_INIT], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=clean_env(TNT_RANK=r, TNT_SIZE=2, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=2, TNT_JOB_ID=job,
+                                            TNT_TIMEOUT_S=60, **({"LD_PRELOAD": str(shim)} if r else {})))
+             for r in range(2)]
+    waited, failed = (outcome(p) for p in procs)
+    assert failed["error"] == "SystemError" and "cannot start the background thread" in failed["message"], failed
+    assert waited["error"] == "PeerLostError", waited
+    assert "rank 1 aborted (cannot start the background thread" in waited["message"], waited
+    assert "shut down" not in waited["message"], waited
+    assert shm_objects(job) == []
