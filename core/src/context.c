@@ -139,6 +139,15 @@ const char *tnt_transport_name(void) {
   return tnt_ctx.transport ? tnt_ctx.transport->name : "self";
 }
 
+/* The marks of failed starts that no longer count (job_void.h) are swept by the shm transport's rank
+ * 0 before it makes a segment. A job on another transport alone (TNT_TRANSPORT=mpi or gpi2 under
+ * mpirun or srun, whose job ids are new every launch, and no tntrun to remove them) swept none: the
+ * mark of every failed start (a bad setting, the mpi set-up refused) stayed in /dev/shm for good
+ * where every job takes that transport. The first rank of each host sweeps them here instead. */
+static void sweep_stale_marks(const tnt_ctx_t *c) {
+  if (c->pl.local_rank == 0 && strcmp(c->transport->name, "shm") != 0) tnt_job_void_sweep_stale();
+}
+
 tnt_result_t tnt_init(void) {
   if (atomic_load(&forked_child)) return in_forked_child();
   pthread_once(&atfork_once, register_atfork);
@@ -171,7 +180,7 @@ tnt_result_t tnt_init(void) {
     /* the ranks of this host must take one transport (host_marks.h): checked before the
      * set-up, where each would wait for the others until TNT_TIMEOUT_S */
     if ((res = tnt_transport_select(&c->pl, &c->params, &c->transport)) != TNT_SUCCESS ||
-        (res = tnt_host_marks_begin(&c->pl, c->params.transport, c->transport->name)) != TNT_SUCCESS ||
+        (sweep_stale_marks(c), res = tnt_host_marks_begin(&c->pl, c->params.transport, c->transport->name)) != TNT_SUCCESS ||
         (joining = 1, res = c->transport->init(&c->pl, &c->params,
                                   (size_t)c->params.shm_slot_bytes * (size_t)c->params.shm_slots *
                                       (size_t)tnt_transport_regions(c->transport),

@@ -333,6 +333,46 @@ def test_transport_marks_left_by_a_killed_job_do_not_fail_its_relaunch(cache):
             os.unlink(path)
 
 
+SWEEP = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    app, job, cache = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    mark = f"/dev/shm/tnt-{job}-void"
+    def run(**env):
+        e = dict(os.environ, **env)
+        out = subprocess.run(app, env=e, capture_output=True, text=True, timeout=240)
+        return [json.loads(line[line.index("{"):]) for line in out.stdout.splitlines() if "{" in line], out.stderr[-2000:]
+    first = run(TNT_TIMEOUT_S="1", TNT_JOB_ID=job, TNT_TIMELINE="/nonexistent/timeline.json")
+    left = os.path.exists(mark)
+    time.sleep(1.5)  # older than its TNT_TIMEOUT_S: it no longer counts
+    second = run(TNT_TIMEOUT_S="60")
+    print(json.dumps({"first": first, "left": left, "second": second, "after": os.path.exists(mark)}))
+""")
+
+
+@needs_mpi
+def test_a_failed_starts_mark_is_swept_by_a_later_job_on_the_mpi_transport(cache):
+    """A failed start leaves its job's mark in /dev/shm (job_void.h, a few hundred bytes) for
+    TNT_TIMEOUT_S; only the shm transport's rank 0 swept the stale ones, so under mpirun with
+    TNT_TRANSPORT=mpi (no tntrun to remove them) every failed start's mark stayed for good where
+    every job takes mpi. The next job's first rank of the host sweeps them now, whatever its
+    transport. In a /dev/shm of its own (a mount namespace): on a shared one any other job's shm
+    rank 0 sweeps the mark too."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a mount namespace of its own (unshare -m) for a /dev/shm no other job sweeps")
+    app = [MPIRUN, "--bind-to", "none", "-np", "2", sys.executable, "-c", INIT]
+    res = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh",
+                          sys.executable, "-c", SWEEP, json.dumps(app), secrets.token_hex(16), str(cache)],
+                         env=mpi_env(cache), capture_output=True, text=True, timeout=600)
+    got = json_lines(res.stdout)
+    assert got, res.stdout[-3000:] + res.stderr[-3000:]
+    got = got[-1]
+    first, _ = got["first"]
+    assert len(first) == 2 and all("TNT_TIMELINE" in (x.get("message") or "") for x in first), got
+    assert got["left"], got  # the failed start's mark, for ranks of its host still to come
+    assert [x["error"] for x in got["second"][0]] == [None, None], got
+    assert not got["after"], got  # swept by the next job, on the mpi transport alone
+
+
 # ---- the plugin's error paths: one process, before any peer is contacted ----
 
 INIT = textwrap.dedent("""
