@@ -21,7 +21,8 @@ _ffi = None
 _running = False
 _state = "new"  # "new" -> "up" -> "down" (-> "up" again through init())
 _pid = None  # the process that initialized: a fork() child must not act as its rank
-_initializing = None  # the thread inside the core's tnt_init (holding _lock), else None
+_initializing = None  # the thread inside init() (holding _lock), else None; under _cancel_lock
+_cancel_lock = threading.Lock()  # _initializing and the core's cancel flag (tnt_setup_cancel) together
 _context_number = 0  # counts the contexts this process started: 1 is the first init's
 MASTER_RANK = 0
 
@@ -104,26 +105,32 @@ def _init():
             _check_not_forked()
             return
         mark("tnt.init: begin")
-        _check_not_started_by_a_rank()
-        _note_joining()
         lib_, _ = _load()
-        from tarantella.common import plugins
-
-        plugins.prepare()  # TNT_TRANSPORT=mpi: find or build the plugin first (or say why there is none)
-        # Ctrl-C ends the set-up's waits for the other ranks (setup_interrupt.h) when it would end the
-        # program anyway (Python's default handler: KeyboardInterrupt). A handler of the program's own
-        # decides alone: one that only notes the signal (a graceful stop at the next epoch) let the
-        # set-up go on, where the core's made tnt.init fail every rank with a SystemError
-        import signal
-
-        handler = signal.getsignal(signal.SIGINT)
-        lib_.tnt_setup_sigint(int(handler is None or handler is signal.default_int_handler))
-        lib_.tnt_setup_cancel(0)  # a shutdown() from before this init does not end it
-        _initializing = threading.current_thread()
+        # From here on a shutdown() in another thread ends this init (its set-up fails at once): from
+        # the start, not only once the core waits for the other ranks. Marked only there, a shutdown
+        # while this thread built the mpi plugin (plugins.prepare: seconds at first use) missed it,
+        # waited for _lock, and the init went on to wait for the others until TNT_TIMEOUT_S
+        with _cancel_lock:
+            lib_.tnt_setup_cancel(0)  # a shutdown() from before this init does not end it
+            _initializing = threading.current_thread()
         try:
+            _check_not_started_by_a_rank()
+            _note_joining()
+            from tarantella.common import plugins
+
+            plugins.prepare()  # TNT_TRANSPORT=mpi: find or build the plugin first (or say why there is none)
+            # Ctrl-C ends the set-up's waits for the other ranks (setup_interrupt.h) when it would end the
+            # program anyway (Python's default handler: KeyboardInterrupt). A handler of the program's own
+            # decides alone: one that only notes the signal (a graceful stop at the next epoch) let the
+            # set-up go on, where the core's made tnt.init fail every rank with a SystemError
+            import signal
+
+            handler = signal.getsignal(signal.SIGINT)
+            lib_.tnt_setup_sigint(int(handler is None or handler is signal.default_int_handler))
             result = lib_.tnt_init()
         finally:
-            _initializing = None
+            with _cancel_lock:
+                _initializing = None
         if result != codes.SUCCESS and lib_.tnt_worker_of() > 0 and not started_by_a_rank():
             # a worker its rank started before that rank's init (it inherited TNT_RANK, TNT_JOB_ID and
             # TNT_ERROR_FILE): the core found the rank above it. From here on it is known as what it is,
@@ -222,12 +229,13 @@ def shutdown():
     """Stop the background thread and release the transport. Other ranks are not
     waited for; pending requests of this rank fail."""
     global _state, _running
-    initializing = _initializing
-    if initializing is not None and initializing is not threading.current_thread():
-        # another thread waits in init() for the other ranks: it gives up now (the core's set-up
-        # fails it, and tells the others), where this call waited for it until TNT_TIMEOUT_S
-        # (300 s by default), and then shut down the job that init() had just joined
-        _load()[0].tnt_setup_cancel(1)
+    with _cancel_lock:
+        initializing = _initializing
+        if initializing is not None and initializing is not threading.current_thread():
+            # another thread is in init(), or waits there for the other ranks: it gives up now (the
+            # core's set-up fails it, and tells the others), where this call waited for it until
+            # TNT_TIMEOUT_S (300 s by default), and then shut down the job that init() had just joined
+            _load()[0].tnt_setup_cancel(1)
     with _lock:
         if _state != "up":
             return
@@ -258,9 +266,10 @@ _forked = False  # set in a fork() child: only then is the pid worth a system ca
 
 
 def _note_fork():
-    global _forked, _running, _lock
+    global _forked, _running, _lock, _cancel_lock
     _forked = True
     _running = False
+    _cancel_lock = threading.Lock()  # held for a moment by a thread of the parent, maybe: not here
     if _lock.locked():
         # held by a thread of the parent inside tnt.init() (a thread starting the core while
         # another forks): that thread does not exist here, and the child's first tnt.* call waited

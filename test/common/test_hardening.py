@@ -692,3 +692,45 @@ def test_a_rank_whose_engine_fails_to_start_is_reported_failed_not_shut_down(tmp
     assert "rank 1 aborted (cannot start the background thread" in waited["message"], waited
     assert "shut down" not in waited["message"], waited
     assert shm_objects(job) == []
+
+
+SHUTDOWN_WHILE_INIT_PREPARES = """
+import json, threading, time, tarantella as tnt
+from tarantella.common import plugins
+first_use = plugins.prepare
+def prepare():  # the mpi plugin built at its first use: seconds before the set-up begins
+    started.set()
+    time.sleep(1.0)
+    first_use()
+plugins.prepare, started, failed = prepare, threading.Event(), []
+def start():
+    try:
+        tnt.init()
+        failed.append(None)
+    except tnt.TarantellaError as exc:
+        failed.append(f"{type(exc).__name__}: {exc}")
+waiting = threading.Thread(target=start)
+waiting.start()
+started.wait(60)
+tnt.shutdown()  # a watchdog giving up on the start
+waiting.join()
+print(json.dumps({"init": failed}), flush=True)
+"""
+
+
+def test_shutdown_while_another_thread_prepares_init_ends_it():
+    """tnt.shutdown() in another thread ended a tnt.init() only once it waited for the other ranks:
+    called while that init still prepared (built the mpi plugin at its first use), it waited for the
+    init's lock, and the init went on to wait for rank 1 until TNT_TIMEOUT_S (TimeoutError; 120 s
+    here). The init now gives up at once, as from its wait."""
+    job = secrets.token_hex(16)
+    res = subprocess.run([sys.executable, "-c", SHUTDOWN_WHILE_INIT_PREPARES], capture_output=True, text=True,
+                         timeout=300, env=clean_env(TNT_RANK=0, TNT_SIZE=2, TNT_JOB_ID=job, TNT_TIMEOUT_S=120))
+    try:
+        lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
+        assert lines, res.stdout + res.stderr[-3000:]
+        got = json.loads(lines[0])["init"]
+        assert len(got) == 1 and got[0].startswith("InvalidUsageError: tnt.shutdown()"), got
+    finally:
+        for name in shm_objects(job):  # the job's mark, left for rank 1 (never started)
+            os.unlink(f"/dev/shm/{name}")
