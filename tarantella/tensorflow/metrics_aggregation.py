@@ -219,15 +219,39 @@ def _pick(key, names, matched, results, mean):
 
 
 def _global_results(metrics, extra, name):
-    """([each metric's global result], [Σ_r t_r for t in extra]): one allreduce."""
+    """([each metric's global result], [Σ_r t_r for t in extra]): one allreduce.
+
+    A metric variable's global value follows its `aggregation`, as Keras
+    reads a metric's variables under a tf.distribute strategy: "sum" (the
+    default of `Metric.add_variable`, and what every Keras metric declares)
+    and "none" the sum over the ranks, "mean" their mean, "only_first_replica"
+    the master's value. Every variable was summed: a custom metric's state
+    declared `aggregation="mean"` (a running mean) or "only_first_replica"
+    (a step counter every rank updates alike) showed N times the serial value
+    on N ranks, without a word."""
     variables = [v for m in metrics for v in m.variables]
-    summed = collective_ops.sum_across_ranks([v.value for v in variables] + list(extra), name=name)
+    master = core.get_rank() == core.get_master_rank()
+    states = [tf.zeros_like(v.value) if _aggregation(v) == "only_first_replica" and not master
+              else v.value for v in variables]
+    summed = collective_ops.sum_across_ranks(states + list(extra), name=name)
+    size = core.get_size()
+    values = [s / tf.cast(size, s.dtype) if _aggregation(v) == "mean" and s.dtype.is_floating
+              else s // size if _aggregation(v) == "mean" else s
+              for v, s in zip(variables, summed)]
     results, offset = [], 0
     for metric in metrics:
         count = len(metric.variables)
-        results.append(_stateless_result(metric, summed[offset:offset + count]))
+        results.append(_stateless_result(metric, values[offset:offset + count]))
         offset += count
     return results, summed[offset:]
+
+
+def _aggregation(variable):
+    """A variable's `aggregation` ("sum", "mean", "only_first_replica", "none"), as a string
+    (a tf.Variable's is a tf.VariableAggregation)."""
+    aggregation = getattr(variable, "aggregation", None)
+    aggregation = getattr(aggregation, "name", aggregation)
+    return str(aggregation).lower() if aggregation is not None else "sum"
 
 
 def _stateless_result(metric, values):

@@ -1293,6 +1293,44 @@ def array_logs(tnt, reference):
     return out
 
 
+class StepsSeen(keras.metrics.Metric):
+    """The steps a metric was updated in, counted alike on every rank
+    (aggregation="only_first_replica"), and a running mean of the batches'
+    mean predictions (aggregation="mean"), as a dict."""
+
+    def __init__(self, name="steps_seen", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.steps = self.add_variable((), "zeros", aggregation="only_first_replica", name="steps")
+        self.mean = self.add_variable((), "zeros", aggregation="mean", name="mean")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.steps.assign_add(1.0)
+        self.mean.assign(self.mean * 0.5 + 0.5 * tf.reduce_mean(y_pred))
+
+    def result(self):
+        return {"steps_seen": self.steps, "running_mean": self.mean}
+
+
+def metric_aggregations(tnt, reference):
+    """A custom metric's states declared aggregation="only_first_replica" (a
+    step counter) and "mean", as Keras reads them under a tf.distribute
+    strategy: the master's value and the ranks' mean. Every state was summed:
+    2 steps per step on 2 ranks, without a word. 40 samples in batches of 10
+    (even slices: the running mean is then serial Keras' up to rounding)."""
+    x, y = data(40, seed=31)
+    keras.utils.set_random_seed(32)
+    model = build()
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.0),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[StepsSeen()])
+    history = model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0).history
+    return {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
+            "evaluate": {k: float(v) for k, v in sorted(model.evaluate(
+                x, y, batch_size=10, verbose=0, return_dict=True).items())}}
+
+
 def check_misc(tnt, files):
     out = {}
     records = []
@@ -2518,6 +2556,7 @@ def main():
     results["predict_output_dtypes"] = predict_output_dtypes(tnt, args.reference)
     results["pandas_and_sparse_arrays"] = pandas_and_sparse_arrays(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
+    results["metric_aggregations"] = metric_aggregations(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)
     results["backup_and_restore"] = backup_and_restore(tnt, files, args.reference)

@@ -386,6 +386,23 @@ def test_array_log_entries_are_shown_as_in_serial_keras(runs):
     assert runs["ranks"][0]["array_logs"] == runs["ranks"][1]["array_logs"]
 
 
+def test_metric_states_are_aggregated_as_their_variables_declare(runs):
+    """A custom metric's "only_first_replica" state (a step counter) is the
+    master's, its "mean" state the ranks' mean: serial Keras' values, where
+    every state was summed (twice the steps on 2 ranks)."""
+    ref = runs["ref"]["metric_aggregations"]
+    assert ref["history"]["steps_seen"] == [4.0, 4.0]
+    for rank in runs["ranks"]:
+        got = rank["metric_aggregations"]
+        assert got["history"].keys() == ref["history"].keys()
+        for key, values in ref["history"].items():
+            np.testing.assert_allclose(got["history"][key], values, rtol=1e-5, atol=1e-6, err_msg=key)
+        assert got["evaluate"].keys() == ref["evaluate"].keys()
+        for key, value in ref["evaluate"].items():
+            np.testing.assert_allclose(got["evaluate"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    assert runs["ranks"][0]["metric_aggregations"] == runs["ranks"][1]["metric_aggregations"]
+
+
 def test_fine_tuning_a_tnt_model_used_as_a_layer_trains_as_in_serial_keras(runs):
     """A frozen base (a tnt.Model used as a layer of the model), then unfrozen
     and recompiled with a lower learning rate: serial Keras after each fit."""
