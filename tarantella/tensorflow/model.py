@@ -704,6 +704,7 @@ class Model(keras.Model):
         collective_ops.broadcast_variables(
             self.model.weights + random_layers.seed_states(self.model),
             root_rank=core.get_master_rank())
+        _finalize_states(self.model)
         self._tnt_synced = True
 
     def _consistency_checks(self, stores):
@@ -964,6 +965,7 @@ class Model(keras.Model):
         call_agreement.check("set_weights", self, self._tnt_agreement, not self._tnt_synced,
                              error=error)
         collective_ops.broadcast_variables(self.model.weights, root_rank=core.get_master_rank())
+        _finalize_states(self.model)
         self._tnt_synced = True
 
     @call_agreement.one_thread_at_a_time("load_weights")
@@ -997,6 +999,7 @@ class Model(keras.Model):
             self.model.weights + random_layers.seed_states(self.model)
             + [v for o in optimizers if o.built for v in o.variables],
             root_rank=core.get_master_rank())
+        _finalize_states(self.model)
         self._tnt_synced = True
 
     @call_agreement.one_thread_at_a_time("save")
@@ -1133,6 +1136,25 @@ def master_writes_together(what, model, broadcasts_first, write, on_all_ranks=Fa
                              error=error)
     elif error is not None:
         raise error
+
+
+def _finalize_states(keras_model):
+    """After the master's weights were assigned to `keras_model`'s variables:
+    `finalize_state()` of each built layer that has one and owns variables,
+    as Keras calls it after loading a layer's variables. A
+    Normalization layer computes with constants that finalize_state takes
+    from its `adapt_mean` / `adapt_variance` variables (at adapt, build or
+    load); assigned the master's values, it kept computing with this rank's
+    own: adapted on each rank's own data, or on the master only, the ranks
+    normalised their inputs differently (the others with mean 0 and variance
+    1 where only the master adapted), trained apart from serial Keras and
+    predicted their slices with another model than the master's, though
+    their weights were alike, without a word."""
+    for layer in keras_model._flatten_layers(include_self=True):
+        own = list(getattr(layer, "_trainable_variables", [])) + \
+            list(getattr(layer, "_non_trainable_variables", []))
+        if layer.built and own and callable(getattr(layer, "finalize_state", None)):
+            layer.finalize_state()
 
 
 def _held_optimizers(keras_model, first=()):

@@ -1331,6 +1331,28 @@ def metric_aggregations(tnt, reference):
                 x, y, batch_size=10, verbose=0, return_dict=True).items())}}
 
 
+def adapted_normalization(tnt, reference):
+    """A Normalization layer adapted on the master's data, another rank's
+    adapted on other data (its own shard): every rank takes the master's
+    weights, and computes with them, so fit and predict are serial Keras'
+    (adapted on the master's data). The layer computes with constants taken
+    from its variables at adapt (finalize_state): the broadcast assigned the
+    master's mean and variance to the variables, and rank 1 kept normalising
+    with its own, without a word."""
+    x, y = data(41, seed=33)
+    norm = keras.layers.Normalization()
+    norm.adapt(x if reference or tnt.is_master_rank() else x[:7] * 3.0 + 1.0)
+    keras.utils.set_random_seed(34)
+    model = keras.Sequential([keras.Input((8,)), norm, keras.layers.Dense(3)])
+    if not reference:
+        model = tnt.Model(model)
+    compile_(model)
+    history = model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0).history
+    return {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
+            "weights": weights(model),
+            "predict": np.asarray(model.predict(x, batch_size=10, verbose=0)).tolist()}
+
+
 def check_misc(tnt, files):
     out = {}
     records = []
@@ -2557,6 +2579,7 @@ def main():
     results["pandas_and_sparse_arrays"] = pandas_and_sparse_arrays(tnt, args.reference)
     results["array_logs"] = array_logs(tnt, args.reference)
     results["metric_aggregations"] = metric_aggregations(tnt, args.reference)
+    results["adapted_normalization"] = adapted_normalization(tnt, args.reference)
     results["transfer_learning"] = transfer_learning(tnt, args.reference)
     results["epoch_loop"] = epoch_loop(tnt, args.reference)
     results["backup_and_restore"] = backup_and_restore(tnt, files, args.reference)

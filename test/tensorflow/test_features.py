@@ -403,6 +403,16 @@ def test_metric_states_are_aggregated_as_their_variables_declare(runs):
     assert runs["ranks"][0]["metric_aggregations"] == runs["ranks"][1]["metric_aggregations"]
 
 
+def test_a_normalization_adapted_on_the_master_computes_with_the_masters_statistics(runs):
+    """A Normalization adapted on other data on rank 1: every rank normalises with the
+    master's mean and variance, so fit and predict are serial Keras' (not rank 1 with its own)."""
+    _assert_fit_as_serial(runs, "adapted_normalization")
+    ref = runs["ref"]["adapted_normalization"]
+    for rank in runs["ranks"]:
+        np.testing.assert_allclose(rank["adapted_normalization"]["predict"], ref["predict"],
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_fine_tuning_a_tnt_model_used_as_a_layer_trains_as_in_serial_keras(runs):
     """A frozen base (a tnt.Model used as a layer of the model), then unfrozen
     and recompiled with a lower learning rate: serial Keras after each fit."""
