@@ -781,11 +781,14 @@ class Model(keras.Model):
         seen = [train[4] if train is not None else None]  # first_batches of x, validation_data
         # what batches validation arrays where validation_batch_size does not (Keras:
         # fit's batch_size; without one, the samples spread over validation_steps, else 32):
-        # x's global batch where the user set it (batch_size, tnt_micro_batch_size for
-        # arrays), a dataset's own batches unless validation_steps is given
+        # x's global batch where the user set it for arrays (batch_size, tnt_micro_batch_size).
+        # A dataset's own batches are no fit batch_size: serial Keras batches validation
+        # arrays beside a dataset by 32. They were batched like the dataset: a step's value
+        # averaged per batch (a guide's loss_tracker.update_state(loss)) showed val_loss 8.75
+        # where serial Keras shows 4.46 (33 samples: batches of 20 and 13, not 32 and 1)
         x_batch = batch_size
         if train is not None:
-            set_by_user = validation_steps is None if isinstance(x, tf.data.Dataset) else (
+            set_by_user = not isinstance(x, tf.data.Dataset) and (
                 batch_size is not None or tnt_micro_batch_size is not None)
             x_batch = train[1] if set_by_user else None
             x, micro_batch = train[0], train[2]

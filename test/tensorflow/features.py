@@ -740,6 +740,28 @@ def validation_iterables(tnt, reference):
     return out
 
 
+def validation_arrays_beside_a_dataset(tnt, reference):
+    """Validation arrays (33 samples) beside a dataset x batched by 20, no
+    validation batch size: serial Keras batches them by 32 (a dataset's
+    batches are no fit batch_size), so a test step's tracker updated with its
+    batch's loss (Keras' guides) averages the losses of batches of 32 and 1.
+    tnt batched them like the dataset (20 and 13): another val_tracked,
+    without a word."""
+    x, y = data(40, seed=35)
+    xv, yv = data(33, seed=36)
+    keras.utils.set_random_seed(37)
+    model = OneValueTracker()
+    model.build((None, 8))
+    if not reference:
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(20), epochs=2, verbose=0,
+                        validation_data=(xv, yv)).history
+    return {"history": {k: [float(v) for v in vs] for k, vs in sorted(history.items())},
+            "weights": weights(model)}
+
+
 class OwnSquaredError(keras.Model):
     """Custom steps that use the targets as fed (`y - y_pred`)."""
 
@@ -2570,6 +2592,8 @@ def main():
     results["wrapped_twice"] = wrapped_twice(tnt, args.reference)
     results["array_steps"] = array_steps(tnt, args.reference)
     results["validation_iterables"] = validation_iterables(tnt, args.reference)
+    results["validation_arrays_beside_a_dataset"] = validation_arrays_beside_a_dataset(
+        tnt, args.reference)
     results["float64_arrays"] = float64_arrays(tnt, args.reference)
     results["own_shards_validation_split"] = own_shards_validation_split(tnt, args.reference)
     results["ragged_inputs"] = ragged_inputs(tnt, args.reference)

@@ -413,6 +413,13 @@ def test_a_normalization_adapted_on_the_master_computes_with_the_masters_statist
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_validation_arrays_beside_a_dataset_are_batched_as_in_serial_keras(runs):
+    """Validation arrays beside a batched dataset, without a validation batch size: batched
+    by 32 as serial Keras batches them (not like the dataset), so a test step's tracker of
+    batch losses shows serial Keras' val_tracked."""
+    _assert_fit_as_serial(runs, "validation_arrays_beside_a_dataset")
+
+
 def test_fine_tuning_a_tnt_model_used_as_a_layer_trains_as_in_serial_keras(runs):
     """A frozen base (a tnt.Model used as a layer of the model), then unfrozen
     and recompiled with a lower learning rate: serial Keras after each fit."""
