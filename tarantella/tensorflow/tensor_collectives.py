@@ -212,6 +212,10 @@ def _run(x, collective, kind, name=None, **options):
         if check is not None:  # the broadcast waits for the root's note (every rank fails before it)
             with tf.control_dependencies([check]):
                 tensors = [tf.identity(t) for t in tensors]
+        scale = options.get("scale")
+        if kind == "allreduce":  # refused at trace time, on every path, as eagerly (an empty
+            # structure's too: it was refused only when the function ran, as a TensorFlow error)
+            tf_ops.check_scale(scale, [t for t in tensors if t.dtype.name in dtypes.SUPPORTED])
         if not tensors:  # an empty structure: one request of no values, as eagerly
             result = _run_in_graph(tensors, rebuild, collective, kind, name)
         elif compiled is not None and not collectives._is_structure(x) and \
@@ -223,9 +227,6 @@ def _run(x, collective, kind, name=None, **options):
         elif compiled is not None and collectives._is_structure(x) and _compiled_structure(tensors, kind):
             result = rebuild(_run_structure(compiled, x, tensors, kind, name, options))
         else:
-            scale = options.get("scale")
-            if kind == "allreduce":  # refused at trace time, as the compiled ops refuse it
-                tf_ops.check_scale(scale, [t for t in tensors if t.dtype.name in dtypes.SUPPORTED])
             result = _run_in_graph(tensors, rebuild, collective, kind, name, scale if _is_tensor(scale) else None)
         if not noting:  # _root_has_samples' broadcast: made again by the broadcast it precedes
             _log_for_empty_slice(tensors, rebuild, kind, name, options)

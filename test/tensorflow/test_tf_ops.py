@@ -312,6 +312,13 @@ def test_a_bad_prescale_is_refused_as_the_numpy_api_refuses_it():
             tf.function(lambda x: tnt.allreduce(x, prescale=prescale), autograph=False)(x)
         with pytest.raises(errors.InvalidArgumentError, match=match):  # eagerly: the NumPy API
             tnt.allreduce(x, prescale=prescale)
+    for empty in ([], {"a": [], "b": ()}):  # an empty structure: refused at its trace too, not when it ran
+        for prescale in ("2", None):
+            with pytest.raises(errors.InvalidArgumentError, match="real number"):
+                tf.function(lambda: tnt.allreduce(empty, prescale=prescale), autograph=False)()
+            with pytest.raises(errors.InvalidArgumentError, match="real number"):
+                tnt.allreduce(empty, prescale=prescale)
+        assert tf.function(lambda: tnt.allreduce(empty, prescale=0.5), autograph=False)() == empty
 
     @tf.function(input_signature=[tf.TensorSpec(None, tf.float64)], autograph=False)
     def unknown_shape(scale):
