@@ -54,6 +54,8 @@ writer is wrapped to put the compile config back as it was.
 import functools
 import os
 
+from tarantella.common.logging import get_logger
+
 _INSTALLED = "_tnt_routes_tnt_models"
 
 
@@ -127,6 +129,62 @@ def _saved_model_save(original):
         save_together("tf.saved_model.save", model, not model._tnt_synced, os.fspath(export_dir),
                       lambda path: written.append(original(model, path, *args, **kwargs)), False)
         return written[0] if written else None
+
+    return save
+
+
+# the tf.numpy_function nodes of the TF-level collectives (tensor_collectives._run_in_graph,
+# _root_has_samples): TensorFlow saves no Python code of a numpy_function
+_PY_FUNCS = ("PyFunc", "EagerPyFunc", "PyFuncStateless")
+_TNT_PY_FUNC_NAMES = ("TntCollective", "TntRootHasSamples")
+
+
+def numpy_function_collectives(export_dir):
+    """The names of the nodes of the SavedModel in `export_dir` that are TF-level collectives
+    made through tf.numpy_function, sorted; [] where it cannot be read."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    try:
+        with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+            saved.ParseFromString(f.read())
+    except Exception:  # noqa: BLE001 - no SavedModel to look at (another format): nothing to say
+        return []
+    found = set()
+    for meta in saved.meta_graphs:
+        nodes = list(meta.graph_def.node)
+        for function in meta.graph_def.library.function:
+            nodes.extend(function.node_def)
+        for node in nodes:
+            if node.op in _PY_FUNCS and node.name.rsplit("/", 1)[-1].startswith(_TNT_PY_FUNC_NAMES):
+                found.add(node.name)
+    return sorted(found)
+
+
+def _warning_unservable(original):
+    """TensorFlow's save_and_return_nodes (tf.saved_model.save, Keras' export), with a WARNING
+    where the SavedModel it wrote holds TF-level collectives made through tf.numpy_function: a
+    numpy_function's Python code is not saved, so serving the model in another process failed at
+    those calls with TensorFlow's "Could not find callback with key=pyfunc_<k> in the registry",
+    which names no cause (the compiled ops' calls load and run, docs/api.md)."""
+
+    @functools.wraps(original)
+    def save(obj, export_dir, *args, **kwargs):
+        result = original(obj, export_dir, *args, **kwargs)
+        if _is_path(export_dir):
+            found = numpy_function_collectives(os.fspath(export_dir))
+            if found:
+                get_logger().warning(
+                    "The SavedModel just written (tf.saved_model.save, export) holds %d tnt collective call(s) "
+                    "made through "
+                    "tf.numpy_function (%s): TensorFlow does not save their Python code, so serving it in "
+                    "another process fails at them (\"Could not find callback with key=pyfunc_... in the "
+                    "registry\"). Such calls are structures with a leaf whose shape is not known when traced "
+                    "(None in a dimension), empty structures, and every call with TNT_TF_OPS=numpy or "
+                    "without the compiled ops; call such leaves one tensor at a time, or give them a known "
+                    "shape, to have them on the compiled ops, which a SavedModel keeps (docs/api.md)",
+                    len(found), ", ".join(found[:5]) + (", ..." if len(found) > 5 else ""))
+        return result
 
     return save
 
@@ -256,6 +314,8 @@ def install():
         original = getattr(module, name)
         if not getattr(original, _INSTALLED, False):
             plain = _keeping_compile_config(original) if module is legacy_h5_format else original
+            if module is saved_model_save:
+                plain = original = _warning_unservable(original)
             setattr(module, name, _route(plain, save(original)))
     if not getattr(file_utils.makedirs, _INSTALLED, False):
         file_utils.makedirs = _makedirs_made_meanwhile(file_utils.makedirs)

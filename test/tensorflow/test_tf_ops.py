@@ -365,3 +365,65 @@ def test_shapes_agree_with_the_numpy_path_and_differing_ones_fail(tmp_path):
     result = run_ranks(2, "tf_ops_shapes.py", env={"TNT_TF_OPS": "compiled", "TNT_TIMEOUT_S": 60},
                        runner_args=("--output-on-all-devices",), check=False, timeout=300)
     assert result.returncode == 0 and result.stdout.count("OK") == 2, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_a_saved_model_of_structure_collectives_serves_or_says_why_not(tmp_path):
+    """A model whose layer allreduces a structure inside call(), exported (a SavedModel): with
+    leaves of known shapes the call is the compiled ops, which a fresh process (no tnt.init,
+    the ops loaded by ops.get()) loads and serves; with a leaf of unknown shape it is a
+    tf.numpy_function, whose Python code TensorFlow does not save: serving it elsewhere failed
+    with "Could not find callback with key=pyfunc_<k> in the registry", naming no cause. The
+    export now says so in a WARNING (keras_saving._warning_unservable)."""
+    import logging
+    import subprocess
+    import sys
+
+    import keras
+    import numpy as np
+
+    import tarantella as tnt
+    import tarantella.tensorflow as ttf
+    from tarantella.common.logging import get_logger
+    from tarantella.tensorflow import keras_saving
+    from tf_helpers import clean_env
+
+    if ops.get() is None:
+        pytest.skip("the compiled ops cannot be built here (see the WARNING)")
+
+    class Centre(keras.layers.Layer):
+        def __init__(self, unknown, **kw):
+            super().__init__(**kw)
+            self.unknown = unknown
+
+        def call(self, x):
+            if self.unknown:  # x: (None, 3), a leaf of unknown shape: the numpy_function path
+                return ttf.allreduce({"x": x, "n": [1.0]}, name="saved-unknown")["x"]
+            s = ttf.allreduce({"sum": tf.reduce_sum(x, 0), "n": [tf.cast(tf.shape(x)[0], tf.float32)]},
+                              name="saved-centre")
+            return x - s["sum"] / s["n"][0]
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    get_logger().addHandler(handler)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    try:
+        for unknown in (False, True):
+            inp = keras.Input((3,))
+            model = tnt.Model(keras.Model(inp, Centre(unknown)(inp)))
+            model.export(str(tmp_path / f"unknown{unknown}"), verbose=False)
+    finally:
+        get_logger().removeHandler(handler)
+    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING and "SavedModel" in r.getMessage()]
+    assert len(warned) == 1 and "1 tnt collective call(s) made through tf.numpy_function" in warned[0], warned
+    assert keras_saving.numpy_function_collectives(str(tmp_path / "unknownTrue"))
+    assert keras_saving.numpy_function_collectives(str(tmp_path / "unknownFalse")) == []
+    serve = ("import sys, numpy as np, tensorflow as tf\n"
+             "import tarantella.tensorflow.ops as o\n"
+             "o.get()\n"
+             "m = tf.saved_model.load(sys.argv[1])\n"
+             "print('SERVED', m.serve(np.arange(12, dtype=np.float32).reshape(4, 3)).numpy().tolist())\n")
+    done = subprocess.run([sys.executable, "-c", serve, str(tmp_path / "unknownFalse")], env=clean_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"SERVED {(x - x.mean(0)).tolist()}" in done.stdout, done.stdout
