@@ -427,3 +427,27 @@ def test_a_saved_model_of_structure_collectives_serves_or_says_why_not(tmp_path)
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"SERVED {(x - x.mean(0)).tolist()}" in done.stdout, done.stdout
+
+
+def test_ragged_sparse_and_indexed_slices_leaves_are_refused_by_type():
+    """A RaggedTensor, SparseTensor or IndexedSlices (an Embedding's gradient) given to
+    tarantella.tensorflow's collectives, alone or in a structure, eagerly or traced, is the
+    TypeError that names its type and what to pass instead. Before, a RaggedTensor in a
+    structure was "dtype object is not supported" eagerly, and traced "a symbolic tensor ...
+    cannot go through the NumPy collectives: ... use the framework frontend's collectives", the
+    very ones called; alone eagerly, "allreduce expects a NumPy array" (InvalidArgumentError)."""
+    import tarantella.tensorflow as tnt
+
+    table = tf.Variable(tf.ones([4, 2]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(table, [1, 3]))
+    sliced = tape.gradient(loss, table)
+    assert isinstance(sliced, tf.IndexedSlices)
+    for leaf, match in ((lambda: tf.ragged.constant([[1.0], [2.0, 3.0]]), "RaggedTensor"),
+                        (lambda: tf.sparse.from_dense([[1.0, 0.0]]), "SparseTensor"),
+                        (lambda: sliced, "IndexedSlices")):
+        for call in (lambda: tnt.allreduce(leaf()), lambda: tnt.allreduce({"a": leaf(), "b": tf.ones([2])}),
+                     lambda: tnt.allgather([leaf()]), lambda: tnt.broadcast(leaf())):
+            for run in (call, tf.function(call, autograph=False)):
+                with pytest.raises(TypeError, match=f"pass .*Received: a leaf of type {match}"):
+                    run()
