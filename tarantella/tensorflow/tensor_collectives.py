@@ -156,10 +156,12 @@ def _nothing_of(leaf, kind):
         except Exception:  # noqa: BLE001 - not a leaf the collectives take: refused as it is (_run)
             return leaf
         if tf.executing_eagerly():
-            return array[:0] if kind == "allgather" and array.ndim else np.zeros_like(array)
+            return array.reshape((-1,) + array.shape[1:])[:0] if kind == "allgather" else np.zeros_like(array)
         leaf = tf.convert_to_tensor(array)
-    if kind == "allgather" and leaf.shape.rank:
-        return leaf[:0]
+    if kind == "allgather":
+        # no rows, also for a scalar (gathered as one row of each rank: the stand-in's zero was a
+        # row, and a mean of the gathered per-rank values of the last batch was off, without a word)
+        return (leaf[:0] if leaf.shape.rank else tf.zeros([0], leaf.dtype))
     return tf.zeros_like(leaf)
 
 
@@ -314,7 +316,7 @@ def _log_for_empty_slice(tensors, rebuild, kind, name, options):
     specs = [(t.shape, t.dtype) for t in tensors]
 
     def zeros(shape, dtype):
-        if shape.rank is None:
+        if shape.rank is None or (kind == "allgather" and shape.rank == 0):  # a scalar: no row either
             return tf.zeros([0], dtype)
         return tf.zeros([0 if d is None or (kind == "allgather" and i == 0) else d
                          for i, d in enumerate(shape.as_list())], dtype)

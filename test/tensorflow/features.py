@@ -2168,6 +2168,35 @@ def check_outputs_not_one_row_per_sample(tnt):
     return out
 
 
+class MeanOfRankMeans(keras.layers.Layer):
+    """x minus the mean of the per-rank means of x (gathered as scalars, one row per rank)."""
+
+    def call(self, x):
+        import tarantella.tensorflow as tnt_tf
+
+        gathered = tnt_tf.allgather({"m": keras.ops.mean(x), "k": 1.0}, name="rank_means")
+        return x - keras.ops.mean(gathered["m"])
+
+
+def check_scalar_gather_on_an_empty_slice(tnt):
+    """A layer that allgathers a scalar per rank (its slice's mean) and centres on their mean, in
+    evaluate and predict on 9 samples in batches of 4 (rank 1's slice of the last batch is empty):
+    the empty rank sent a zero row (the replay of fit / evaluate, predict's stand-in), and the last
+    batch was centred on half its mean, without a word. Evaluate's loss and predict's outputs
+    against serial Keras' (each batch centred on its mean), traced and with rank 1 run eagerly."""
+    x = np.random.RandomState(0).rand(9, 3).astype(np.float32)
+    centred = [b - b.mean() for b in (x[0:4], x[4:8], x[8:9])]
+    out = {"serial_loss": float(sum((c ** 2).mean() * len(c) for c in centred) / 9),
+           "serial_predict": np.concatenate(centred).tolist()}
+    for how, eager in (("traced", False), ("eager_on_1", tnt.get_rank() == 1)):
+        inp = keras.Input((3,))
+        m = tnt.Model(keras.Model(inp, MeanOfRankMeans()(inp)))
+        m.compile(loss="mse", run_eagerly=eager)
+        out[how] = {"loss": float(m.evaluate(x, np.zeros_like(x), batch_size=4, verbose=0)),
+                    "predict": m.predict(x, batch_size=4, verbose=0).tolist()}
+    return out
+
+
 def check_broadcast_from_an_empty_slice(tnt):
     """A tarantella.tensorflow.broadcast from rank 1 in a step where rank 1's slice of the batch is
     empty (41 samples in batches of 20: the last one has 1): in a layer, in predict (rank 1 runs
@@ -2631,6 +2660,7 @@ def main():
         results["noise_off_the_batch_axis"] = check_noise_off_the_batch_axis(tnt)
         results["broadcast_from_an_empty_slice"] = check_broadcast_from_an_empty_slice(tnt)
         results["outputs_not_one_row_per_sample"] = check_outputs_not_one_row_per_sample(tnt)
+        results["scalar_gather_on_an_empty_slice"] = check_scalar_gather_on_an_empty_slice(tnt)
         results["unseeded_shuffle"] = check_unseeded_shuffle(tnt)
         from tarantella.tensorflow.keras.callbacks.callback_preparation import prepare_callbacks
 

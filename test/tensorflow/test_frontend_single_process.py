@@ -1705,3 +1705,24 @@ def test_a_stand_in_contributes_nothing_of_its_numbers_too():
         assert float(summed["n"]) == 0.0 and np.asarray(summed["t"]).tolist() == [0.0, 0.0], summed
         assert int(single) == 0 and np.asarray(rows).shape == (0, 2) and np.asarray(more).shape == (0, 3), \
             (single, rows, more)
+
+
+def test_a_stand_in_gathers_no_row_of_a_scalar():
+    """An allgather of a scalar gathers one row of each rank; under contributing_nothing (the
+    stand-in sample of tnt.Model.predict) the stand-in rank sent its zero as a row, so a layer's
+    mean of the gathered per-rank means in the last batch was halved on 2 ranks, without a word
+    (the replay of an empty slice in fit / evaluate alike, _log_for_empty_slice: evaluate's loss
+    0.0740 where serial Keras gives 0.0715, seen on 2 ranks). Now no row: shape (0,)."""
+    import tarantella.tensorflow as tnt_tf
+    from tarantella.tensorflow.tensor_collectives import contributing_nothing
+
+    def calls():
+        return tnt_tf.allgather(tf.constant(2.0)), tnt_tf.allgather({"m": tf.constant(1.5), "k": 1.0, "a": np.int64(3)})
+
+    for run in (calls, tf.function(calls, autograph=False)):
+        with contributing_nothing():
+            single, gathered = run()
+        assert np.asarray(single).shape == (0,), single
+        assert {k: np.asarray(v).shape for k, v in gathered.items()} == {"m": (0,), "k": (0,), "a": (0,)}, gathered
+    single, gathered = calls()  # not a stand-in: one row each
+    assert np.asarray(single).tolist() == [2.0] and np.asarray(gathered["k"]).tolist() == [1.0]
