@@ -458,6 +458,10 @@ def _run_in_graph(tensors, rebuild, collective, kind, name, scale=None):
     sequence = _traced_sequence(kind) if name is None else None
     gather = kind == "allgather"
 
+    # reporting: fit / evaluate / predict raise a failure of the call (a MismatchError, a
+    # PeerLostError) as itself (collective_ops.collective_errors), as they do the compiled ops';
+    # it was TensorFlow's UnknownError "Graph execution error", the cause deep in its text
+    @collective_ops.reporting
     def run(*arrays):
         args = arrays[len(tensors):]  # the prescale's value, if it is a tensor
         called = name if name is not None else collectives.next_unnamed(kind, sequence)
