@@ -807,6 +807,14 @@ def _leaf_array(leaf, what):
         return leaf, False
     if isinstance(leaf, (int, float, np.number, np.bool_)):
         return np.asarray(leaf), True
+    if hasattr(leaf, "flat_values") or hasattr(leaf, "indices") and hasattr(leaf, "dense_shape"):
+        # a ragged or sparse tensor (tf.RaggedTensor, tf.SparseTensor, tf.IndexedSlices): NumPy
+        # reads its rows as objects, and the dtype error that followed said to cast them
+        raise TypeError(
+            f"{what} takes dense arrays and tensors: a ragged or sparse tensor has no dense array "
+            "of numbers to send. Pass its dense form (to_tensor(), tf.sparse.to_dense) or its "
+            "components (flat_values and row lengths; indices and values) as leaves of their own. "
+            f"Received: a leaf of type {type(leaf).__name__}")
     if hasattr(leaf, "numpy") or hasattr(leaf, "__array__"):  # a framework's tensor, say
         try:
             return np.asarray(leaf.numpy() if hasattr(leaf, "numpy") else leaf), False

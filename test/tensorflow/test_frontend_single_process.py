@@ -1726,3 +1726,17 @@ def test_a_stand_in_gathers_no_row_of_a_scalar():
         assert {k: np.asarray(v).shape for k, v in gathered.items()} == {"m": (0,), "k": (0,), "a": (0,)}, gathered
     single, gathered = calls()  # not a stand-in: one row each
     assert np.asarray(single).tolist() == [2.0] and np.asarray(gathered["k"]).tolist() == [1.0]
+
+
+def test_ragged_and_sparse_leaves_of_the_numpy_collectives_are_refused_by_type():
+    # tnt.allreduce([ragged]) read the ragged tensor's rows as NumPy objects and failed with
+    # "dtype object is not supported ... cast with array.astype(...)", which no cast mends
+    ragged = tf.ragged.constant([[1.0], [2.0, 3.0]])
+    sparse = tf.sparse.from_dense(tf.constant([[1.0, 0.0], [0.0, 2.0]]))
+    slices = tf.IndexedSlices(tf.constant([[1.0]]), tf.constant([0]), tf.constant([2, 1]))
+    for leaf in (ragged, sparse, slices):
+        for call in (tnt.allreduce, tnt.allgather, lambda x: tnt.broadcast(x, root=0)):
+            for structure in ([leaf], {"a": np.ones(2, np.float32), "b": leaf}):
+                with pytest.raises(TypeError, match=rf"dense form .* Received: a leaf of type "
+                                                    rf"{type(leaf).__name__}"):
+                    call(structure)
