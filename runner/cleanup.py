@@ -53,13 +53,15 @@ def _wait_gone(procs, timeout):
             os.close(fd)
 
 
-def _signal(pid, start, sig):
+def _signal(pid, start, sig, group=True):
+    """`group`: the process group `pid` leads, if it leads one (a rank's); not for a tntrun,
+    which leads its shell job's group: `tntrun ... | tee log` would lose its tee."""
     if not jobs.same_process(pid, start):
         return False
     if jobs.is_stopped(pid):
         sig = signal.SIGKILL
     try:
-        if os.getpgid(pid) == pid:  # a rank leads its own group: reach what it started, too
+        if group and os.getpgid(pid) == pid:  # a rank leads its own group: reach what it started, too
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
@@ -133,9 +135,18 @@ def run(command, force=False, out=None):
             f"{rec.get('runner_pid')}, {'still running' if runner_alive else 'gone'}): "
             f"{len(alive)} of {len(ranks)} process(es) still running"
             + (f" (pids {', '.join(str(p) for p, _ in alive)})" if alive else ""))
-        targets = list(alive)
         if runner_alive:
-            targets.append((rec["runner_pid"], rec.get("runner_start")))
+            # its tntrun first, and the ranks only once it is gone: tntrun stops them itself,
+            # as on Ctrl+C ("received SIGTERM: stopping every process", exit 128 + signal).
+            # Signalled together, a rank's death often reached tntrun before its own signal,
+            # and the job's terminal read "rank 0 failed ... Root cause: signal 15 (SIGTERM)",
+            # a failure of the program that never was
+            runner = (rec["runner_pid"], rec.get("runner_start"))
+            if _signal(*runner, sig, group=False):
+                say(f"sent {sig.name} to its tntrun (pid {runner[0]}), which stops its ranks")
+                _wait_gone([runner], WAIT_S)
+            alive = [(pid, st) for pid, st in ranks if jobs.running(pid, st)]
+        targets = list(alive)
         if targets:
             for pid, st in targets:
                 _signal(pid, st, sig)

@@ -576,3 +576,30 @@ def test_cleanup_counts_a_dead_rank_that_is_not_reaped_yet_as_gone(tmp_path):
         assert jobs.load_all(jobs.state_dir(env)) == []  # nothing runs: the record is gone
     finally:
         zombie.wait()
+
+
+def test_cleanup_of_a_running_job_stops_it_through_its_tntrun(script, tmp_path):
+    # `tntrun --cleanup -- PROGRAM` while that job still runs signalled its ranks and its
+    # tntrun together: a rank's death often reached tntrun first, and the job's terminal read
+    # "rank 0 failed: stopping the other processes ... Root cause: ... signal 15 (SIGTERM)",
+    # a failure of the program that never was. Its tntrun is signalled first now, and stops
+    # the job as on SIGTERM; ranks still running after it are signalled then
+    path = script(RANK + "\n", name="running_job.py")
+    env = runner_env(TNT_STATE_DIR=str(tmp_path / "state"))
+    proc = start_tntrun(["-n", "2", "--output-on-all-devices", "--", path], env=env)
+    try:
+        job, pids = _wait_up(proc, 2)
+        res = run_tntrun(["--cleanup", "--", path], env=env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert "received SIGTERM: stopping every process" in err, err
+        assert "failed" not in err and "Root cause" not in err, err
+        assert f"sent SIGTERM to its tntrun (pid {proc.pid})" in res.stdout, res.stdout
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                       for p in pids)
+        assert glob.glob(f"/dev/shm/tnt-{job}*") == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
