@@ -393,6 +393,9 @@ def main(argv=None):
             parser.error("missing PROGRAM: write `tntrun [options] -- PROGRAM [ARGS...]`, "
                          "e.g. tntrun -n 2 -- train.py")
         job_id = secrets.token_hex(16)
+        unexpanded = environment.unexpanded_references(args.exports)
+        if unexpanded:
+            _warn(unexpanded)
         args.output_on_all_devices = environment.as_ranks_see_it(args, "TNT_OUTPUT_ON_ALL_DEVICES")
         args.one_line_report = environment.as_ranks_see_it(args, "TNT_LOG_LEVEL") == "ERROR"
         # the other ranks' logs go to their stderr, which a job on this host shows only for

@@ -38,6 +38,36 @@ def parse_exports(items, environ=None):
     return out
 
 
+# what a shell would have replaced in a value: $NAME, ${...}, $(...), `...` (a `$$` is taken
+# whole and passed over: `pa$$word` holds no $word)
+_SHELL_REFERENCE = re.compile(r"\$\$|\$[A-Za-z_][A-Za-z0-9_]*|\$\{[^}]*\}?|\$\(|`")
+
+
+def unexpanded_references(items):
+    """A WARNING for the -x values that hold what a shell would expand (`-x 'OUT=/logs/$GASPI_RANK'`,
+    quoted so that the shell that ran tntrun left it): every rank gets such a value as
+    written, as under mpirun, horovodrun and srun, which expand nothing either. The original
+    tarantella wrote each -x into the shell script that gaspi_run ran on every rank, as
+    `export NAME="VALUE"`, and that script expanded it, per rank: a job script of the original
+    that named a file per rank so (`$GASPI_RANK`) now had every rank write one file, without
+    a word. Only the references are named, never the value (a -x may carry a secret).
+    `items`: the -x arguments as given (a bare -x NAME forwards a value that no shell was
+    meant to expand). None when no value has one."""
+    found = []
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        refs = [m.group(0) for m in _SHELL_REFERENCE.finditer(value) if m.group(0) != "$$"] if sep else []
+        if refs:
+            found.append((name, refs[0]))
+    if not found:
+        return None
+    what = ", ".join(f"-x {name} ({ref})" for name, ref in found)
+    return (f"{what}: tntrun passes -x values to every rank as written, expanding nothing (as "
+            "mpirun does; the original tarantella's script expanded them on each rank). For a value "
+            "of your shell's, leave it unquoted (-x OUT=$HOME/out); for a value per rank, read "
+            "TNT_RANK in your program (the original's $GASPI_RANK)")
+
+
 def allowed_cpus():
     """The CPUs this process may run on, its CPU affinity (what taskset, cgroup cpusets and
     Slurm allow), which the ranks inherit; None where it cannot be read."""

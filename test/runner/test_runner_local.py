@@ -236,6 +236,23 @@ def test_exports_in_order_later_wins(script):
                       "-x", "HOME_COPY=$HOME", "--", path])
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "2 x=y z  $HOME"
+    # as written, as mpirun passes it: but the original tarantella's script expanded a -x value
+    # on every rank (`-x 'OUT=/logs/$GASPI_RANK'`, a file per rank), so a job script of the
+    # original now silently gave every rank one value: a WARNING names the reference
+    assert ("WARNING: -x HOME_COPY ($HOME): tntrun passes -x values to every rank as written"
+            in res.stderr), res.stderr
+    assert "-x A" not in res.stderr and "-x B" not in res.stderr
+
+
+def test_an_export_with_a_shell_reference_warns_once_and_names_no_value(script):
+    path = script("print(os.environ['OUT'], os.environ['PW'], os.environ['FWD'])\n")
+    res = run_tntrun(["-n", "2", "-x", "OUT=/logs/${GASPI_RANK}.log", "-x", "PW=pa$$word$",
+                      "-x", "FWD", "--", path], env=runner_env(FWD="x$FROM_ENV"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "/logs/${GASPI_RANK}.log pa$$word$ x$FROM_ENV"
+    assert res.stderr.count("WARNING: -x OUT (${GASPI_RANK}):") == 1, res.stderr
+    # `$$` and a trailing `$` are no reference; -x NAME forwards a value no shell expands
+    assert "-x PW" not in res.stderr and "-x FWD" not in res.stderr, res.stderr
 
 
 def test_export_takes_one_variable_and_the_program_follows(script):
