@@ -231,6 +231,14 @@ class _Forwarder(threading.Thread):
         self.filter = filt
         self.tail = bytearray()
 
+    def _labelled(self, line):
+        """`line` (without its newline) with the prefix, also after every carriage return in
+        it: a progress bar (tqdm, a Keras progress bar on a terminal) redraws its line after
+        a \\r, and a terminal then showed the last drawing over the prefix, so that the line
+        read "step 9/10" without its rank. A \\r that ends the line (\\r\\n) stays as it is."""
+        body, end = (line[:-1], b"\r") if line.endswith(b"\r") else (line, b"")
+        return self.prefix + body.replace(b"\r", b"\r" + self.prefix) + end
+
     def run(self):
         fd = self.pipe.fileno()
         pending = b""
@@ -263,11 +271,11 @@ class _Forwarder(threading.Thread):
                 lines = (pending + chunk).split(b"\n")
                 pending = lines.pop()
                 if lines:
-                    self.writer.write(self.out_fd, b"".join(self.prefix + ln + b"\n" for ln in lines))
+                    self.writer.write(self.out_fd, b"".join(self._labelled(ln) + b"\n" for ln in lines))
             else:
                 self.writer.write(self.out_fd, chunk)
         if self.show and pending:
-            self.writer.write(self.out_fd, self.prefix + pending + b"\n")
+            self.writer.write(self.out_fd, self._labelled(pending) + b"\n")
         self.pipe.close()
 
 

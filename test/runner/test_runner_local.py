@@ -157,11 +157,18 @@ def test_output_on_all_devices_prefixes_every_line(script):
         print(f"err of {os.environ['TNT_RANK']}", file=sys.stderr)
         print("TNT_OUTPUT_ON_ALL_DEVICES=" + os.environ.get("TNT_OUTPUT_ON_ALL_DEVICES", ""))
         print("stdin: " + repr(sys.stdin.read()))
+        sys.stderr.write("\\rbar 1/2\\rbar 2/2\\n")  # a progress bar (tqdm's, on stderr)
+        sys.stderr.write("crlf\\r\\n")
     """)
     res = run_tntrun(["-n", "3", "--output-on-all-devices", "--", path], input="typed\n")
     assert res.returncode == 0, res.stderr
     out = set(res.stdout.splitlines())
+    # (text mode: each \r reads as a line end) every redrawing of a progress bar has the
+    # prefix: a terminal showed the last one over the prefix, "bar 2/2" without its rank
+    err = res.stderr.splitlines()
+    assert "bar 2/2" not in err and "crlf" not in err, res.stderr
     for r in range(3):
+        assert f"[{r}] bar 1/2" in err and f"[{r}] bar 2/2" in err and f"[{r}] crlf" in err
         assert f"[{r}] out of {r}" in out and f"[{r}] err of {r}" in res.stderr
         assert f"[{r}] TNT_OUTPUT_ON_ALL_DEVICES=true" in out
         # tntrun's stdin reaches rank 0 alone; the others read an empty one (cli.md)
