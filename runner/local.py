@@ -6,7 +6,7 @@ import sys
 import tempfile
 
 from tarantella.runner import gpus, jobs, report, shm
-from tarantella.runner.supervise import ProcSpec, Supervisor
+from tarantella.runner.supervise import ProcSpec, Supervisor, tell
 
 
 def rank_specs(argv_of, env, size, private_dir, output_on_all, gpu_of=None, pin_of=None,
@@ -97,7 +97,7 @@ def run(specs, job_id, program, command, one_line=False, grace_s=3.0, private_di
         # that a rank failed is a notice, not an error: --log-level ERROR promises the failure
         # in one line; a signal or a stalled engine is still said (the one line says neither)
         if not (one_line and routine):
-            print(f"tntrun: {reason}", file=sys.stderr, flush=True)
+            tell(f"tntrun: {reason}")
 
     supervisor = Supervisor(specs, grace_s=grace_s, on_started=on_started, on_stopping=on_stopping,
                             on_ended=ended_rank_noter(private_dir), error_of=report.error_of, adopt=adopt)
@@ -125,7 +125,7 @@ def report_and_code(job, program, one_line=False):
     """Print how the job ended; return tntrun's exit code."""
     if job.root_cause is not None:
         text = report.format_one_line(job) if one_line else report.format_failure(job, program)
-        print(text, file=sys.stderr, flush=True)
+        tell(text)
     elif job.interrupted_by is not None:
-        print("tntrun: interrupted: all processes were stopped", file=sys.stderr, flush=True)
+        tell("tntrun: interrupted: all processes were stopped")
     return job.exit_code

@@ -179,6 +179,39 @@ def exit_code_of(returncode):
     return 128 - returncode if returncode < 0 else returncode
 
 
+def leave_signals_to_the_main_thread():
+    """Called first in each helper thread: the signals tntrun handles are blocked in it, so
+    that the kernel delivers them to the main thread. Python runs a handler in the main
+    thread only, when that thread runs; a signal delivered to a helper (the kernel picks any
+    thread that does not block it, e.g. when the main thread already has one pending: a
+    terminal that closes sends SIGHUP and SIGCONT at once) left the main thread asleep in
+    its wait for the next event, and tntrun did not act on it: the job ran on with its
+    terminal gone, about one time in three."""
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS + FORWARDED_SIGNALS + PAUSE_SIGNALS)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def tell(text):
+    """One message of tntrun's own on its stderr. When that is gone (the terminal closed:
+    a write to a hung-up terminal fails with EIO; a reader of a pipe that went away), the
+    message is dropped and stderr pointed at /dev/null: the SIGHUP of a closed terminal made
+    tntrun's "received SIGHUP: stopping every process" raise in the middle of stopping the
+    job, and tntrun died with exit code 1 (a traceback nobody saw), its ranks SIGKILLed by
+    their parent-death signal without their grace period, instead of stopping them and
+    exiting 129."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+
 class _Writer:
     """Serialises whole writes of forwarded output onto tntrun's own stdout/stderr."""
 
@@ -240,6 +273,7 @@ class _Forwarder(threading.Thread):
         return self.prefix + body.replace(b"\r", b"\r" + self.prefix) + end
 
     def run(self):
+        leave_signals_to_the_main_thread()
         fd = self.pipe.fileno()
         pending = b""
         pieces = whole_lines.whole_lines(fd) if self.whole and not self.prefix else None
@@ -374,6 +408,7 @@ class Supervisor:
         return proc
 
     def _wait(self, index, proc):
+        leave_signals_to_the_main_thread()
         proc.wait()  # blocking waitpid, no polling
         if self.on_ended:
             self.on_ended(self.specs[index], proc.returncode)  # here: at once, not after the loop's turn
@@ -394,8 +429,8 @@ class Supervisor:
             if proc.returncode is not None:
                 continue  # reaped: its pid may be another process's now
             if spec.rank is None and spec.label == "gaspi_run":
-                print(f"tntrun: WARNING: {signal.Signals(signum).name} not passed on: gaspi_run "
-                      "does not forward signals to its ranks", file=sys.stderr, flush=True)
+                tell(f"tntrun: WARNING: {signal.Signals(signum).name} not passed on: gaspi_run "
+                     "does not forward signals to its ranks")
                 continue
             try:
                 os.kill(proc.pid, signum)
@@ -417,8 +452,8 @@ class Supervisor:
                 return
             # mpirun, srun, gaspi_run: tntrun cannot reach the ranks on the other hosts, and a
             # stopped tntrun would leave the engine's output unread until the ranks block on it
-            print("tntrun: Ctrl+Z (SIGTSTP) does not pause a job across hosts: it goes on, and so does "
-                  "tntrun (Ctrl+C stops it)", file=sys.stderr, flush=True)
+            tell("tntrun: Ctrl+Z (SIGTSTP) does not pause a job across hosts: it goes on, and so does "
+                 "tntrun (Ctrl+C stops it)")
             return
         if self._stopped_at is not None:
             return  # the job is being ended: its ranks get no SIGSTOP, which only SIGKILL would end

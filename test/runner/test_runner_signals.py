@@ -603,3 +603,47 @@ def test_cleanup_of_a_running_job_stops_it_through_its_tntrun(script, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_a_closed_terminal_stops_the_job_and_tntrun_exits_129(script, tmp_path):
+    # tntrun in a terminal that goes away (an ssh session dropped, a closed window) gets
+    # SIGHUP. Its message "received SIGHUP: stopping every process" then went to a hung-up
+    # terminal (EIO) and raised: tntrun died with exit code 1, its ranks SIGKILLed by their
+    # parent-death signal with no grace. And now and then the SIGHUP (sent with a SIGCONT)
+    # reached a helper thread of tntrun, whose main thread slept on: the job ran on. Now the
+    # ranks are stopped as on SIGTERM, and tntrun exits 129, every time
+    import pty
+
+    path = script(RANK + "\n")
+    env = runner_env(TNT_STATE_DIR=str(tmp_path / "state"), TMPDIR=str(tmp_path))
+    from tntrun_helpers import TNTRUN
+    for attempt in range(3):  # the thread that got the signal was a matter of chance
+        pid, fd = pty.fork()
+        if pid == 0:  # tntrun, the session leader of the terminal, as a login shell's job is
+            try:
+                os.execve(TNTRUN[0], TNTRUN + ["-n", "2", "--", path], env)
+            finally:
+                os._exit(127)
+        seen, deadline = b"", time.monotonic() + 30
+        while not re.search(rb"UP \w+ \d+", seen) and time.monotonic() < deadline:
+            try:
+                seen += os.read(fd, 1024)  # rank 0's output, on the terminal
+            except OSError:
+                break
+        assert re.search(rb"UP \w+ \d+", seen), seen
+        job = re.search(rb"UP (\w+)", seen).group(1).decode()
+        time.sleep(0.5)  # rank 1 up too
+        os.close(fd)  # the terminal goes away: SIGHUP (and SIGCONT) to tntrun
+        deadline = time.monotonic() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done, f"attempt {attempt}: tntrun did not act on the SIGHUP"
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGHUP, attempt
+        assert glob.glob(f"/dev/shm/tnt-{job}*") == []
+        assert os.listdir(tmp_path / "state" / "jobs") == []
