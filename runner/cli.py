@@ -444,7 +444,7 @@ def main(argv=None):
             import shutil
             shutil.rmtree(private_dir, ignore_errors=True)
             raise
-        return local.run(specs, job_id, program=command[0], command=command,
+        return local.run(specs, job_id, program=cmd.program_name(command, args.module), command=command,
                          one_line=args.one_line_report, private_dir=private_dir,
                          adopt=True)
     except UsageError as exc:

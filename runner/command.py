@@ -47,6 +47,10 @@ def script_problem(interpreter, command, module=False, cwd=None):
     the user's own (`-- python x.py`, `--python-interpreter "valgrind python"`) or a Python
     option (`-- -c CODE`); a directory with a __main__.py or a zip file is left to Python."""
     interp = interpreter_argv(interpreter)
+    if command and is_python(command[0]) and interp and len(command) > 1:
+        # `-- python train.py`, as mpirun's users write it: the same checks for its script
+        # (before: every rank's "can't open file", exit 2, and a report named "python")
+        return script_problem(None, command[1:], module, cwd)
     if module or not command or not interp or not is_python(interp[-1]) or is_python(command[0]):
         return None
     program = command[0]
@@ -77,3 +81,17 @@ def script_problem(interpreter, command, module=False, cwd=None):
         return (f"cannot start {program!r}: it is {what}, not a Python script: to run it, write "
                 f"--no-python (tntrun --no-python -- {shown} ...)")
     return None
+
+
+def program_name(command, module=False):
+    """What the report calls the program: the script or module after an interpreter the user
+    wrote (`-- python train.py` is train.py, `-- python -m pkg.train` pkg.train), else
+    command[0]. Before, the report read "tntrun: python FAILED"."""
+    if not command:
+        return ""
+    if module or not is_python(command[0]) or len(command) < 2:
+        return command[0]
+    rest = command[1:]
+    if rest[0] == "-m" and len(rest) > 1:
+        return rest[1]
+    return command[0] if rest[0].startswith("-") else rest[0]

@@ -579,7 +579,7 @@ def run(args, command, job_id):
                         stdout_filter=(rank_report.MarkerFilter(collector)
                                        if plan.engine == "gaspi_run" else None))
         joins = Joins()
-        return local.run([spec], job_id, program=command[0], command=command,
+        return local.run([spec], job_id, program=cmd.program_name(command, args.module), command=command,
                          one_line=args.one_line_report, private_dir=private_dir,
                          files=list(plan.files), watch=stall_watch(collector, name, joins=joins),
                          translate=lambda job: ranks_job(job, collector.records, name, joins), adopt=True)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tntrun_helpers import run_tntrun, runner_env
+from tntrun_helpers import import_runner, run_tntrun, runner_env
 
 
 def test_ranks_get_the_environment_contract(script):
@@ -405,13 +405,29 @@ def test_program_that_cannot_be_executed_is_named_with_what_to_do(tmp_path, what
     ("run.sh", "it is a script for /bin/sh, not a Python script: to run it, write --no-python "
                "(tntrun --no-python -- ./run.sh ...)"),    ("adir", "it is a directory without a __main__.py, not a Python script"),
 ])
-def test_a_python_script_that_cannot_run_is_named_once(tmp_path, program, message):
+@pytest.mark.parametrize("python", [[], ["python"]])
+def test_a_python_script_that_cannot_run_is_named_once(tmp_path, program, message, python):
     # PROGRAM runs with Python: each rank failed on its own, with a report of Python's words
-    # (`can't open file`, for a binary `SyntaxError: source code cannot contain null bytes`)
+    # (`can't open file`, for a binary `SyntaxError: source code cannot contain null bytes`).
+    # So too after an interpreter written out, as mpirun's users do (`-- python missing.py`):
+    # that one still failed on every rank, exit 2, in a report named "python"
     (tmp_path / "run.sh").write_text("#!/bin/sh\necho hi\n")
     (tmp_path / "adir").mkdir()
-    res = run_tntrun(["-n", "2", "--", program], cwd=str(tmp_path))
+    res = run_tntrun(["-n", "2", "--"] + python + [program], cwd=str(tmp_path))
     assert res.returncode == 127, res.stderr
     assert message in res.stderr, res.stderr
     assert ("--no-python" in res.stderr) == (program not in ("missing.py", "adir")), res.stderr
     assert "FAILED" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_the_report_names_the_script_after_an_interpreter_written_out(script):
+    # `tntrun -- python train.py` reported "tntrun: python FAILED"
+    path = script("sys.exit(3)\n", name="exits_three.py")
+    res = run_tntrun(["-n", "1", "--", "python", path])
+    assert res.returncode == 3 and f"tntrun: {path} FAILED" in res.stderr, res.stderr
+    import_runner()
+    from tarantella.runner.command import program_name
+    assert program_name(["python3", "-m", "pkg.train", "--x"]) == "pkg.train"
+    assert program_name(["pkg.train"], module=True) == "pkg.train"
+    assert program_name(["python", "-c", "print(1)"]) == "python"
+    assert program_name(["train.py", "--epochs", "3"]) == "train.py"
