@@ -2,11 +2,12 @@
 import glob
 import os
 import re
+import subprocess
 import sys
 
 import pytest
 
-from tntrun_helpers import import_runner, run_tntrun, runner_env
+from tntrun_helpers import TNTRUN, import_runner, run_tntrun, runner_env
 
 
 def test_ranks_get_the_environment_contract(script):
@@ -431,3 +432,23 @@ def test_the_report_names_the_script_after_an_interpreter_written_out(script):
     assert program_name(["pkg.train"], module=True) == "pkg.train"
     assert program_name(["python", "-c", "print(1)"]) == "python"
     assert program_name(["train.py", "--epochs", "3"]) == "train.py"
+
+
+def test_a_long_line_without_its_end_is_passed_on_in_linear_time(script, tmp_path):
+    # under --output-on-all-devices tntrun holds a line until its newline (so that ranks'
+    # lines never mix), and re-copied all it held for every 64 KiB read: a line of 32 MiB
+    # (a tqdm bar redrawn after \r for a whole training, binary output) took 8 s here, one of
+    # 128 MiB minutes, with the rank blocked on its pipe meanwhile. Now a second or two; the
+    # bound below is far from both
+    path = script("""
+        chunk = b"x" * (1 << 20)
+        for _ in range(128):
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.write(b"\\n")
+    """)
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        proc = subprocess.run(TNTRUN + ["-n", "1", "-l", "--", path], stdout=f, stderr=subprocess.PIPE,
+                              env=runner_env(), timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert out.stat().st_size == len(b"[0] ") + (128 << 20) + 1
