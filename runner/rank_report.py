@@ -102,16 +102,18 @@ class MarkerFilter:
         out = []
         data = self.held + chunk
         self.held = b""
-        while data:
-            end = data.find(b"\n")
+        pos = 0  # (an index: slicing off each line copied the rest, quadratic in a chunk's lines)
+        while pos < len(data):
+            end = data.find(b"\n", pos)
             if end < 0:  # a partial line
-                if MARK in data:
-                    self.held = data
+                rest = data[pos:]
+                if MARK in rest:
+                    self.held = rest
                 else:
-                    out.append(data)
+                    out.append(rest)
                     self.passed = True
                 break
-            line, data = data[:end + 1], data[end + 1:]
+            line, pos = data[pos:end + 1], end + 1
             at = line.find(MARK)
             if at >= 0 and self.collector.take(line[at:]):
                 if self.passed:

@@ -47,6 +47,19 @@ def test_records_cross_engine_prefixes_and_chunks():
     assert b"tntrun-rank-report " + JOB[:12].encode() not in shown
 
 
+def test_a_chunk_of_many_lines_is_filtered_in_linear_time():
+    # the filter of an engine's output sliced each line off the rest of its chunk, copying
+    # the rest: time quadratic in a chunk's lines (4 MiB of short lines in one piece: about a
+    # minute here; now well under a second, far inside the bound below)
+    collector = rank_report.Collector(JOB)
+    filt = rank_report.MarkerFilter(collector)
+    stream = b"ab\n" * ((4 << 20) // 3) + rank_report.encode({"rank": 5}, JOB)[0] + b"tail"
+    started = time.monotonic()
+    shown = filt.feed(stream) + filt.flush()
+    assert time.monotonic() - started < 20
+    assert shown == b"ab\n" * ((4 << 20) // 3) + b"tail" and collector.records == [{"rank": 5}]
+
+
 def test_partial_lines_are_shown_at_once():
     collector = rank_report.Collector(JOB)
     filt = rank_report.MarkerFilter(collector)
