@@ -145,9 +145,14 @@ class _Child:
         # but only after SCRIPT_GONE_GRACE_S: a program ending by itself at that moment (the
         # rank whose own exit made the others fail) ends with its own status, which the
         # report must name, not with the clean-up's signal
-        timer = threading.Timer(SCRIPT_GONE_GRACE_S, self._on_signal, (signal.SIGTERM, None))
-        timer.daemon = True
-        timer.start()
+        threading.Thread(target=self._stop_after_grace, daemon=True).start()
+
+    def _stop_after_grace(self):
+        from tarantella.runner.supervise import leave_signals_to_the_main_thread
+
+        leave_signals_to_the_main_thread()  # (a threading.Timer's thread did not: see _JoinNotes._read)
+        time.sleep(SCRIPT_GONE_GRACE_S)
+        self._on_signal(signal.SIGTERM, None)
 
     def _pass(self, signum):
         try:
@@ -195,6 +200,12 @@ class _JoinNotes:
             self._thread.start()
 
     def _read(self, on_note):
+        from tarantella.runner.supervise import leave_signals_to_the_main_thread
+
+        # A stop signal the kernel handed to this thread (it picks any thread that does not
+        # block it) ran the wrapper's handler only once the main thread, asleep in the
+        # program's waitpid, next ran Python: when the program ended by itself
+        leave_signals_to_the_main_thread()
         pending = b""
         while True:
             try:

@@ -63,6 +63,10 @@ FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 # stop a background job that writes to the terminal (stty tostop) or reads it: the same
 STOPPING_SIGNALS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 PAUSE_SIGNALS = STOPPING_SIGNALS + (signal.SIGCONT,)
+# The rank wrapper's (rank.py) parent-death signal, which it handles too (SCRIPT_GONE there): the
+# helper threads block it as well. tntrun does not handle it; blocked in its helpers, it still
+# reaches its main thread.
+_SCRIPT_GONE = (signal.SIGRTMIN,) if hasattr(signal, "SIGRTMIN") else ()
 
 
 @dataclasses.dataclass
@@ -188,9 +192,11 @@ def leave_signals_to_the_main_thread():
     its wait for the next event, and tntrun did not act on it: the job ran on with its
     terminal gone, about one time in three."""
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS + FORWARDED_SIGNALS + PAUSE_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS + FORWARDED_SIGNALS + PAUSE_SIGNALS
+                               + _SCRIPT_GONE)
     except (AttributeError, OSError, ValueError):
         pass
+
 
 
 def tell(text):
