@@ -198,7 +198,6 @@ def leave_signals_to_the_main_thread():
         pass
 
 
-
 def tell(text):
     """One message of tntrun's own on its stderr. When that is gone (the terminal closed:
     a write to a hung-up terminal fails with EIO; a reader of a pipe that went away), the

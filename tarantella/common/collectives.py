@@ -807,14 +807,9 @@ def _leaf_array(leaf, what):
         return leaf, False
     if isinstance(leaf, (int, float, np.number, np.bool_)):
         return np.asarray(leaf), True
-    if hasattr(leaf, "flat_values") or hasattr(leaf, "indices") and hasattr(leaf, "dense_shape"):
-        # a ragged or sparse tensor (tf.RaggedTensor, tf.SparseTensor, tf.IndexedSlices): NumPy
-        # reads its rows as objects, and the dtype error that followed said to cast them
-        raise TypeError(
-            f"{what} takes dense arrays and tensors: a ragged or sparse tensor has no dense array "
-            "of numbers to send. Pass its dense form (to_tensor(), tf.sparse.to_dense) or its "
-            "components (flat_values and row lengths; indices and values) as leaves of their own. "
-            f"Received: a leaf of type {type(leaf).__name__}")
+    composite = composite_leaf_error(leaf, what)
+    if composite is not None:  # NumPy read its rows as objects: "dtype object ... cast it"
+        raise composite
     if hasattr(leaf, "numpy") or hasattr(leaf, "__array__"):  # a framework's tensor, say
         try:
             return np.asarray(leaf.numpy() if hasattr(leaf, "numpy") else leaf), False
@@ -826,6 +821,26 @@ def _leaf_array(leaf, what):
                 f"Received: a leaf of type {type(leaf).__name__}") from None
     raise TypeError(
         f"{what} takes nested lists, tuples and dicts of arrays, scalars and tensors. "
+        f"Received: a leaf of type {type(leaf).__name__}")
+
+
+def composite_leaf_error(leaf, what):
+    """The TypeError for a leaf that is a ragged or sparse tensor (tf.RaggedTensor,
+    tf.SparseTensor, tf.IndexedSlices: an Embedding's gradient), known by its attributes (this
+    module imports no framework), naming its type and what to pass instead; None for any other
+    leaf. The NumPy collectives and tarantella.tensorflow's (eager and traced) both refuse them
+    with it."""
+    if hasattr(leaf, "flat_values"):
+        instead = "rt.to_tensor() (padded), or rt.flat_values and rt.row_lengths()"
+    elif hasattr(leaf, "indices") and hasattr(leaf, "dense_shape"):
+        instead = ("tf.convert_to_tensor(g) (a gradient of an Embedding or tf.gather), or g.values and g.indices"
+                   if type(leaf).__name__ == "IndexedSlices" else
+                   "tf.sparse.to_dense(st), or st.values and st.indices")
+    else:
+        return None
+    return TypeError(
+        f"{what} takes dense arrays and tensors: a ragged or sparse tensor has no dense array of "
+        f"numbers to send; pass its dense form or its components as leaves of their own: {instead}. "
         f"Received: a leaf of type {type(leaf).__name__}")
 
 

@@ -230,14 +230,14 @@ def _global_results(metrics, extra, name):
     (a step counter every rank updates alike) showed N times the serial value
     on N ranks, without a word."""
     variables = [v for m in metrics for v in m.variables]
+    aggregations = [_aggregation(v) for v in variables]
     master = core.get_rank() == core.get_master_rank()
-    states = [tf.zeros_like(v.value) if _aggregation(v) == "only_first_replica" and not master
-              else v.value for v in variables]
+    states = [tf.zeros_like(v.value) if how == "only_first_replica" and not master else v.value
+              for v, how in zip(variables, aggregations)]
     summed = collective_ops.sum_across_ranks(states + list(extra), name=name)
     size = core.get_size()
-    values = [s / tf.cast(size, s.dtype) if _aggregation(v) == "mean" and s.dtype.is_floating
-              else s // size if _aggregation(v) == "mean" else s
-              for v, s in zip(variables, summed)]
+    values = [s if how != "mean" else s / tf.cast(size, s.dtype) if s.dtype.is_floating else s // size
+              for s, how in zip(summed, aggregations)]
     results, offset = [], 0
     for metric in metrics:
         count = len(metric.variables)

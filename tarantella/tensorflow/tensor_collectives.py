@@ -239,25 +239,18 @@ def _run(x, collective, kind, name=None, **options):
                            for leaf, v in zip(leaves, values)])
 
 
-_COMPOSITE_HINTS = (  # (type, what to pass instead)
-    (tf.RaggedTensor, "pass rt.to_tensor() (padded), or rt.flat_values and rt.row_lengths()"),
-    (tf.SparseTensor, "pass tf.sparse.to_dense(st), or st.values and st.indices"),
-    (tf.IndexedSlices, "pass tf.convert_to_tensor(g) (a gradient of an Embedding or tf.gather)"),
-)
-
-
 def _refuse_composite(leaves, kind):
     """A RaggedTensor, SparseTensor or IndexedSlices leaf is refused as the TypeError of any other
     leaf the collectives do not take, naming its type and what to pass instead, alike eagerly and
-    traced, alone and in a structure. Before, a RaggedTensor was "dtype object is not supported"
-    eagerly in a structure, and traced "a symbolic tensor ... cannot go through the NumPy
-    collectives: ... use the framework frontend's collectives", which was what the user called;
-    alone eagerly, a RaggedTensor or an IndexedSlices was "expects a NumPy array"."""
+    traced, alone and in a structure (collectives.composite_leaf_error, the NumPy collectives'
+    check). Before, a RaggedTensor was "dtype object is not supported" eagerly in a structure, and
+    traced "a symbolic tensor ... cannot go through the NumPy collectives: ... use the framework
+    frontend's collectives", which was what the user called; alone eagerly, a RaggedTensor or an
+    IndexedSlices was "expects a NumPy array"."""
     for leaf in leaves:
-        for composite, hint in _COMPOSITE_HINTS:
-            if isinstance(leaf, composite):
-                raise TypeError(f"{kind} takes nested lists, tuples and dicts of arrays, scalars and tensors: "
-                                f"{hint}. Received: a leaf of type {type(leaf).__name__}")
+        error = collectives.composite_leaf_error(leaf, kind)
+        if error is not None:
+            raise error
 
 
 def _compiled_structure(tensors, kind):

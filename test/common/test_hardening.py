@@ -102,10 +102,9 @@ def test_a_child_forked_while_another_thread_waits_in_init_fails_clearly():
     assert_void_mark_left(job)  # the parent ended while its thread waited (its mark for rank 1)
 
 
-SHUTDOWN_DURING_INIT = """
-import json, os, threading, time
-import tarantella as tnt
-failed = []
+# A thread of the script starts the core, its outcome in `failed`, while the main thread shuts the
+# core down (SHUTDOWN_DURING_INIT, SHUTDOWN_WHILE_INIT_PREPARES)
+INIT_IN_A_THREAD = """
 def start():
     try:
         tnt.init()
@@ -114,7 +113,13 @@ def start():
         failed.append(f"{type(exc).__name__}: {exc}")
 waiting = threading.Thread(target=start)
 waiting.start()
-deadline = time.monotonic() + 60
+"""
+
+SHUTDOWN_DURING_INIT = """
+import json, os, threading, time
+import tarantella as tnt
+failed = []
+""" + INIT_IN_A_THREAD + """deadline = time.monotonic() + 60
 while not os.path.exists("/dev/shm/tnt-" + os.environ["TNT_JOB_ID"]) and time.monotonic() < deadline:
     time.sleep(0.01)  # until the thread waits in tnt.init's set-up for rank 1, who is not started yet
 tnt.shutdown()  # a watchdog giving up on the start
@@ -703,15 +708,7 @@ def prepare():  # the mpi plugin built at its first use: seconds before the set-
     time.sleep(1.0)
     first_use()
 plugins.prepare, started, failed = prepare, threading.Event(), []
-def start():
-    try:
-        tnt.init()
-        failed.append(None)
-    except tnt.TarantellaError as exc:
-        failed.append(f"{type(exc).__name__}: {exc}")
-waiting = threading.Thread(target=start)
-waiting.start()
-started.wait(60)
+""" + INIT_IN_A_THREAD + """started.wait(60)
 tnt.shutdown()  # a watchdog giving up on the start
 waiting.join()
 print(json.dumps({"init": failed}), flush=True)
