@@ -91,8 +91,7 @@ static int cache_words(const tnt_negotiator_t *c) { return (c->cache_cap + 63) /
 
 tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
                                  const tnt_transport_t *transport, void *ts, tnt_pending_t *pending,
-                                 const tnt_topology_t *hier_topo) {
-  const int hierarchical = hier_topo != NULL;
+                                 int hierarchical) {
   memset(c, 0, sizeof *c);
   c->pl = pl;
   c->params = params;
@@ -128,8 +127,6 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   if (!c->bits_out || !c->bits_and) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   c->and_scratch = (tnt_and_scratch_t){c->msg_all, c->msg_max, c->msg_lens, c->pl->size, 0};
   c->next_full = 1; /* the first cycle checks protocol and cache size in full */
-  c->ride_slot = -1;
-  tnt_rides_setup(&c->rides, transport, params, pl->size, hier_topo, c->one_round_allreduce_bytes);
   return TNT_SUCCESS;
 }
 
@@ -162,9 +159,6 @@ void tnt_negotiate_teardown(tnt_negotiator_t *c) {
   c->msg_at = NULL;
   free(c->bits_out);
   free(c->bits_and);
-  free(c->ride_scaled);
-  c->ride_scaled = NULL;
-  c->ride_scaled_cap = 0;
   c->bits_out = c->bits_and = NULL;
   c->msg_out = c->msg_all = c->msg_mine = NULL;
   c->msg_lens = NULL;
@@ -558,38 +552,6 @@ static tnt_result_t check_messages(tnt_negotiator_t *c) {
   return TNT_SUCCESS;
 }
 
-/* The request that rides in this bit round (ride.h), if any: the only one
- * this rank has pending, a cached allreduce (not an integer average, which
- * runs its own two-part sum) too large for a full round's payload and small
- * enough to ride. *payload: its input times its factor, as add_payloads. */
-static tnt_result_t pick_ride(tnt_negotiator_t *c, const void **payload) {
-  c->ride_slot = -1;
-  if (!c->rides.most || c->pending->n != 1) return TNT_SUCCESS;
-  const tnt_request_t *req = c->pending->items[0];
-  const tnt_meta_t *m = &req->meta;
-  const tnt_dtype_t dt = (tnt_dtype_t)m->dtype;
-  const size_t bytes = (size_t)m->count * tnt_dtype_size(dt);
-  if (req->state != REQ_CACHED_SENT || m->coll != COLL_ALLREDUCE || bytes <= c->rides.above || bytes > c->rides.most ||
-      (m->op == TNT_AVERAGE && (dt == TNT_INT32 || dt == TNT_INT64)))
-    return TNT_SUCCESS;
-  double factor = req->prescale;
-  if (m->op == TNT_AVERAGE) factor /= c->pl->size;
-  *payload = req->in;
-  if (factor != 1.0) {
-    if (bytes > c->ride_scaled_cap) {
-      free(c->ride_scaled);
-      c->ride_scaled = malloc(bytes);
-      c->ride_scaled_cap = c->ride_scaled ? bytes : 0;
-      if (!c->ride_scaled) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
-    }
-    tnt_scale(dt, c->ride_scaled, req->in, factor, (size_t)m->count);
-    *payload = c->ride_scaled;
-  }
-  tnt_rides_prepare(&c->rides, (uint64_t)req->cache_slot << 32 | bytes, dt, m->count);
-  c->ride_slot = req->cache_slot;
-  return TNT_SUCCESS;
-}
-
 /* Publish this rank's part of the cycle: a full message, or a bit round's words. */
 static tnt_result_t post_cycle(tnt_negotiator_t *c) {
   const double deadline = tnt_now() + c->params->timeout_s;
@@ -597,10 +559,7 @@ static tnt_result_t post_cycle(tnt_negotiator_t *c) {
   c->cycle_bits = !c->next_full;
   if (c->cycle_bits) {
     build_bits(c);
-    const void *payload = NULL;
-    TNT_CHECK(pick_ride(c, &payload));
-    return tnt_and_post(c->transport, c->ts, &c->and_scratch, c->bits_out, BIT_HEAD + cache_words(c),
-                        c->ride_slot >= 0 ? &c->rides.ride : NULL, payload, deadline);
+    return tnt_and_post(c->transport, c->ts, &c->and_scratch, c->bits_out, BIT_HEAD + cache_words(c), deadline);
   }
   /* built where the transport publishes it, when it can say where (no copy of the payloads) */
   size_t capacity = 0;
@@ -671,22 +630,7 @@ static tnt_result_t merge_bits(tnt_negotiator_t *c, tnt_response_t **list, int *
     }
   }
   int cap = 0;
-  TNT_CHECK(ready_slots(c, v + BIT_HEAD, 0, list, n, &cap));
-  /* a ride that reached every rank is the slot's result (ride.h): every rank
-   * holds the same ranks, so every rank decides alike */
-  c->ride_sum = NULL;
-  if (c->ride_slot < 0) return TNT_SUCCESS;
-  uint64_t ranks = 0;
-  const void *sum = c->transport->ride_result(c->ts, &ranks);
-  const uint64_t every = c->pl->size >= 64 ? ~0ull : (1ull << c->pl->size) - 1;
-  if (!sum || ranks != every) return TNT_SUCCESS;
-  for (int i = 0; i < *n; i++)
-    if ((*list)[i].cache_slot == c->ride_slot && (*list)[i].error == TNT_SUCCESS) {
-      (*list)[i].one_round = 2;
-      c->ride_sum = sum;
-      atomic_fetch_add(&c->one_round, 1);
-    }
-  return TNT_SUCCESS;
+  return ready_slots(c, v + BIT_HEAD, 0, list, n, &cap);
 }
 
 static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, int *next_full);

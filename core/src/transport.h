@@ -37,21 +37,6 @@ enum { TNT_CHANNEL_FLAT = 0, TNT_CHANNEL_HOST = 1, TNT_CHANNEL_NET = 2 };
 
 typedef struct tnt_transport tnt_transport_t;
 
-/* A payload that rides in a bit round's messages (and_post_ride): a cached
- * allreduce's scaled input, summed along the AND's steps, so that a round
- * that finds every rank ready for it is also its allreduce. What is added to
- * what, in which order, is the core's (`combine`); the transport only carries
- * each sender's running sum beside its words, with the set of ranks in it. */
-typedef struct tnt_ride {
-  uint64_t tag; /* what the payload is (the core's: slot and size): sums of different tags are never added */
-  size_t bytes;
-  /* out = a + b, in the job's order of additions; `a_ranks`/`b_ranks`: bit r
-   * set where rank r's input is in it (disjoint). 0: these two cannot be added
-   * in that order (the transport then carries no sum from here on). */
-  int (*combine)(void *ctx, void *out, const void *a, uint64_t a_ranks, const void *b, uint64_t b_ranks);
-  void *ctx;
-} tnt_ride_t;
-
 struct tnt_transport {
   const char *name;
   /* 1 if this transport can serve the placement (e.g. shm: every rank on this host). */
@@ -149,19 +134,6 @@ struct tnt_transport {
    * same count on each of them. The completion wait's rule (tnt_spin_seconds)
    * reads it after init. NULL: the machine's online CPUs. */
   long (*cores)(void *state);
-  /* and_post whose messages also carry `ride` (docs/design.md, "Rides"):
-   * `payload` (ride->bytes, copied before the call returns) starts this
-   * rank's running sum; every step's message carries the sender's sum and
-   * its ranks where the sender still holds one, and a step whose partner sent
-   * one of the same tag adds it (ride->combine); a message without one, or of
-   * another tag, ends this rank's sum. `ride` stays valid until the collect.
-   * A plain and_post takes a ride message as its words alone. NULL: none. */
-  tnt_result_t (*and_post_ride)(void *state, const uint64_t *mine, int nwords, const tnt_ride_t *ride,
-                                const void *payload, double deadline);
-  /* After an and_collect: the running sum this rank ended the round with and
-   * its ranks (*ranks), or NULL where it holds none. Valid until the next
-   * and_post. */
-  const void *(*ride_result)(void *state, uint64_t *ranks);
 };
 
 extern const tnt_transport_t tnt_transport_shm;

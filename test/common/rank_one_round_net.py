@@ -1,7 +1,7 @@
 """Run inside every rank of a job over a network transport (mpi, gpi2): there a
 cached allreduce of up to 64 KiB rides with its bit for up to 4 ranks (one
-network latency instead of the ring's 2(N-1)), a larger one in the bit round
-(ride.h) with 2 ranks, and both give the sum; under Open MPI, the TCP eager limit that the plugin
+network latency instead of the ring's 2(N-1)), a larger one takes the ring,
+and both give the sum; under Open MPI, the TCP eager limit that the plugin
 sets unless the environment does. Writes OUTDIR/rank<r>.json."""
 import ctypes
 import json
@@ -28,7 +28,7 @@ def loop(count, calls):
 
 
 mid_ok, mid_one_round = loop(16384, 40)  # 64 KiB
-big_ok, big_one_round = loop(16385, 5)  # one element more: summed along the bit round
+big_ok, big_one_round = loop(16385, 5)  # one element more: the ring
 # the process's environment as MPI read it (os.environ is Python's copy from start-up)
 getenv = ctypes.CDLL(None).getenv
 getenv.restype = ctypes.c_char_p

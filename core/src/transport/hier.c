@@ -237,20 +237,6 @@ static tnt_result_t hier_and_collect(void *st, uint64_t *out, double until) {
   return h->net->and_collect(h->nts, out, until);
 }
 
-/* A bit round with a ride: the network transport's (the job-wide AND's
- * steps carry it), where it has one. */
-static tnt_result_t hier_and_post_ride(void *st, const uint64_t *mine, int nwords, const tnt_ride_t *ride,
-                                       const void *payload, double deadline) {
-  hier_t *h = st;
-  if (!h->net->and_post_ride) return tnt_fail(TNT_ERR_INTERNAL, "transport %s carries no rides", h->net->name);
-  return h->net->and_post_ride(h->nts, mine, nwords, ride, payload, deadline);
-}
-
-static const void *hier_ride_result(void *st, uint64_t *ranks) {
-  hier_t *h = st;
-  return h->net->ride_result ? h->net->ride_result(h->nts, ranks) : NULL;
-}
-
 /* The host's waits and the network's, added up. */
 static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
   hier_t *h = st;
@@ -304,6 +290,4 @@ const tnt_transport_t tnt_transport_hier = {
     .wait_stats = hier_wait_stats,
     .sendrecv = hier_sendrecv,
     .cores = hier_cores,
-    .and_post_ride = hier_and_post_ride,
-    .ride_result = hier_ride_result,
 };
