@@ -159,8 +159,9 @@ def build_parser(prog="tntrun"):
     multi.add_argument("-H", "--hosts", metavar="H1[:N],H2[:N]",
                        help="hosts to run on, comma separated (instead of --hostfile)")
     multi.add_argument("--n-per-node", "--devices-per-node", "--npernode", "--nproc-per-node",
-                       "-ppn", "--ntasks-per-node", dest="n_per_node", metavar="N",
-                       help="ranks on each host (N, or gpu/cpu/auto)")
+                       "--nproc_per_node", "-ppn", "--ntasks-per-node", dest="n_per_node", metavar="N",
+                       help="ranks on each host (N, or gpu/cpu/auto); without hosts, on this one "
+                            "(torchrun --nproc_per_node N)")
     multi.add_argument("--transport", choices=("auto", "shm", "mpi", "gpi2"),
                        help="transport between ranks (TNT_TRANSPORT; default auto: shm on one "
                             "host; across hosts shm within each host and mpi between hosts); gpi2 "
@@ -427,8 +428,13 @@ def main(argv=None):
             # node, for an allocation of one node (the ranks ran on the login node)
             return multi.run(args, command, job_id)
         if args.n_per_node is not None:
-            parser.error("--n-per-node is for several hosts: give --hostfile or --hosts too, "
-                         "or use -n N for N ranks on this host")
+            # one host is a host too: N ranks on it, as torchrun --nproc_per_node N and
+            # mpirun -npernode N run on one node
+            here = multi.ranks_per_node(args)
+            if args.n is not None and args.n != here:
+                parser.error(f"-n {args.n} and --n-per-node {args.n_per_node} ({here} ranks on this host) "
+                             "disagree: give one of them")
+            args.n = here
         if args.dry_run:
             specs = _local_plan(args, command, job_id, private_dir=None)
             _print_dry_run(specs, os.environ)

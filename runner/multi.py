@@ -25,7 +25,7 @@ def _gpu_places(args):
     return len(gpus.of_job(args)) * args.ranks_per_gpu
 
 
-def _per_node(args):
+def ranks_per_node(args):
     """Ranks per host from --n-per-node (N, gpu, cpu or auto), or None."""
     value = args.n_per_node
     if value is None:
@@ -153,7 +153,7 @@ def placement(args):
     if args.hostfile and args.hosts:
         raise UsageError("give --hostfile or --hosts, not both")
     hosts = hostfile.of_args(args)
-    per_node = _per_node(args)
+    per_node = ranks_per_node(args)
     if hosts is None:  # inside Slurm without a host list: the allocation's nodes
         return _slurm_placement(args, per_node), False
     if getattr(args, "prog", "tntrun") == "tarantella" and args.n is not None \

@@ -58,7 +58,8 @@ def test_version_read_in_part_ends_quietly():
     (["-x", "TNT_JOB_ID=mine", "--", "x.py"], "tntrun sets TNT_JOB_ID itself"),
     (["-x", "TNT_RANK=1", "--", "x.py"], "tntrun sets TNT_RANK itself"),
     (["--max-restarts", "3", "--", "x.py"], "restarts are not supported"),
-    (["--n-per-node", "2", "--", "x.py"], "--n-per-node is for several hosts"),
+    (["--n-per-node", "2", "-n", "3", "--", "x.py"],
+     "-n 3 and --n-per-node 2 (2 ranks on this host) disagree: give one of them"),
     (["--no-python", "--python-interpreter", "python", "--", "x.py"], "contradict"),
     (["-m", "--no-python", "--", "json.tool"], "-m/--module runs PROGRAM as `python -m PROGRAM`"),
     # an empty host list (an unset variable) ran the job on this host alone, without a word
@@ -150,6 +151,17 @@ def test_cleanup_with_a_host_list_says_it_acts_on_this_host_only(tmp_path):
     assert "nothing to do" in res.stdout + res.stderr  # this host's clean-up still ran
     res = run_tntrun(["-H", f"localhost:2,{platform.node()}:2", "--cleanup", "--", "x.py"])
     assert res.returncode == 0 and "WARNING" not in res.stderr, res.stderr
+
+
+def test_ranks_per_node_without_hosts_are_the_ranks_of_this_host():
+    # torchrun's spelling, both ways, runs that many ranks here (it was refused as "for several
+    # hosts", and --nproc_per_node first got a hint to write --nproc-per-node)
+    for flag in ("--nproc_per_node", "--nproc-per-node", "--n-per-node", "-ppn"):
+        res = run_tntrun([flag, "3", "--dry-run", "--", "x.py"])
+        assert res.returncode == 0 and "3 rank(s) on" in res.stdout, (flag, res.stdout, res.stderr)
+        assert "TNT_RANK=2 TNT_SIZE=3" in res.stdout, res.stdout
+    res = run_tntrun(["--n-per-node", "2", "-n", "2", "--dry-run", "--", "x.py"])  # agreeing: fine
+    assert res.returncode == 0 and "2 rank(s) on" in res.stdout, res.stderr
 
 
 def test_n_must_match_the_hostfile(tmp_path):
