@@ -223,6 +223,7 @@ class _Writer:
     def __init__(self):
         self._lock = threading.Lock()
         self.broken = set()
+        self.reader_gone = set()  # fds whose reader went away (EPIPE): `tntrun -l ... | head`
         self._mid_line = set()  # fds whose last write did not end a line
 
     def write(self, fd, data):
@@ -245,8 +246,10 @@ class _Writer:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-        except OSError:  # our reader went away (e.g. `| head`): keep draining, stop writing
+        except OSError as e:  # a terminal hung up, or our reader went away (`| head`): stop writing
             self.broken.add(fd)
+            if e.errno == errno.EPIPE:
+                self.reader_gone.add(fd)
             return
         if data.endswith(b"\n"):
             self._mid_line.discard(fd)
@@ -322,6 +325,12 @@ class _Forwarder(threading.Thread):
                     self.writer.write(self.out_fd, b"".join(self._labelled(ln) + b"\n" for ln in lines))
             else:
                 self.writer.write(self.out_fd, chunk)
+            if self.out_fd in self.writer.reader_gone:
+                # what the process writes has no reader any more: nor has its pipe from now on,
+                # so that its next write fails as it would on our stdout itself (a program
+                # piped into `head` ends with EPIPE or SIGPIPE), instead of the job running to
+                # its end unread and tntrun exiting 0
+                break
         if self.show and pending:
             self.writer.write(self.out_fd, self._labelled(bytes(pending)) + b"\n")
         self.pipe.close()

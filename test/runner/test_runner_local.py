@@ -452,3 +452,28 @@ def test_a_long_line_without_its_end_is_passed_on_in_linear_time(script, tmp_pat
                               env=runner_env(), timeout=90)
     assert proc.returncode == 0, proc.stderr
     assert out.stat().st_size == len(b"[0] ") + (128 << 20) + 1
+
+
+def test_labelled_output_whose_reader_goes_away_ends_the_job_as_unlabelled_output_does(script):
+    # `tntrun -l -- train.py | head` ran the whole job unread and exited 0, where without -l
+    # (and with plain python) the program's next write fails and the job ends. Now the rank's
+    # pipe loses its reader too: its next write fails (BrokenPipeError), and tntrun reports it.
+    # The program prints for ever: were the job kept going, wait() below would time out
+    path = script("""
+        i = 0
+        while True:
+            print("line", i, flush=True)
+            i += 1
+            time.sleep(0.01)
+    """)
+    proc = subprocess.Popen(TNTRUN + ["-n", "2", "-l", "--", path], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=runner_env())
+    first = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()  # what `head -3` does after its third line
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert all(re.match(rb"\[[01]\] line \d+\n", line) for line in first), first
+    assert proc.returncode == 1, err.decode()[-3000:]
+    assert b"BrokenPipeError" in err and b"Root cause" in err, err.decode()[-3000:]
