@@ -9,11 +9,12 @@
 #include "common.h"
 
 tnt_result_t tnt_and_post(const tnt_transport_t *t, void *ts, tnt_and_scratch_t *sc, const uint64_t *mine, int nwords,
-                          double deadline) {
+                          const tnt_ride_t *ride, const void *payload, double deadline) {
   if (nwords < 1 || nwords > TNT_AND_MAX_WORDS || (size_t)nwords * sizeof *mine > sc->stride)
     return tnt_fail(TNT_ERR_INTERNAL, "an AND-allreduce of %d words (1 to %d, and %zu bytes per rank)", nwords,
                     TNT_AND_MAX_WORDS, sc->stride);
   sc->nwords = nwords;
+  if (ride) return t->and_post_ride(ts, mine, nwords, ride, payload, deadline);
   if (t->and_post) return t->and_post(ts, mine, nwords, deadline);
   return t->exchange_post(ts, mine, (size_t)nwords * sizeof *mine, deadline);
 }

@@ -18,8 +18,10 @@ typedef struct {
   int nwords;   /* of the round in flight */
 } tnt_and_scratch_t;
 
+/* `ride`: a payload to carry in the round (transport.h's and_post_ride, which
+ * the transport must have); NULL: the words alone. */
 tnt_result_t tnt_and_post(const tnt_transport_t *t, void *ts, tnt_and_scratch_t *sc, const uint64_t *mine, int nwords,
-                          double deadline);
+                          const tnt_ride_t *ride, const void *payload, double deadline);
 /* TNT_IN_PROGRESS at `until`, as exchange_collect. */
 tnt_result_t tnt_and_collect(const tnt_transport_t *t, void *ts, tnt_and_scratch_t *sc, uint64_t *out, double until);
 

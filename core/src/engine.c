@@ -340,6 +340,12 @@ static tnt_result_t run_one_round(tnt_engine_t *c, tnt_request_t *req, const tnt
     tnt_timeline_event(c->timeline, req->name, "BROADCAST", t0, tnt_now_us(), "one round");
     return TNT_SUCCESS;
   }
+  if (resp->one_round == 2) { /* summed along the bit round's steps (ride.h) */
+    tnt_copy_unaliased(req->out, tnt_negotiate_ride_sum(&c->neg),
+                       (size_t)req->meta.count * tnt_dtype_size((tnt_dtype_t)req->meta.dtype));
+    tnt_timeline_event(c->timeline, req->name, "ALLREDUCE", t0, tnt_now_us(), "ride");
+    return TNT_SUCCESS;
+  }
   for (int q = 0; q < N; q++) contrib[q] = tnt_negotiate_payload(&c->neg, resp->cache_slot, q);
   /* the order of the data path this tensor would otherwise take: the same bits either way */
   if (c->hier)
@@ -736,7 +742,7 @@ tnt_result_t tnt_engine_start(tnt_engine_t *c, const tnt_placement_t *pl, const 
                                     params->shm_slots, params->timeout_s);
   if (res == TNT_SUCCESS) res = setup_hierarchy(c);
   if (res == TNT_SUCCESS) res = tnt_fusion_init(&c->fusion, pl->size);
-  if (res == TNT_SUCCESS) res = tnt_negotiate_setup(&c->neg, pl, params, transport, ts, &c->pending, c->hier);
+  if (res == TNT_SUCCESS) res = tnt_negotiate_setup(&c->neg, pl, params, transport, ts, &c->pending, c->hier ? &c->topo : NULL);
   if (res == TNT_SUCCESS) {
     c->small_scratch = malloc((size_t)pl->size * TNT_SMALL_ALLREDUCE_BYTES);
     if (!c->small_scratch) res = tnt_fail(TNT_ERR_SYSTEM, "out of memory");

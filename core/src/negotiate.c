@@ -91,7 +91,8 @@ static int cache_words(const tnt_negotiator_t *c) { return (c->cache_cap + 63) /
 
 tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
                                  const tnt_transport_t *transport, void *ts, tnt_pending_t *pending,
-                                 int hierarchical) {
+                                 const tnt_topology_t *hier_topo) {
+  const int hierarchical = hier_topo != NULL;
   memset(c, 0, sizeof *c);
   c->pl = pl;
   c->params = params;
@@ -127,6 +128,8 @@ tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl,
   if (!c->bits_out || !c->bits_and) return tnt_fail(TNT_ERR_SYSTEM, "out of memory");
   c->and_scratch = (tnt_and_scratch_t){c->msg_all, c->msg_max, c->msg_lens, c->pl->size, 0};
   c->next_full = 1; /* the first cycle checks protocol and cache size in full */
+  c->ride_slot = -1;
+  tnt_rides_setup(&c->rides, transport, ts, params, pl->rank, pl->size, hier_topo);
   return TNT_SUCCESS;
 }
 
@@ -335,6 +338,18 @@ size_t tnt_one_round_bytes(const tnt_transport_t *t, int size, int hierarchical,
   return size > 4 || hierarchical ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
 }
 
+/* A cached allreduce that rides in the bit round (ride.h) rather than in a
+ * full round: where the job's allreduces ride, the only request this rank
+ * has pending (several at once take a full round, each payload in it), not
+ * an integer average (which runs its own two-part sum), small enough. */
+static int would_ride(const tnt_negotiator_t *c, const tnt_request_t *req) {
+  const tnt_meta_t *m = &req->meta;
+  const tnt_dtype_t dt = (tnt_dtype_t)m->dtype;
+  return c->rides.most && c->pending->n == 1 && (req->state == REQ_CACHED || req->state == REQ_CACHED_SENT) &&
+         m->coll == COLL_ALLREDUCE && !(m->op == TNT_AVERAGE && (dt == TNT_INT32 || dt == TNT_INT64)) &&
+         (size_t)m->count * tnt_dtype_size(dt) <= c->rides.most;
+}
+
 /* A cached request whose payload may ride with its bit, when small: an
  * allreduce but an integer average (that one runs its own two-part sum), an
  * allgather, or a broadcast on its root (the only payload a broadcast needs). */
@@ -345,6 +360,7 @@ static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
     if (m->root != c->pl->rank) return 0;
   } else if (m->coll == COLL_ALLREDUCE) {
     if (m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64)) return 0;
+    if (would_ride(c, req)) return 0; /* in the bit round instead (ride.h) */
   } else if (m->coll != COLL_ALLGATHER) {
     return 0;
   }
@@ -552,6 +568,29 @@ static tnt_result_t check_messages(tnt_negotiator_t *c) {
   return TNT_SUCCESS;
 }
 
+/* The request that rides in this bit round (would_ride), if any.
+ * *payload: its input times its factor, as add_payloads, written where the
+ * ranks of this host read it (ride.h). */
+static tnt_result_t pick_ride(tnt_negotiator_t *c, const void **payload) {
+  c->ride_slot = -1;
+  if (c->pending->n != 1 || !would_ride(c, c->pending->items[0])) return TNT_SUCCESS;
+  const tnt_request_t *req = c->pending->items[0];
+  const tnt_meta_t *m = &req->meta;
+  const tnt_dtype_t dt = (tnt_dtype_t)m->dtype;
+  const size_t bytes = (size_t)m->count * tnt_dtype_size(dt);
+  double factor = req->prescale;
+  if (m->op == TNT_AVERAGE) factor /= c->pl->size;
+  /* the cycle's parity is every rank's: a peer reads this buffer in this round */
+  void *mine = tnt_rides_prepare(&c->rides, (uint64_t)req->cache_slot << 32 | bytes, dt, m->count,
+                                 (int)(c->cycles & 1), c->pl->rank);
+  if (!mine) return TNT_SUCCESS;
+  if (factor != 1.0) tnt_scale(dt, mine, req->in, factor, (size_t)m->count);
+  else tnt_copy_unaliased(mine, req->in, bytes);
+  *payload = mine;
+  c->ride_slot = req->cache_slot;
+  return TNT_SUCCESS;
+}
+
 /* Publish this rank's part of the cycle: a full message, or a bit round's words. */
 static tnt_result_t post_cycle(tnt_negotiator_t *c) {
   const double deadline = tnt_now() + c->params->timeout_s;
@@ -559,7 +598,10 @@ static tnt_result_t post_cycle(tnt_negotiator_t *c) {
   c->cycle_bits = !c->next_full;
   if (c->cycle_bits) {
     build_bits(c);
-    return tnt_and_post(c->transport, c->ts, &c->and_scratch, c->bits_out, BIT_HEAD + cache_words(c), deadline);
+    const void *payload = NULL;
+    TNT_CHECK(pick_ride(c, &payload));
+    return tnt_and_post(c->transport, c->ts, &c->and_scratch, c->bits_out, BIT_HEAD + cache_words(c),
+                        c->ride_slot >= 0 ? &c->rides.ride : NULL, payload, deadline);
   }
   /* built where the transport publishes it, when it can say where (no copy of the payloads) */
   size_t capacity = 0;
@@ -630,7 +672,22 @@ static tnt_result_t merge_bits(tnt_negotiator_t *c, tnt_response_t **list, int *
     }
   }
   int cap = 0;
-  return ready_slots(c, v + BIT_HEAD, 0, list, n, &cap);
+  TNT_CHECK(ready_slots(c, v + BIT_HEAD, 0, list, n, &cap));
+  /* a ride that reached every rank is the slot's result (ride.h): every rank
+   * holds the same ranks, so every rank decides alike */
+  c->ride_sum = NULL;
+  if (c->ride_slot < 0) return TNT_SUCCESS;
+  uint64_t ranks = 0;
+  const void *sum = c->transport->ride_result(c->ts, &ranks);
+  const uint64_t every = c->pl->size >= 64 ? ~0ull : (1ull << c->pl->size) - 1;
+  if (!sum || ranks != every) return TNT_SUCCESS;
+  for (int i = 0; i < *n; i++)
+    if ((*list)[i].cache_slot == c->ride_slot && (*list)[i].error == TNT_SUCCESS) {
+      (*list)[i].one_round = 2;
+      c->ride_sum = sum;
+      atomic_fetch_add(&c->one_round, 1);
+    }
+  return TNT_SUCCESS;
 }
 
 static tnt_result_t merge_full(tnt_negotiator_t *c, tnt_response_t **responses, int *nresponses, int *next_full);

@@ -12,6 +12,7 @@
 #include "params.h"
 #include "pending.h"
 #include "request.h"
+#include "ride.h"
 #include "transport.h"
 
 /* One name being negotiated through announcements (identical on every rank). */
@@ -43,7 +44,8 @@ typedef struct {
   tnt_result_t error;   /* TNT_ERR_MISMATCH, or success */
   char *error_msg;
   int cache_slot;       /* slot it is (or becomes) cached in, -1 if none */
-  int one_round;        /* the payloads it needs (every rank's; a broadcast's root's) rode with this cycle's messages: tnt_negotiate_payload */
+  int one_round;        /* the payloads it needs (every rank's; a broadcast's root's) rode with this cycle's messages:
+                         * 1: in a full round (tnt_negotiate_payload), 2: summed in the bit round (tnt_negotiate_ride_sum) */
 } tnt_response_t;
 
 /* A cached allreduce of at most this many bytes carries its (scaled) payload
@@ -112,14 +114,18 @@ typedef struct {
   _Atomic int64_t one_round;     /* allreduces, broadcasts and allgathers whose payload rode with their readiness bit */
   _Atomic int64_t bit_rounds;    /* cycles that were an AND of readiness bits */
   _Atomic int64_t full_rounds;   /* cycles that exchanged every rank's message */
+  tnt_rides_t rides;             /* which allreduces ride in their bit round (ride.h) */
+  int ride_slot;                 /* the slot riding in the bit round in flight, -1: none */
+  const void *ride_sum;          /* its sum, where the last cycle's ride reached every rank (one_round 2) */
   uint32_t *payload_at;          /* [cache_cap * size]: offset of rank q's payload for a slot in its message */
   uint64_t *payload_cycle;       /* [cache_cap * size]: the cycle (+1) that carried it */
 } tnt_negotiator_t;
 
-/* `hierarchical`: the engine's allreduce across hosts is (tnt_one_round_bytes). */
+/* `hier_topo`: the engine's topology where its allreduce across hosts is
+ * hierarchical (tnt_one_round_bytes, ride.h), else NULL. */
 tnt_result_t tnt_negotiate_setup(tnt_negotiator_t *c, const tnt_placement_t *pl, const tnt_params_t *params,
                                  const tnt_transport_t *transport, void *ts, tnt_pending_t *pending,
-                                 int hierarchical);
+                                 const tnt_topology_t *hier_topo);
 void tnt_negotiate_teardown(tnt_negotiator_t *c);
 /* 1 when this rank has something the others have not heard of yet. */
 int tnt_negotiate_has_news(tnt_negotiator_t *c);
@@ -167,6 +173,9 @@ static inline int tnt_negotiate_in_cycle(const tnt_negotiator_t *c) { return c->
  * until this rank's next exchange: read every one before any other collective
  * runs, engine.c). */
 const void *tnt_negotiate_payload(const tnt_negotiator_t *c, int slot, int q);
+/* The sum of a one_round 2 response of the last cycle: its result, valid
+ * until this rank's next bit round (engine.c reads it first). */
+static inline const void *tnt_negotiate_ride_sum(const tnt_negotiator_t *c) { return c->ride_sum; }
 /* awaited[r] = 1 for every peer some pending request still waits for. */
 void tnt_negotiate_awaited(tnt_negotiator_t *c, uint8_t *awaited);
 /* The ranks (as text, e.g. "1, 3") that have not submitted `req` yet, as far as

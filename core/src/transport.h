@@ -37,6 +37,27 @@ enum { TNT_CHANNEL_FLAT = 0, TNT_CHANNEL_HOST = 1, TNT_CHANNEL_NET = 2 };
 
 typedef struct tnt_transport tnt_transport_t;
 
+/* A payload that rides in a bit round's messages (and_post_ride): a cached
+ * allreduce's scaled input, summed along the AND's steps, so that a round
+ * that finds every rank ready for it is also its allreduce. What is added to
+ * what, in which order, is the core's (`combine`); the transport only carries
+ * each sender's running sum beside its words, with the set of ranks in it. */
+typedef struct tnt_ride {
+  uint64_t tag; /* what the payload is (the core's: slot and size): sums of different tags are never added */
+  size_t bytes;
+  /* The ranks that read a rank's own payload where it lies (the ranks of its
+   * host, over shared memory: transport.h's ride_shared): to one of them a
+   * rank that holds only its own payload sends no bytes, and the receiver's
+   * combine gets b = NULL for it. */
+  uint64_t shared;
+  /* out = a + b, in the job's order of additions; `a_ranks`/`b_ranks`: bit r
+   * set where rank r's input is in it (disjoint); b NULL: rank b_ranks's own
+   * payload, which the core reads where it lies. 0: these two cannot be added
+   * in that order (the transport then carries no sum from here on). */
+  int (*combine)(void *ctx, void *out, const void *a, uint64_t a_ranks, const void *b, uint64_t b_ranks);
+  void *ctx;
+} tnt_ride_t;
+
 struct tnt_transport {
   const char *name;
   /* 1 if this transport can serve the placement (e.g. shm: every rank on this host). */
@@ -134,6 +155,26 @@ struct tnt_transport {
    * same count on each of them. The completion wait's rule (tnt_spin_seconds)
    * reads it after init. NULL: the machine's online CPUs. */
   long (*cores)(void *state);
+  /* and_post whose messages also carry `ride` (docs/design.md, "Rides"):
+   * `payload` (ride->bytes, copied before the call returns) starts this
+   * rank's running sum; every step's message carries the sender's sum and
+   * its ranks where the sender still holds one, and a step whose partner sent
+   * one of the same tag adds it (ride->combine); a message without one, or of
+   * another tag, ends this rank's sum. `ride` and `payload` stay valid until
+   * the collect. A plain and_post takes a ride message as its words alone.
+   * NULL: none. */
+  tnt_result_t (*and_post_ride)(void *state, const uint64_t *mine, int nwords, const tnt_ride_t *ride,
+                                const void *payload, double deadline);
+  /* After an and_collect: the running sum this rank ended the round with and
+   * its ranks (*ranks), or NULL where it holds none. Valid until the next
+   * and_post. */
+  const void *(*ride_result)(void *state, uint64_t *ranks);
+  /* Where `rank`'s payload of a ride lies in memory this rank reads too (a
+   * rank of its host: ride->shared), for rides of cycle parity `parity`;
+   * *capacity its bytes. A rank writes its own there before its post; a peer
+   * reads it in the round, and the writer reuses it two rounds on, after the
+   * reader has posted the next. NULL: not here. */
+  void *(*ride_shared)(void *state, int rank, int parity, size_t *capacity);
 };
 
 extern const tnt_transport_t tnt_transport_shm;
@@ -142,6 +183,10 @@ extern const tnt_transport_t tnt_transport_shm;
  * size; pl->job_id must name this group's segment). */
 tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *params, size_t window_bytes,
                                 const int *global, void **state);
+/* Buffer `parity` of the exchange area of the group's member `rank` (its
+ * index), *capacity its bytes: for a user of the group that runs no exchange
+ * rounds over it (transport/hier.c's rides). */
+void *tnt_shm_exchange_area(void *state, int rank, int parity, size_t *capacity);
 /* shm within each host, mpi between hosts (transport/hier.c). */
 extern const tnt_transport_t tnt_transport_hier;
 /* The window that `peer`'s puts land in (differs per peer for tnt_transport_hier). */

@@ -27,7 +27,7 @@
 
 #include "transport.h"
 
-#define TNT_PLUGIN_ABI_VERSION 7
+#define TNT_PLUGIN_ABI_VERSION 8
 #define TNT_PLUGIN_ENTRY_PREFIX "tnt_transport_plugin_v"
 /* The entry a plugin built from these headers exports: tnt_transport_plugin_v<ABI>. */
 #define TNT_PLUGIN_ENTRY_NAME_(v) tnt_transport_plugin_v##v

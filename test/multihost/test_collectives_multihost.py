@@ -96,6 +96,7 @@ def test_every_collective_across_hosts(bed, tmp_path, layout, launcher, scheme):
     res = launcher(bed, tmp_path, layout, "collectives")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     n = len(hosts_of(layout))
+    pairs = layout in ("hostA:2,hostB:2", "hostA:1,hostB:1")
     # auto chose shm within hosts and mpi between them, and said why (rank 0 logs at INFO)
     assert re.search(r"transport shm\+mpi selected \(TNT_TRANSPORT=auto\): the %d ranks are on several hosts" % n,
                      res.stderr), res.stderr[-3000:]
@@ -107,15 +108,15 @@ def test_every_collective_across_hosts(bed, tmp_path, layout, launcher, scheme):
         assert w["failures"] == [], w["failures"]  # fused, alone or in one round: the same bits
     print("one-round calls per rank:", [w["one_round"] for w in where])
     # which cached calls may ride with the negotiation (3 each): up to 64 KiB where every rank
-    # has its host to itself or the hosts are uneven (flat ring), 16 KiB under the hierarchical
-    # allreduce, whose own path is faster there (tnt_one_round_bytes)
-    limit = (16 if layout == "hostA:2,hostB:2" else 64) << 10
+    # has its host to itself or the hosts are uneven (flat ring); under the hierarchical
+    # allreduce of 2 x 2, alone in their cycle, summed along the bit round, up to 64 KiB too
+    # (ride.h), and in a full round up to 16 KiB (tnt_one_round_bytes)
+    limit = 64 << 10
     may_ride = 3 * sum(n * size <= limit for size in (4, 2) for n in (1, 17, 1000, 3001, 4099, 20_000, 100_003))
     assert all(0 < w["one_round"] <= may_ride for w in where), ([w["one_round"] for w in where], may_ride)
     # a pair of ranks across 2 hosts (2 x 1, and each position's link of 2 x 2): the tensors
-    # above 16 KiB of both dtypes, alone and fused, summed in MPI's direct messages
-    # (TNT_MPI_PAIR_SUM); never with more hosts or uneven ones
-    pairs = layout in ("hostA:2,hostB:2", "hostA:1,hostB:1")
+    # above 16 KiB of both dtypes, fused (and alone, above what rides), summed in MPI's direct
+    # messages (TNT_MPI_PAIR_SUM); never with more hosts or uneven ones
     assert all((n > 0) == pairs for w in where for n in w["pair_sums"].values()), [w["pair_sums"] for w in where]
     # the large cached names called again negotiate in bit rounds (an AND across hosts)
     assert all(w["bit_rounds"] > 0 for w in where), [w["bit_rounds"] for w in where]
@@ -124,6 +125,34 @@ def test_every_collective_across_hosts(bed, tmp_path, layout, launcher, scheme):
     assert all(w["alone"] == where[0]["alone"] for w in where), [w["alone"] for w in where]
     assert shm_names(reports[0]["job"]) == []
     assert nothing_left(bed, bed.hosts)
+
+
+def test_allreduces_that_ride_their_bit_round_give_the_bits_of_the_usual_path(bed, tmp_path):
+    # 2 x 2: a cached allreduce alone in its cycle, up to 64 KiB, rides in its bit round
+    # (ride.h). The results must be those of the job with TNT_RIDES=0, bit for bit, on
+    # every rank, and every call of a steady loop must ride (a counter, not a timing)
+    import numpy as np
+    script = os.path.join(HERE, "rank_rides.py")
+    for rides in (1, 0):
+        out = tmp_path / f"rides{rides}"
+        out.mkdir()
+        res = bed.run("hostA", ["tntrun", "-H", "hostA:2,hostB:2", "--no-gpu", "-x", f"TNT_RIDES={rides}", "--",
+                                script, str(out)], env=env_for(bed, tmp_path), cwd=str(tmp_path), timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    runs = [(rides, r) for rides in (1, 0) for r in range(4)]
+    results = {run: np.load(tmp_path / f"rides{run[0]}" / f"rank{run[1]}.npz") for run in runs}
+    for name in results[(1, 0)].files:
+        for run in runs:
+            assert np.array_equal(results[run][name], results[(1, 0)][name]), (name, run)
+    for r in range(4):
+        with_rides = json.load(open(tmp_path / "rides1" / f"rank{r}.json"))
+        without = json.load(open(tmp_path / "rides0" / f"rank{r}.json"))
+        calls = with_rides["calls"]
+        assert with_rides["counts"] == {"f32_4b": calls, "f32_40k": calls, "f16_20k": calls, "f64_avg_32k": calls,
+                                        "i64_64k": calls, "i32_avg_40k": 0, "f32_100k": 0}, with_rides
+        # without rides: the small ones in a full round (tnt_one_round_bytes: 16 KiB here)
+        assert without["counts"] == {"f32_4b": calls, "f32_40k": 0, "f16_20k": 0, "f64_avg_32k": 0,
+                                     "i64_64k": 0, "i32_avg_40k": 0, "f32_100k": 0}, without
 
 
 def test_a_rank_killed_on_one_host_is_named_on_every_host(bed, tmp_path):

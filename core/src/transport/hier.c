@@ -237,6 +237,31 @@ static tnt_result_t hier_and_collect(void *st, uint64_t *out, double until) {
   return h->net->and_collect(h->nts, out, until);
 }
 
+/* A bit round with a ride: the network transport's (the job-wide AND's
+ * steps carry it), where it has one. */
+static tnt_result_t hier_and_post_ride(void *st, const uint64_t *mine, int nwords, const tnt_ride_t *ride,
+                                       const void *payload, double deadline) {
+  hier_t *h = st;
+  if (!h->net->and_post_ride) return tnt_fail(TNT_ERR_INTERNAL, "transport %s carries no rides", h->net->name);
+  return h->net->and_post_ride(h->nts, mine, nwords, ride, payload, deadline);
+}
+
+static const void *hier_ride_result(void *st, uint64_t *ranks) {
+  hier_t *h = st;
+  return h->net->ride_result ? h->net->ride_result(h->nts, ranks) : NULL;
+}
+
+/* A ride's payload of a rank of this host: in that rank's exchange area of the
+ * host's segment, which nothing else uses here (every exchange of this
+ * transport goes over the network), so that the step between the ranks of a
+ * host reads it in place instead of MPI carrying it through its own shared
+ * memory (docs/benchmarks.md, "Rides"). */
+static void *hier_ride_shared(void *st, int rank, int parity, size_t *capacity) {
+  hier_t *h = st;
+  *capacity = 0;
+  return local(h, rank) ? tnt_shm_exchange_area(h->lts, lid(h, rank), parity, capacity) : NULL;
+}
+
 /* The host's waits and the network's, added up. */
 static void hier_wait_stats(void *st, int64_t *spun, int64_t *yielded, int64_t *slept) {
   hier_t *h = st;
@@ -290,4 +315,7 @@ const tnt_transport_t tnt_transport_hier = {
     .wait_stats = hier_wait_stats,
     .sendrecv = hier_sendrecv,
     .cores = hier_cores,
+    .and_post_ride = hier_and_post_ride,
+    .ride_result = hier_ride_result,
+    .ride_shared = hier_ride_shared,
 };

@@ -1026,6 +1026,12 @@ static void *shm_exchange_buffer(void *st, size_t *capacity) {
   return s->exch_posted ? NULL : s->exch[s->pl.rank] + ((s->exch_round + 1) & 1) * SHM_EXCHANGE_BYTES;
 }
 
+void *tnt_shm_exchange_area(void *st, int rank, int parity, size_t *capacity) {
+  shm_t *s = st;
+  *capacity = SHM_EXCHANGE_BYTES;
+  return rank >= 0 && rank < s->pl.size ? s->exch[rank] + (size_t)(parity & 1) * SHM_EXCHANGE_BYTES : NULL;
+}
+
 /* The same, copied out into all[r * stride]. */
 static tnt_result_t shm_exchange_collect(void *st, void *all, size_t stride, size_t *lens, double until) {
   shm_t *s = st;

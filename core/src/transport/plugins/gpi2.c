@@ -219,6 +219,7 @@ typedef struct {
   double exch_deadline;
   size_t off_and_out;
   int and_pow, and_log, and_steps, and_nwords, and_step, and_sent, and_partner, and_posted;
+  int round_wait;  /* ROUND_AND or ROUND_EXCHANGE while a collect waits in a round (round_awaited) */
   tnt_result_t and_err;
   uint64_t *and_acc; /* [nwords] */
   double and_deadline;
@@ -734,7 +735,8 @@ static tnt_result_t poll_until(gpi2_t *s, ready_fn ready, void *arg, int from, d
         if (res == TNT_SUCCESS) res = check_job(&s->health, what);
         if (res == TNT_SUCCESS) res = check_gone(s, from, what);
       } else {
-        res = check_all(s, NULL, pids, what);
+        uint8_t mask[s->n];
+        res = check_all(s, round_awaited(s, mask), pids, what);
       }
     }
     pthread_mutex_unlock(&s->mu);

@@ -175,9 +175,26 @@ typedef struct {
   MPI_Request *and_req[2];        /* [and_steps] per round parity */
   int and_cap, and_nwords, and_steps, and_pow, and_log;
   _Atomic int and_posted;
+  int round_wait;            /* ROUND_AND or ROUND_EXCHANGE while a collect waits in a round (round_awaited) */
   int and_step, and_sent, and_partner;
   uint32_t and_round;
   double and_deadline;
+  /* a bit round's ride (transport.h's and_post_ride): per round parity,
+   * and_steps + 1 buffers of ride_stride bytes, each a whole message
+   * [header word | words | tag | ranks | payload at RIDE_AT]: buffer 0 a
+   * copy of this rank's payload (made when a step sends it), buffer k + 1 the
+   * sum of step k */
+  uint8_t *ride_buf[2];
+  size_t ride_stride[2];
+  const tnt_ride_t *ride; /* of the round in flight; NULL: none */
+  const uint8_t *ride_payload; /* this rank's own, the caller's (valid until the collect) */
+  int ride_at;            /* the buffer of this rank's running sum (0: its own payload); -1: none */
+  int ride_own_sent;      /* buffer 0 went out this round: it is not rewritten */
+  uint64_t ride_ranks;
+  uint8_t *ride_rbuf;     /* a partner's ride message (ride_rcap bytes) */
+  size_t ride_rcap;
+  MPI_Request ride_recv;  /* its receive in flight, else MPI_REQUEST_NULL */
+  int ride_rcount;
   doorbell_t door; /* woken by a local request (wake_local) */
   double next_beat;
   wedge_watch_t watch; /* ends this process if MPI never returns after a local peer died */
@@ -523,7 +540,8 @@ static tnt_result_t poll_until(mpi_t *s, ready_fn ready, void *arg, int from, do
         if (res == TNT_SUCCESS) res = check_job(&s->health, what);
         if (res == TNT_SUCCESS) res = check_gone(s, from, what);
       } else {
-        res = check_all(s, NULL, pids, what);
+        uint8_t mask[s->n];
+        res = check_all(s, round_awaited(s, mask), pids, what);
       }
     }
     pthread_mutex_unlock(&s->mu);
@@ -760,6 +778,8 @@ static void free_state(mpi_t *s) {
   }
   free(s->and_acc);
   free(s->and_rbuf);
+  for (int b = 0; b < 2; b++) free(s->ride_buf[b]);
+  free(s->ride_rbuf);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -874,6 +894,8 @@ static tnt_result_t mpi_init(const tnt_placement_t *pl, const tnt_params_t *para
     return failf(TNT_ERR_SYSTEM, -1, "out of memory");
   }
   pthread_mutex_init(&s->mu, NULL);
+  s->ride_recv = MPI_REQUEST_NULL;
+  s->ride_at = -1;
   rc = MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, comm, &req);
   res = rc == MPI_SUCCESS ? wait_setup(&req, deadline) : TNT_ERR_SYSTEM;
   if (res == TNT_ERR_TIMEOUT)
@@ -1361,15 +1383,89 @@ static int and_sends_done(mpi_t *s, void *arg) {
   return flag;
 }
 
-/* Send the running AND for this step (mu held); 0 on failure (sticky). */
+/* ---- rides (transport.h's and_post_ride) ---- */
+
+/* Where a ride message's payload begins: after its header word, the words
+ * (at most and_cap), the tag and the ranks. */
+#define RIDE_AT(s) (((size_t)(s)->and_cap + 3) * sizeof(uint64_t))
+
+static uint8_t *ride_buffer(mpi_t *s, int k) { return s->ride_buf[s->and_round & 1] + (size_t)k * s->ride_stride[s->and_round & 1]; }
+
+/* The round's buffers hold `bytes` of payload (the round's parity's sends
+ * are done: mpi_and_post waited for them). */
+static tnt_result_t ride_buffers(mpi_t *s, size_t bytes) {
+  const int b = s->and_round & 1;
+  const size_t stride = RIDE_AT(s) + bytes;
+  if (stride <= s->ride_stride[b]) return TNT_SUCCESS;
+  free(s->ride_buf[b]);
+  s->ride_buf[b] = malloc(stride * (size_t)(s->and_steps + 1));
+  s->ride_stride[b] = s->ride_buf[b] ? stride : 0;
+  return s->ride_buf[b] ? TNT_SUCCESS : failf(TNT_ERR_SYSTEM, -1, "out of memory for a bit round's payload");
+}
+
+/* This rank's running sum (ride_at >= 0). */
+static const uint8_t *ride_sum(mpi_t *s) {
+  return s->ride_at == 0 ? s->ride_payload : ride_buffer(s, s->ride_at) + RIDE_AT(s);
+}
+
+/* A partner's ride message (in ride_rbuf, `count` bytes, its words already
+ * ANDed in): add its sum to this rank's, or take it as the result in the
+ * last step of a rank above P; anything else ends this rank's sum. A message
+ * of the header alone is a partner's own payload, which the core reads where
+ * it lies (tnt_ride_t's `shared`). */
+static void ride_take(mpi_t *s, int count) {
+  const int step = s->and_step;
+  const size_t head = ((size_t)s->and_nwords + 1) * sizeof(uint64_t);
+  uint64_t tag, ranks;
+  memcpy(&tag, s->ride_rbuf + head, sizeof tag);
+  memcpy(&ranks, s->ride_rbuf + head + sizeof tag, sizeof ranks);
+  const size_t bytes = (size_t)count - head - 2 * sizeof(uint64_t);
+  const uint8_t *theirs = bytes ? s->ride_rbuf + head + 2 * sizeof(uint64_t) : NULL;
+  const int result = s->me >= s->and_pow && step == s->and_log + 1;
+  const int shared_own = !bytes && s->ride && (ranks == (1ull << and_partner(s, step))) && (s->ride->shared & ranks);
+  if (!s->ride || tag != s->ride->tag || (bytes != s->ride->bytes && !shared_own) || (result && !bytes) ||
+      (!result && s->ride_at < 0) || (!result && (ranks & s->ride_ranks))) {
+    s->ride_at = -1;
+    return;
+  }
+  uint8_t *out = ride_buffer(s, step + 1) + RIDE_AT(s);
+  if (result) {
+    memcpy(out, theirs, bytes);
+    s->ride_ranks = ranks;
+  } else {
+    if (!s->ride->combine(s->ride->ctx, out, ride_sum(s), s->ride_ranks, theirs, ranks)) {
+      s->ride_at = -1;
+      return;
+    }
+    s->ride_ranks |= ranks;
+  }
+  s->ride_at = step + 1;
+}
+
+/* Send the running AND for this step (mu held), with this rank's running sum
+ * where it holds one; 0 on failure (sticky). */
 static int and_send(mpi_t *s) {
   const int step = s->and_step, peer = and_partner(s, step);
   const size_t w = (size_t)s->and_nwords + 1;
   uint64_t *buf = s->and_sbuf[s->and_round & 1] + (size_t)step * w;
+  size_t len = w * sizeof(uint64_t);
+  if (s->ride_at == 0 && s->ride_own_sent) s->ride_at = -1; /* buffer 0 is out already (not on 2 x 2) */
+  if (s->ride_at >= 0) { /* the message ends where the sum begins */
+    /* its own payload only, to a rank that reads it where it lies: the header alone */
+    const int header_only = s->ride_at == 0 && (s->ride->shared & (1ull << peer));
+    uint8_t *sum = ride_buffer(s, s->ride_at) + RIDE_AT(s);
+    if (s->ride_at == 0) {
+      if (!header_only) memcpy(sum, s->ride_payload, s->ride->bytes);
+      s->ride_own_sent = 1;
+    }
+    buf = (uint64_t *)(sum - len - 2 * sizeof(uint64_t));
+    buf[w] = s->ride->tag;
+    buf[w + 1] = s->ride_ranks;
+    len += 2 * sizeof(uint64_t) + (header_only ? 0 : s->ride->bytes);
+  }
   buf[0] = and_tag(s->and_round, step);
   memcpy(buf + 1, s->and_acc + 1, (size_t)s->and_nwords * sizeof(uint64_t));
-  int rc = MPI_Isend(buf, (int)(w * sizeof(uint64_t)), MPI_BYTE, peer, TAG_AND, s->comm,
-                     &s->and_req[s->and_round & 1][step]);
+  int rc = MPI_Isend(buf, (int)len, MPI_BYTE, peer, TAG_AND, s->comm, &s->and_req[s->and_round & 1][step]);
   if (rc != MPI_SUCCESS) {
     char e[MPI_MAX_ERROR_STRING];
     s->and_req[s->and_round & 1][step] = MPI_REQUEST_NULL;
@@ -1382,31 +1478,57 @@ static int and_send(mpi_t *s) {
 }
 
 /* Take the partner's message of this step if it is here (mu held): 1 when
- * taken (ANDed in, or the result itself in the last step above P). */
+ * taken (ANDed in, or the result itself in the last step above P). A ride
+ * message is received into ride_rbuf without blocking: its payload may take
+ * a while over TCP, and a wait must keep its deadline. */
 static int and_receive(mpi_t *s) {
   const int step = s->and_step, peer = and_partner(s, step);
-  int flag = 0;
-  MPI_Message msg;
-  MPI_Status st;
-  if (MPI_Improbe(peer, TAG_AND, s->comm, &flag, &msg, &st) != MPI_SUCCESS) {
-    sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not probe for rank %d's bit round", s->me, peer);
-    return 0;
-  }
-  if (!flag) return 0;
+  const size_t w = (size_t)s->and_nwords + 1, words = w * sizeof(uint64_t);
   int count = 0;
-  MPI_Get_count(&st, MPI_BYTE, &count);
-  const size_t w = (size_t)s->and_nwords + 1;
-  if (count != (int)(w * sizeof(uint64_t))) {
-    uint8_t *junk = malloc(count > 0 ? (size_t)count : 1);
-    MPI_Mrecv(junk, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
-    free(junk);
-    sticky(&s->health, TNT_ERR_INTERNAL, peer, "rank %d sent a bit round of %d bytes, rank %d expected %zu: the ranks "
-           "have diverged (different TNT_* settings or library versions?)", peer, count, s->me, w * sizeof(uint64_t));
-    return 0;
-  }
-  if (MPI_Mrecv(s->and_rbuf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-    sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not receive rank %d's bit round", s->me, peer);
-    return 0;
+  if (s->ride_recv != MPI_REQUEST_NULL) { /* a ride message on its way in */
+    int done = 0;
+    if (MPI_Test(&s->ride_recv, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not receive rank %d's bit round", s->me, peer);
+      return 0;
+    }
+    if (!done) return 0;
+    count = s->ride_rcount;
+    memcpy(s->and_rbuf, s->ride_rbuf, words);
+  } else {
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    if (MPI_Improbe(peer, TAG_AND, s->comm, &flag, &msg, &st) != MPI_SUCCESS) {
+      sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not probe for rank %d's bit round", s->me, peer);
+      return 0;
+    }
+    if (!flag) return 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    if (count != (int)words && count < (int)(words + 2 * sizeof(uint64_t))) {
+      uint8_t *junk = malloc(count > 0 ? (size_t)count : 1);
+      MPI_Mrecv(junk, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+      free(junk);
+      sticky(&s->health, TNT_ERR_INTERNAL, peer, "rank %d sent a bit round of %d bytes, rank %d expected %zu: the ranks "
+             "have diverged (different TNT_* settings or library versions?)", peer, count, s->me, words);
+      return 0;
+    }
+    if (count != (int)words) { /* a ride: receive it in the background */
+      if ((size_t)count > s->ride_rcap) {
+        free(s->ride_rbuf);
+        s->ride_rbuf = malloc((size_t)count);
+        s->ride_rcap = s->ride_rbuf ? (size_t)count : 0;
+      }
+      if (!s->ride_rbuf || MPI_Imrecv(s->ride_rbuf, count, MPI_BYTE, &msg, &s->ride_recv) != MPI_SUCCESS) {
+        sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not receive rank %d's bit round", s->me, peer);
+        return 0;
+      }
+      s->ride_rcount = count;
+      return and_receive(s);
+    }
+    if (MPI_Mrecv(s->and_rbuf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      sticky(&s->health, TNT_ERR_PEER_LOST, peer, "rank %d could not receive rank %d's bit round", s->me, peer);
+      return 0;
+    }
   }
   s->health.peer[peer].last_heard = host->now();
   if (s->and_rbuf[0] != and_tag(s->and_round, step)) {
@@ -1416,6 +1538,8 @@ static int and_receive(mpi_t *s) {
     return 0;
   }
   for (size_t k = 1; k < w; k++) s->and_acc[k] &= s->and_rbuf[k];
+  if (count != (int)words) ride_take(s, count);
+  else s->ride_at = -1; /* the partner holds no sum: neither does this rank from here on */
   return 1;
 }
 
@@ -1436,8 +1560,8 @@ static int and_advance(mpi_t *s, void *arg) {
   return 1;
 }
 
-static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, double deadline) {
-  mpi_t *s = st;
+static tnt_result_t and_post(mpi_t *s, const uint64_t *mine, int nwords, const tnt_ride_t *ride, const void *payload,
+                             double deadline) {
   if (s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round posted twice");
   if (nwords < 1) return failf(TNT_ERR_INTERNAL, -1, "a bit round of %d words", nwords);
   if (nwords > s->and_cap && s->and_cap) return failf(TNT_ERR_INTERNAL, -1, "a bit round grew to %d words", nwords);
@@ -1451,6 +1575,18 @@ static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, dou
   if (res != TNT_SUCCESS) return res;
   pthread_mutex_lock(&s->mu);
   s->and_round = round;
+  s->ride = ride;
+  s->ride_at = -1;
+  if (ride) {
+    if ((res = ride_buffers(s, ride->bytes)) != TNT_SUCCESS) {
+      pthread_mutex_unlock(&s->mu);
+      return res;
+    }
+    s->ride_payload = payload;
+    s->ride_own_sent = 0;
+    s->ride_at = 0;
+    s->ride_ranks = 1ull << s->me;
+  }
   s->and_nwords = nwords;
   s->and_acc[0] = 0;
   memcpy(s->and_acc + 1, mine, (size_t)nwords * sizeof *mine);
@@ -1461,6 +1597,24 @@ static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, dou
   and_advance(s, NULL); /* the first send leaves now */
   pthread_mutex_unlock(&s->mu);
   return TNT_SUCCESS;
+}
+
+static tnt_result_t mpi_and_post(void *st, const uint64_t *mine, int nwords, double deadline) {
+  return and_post(st, mine, nwords, NULL, NULL, deadline);
+}
+
+static tnt_result_t mpi_and_post_ride(void *st, const uint64_t *mine, int nwords, const tnt_ride_t *ride,
+                                      const void *payload, double deadline) {
+  mpi_t *s = st;
+  if (s->n > 64) return failf(TNT_ERR_INTERNAL, -1, "a ride among %d ranks (64 at most)", s->n);
+  return and_post(s, mine, nwords, ride, payload, deadline);
+}
+
+static const void *mpi_ride_result(void *st, uint64_t *ranks) {
+  mpi_t *s = st;
+  if (s->and_posted || !s->ride || s->ride_at < 0) return NULL;
+  *ranks = s->ride_ranks;
+  return ride_sum(s);
 }
 
 static tnt_result_t mpi_and_collect(void *st, uint64_t *out, double until) {
@@ -1568,7 +1722,13 @@ static void mpi_finalize(void *st) {
       if (s->and_req[b][k] != MPI_REQUEST_NULL) {
         MPI_Request_free(&s->and_req[b][k]);
         s->and_sbuf[b] = NULL;
+        s->ride_buf[b] = NULL; /* the send may be a ride's */
       }
+  if (s->ride_recv != MPI_REQUEST_NULL) { /* MPI may still write there: left to it */
+    MPI_Cancel(&s->ride_recv);
+    MPI_Request_free(&s->ride_recv);
+    s->ride_rbuf = NULL;
+  }
   /* the communicator is never freed: Open MPI gives a freed communicator's
    * context id to the next one, and a message still in flight to this one (a
    * peer's BYE) would land in the communicator of the next tnt_init */
@@ -1602,6 +1762,8 @@ static const tnt_transport_t transport = {
     .sendrecv = mpi_sendrecv,
     .wait_stats = plugin_wait_stats,
     .cores = plugin_cores,
+    .and_post_ride = mpi_and_post_ride,
+    .ride_result = mpi_ride_result,
 };
 
 static const tnt_plugin_t plugin = {

@@ -57,6 +57,33 @@ static int and_advance(PLUGIN_STATE *s, void *arg);
 /* Every peer: lost ones first, so that the error names the lost rank rather
  * than one that aborted because of it; a clean shutdown only for `awaited`
  * ranks (NULL: all). mu held. */
+enum { ROUND_NONE = 0, ROUND_AND = 1, ROUND_EXCHANGE = 2 };
+static int and_receives(const PLUGIN_STATE *s, int step); /* the plugin's own */
+static int and_partner(const PLUGIN_STATE *s, int step);
+
+/* The ranks whose messages the round this rank's collect waits in still
+ * needs (mask[r] = 1), or NULL outside such a wait: a peer that shut down
+ * after its part of the round is no failure of the round. A bit round's
+ * partners of the steps to come (the others' words reach this rank through
+ * them; a rank that left without its part fails its partner, whose abort
+ * reaches this one); an exchange's ranks whose message is missing. Where a
+ * rank that finished the round and shut down counted, a rank still waiting
+ * for a later step's message failed, naming it, while that message was on
+ * its way (more likely the larger the message: seen with 64 KiB). */
+static const uint8_t *round_awaited(PLUGIN_STATE *s, uint8_t *mask) {
+  if (s->round_wait == ROUND_NONE) return NULL;
+  memset(mask, 0, (size_t)s->n);
+  if (s->round_wait == ROUND_AND) {
+    for (int k = s->and_step; k < s->and_steps; k++) {
+      const int p = and_partner(s, k);
+      if (p >= 0 && and_receives(s, k)) mask[p] = 1;
+    }
+  } else {
+    for (int r = 0; r < s->n; r++) mask[r] = !s->peers[r].exch_got;
+  }
+  return mask;
+}
+
 static tnt_result_t check_all(PLUGIN_STATE *s, const uint8_t *awaited, int pids, const char *what) {
   double now = host->now();
   tnt_result_t res;
@@ -100,7 +127,9 @@ static tnt_result_t poll_round(PLUGIN_STATE *s, ready_fn ready, double round_dea
 static tnt_result_t exchange_wait(PLUGIN_STATE *s, double until) {
   if (!s->posted) return failf(TNT_ERR_INTERNAL, -1, "exchange collected before it was posted");
   const char *what = "negotiating with the other ranks";
+  s->round_wait = ROUND_EXCHANGE;
   tnt_result_t res = poll_round(s, exchange_arrived, s->exch_deadline, until, what);
+  s->round_wait = ROUND_NONE;
   if (res == TNT_ERR_TIMEOUT) {
     int first = -1; /* the first rank whose message is missing */
     for (int r = 0; r < s->n && first < 0; r++)
@@ -115,7 +144,9 @@ static tnt_result_t exchange_wait(PLUGIN_STATE *s, double until) {
 static tnt_result_t and_wait(PLUGIN_STATE *s, double until) {
   if (!s->and_posted) return failf(TNT_ERR_INTERNAL, -1, "bit round collected before it was posted");
   const char *what = "in a bit round of the negotiation";
+  s->round_wait = ROUND_AND;
   tnt_result_t res = poll_round(s, and_advance, s->and_deadline, until, what);
+  s->round_wait = ROUND_NONE;
   return res == TNT_ERR_TIMEOUT ? timed_out(&s->health, s->and_partner, what) : res;
 }
 
