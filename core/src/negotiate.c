@@ -586,6 +586,8 @@ static tnt_result_t pick_ride(tnt_negotiator_t *c, const void **payload) {
   if (!mine) return TNT_SUCCESS;
   if (factor != 1.0) tnt_scale(dt, mine, req->in, factor, (size_t)m->count);
   else tnt_copy_unaliased(mine, req->in, bytes);
+  /* before the message that tells the host's other rank to read it (ride.c's acquire) */
+  atomic_thread_fence(memory_order_release);
   *payload = mine;
   c->ride_slot = req->cache_slot;
   return TNT_SUCCESS;

@@ -1,6 +1,8 @@
 /* ride.c - see ride.h. */
 #include "ride.h"
 
+#include <stdatomic.h>
+
 #include "coll/ring.h"
 #include "common.h"
 
@@ -30,6 +32,8 @@ static int combine(void *ctx, void *out, const void *a, uint64_t a_ranks, const 
     size_t cap = 0;
     if (rb < 0 || !r->t->ride_shared || !(b = r->t->ride_shared(r->ts, rb, r->parity, &cap)) || cap < r->ride.bytes)
       return 0;
+    /* its writes came before its message (negotiate.c's release): read after it */
+    atomic_thread_fence(memory_order_acquire);
   }
   const uint8_t *A = a, *B = b;
   if (ra >= 0 && rb >= 0) { /* the step inside a host */
