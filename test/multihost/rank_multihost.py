@@ -14,6 +14,8 @@ by mpirun directly), so that one launch checks many things:
                                          kill: the last rank SIGKILLs itself in an allreduce, the
                                          others print what they raised (JSON on stdout); in a
                                          child, whose end this process shows 3 s later
+    rank_multihost.py OUTDIR kill-one-round   the same in a cached 64 KB allreduce (on 2 x 2 it
+                                         rides in the bit round, ride.h)
     rank_multihost.py OUTDIR init        only tnt.init(): its error, if any, in OUTDIR/init<r>.json (r: the
                                          engine's rank), then exit 3 after 3 s (a bare mpirun with
                                          settings that differ between hosts)
@@ -38,7 +40,7 @@ from tarantella.common import core
 
 outdir, mode = sys.argv[1], sys.argv[2]
 COMMON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common")
-if mode == "kill":
+if mode in ("kill", "kill-one-round"):
     # The rank runs in a child; this process, which the launcher watches, ends 3 s after it,
     # the same way: mpirun stops every rank as soon as one ends badly, and would otherwise
     # stop the survivors before they can show what they raised.
@@ -46,7 +48,7 @@ if mode == "kill":
         f.write(os.environ["TNT_JOB_ID"])
     child = os.fork()
     if child == 0:  # exits as any rank does (its SystemExit; Tarantella shuts down at exit)
-        sys.argv = [os.path.join(COMMON, "rank_failures.py"), "kill"]
+        sys.argv = [os.path.join(COMMON, "rank_failures.py"), mode]
         runpy.run_path(sys.argv[0], run_name="__main__")
         sys.exit(0)
     _, status = os.waitpid(child, 0)

@@ -155,10 +155,12 @@ def test_allreduces_that_ride_their_bit_round_give_the_bits_of_the_usual_path(be
                                      "i64_64k": 0, "i32_avg_40k": 0, "f32_100k": 0}, without
 
 
-def test_a_rank_killed_on_one_host_is_named_on_every_host(bed, tmp_path):
+@pytest.mark.parametrize("mode", ["kill", "kill-one-round"], ids=["announced", "riding"])
+def test_a_rank_killed_on_one_host_is_named_on_every_host(bed, tmp_path, mode):
     # rank 3 (hostB) SIGKILLs itself inside an allreduce: rank 2 shares its host (shm), ranks 0
-    # and 1 are on hostA (mpi). Every rank on every host raises, naming it
-    res = tntrun(bed, tmp_path, "hostA:2,hostB:2", "kill")
+    # and 1 are on hostA (mpi). Every rank on every host raises, naming it. "riding": 64 KB
+    # under one name, cached, so that the others wait in a bit round that carries it (ride.h)
+    res = tntrun(bed, tmp_path, "hostA:2,hostB:2", mode)
     by_rank = {}
     for line in json_lines(res.stdout):
         by_rank.setdefault(line["rank"], []).append(line)
