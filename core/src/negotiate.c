@@ -338,6 +338,24 @@ size_t tnt_one_round_bytes(const tnt_transport_t *t, int size, int hierarchical,
   return size > 4 || hierarchical ? TNT_ONE_ROUND_BYTES : TNT_ONE_ROUND_NET_BYTES;
 }
 
+/* An integer average: it runs its own two-part sum (engine.c), never in one round. */
+static int int_average(const tnt_meta_t *m) {
+  return m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64);
+}
+
+/* A request's payload as every rank's one-round path adds it, written at dst:
+ * an allreduce's input times its factor (prescale, and 1/N for a
+ * floating-point average), what the small path would send; a broadcast
+ * root's or an allgather's input as it is. */
+static void write_payload(const tnt_negotiator_t *c, const tnt_request_t *req, void *dst) {
+  const tnt_dtype_t dt = (tnt_dtype_t)req->meta.dtype;
+  const size_t bytes = (size_t)req->meta.count * tnt_dtype_size(dt);
+  double factor = req->meta.coll == COLL_ALLREDUCE ? req->prescale : 1.0;
+  if (req->meta.coll == COLL_ALLREDUCE && req->meta.op == TNT_AVERAGE) factor /= c->pl->size;
+  if (factor != 1.0) tnt_scale(dt, dst, req->in, factor, (size_t)req->meta.count);
+  else if (bytes) tnt_copy_unaliased(dst, req->in, bytes);
+}
+
 /* A cached allreduce that rides in the bit round (ride.h) rather than in a
  * full round: where the job's allreduces ride, the only request this rank
  * has pending (several at once take a full round, each payload in it), not
@@ -346,8 +364,7 @@ static int would_ride(const tnt_negotiator_t *c, const tnt_request_t *req) {
   const tnt_meta_t *m = &req->meta;
   const tnt_dtype_t dt = (tnt_dtype_t)m->dtype;
   return c->rides.most && c->pending->n == 1 && (req->state == REQ_CACHED || req->state == REQ_CACHED_SENT) &&
-         m->coll == COLL_ALLREDUCE && !(m->op == TNT_AVERAGE && (dt == TNT_INT32 || dt == TNT_INT64)) &&
-         (size_t)m->count * tnt_dtype_size(dt) <= c->rides.most;
+         m->coll == COLL_ALLREDUCE && !int_average(m) && (size_t)m->count * tnt_dtype_size(dt) <= c->rides.most;
 }
 
 /* A cached request whose payload may ride with its bit, when small: an
@@ -359,7 +376,7 @@ static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
   if (m->coll == COLL_BROADCAST) {
     if (m->root != c->pl->rank) return 0;
   } else if (m->coll == COLL_ALLREDUCE) {
-    if (m->op == TNT_AVERAGE && (m->dtype == TNT_INT32 || m->dtype == TNT_INT64)) return 0;
+    if (int_average(m)) return 0;
     if (would_ride(c, req)) return 0; /* in the bit round instead (ride.h) */
   } else if (m->coll != COLL_ALLGATHER) {
     return 0;
@@ -369,10 +386,8 @@ static int rides_with_bit(const tnt_negotiator_t *c, const tnt_request_t *req) {
 }
 
 /* Append the payloads of the cached small requests (after the bits, which
- * build_message set): an allreduce's input times its factor (prescale, and
- * 1/N for a floating-point average), what the small path would send; a
- * broadcast root's or an allgather's input as it is. A payload that does not fit goes without:
- * its slot then runs the usual way. */
+ * build_message set; write_payload). A payload that does not fit goes
+ * without: its slot then runs the usual way. */
 static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
   msg_hdr_t *hdr = (msg_hdr_t *)msg;
   size_t at = align8(used);
@@ -384,10 +399,7 @@ static size_t add_payloads(tnt_negotiator_t *c, uint8_t *msg, size_t used) {
     if (at + sizeof(payload_hdr_t) + align8(bytes) > c->msg_max) continue;
     payload_hdr_t ph = {(uint32_t)req->cache_slot, (uint32_t)bytes};
     memcpy(msg + at, &ph, sizeof ph);
-    double factor = req->meta.coll == COLL_ALLREDUCE ? req->prescale : 1.0;
-    if (req->meta.coll == COLL_ALLREDUCE && req->meta.op == TNT_AVERAGE) factor /= c->pl->size;
-    if (factor != 1.0) tnt_scale(dt, msg + at + sizeof ph, req->in, factor, (size_t)req->meta.count);
-    else if (bytes) tnt_copy_unaliased(msg + at + sizeof ph, req->in, bytes);
+    write_payload(c, req, msg + at + sizeof ph);
     at += sizeof ph + align8(bytes);
     hdr->n_payloads++;
   }
@@ -569,8 +581,7 @@ static tnt_result_t check_messages(tnt_negotiator_t *c) {
 }
 
 /* The request that rides in this bit round (would_ride), if any.
- * *payload: its input times its factor, as add_payloads, written where the
- * ranks of this host read it (ride.h). */
+ * *payload: write_payload's, where the ranks of this host read it (ride.h). */
 static tnt_result_t pick_ride(tnt_negotiator_t *c, const void **payload) {
   c->ride_slot = -1;
   if (c->pending->n != 1 || !would_ride(c, c->pending->items[0])) return TNT_SUCCESS;
@@ -578,14 +589,11 @@ static tnt_result_t pick_ride(tnt_negotiator_t *c, const void **payload) {
   const tnt_meta_t *m = &req->meta;
   const tnt_dtype_t dt = (tnt_dtype_t)m->dtype;
   const size_t bytes = (size_t)m->count * tnt_dtype_size(dt);
-  double factor = req->prescale;
-  if (m->op == TNT_AVERAGE) factor /= c->pl->size;
   /* the cycle's parity is every rank's: a peer reads this buffer in this round */
   void *mine = tnt_rides_prepare(&c->rides, (uint64_t)req->cache_slot << 32 | bytes, dt, m->count,
                                  (int)(c->cycles & 1), c->pl->rank);
   if (!mine) return TNT_SUCCESS;
-  if (factor != 1.0) tnt_scale(dt, mine, req->in, factor, (size_t)m->count);
-  else tnt_copy_unaliased(mine, req->in, bytes);
+  write_payload(c, req, mine);
   /* before the message that tells the host's other rank to read it (ride.c's acquire) */
   atomic_thread_fence(memory_order_release);
   *payload = mine;

@@ -34,8 +34,8 @@
 
 /* The largest allreduce that rides: its message across, with the words, must
  * leave without MPI's rendezvous (under the mpi plugin's 72 KiB eager limit
- * for Open MPI's TCP): 128 KB took 0.73x the time of the usual path, 32-64 KB
- * 1.2-1.45x and 4 B - 16 KB 1.4-2.1x (docs/benchmarks.md, "Rides"). */
+ * for Open MPI's TCP): riding, 128 KB went 0.73x as fast as the usual path;
+ * 4 B - 64 KB go 1.14-1.82x as fast (docs/benchmarks.md, "Rides"). */
 #define TNT_RIDE_MAX_BYTES (64 * 1024)
 
 typedef struct {

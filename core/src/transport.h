@@ -156,8 +156,7 @@ struct tnt_transport {
    * reads it after init. NULL: the machine's online CPUs. */
   long (*cores)(void *state);
   /* and_post whose messages also carry `ride` (docs/design.md, "Rides"):
-   * `payload` (ride->bytes, copied before the call returns) starts this
-   * rank's running sum; every step's message carries the sender's sum and
+   * `payload` (ride->bytes) starts this rank's running sum; every step's message carries the sender's sum and
    * its ranks where the sender still holds one, and a step whose partner sent
    * one of the same tag adds it (ride->combine); a message without one, or of
    * another tag, ends this rank's sum. `ride` and `payload` stay valid until

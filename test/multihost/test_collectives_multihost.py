@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from multihost_helpers import cut_off, job_env, nothing_left
@@ -131,7 +132,6 @@ def test_allreduces_that_ride_their_bit_round_give_the_bits_of_the_usual_path(be
     # 2 x 2: a cached allreduce alone in its cycle, up to 64 KiB, rides in its bit round
     # (ride.h). The results must be those of the job with TNT_RIDES=0, bit for bit, on
     # every rank, and every call of a steady loop must ride (a counter, not a timing)
-    import numpy as np
     script = os.path.join(HERE, "rank_rides.py")
     for rides in (1, 0):
         out = tmp_path / f"rides{rides}"

@@ -182,14 +182,13 @@ typedef struct {
   /* a bit round's ride (transport.h's and_post_ride): per round parity,
    * and_steps + 1 buffers of ride_stride bytes, each a whole message
    * [header word | words | tag | ranks | payload at RIDE_AT]: buffer 0 a
-   * copy of this rank's payload (made when a step sends it), buffer k + 1 the
-   * sum of step k */
+   * copy of this rank's payload (made when a step sends it: at most one does,
+   * the next adds into buffer k + 1), buffer k + 1 the sum of step k */
   uint8_t *ride_buf[2];
   size_t ride_stride[2];
   const tnt_ride_t *ride; /* of the round in flight; NULL: none */
   const uint8_t *ride_payload; /* this rank's own, the caller's (valid until the collect) */
   int ride_at;            /* the buffer of this rank's running sum (0: its own payload); -1: none */
-  int ride_own_sent;      /* buffer 0 went out this round: it is not rewritten */
   uint64_t ride_ranks;
   uint8_t *ride_rbuf;     /* a partner's ride message (ride_rcap bytes) */
   size_t ride_rcap;
@@ -1449,15 +1448,11 @@ static int and_send(mpi_t *s) {
   const size_t w = (size_t)s->and_nwords + 1;
   uint64_t *buf = s->and_sbuf[s->and_round & 1] + (size_t)step * w;
   size_t len = w * sizeof(uint64_t);
-  if (s->ride_at == 0 && s->ride_own_sent) s->ride_at = -1; /* buffer 0 is out already (not on 2 x 2) */
   if (s->ride_at >= 0) { /* the message ends where the sum begins */
     /* its own payload only, to a rank that reads it where it lies: the header alone */
     const int header_only = s->ride_at == 0 && (s->ride->shared & (1ull << peer));
     uint8_t *sum = ride_buffer(s, s->ride_at) + RIDE_AT(s);
-    if (s->ride_at == 0) {
-      if (!header_only) memcpy(sum, s->ride_payload, s->ride->bytes);
-      s->ride_own_sent = 1;
-    }
+    if (s->ride_at == 0 && !header_only) memcpy(sum, s->ride_payload, s->ride->bytes);
     buf = (uint64_t *)(sum - len - 2 * sizeof(uint64_t));
     buf[w] = s->ride->tag;
     buf[w + 1] = s->ride_ranks;
@@ -1583,7 +1578,6 @@ static tnt_result_t and_post(mpi_t *s, const uint64_t *mine, int nwords, const t
       return res;
     }
     s->ride_payload = payload;
-    s->ride_own_sent = 0;
     s->ride_at = 0;
     s->ride_ranks = 1ull << s->me;
   }

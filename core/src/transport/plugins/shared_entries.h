@@ -54,9 +54,6 @@ static int and_advance(PLUGIN_STATE *s, void *arg);
 
 /* ---- peers ---- */
 
-/* Every peer: lost ones first, so that the error names the lost rank rather
- * than one that aborted because of it; a clean shutdown only for `awaited`
- * ranks (NULL: all). mu held. */
 enum { ROUND_NONE = 0, ROUND_AND = 1, ROUND_EXCHANGE = 2 };
 static int and_receives(const PLUGIN_STATE *s, int step); /* the plugin's own */
 static int and_partner(const PLUGIN_STATE *s, int step);
@@ -84,6 +81,9 @@ static const uint8_t *round_awaited(PLUGIN_STATE *s, uint8_t *mask) {
   return mask;
 }
 
+/* Every peer: lost ones first, so that the error names the lost rank rather
+ * than one that aborted because of it; a clean shutdown only for `awaited`
+ * ranks (NULL: all). mu held. */
 static tnt_result_t check_all(PLUGIN_STATE *s, const uint8_t *awaited, int pids, const char *what) {
   double now = host->now();
   tnt_result_t res;
