@@ -228,7 +228,9 @@ def outcome(proc):
                                              # the ring, or two exchange rounds per chunk
                                              ("TNT_SHM_DIRECT", ("1", "0")),
                                              # two ranks on two hosts: MPI's messages, or the ring
-                                             ("TNT_MPI_PAIR_SUM", ("1", "0"))])
+                                             ("TNT_MPI_PAIR_SUM", ("1", "0")),
+                                             # 2 x 2: summed along the bit round, or not
+                                             ("TNT_RIDES", ("1", "0"))])
 def test_ranks_that_disagree_on_a_protocol_setting_fail_on_every_rank(setting, values):
     job = secrets.token_hex(16)
     procs = [start(r, 2, job, **{setting: values[r]}) for r in range(2)]
