@@ -429,6 +429,85 @@ def test_a_worker_calling_in_while_its_rank_starts_fails_alone(rank, tmp_path):
     assert shm_objects(job) == []
 
 
+TAKEN_FIRST = """
+import json, os, subprocess, sys, time
+import tarantella as tnt
+job, flag, role = os.environ["TNT_JOB_ID"], os.environ["TNT_TEST_FLAG"], os.environ.get("TNT_TEST_ROLE", "rank")
+formed = os.environ.get("TNT_TEST_FORMED") == "1"  # the worker's job has every rank, or is still attaching
+def report(who, *steps):
+    try:
+        for step in steps:
+            step()
+        print(json.dumps({"who": who, "pid": os.getpid(), "error": None}), flush=True)
+    except tnt.TarantellaError as exc:
+        print(json.dumps({"who": who, "pid": os.getpid(), "error": type(exc).__name__, "message": str(exc)}),
+              flush=True)
+def until(ready):
+    deadline = time.monotonic() + 60
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
+segment_there = lambda: os.path.exists(f"/dev/shm/tnt-{job}")
+after_flag = lambda: until(lambda: os.path.exists(flag))
+joined = lambda: open(flag + ".joined", "w").close()
+if role == "rank":  # a rank that starts a worker before its tnt.init(); the worker calls in first
+    worker = None
+    if os.environ.get("TNT_TEST_FORK") == "1":
+        child = os.fork()
+        if child == 0:
+            report("worker", tnt.init, lambda: tnt.barrier(name="one"), joined, lambda: tnt.barrier(name="two"))
+            os._exit(0)
+    else:
+        worker = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[1]],
+                                  env=dict(os.environ, TNT_TEST_ROLE="worker"))
+    if formed:
+        until(lambda: os.path.exists(flag + ".joined"))  # the worker's job is complete, its name gone
+    else:
+        until(segment_there)
+        time.sleep(1)  # the worker claims its block
+    report("rank", tnt.init)
+    open(flag, "w").close()
+    worker.wait() if worker else os.waitpid(child, 0)
+elif role == "worker":
+    report("worker", tnt.init, lambda: tnt.barrier(name="one"), joined, lambda: tnt.barrier(name="two"))
+else:  # the job's other ranks
+    report("other", tnt.init, lambda: tnt.barrier(name="one"), after_flag, lambda: tnt.barrier(name="two"))
+"""
+
+
+@pytest.mark.parametrize("rank, fork, formed", [(0, True, True), (1, False, False)])
+def test_a_worker_that_takes_its_rank_before_the_ranks_init_fails_the_job_naming_it(rank, fork, formed, tmp_path):
+    # a worker started before its rank's tnt.init() (a fork, a process pool's) that uses Tarantella first
+    # took the rank: the other ranks completed the job with it, and the rank, calling in later, made a
+    # second job under the same id and reported the first job's end as "rank 1 ended before it joined
+    # the job", or, while that job still attached, "two jobs were started with the same TNT_JOB_ID".
+    # Now the rank finds its worker holding its place (ancestry.c) and every process of the worker's
+    # job fails with what happened, naming the worker and its rank's process
+    job = secrets.token_hex(16)
+    size = 2 if formed else 3  # not formed: rank 2 never starts, so the worker's job stays attaching
+    env = dict(TNT_JOB_ID=job, TNT_SIZE=size, TNT_TIMEOUT_S=30, TNT_TEST_FLAG=tmp_path / "flag",
+               TNT_TEST_FORMED=int(formed), TNT_TEST_FORK=int(fork))
+    procs = [subprocess.Popen([sys.executable, "-c", TAKEN_FIRST, TAKEN_FIRST], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=clean_env(TNT_RANK=r, TNT_LOCAL_RANK=r, TNT_LOCAL_SIZE=size,
+                                            TNT_TEST_ROLE="rank" if r == rank else "other", **env))
+             for r in range(2)]
+    said = {}
+    for p in procs:
+        out, err = p.communicate(timeout=90)
+        for line in out.splitlines():
+            if line.startswith("{"):
+                got = json.loads(line)
+                said[got["who"]] = got
+        assert said, err[-3000:]
+    assert set(said) == {"rank", "worker", "other"}, said
+    taken = f"rank {rank} of job {job} was taken by pid {said['worker']['pid']}, a worker that pid " \
+            f"{said['rank']['pid']} started before its tnt.init()"
+    assert said["rank"]["error"] == "InvalidUsageError" and taken in said["rank"]["message"], said
+    for who in ("worker", "other"):
+        assert said[who]["error"] is not None and taken in said[who]["message"], (who, said)
+    assert_void_mark_left(job)
+
+
 def test_ctrl_c_while_the_ranks_find_each_other_ends_the_wait():
     """Ctrl-C (SIGINT) on a hand-made rank waiting in tnt.init for a rank that never started did nothing
     until TNT_TIMEOUT_S (300 s by default): Python's handler only notes the signal, and the wait is one C

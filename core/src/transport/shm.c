@@ -565,6 +565,67 @@ static tnt_result_t worker_of_starting_rank(const shm_t *s, pid_t rank_pid) {
                   (int)getpid(), (int)rank_pid, G(s, s->pl.rank), s->pl.job_id, G(s, s->pl.rank));
 }
 
+/* The words for a worker of this rank, started before its tnt_init, that has taken this
+ * rank in a job of this id (ancestry.c: it inherited TNT_RANK and called in first). */
+static void worker_took_rank(const shm_t *s, pid_t worker, char *out, size_t len) {
+  snprintf(out, len,
+           "rank %d of job %s was taken by pid %d, a worker that pid %d started before its tnt.init() (fork, a "
+           "process pool, a data loader) and that used Tarantella first: a worker is not a rank, and the job cannot "
+           "go on. Call tnt.init() in each rank before it starts workers, and keep collectives and the rank API out "
+           "of the workers",
+           G(s, s->pl.rank), s->pl.job_id, (int)worker, (int)getpid());
+}
+
+/* Void the segment at `hdr` with `why`: every rank in it fails with that message. */
+static void void_segment(shm_header_t *hdr, const char *why) {
+  if (atomic_load(&hdr->collided)) return; /* the first reason stands */
+  snprintf(hdr->collision, sizeof hdr->collision, "%s", why);
+  atomic_store(&hdr->collided, 1);
+}
+
+/* A worker of this process (a descendant) that holds a segment of this job open and whose pid
+ * is in this rank's block: it took the rank before this process called in. Its job (the
+ * other ranks, with the worker in this rank's place) is voided with the words in `why`, and
+ * the worker's pid returned; else 0. Descendants that hold it under other ranks are the ranks
+ * a launcher of one's own started: they are left alone. */
+static pid_t worker_holding_my_rank(const shm_t *s, char *why, size_t len) {
+  enum { MAX_WORKERS = 256 };
+  pid_t workers[MAX_WORKERS];
+  const size_t head = align_up(sizeof(shm_header_t), 4096);
+  int n = tnt_descendants(workers, MAX_WORKERS);
+  for (int i = 0; i < n; i++) {
+    int fd = tnt_open_object_of(workers[i], s->name);
+    if (fd < 0) continue;
+    struct stat st;
+    pid_t took = 0;
+    size_t block = block_bytes_for(s->pl.size, 0), need = head + (size_t)(s->pl.rank + 1) * block;
+    /* its header first: the size of a rank block follows from the job's size and window */
+    uint8_t *base = fstat(fd, &st) == 0 && (size_t)st.st_size >= head + block
+                        ? mmap(NULL, head, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (base != MAP_FAILED) {
+      shm_header_t *hdr = (shm_header_t *)base;
+      int same_job = atomic_load(&hdr->magic) == SHM_MAGIC && hdr->size == (uint32_t)s->pl.size;
+      block = block_bytes_for(s->pl.size, hdr->window_bytes);
+      need = head + (size_t)(s->pl.rank + 1) * block;
+      munmap(base, head);
+      base = same_job && (size_t)st.st_size >= need ? mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                                                    : MAP_FAILED;
+    }
+    if (base != MAP_FAILED) {
+      const shm_rank_t *mine = (const shm_rank_t *)(base + head + (size_t)s->pl.rank * block);
+      if (atomic_load(&mine->pid) == (int32_t)workers[i]) {
+        took = workers[i];
+        worker_took_rank(s, took, why, len);
+        void_segment((shm_header_t *)base, why);
+      }
+      munmap(base, need);
+    }
+    close(fd);
+    if (took) return took;
+  }
+  return 0;
+}
+
 /* Rank 0 found its segment's name taken: the error, naming a leftover (gone_rank0).
  * Where the segment's rank 0 lives, two jobs were started with one TNT_JOB_ID
  * and the other one is still setting up (the last rank to attach unlinks the
@@ -582,6 +643,7 @@ static tnt_result_t name_taken(const shm_t *s, int err) {
   size_t need = align_up(sizeof(shm_header_t), 4096) + sizeof(shm_rank_t);
   pid_t gone = 0, other = 0, worker_of = 0;
   int voided = 0;
+  char why[sizeof ((shm_header_t *)0)->collision] = "";
   if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && !(st.st_mode & 077) && (size_t)st.st_size >= need) {
     uint8_t *base = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base != MAP_FAILED) {
@@ -594,13 +656,14 @@ static tnt_result_t name_taken(const shm_t *s, int err) {
         other = atomic_load(&r0->pid); /* 0 for a moment: it claims its block after the magic */
         worker_of = other > 0 && tnt_is_ancestor(other) ? other : 0;
         voided = !worker_of;
-        if (voided && !atomic_load(&hdr->collided)) {
-          snprintf(hdr->collision, sizeof hdr->collision,
+        if (voided && other > 0 && tnt_is_descendant(other)) /* this rank's own worker took it */
+          worker_took_rank(s, other, why, sizeof why);
+        else if (voided)
+          snprintf(why, sizeof why,
                    "two processes (pids %d and %d) claimed rank 0 of job %s: two jobs were started with the same "
                    "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
                    (int)other, (int)getpid(), s->pl.job_id);
-          atomic_store(&hdr->collided, 1);
-        }
+        if (voided) void_segment(hdr, why);
       }
       munmap(base, need);
     }
@@ -608,11 +671,7 @@ static tnt_result_t name_taken(const shm_t *s, int err) {
   if (fd >= 0) close(fd);
   if (gone) return stale_segment(s, gone);
   if (worker_of) return worker_of_starting_rank(s, worker_of);
-  if (voided)
-    return tnt_fail(TNT_ERR_INVALID_USAGE,
-                    "two processes (pids %d and %d) claimed rank 0 of job %s: two jobs were started with the same "
-                    "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
-                    (int)other, (int)getpid(), s->pl.job_id);
+  if (voided) return tnt_fail(TNT_ERR_INVALID_USAGE, "%s", why);
   return tnt_fail(TNT_ERR_SYSTEM, "shm_open(%s) failed: %s (a job with this TNT_JOB_ID exists: /dev/shm%s; use a fresh "
                   "id, or, if no job with this id runs, remove it: rm /dev/shm%s)", s->name, strerror(err), s->name,
                   s->name);
@@ -719,6 +778,15 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
   pid_t rank_above = tnt_ancestor_in_job(s->name);
   if (rank_above) {
     res = worker_of_started_job(s, rank_above);
+    goto fail;
+  }
+  /* and the other way round: such a worker that called in first took this rank. Its job
+   * goes (voided), and this process says why instead of making a second job of this id */
+  char took_why[sizeof s->hdr->collision];
+  if (worker_holding_my_rank(s, took_why, sizeof took_why)) {
+    res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", took_why);
+    leave_void_mark(s, took_why); /* for the ranks of this launch still to come */
+    own_failure = 0;              /* the mark says it: not "rank N failed to start" */
     goto fail;
   }
   if (pl->rank == 0) {
@@ -861,13 +929,17 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
     goto fail;
   }
   if (nobody != 0) {
-    /* another process holds this rank: two jobs share the id. Void the whole
-     * segment so that nobody computes with a stranger's data. */
-    snprintf(s->hdr->collision, sizeof s->hdr->collision,
-             "two processes (pids %d and %d) claimed rank %d of job %s: two jobs were started with the same "
-             "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
-             (int)nobody, (int)getpid(), pl->rank, pl->job_id);
-    atomic_store(&s->hdr->collided, 1);
+    /* another process holds this rank: two jobs share the id, or this rank's own worker
+     * took it. Void the whole segment so that nobody computes with a stranger's data. */
+    char why[sizeof s->hdr->collision];
+    if (tnt_is_descendant(nobody))
+      worker_took_rank(s, nobody, why, sizeof why);
+    else
+      snprintf(why, sizeof why,
+               "two processes (pids %d and %d) claimed rank %d of job %s: two jobs were started with the same "
+               "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
+               (int)nobody, (int)getpid(), pl->rank, pl->job_id);
+    void_segment(s->hdr, why);
     bump(&s->hdr->attached);
     res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
     s->ranks[pl->rank] = NULL; /* not ours: the failure path must not mark it */
@@ -979,6 +1051,9 @@ static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, do
   shm_t *s = st;
   if (len > SHM_EXCHANGE_BYTES) return tnt_fail(TNT_ERR_INTERNAL, "exchange of %zu bytes is too large", len);
   if (s->exch_posted) return tnt_fail(TNT_ERR_INTERNAL, "exchange posted twice");
+  /* a job voided after it started (a worker had taken a rank: worker_holding_my_rank) ends
+   * at its next cycle, not only at the next wait long enough to check */
+  if (atomic_load(&s->hdr->collided)) return tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
   uint32_t round = ++s->exch_round, buf = round & 1;
   shm_rank_t *me = s->ranks[s->pl.rank];
   uint8_t *at = s->exch[s->pl.rank] + buf * SHM_EXCHANGE_BYTES;
