@@ -25,15 +25,24 @@ A write is a section of the rank's own (busy.py): the other ranks wait for a
 master-only save in their next collective for as long as it takes (up to
 TNT_BUSY_TIMEOUT_S), where a write longer than TNT_TIMEOUT_S ended the job.
 
-The lock is a file in the host's /tmp named after the checkpoint's
-folder: an fcntl lock ends with its process, so a rank killed in a write frees
-it. Ranks on several hosts that share a file system are not ordered by it:
-there, save on the master only (custom-training-loops.md).
+The lock is a file in the host's /tmp named after the host and the
+checkpoint's folder: a flock ends with its process, so a rank killed in a
+write frees it. A job of several hosts also locks a file in the folder itself,
+`.tnt-checkpoint.lock`, once the host's lock is held: ranks of several hosts
+that share the folder (NFS, GPFS, Lustre mounted with flock) then write one
+after the other too; before, two hosts' ranks saving at once failed as two
+ranks of a host did ("MergeV2Checkpoints ... did not exist"). Where the folder's
+file system has no locks (ENOLCK, ENOSYS, EOPNOTSUPP) a warning says so once per
+folder, and its writes are ordered per host only: save on the master only
+there (custom-training-loops.md). A folder that is not shared holds one lock
+file per host, which orders that host's ranks again, and costs nothing more.
 """
+import errno
 import fcntl
 import functools
 import hashlib
 import os
+import socket
 import tempfile
 import time
 
@@ -41,12 +50,32 @@ _INSTALLED = "_tnt_checkpoint_lock"
 
 
 def _lock_path(file_prefix):
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(os.fspath(file_prefix))))
+    folder = _folder(file_prefix)
     digest = hashlib.sha1(os.fsencode(folder)).hexdigest()[:16]
     # /tmp, not $TMPDIR: a cluster may give each task a TMPDIR of its own, and the ranks of a
     # host must meet at one lock
     base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
-    return os.path.join(base, f"tnt-checkpoint-{os.getuid()}-{digest}.lock")
+    # the host in the name: hosts that share /tmp (namespaces of one machine) still lock apart,
+    # as hosts of a cluster do, each in its own /tmp
+    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+    return os.path.join(base, f"tnt-checkpoint-{os.getuid()}-{host}-{digest}.lock")
+
+
+# the lock in the checkpoint's folder, for the ranks of several hosts that share it
+FOLDER_LOCK = ".tnt-checkpoint.lock"
+# what flock raises where a file system has no locks (an NFS without lockd, Lustre without flock)
+_NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+_warned_unordered = set()
+
+
+def _folder(file_prefix):
+    return os.path.realpath(os.path.dirname(os.path.abspath(os.fspath(file_prefix))))
+
+
+def _several_hosts():
+    from tarantella.common import core
+
+    return core.get_size() > core.get_local_size()
 
 
 def _several_ranks():
@@ -63,8 +92,8 @@ def _local(file_prefix):
         return False
 
 
-def _lock(fd, kind, path):
-    """flock(fd, kind), waiting while another rank of this host holds it, up to
+def _lock(fd, kind, path, holder="another process of this host"):
+    """flock(fd, kind), waiting while another rank holds it, up to
     TNT_BUSY_TIMEOUT_S (a write of a large checkpoint may take long)."""
     from tarantella.common import config, core
 
@@ -79,7 +108,7 @@ def _lock(fd, kind, path):
         except BlockingIOError:
             if core.clock() > deadline:
                 raise TimeoutError(
-                    f"tf.train.Checkpoint: another process of this host has held {path}, the lock of "
+                    f"tf.train.Checkpoint: {holder} has held {path}, the lock of "
                     f"this checkpoint's folder, for more than TNT_BUSY_TIMEOUT_S={limit:g} s (a rank "
                     "writing there): raise TNT_BUSY_TIMEOUT_S, or save on the master only") from None
             time.sleep(pause)
@@ -98,9 +127,46 @@ def _holding(kind, file_prefix, call):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             _lock(fd, kind, path)
-            return call()
+            shared = _folder_lock(kind, file_prefix) if _several_hosts() else None
+            try:
+                return call()
+            finally:
+                if shared is not None:
+                    os.close(shared)
         finally:
             os.close(fd)  # and with it the lock
+
+
+def _folder_lock(kind, file_prefix):
+    """The lock in the checkpoint's folder (a descriptor to close), for ranks of other hosts
+    that share the folder; None where there is none to take: a folder this rank cannot
+    write a file into (a read of a read-only folder, which nobody writes; a write there
+    fails in TensorFlow, as it does serially), or a file system without locks (warned)."""
+    folder = _folder(file_prefix)
+    path = os.path.join(folder, FOLDER_LOCK)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        _lock(fd, kind, path, holder="a rank of another host")
+        return fd
+    except OSError as exc:
+        os.close(fd)
+        if isinstance(exc, BlockingIOError) or exc.errno not in _NO_LOCKS:
+            raise
+        if folder not in _warned_unordered:
+            _warned_unordered.add(folder)
+            from tarantella.common.logging import get_logger
+
+            get_logger().warning(
+                "tf.train.Checkpoint: the file system of %s has no locks (%s): the ranks of each host write "
+                "there one after the other, but ranks of several hosts that share it may write at once. "
+                "Save on the master only (if tnt.is_master_rank(): ...)", folder, exc.strerror)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _writing(original):

@@ -622,6 +622,41 @@ def test_a_checkpoint_folder_another_rank_made_meanwhile_is_taken_as_made(tmp_pa
         file_utils.makedirs(str(tmp_path / "a_file"))
 
 
+def test_a_checkpoint_folder_whose_file_system_has_no_locks_is_written_with_a_warning(tmp_path, monkeypatch, capfd):
+    """Ranks of several hosts lock a file in a tf.train.Checkpoint's folder
+    (checkpoint_writes.py; test_keras_multihost.py shows the order). On a file
+    system without locks (an NFS without lockd, Lustre without flock) flock
+    fails: the save goes on, ordered per host only, with one warning per
+    folder that says so. A lock held meanwhile is waited for, not warned."""
+    import errno
+    import fcntl
+
+    from tarantella.tensorflow import checkpoint_writes
+
+    prefix = str(tmp_path / "ckpt")
+    fd = checkpoint_writes._folder_lock(fcntl.LOCK_EX, prefix)  # a file system with locks
+    assert fd is not None and os.path.exists(tmp_path / checkpoint_writes.FOLDER_LOCK)
+    os.close(fd)
+    flock = fcntl.flock
+
+    def no_locks(fd, kind):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert checkpoint_writes._folder_lock(fcntl.LOCK_EX, prefix) is None
+    assert checkpoint_writes._folder_lock(fcntl.LOCK_SH, prefix) is None
+    said = capfd.readouterr().err
+    assert said.count("has no locks (No locks available)") == 1, said
+    assert "Save on the master only" in said
+    monkeypatch.setattr(fcntl, "flock", flock)
+    held = os.open(tmp_path / checkpoint_writes.FOLDER_LOCK, os.O_RDWR)
+    flock(held, fcntl.LOCK_EX)
+    monkeypatch.setenv("TNT_BUSY_TIMEOUT_S", "0.3")
+    with pytest.raises(TimeoutError, match="a rank of another host has held"):
+        checkpoint_writes._folder_lock(fcntl.LOCK_SH, prefix)
+    os.close(held)
+
+
 def test_saved_files_are_plain_keras_files(tmp_path):
     """A tnt.Model saves the wrapped model, compiled, with its optimizer state:
     plain Keras loads it; tnt.models.load_model wraps it again."""
