@@ -145,6 +145,8 @@ def _folder_lock(kind, file_prefix):
     folder = _folder(file_prefix)
     path = os.path.join(folder, FOLDER_LOCK)
     try:
+        if kind == fcntl.LOCK_EX:  # the first save into a new folder makes it: before, not unordered in it
+            os.makedirs(folder, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         return None

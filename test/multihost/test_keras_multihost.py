@@ -53,8 +53,7 @@ def test_checkpoint_saves_of_every_rank_of_two_hosts_into_one_shared_folder_take
     # of two hosts wrote at once: TensorFlow's merge of <prefix>_temp found it gone or half-made
     # ("MergeV2Checkpoints ... did not exist"; each of two runs of 8 saves failed so). A job of
     # several hosts now also locks a file in the folder itself (checkpoint_writes.py)
-    folder = tmp_path / "shared"
-    folder.mkdir()
+    folder = tmp_path / "shared" / "run"  # not there yet: the first saves make it
     env = clean_env()
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     res = multihost.run("hostA", ["tntrun", "-H", "hostA:2,hostB:2", "--no-gpu", "--output-on-all-devices", "--",
