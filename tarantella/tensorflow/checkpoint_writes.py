@@ -145,7 +145,7 @@ def _folder_lock(kind, file_prefix):
     folder = _folder(file_prefix)
     path = os.path.join(folder, FOLDER_LOCK)
     try:
-        if kind == fcntl.LOCK_EX:  # the first save into a new folder makes it: before, not unordered in it
+        if kind == fcntl.LOCK_EX:  # TensorFlow would make it in the save: made now, the first saves take turns too
             os.makedirs(folder, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
