@@ -184,10 +184,14 @@ static tnt_result_t peer_aborted(shm_t *s, int r, const char *what) {
                        what);
 }
 
+/* A segment voided (shm_header_t's collided): its reason. */
+static tnt_result_t check_voided(const shm_t *s) {
+  return atomic_load(&s->hdr->collided) ? tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision) : TNT_SUCCESS;
+}
+
 /* The job-wide failures that cost no system call: a collided segment, an aborted rank. */
 static tnt_result_t check_job(shm_t *s, const char *what) {
-  if (atomic_load(&s->hdr->collided))
-    return tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
+  TNT_CHECK(check_voided(s));
   if (atomic_load(&s->hdr->magic) == SHM_MAGIC_FOREIGN) /* joinable(), in a rank of another build */
     return tnt_fail(TNT_ERR_INVALID_USAGE, "a rank of another build of Tarantella (another layout of the shared "
                     "memory) tried to join job %s, and failed: every rank must run the same release of Tarantella "
@@ -576,6 +580,19 @@ static void worker_took_rank(const shm_t *s, pid_t worker, char *out, size_t len
            G(s, s->pl.rank), s->pl.job_id, (int)worker, (int)getpid());
 }
 
+/* The words for process `other`, which holds rank `rank` of this job where this process
+ * claims it too: this rank's own worker (worker_took_rank), or the rank of a second job
+ * started under the same id. */
+static void second_claimant(const shm_t *s, pid_t other, int rank, char *out, size_t len) {
+  if (other > 0 && tnt_is_descendant(other))
+    worker_took_rank(s, other, out, len);
+  else
+    snprintf(out, len,
+             "two processes (pids %d and %d) claimed rank %d of job %s: two jobs were started with the same "
+             "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
+             (int)other, (int)getpid(), rank, s->pl.job_id);
+}
+
 /* Void the segment at `hdr` with `why`: every rank in it fails with that message. */
 static void void_segment(shm_header_t *hdr, const char *why) {
   if (atomic_load(&hdr->collided)) return; /* the first reason stands */
@@ -656,14 +673,10 @@ static tnt_result_t name_taken(const shm_t *s, int err) {
         other = atomic_load(&r0->pid); /* 0 for a moment: it claims its block after the magic */
         worker_of = other > 0 && tnt_is_ancestor(other) ? other : 0;
         voided = !worker_of;
-        if (voided && other > 0 && tnt_is_descendant(other)) /* this rank's own worker took it */
-          worker_took_rank(s, other, why, sizeof why);
-        else if (voided)
-          snprintf(why, sizeof why,
-                   "two processes (pids %d and %d) claimed rank 0 of job %s: two jobs were started with the same "
-                   "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
-                   (int)other, (int)getpid(), s->pl.job_id);
-        if (voided) void_segment(hdr, why);
+        if (voided) {
+          second_claimant(s, other, 0, why, sizeof why);
+          void_segment(hdr, why);
+        }
       }
       munmap(base, need);
     }
@@ -932,13 +945,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
     /* another process holds this rank: two jobs share the id, or this rank's own worker
      * took it. Void the whole segment so that nobody computes with a stranger's data. */
     char why[sizeof s->hdr->collision];
-    if (tnt_is_descendant(nobody))
-      worker_took_rank(s, nobody, why, sizeof why);
-    else
-      snprintf(why, sizeof why,
-               "two processes (pids %d and %d) claimed rank %d of job %s: two jobs were started with the same "
-               "TNT_JOB_ID; give every job its own id (tntrun makes a fresh one per job)",
-               (int)nobody, (int)getpid(), pl->rank, pl->job_id);
+    second_claimant(s, nobody, pl->rank, why, sizeof why);
     void_segment(s->hdr, why);
     bump(&s->hdr->attached);
     res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
@@ -964,8 +971,7 @@ tnt_result_t tnt_shm_init_group(const tnt_placement_t *pl, const tnt_params_t *p
                    "of the job (TNT_SIZE=%d) with the same TNT_JOB_ID, e.g. with tntrun",
                    pl->rank, params->timeout_s, missing, pl->size);
   }
-  if (res == TNT_SUCCESS && atomic_load(&s->hdr->collided))
-    res = tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
+  if (res == TNT_SUCCESS) res = check_voided(s);
   if (res != TNT_SUCCESS) goto fail;
   s->ncpu = host_cpus(s->hdr); /* every rank has added its mask: the same count on every rank */
   s->setting_up = 0;
@@ -1053,7 +1059,7 @@ static tnt_result_t shm_exchange_post(void *st, const void *mine, size_t len, do
   if (s->exch_posted) return tnt_fail(TNT_ERR_INTERNAL, "exchange posted twice");
   /* a job voided after it started (a worker had taken a rank: worker_holding_my_rank) ends
    * at its next cycle, not only at the next wait long enough to check */
-  if (atomic_load(&s->hdr->collided)) return tnt_fail(TNT_ERR_INVALID_USAGE, "%s", s->hdr->collision);
+  TNT_CHECK(check_voided(s));
   uint32_t round = ++s->exch_round, buf = round & 1;
   shm_rank_t *me = s->ranks[s->pl.rank];
   uint8_t *at = s->exch[s->pl.rank] + buf * SHM_EXCHANGE_BYTES;
