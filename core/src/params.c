@@ -46,7 +46,8 @@ static const num_param_t num_params[P_COUNT] = {
                      "bound on any wait for a peer, in seconds: a stalled negotiation or silent peer fails after it"},
     [P_BUSY_TIMEOUT_S] = {"TNT_BUSY_TIMEOUT_S", 3600, 0.01, 1e9, 0, INTO(busy_timeout_s, 1),
                           "bound in seconds on a wait for a peer that is alive and busy on its own (the master "
-                          "writing a save, a callback that runs on the master only, tnt.rank_only()): TNT_TIMEOUT_S counts from "
+                          "writing a save, a callback that runs on the master only, tnt.rank_only(), Keras replacing a "
+                          "tf.data iterator): TNT_TIMEOUT_S counts from "
                           "when it stopped being busy, and the whole wait fails after this (or TNT_TIMEOUT_S, "
                           "if larger)"},
     [P_SLOT_KB] = {"TNT_SHM_SLOT_KB", 256, 4, 65536, 1, INTO(shm_slot_bytes, 1024),

@@ -1,6 +1,6 @@
 """Sections of this rank's own: work the other ranks do not share and may
 wait for (the master writing a save, a callback that runs on the master
-only). While one is open the core tells the others, in the negotiation's
+only, Keras between the hooks of fit: tensorflow/keras/callbacks/between_hooks.py). While one is open the core tells the others, in the negotiation's
 full rounds, that this rank is alive and busy: a peer waiting for its next
 collective does not fail at TNT_TIMEOUT_S, which counts from the end of the
 section instead, and TNT_BUSY_TIMEOUT_S bounds the whole wait (core:

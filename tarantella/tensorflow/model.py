@@ -23,6 +23,7 @@ from tarantella.tensorflow.data.batch_slicing import rank_slice, rows
 from tarantella.tensorflow.data.array_dataset import (as_keras_arrays, check_same_on_every_rank,
                                                       sample_count)
 from tarantella.tensorflow.data.step_counts import input_kind
+from tarantella.tensorflow.keras.callbacks import between_hooks
 from tarantella.tensorflow.keras.callbacks.callback_preparation import (
     own_csv_files, prepare_callbacks, same_backups, same_checkpoint_settings, same_checkpoints,
     same_csv_loggers, same_rate_setters, same_restoring_stops)
@@ -820,11 +821,12 @@ class Model(keras.Model):
         self._sync_weights(x, seen)
         mark("fit: weights in sync")
         # a lost peer as PeerLostError
-        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
+        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)), between_hooks.between(
+                prepare_callbacks(callbacks) + py_dataset.epoch_callbacks(x)
+                + self._consistency_checks(seen)) as all_callbacks:
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
-                callbacks=prepare_callbacks(callbacks) + py_dataset.epoch_callbacks(x)
-                + self._consistency_checks(seen),
+                callbacks=all_callbacks,
                 validation_data=validation_data,
                 shuffle=False if train is not None else shuffle, class_weight=class_weight,
                 sample_weight=sample_weight, initial_epoch=initial_epoch,
@@ -856,11 +858,11 @@ class Model(keras.Model):
         uncounted = step_counts.check_same_batches("evaluate", {"the batches of x": _counted_batches(
             x, batch_size, steps, kind, tnt_distribute_dataset)})
         self._sync_weights(x, [data and data[4]])
-        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
+        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)), between_hooks.between(
+                prepare_callbacks(callbacks) + self._stop_together()) as all_callbacks:
             logs = super().evaluate(x=x, y=y, batch_size=batch_size,
                                     verbose=self._verbose(verbose), sample_weight=sample_weight,
-                                    steps=steps,
-                                    callbacks=prepare_callbacks(callbacks) + self._stop_together(),
+                                    steps=steps, callbacks=all_callbacks,
                                     return_dict=return_dict, **kwargs)
         first_batches.check("the ranks read different data in evaluate", [data and data[4]])
         return logs
@@ -889,10 +891,11 @@ class Model(keras.Model):
             x, batch_size, steps, kind, tnt_distribute_dataset)}) if tnt_distribute_dataset else []
         self._sync_weights(x, [data and data[4]])
         self._set_distributed_predict(distributed)
-        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)):
+        with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)), between_hooks.between(
+                prepare_callbacks(callbacks) + self._stop_together(distributed),
+                distributed) as all_callbacks:
             outputs = super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
-                                      steps=steps, callbacks=prepare_callbacks(callbacks)
-                                      + self._stop_together(distributed))
+                                      steps=steps, callbacks=all_callbacks)
         first_batches.check("the ranks read different data in predict", [data and data[4]])
         return outputs
 

@@ -1521,6 +1521,55 @@ def check_slow_master(tnt, out):
         json.dump(result, f)
 
 
+def check_slow_teardown(tnt, out):
+    """Keras's own work between the callback hooks that takes longer than
+    TNT_TIMEOUT_S on one rank: in TensorFlow 2.21 dropping a tf.data iterator
+    can take up to the autotune period (up to 60 s; between_hooks.py has the
+    measurement). Stood in for on rank 1 by a TFEpochIterator that takes
+    TNT_TIMEOUT_S + 1 s to replace the iterator it holds, the first three
+    times (after epoch 1's last batch, after its validation's, as epoch 2
+    begins), and as long to be dropped, the first three times (the validation
+    one before on_train_end, the training one as fit returns, evaluate's as it
+    returns). The other rank waits in its next collective each time; it used
+    to fail with a TimeoutError at TNT_TIMEOUT_S."""
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    rank = tnt.get_rank()
+    slow_s = float(os.environ["TNT_TIMEOUT_S"]) + 1
+    stalls = []
+    if rank == 1:
+        make = TFEpochIterator._get_iterator
+
+        def slow_to_replace(self):
+            if self._current_iterator is not None:  # one still held: replaced now
+                stalls.append("replaced")
+                if stalls.count("replaced") <= 3:
+                    time.sleep(slow_s)
+            return make(self)
+
+        def slow_to_drop(self):
+            stalls.append("dropped")
+            if stalls.count("dropped") <= 3:
+                time.sleep(slow_s)
+
+        TFEpochIterator._get_iterator = slow_to_replace
+        TFEpochIterator.__del__ = slow_to_drop
+    model = tnt.Model(keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)]))
+    compile_(model)
+    train, validation = datasets()
+    try:
+        history = model.fit(train, validation_data=validation, epochs=2, verbose=0)
+        evaluated = model.evaluate(validation, verbose=0, return_dict=True)
+        predicted = model.predict(validation, verbose=0)
+        tnt.barrier()
+        result = {"error": None, "history": history.history, "evaluated": evaluated,
+                  "predicted": np.asarray(predicted).tolist(), "stalls": stalls}
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        result = {"error": type(exc).__name__, "message": str(exc), "stalls": stalls}
+    with open(os.path.join(out, f"teardown{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
 def check_replicas_diverging(tnt):
     """Callbacks that change the model on some ranks only: a master-only one sets
     the learning rate, one edits a kernel on rank 1 in the middle of the first
@@ -2591,6 +2640,7 @@ def main():
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--callback-failure", action="store_true")
     parser.add_argument("--slow-master", action="store_true")
+    parser.add_argument("--slow-teardown", action="store_true")
     args = parser.parse_args()
     tnt = None
     rank = 0
@@ -2603,6 +2653,8 @@ def main():
         return check_callback_failure(tnt, args.out)
     if args.slow_master:
         return check_slow_master(tnt, args.out)
+    if args.slow_teardown:
+        return check_slow_teardown(tnt, args.out)
     files = os.path.join(args.out, "files")
     os.makedirs(files, exist_ok=True)
     stdout = open(os.path.join(args.out, f"stdout{rank}.txt"), "w")
