@@ -823,7 +823,8 @@ class Model(keras.Model):
         # a lost peer as PeerLostError
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)), between_hooks.between(
                 prepare_callbacks(callbacks) + py_dataset.epoch_callbacks(x)
-                + self._consistency_checks(seen)) as all_callbacks:
+                + self._consistency_checks(seen), self,
+                ("stop_training", "stop_evaluating")) as all_callbacks:  # validation stopped too
             return super().fit(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=self._verbose(verbose),
                 callbacks=all_callbacks,
@@ -859,7 +860,8 @@ class Model(keras.Model):
             x, batch_size, steps, kind, tnt_distribute_dataset)})
         self._sync_weights(x, [data and data[4]])
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)), between_hooks.between(
-                prepare_callbacks(callbacks) + self._stop_together()) as all_callbacks:
+                prepare_callbacks(callbacks) + self._stop_together(), self,
+                ("stop_evaluating",)) as all_callbacks:
             logs = super().evaluate(x=x, y=y, batch_size=batch_size,
                                     verbose=self._verbose(verbose), sample_weight=sample_weight,
                                     steps=steps, callbacks=all_callbacks,
@@ -892,7 +894,7 @@ class Model(keras.Model):
         self._sync_weights(x, [data and data[4]])
         self._set_distributed_predict(distributed)
         with collective_ops.collective_errors(step_counts.timeout_hint(uncounted)), between_hooks.between(
-                prepare_callbacks(callbacks) + self._stop_together(distributed),
+                prepare_callbacks(callbacks) + self._stop_together(distributed), self, ("stop_predicting",),
                 distributed) as all_callbacks:
             outputs = super().predict(x, batch_size=batch_size, verbose=self._verbose(verbose),
                                       steps=steps, callbacks=all_callbacks)

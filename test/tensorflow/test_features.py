@@ -133,22 +133,27 @@ def test_saves_on_the_master_longer_than_the_timeout_are_waited_for(tmp_path):
 def test_keras_work_between_hooks_longer_than_the_timeout_is_waited_for(tmp_path):
     """On rank 1 Keras takes TNT_TIMEOUT_S + 1 s between the callback hooks
     (features.py's check_slow_teardown: replacing and dropping tf.data
-    iterators, where TensorFlow 2.21 can take up to 60 s), six times: rank 0
+    iterators, where TensorFlow 2.21 can take up to 60 s), seven times: rank 0
     waits each time instead of failing with a TimeoutError at TNT_TIMEOUT_S
     (the flaky end of the test above, rank 1 late to the barrier after fit),
-    and both ranks end with the same logs and predictions."""
+    also for the iterator of a fit that a callback stopped early, which the
+    garbage collector drops; and both ranks end with the same logs and
+    predictions."""
     run_ranks(2, "features.py", "--out", tmp_path, "--slow-teardown", env={"TNT_TIMEOUT_S": 5})
     results = [json.load(open(os.path.join(tmp_path, f"teardown{rank}.json"))) for rank in (0, 1)]
     for result in results:
         assert result["error"] is None, result
-    assert results[0]["stalls"] == []
+    assert results[0]["stalls"] == ["stopped fit returned"]
     # Keras 3.15 replaces the iterator after the last batch of each epoch (training and
     # validation), again as epoch 2 begins, and after evaluate's and predict's last batch; it
-    # drops fit's validation and training ones and evaluate's and predict's
-    assert results[1]["stalls"] == ["replaced"] * 5 + ["dropped"] * 2 + ["replaced", "dropped"] * 2, \
+    # drops fit's validation and training ones and evaluate's and predict's; the stopped fit's
+    # is dropped before it returns, by the garbage collector. Every stall in a section of its own.
+    assert results[1]["stalls"] == [["replaced", True]] * 5 + [["dropped", True]] * 2 + [
+        ["replaced", True], ["dropped", True]] * 2 + [["dropped", True], "stopped fit returned"], \
         results[1]["stalls"]
-    for key in ("history", "evaluated", "predicted"):
+    for key in ("history", "evaluated", "predicted", "stopped"):
         assert results[0][key] == results[1][key], key
+    assert len(results[0]["stopped"]["loss"]) == 1
     assert len(results[0]["history"]["val_loss"]) == 2
 
 

@@ -17,8 +17,15 @@ callbacks, which may hang) are outside the section: one callback first in the
 list ends it as every hook begins, one last in the list starts it again as
 hooks end, except those a step follows (`on_*_batch_begin`). `between()`
 ends it after Keras returns, when the last iterator is gone.
+
+A loop that a callback ended early (`model.stop_training`) leaves Keras's
+epoch iterator in a reference cycle (its suspended generator holds it), which
+Python's garbage collector dropped later, wherever it ran next: in a step
+while the others waited, where the drop was no work of the rank's own.
+`between()` collects it while the section is still open.
 """
 import contextlib
+import gc
 
 import keras
 
@@ -70,14 +77,17 @@ class _StartsAfterHooks(_AtHooks):
 
 
 @contextlib.contextmanager
-def between(callbacks, distributed=True):
-    """`with between(callbacks) as callbacks: super().fit(..., callbacks=callbacks)`:
-    the list with the two callbacks around it; the section ends on leaving."""
+def between(callbacks, model, stop_flags, distributed=True):
+    """`with between(callbacks, self, ("stop_training",)) as callbacks: super().fit(...,
+    callbacks=callbacks)`: the list with the two callbacks around it; the section ends
+    on leaving, after the iterators of loops that `stop_flags` ended early are dropped."""
     if not distributed or core.get_size() == 1:
         yield callbacks  # nobody waits for this rank: no hooks to add
         return
     span = _Span()
     try:
         yield [_EndsAtEveryHook(span), *callbacks, _StartsAfterHooks(span)]
+        if any(getattr(model, flag, False) for flag in stop_flags):
+            gc.collect()  # in the section, which the last hook (on_*_end) opened
     finally:
         span.close()
