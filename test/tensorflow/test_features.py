@@ -133,7 +133,7 @@ def test_saves_on_the_master_longer_than_the_timeout_are_waited_for(tmp_path):
 def test_keras_work_between_hooks_longer_than_the_timeout_is_waited_for(tmp_path):
     """On rank 1 Keras takes TNT_TIMEOUT_S + 1 s between the callback hooks
     (features.py's check_slow_teardown: replacing and dropping tf.data
-    iterators, where TensorFlow 2.21 can take up to 60 s), seven times: rank 0
+    iterators, where TensorFlow 2.21 can take up to 60 s), three times: rank 0
     waits each time instead of failing with a TimeoutError at TNT_TIMEOUT_S
     (the flaky end of the test above, rank 1 late to the barrier after fit),
     also for the iterator of a fit that a callback stopped early, which the
