@@ -16,7 +16,9 @@ The steps (the collectives inside them) and the hooks themselves (the user's
 callbacks, which may hang) are outside the section: one callback first in the
 list ends it as every hook begins, one last in the list starts it again as
 hooks end, except those a step follows (`on_*_batch_begin`). `between()`
-ends it after Keras returns, when the last iterator is gone.
+ends it after Keras returns, when the last iterator is gone. The History and
+progress bar that Keras appends after the list run inside it (they never
+wait). A batch pays one section opened and closed: 1.6 us on 2 ranks here.
 
 A loop that a callback ended early (`model.stop_training`) leaves Keras's
 epoch iterator in a reference cycle (its suspended generator holds it), which
