@@ -436,6 +436,10 @@ static tnt_result_t execute(tnt_engine_t *c, tnt_response_t *resp, int n) {
  * the full rounds, which then fail it as before. */
 #define STALL_WARN_S 60.0
 
+/* What keeps a rank busy on its own, as every message about one words it (tnt_set_busy's callers). */
+#define BUSY_WORK \
+  "a save, a callback that runs on the master only, tnt.rank_only(), or Keras replacing a tf.data iterator"
+
 static double stall_warn_at(const tnt_engine_t *c) {
   return c->params->timeout_s / 2 < STALL_WARN_S ? c->params->timeout_s / 2 : STALL_WARN_S;
 }
@@ -464,9 +468,8 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
     if (busy && age >= bound)
       return tnt_fail_about(TNT_ERR_TIMEOUT, first,
                             "%s '%s' was submitted on rank %d %.0f s ago and waits for ranks [%s], busy on their own "
-                            "(a save, a callback that runs on the master only, or Keras replacing a tf.data "
-                            "iterator) for longer than "
-                            "TNT_BUSY_TIMEOUT_S=%g s: raise it if their work takes that long, else see what they do",
+                            "(" BUSY_WORK ") for longer than TNT_BUSY_TIMEOUT_S=%g s: raise it if their work "
+                            "takes that long, else see what they do",
                             tnt_coll_name(req->meta.coll), req->name, c->pl->rank, age, missing, bound);
     if (now - since >= timeout) {
       char doing[384] = "", was_busy[96] = "";
@@ -501,9 +504,8 @@ static tnt_result_t check_stalls(tnt_engine_t *c) {
                         "name=\"train\")) or pass name= to the call",
                         tnt_coll_name(req->meta.coll), req->name, age, c->pl->rank, first, theirs);
       if (busy)
-        TNT_WARN("%s '%s' has waited %.0f s for ranks [%s], busy on their own (a save, a callback that runs on "
-                 "the master only, or Keras replacing a tf.data iterator); it waits while they are, up to "
-                 "TNT_BUSY_TIMEOUT_S=%g s",
+        TNT_WARN("%s '%s' has waited %.0f s for ranks [%s], busy on their own (" BUSY_WORK "); it waits while "
+                 "they are, up to TNT_BUSY_TIMEOUT_S=%g s",
                  tnt_coll_name(req->meta.coll), req->name, age, missing, bound);
       else {
         tnt_coll_t instead_coll;
@@ -547,10 +549,9 @@ static void warn_if_waited_for_while_busy(tnt_engine_t *c) {
   }
   if (!name) return;
   neg->busy_warned = since;
-  TNT_WARN("this rank has been busy on its own for %.0f s (a save, a callback that runs on the master only, "
-           "tnt.rank_only(), or Keras replacing a tf.data iterator) while ranks [%s] wait for it in %s '%.120s'; "
-           "they wait while it is, up to "
-           "TNT_BUSY_TIMEOUT_S=%g s, and fail at TNT_TIMEOUT_S=%g s after it if it never makes that call",
+  TNT_WARN("this rank has been busy on its own for %.0f s (" BUSY_WORK ") while ranks [%s] wait for it in "
+           "%s '%.120s'; they wait while it is, up to TNT_BUSY_TIMEOUT_S=%g s, and fail at TNT_TIMEOUT_S=%g s "
+           "after it if it never makes that call",
            now - since, waiting, tnt_coll_name(coll), name,
            c->params->busy_timeout_s > c->params->timeout_s ? c->params->busy_timeout_s : c->params->timeout_s,
            c->params->timeout_s);
