@@ -418,21 +418,24 @@ def test_a_registered_class_is_saved_under_its_registered_name_once_swapped(tmp_
     assert type(plain.optimizer) is RegisteredAdam and int(plain.optimizer.iterations) == 2
 
 
-def _info_messages():
+def _log_messages(level=logging.INFO):
+    """Tarantella's messages of `level`, read from its logger's records (its own handler writes
+    to the sys.stderr of its configuration: an earlier test's capture, in a full run), the
+    logger set to `level` (an earlier test may have set another); the second value restores it."""
     records = []
 
     class Catch(logging.Handler):
         def emit(self, record):
-            if record.levelno == logging.INFO:
+            if record.levelno == level:
                 records.append(record.getMessage())
 
     from tarantella.common.logging import get_logger
 
-    handler = Catch(level=logging.INFO)
-    logger = get_logger()  # configured (from TNT_LOG_LEVEL) before the level is lowered
+    handler = Catch(level=level)
+    logger = get_logger()  # configured (from TNT_LOG_LEVEL) before the level is set
     logger.addHandler(handler)
     previous = logger.level
-    logger.setLevel(logging.INFO)
+    logger.setLevel(level)
     return records, lambda: (logger.removeHandler(handler), logger.setLevel(previous))
 
 
@@ -450,7 +453,7 @@ def test_parallel_strategy_values():
                                  tnt.keras.layers.SplitLayer(), keras.layers.Dense(2)])
 
     assert S.ALL == S.DATA | S.PIPELINING and S.NONE.value == 0
-    records, restore = _info_messages()
+    records, restore = _log_messages()
     try:
         for strategy, said in ((S.DATA, False), ("data", False), (S.ALL, True), ("ALL", True),
                                (S.DATA | S.PIPELINING, True)):
@@ -643,22 +646,12 @@ def test_a_checkpoint_folder_whose_file_system_has_no_locks_is_written_with_a_wa
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    # the logger's own handler writes to the sys.stderr of its configuration (an earlier test's
-    # capture, in a full run): read its records here
-    from tarantella.common.logging import get_logger
-
-    records = []
-    catch = logging.Handler(logging.WARNING)
-    catch.emit = lambda record: records.append(record.getMessage())
-    logger, level = get_logger(), get_logger().level
-    logger.addHandler(catch)
-    logger.setLevel(logging.WARNING)  # TNT_LOG_LEVEL's default (an earlier test may have set another)
+    records, restore = _log_messages(logging.WARNING)
     try:
         assert checkpoint_writes._folder_lock(fcntl.LOCK_EX, prefix) is None
         assert checkpoint_writes._folder_lock(fcntl.LOCK_SH, prefix) is None
     finally:
-        logger.removeHandler(catch)
-        logger.setLevel(level)
+        restore()
     said = "\n".join(records)
     assert said.count("has no locks (No locks available)") == 1, said
     assert "Save on the master only" in said
