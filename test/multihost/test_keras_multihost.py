@@ -19,7 +19,7 @@ pytest.importorskip("tensorflow", reason="needs TensorFlow (the Keras frontend)"
 
 import test_serial_equivalence as serial  # noqa: E402
 from multihost_helpers import nothing_left  # noqa: E402
-from tf_helpers import clean_env, run_serial  # noqa: E402
+from tf_helpers import clean_env, serial_reference  # noqa: E402
 
 
 def _openmpi():
@@ -32,8 +32,7 @@ def _openmpi():
 
 @pytest.mark.skipif(not _openmpi(), reason="needs Open MPI (mpirun, mpicc): the transport between hosts is mpi")
 def test_keras_across_two_hosts_of_two_ranks_is_serial_keras(multihost, tmp_path_factory):
-    ref = tmp_path_factory.mktemp("reference")
-    run_serial("scenarios.py", "--out", ref, "--reference")
+    ref = serial_reference(tmp_path_factory)  # test_serial_equivalence.py's, when it ran first
     out = tmp_path_factory.mktemp("multihost")
     env = clean_env(TNT_LOG_LEVEL="INFO")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -42,7 +41,7 @@ def test_keras_across_two_hosts_of_two_ranks_is_serial_keras(multihost, tmp_path
                         env=multihost.env(base=env), cwd=str(out), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     assert "allreduce: hierarchical, 2 hosts x 2 ranks" in res.stderr, res.stderr[-3000:]
-    serial.assert_same_as_serial(serial._load(str(ref)), serial._load(str(out)), 4)
+    serial.assert_same_as_serial(serial._load(ref), serial._load(str(out)), 4)
     assert nothing_left(multihost, multihost.hosts)
 
 

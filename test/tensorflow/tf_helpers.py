@@ -28,6 +28,20 @@ def run_serial(script, *args, env=None, timeout=300):
     return result
 
 
+_serial_runs = {}
+
+
+def serial_reference(tmp_path_factory, script="scenarios.py"):
+    """The folder of `python script --out DIR --reference`, run once per test session:
+    test_serial_equivalence.py and test/multihost/test_keras_multihost.py compare against the
+    same serial Keras run (about 30 s of CPU each time it is made)."""
+    if script not in _serial_runs:
+        out = tmp_path_factory.mktemp("reference")
+        run_serial(script, "--out", out, "--reference")
+        _serial_runs[script] = str(out)
+    return _serial_runs[script]
+
+
 def run_ranks(n, script, *args, env=None, timeout=400, runner_args=(), check=True):
     """`tntrun -n N -- script args`; the CompletedProcess."""
     exe = shutil.which("tntrun")
