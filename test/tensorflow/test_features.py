@@ -114,7 +114,17 @@ def test_master_only_callback_failure_ends_every_rank_at_once(tmp_path):
     assert other["seconds"] < 30, other
 
 
-def test_saves_on_the_master_longer_than_the_timeout_are_waited_for(tmp_path):
+@pytest.fixture(scope="module")
+def slow_run(tmp_path_factory):
+    """One 2-rank launch of features.py's check_slow_teardown, then its check_slow_master, at
+    TNT_TIMEOUT_S=5 (TensorFlow takes seconds per process to start): the folder of their
+    results, for the two tests below."""
+    out = tmp_path_factory.mktemp("slow")
+    run_ranks(2, "features.py", "--out", out, "--slow-teardown", "--slow-master", env={"TNT_TIMEOUT_S": 5})
+    return out
+
+
+def test_saves_on_the_master_longer_than_the_timeout_are_waited_for(slow_run):
     """A ModelCheckpoint's save on the master (every rank's, and one on the
     master only) takes TNT_TIMEOUT_S + 3 s: the other rank waits for the
     master, busy on its own, instead of failing with a TimeoutError at
@@ -123,14 +133,13 @@ def test_saves_on_the_master_longer_than_the_timeout_are_waited_for(tmp_path):
     after the other, now and then (at TNT_TIMEOUT_S=5, then 10): TensorFlow
     dropping fit's tf.data iterator, which now counts as the rank's own work
     (the next test)."""
-    run_ranks(2, "features.py", "--out", tmp_path, "--slow-master", env={"TNT_TIMEOUT_S": 10})
     for rank in (0, 1):
-        result = json.load(open(os.path.join(tmp_path, f"slow{rank}.json")))
+        result = json.load(open(os.path.join(slow_run, f"slow{rank}.json")))
         assert result == {"error": None, "files": ["slow_all.keras", "slow_master.keras"],
                           "checkpoint": ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]}, result
 
 
-def test_keras_work_between_hooks_longer_than_the_timeout_is_waited_for(tmp_path):
+def test_keras_work_between_hooks_longer_than_the_timeout_is_waited_for(slow_run):
     """On rank 1 Keras takes TNT_TIMEOUT_S + 1 s between the callback hooks
     (features.py's check_slow_teardown: replacing and dropping tf.data
     iterators, where TensorFlow 2.21 can take up to 60 s), three times: rank 0
@@ -139,8 +148,7 @@ def test_keras_work_between_hooks_longer_than_the_timeout_is_waited_for(tmp_path
     also for the iterator of a fit that a callback stopped early, which the
     garbage collector drops; and both ranks end with the same logs and
     predictions."""
-    run_ranks(2, "features.py", "--out", tmp_path, "--slow-teardown", env={"TNT_TIMEOUT_S": 5})
-    results = [json.load(open(os.path.join(tmp_path, f"teardown{rank}.json"))) for rank in (0, 1)]
+    results = [json.load(open(os.path.join(slow_run, f"teardown{rank}.json"))) for rank in (0, 1)]
     for result in results:
         assert result["error"] is None, result
     assert results[0]["stalls"] == ["stopped fit returned"]
