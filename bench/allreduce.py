@@ -196,16 +196,23 @@ def cross_core_probe():
     return probe
 
 
+# A round trip over this is far apart whatever else the run saw (near: ~55 ns on the
+# machine of 2026-11-29, far ~320): a table whose every launch found the cores far
+# apart (2026-12-01, 4 ranks: 321-352 ns) was headed "near", being under twice its least.
+FAR_NS = 150
+
+
 def by_placement(trips):
     """[(title, round indices)]: the rounds whose every launch found the cores
-    near each other (a cache line's round trip under twice the run's least),
-    then those whose every launch found them far apart; a round whose launches
-    saw both is left out, since its sides ran on different machines in effect.
-    Without the probe, every round in one table."""
+    near each other (a cache line's round trip under twice the table's least,
+    and under FAR_NS), then those whose every launch found them far apart; a
+    round whose launches saw both is left out, since its sides ran on
+    different machines in effect. Without the probe, every round in one table."""
     every = [ns for t in trips for _, ns in t if ns is not None]
     if not every:
         return [("All rounds:", list(range(len(trips))))]
-    far = [{ns > 2 * min(every) for _, ns in t if ns is not None} for t in trips]
+    bound = min(2 * min(every), FAR_NS)
+    far = [{ns > bound for _, ns in t if ns is not None} for t in trips]
     out = [(f"Rounds whose every launch found the cores {word} ({sum(f == {key} for f in far)} of {len(trips)}):",
             [k for k, f in enumerate(far) if f == {key}]) for word, key in (("near", False), ("far apart", True))]
     return [(title, keep) for title, keep in out if keep] or \
