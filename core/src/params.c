@@ -71,7 +71,8 @@ static const num_param_t num_params[P_COUNT] = {
                 "F16C+AVX2; 0: portable scalar code (every level gives the same bits)"},
     [P_STREAM_KB] = {"TNT_STREAM_MIN_KB", 4096, 0, 1e12, 1, INTO(stream_min_bytes, 1024),
                      "allreduces of at least this many KiB (the direct allreduce of N ranks on one host: N times "
-                     "its buffer, all of the host's) are taken to be larger than the cache: results are written "
+                     "its buffer, all of the host's, and 1.5x this while a rank finds the cores near each other) "
+                     "are taken to be larger than the cache: results are written "
                      "past it with streaming stores (x86-64), and the ring's last reduce step sends each "
                      "completed piece on at once (the same bits either way)"},
     [P_DIRECT] = {"TNT_SHM_DIRECT", 1, 0, 1, 1, INTO(shm_direct, 1),
