@@ -87,15 +87,16 @@ tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, 
   const size_t esz = tnt_dtype_size(dtype);
   /* what the host holds is N ranks' buffers: the cache runs out at 1/N of a
    * ring's size (4 ranks on 2 cores: streaming from 1 MB 1.2-1.5x faster, on
-   * 2026-11-27). While this rank's copies find the cores near each other
-   * (copier.far unset: the cache they share holds more), only from 1.5x
-   * that: near, 4 ranks at 1 MB (4 MiB on the host) wrote their results
+   * 2026-11-27). While this rank's plain copies find the cores near each
+   * other (tnt_put_copier_near: the cache they share holds more), only from
+   * 1.5x that: near, 4 ranks at 1 MB (4 MiB on the host) wrote their results
    * 1.2-1.3x faster plainly, where 3 ranks at 2 MB (6 MiB) were 1.1x slower
    * so and 8 ranks at 1 MB as fast or slower; far, 4 ranks at 1 MB were
-   * 1.15x slower plainly (docs/benchmarks.md, 2026-12-01). Each rank chooses
-   * alone: the bits are the same either way. */
+   * 1.15x slower plainly (docs/benchmarks.md, 2026-12-01). Without a verdict
+   * (a scaled input is never copied plainly), from the threshold, as
+   * measured before. Each rank chooses alone: the bits are the same. */
   const size_t host_bytes = (size_t)count * esz * (size_t)N;
-  const int stream = tnt_stream_wanted(copier.far ? host_bytes : host_bytes / 3 * 2);
+  const int stream = tnt_stream_wanted(tnt_put_copier_near(&copier) ? host_bytes / 3 * 2 : host_bytes);
   const uint8_t *msgs[N];
   size_t lens[N];
   for (int64_t cb = 0; cb < count;) {

@@ -37,3 +37,5 @@ void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte) {
   c->ns_per_byte[c->samples++ % PUT_SAMPLES] = ns_per_byte;
   c->far = ns_per_byte > PUT_FAR_NS_PER_BYTE && all_slow(c);
 }
+
+int tnt_put_copier_near(const tnt_put_copier_t *c) { return c->samples >= PUT_SAMPLES && !c->far; }

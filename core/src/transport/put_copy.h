@@ -39,5 +39,8 @@ typedef struct {
 void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len);
 /* What a plain copy cost: the verdict after it (tnt_put_copy times its plain copies). */
 void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte);
+/* 1 when its last PUT_SAMPLES plain copies found the cores near; 0 while far,
+ * and before it has timed that many (no verdict yet). */
+int tnt_put_copier_near(const tnt_put_copier_t *c);
 
 #endif
