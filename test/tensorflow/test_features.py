@@ -132,7 +132,7 @@ def test_saves_on_the_master_longer_than_the_timeout_are_waited_for(slow_run):
     On the 2-core CI machine one rank came to the barrier after fit 5 to 10 s
     after the other, now and then (at TNT_TIMEOUT_S=5, then 10): TensorFlow
     dropping fit's tf.data iterator, which now counts as the rank's own work
-    (the next test)."""
+    (the next test); so it runs at 5 s again, in that test's launch."""
     for rank in (0, 1):
         result = json.load(open(os.path.join(slow_run, f"slow{rank}.json")))
         assert result == {"error": None, "files": ["slow_all.keras", "slow_master.keras"],
