@@ -34,7 +34,8 @@ with TNT_SIMD=0 (the portable scalar float16/bfloat16 kernels) and TNT_SIMD=1
 same rounds, for the ratios.
 
 Bus bandwidth is 2(N-1)/N x bytes / time, as nccl-tests report it. Sum; float32
-unless --dtype says otherwise. With `--collective allgather` the size is each
+unless --dtype says otherwise. The `average` variant (`op="average"`, `out=`)
+is what training's gradients take: each input scaled by 1/N on its way in. With `--collective allgather` the size is each
 rank's input, the result N times that, and bus bandwidth (N-1) x bytes / time
 (nccl-tests' (N-1)/N x the result's size); allgather has no `out` variant.
 `--collective broadcast` broadcasts from rank 0; its bus bandwidth is bytes / time.
@@ -62,7 +63,7 @@ import numpy as np
 
 HERE = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
-VARIANTS = ("plain", "named", "out")
+VARIANTS = ("plain", "named", "out", "average")
 
 
 def rotated(items, k):
@@ -143,6 +144,8 @@ def worker(kind, sizes, variants, dtype="float32", collective="allreduce", batch
                 "plain": lambda: tnt.allreduce(x),
                 "named": lambda: tnt.allreduce(x, name="bench"),
                 "out": lambda: tnt.allreduce(x, out=out),
+                # what Keras's gradients take: each input scaled by 1/N on its way in
+                "average": lambda: tnt.allreduce(x, op="average", out=out),
                 "mpi": lambda: comm.Allreduce(x, out, op=MPI.SUM),
             }
             expected = (size, x.size)
@@ -160,7 +163,8 @@ def worker(kind, sizes, variants, dtype="float32", collective="allreduce", batch
                     r = fn()
                 best[v] = min(best[v], (time.perf_counter() - t) / iters)
                 got = (x if v == "mpi" and collective == "broadcast" else out) if r is None else r
-                assert expected is None or (got[0], got.size) == expected, (v, got[0], got.size)
+                want = (1, expected[1]) if v == "average" else expected  # the average of ones
+                assert want is None or (got[0], got.size) == want, (v, got[0], got.size)
         results.append({"bytes": x.nbytes, "seconds": best})
     if rank == 0:
         print("RESULT " + json.dumps({"kind": kind, "ranks": size, "results": results}), flush=True)
@@ -347,7 +351,7 @@ def main():
     p.add_argument("--max-bytes", default="256M")
     p.add_argument("--sizes", help="comma-separated sizes (4,64K,1M) instead of --min/--max-bytes")
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the figure is their median (default 1)")
-    p.add_argument("--variants", default="plain,named,out", help="Tarantella call forms: plain,named,out")
+    p.add_argument("--variants", default="plain,named,out", help="Tarantella call forms: plain,named,out,average (op=\"average\", out=: the way Keras's gradients go)")
     p.add_argument("--baseline", metavar="DIR", help="also run the Tarantella of this source tree (built in place)")
     p.add_argument("--peer-venv", action="append", default=[], metavar="LABEL=DIR",
                    help="an MPI to compare with: a venv holding mpi4py and that MPI's mpiexec "
@@ -374,6 +378,8 @@ def main():
         p.error(f"--variants takes {', '.join(VARIANTS)}. Received: {a.variants}")
     if a.collective in ("allgather", "barrier"):
         variants = [v for v in variants if v != "out"]  # they take no out=
+    if a.collective != "allreduce":
+        variants = [v for v in variants if v != "average"]
     if a.worker:
         worker(a.worker, [int(s) for s in a.sizes.split(",")], variants, a.dtype, a.collective)
         return 0

@@ -24,7 +24,7 @@ void tnt_stream_min_set(size_t bytes) { atomic_store_explicit(&stream_min, bytes
 int tnt_stream_wanted(size_t bytes) { return bytes >= atomic_load_explicit(&stream_min, memory_order_relaxed); }
 
 #if HAVE_STREAM
-void tnt_copy_streaming(void *dst, const void *src, size_t len) {
+void tnt_copy_streaming_unfenced(void *dst, const void *src, size_t len) {
   uint8_t *d = dst;
   const uint8_t *s = src;
   /* up to the first 16-byte boundary of dst (a streaming store writes 16 aligned bytes) */
@@ -41,8 +41,15 @@ void tnt_copy_streaming(void *dst, const void *src, size_t len) {
     _mm_stream_si128((__m128i *)(d + 48), x3);
   }
   memcpy(d, s, len);
-  _mm_sfence();
 }
+
+void tnt_stream_fence(void) { _mm_sfence(); }
 #else
-void tnt_copy_streaming(void *dst, const void *src, size_t len) { memcpy(dst, src, len); }
+void tnt_copy_streaming_unfenced(void *dst, const void *src, size_t len) { memcpy(dst, src, len); }
+void tnt_stream_fence(void) {}
 #endif
+
+void tnt_copy_streaming(void *dst, const void *src, size_t len) {
+  tnt_copy_streaming_unfenced(dst, src, len);
+  tnt_stream_fence();
+}

@@ -26,5 +26,9 @@ int tnt_stream_wanted(size_t bytes);
  * a store fence (what comes next, a notification or the return to the caller,
  * is ordered after the data). Plain memcpy where the CPU has no such stores. */
 void tnt_copy_streaming(void *dst, const void *src, size_t len);
+/* The same without the fence, for a loop of blocks that fences once after its
+ * last (tnt_stream_fence). */
+void tnt_copy_streaming_unfenced(void *dst, const void *src, size_t len);
+void tnt_stream_fence(void);
 
 #endif

@@ -100,6 +100,46 @@ static void test_put_copier(void) {
   EXPECT(c.samples == PUT_SAMPLES + 1 && memcmp(dst, src + 1, 1000) == 0); /* small: not timed */
 }
 
+/* A scale into a peer's window (tnt_put_scale): the bits of tnt_scale
+ * whichever way it writes (plain, or L1 blocks streamed out, also with an
+ * unaligned destination and a count that ends mid-block), and nothing around
+ * it. Timed only for float32/float64 (a float16 scale follows the verdict
+ * without giving one, and never counts as a probe); pieces under 16 KiB never.
+ * Defects guarded against: a streamed block written short or shifted, and a
+ * scalar float16 scale's cost taken for the cores' placement. */
+static void test_put_scale(void) {
+  enum { N = (40 << 10) + 7 }; /* elements: 160 KiB of float32, blocks of 8 KiB and a ragged end */
+  static float src[N], want[N], got[N + 2];
+  static uint16_t hsrc[N], hwant[N], hgot[N + 2];
+  for (int i = 0; i < N; i++) src[i] = (float)(i % 1000) * 0.37f - 100.0f, hsrc[i] = (uint16_t)(0x3c00 + i % 977);
+  tnt_scale(TNT_FLOAT32, want, src, 0.25, N);
+  tnt_scale(TNT_FLOAT16, hwant, hsrc, 0.25, N);
+  int mismatches = 0;
+  for (int far = 0; far <= 1; far++) {
+    tnt_put_copier_t c = {.samples = PUT_SAMPLES, .far = far};
+    for (int k = 1; k < PUT_PROBE_EVERY; k++) { /* far: every one streamed; near: plain and timed */
+      memset(got, 0xAB, sizeof got);
+      tnt_put_scale(&c, TNT_FLOAT32, got + 1, src, 0.25, N); /* 4 bytes past a 16-byte boundary */
+      mismatches += memcmp(got + 1, want, sizeof want) != 0 || memcmp(got, "\xAB\xAB\xAB\xAB", 4) ||
+                    memcmp(got + N + 1, "\xAB\xAB\xAB\xAB", 4);
+      c.far = far; /* near: the timed samples may say anything on a busy machine */
+    }
+    EXPECT(c.samples == (uint32_t)(far ? PUT_SAMPLES : PUT_SAMPLES + PUT_PROBE_EVERY - 1));
+    const uint32_t samples = c.samples, puts = c.puts;
+    memset(hgot, 0, sizeof hgot);
+    tnt_put_scale(&c, TNT_FLOAT16, hgot + 1, hsrc, 0.25, N);
+    mismatches += memcmp(hgot + 1, hwant, sizeof hwant) != 0 || hgot[0] || hgot[N + 1];
+    EXPECT(c.samples == samples && c.puts == puts); /* float16: untimed either way */
+  }
+  tnt_put_copier_t c = {.samples = PUT_SAMPLES, .far = 1};
+  c.puts = PUT_PROBE_EVERY - 1; /* the next put is the probe */
+  tnt_put_scale(&c, TNT_FLOAT32, got, src, 0.25, N);
+  EXPECT(c.samples == PUT_SAMPLES + 1 && memcmp(got, want, sizeof want) == 0);
+  tnt_put_scale(&c, TNT_FLOAT32, got, src, 0.25, 1000); /* small: not timed */
+  EXPECT(c.samples == PUT_SAMPLES + 1 && memcmp(got, want, 4000) == 0);
+  EXPECT(mismatches == 0);
+}
+
 /* tnt_copy_unaliased writes exactly what memcpy writes, both
  * when it copies forwards and when the destination lies 1-255 bytes past the
  * source modulo 4 KiB (copied backwards), and nothing around it. */
@@ -351,6 +391,7 @@ int main(void) {
   test_half_precision();
   test_streaming_copy();
   test_put_copier();
+  test_put_scale();
   test_copy_unaliased();
   test_shape_layout();
   test_namemap_churn();

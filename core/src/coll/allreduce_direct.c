@@ -32,9 +32,9 @@
 #include "stream_store.h"
 #include "transport/put_copy.h"
 
-/* How this rank copies its chunk into its exchange buffer, whose lines the
- * other ranks read last: plainly, or with streaming stores while its core is
- * far from theirs (put_copy.h). The engine runs one collective at a time. */
+/* How this rank copies (or scales) its chunk into its exchange buffer, whose
+ * lines the other ranks read last: plainly, or with streaming stores while its
+ * core is far from theirs (put_copy.h). The engine runs one collective at a time. */
 static tnt_put_copier_t copier;
 
 /* out = the N contributions added, for the elements [lo, hi) of a buffer of
@@ -93,8 +93,9 @@ tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, 
    * 1.2-1.3x faster plainly, where 3 ranks at 2 MB (6 MiB) were 1.1x slower
    * so and 8 ranks at 1 MB as fast or slower; far, 4 ranks at 1 MB were
    * 1.15x slower plainly (docs/benchmarks.md, 2026-12-01). Without a verdict
-   * (a scaled input is never copied plainly), from the threshold, as
-   * measured before. Each rank chooses alone: the bits are the same. */
+   * (the first calls, and inputs scaled in a dtype whose scales are not
+   * timed: put_copy.h), from the threshold, as measured before. Each rank
+   * chooses alone: the bits are the same. */
   const size_t host_bytes = (size_t)count * esz * (size_t)N;
   const int stream = tnt_stream_wanted(tnt_put_copier_near(&copier) ? host_bytes / 3 * 2 : host_bytes);
   const uint8_t *msgs[N];
@@ -111,7 +112,7 @@ tnt_result_t tnt_allreduce_direct(const tnt_transport_t *t, void *ts, int rank, 
     int64_t pb, pl;
     part_of(cb, cl, rank, N, &pb, &pl);
     if (prescale != 1.0) {
-      tnt_scale(dtype, mine, src, prescale, (size_t)cl);
+      tnt_put_scale(&copier, dtype, mine, src, prescale, (size_t)cl);
     } else {
       const size_t before = (size_t)(pb - cb) * esz, after = (size_t)(pb - cb + pl) * esz;
       tnt_put_copy(&copier, mine, src, before);

@@ -74,7 +74,7 @@ tnt_result_t tnt_allreduce_pair(tnt_ring_t *ring, const void *in, void *out, int
       if (stage) {
         uint8_t *buf;
         TNT_CHECK(tnt_ring_stage(ring, (size_t)pl * esz, deadline, &buf));
-        tnt_scale(dtype, buf, piece_out, prescale, (size_t)pl);
+        tnt_put_scale(&ring->copier, dtype, buf, piece_out, prescale, (size_t)pl);
         piece_out = buf;
       }
       TNT_CHECK(tnt_ring_send(ring, piece_out, (size_t)pl * esz, deadline));

@@ -55,7 +55,7 @@ static tnt_result_t send_piece(tnt_ring_t *ring, const plan_t *p, const uint8_t 
   if (scale_out) {
     uint8_t *buf;
     TNT_CHECK(tnt_ring_stage(ring, (size_t)pl * p->esz, deadline, &buf));
-    tnt_scale(p->dtype, buf, piece_out, p->prescale, (size_t)pl);
+    tnt_put_scale(&ring->copier, p->dtype, buf, piece_out, p->prescale, (size_t)pl);
     piece_out = buf;
   }
   return tnt_ring_send(ring, piece_out, (size_t)pl * p->esz, deadline);

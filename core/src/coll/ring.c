@@ -32,6 +32,7 @@ tnt_result_t tnt_ring_setup_on(tnt_ring_t *ring, const tnt_transport_t *t, void 
   ring->tx_seq = 0;
   ring->rx_seq = 0;
   ring->slot_free_for = 0;
+  ring->copier = (tnt_put_copier_t){0};
   ring->timeout_s = timeout_s;
   /* this channel's region of every window: of next's, which we put into, and of
    * the one prev puts into */

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "transport.h"
+#include "transport/put_copy.h"
 
 typedef struct {
   const tnt_transport_t *t;
@@ -44,6 +45,7 @@ typedef struct {
   double timeout_s;
   uint8_t *window;
   uint8_t *staging; /* one slot: a piece scaled on its way out */
+  tnt_put_copier_t copier; /* how pieces are scaled into next's window: plainly, or streaming while far (put_copy.h) */
   uint8_t *scratch; /* tnt_ring_scratch: grows to the largest size asked, kept until teardown */
   size_t scratch_bytes;
 } tnt_ring_t;

@@ -9,8 +9,12 @@
 /* Pieces smaller than this are copied plainly and not timed: a clock read
  * costs more than the choice could save. */
 #define PUT_TIMED_MIN (16 << 10)
-/* Slower than this per byte, a plain copy took its lines from a far core
- * (near: <= 0.12 ns per byte, far: >= 0.35, on the machine of put_copy.h). */
+/* A plain float scale into a peer's window slower than this per byte took its
+ * lines from a far core: bench/window_writes.c (64 KiB, 2026-12-01) had it at
+ * 0.12-0.16 ns near and 0.50-0.58 far, where memcpy took 0.07-0.10 and
+ * 0.47-0.55. Its samples are recorded in a copy's terms (scaled by
+ * PUT_FAR_NS_PER_BYTE / this), so one verdict reads both. */
+#define PUT_SCALE_FAR_NS_PER_BYTE 0.3
 
 static int all_slow(const tnt_put_copier_t *c) {
   if (c->samples < PUT_SAMPLES) return 0;
@@ -19,18 +23,49 @@ static int all_slow(const tnt_put_copier_t *c) {
   return 1;
 }
 
+/* While far, every piece but each PUT_PROBE_EVERY-th goes out streaming. */
+static int streams_next(tnt_put_copier_t *c) { return c->far && ++c->puts % PUT_PROBE_EVERY; }
+
 void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len) {
   if (len < PUT_TIMED_MIN) {
     memcpy(dst, src, len);
     return;
   }
-  if (c->far && ++c->puts % PUT_PROBE_EVERY) {
+  if (streams_next(c)) {
     tnt_copy_streaming(dst, src, len);
     return;
   }
   const double t0 = tnt_now();
   memcpy(dst, src, len);
   tnt_put_copier_record(c, (tnt_now() - t0) * 1e9 / (double)len);
+}
+
+/* The scale in blocks that stay in L1, each written out with streaming stores:
+ * the same bits as tnt_scale, one fence at the end. */
+static void scale_streaming(tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n) {
+  enum { BLOCK_BYTES = 8192 };
+  uint64_t block[BLOCK_BYTES / sizeof(uint64_t)];
+  const size_t esz = tnt_dtype_size(dtype), per = BLOCK_BYTES / esz;
+  for (size_t done = 0; done < n; done += per) {
+    const size_t m = n - done < per ? n - done : per;
+    tnt_scale(dtype, block, (const uint8_t *)src + done * esz, factor, m);
+    tnt_copy_streaming_unfenced((uint8_t *)dst + done * esz, block, m * esz);
+  }
+  tnt_stream_fence();
+}
+
+void tnt_put_scale(tnt_put_copier_t *c, tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n) {
+  const size_t len = n * tnt_dtype_size(dtype);
+  const int timed = dtype == TNT_FLOAT32 || dtype == TNT_FLOAT64;
+  if (len < PUT_TIMED_MIN || (!timed && !c->far)) {
+    tnt_scale(dtype, dst, src, factor, n);
+  } else if (!timed || streams_next(c)) {
+    scale_streaming(dtype, dst, src, factor, n);
+  } else {
+    const double t0 = tnt_now();
+    tnt_scale(dtype, dst, src, factor, n);
+    tnt_put_copier_record(c, (tnt_now() - t0) * 1e9 / (double)len * (PUT_FAR_NS_PER_BYTE / PUT_SCALE_FAR_NS_PER_BYTE));
+  }
 }
 
 void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte) {

@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h"
+
 #define PUT_SAMPLES 4
 #define PUT_PROBE_EVERY 32
 /* Slower than this per byte, a plain copy took its lines from a far core
@@ -37,6 +39,13 @@ typedef struct {
 
 /* memcpy(dst, src, len) into a peer's window, as the placement asks. */
 void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len);
+/* tnt_scale(dtype, dst, src, factor, n) into a peer's window, as the placement
+ * asks: an average's input (1/N) goes out this way, and a scale takes the
+ * peer's lines as a copy does. Plain float32 and float64 scales are timed for
+ * the verdict like plain copies (against a threshold of their own: put_copy.c);
+ * other dtypes' arithmetic may cost more than that anywhere (scalar float16),
+ * so they follow the verdict without giving one. */
+void tnt_put_scale(tnt_put_copier_t *c, tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n);
 /* What a plain copy cost: the verdict after it (tnt_put_copy times its plain copies). */
 void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte);
 /* 1 when its last PUT_SAMPLES plain copies found the cores near; 0 while far,
