@@ -140,6 +140,39 @@ static void test_put_scale(void) {
   EXPECT(mismatches == 0);
 }
 
+/* The ring's fused last step while the cores are far apart
+ * (tnt_reduce_scaled_streaming): the slot and the result both get
+ * tnt_reduce_scaled's bits, float32 and bfloat16, with an unaligned
+ * destination, a ragged last block, and in place (the result is the addend,
+ * as when the caller's output is its input: each block read before it is
+ * written), and nothing around them. Defects guarded against: a block written
+ * to one destination only, or shifted. */
+static void test_reduce_scaled_streaming(void) {
+  enum { N = (24 << 10) + 5 };
+  static float a[N], b[N], want[N], slot[N + 2], res[N + 2], inplace[N];
+  static uint16_t ha[N], hb[N], hwant[N], hslot[N], hres[N];
+  for (int i = 0; i < N; i++) {
+    a[i] = (float)(i % 313) * 0.11f, b[i] = (float)(i % 97) - 40.0f;
+    ha[i] = (uint16_t)(0x3f80 + i % 300), hb[i] = (uint16_t)(0x4000 + i % 211);
+  }
+  tnt_reduce_scaled(TNT_FLOAT32, want, a, b, 0.5, 2, N);
+  tnt_reduce_scaled(TNT_BFLOAT16, hwant, ha, hb, 0.5, 2, N);
+  int mismatches = 0;
+  memset(slot, 0xAB, sizeof slot), memset(res, 0xAB, sizeof res);
+  tnt_reduce_scaled_streaming(TNT_FLOAT32, slot + 1, res + 1, a, b, 0.5, 2, N);
+  mismatches += memcmp(slot + 1, want, sizeof want) != 0 || memcmp(res + 1, want, sizeof want) != 0;
+  mismatches += memcmp(slot, "\xAB\xAB\xAB\xAB", 4) || memcmp(res + N + 1, "\xAB\xAB\xAB\xAB", 4);
+  memcpy(inplace, b, sizeof b);
+  tnt_reduce_scaled_streaming(TNT_FLOAT32, slot, inplace, a, inplace, 0.5, 2, N);
+  mismatches += memcmp(slot, want, sizeof want) != 0 || memcmp(inplace, want, sizeof want) != 0;
+  tnt_reduce_scaled_streaming(TNT_BFLOAT16, hslot, hres, ha, hb, 0.5, 2, N);
+  mismatches += memcmp(hslot, hwant, sizeof hwant) != 0 || memcmp(hres, hwant, sizeof hwant) != 0;
+  tnt_reduce_scaled_streaming(TNT_FLOAT32, slot, NULL, b, a, 1.0, 1, N); /* no second destination */
+  tnt_reduce_scaled(TNT_FLOAT32, want, b, a, 1.0, 1, N);
+  mismatches += memcmp(slot, want, sizeof want) != 0;
+  EXPECT(mismatches == 0);
+}
+
 /* tnt_copy_unaliased writes exactly what memcpy writes, both
  * when it copies forwards and when the destination lies 1-255 bytes past the
  * source modulo 4 KiB (copied backwards), and nothing around it. */
@@ -392,6 +425,7 @@ int main(void) {
   test_streaming_copy();
   test_put_copier();
   test_put_scale();
+  test_reduce_scaled_streaming();
   test_copy_unaliased();
   test_shape_layout();
   test_namemap_churn();

@@ -139,9 +139,16 @@ static tnt_result_t last_reduce_step(tnt_ring_t *ring, const plan_t *p, const ui
     TNT_CHECK(tnt_ring_recv(ring, bytes, &piece, deadline));
     uint8_t *carry;
     TNT_CHECK(tnt_ring_stage(ring, bytes, deadline, &carry));
-    tnt_reduce_scaled(p->dtype, carry, piece, src + pb * (int64_t)p->esz, p->prescale, divisor, (size_t)pl);
-    TNT_CHECK(tnt_ring_release(ring));
-    tnt_copy_streaming(dst + pb * (int64_t)p->esz, carry, bytes);
+    uint8_t *done = dst + pb * (int64_t)p->esz;
+    const uint8_t *addend = src + pb * (int64_t)p->esz;
+    if (tnt_put_copier_far(&ring->copier)) { /* into the slot and dst at once, both streamed from L1 */
+      tnt_reduce_scaled_streaming(p->dtype, carry, done, piece, addend, p->prescale, divisor, (size_t)pl);
+      TNT_CHECK(tnt_ring_release(ring));
+    } else {
+      tnt_reduce_scaled(p->dtype, carry, piece, addend, p->prescale, divisor, (size_t)pl);
+      TNT_CHECK(tnt_ring_release(ring));
+      tnt_copy_streaming(done, carry, bytes);
+    }
     TNT_CHECK(tnt_ring_send(ring, carry, bytes, deadline));
     tnt_piece(gb, gl, k, p->P, &pb, &pl);
     TNT_CHECK(tnt_ring_recv(ring, (size_t)pl * p->esz, &piece, deadline));

@@ -40,16 +40,30 @@ void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len) {
   tnt_put_copier_record(c, (tnt_now() - t0) * 1e9 / (double)len);
 }
 
-/* The scale in blocks that stay in L1, each written out with streaming stores:
- * the same bits as tnt_scale, one fence at the end. */
+/* Computed in blocks that stay in L1, each written out with streaming stores:
+ * the same bits as the whole call, one fence at the end. */
+enum { BLOCK_BYTES = 8192 };
+
 static void scale_streaming(tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n) {
-  enum { BLOCK_BYTES = 8192 };
   uint64_t block[BLOCK_BYTES / sizeof(uint64_t)];
   const size_t esz = tnt_dtype_size(dtype), per = BLOCK_BYTES / esz;
   for (size_t done = 0; done < n; done += per) {
     const size_t m = n - done < per ? n - done : per;
     tnt_scale(dtype, block, (const uint8_t *)src + done * esz, factor, m);
     tnt_copy_streaming_unfenced((uint8_t *)dst + done * esz, block, m * esz);
+  }
+  tnt_stream_fence();
+}
+
+void tnt_reduce_scaled_streaming(tnt_dtype_t dtype, void *dst, void *also, const void *a, const void *b, double factor,
+                                 int divisor, size_t n) {
+  uint64_t block[BLOCK_BYTES / sizeof(uint64_t)];
+  const size_t esz = tnt_dtype_size(dtype), per = BLOCK_BYTES / esz;
+  for (size_t done = 0; done < n; done += per) {
+    const size_t m = n - done < per ? n - done : per, at = done * esz;
+    tnt_reduce_scaled(dtype, block, (const uint8_t *)a + at, (const uint8_t *)b + at, factor, divisor, m);
+    tnt_copy_streaming_unfenced((uint8_t *)dst + at, block, m * esz);
+    if (also) tnt_copy_streaming_unfenced((uint8_t *)also + at, block, m * esz);
   }
   tnt_stream_fence();
 }
@@ -74,3 +88,5 @@ void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte) {
 }
 
 int tnt_put_copier_near(const tnt_put_copier_t *c) { return c->samples >= PUT_SAMPLES && !c->far; }
+
+int tnt_put_copier_far(const tnt_put_copier_t *c) { return c->far; }

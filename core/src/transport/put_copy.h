@@ -46,6 +46,15 @@ void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len);
  * other dtypes' arithmetic may cost more than that anywhere (scalar float16),
  * so they follow the verdict without giving one. */
 void tnt_put_scale(tnt_put_copier_t *c, tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n);
+/* 1 while the copier's last timed puts found the cores far apart. */
+int tnt_put_copier_far(const tnt_put_copier_t *c);
+/* tnt_reduce_scaled(dtype, dst, a, b, factor, divisor, n), the same values
+ * also into `also` (NULL: none), computed in L1 blocks and written to both
+ * with streaming stores: how a sum goes into a peer's window and the caller's
+ * result at once while the cores are far apart, no line of the peer's taken
+ * across. Not timed. */
+void tnt_reduce_scaled_streaming(tnt_dtype_t dtype, void *dst, void *also, const void *a, const void *b, double factor,
+                                 int divisor, size_t n);
 /* What a plain copy cost: the verdict after it (tnt_put_copy times its plain copies). */
 void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte);
 /* 1 when its last PUT_SAMPLES plain copies found the cores near; 0 while far,
