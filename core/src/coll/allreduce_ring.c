@@ -141,7 +141,12 @@ static tnt_result_t last_reduce_step(tnt_ring_t *ring, const plan_t *p, const ui
     TNT_CHECK(tnt_ring_stage(ring, bytes, deadline, &carry));
     uint8_t *done = dst + pb * (int64_t)p->esz;
     const uint8_t *addend = src + pb * (int64_t)p->esz;
-    if (tnt_put_copier_far(&ring->copier)) { /* into the slot and dst at once, both streamed from L1 */
+    /* An average's step, while far: into the slot and dst at once, both
+     * streamed from L1 (2 ranks at 16 MiB 2.16x faster far). A sum keeps its
+     * plain step: streamed, it was 0.91-0.96 of it far in 9 pairs
+     * (docs/benchmarks.md, placement_ab 2026-12-02). */
+    const int scales = divisor != 1 || p->prescale != 1.0;
+    if (scales && tnt_put_copier_far(&ring->copier)) {
       tnt_reduce_scaled_streaming(p->dtype, carry, done, piece, addend, p->prescale, divisor, (size_t)pl);
       TNT_CHECK(tnt_ring_release(ring));
     } else {
