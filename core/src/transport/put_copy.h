@@ -50,9 +50,10 @@ void tnt_put_scale(tnt_put_copier_t *c, tnt_dtype_t dtype, void *dst, const void
 int tnt_put_copier_far(const tnt_put_copier_t *c);
 /* tnt_reduce_scaled(dtype, dst, a, b, factor, divisor, n), the same values
  * also into `also` (NULL: none), computed in L1 blocks and written to both
- * with streaming stores: how a sum goes into a peer's window and the caller's
- * result at once while the cores are far apart, no line of the peer's taken
- * across. Not timed. */
+ * with streaming stores: how the ring's fused last step of an average goes
+ * into a peer's window and the caller's result at once while the cores are
+ * far apart, no line of the peer's taken across (a sum's stays plain:
+ * allreduce_ring.c). Not timed. */
 void tnt_reduce_scaled_streaming(tnt_dtype_t dtype, void *dst, void *also, const void *a, const void *b, double factor,
                                  int divisor, size_t n);
 /* What a plain copy cost: the verdict after it (tnt_put_copy times its plain copies). */
