@@ -265,6 +265,10 @@ typedef struct {
    * on one host at 48-128 KiB, across the network up to 256 KiB where the
    * direct MPI messages are not used */
   int64_t pair_swaps;
+  /* bytes written into peers' shared memory with streaming stores because the
+   * cores were found (or TNT_SHM_PLACEMENT set them) far apart, the results
+   * that the ring's last reduce step writes with them included (put_copy.h) */
+  int64_t bytes_streamed_far;
 } tnt_stats_t;
 tnt_result_t tnt_get_stats(tnt_stats_t *stats);
 

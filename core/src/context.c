@@ -30,6 +30,7 @@
 #include "setup_interrupt.h"
 #include "transport/host_marks.h"
 #include "transport/job_void.h"
+#include "transport/put_copy.h"
 #include "copy_unaliased.h"
 #include "dtype.h"
 #include "stream_store.h"
@@ -168,6 +169,7 @@ tnt_result_t tnt_init(void) {
   if ((res = tnt_params_read(&c->params)) != TNT_SUCCESS) goto out;
   tnt_half_level_set((tnt_half_level_t)c->params.simd); /* clamped to what the CPU has */
   tnt_stream_min_set((size_t)c->params.stream_min_bytes);
+  tnt_put_init((tnt_put_placement_t)c->params.shm_placement);
   if ((res = tnt_timeline_open(&c->timeline, c->params.timeline, c->pl.rank, c->pl.size)) != TNT_SUCCESS) goto out;
   tnt_requests_init(&c->requests, c->pl.size);
   if (c->pl.size > 1) {

@@ -32,6 +32,7 @@
 #include "pause.h"
 #include "dtype.h"
 #include "settings_agree.h"
+#include "transport/put_copy.h"
 
 #define LIVENESS_S 0.2 /* how often a thread with pending requests checks its peers */
 
@@ -805,6 +806,7 @@ void tnt_engine_stats(tnt_engine_t *c, tnt_stats_t *stats) {
   stats->bytes_reduced = atomic_load(&c->bytes_reduced);
   stats->pair_sums = atomic_load(&c->pair_sums);
   stats->pair_swaps = atomic_load(&c->pair_swaps);
+  stats->bytes_streamed_far = tnt_put_bytes_streamed();
   if (c->transport->wait_stats)
     c->transport->wait_stats(c->ts, &stats->waits_spun, &stats->waits_yielded, &stats->waits_slept);
 }

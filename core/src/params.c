@@ -37,7 +37,7 @@ typedef struct {
   offsetof(tnt_params_t, field),                                                                    \
       _Generic(((tnt_params_t *)0)->field, int: AS_INT, int64_t: AS_INT64, double: AS_DOUBLE), scale
 
-enum { P_FUSION_KB, P_TIMEOUT_S, P_BUSY_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_PAIR_SUM, P_RIDES, P_NET_SPIN_US, P_COUNT };
+enum { P_FUSION_KB, P_TIMEOUT_S, P_BUSY_TIMEOUT_S, P_SLOT_KB, P_SLOTS, P_CACHE, P_SPIN_US, P_HIER, P_BITS, P_SIMD, P_STREAM_KB, P_DIRECT, P_MPI_PAIR_SUM, P_RIDES, P_NET_SPIN_US, P_PLACEMENT, P_COUNT };
 
 static const num_param_t num_params[P_COUNT] = {
     [P_FUSION_KB] = {"TNT_FUSION_THRESHOLD_KB", 1024, 0, 4194304, 1, INTO(fusion_threshold_bytes, 1024),
@@ -94,6 +94,11 @@ static const num_param_t num_params[P_COUNT] = {
                        "before it sleeps, while the host has a core free and its ranks fit on its cores (as for "
                        "TNT_SPIN_US); a round trip over TCP takes tens of microseconds, and a wait that sleeps "
                        "through it, or through a transfer that moves only while it polls, adds its wake-up"},
+    [P_PLACEMENT] = {"TNT_SHM_PLACEMENT", 0, 0, 2, 1, INTO(shm_placement, 1),
+                     "shared-memory transport: how a rank writes pieces of 16 KiB and more into a peer's "
+                     "memory: 0: as its cores are found placed, from what its plain copies cost (plain stores "
+                     "near, streaming stores far apart); 1: taken as near, always plain; 2: taken as far, always "
+                     "streaming (the same bits either way; ranks may differ)"},
 };
 
 /* 1 when `raw` is a value of setting p (in *out), else 0. */

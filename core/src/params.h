@@ -31,6 +31,7 @@ typedef struct {
   int mpi_pair_sum;               /* TNT_MPI_PAIR_SUM: a pair of ranks on two hosts sums in direct MPI messages */
   int rides;                      /* TNT_RIDES: a cached allreduce across hosts rides in its bit round (ride.h) */
   double net_spin_s;              /* TNT_NET_SPIN_US: how long a network transport's wait polls while the host has a core free */
+  int shm_placement;              /* TNT_SHM_PLACEMENT: puts' stores timed (0), plain (1) or streaming (2): tnt_put_placement_t */
 } tnt_params_t;
 
 tnt_result_t tnt_params_read(tnt_params_t *p);

@@ -88,6 +88,7 @@ _ROWS = (
     ("TNT_MPI_PAIR_SUM", _CORE),
     ("TNT_RIDES", _CORE),
     ("TNT_NET_SPIN_US", _CORE),
+    ("TNT_SHM_PLACEMENT", _CORE),
     Param("TNT_TF_OPS", "choice", "auto",
           "how collectives inside tf.function reach the core: auto (compiled TensorFlow ops, built at first "
           "use into ~/.cache/tarantella/plugins; tf.numpy_function with a WARNING when they cannot be built), "

@@ -376,13 +376,17 @@ def stats():
     `pair_sums`: allreduces whose sum between two hosts went in direct MPI
     messages (TNT_MPI_PAIR_SUM); `pair_swaps`: allreduces of two ranks that
     swapped whole buffers (on one host at 48-128 KiB, across the network up
-    to 256 KiB where direct MPI messages are not used). Zeros on one rank."""
+    to 256 KiB where direct MPI messages are not used). `bytes_streamed_far`:
+    bytes written into peers' shared memory with streaming stores because the
+    cores were found (or TNT_SHM_PLACEMENT set them) far apart. Zeros on one
+    rank."""
     lib_ = ensure_initialized()
     out = ffi().new("tnt_stats_t *")
     check(lib_.tnt_get_stats(out))
     return {k: getattr(out, k) for k in ("cycles", "cache_hits", "announcements", "executed", "one_round",
                                          "bit_rounds", "full_rounds", "bytes_reduced", "waits_spun",
-                                         "waits_yielded", "waits_slept", "pair_sums", "pair_swaps")}
+                                         "waits_yielded", "waits_slept", "pair_sums", "pair_swaps",
+                                         "bytes_streamed_far")}
 
 
 def clock():

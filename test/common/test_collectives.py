@@ -29,15 +29,24 @@ def test_every_collective_every_dtype(n, tmp_path):
     assert all((rep["pair_swaps"] > 0) == (n == 2) for rep in reports), [rep["pair_swaps"] for rep in reports]
 
 
-def test_results_are_identical_on_a_second_run(tmp_path):
+@pytest.mark.parametrize("n", [2, 3])
+def test_results_are_identical_on_a_second_run(n, tmp_path):
     # both runs here: the test needs no other test's state and runs alone. The
-    # second writes every result with streaming stores (the first only those
-    # of at least TNT_STREAM_MIN_KB's default), and its allreduces above 16 KiB
-    # take the ring where the first read every rank's chunk in place
-    # (TNT_SHM_DIRECT, 3 ranks): neither the algorithm nor where the bytes go
-    # may change one bit
-    n = 3
-    first = collectives_agree(run_collectives(n, tmp_path / "a"))
-    second = collectives_agree(run_collectives(n, tmp_path / "b", env={"TNT_STREAM_MIN_KB": "0", "TNT_SHM_DIRECT": "0"}))
+    # first writes into peers' memory with plain stores only, the second with
+    # streaming stores from 16 KiB on (TNT_SHM_PLACEMENT: the cores taken as
+    # near, then as far apart; by default a rank decides from what its copies
+    # cost, so a run alone takes either branch by chance), an average's fused
+    # last ring step included. The second also writes every result with
+    # streaming stores (the first only those of at least TNT_STREAM_MIN_KB's
+    # default), and its allreduces above 16 KiB take the ring where the first
+    # read every rank's chunk in place (TNT_SHM_DIRECT, 3 ranks): neither the
+    # algorithm nor where the bytes go may change one bit
+    near = run_collectives(n, tmp_path / "a", env={"TNT_SHM_PLACEMENT": "1"})
+    far = run_collectives(n, tmp_path / "b", env={"TNT_SHM_PLACEMENT": "2", "TNT_STREAM_MIN_KB": "0",
+                                                  "TNT_SHM_DIRECT": "0"})
+    assert [rep["bytes_streamed_far"] for rep in near] == [0] * n
+    # the 64 MB allreduces alone stream more than 64 MB on every rank
+    assert all(rep["bytes_streamed_far"] > 64 << 20 for rep in far), [rep["bytes_streamed_far"] for rep in far]
+    first, second = collectives_agree(near), collectives_agree(far)
     assert first.keys() == second.keys()
     same_results(first, second, "two runs")

@@ -1,6 +1,7 @@
 /* put_copy.c - plain or streaming copies into a peer's window (put_copy.h). */
 #include "put_copy.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common.h"
@@ -16,6 +17,20 @@
  * PUT_FAR_NS_PER_BYTE / this), so one verdict reads both. */
 #define PUT_SCALE_FAR_NS_PER_BYTE 0.3
 
+static _Atomic int placement = TNT_PUT_TIMED;
+static _Atomic int64_t streamed; /* bytes, for tnt_get_stats */
+
+void tnt_put_init(tnt_put_placement_t p) {
+  atomic_store_explicit(&placement, (int)p, memory_order_relaxed);
+  atomic_store_explicit(&streamed, 0, memory_order_relaxed);
+}
+
+int64_t tnt_put_bytes_streamed(void) { return atomic_load_explicit(&streamed, memory_order_relaxed); }
+
+static void count_streamed(size_t bytes) { atomic_fetch_add_explicit(&streamed, (int64_t)bytes, memory_order_relaxed); }
+
+static tnt_put_placement_t given(void) { return (tnt_put_placement_t)atomic_load_explicit(&placement, memory_order_relaxed); }
+
 static int all_slow(const tnt_put_copier_t *c) {
   if (c->samples < PUT_SAMPLES) return 0;
   for (int i = 0; i < PUT_SAMPLES; i++)
@@ -27,12 +42,13 @@ static int all_slow(const tnt_put_copier_t *c) {
 static int streams_next(tnt_put_copier_t *c) { return c->far && ++c->puts % PUT_PROBE_EVERY; }
 
 void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len) {
-  if (len < PUT_TIMED_MIN) {
+  if (len < PUT_TIMED_MIN || given() == TNT_PUT_NEAR) {
     memcpy(dst, src, len);
     return;
   }
-  if (streams_next(c)) {
+  if (given() == TNT_PUT_FAR || streams_next(c)) {
     tnt_copy_streaming(dst, src, len);
+    count_streamed(len);
     return;
   }
   const double t0 = tnt_now();
@@ -53,6 +69,7 @@ static void scale_streaming(tnt_dtype_t dtype, void *dst, const void *src, doubl
     tnt_copy_streaming_unfenced((uint8_t *)dst + done * esz, block, m * esz);
   }
   tnt_stream_fence();
+  count_streamed(n * esz);
 }
 
 void tnt_reduce_scaled_streaming(tnt_dtype_t dtype, void *dst, void *also, const void *a, const void *b, double factor,
@@ -66,14 +83,16 @@ void tnt_reduce_scaled_streaming(tnt_dtype_t dtype, void *dst, void *also, const
     if (also) tnt_copy_streaming_unfenced((uint8_t *)also + at, block, m * esz);
   }
   tnt_stream_fence();
+  count_streamed(n * esz * (also ? 2 : 1));
 }
 
 void tnt_put_scale(tnt_put_copier_t *c, tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n) {
   const size_t len = n * tnt_dtype_size(dtype);
   const int timed = dtype == TNT_FLOAT32 || dtype == TNT_FLOAT64;
-  if (len < PUT_TIMED_MIN || (!timed && !c->far)) {
+  const tnt_put_placement_t p = given();
+  if (len < PUT_TIMED_MIN || p == TNT_PUT_NEAR || (p == TNT_PUT_TIMED && !timed && !c->far)) {
     tnt_scale(dtype, dst, src, factor, n);
-  } else if (!timed || streams_next(c)) {
+  } else if (p == TNT_PUT_FAR || !timed || streams_next(c)) {
     scale_streaming(dtype, dst, src, factor, n);
   } else {
     const double t0 = tnt_now();
@@ -87,6 +106,12 @@ void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte) {
   c->far = ns_per_byte > PUT_FAR_NS_PER_BYTE && all_slow(c);
 }
 
-int tnt_put_copier_near(const tnt_put_copier_t *c) { return c->samples >= PUT_SAMPLES && !c->far; }
+int tnt_put_copier_near(const tnt_put_copier_t *c) {
+  const tnt_put_placement_t p = given();
+  return p == TNT_PUT_TIMED ? c->samples >= PUT_SAMPLES && !c->far : p == TNT_PUT_NEAR;
+}
 
-int tnt_put_copier_far(const tnt_put_copier_t *c) { return c->far; }
+int tnt_put_copier_far(const tnt_put_copier_t *c) {
+  const tnt_put_placement_t p = given();
+  return p == TNT_PUT_TIMED ? c->far : p == TNT_PUT_FAR;
+}

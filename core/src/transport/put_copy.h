@@ -31,6 +31,17 @@
  * (near: <= 0.12 ns per byte, far: >= 0.35, on the machine above). */
 #define PUT_FAR_NS_PER_BYTE 0.2
 
+/* TNT_SHM_PLACEMENT: the verdict timed, or given (where the timing misleads:
+ * a host whose plain copies are slow for another reason; and so that a test
+ * runs each branch for certain). Every rank of a job may choose alone. */
+typedef enum { TNT_PUT_TIMED = 0, TNT_PUT_NEAR = 1, TNT_PUT_FAR = 2 } tnt_put_placement_t;
+
+/* Process-wide, set once at init (context.c) before any copier runs; the
+ * count of bytes streamed starts again from 0. */
+void tnt_put_init(tnt_put_placement_t placement);
+/* Bytes the copiers of this process wrote with streaming stores since tnt_put_init. */
+int64_t tnt_put_bytes_streamed(void);
+
 typedef struct {
   double ns_per_byte[PUT_SAMPLES]; /* the last plain copies' costs, a ring */
   uint32_t samples, puts;
@@ -46,7 +57,8 @@ void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len);
  * other dtypes' arithmetic may cost more than that anywhere (scalar float16),
  * so they follow the verdict without giving one. */
 void tnt_put_scale(tnt_put_copier_t *c, tnt_dtype_t dtype, void *dst, const void *src, double factor, size_t n);
-/* 1 while the copier's last timed puts found the cores far apart. */
+/* 1 while the copier's last timed puts found the cores far apart (or
+ * TNT_SHM_PLACEMENT says they are). */
 int tnt_put_copier_far(const tnt_put_copier_t *c);
 /* tnt_reduce_scaled(dtype, dst, a, b, factor, divisor, n), the same values
  * also into `also` (NULL: none), computed in L1 blocks and written to both
@@ -58,8 +70,9 @@ void tnt_reduce_scaled_streaming(tnt_dtype_t dtype, void *dst, void *also, const
                                  int divisor, size_t n);
 /* What a plain copy cost: the verdict after it (tnt_put_copy times its plain copies). */
 void tnt_put_copier_record(tnt_put_copier_t *c, double ns_per_byte);
-/* 1 when its last PUT_SAMPLES plain copies found the cores near; 0 while far,
- * and before it has timed that many (no verdict yet). */
+/* 1 when its last PUT_SAMPLES plain copies found the cores near (or
+ * TNT_SHM_PLACEMENT says they are); 0 while far, and before it has timed that
+ * many (no verdict yet). */
 int tnt_put_copier_near(const tnt_put_copier_t *c);
 
 #endif
