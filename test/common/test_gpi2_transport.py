@@ -23,7 +23,7 @@ import textwrap
 
 import pytest
 
-from core_helpers import HERE, clean_env, collectives_agree, same_results, spawn_ranks, tntrun
+from core_helpers import HERE, clean_env, collectives_agree, json_lines, same_results, spawn_ranks, tntrun
 
 
 def find_gpi2():
@@ -204,7 +204,7 @@ def test_shutdown_and_init_again(cache, tmp_path):
     res = tntrun(2, str(script), runner_args=("--transport", "gpi2", "--output-on-all-devices"),
                  env=gpi2_env(cache, TNT_TIMEOUT_S=30), timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    ok = sorted(json.loads(line[line.index("{"):])["rank"] for line in res.stdout.splitlines() if '"ok"' in line)
+    ok = sorted(obj["rank"] for obj in json_lines(res.stdout) if obj.get("ok"))
     assert ok == [0, 1], res.stdout
 
 

@@ -5,6 +5,7 @@ frozen rank named on the others within a bounded time; and the plugin's error
 paths (no MPI, a failed build, a missing library, another ABI) with stand-in
 plugins built here. Skips with the reason where mpirun or mpicc is absent."""
 import glob
+import inspect
 import json
 import os
 import re
@@ -333,14 +334,15 @@ def test_transport_marks_left_by_a_killed_job_do_not_fail_its_relaunch(cache):
             os.unlink(path)
 
 
-SWEEP = textwrap.dedent("""
+# json_lines's own source: mpirun may join two ranks' lines into one
+SWEEP = textwrap.dedent(inspect.getsource(json_lines)) + textwrap.dedent("""
     import json, os, subprocess, sys, time
     app, job, cache = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     mark = f"/dev/shm/tnt-{job}-void"
     def run(**env):
         e = dict(os.environ, **env)
         out = subprocess.run(app, env=e, capture_output=True, text=True, timeout=240)
-        return [json.loads(line[line.index("{"):]) for line in out.stdout.splitlines() if "{" in line], out.stderr[-2000:]
+        return json_lines(out.stdout), out.stderr[-2000:]
     first = run(TNT_TIMEOUT_S="1", TNT_JOB_ID=job, TNT_TIMELINE="/nonexistent/timeline.json")
     left = os.path.exists(mark)
     time.sleep(1.5)  # older than its TNT_TIMEOUT_S: it no longer counts
