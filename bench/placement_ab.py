@@ -4,6 +4,7 @@ far apart (bench/cross_core.c).
 
     python bench/placement_ab.py --baseline /tmp/old-tree --minutes 8
     python bench/placement_ab.py --baseline /tmp/old-tree --op sum --sizes 64K,1M
+    python bench/placement_ab.py --baseline-env TNT_SHM_PLACEMENT=2   # this tree against itself with a setting
 
 Why not bench/allreduce.py: its rounds take tens of seconds, and on the VM of
 2026-12-01 the far placement came in episodes of a few seconds to a minute, so
@@ -17,7 +18,8 @@ faster), with the range of the middle 80 % and of all pairs.
 Each launch times `tnt.allreduce(x, op=..., out=out)` of float32 ones, the
 best of 4 batches per size. The baseline is a source tree built in place
 (`python setup.py build_ext --inplace`), reached through PYTHONPATH as in
-bench/allreduce.py --baseline.
+bench/allreduce.py --baseline, or this tree with the TNT_* settings of
+--baseline-env (both: that tree with them).
 """
 import argparse
 import os
@@ -59,9 +61,10 @@ def worker(sizes, op):
         print("TIMES", " ".join(repr(t) for t in times), flush=True)
 
 
-def launch(tree, sizes, op):
-    """Seconds per call at each size, from a 2-rank launch of `tree`'s Tarantella, or None."""
-    env = dict(os.environ, PYTHONPATH=tree)
+def launch(tree, settings, sizes, op):
+    """Seconds per call at each size, from a 2-rank launch of `tree`'s Tarantella with the
+    TNT_* `settings` (a dict) in its environment, or None."""
+    env = dict(os.environ, PYTHONPATH=tree, **settings)
     cmd = ["tntrun", "-n", "2", "--no-gpu", "--", sys.executable, HERE, "--worker", "--op", op,
            "--sizes", ",".join(str(s) for s in sizes)]
     # from a folder of its own: the current one may hold another tree's package
@@ -81,7 +84,9 @@ def spread(ratios):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--baseline", metavar="DIR", help="the other tree (built in place); required")
+    p.add_argument("--baseline", metavar="DIR", help="the other tree (built in place); default: this one")
+    p.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a TNT_* setting for the baseline's launches (repeatable)")
     p.add_argument("--sizes", default="256K,1M,16M", help="comma-separated sizes (default 256K,1M,16M)")
     p.add_argument("--op", choices=["average", "sum"], default="average")
     p.add_argument("--minutes", type=float, default=8.0, help="how long to keep pairing launches (default 8)")
@@ -91,12 +96,15 @@ def main():
     if a.worker:
         worker(sizes, a.op)
         return 0
-    if not a.baseline:
-        p.error("--baseline DIR is required: the tree to compare this one with")
+    if not a.baseline and not a.baseline_env:
+        p.error("--baseline DIR or --baseline-env NAME=VALUE is required: what to compare this tree with")
+    if any(not s.startswith("TNT_") or "=" not in s for s in a.baseline_env):
+        p.error(f"--baseline-env takes NAME=VALUE with a TNT_* name. Received: {a.baseline_env}")
+    settings = {"this": {}, "baseline": dict(s.split("=", 1) for s in a.baseline_env)}
     probe = cross_core_probe()
     if probe is None:
         p.error("needs bench/cross_core.c compiled (a C compiler) and two CPUs")
-    trees = {"this": ROOT, "baseline": os.path.abspath(a.baseline)}
+    trees = {"this": ROOT, "baseline": os.path.abspath(a.baseline or ROOT)}
     pairs = {"near": [], "far": []}
     end, k, failed = time.time() + 60 * a.minutes, 0, 0
     while time.time() < end and failed < 3:
@@ -104,7 +112,7 @@ def main():
         k += 1
         trips, got = [probe()], {}
         for side in order:
-            got[side] = launch(trees[side], sizes, a.op)
+            got[side] = launch(trees[side], settings[side], sizes, a.op)
             trips.append(probe())
         if None in got.values():
             failed += 1
@@ -115,8 +123,10 @@ def main():
         far = {ns > FAR_NS for ns in trips}
         if len(far) == 1:
             pairs["far" if far.pop() else "near"].append(got)
+    baseline = " ".join([a.baseline or "this tree"] + a.baseline_env)
     print(f"{a.op} of float32, 2 ranks, {k} pairs of launches in {a.minutes:g} min "
-          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); baseline / this tree, above 1: this tree faster\n")
+          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); baseline ({baseline}) / this tree, "
+          f"above 1: this tree faster\n")
     print("| placement | pairs | size | this tree | baseline | baseline / this | middle 80 % | all |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     for placement, got in pairs.items():
