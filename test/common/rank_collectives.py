@@ -23,6 +23,8 @@ except ImportError:  # bfloat16 needs ml_dtypes (installed with TensorFlow)
 
 outdir = sys.argv[1]
 big = int(os.environ.get("TNT_TEST_BIG_BYTES", 64 << 20))
+if os.environ.get("RANK_SHM_PLACEMENTS"):  # "2,1,2": each rank's own TNT_SHM_PLACEMENT, read at init
+    os.environ["TNT_SHM_PLACEMENT"] = os.environ["RANK_SHM_PLACEMENTS"].split(",")[int(os.environ["TNT_RANK"])]
 rank, size = tnt.get_rank(), tnt.get_size()
 dtypes = [np.float16, np.float32, np.float64, np.int32, np.int64] + ([BF16] if BF16 is not None else [])
 results, failures = {}, []
