@@ -258,6 +258,13 @@ def launch(label, cmd, env, sizes, variants, dtype="float32", collective="allred
     return None
 
 
+def tnt_settings(parser, flag, values):
+    """The NAME=VALUE strings given to `flag` as a dict of TNT_* settings, or the parser's error."""
+    if any(not s.startswith("TNT_") or "=" not in s for s in values):
+        parser.error(f"{flag} takes NAME=VALUE with a TNT_* name. Received: {values}")
+    return dict(s.split("=", 1) for s in values)
+
+
 def jobs_for(ranks, transport, baseline, peers, tnt_envs=()):
     """[(label, command prefix, env)] of every implementation to run each round."""
     base_env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -391,8 +398,7 @@ def main():
         print("--transport mpi needs mpirun (apt-get install openmpi-bin libopenmpi-dev)", file=sys.stderr)
         return 1
     settings = [f"TNT_SIMD={int(v)}" for v in a.simd.split(",") if v] + a.tnt_env
-    if any(not s.startswith("TNT_") or "=" not in s for s in a.tnt_env):
-        p.error(f"--tnt-env takes NAME=VALUE with a TNT_* name. Received: {a.tnt_env}")
+    tnt_settings(p, "--tnt-env", a.tnt_env)
     peers = find_peers([tuple(s.split("=", 1)) for s in a.peer_venv]) if a.dtype == "float32" else []
     copy_bw = copy_bandwidth()
     lines = [f"memory copy bandwidth of one core (measured now): {copy_bw / 1e9:.1f} GB/s",

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from allreduce import FAR_NS, cross_core_probe, parse_bytes  # bench/ is first on sys.path
+from allreduce import FAR_NS, cross_core_probe, parse_bytes, tnt_settings  # bench/ is first on sys.path
 
 HERE = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -98,9 +98,7 @@ def main():
         return 0
     if not a.baseline and not a.baseline_env:
         p.error("--baseline DIR or --baseline-env NAME=VALUE is required: what to compare this tree with")
-    if any(not s.startswith("TNT_") or "=" not in s for s in a.baseline_env):
-        p.error(f"--baseline-env takes NAME=VALUE with a TNT_* name. Received: {a.baseline_env}")
-    settings = {"this": {}, "baseline": dict(s.split("=", 1) for s in a.baseline_env)}
+    settings = {"this": {}, "baseline": tnt_settings(p, "--baseline-env", a.baseline_env)}
     probe = cross_core_probe()
     if probe is None:
         p.error("needs bench/cross_core.c compiled (a C compiler) and two CPUs")

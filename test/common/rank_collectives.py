@@ -277,9 +277,10 @@ for i in range(12):
         break
     reuse[:] = np.nan  # at once: a send still in flight would carry this
 
+stats = core.stats()
 with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "size": size, "results": results, "failures": failures,
-               "job": os.environ.get("TNT_JOB_ID"), "pair_swaps": core.stats()["pair_swaps"],
-               "bytes_streamed_far": core.stats()["bytes_streamed_far"]}, f)
+               "job": os.environ.get("TNT_JOB_ID"), "pair_swaps": stats["pair_swaps"],
+               "bytes_streamed_far": stats["bytes_streamed_far"]}, f)
 print(f"rank {rank}: {len(results)} results, {len(failures)} failures")
 sys.exit(1 if failures else 0)

@@ -42,11 +42,12 @@ static int all_slow(const tnt_put_copier_t *c) {
 static int streams_next(tnt_put_copier_t *c) { return c->far && ++c->puts % PUT_PROBE_EVERY; }
 
 void tnt_put_copy(tnt_put_copier_t *c, void *dst, const void *src, size_t len) {
-  if (len < PUT_TIMED_MIN || given() == TNT_PUT_NEAR) {
+  const tnt_put_placement_t p = given();
+  if (len < PUT_TIMED_MIN || p == TNT_PUT_NEAR) {
     memcpy(dst, src, len);
     return;
   }
-  if (given() == TNT_PUT_FAR || streams_next(c)) {
+  if (p == TNT_PUT_FAR || streams_next(c)) {
     tnt_copy_streaming(dst, src, len);
     count_streamed(len);
     return;
