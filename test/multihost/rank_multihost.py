@@ -85,8 +85,10 @@ def digest(a):
     return hashlib.sha256(np.ascontiguousarray(a).view(np.uint8).tobytes()).hexdigest()
 
 
-# both sides of the 16 KB small-buffer path, and of the 512 KiB where a pair across 2 hosts stops
-# swapping whole buffers and sums halves (allreduce_pair_direct.c): 150_001 float32 are 600 KB, in float16 300 KB
+# both sides of the 16 KB small-buffer path, and of the 256 KiB where a pair across 2 hosts stops
+# swapping whole buffers and sums halves (allreduce_pair_direct.c): 20_000 float32 (80 KB) and 100_003
+# float16 (200 KB) swap, 100_003 and 150_001 float32 (400, 600 KB) and 150_001 float16 (300 KB) go in halves;
+# on 2 x 2 each position's slice is half of that
 SIZES = [1, 17, 1000, 3001, 4099, 20_000, 100_003, 150_001]
 ROUNDS = 4
 alone, fused, failures = {}, {}, []

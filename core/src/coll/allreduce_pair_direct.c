@@ -8,9 +8,14 @@
  * position 1 the second, each sending the half it does not sum, then they swap
  * the summed halves; each rank adds only half the buffer, and no message is
  * larger than half of it. Over TCP a swap of a whole buffer each way can fall
- * off a cliff: on one test bed 1 MB took 0.55 ms, on another 1.1-1.3 ms where
- * 768 KB took 0.5-0.7 ms and halves of the 1 MB 0.58-0.67 ms
- * (docs/benchmarks.md, "The pair's swap up to 512 KiB").
+ * off a cliff, and where it falls moves from one machine to the next: on one
+ * test bed 1 MB took 0.55 ms, on another 1.1-1.3 ms where 768 KB took
+ * 0.5-0.7 ms and halves of the 1 MB 0.58-0.67 ms (docs/benchmarks.md, "The
+ * pair's swap up to 512 KiB"); on a third, halves were 1.5-2x as fast as the
+ * swap at 512 KB, and 1.3-1.5x on 2 x 2 at 1 MB (slices of 512 KB), where
+ * at 192 and 256 KB the swap stayed 1.4x ahead ("The pair's swap up to 256
+ * KiB"). Halves cost one message latency more where the swap would have been
+ * fine; a swap past the cliff costs up to twice the time.
  *
  * Each message is one send and one receive, the send
  * posted first, nothing else with the bytes; the ring's pieces instead each
@@ -28,7 +33,7 @@
 #include "dtype.h"
 #include "ring.h"
 
-#define TNT_PAIR_SWAP_BYTES (512 << 10)
+#define TNT_PAIR_SWAP_BYTES (256 << 10)
 /* In place, what the peer sends lands in the ring's scratch, which stays
  * allocated: above this the first phase goes in pieces of at most this much,
  * one message each way per piece (8 MiB takes ~8 ms on the test bed's link,
