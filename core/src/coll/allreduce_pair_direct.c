@@ -34,12 +34,17 @@
 #include "ring.h"
 
 #define TNT_PAIR_SWAP_BYTES (256 << 10)
-/* In place, what the peer sends lands in the ring's scratch, which stays
- * allocated: above this the first phase goes in pieces of at most this much,
- * one message each way per piece (8 MiB takes ~8 ms on the test bed's link,
- * against ~0.05 ms for a message's latency), so that an allreduce of gigabytes
- * in place does not keep half of itself allocated for the rest of the job. */
-#define TNT_PAIR_LANDING_BYTES (8 << 20)
+/* No message of the pair is larger than this: both phases go in pieces of at
+ * most this much, one message each way per piece, each piece's sum made
+ * before the next piece's messages. Open MPI over TCP sends a message from
+ * 192 KiB on in its "RDMA pipeline" (the bulk of it one emulated put), and a
+ * pair of ranks on the test bed moved 8 MB each way at 1.5-1.8 GB/s in
+ * messages of 1-8 MB against 2.0-3.1 GB/s in pieces of 256-512 KB (a C
+ * program, without Tarantella; 128 KB pieces: 1.5-1.8); in the allreduce,
+ * pieces of 256 KB made 2 x 1 1.3-2x as fast at 1-16 MB, and 2 x 2 1.3-1.6x
+ * at 2-16 MB (docs/benchmarks.md, "The pair's messages in pieces"). In
+ * place, what the peer sends lands in the ring's scratch, one piece of it. */
+#define TNT_PAIR_PIECE_BYTES (256 << 10)
 
 tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
                                        double prescale, double deadline) {
@@ -57,15 +62,15 @@ tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *o
   const uint8_t *src = in;
   uint8_t *dst = out;
   /* the peer's part of mine lands in `out`, unless `out` is the input still
-   * being sent (in place): then in the ring's scratch, piece by piece; both
-   * ranks cut both halves into the same number of pieces, so that piece k of
-   * what one sends is piece k of what the other receives */
-  const int64_t most = mine_n > theirs_n ? mine_n : theirs_n, landing_elems = TNT_PAIR_LANDING_BYTES / esz;
-  const int64_t P = in != out || most <= landing_elems ? 1 : (most + landing_elems - 1) / landing_elems;
+   * being sent (in place): then in the ring's scratch; both ranks cut both
+   * halves into the same number of pieces, so that piece k of what one sends
+   * is piece k of what the other receives (a swap is one piece) */
+  const int64_t most = mine_n > theirs_n ? mine_n : theirs_n, piece_elems = TNT_PAIR_PIECE_BYTES / esz;
+  const int64_t P = most <= piece_elems ? 1 : (most + piece_elems - 1) / piece_elems;
   uint8_t *scratch = NULL;
   if (in == out) TNT_CHECK(tnt_ring_scratch(ring, (size_t)((mine_n + P - 1) / P * esz), &scratch));
+  int64_t mb, ml, tb, tl; /* piece k of mine and of theirs */
   for (int64_t k = 0; k < P; k++) {
-    int64_t mb, ml, tb, tl; /* piece k of mine and of theirs */
     tnt_piece(mine_at, mine_n, k, P, &mb, &ml);
     tnt_piece(theirs_at, theirs_n, k, P, &tb, &tl);
     uint8_t *land = scratch ? scratch : dst + mb * esz;
@@ -75,6 +80,11 @@ tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *o
     tnt_reduce_sum(dtype, dst + mb * esz, ring->rank == 0 ? mine : land, ring->rank == 0 ? land : mine, (size_t)ml);
   }
   if (swap) return TNT_SUCCESS; /* every element summed here */
-  return t->sendrecv(ring->ts, ring->next, dst + mine_at * esz, (size_t)(mine_n * esz), dst + theirs_at * esz,
-                     (size_t)(theirs_n * esz), deadline);
+  for (int64_t k = 0; k < P; k++) { /* the summed halves, piece by piece */
+    tnt_piece(mine_at, mine_n, k, P, &mb, &ml);
+    tnt_piece(theirs_at, theirs_n, k, P, &tb, &tl);
+    TNT_CHECK(t->sendrecv(ring->ts, ring->next, dst + mb * esz, (size_t)(ml * esz), dst + tb * esz,
+                          (size_t)(tl * esz), deadline));
+  }
+  return TNT_SUCCESS;
 }
