@@ -167,7 +167,8 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
        * host wait for nothing across */
       atomic_fetch_add(&c->pair_sums, 1);
       tnt_transport_quiet(c->transport, c->ts, 1);
-      tnt_result_t res = tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds, 1,
+      tnt_result_t res = tnt_allreduce_hier(&c->host_ring, &c->net_ring, in, out, count, dt, factor, bounds,
+                                            (size_t)c->params->mpi_pair_piece_bytes,
                                             op_deadline(c));
       tnt_transport_quiet(c->transport, c->ts, 0);
       return res;
@@ -175,7 +176,8 @@ static tnt_result_t reduce(tnt_engine_t *c, const void *in, void *out, int64_t c
     const int pair = pair_across_network(c);
     if (pair && pair_direct_fits(c, dt, count)) {
       atomic_fetch_add(&c->pair_sums, 1);
-      return tnt_allreduce_pair_direct(&c->ring, in, out, count, dt, factor, op_deadline(c));
+      return tnt_allreduce_pair_direct(&c->ring, in, out, count, dt, factor, (size_t)c->params->mpi_pair_piece_bytes,
+                                       op_deadline(c));
     }
     if ((pair && bytes <= TNT_PAIR_MAX_BYTES) || pair_on_host(c, bytes)) {
       atomic_fetch_add(&c->pair_swaps, 1);
@@ -701,8 +703,9 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
   if (H == 1 || L == 1 || !t->uniform || !c->params->hierarchical) {
     char pair[160] = "";
     if (pair_across_network(c) && pair_direct_fits(c, TNT_FLOAT32, 0))
-      snprintf(pair, sizeof pair, "; above %d KiB the two sum in MPI's direct messages (TNT_MPI_PAIR_SUM=1)",
-               TNT_SMALL_ALLREDUCE_BYTES / 1024);
+      snprintf(pair, sizeof pair, "; above %d KiB the two sum in MPI's direct messages (TNT_MPI_PAIR_SUM=1) of at "
+               "most %lld KiB (TNT_MPI_PAIR_PIECE_KB)", TNT_SMALL_ALLREDUCE_BYTES / 1024,
+               (long long)(c->params->mpi_pair_piece_bytes / 1024));
     else if (pair_across_network(c))
       snprintf(pair, sizeof pair, "; up to %d KiB the two swap whole buffers (allreduce_pair.c)",
                TNT_PAIR_MAX_BYTES / 1024);
@@ -723,9 +726,12 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
                               tnt_topology_rank(t, (h + H - 1) % H, i), TNT_CHANNEL_NET, slot, slots,
                               c->params->timeout_s));
   c->hier = 1;
+  char pair[128] = "";
+  if (H == 2 && pair_direct_fits(c, TNT_FLOAT32, 0))
+    snprintf(pair, sizeof pair, " in MPI's direct messages (TNT_MPI_PAIR_SUM=1) of at most %lld KiB (TNT_MPI_PAIR_PIECE_KB)",
+             (long long)(c->params->mpi_pair_piece_bytes / 1024));
   TNT_INFO("allreduce: hierarchical, %d hosts x %d ranks (inside the host, then position %d of every host%s, then "
-           "inside the host again)", H, L, i,
-           H == 2 && pair_direct_fits(c, TNT_FLOAT32, 0) ? " in MPI's direct messages (TNT_MPI_PAIR_SUM=1)" : "");
+           "inside the host again)", H, L, i, pair);
   return TNT_SUCCESS;
 }
 

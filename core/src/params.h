@@ -29,6 +29,7 @@ typedef struct {
   int64_t stream_min_bytes;       /* TNT_STREAM_MIN_KB: results this large are written past the cache */
   int shm_direct;                 /* TNT_SHM_DIRECT: more than 2 ranks over shm allreduce in place (0: the ring) */
   int mpi_pair_sum;               /* TNT_MPI_PAIR_SUM: a pair of ranks on two hosts sums in direct MPI messages */
+  int64_t mpi_pair_piece_bytes;   /* TNT_MPI_PAIR_PIECE_KB: the largest of those messages */
   int rides;                      /* TNT_RIDES: a cached allreduce across hosts rides in its bit round (ride.h) */
   double net_spin_s;              /* TNT_NET_SPIN_US: how long a network transport's wait polls while the host has a core free */
   int shm_placement;              /* TNT_SHM_PLACEMENT: puts' stores timed (0), plain (1) or streaming (2): tnt_put_placement_t */

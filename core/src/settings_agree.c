@@ -21,7 +21,7 @@ typedef struct {
   int64_t value;
 } setting_t;
 
-enum { N_SETTINGS = 13 };
+enum { N_SETTINGS = 14 };
 
 static void collect(const tnt_placement_t *pl, const tnt_params_t *p, int64_t out[N_SETTINGS], const char *names[N_SETTINGS]) {
   const setting_t table[N_SETTINGS] = {
@@ -37,6 +37,7 @@ static void collect(const tnt_placement_t *pl, const tnt_params_t *p, int64_t ou
       {"TNT_STREAM_MIN_KB (bytes; from it on the ring's last two steps are one)", p->stream_min_bytes},
       {"TNT_SHM_DIRECT (the ring, or two exchange rounds per chunk)", p->shm_direct},
       {"TNT_MPI_PAIR_SUM (direct MPI messages between two hosts, or the ring)", p->mpi_pair_sum},
+      {"TNT_MPI_PAIR_PIECE_KB (bytes; how many messages a pair of ranks sends)", p->mpi_pair_piece_bytes},
       {"TNT_RIDES (a cached allreduce summed along its bit round, or not)", p->rides},
   };
   for (int i = 0; i < N_SETTINGS; i++) {

@@ -86,6 +86,7 @@ _ROWS = (
     ("TNT_STREAM_MIN_KB", _CORE),
     ("TNT_SHM_DIRECT", _CORE),
     ("TNT_MPI_PAIR_SUM", _CORE),
+    ("TNT_MPI_PAIR_PIECE_KB", _CORE),
     ("TNT_RIDES", _CORE),
     ("TNT_NET_SPIN_US", _CORE),
     ("TNT_SHM_PLACEMENT", _CORE),

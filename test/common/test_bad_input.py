@@ -170,6 +170,8 @@ def test_python_api_initializes_on_first_use():
                                  "TNT_STREAM_MIN_KB=8M"]),
     ("TNT_SHM_DIRECT", "yes", ["TNT_SHM_DIRECT must be a whole number between 0 and 1", "TNT_SHM_DIRECT=yes"]),
     ("TNT_NET_SPIN_US", "-1", ["TNT_NET_SPIN_US must be a number between 0 and 1000000", "TNT_NET_SPIN_US=-1"]),
+    ("TNT_MPI_PAIR_PIECE_KB", "0", ["TNT_MPI_PAIR_PIECE_KB must be a whole number between 4 and 2097152",
+                                    "TNT_MPI_PAIR_PIECE_KB=0"]),
     ("TNT_SHM_PLACEMENT", "far", ["TNT_SHM_PLACEMENT must be a whole number between 0 and 2", "1: taken as near",
                                   "TNT_SHM_PLACEMENT=far"]),
 ])

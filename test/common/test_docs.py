@@ -26,7 +26,7 @@ def test_core_reads_the_documented_defaults():
         source = f.read()
     for name in ("TNT_FUSION_THRESHOLD_KB", "TNT_TIMEOUT_S", "TNT_SHM_SLOT_KB", "TNT_SHM_SLOTS",
                  "TNT_CACHE_CAPACITY", "TNT_SPIN_US", "TNT_HIERARCHICAL", "TNT_BIT_ROUNDS", "TNT_SIMD",
-                 "TNT_STREAM_MIN_KB", "TNT_SHM_DIRECT", "TNT_MPI_PAIR_SUM", "TNT_RIDES", "TNT_SHM_PLACEMENT",
+                 "TNT_STREAM_MIN_KB", "TNT_SHM_DIRECT", "TNT_MPI_PAIR_SUM", "TNT_MPI_PAIR_PIECE_KB", "TNT_RIDES", "TNT_SHM_PLACEMENT",
                  "TNT_NET_SPIN_US"):
         default = config.BY_NAME[name].default
         assert f'{{"{name}", {default:g},' in source, name

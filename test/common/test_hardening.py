@@ -229,6 +229,8 @@ def outcome(proc):
                                              ("TNT_SHM_DIRECT", ("1", "0")),
                                              # two ranks on two hosts: MPI's messages, or the ring
                                              ("TNT_MPI_PAIR_SUM", ("1", "0")),
+                                             # how many messages a pair of ranks across 2 hosts sends
+                                             ("TNT_MPI_PAIR_PIECE_KB", ("256", "512")),
                                              # 2 x 2: summed along the bit round, or not
                                              ("TNT_RIDES", ("1", "0"))])
 def test_ranks_that_disagree_on_a_protocol_setting_fail_on_every_rank(setting, values):

@@ -58,9 +58,11 @@ def env_for(bed, tmp_path):
     return bed.env(base=env, TNT_LOG_LEVEL="INFO")
 
 
-def tntrun(bed, tmp_path, layout, *args):
+def tntrun(bed, tmp_path, layout, *args, settings=None):
+    """`settings`: TNT_* variables for every rank (tntrun forwards its environment to every host)."""
+    env = dict(env_for(bed, tmp_path), **(settings or {}))
     return bed.run("hostA", ["tntrun", "-H", layout, "--no-gpu", "--output-on-all-devices", "--", RANK,
-                             str(tmp_path), *args], env=env_for(bed, tmp_path), cwd=str(tmp_path), timeout=600)
+                             str(tmp_path), *args], env=env, cwd=str(tmp_path), timeout=600)
 
 
 def mpirun(bed, tmp_path, layout, *args, here_only=None):
@@ -87,14 +89,18 @@ def shm_names(job):
 
 
 @pytest.mark.parametrize("layout, launcher, scheme", [
-    ("hostA:2,hostB:2", tntrun, "allreduce: hierarchical, 2 hosts x 2 ranks"),
+    ("hostA:2,hostB:2", tntrun, "allreduce: hierarchical, 2 hosts x 2 ranks (inside the host, then position 0 of "
+                                "every host in MPI's direct messages (TNT_MPI_PAIR_SUM=1) of at most 256 KiB"),
+    # the pair's messages in pieces of 16 KiB, not the 256 of 2 x 2: its halves of the sizes
+    # here go in 1-10 pieces each, and the 36 MB in place in over a thousand, through the scratch
     ("hostA:1,hostB:1", tntrun, "allreduce: flat ring over all 2 ranks (one rank per host); above 16 KiB the two "
-                                "sum in MPI's direct messages (TNT_MPI_PAIR_SUM=1)"),
+                                "sum in MPI's direct messages (TNT_MPI_PAIR_SUM=1) of at most 16 KiB"),
     ("hostA:1,hostB:1,hostC:1", tntrun, "allreduce: flat ring over all 3 ranks (one rank per host)"),
     ("hostA:3,hostB:1", mpirun, "allreduce: flat ring over all 4 ranks (hosts hold different numbers of ranks)"),
 ], ids=["2x2-tntrun", "2x1-tntrun", "3x1-tntrun", "3+1-mpirun"])
 def test_every_collective_across_hosts(bed, tmp_path, layout, launcher, scheme):
-    res = launcher(bed, tmp_path, layout, "collectives")
+    pieces = {"settings": {"TNT_MPI_PAIR_PIECE_KB": "16"}} if layout == "hostA:1,hostB:1" else {}
+    res = launcher(bed, tmp_path, layout, "collectives", **pieces)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     n = len(hosts_of(layout))
     pairs = layout in ("hostA:2,hostB:2", "hostA:1,hostB:1")

@@ -35,7 +35,7 @@ static void slice_bounds(const int64_t *bounds, int64_t count, int H, int L, int
 }
 
 tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, const void *in, void *out, int64_t count,
-                                tnt_dtype_t dtype, double prescale, const int64_t *bounds, int pair,
+                                tnt_dtype_t dtype, double prescale, const int64_t *bounds, size_t pair_piece,
                                 double deadline) {
   const int L = host_ring->size, H = net_ring->size;
   const size_t esz = tnt_dtype_size(dtype);
@@ -45,8 +45,8 @@ tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, con
   const int s = tnt_ring_owned(host_ring);
   for (int k = 0; k <= H; k++) cb[k] = tnt_segment_begin(bounds, count, H * L, s * H + k) - lb[s];
   uint8_t *slice = (uint8_t *)out + (size_t)lb[s] * esz;
-  if (pair) /* 2 hosts: one addition per element, whoever adds */
-    TNT_CHECK(tnt_allreduce_pair_direct(net_ring, slice, slice, lb[s + 1] - lb[s], dtype, 1.0, deadline));
+  if (pair_piece) /* 2 hosts: one addition per element, whoever adds */
+    TNT_CHECK(tnt_allreduce_pair_direct(net_ring, slice, slice, lb[s + 1] - lb[s], dtype, 1.0, pair_piece, deadline));
   else
     TNT_CHECK(tnt_allreduce_ring(net_ring, slice, slice, lb[s + 1] - lb[s], dtype, 1.0, 1, cb, deadline));
   return tnt_allgather_segments_ring(host_ring, out, count, dtype, lb, deadline);

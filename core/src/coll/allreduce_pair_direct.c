@@ -34,8 +34,9 @@
 #include "ring.h"
 
 #define TNT_PAIR_SWAP_BYTES (256 << 10)
-/* No message of the pair is larger than this: both phases go in pieces of at
- * most this much, one message each way per piece, each piece's sum made
+/* No message of the pair is larger than `piece_bytes` (TNT_MPI_PAIR_PIECE_KB,
+ * 256 KiB unless set): both phases go in pieces of at most this much, one
+ * message each way per piece, each piece's sum made
  * before the next piece's messages. Open MPI over TCP sends a message from
  * 192 KiB on in its "RDMA pipeline" (the bulk of it one emulated put), and a
  * pair of ranks on the test bed moved 8 MB each way at 1.5-1.8 GB/s in
@@ -43,11 +44,12 @@
  * program, without Tarantella; 128 KB pieces: 1.5-1.8); in the allreduce,
  * pieces of 256 KB made 2 x 1 1.3-2x as fast at 1-16 MB, and 2 x 2 1.3-1.6x
  * at 2-16 MB (docs/benchmarks.md, "The pair's messages in pieces"). In
- * place, what the peer sends lands in the ring's scratch, one piece of it. */
-#define TNT_PAIR_PIECE_BYTES (256 << 10)
+ * place, what the peer sends lands in the ring's scratch, one piece of it.
+ * Where an MPI moves large messages at full speed (not measured here), each
+ * piece costs a round trip: TNT_MPI_PAIR_PIECE_KB raises the size. */
 
 tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                       double prescale, double deadline) {
+                                       double prescale, size_t piece_bytes, double deadline) {
   const tnt_transport_t *t = ring->t;
   const int64_t esz = (int64_t)tnt_dtype_size(dtype);
   if (prescale != 1.0) { /* scaled into the output first, then summed in place */
@@ -65,7 +67,7 @@ tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *o
    * being sent (in place): then in the ring's scratch; both ranks cut both
    * halves into the same number of pieces, so that piece k of what one sends
    * is piece k of what the other receives (a swap is one piece) */
-  const int64_t most = mine_n > theirs_n ? mine_n : theirs_n, piece_elems = TNT_PAIR_PIECE_BYTES / esz;
+  const int64_t most = mine_n > theirs_n ? mine_n : theirs_n, piece_elems = (int64_t)piece_bytes / esz > 0 ? (int64_t)piece_bytes / esz : 1;
   const int64_t P = most <= piece_elems ? 1 : (most + piece_elems - 1) / piece_elems;
   uint8_t *scratch = NULL;
   if (in == out) TNT_CHECK(tnt_ring_scratch(ring, (size_t)((mine_n + P - 1) / P * esz), &scratch));

@@ -128,9 +128,10 @@ tnt_result_t tnt_allreduce_pair(tnt_ring_t *ring, const void *in, void *out, int
                                 double prescale, const int64_t *bounds, double deadline);
 /* Two ranks across the network in the transport's direct messages
  * (allreduce_pair_direct.c, transport.h's sendrecv, which the caller checks is
- * there): the ring's bits, at most INT_MAX bytes. */
+ * there), none larger than `piece_bytes` (TNT_MPI_PAIR_PIECE_KB, the same on
+ * both ranks): the ring's bits, at most INT_MAX bytes. */
 tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *out, int64_t count, tnt_dtype_t dtype,
-                                       double prescale, double deadline);
+                                       double prescale, size_t piece_bytes, double deadline);
 /* The two halves of tnt_allreduce_ring. After the reduce-scatter, position r
  * holds the complete segment tnt_ring_owned(ring) = (r + 1) % N in `out` (the
  * others hold partial sums); the allgather spreads every owned segment. */
@@ -147,9 +148,10 @@ tnt_result_t tnt_allreduce_small(tnt_ring_t *ring, const void *in, void *out, in
                                  const int64_t *bounds, void *scratch, double deadline);
 /* Allreduce over H hosts of L ranks (allreduce_hier.c): host_ring joins this
  * host's ranks, net_ring the ranks at this rank's position on every host;
- * `pair` (H = 2 only): their link sums by tnt_allreduce_pair_direct. */
+ * `pair_piece` (H = 2 only; 0: their ring): their link sums by
+ * tnt_allreduce_pair_direct in messages of at most this many bytes. */
 tnt_result_t tnt_allreduce_hier(tnt_ring_t *host_ring, tnt_ring_t *net_ring, const void *in, void *out, int64_t count,
-                                tnt_dtype_t dtype, double prescale, const int64_t *bounds, int pair,
+                                tnt_dtype_t dtype, double prescale, const int64_t *bounds, size_t pair_piece,
                                 double deadline);
 /* Its small-buffer path: one exchange over the flat ring's transport of the
  * (already scaled) inputs, added in tnt_allreduce_hier's order; rank_at[h * L + i]
