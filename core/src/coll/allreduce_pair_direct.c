@@ -36,8 +36,8 @@
 #define TNT_PAIR_SWAP_BYTES (256 << 10)
 /* No message of the pair is larger than `piece_bytes` (TNT_MPI_PAIR_PIECE_KB,
  * 256 KiB unless set): both phases go in pieces of at most this much, one
- * message each way per piece, each piece's sum made
- * before the next piece's messages. Open MPI over TCP sends a message from
+ * message each way per piece, each piece's sum made before the next piece's
+ * messages. Open MPI over TCP sends a message from
  * 192 KiB on in its "RDMA pipeline" (the bulk of it one emulated put), and a
  * pair of ranks on the test bed moved 8 MB each way at 1.5-1.8 GB/s in
  * messages of 1-8 MB against 2.0-3.1 GB/s in pieces of 256-512 KB (a C
@@ -67,7 +67,8 @@ tnt_result_t tnt_allreduce_pair_direct(tnt_ring_t *ring, const void *in, void *o
    * being sent (in place): then in the ring's scratch; both ranks cut both
    * halves into the same number of pieces, so that piece k of what one sends
    * is piece k of what the other receives (a swap is one piece) */
-  const int64_t most = mine_n > theirs_n ? mine_n : theirs_n, piece_elems = (int64_t)piece_bytes / esz > 0 ? (int64_t)piece_bytes / esz : 1;
+  const int64_t most = mine_n > theirs_n ? mine_n : theirs_n;
+  const int64_t piece_elems = (int64_t)piece_bytes / esz > 0 ? (int64_t)piece_bytes / esz : 1;
   const int64_t P = most <= piece_elems ? 1 : (most + piece_elems - 1) / piece_elems;
   uint8_t *scratch = NULL;
   if (in == out) TNT_CHECK(tnt_ring_scratch(ring, (size_t)((mine_n + P - 1) / P * esz), &scratch));
