@@ -140,6 +140,14 @@ static int pair_direct_fits(const tnt_engine_t *c, tnt_dtype_t dt, int64_t count
   return c->params->mpi_pair_sum && c->transport->sendrecv && (size_t)count * tnt_dtype_size(dt) <= INT_MAX;
 }
 
+/* How a pair across the network sums in MPI's direct messages, for the INFO
+ * line of the allreduce's scheme (setup_hierarchy): where TNT_MPI_PAIR_SUM and
+ * TNT_MPI_PAIR_PIECE_KB say so, and the transport has them. */
+static void describe_pair_sum(const tnt_engine_t *c, char *buf, size_t n) {
+  snprintf(buf, n, "in MPI's direct messages (TNT_MPI_PAIR_SUM=1) of at most %lld KiB (TNT_MPI_PAIR_PIECE_KB)",
+           (long long)(c->params->mpi_pair_piece_bytes / 1024));
+}
+
 /* The allreduce algorithm for a buffer: one exchange for a few kilobytes (one
  * wake-up instead of 2(N-1)); beyond, two ranks on two hosts sum in the
  * network transport's direct messages where it can (pair_direct_fits), else two
@@ -701,12 +709,11 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
   const tnt_topology_t *t = &c->topo;
   const int H = t->hosts, L = tnt_topology_host_size(t, t->host), h = t->host, i = t->index_of[pl->rank];
   if (H == 1 || L == 1 || !t->uniform || !c->params->hierarchical) {
-    char pair[160] = "";
-    if (pair_across_network(c) && pair_direct_fits(c, TNT_FLOAT32, 0))
-      snprintf(pair, sizeof pair, "; above %d KiB the two sum in MPI's direct messages (TNT_MPI_PAIR_SUM=1) of at "
-               "most %lld KiB (TNT_MPI_PAIR_PIECE_KB)", TNT_SMALL_ALLREDUCE_BYTES / 1024,
-               (long long)(c->params->mpi_pair_piece_bytes / 1024));
-    else if (pair_across_network(c))
+    char pair[160] = "", how[112];
+    if (pair_across_network(c) && pair_direct_fits(c, TNT_FLOAT32, 0)) {
+      describe_pair_sum(c, how, sizeof how);
+      snprintf(pair, sizeof pair, "; above %d KiB the two sum %s", TNT_SMALL_ALLREDUCE_BYTES / 1024, how);
+    } else if (pair_across_network(c))
       snprintf(pair, sizeof pair, "; up to %d KiB the two swap whole buffers (allreduce_pair.c)",
                TNT_PAIR_MAX_BYTES / 1024);
     TNT_INFO("allreduce: flat ring over all %d ranks (%s)%s", pl->size,
@@ -726,10 +733,11 @@ static tnt_result_t setup_hierarchy(tnt_engine_t *c) {
                               tnt_topology_rank(t, (h + H - 1) % H, i), TNT_CHANNEL_NET, slot, slots,
                               c->params->timeout_s));
   c->hier = 1;
-  char pair[128] = "";
-  if (H == 2 && pair_direct_fits(c, TNT_FLOAT32, 0))
-    snprintf(pair, sizeof pair, " in MPI's direct messages (TNT_MPI_PAIR_SUM=1) of at most %lld KiB (TNT_MPI_PAIR_PIECE_KB)",
-             (long long)(c->params->mpi_pair_piece_bytes / 1024));
+  char pair[120] = "", how[112];
+  if (H == 2 && pair_direct_fits(c, TNT_FLOAT32, 0)) {
+    describe_pair_sum(c, how, sizeof how);
+    snprintf(pair, sizeof pair, " %s", how);
+  }
   TNT_INFO("allreduce: hierarchical, %d hosts x %d ranks (inside the host, then position %d of every host%s, then "
            "inside the host again)", H, L, i, pair);
   return TNT_SUCCESS;

@@ -102,7 +102,8 @@ static const num_param_t num_params[P_COUNT] = {
                        "through it, or through a transfer that moves only while it polls, adds its wake-up"},
     [P_PLACEMENT] = {"TNT_SHM_PLACEMENT", 0, 0, 2, 1, INTO(shm_placement, 1),
                      "how a rank writes pieces of 16 KiB and more into a peer's shared memory (and the "
-                     "ring's pieces into what it sends from, over any transport): 0: as its cores are found placed, from what its plain copies cost (plain stores "
+                     "ring's pieces into what it sends from, over any transport): 0: as its cores are found "
+                     "placed, from what its plain copies cost (plain stores "
                      "near, streaming stores far apart); 1: taken as near, always plain; 2: taken as far, always "
                      "streaming (the same bits either way; ranks may differ)"},
 };
